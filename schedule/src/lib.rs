@@ -5,4 +5,4 @@ pub mod action;
 pub mod timeline;
 
 pub use action::{Action, ActionKind, ParseActionError};
-pub use timeline::{Event, Timeline, TimelineMeta, TimelineSource};
+pub use timeline::{Event, MemorySample, Timeline, TimelineMeta, TimelineSource};

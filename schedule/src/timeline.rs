@@ -120,3 +120,14 @@ impl Timeline {
         self.events.iter().filter(|e| e.action.kind == kind).count()
     }
 }
+
+/// Stashed activations on one device from `time` until the next sample.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct MemorySample {
+    /// When the amount changed.
+    pub time: f64,
+    /// Microbatch-stages whose activations are held (forward done, backward not yet).
+    pub count: u32,
+    /// Bytes those activations take.
+    pub bytes: u64,
+}
