@@ -1,4 +1,9 @@
 //! Tensors, CPU and CUDA kernels with backward, and the layers of a small GPT.
-//!
-//! Not built yet: see issue 4.
 #![deny(missing_docs)]
+
+pub mod cpu;
+pub mod error;
+pub mod tensor;
+
+pub use error::{KernelError, Result};
+pub use tensor::{DType, Tensor};

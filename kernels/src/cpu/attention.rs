@@ -1,0 +1,210 @@
+//! Causal multi-head self-attention core (no projections), on a fused QKV.
+//!
+//! Layout: `qkv` is `[batch * seq, 3 * heads * head_dim]`, each row holding
+//! all query heads, then all key heads, then all value heads
+//! (`[Q_0 .. Q_{h-1} | K_0 .. | V_0 ..]`, each `head_dim` wide). The output is
+//! `[batch, seq, heads * head_dim]`, heads side by side. Every per-head
+//! product is one sgemm on strided views of these buffers, so no head is
+//! ever copied out.
+
+use super::gemm::{gemm, MatMut, MatRef};
+use crate::error::{shape_err, Result};
+use crate::tensor::Tensor;
+
+/// Sizes of one attention call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttnShape {
+    /// Sequences in the batch.
+    pub batch: usize,
+    /// Tokens per sequence.
+    pub seq: usize,
+    /// Heads (local to this tensor-parallel rank).
+    pub heads: usize,
+    /// Width of one head.
+    pub head_dim: usize,
+}
+
+impl AttnShape {
+    fn width(&self) -> usize {
+        self.heads * self.head_dim
+    }
+
+    fn check(&self, op: &'static str, qkv: &Tensor) -> Result<()> {
+        let rows = self.batch * self.seq;
+        if qkv.rows() != rows || qkv.cols() != 3 * self.width() {
+            return Err(shape_err(op, format!("qkv {:?} for {self:?}", qkv.shape())));
+        }
+        Ok(())
+    }
+
+    /// Offsets of Q, K, V of head `h` in sequence `b` of a fused qkv buffer.
+    fn qkv_offsets(&self, b: usize, h: usize) -> [usize; 3] {
+        let base = b * self.seq * 3 * self.width() + h * self.head_dim;
+        [base, base + self.width(), base + 2 * self.width()]
+    }
+}
+
+/// Row-wise causal softmax of a `t x t` score block, in place: entries above
+/// the diagonal become exactly 0.
+fn causal_softmax(s: &mut [f32], t: usize) {
+    for (i, row) in s.chunks_exact_mut(t).enumerate() {
+        let (live, masked) = row.split_at_mut(i + 1);
+        let max = live.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let mut sum = 0.0f32;
+        for v in live.iter_mut() {
+            *v = (*v - max).exp();
+            sum += *v;
+        }
+        let inv = 1.0 / sum;
+        live.iter_mut().for_each(|v| *v *= inv);
+        masked.iter_mut().for_each(|v| *v = 0.0);
+    }
+}
+
+/// Forward: `softmax(mask(Q K^T / sqrt(head_dim))) V` per sequence and head.
+/// Returns the output `[batch, seq, heads * head_dim]` and the attention
+/// probabilities `[batch, heads, seq, seq]` that the backward needs.
+pub fn causal_attention(qkv: &Tensor, sh: AttnShape) -> Result<(Tensor, Tensor)> {
+    sh.check("causal_attention", qkv)?;
+    let (t, dh, w3) = (sh.seq, sh.head_dim, 3 * sh.width());
+    let scale = 1.0 / (dh as f32).sqrt();
+    let mut probs = vec![0.0f32; sh.batch * sh.heads * t * t];
+    let mut out = vec![0.0f32; sh.batch * t * sh.width()];
+    for b in 0..sh.batch {
+        for h in 0..sh.heads {
+            let [q, k, v] = sh.qkv_offsets(b, h);
+            let p = &mut probs[(b * sh.heads + h) * t * t..][..t * t];
+            let qm = MatRef::strided(&qkv.data()[q..], t, dh, w3, 1);
+            let km = MatRef::strided(&qkv.data()[k..], t, dh, w3, 1);
+            gemm(scale, qm, km.t(), 0.0, MatMut::new(p, t, t));
+            causal_softmax(p, t);
+            let vm = MatRef::strided(&qkv.data()[v..], t, dh, w3, 1);
+            let o = &mut out[b * t * sh.width() + h * dh..];
+            gemm(
+                1.0,
+                MatRef::new(p, t, t),
+                vm,
+                0.0,
+                MatMut::strided(o, t, dh, sh.width()),
+            );
+        }
+    }
+    let out = Tensor::from_parts(vec![sh.batch, t, sh.width()], out);
+    let probs = Tensor::from_parts(vec![sh.batch, sh.heads, t, t], probs);
+    Ok((out, probs))
+}
+
+/// Backward: the gradient of the fused `qkv` (same layout) from the output
+/// gradient `dout`, the forward's `qkv` and its saved `probs`.
+pub fn causal_attention_backward(
+    qkv: &Tensor,
+    probs: &Tensor,
+    dout: &Tensor,
+    sh: AttnShape,
+) -> Result<Tensor> {
+    sh.check("causal_attention_backward", qkv)?;
+    let t = sh.seq;
+    if probs.shape() != [sh.batch, sh.heads, t, t] || dout.numel() != sh.batch * t * sh.width() {
+        return Err(shape_err(
+            "causal_attention_backward",
+            format!(
+                "probs {:?}, dout {:?} for {sh:?}",
+                probs.shape(),
+                dout.shape()
+            ),
+        ));
+    }
+    let mut dqkv = vec![0.0f32; qkv.numel()];
+    let mut ds = vec![0.0f32; t * t];
+    for b in 0..sh.batch {
+        for h in 0..sh.heads {
+            let p = &probs.data()[(b * sh.heads + h) * t * t..][..t * t];
+            head_backward(qkv.data(), p, dout.data(), &mut dqkv, &mut ds, sh, b, h);
+        }
+    }
+    Ok(Tensor::from_parts(qkv.shape().to_vec(), dqkv))
+}
+
+/// One (sequence, head) of the backward. With `S` the scaled scores and `P`
+/// their causal softmax: `dV = P^T dO`, `dP = dO V^T`,
+/// `dS = P * (dP - rowsum(P * dP))`, `dQ = scale dS K`, `dK = scale dS^T Q`.
+#[allow(clippy::too_many_arguments)]
+fn head_backward(
+    qkv: &[f32],
+    p: &[f32],
+    dout: &[f32],
+    dqkv: &mut [f32],
+    ds: &mut [f32],
+    sh: AttnShape,
+    b: usize,
+    h: usize,
+) {
+    let (t, dh, w, w3) = (sh.seq, sh.head_dim, sh.width(), 3 * sh.width());
+    let scale = 1.0 / (dh as f32).sqrt();
+    let [q, k, v] = sh.qkv_offsets(b, h);
+    let pm = MatRef::new(p, t, t);
+    let dom = MatRef::strided(&dout[b * t * w + h * dh..], t, dh, w, 1);
+    let vm = MatRef::strided(&qkv[v..], t, dh, w3, 1);
+    gemm(
+        1.0,
+        pm.t(),
+        dom,
+        0.0,
+        MatMut::strided(&mut dqkv[v..], t, dh, w3),
+    );
+    gemm(1.0, dom, vm.t(), 0.0, MatMut::new(ds, t, t));
+    for (prow, drow) in p.chunks_exact(t).zip(ds.chunks_exact_mut(t)) {
+        let dot: f32 = prow.iter().zip(drow.iter()).map(|(a, b)| a * b).sum();
+        for (d, &pv) in drow.iter_mut().zip(prow) {
+            // Masked entries have p == 0, so their gradient is exactly 0 too.
+            *d = pv * (*d - dot);
+        }
+    }
+    let dsm = MatRef::new(ds, t, t);
+    let qm = MatRef::strided(&qkv[q..], t, dh, w3, 1);
+    let km = MatRef::strided(&qkv[k..], t, dh, w3, 1);
+    gemm(
+        scale,
+        dsm,
+        km,
+        0.0,
+        MatMut::strided(&mut dqkv[q..], t, dh, w3),
+    );
+    gemm(
+        scale,
+        dsm.t(),
+        qm,
+        0.0,
+        MatMut::strided(&mut dqkv[k..], t, dh, w3),
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn first_token_attends_only_to_itself() {
+        let sh = AttnShape {
+            batch: 1,
+            seq: 3,
+            heads: 2,
+            head_dim: 2,
+        };
+        let data: Vec<f32> = (0..3 * 12).map(|i| (i as f32 * 0.37).sin()).collect();
+        let qkv = Tensor::new(&[3, 12], data).unwrap();
+        let (out, probs) = causal_attention(&qkv, sh).unwrap();
+        // Row 0 of each head's probs is [1, 0, 0]; output row 0 is V's row 0.
+        for h in 0..2 {
+            assert_eq!(&probs.data()[h * 9..h * 9 + 3], &[1.0, 0.0, 0.0]);
+            for j in 0..2 {
+                assert_eq!(out.data()[h * 2 + j], qkv.data()[8 + h * 2 + j]);
+            }
+        }
+        for row in probs.data().chunks(3) {
+            assert!((row.iter().sum::<f32>() - 1.0).abs() < 1e-6);
+        }
+        let bad = AttnShape { heads: 3, ..sh };
+        assert!(causal_attention(&qkv, bad).is_err());
+    }
+}
