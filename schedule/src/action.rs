@@ -172,7 +172,15 @@ mod tests {
 
     #[test]
     fn text_form_round_trips() {
-        for s in ["0F0", "4B1", "2I3", "2W3", "1SEND_F0", "3RECV_B12", "10RECV_F7"] {
+        for s in [
+            "0F0",
+            "4B1",
+            "2I3",
+            "2W3",
+            "1SEND_F0",
+            "3RECV_B12",
+            "10RECV_F7",
+        ] {
             let a: Action = s.parse().unwrap();
             assert_eq!(a.to_string(), s);
         }

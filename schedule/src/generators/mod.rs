@@ -1,0 +1,35 @@
+//! Schedule generators: each a pure function from a validated spec to a compute-only timetable.
+//!
+//! A generator decides only the order of F and B per device. Sends and receives come from
+//! [`lower`](crate::lower); timing comes from [`simulate`](crate::simulate).
+
+mod gpipe;
+mod interleaved;
+mod one_f_one_b;
+
+pub use gpipe::gpipe;
+pub use interleaved::interleaved_1f1b;
+pub use one_f_one_b::one_f_one_b;
+
+use crate::spec::{ScheduleKind, ScheduleSpec};
+use crate::timetable::Timetable;
+
+/// Generate the compute-only timetable of a validated spec.
+pub fn generate(spec: &ScheduleSpec) -> Timetable {
+    match spec.kind() {
+        ScheduleKind::GPipe => gpipe(spec),
+        ScheduleKind::OneFOneB => one_f_one_b(spec),
+        ScheduleKind::Interleaved1F1B => interleaved_1f1b(spec),
+    }
+}
+
+/// An empty timetable shaped by `spec`.
+fn empty(spec: &ScheduleSpec) -> Timetable {
+    Timetable::empty(
+        spec.kind().name(),
+        spec.devices(),
+        spec.stages(),
+        spec.microbatches(),
+        spec.placement(),
+    )
+}

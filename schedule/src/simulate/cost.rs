@@ -1,0 +1,290 @@
+//! Costs: how long each stage's F, B, I and W take, how big its activations and hand-offs are,
+//! and how fast the links between devices move them.
+
+use serde::{Deserialize, Serialize};
+
+use crate::action::ActionKind;
+
+/// Costs of one stage (model chunk) on one microbatch.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StageCost {
+    /// Forward time.
+    pub f: f64,
+    /// Full backward time.
+    pub b: f64,
+    /// Input-gradient backward time.
+    pub i: f64,
+    /// Weight-gradient backward time.
+    pub w: f64,
+    /// Bytes of activations stashed from F until the backward is done.
+    pub activation_bytes: u64,
+    /// Bytes of the stage's output (and of its gradient) sent to the next stage.
+    pub p2p_bytes: u64,
+}
+
+impl StageCost {
+    /// Forward `f`, full backward `b`, and weight part `w` (default `b/2`); `i = b - w`.
+    pub fn new(f: f64, b: f64, w: Option<f64>) -> Result<Self, CostError> {
+        RawStageCost {
+            f: Some(f),
+            b: Some(b),
+            w,
+            ..Default::default()
+        }
+        .resolve("--cost")
+    }
+
+    /// Time of a compute kind; zero for communication kinds.
+    pub fn of(&self, kind: ActionKind) -> f64 {
+        match kind {
+            ActionKind::F => self.f,
+            ActionKind::B => self.b,
+            ActionKind::I => self.i,
+            ActionKind::W => self.w,
+            _ => 0.0,
+        }
+    }
+
+    /// The same costs divided over `v` chunks: time and activations scale by `1/v`,
+    /// hand-off size does not (every chunk boundary carries a whole activation).
+    pub fn split(&self, v: u32) -> StageCost {
+        let k = f64::from(v.max(1));
+        StageCost {
+            f: self.f / k,
+            b: self.b / k,
+            i: self.i / k,
+            w: self.w / k,
+            activation_bytes: self.activation_bytes / u64::from(v.max(1)),
+            p2p_bytes: self.p2p_bytes,
+        }
+    }
+}
+
+/// Costs of every stage, and the point-to-point link model.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CostModel {
+    /// One entry per stage.
+    pub stages: Vec<StageCost>,
+    /// Fixed time of every point-to-point transfer.
+    pub p2p_latency: f64,
+    /// Bytes per time unit of a link; `None` for infinitely fast.
+    pub bandwidth: Option<f64>,
+}
+
+impl CostModel {
+    /// Every stage with the same costs, no communication time.
+    pub fn uniform(stages: u32, cost: StageCost) -> Self {
+        CostModel {
+            stages: vec![cost; stages as usize],
+            p2p_latency: 0.0,
+            bandwidth: None,
+        }
+    }
+
+    /// Time to move stage `s`'s output (or its gradient) between devices.
+    pub fn transfer_time(&self, stage: u32) -> f64 {
+        let bytes = self.stages.get(stage as usize).map_or(0, |c| c.p2p_bytes) as f64;
+        self.p2p_latency + self.bandwidth.map_or(0.0, |bw| bytes / bw)
+    }
+
+    /// Read a JSON cost file for a timetable with `stages` stages. See [`RawCostFile`].
+    pub fn from_json(text: &str, stages: u32) -> Result<Self, CostError> {
+        let raw: RawCostFile = serde_json::from_str(text).map_err(|e| CostError::Json {
+            line: e.line(),
+            column: e.column(),
+            message: e.to_string(),
+        })?;
+        raw.resolve(stages)
+    }
+
+    /// Check the link model.
+    pub fn with_link(
+        mut self,
+        p2p_latency: f64,
+        bandwidth: Option<f64>,
+    ) -> Result<Self, CostError> {
+        check("p2p latency", p2p_latency)?;
+        if let Some(bw) = bandwidth {
+            if !(bw.is_finite() && bw > 0.0) {
+                return Err(CostError::Bandwidth(bw));
+            }
+        }
+        self.p2p_latency = p2p_latency;
+        self.bandwidth = bandwidth;
+        Ok(self)
+    }
+}
+
+/// A stage's costs as written in a cost file: any field may be left to the default.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawStageCost {
+    /// Forward time.
+    pub f: Option<f64>,
+    /// Full backward time (default `i + w`).
+    pub b: Option<f64>,
+    /// Input-gradient time (default `b - w`).
+    pub i: Option<f64>,
+    /// Weight-gradient time (default `b - i`, or `b / 2`).
+    pub w: Option<f64>,
+    /// Stashed activation bytes (default 0).
+    pub activation_bytes: Option<u64>,
+    /// Bytes sent to the next stage (default 0).
+    pub p2p_bytes: Option<u64>,
+}
+
+impl RawStageCost {
+    fn or(self, d: RawStageCost) -> RawStageCost {
+        RawStageCost {
+            f: self.f.or(d.f),
+            b: self.b.or(d.b),
+            i: self.i.or(d.i),
+            w: self.w.or(d.w),
+            activation_bytes: self.activation_bytes.or(d.activation_bytes),
+            p2p_bytes: self.p2p_bytes.or(d.p2p_bytes),
+        }
+    }
+
+    fn resolve(self, place: &str) -> Result<StageCost, CostError> {
+        let missing = |what| CostError::Missing {
+            place: place.to_string(),
+            what,
+        };
+        let f = self.f.ok_or(missing("f"))?;
+        let (b, i, w) = match (self.b, self.i, self.w) {
+            (Some(b), Some(i), Some(w)) => (b, i, w),
+            (Some(b), Some(i), None) => (b, i, b - i),
+            (Some(b), None, Some(w)) => (b, b - w, w),
+            (Some(b), None, None) => (b, b / 2.0, b / 2.0),
+            (None, Some(i), Some(w)) => (i + w, i, w),
+            _ => return Err(missing("b, or i and w")),
+        };
+        for (what, v) in [("f", f), ("b", b), ("i", i), ("w", w)] {
+            check(what, v).map_err(|_| CostError::Invalid {
+                what: format!("{place}: {what}"),
+                value: v,
+            })?;
+        }
+        Ok(StageCost {
+            f,
+            b,
+            i,
+            w,
+            activation_bytes: self.activation_bytes.unwrap_or(0),
+            p2p_bytes: self.p2p_bytes.unwrap_or(0),
+        })
+    }
+}
+
+/// A cost file: `default` applies to every stage, `stages` (one entry per stage) overrides it.
+///
+/// ```json
+/// { "default": { "f": 1.0, "b": 2.0, "w": 1.0, "activation_bytes": 4096, "p2p_bytes": 1024 },
+///   "stages": [ {}, {}, {}, { "f": 1.5, "b": 3.0 } ],
+///   "p2p_latency": 0.05, "bandwidth": 1e6 }
+/// ```
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawCostFile {
+    /// Costs of every stage unless overridden.
+    #[serde(default)]
+    pub default: RawStageCost,
+    /// Per-stage overrides; when present, exactly one per stage.
+    #[serde(default)]
+    pub stages: Option<Vec<RawStageCost>>,
+    /// Latency of each point-to-point transfer (default 0).
+    #[serde(default)]
+    pub p2p_latency: Option<f64>,
+    /// Link bandwidth in bytes per time unit (default infinite).
+    #[serde(default)]
+    pub bandwidth: Option<f64>,
+}
+
+impl RawCostFile {
+    /// Resolve for a timetable with `stages` stages.
+    pub fn resolve(&self, stages: u32) -> Result<CostModel, CostError> {
+        let per_stage = match &self.stages {
+            None => (0..stages)
+                .map(|s| self.default.resolve(&format!("stage {s}")))
+                .collect::<Result<Vec<_>, _>>()?,
+            Some(list) if list.len() != stages as usize => {
+                return Err(CostError::StageCount {
+                    given: list.len(),
+                    stages,
+                })
+            }
+            Some(list) => list
+                .iter()
+                .enumerate()
+                .map(|(s, c)| c.or(self.default).resolve(&format!("stage {s}")))
+                .collect::<Result<Vec<_>, _>>()?,
+        };
+        CostModel {
+            stages: per_stage,
+            p2p_latency: 0.0,
+            bandwidth: None,
+        }
+        .with_link(self.p2p_latency.unwrap_or(0.0), self.bandwidth)
+    }
+}
+
+fn check(what: &str, v: f64) -> Result<(), CostError> {
+    if v.is_finite() && v >= 0.0 {
+        Ok(())
+    } else {
+        Err(CostError::Invalid {
+            what: what.to_string(),
+            value: v,
+        })
+    }
+}
+
+/// Why costs are unusable.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum CostError {
+    /// The cost file is not valid JSON for a cost file.
+    #[error("cost file, line {line}, column {column}: {message}")]
+    Json {
+        /// 1-based line.
+        line: usize,
+        /// 1-based column.
+        column: usize,
+        /// serde's message.
+        message: String,
+    },
+    /// A needed cost is absent.
+    #[error("{place}: no {what} given")]
+    Missing {
+        /// Which stage or flag.
+        place: String,
+        /// Which field.
+        what: &'static str,
+    },
+    /// A negative or non-finite value.
+    #[error("{what} must be a finite number >= 0 (got {value})")]
+    Invalid {
+        /// Which value.
+        what: String,
+        /// The value.
+        value: f64,
+    },
+    /// Bandwidth must be positive.
+    #[error("bandwidth must be a finite number > 0 bytes per time unit (got {0})")]
+    Bandwidth(f64),
+    /// The per-stage list has the wrong length.
+    #[error("cost file lists {given} stages, but the timetable has {stages}")]
+    StageCount {
+        /// Entries given.
+        given: usize,
+        /// Stages in the timetable.
+        stages: u32,
+    },
+    /// The model has fewer stage entries than the timetable has stages.
+    #[error("the cost model has {given} stages, but the timetable has {stages}")]
+    ModelStages {
+        /// Entries in the model.
+        given: usize,
+        /// Stages in the timetable.
+        stages: u32,
+    },
+}

@@ -1,0 +1,237 @@
+//! The timed simulator: when each action of a timetable runs, given real durations.
+//!
+//! Each device has a compute stream, which runs its compute actions one at a time in
+//! timetable order, and a comm stream, which runs its sends one at a time in timetable order.
+//! A compute action starts when its stream is free and its inputs are there; a send starts
+//! when its stream is free and its data is computed, and takes `latency + bytes / bandwidth`.
+//! Receives are posted early: they cost the receiver nothing but the wait for the data.
+//!
+//! Because every resource serves its actions in a fixed order, one pass over the actions in
+//! dependency order gives the same times a discrete-event simulation with a clock would, in
+//! time linear in the number of actions.
+
+mod cost;
+mod report;
+
+pub use cost::{CostError, CostModel, RawCostFile, RawStageCost, StageCost};
+pub use report::{DeviceReport, Report};
+
+use crate::action::{Action, ActionKind};
+use crate::timeline::{Event, Timeline, TimelineMeta, TimelineSource};
+use crate::timetable::{lower, LowerError, Timetable};
+use crate::validate::{validate, ValidationError};
+
+/// A simulated step: what ran when, and the figures that summarise it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Simulation {
+    /// Every compute and comm event.
+    pub timeline: Timeline,
+    /// Makespan, bubbles, memory.
+    pub report: Report,
+}
+
+/// Why a timetable could not be simulated.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum SimError {
+    /// The timetable is not valid.
+    #[error("invalid timetable: {0}")]
+    Invalid(#[from] ValidationError),
+    /// Lowering failed.
+    #[error(transparent)]
+    Lower(#[from] LowerError),
+    /// The costs do not fit the timetable.
+    #[error(transparent)]
+    Cost(#[from] CostError),
+}
+
+/// Validate, lower if needed, and simulate one step of `tt` under `costs`.
+pub fn simulate(tt: &Timetable, costs: &CostModel) -> Result<Simulation, SimError> {
+    let stages = tt.num_stages();
+    if costs.stages.len() < stages as usize {
+        return Err(CostError::ModelStages {
+            given: costs.stages.len(),
+            stages,
+        }
+        .into());
+    }
+    let checked = validate(tt)?;
+    let lowered;
+    let tt = if checked.lowered {
+        tt
+    } else {
+        lowered = lower(tt)?;
+        &lowered
+    };
+    let events = Engine::new(tt, costs).run();
+    let timeline = Timeline {
+        meta: TimelineMeta {
+            schedule: tt.name.clone(),
+            devices: tt.num_devices(),
+            stages,
+            microbatches: tt.microbatches,
+            source: TimelineSource::Simulated,
+            time_unit: "units".to_string(),
+        },
+        events,
+    };
+    let report = Report::new(&timeline, costs);
+    Ok(Simulation { timeline, report })
+}
+
+const UNKNOWN: f64 = f64::NAN;
+
+struct Engine<'a> {
+    tt: &'a Timetable,
+    costs: &'a CostModel,
+    m: usize,
+    /// End of F per (stage, microbatch).
+    f_end: Vec<f64>,
+    /// End of the input-gradient backward (B or I) per (stage, microbatch).
+    back_end: Vec<f64>,
+    /// Arrival of the forward input of (stage, microbatch) from the previous device.
+    in_f: Vec<f64>,
+    /// Arrival of the output gradient of (stage, microbatch) from the next device.
+    in_b: Vec<f64>,
+    compute_free: Vec<f64>,
+    comm_free: Vec<f64>,
+    pc: Vec<usize>,
+    queued: Vec<bool>,
+    queue: Vec<u32>,
+    events: Vec<Event>,
+}
+
+impl<'a> Engine<'a> {
+    fn new(tt: &'a Timetable, costs: &'a CostModel) -> Self {
+        let keys = tt.num_stages() as usize * tt.microbatches as usize;
+        let n = tt.devices.len();
+        Engine {
+            tt,
+            costs,
+            m: tt.microbatches as usize,
+            f_end: vec![UNKNOWN; keys],
+            back_end: vec![UNKNOWN; keys],
+            in_f: vec![UNKNOWN; keys],
+            in_b: vec![UNKNOWN; keys],
+            compute_free: vec![0.0; n],
+            comm_free: vec![0.0; n],
+            pc: vec![0; n],
+            queued: vec![true; n],
+            queue: (0..n as u32).rev().collect(),
+            events: Vec::with_capacity(tt.len()),
+        }
+    }
+
+    fn key(&self, stage: u32, mb: u32) -> usize {
+        stage as usize * self.m + mb as usize
+    }
+
+    fn dev(&self, stage: u32) -> u32 {
+        self.tt.stage_device[stage as usize]
+    }
+
+    fn run(mut self) -> Vec<Event> {
+        while let Some(d) = self.queue.pop() {
+            self.queued[d as usize] = false;
+            while let Some(&a) = self.tt.devices[d as usize].get(self.pc[d as usize]) {
+                if !self.step(d, a) {
+                    break;
+                }
+                self.pc[d as usize] += 1;
+            }
+        }
+        self.events
+    }
+
+    fn wake(&mut self, d: u32) {
+        if !self.queued[d as usize] {
+            self.queued[d as usize] = true;
+            self.queue.push(d);
+        }
+    }
+
+    /// Time `a` on device `d`; false if it must wait for another device first.
+    fn step(&mut self, d: u32, a: Action) -> bool {
+        use ActionKind::*;
+        let k = self.key(a.stage, a.microbatch);
+        match a.kind {
+            F | B | I | W => self.compute(d, a, k),
+            SendF => {
+                let (ready, to) = (self.f_end[k], self.key(a.stage + 1, a.microbatch));
+                let end = self.send(d, a, ready);
+                self.in_f[to] = end;
+                self.wake(self.dev(a.stage + 1));
+            }
+            SendB => {
+                let (ready, to) = (self.back_end[k], self.key(a.stage - 1, a.microbatch));
+                let end = self.send(d, a, ready);
+                self.in_b[to] = end;
+                self.wake(self.dev(a.stage - 1));
+            }
+            RecvF | RecvB => {
+                let (arrival, from) = if a.kind == RecvF {
+                    (self.in_f[k], a.stage - 1)
+                } else {
+                    (self.in_b[k], a.stage)
+                };
+                if arrival.is_nan() {
+                    return false;
+                }
+                let start = arrival - self.costs.transfer_time(from);
+                self.events.push(Event {
+                    device: d,
+                    action: a,
+                    start,
+                    end: arrival,
+                });
+            }
+        }
+        true
+    }
+
+    fn send(&mut self, d: u32, a: Action, ready: f64) -> f64 {
+        let from = if a.kind == ActionKind::SendF {
+            a.stage
+        } else {
+            a.stage - 1
+        };
+        let start = self.comm_free[d as usize].max(ready);
+        let end = start + self.costs.transfer_time(from);
+        self.comm_free[d as usize] = end;
+        self.events.push(Event {
+            device: d,
+            action: a,
+            start,
+            end,
+        });
+        end
+    }
+
+    fn compute(&mut self, d: u32, a: Action, k: usize) {
+        use ActionKind::*;
+        let (s, mb) = (a.stage, a.microbatch);
+        let last = s + 1 == self.tt.num_stages();
+        let input = match a.kind {
+            F if s == 0 => 0.0,
+            F if self.dev(s - 1) == d => self.f_end[self.key(s - 1, mb)],
+            F => self.in_f[k],
+            W => self.back_end[k],
+            _ if last => self.f_end[k],
+            _ if self.dev(s + 1) == d => self.back_end[self.key(s + 1, mb)].max(self.f_end[k]),
+            _ => self.in_b[k].max(self.f_end[k]),
+        };
+        let start = self.compute_free[d as usize].max(input);
+        let end = start + self.costs.stages[s as usize].of(a.kind);
+        self.compute_free[d as usize] = end;
+        match a.kind {
+            F => self.f_end[k] = end,
+            B | I => self.back_end[k] = end,
+            _ => {}
+        }
+        self.events.push(Event {
+            device: d,
+            action: a,
+            start,
+            end,
+        });
+    }
+}

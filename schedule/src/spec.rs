@@ -1,0 +1,267 @@
+//! What to generate: a raw spec as a user writes it, and the validated spec generators take.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+/// The schedule families pipewright can generate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum ScheduleKind {
+    /// All forwards, then all backwards.
+    #[serde(rename = "gpipe")]
+    GPipe,
+    /// Warm-up forwards, then one forward and one backward in turn.
+    #[serde(rename = "1f1b")]
+    OneFOneB,
+    /// Megatron's interleaved 1F1B with `v` model chunks per device.
+    #[serde(rename = "interleaved-1f1b")]
+    Interleaved1F1B,
+}
+
+impl ScheduleKind {
+    /// Every kind, in the order `--help` lists them.
+    pub const ALL: [ScheduleKind; 3] = [
+        ScheduleKind::GPipe,
+        ScheduleKind::OneFOneB,
+        ScheduleKind::Interleaved1F1B,
+    ];
+
+    /// The name used on the command line and in files.
+    pub const fn name(self) -> &'static str {
+        match self {
+            ScheduleKind::GPipe => "gpipe",
+            ScheduleKind::OneFOneB => "1f1b",
+            ScheduleKind::Interleaved1F1B => "interleaved-1f1b",
+        }
+    }
+
+    /// Whether the family places more than one chunk per device.
+    pub const fn supports_virtual(self) -> bool {
+        matches!(self, ScheduleKind::Interleaved1F1B)
+    }
+
+    /// Names of all kinds, comma separated (for error messages).
+    pub fn known_names() -> String {
+        Self::ALL.map(Self::name).join(", ")
+    }
+}
+
+impl fmt::Display for ScheduleKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for ScheduleKind {
+    type Err = SpecError;
+
+    fn from_str(s: &str) -> Result<Self, SpecError> {
+        let want = s.trim().to_ascii_lowercase();
+        Self::ALL
+            .into_iter()
+            .find(|k| k.name() == want)
+            .ok_or_else(|| SpecError::UnknownSchedule(s.to_string()))
+    }
+}
+
+/// How stages map to devices.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Placement {
+    /// Stage `s` on device `s % p` (Megatron's interleaving).
+    #[default]
+    Loop,
+    /// Zig-zag: stage `s` on device `s` for `s < p`, else `2p - 1 - s` (and so on for more chunks).
+    V,
+}
+
+impl Placement {
+    /// Device of stage `stage` with `p` devices.
+    pub const fn device_of(self, stage: u32, p: u32) -> u32 {
+        match self {
+            Placement::Loop => stage % p,
+            Placement::V => {
+                let (chunk, r) = (stage / p, stage % p);
+                if chunk % 2 == 0 {
+                    r
+                } else {
+                    p - 1 - r
+                }
+            }
+        }
+    }
+}
+
+/// A schedule request as a user writes it: nothing checked yet.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawSpec {
+    /// Schedule family name, e.g. `1f1b`.
+    pub schedule: String,
+    /// Pipeline devices `p` (pipeline-parallel size).
+    #[serde(alias = "stages")]
+    pub devices: u32,
+    /// Model chunks per device `v`.
+    #[serde(default = "one", rename = "virtual")]
+    pub virtual_stages: u32,
+    /// Microbatches per step `m`.
+    pub microbatches: u32,
+    /// Microbatch group size `g` of interleaved 1F1B (default `p`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group_size: Option<u32>,
+}
+
+fn one() -> u32 {
+    1
+}
+
+/// Most compute actions a spec may ask for: keeps indices in `u32` and memory sane.
+pub const MAX_ACTIONS: u64 = 1 << 28;
+
+/// Why a spec cannot be scheduled.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SpecError {
+    /// The name is not a schedule family.
+    #[error("unknown schedule `{0}` (known: {known})", known = ScheduleKind::known_names())]
+    UnknownSchedule(String),
+    /// A count is zero.
+    #[error("{0} must be at least 1")]
+    Zero(&'static str),
+    /// `v > 1` asked of a family with one chunk per device.
+    #[error("{kind} places one stage per device, so --virtual must be 1 (got {v}); use interleaved-1f1b for v > 1")]
+    VirtualUnsupported {
+        /// The family.
+        kind: ScheduleKind,
+        /// The `v` asked for.
+        v: u32,
+    },
+    /// Interleaving needs the first microbatch back at device 0 before it runs dry.
+    #[error("interleaved-1f1b with v={v} needs at least p={p} microbatches (got m={m}): with fewer, device 0 finishes its first chunk before any microbatch comes back around for the next one; use 1f1b, or m >= p")]
+    TooFewMicrobatches {
+        /// Devices.
+        p: u32,
+        /// Chunks per device.
+        v: u32,
+        /// Microbatches asked for.
+        m: u32,
+    },
+    /// The group size is below `p`, so chunks would wait on the wrap-around.
+    #[error("group size {g} is below p={p}: a group's next chunk would be due on device 0 before the group has come around the ring, and the interleaved order deadlocks; use a group size of at least p")]
+    GroupTooSmall {
+        /// Group size asked for.
+        g: u32,
+        /// Devices.
+        p: u32,
+    },
+    /// `--group-size` given to a family without groups.
+    #[error("--group-size applies to interleaved-1f1b only, not {0}")]
+    GroupSizeUnsupported(ScheduleKind),
+    /// The timetable would be too large.
+    #[error("p*v*m = {0} stage-microbatches is too many (limit {MAX_ACTIONS})")]
+    TooLarge(u64),
+}
+
+/// A spec whose counts are known to be schedulable by its family.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct ScheduleSpec {
+    kind: ScheduleKind,
+    p: u32,
+    v: u32,
+    m: u32,
+    g: u32,
+}
+
+impl ScheduleSpec {
+    /// Check a raw spec.
+    pub fn from_raw(raw: &RawSpec) -> Result<Self, SpecError> {
+        let kind: ScheduleKind = raw.schedule.parse()?;
+        Self::new(
+            kind,
+            raw.devices,
+            raw.virtual_stages,
+            raw.microbatches,
+            raw.group_size,
+        )
+    }
+
+    /// Check counts for a family; `group_size` applies to interleaved 1F1B only.
+    pub fn new(
+        kind: ScheduleKind,
+        p: u32,
+        v: u32,
+        m: u32,
+        group_size: Option<u32>,
+    ) -> Result<Self, SpecError> {
+        for (value, what) in [
+            (p, "--stages (devices p)"),
+            (v, "--virtual (chunks per device v)"),
+            (m, "--microbatches (m)"),
+        ] {
+            if value == 0 {
+                return Err(SpecError::Zero(what));
+            }
+        }
+        let total = u64::from(p) * u64::from(v) * u64::from(m);
+        if total > MAX_ACTIONS {
+            return Err(SpecError::TooLarge(total));
+        }
+        if v > 1 && !kind.supports_virtual() {
+            return Err(SpecError::VirtualUnsupported { kind, v });
+        }
+        if group_size.is_some() && kind != ScheduleKind::Interleaved1F1B {
+            return Err(SpecError::GroupSizeUnsupported(kind));
+        }
+        if kind == ScheduleKind::Interleaved1F1B && v > 1 && m < p {
+            return Err(SpecError::TooFewMicrobatches { p, v, m });
+        }
+        // A group larger than m is one group of m: clamp rather than reject.
+        let g = group_size.unwrap_or(p).min(m);
+        if g == 0 {
+            return Err(SpecError::Zero("--group-size"));
+        }
+        if v > 1 && g < p {
+            return Err(SpecError::GroupTooSmall { g, p });
+        }
+        Ok(ScheduleSpec { kind, p, v, m, g })
+    }
+
+    /// Family.
+    pub const fn kind(&self) -> ScheduleKind {
+        self.kind
+    }
+    /// Devices `p`.
+    pub const fn devices(&self) -> u32 {
+        self.p
+    }
+    /// Chunks per device `v`.
+    pub const fn virtual_stages(&self) -> u32 {
+        self.v
+    }
+    /// Stages `S = p * v`.
+    pub const fn stages(&self) -> u32 {
+        self.p * self.v
+    }
+    /// Microbatches `m`.
+    pub const fn microbatches(&self) -> u32 {
+        self.m
+    }
+    /// Microbatch group size `g` (interleaved 1F1B), clamped to `m`.
+    pub const fn group_size(&self) -> u32 {
+        self.g
+    }
+    /// Stage placement used by the family.
+    pub const fn placement(&self) -> Placement {
+        Placement::Loop
+    }
+}
+
+impl fmt::Display for ScheduleSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} p={} v={} m={}", self.kind, self.p, self.v, self.m)?;
+        if self.kind == ScheduleKind::Interleaved1F1B && self.v > 1 {
+            write!(f, " g={}", self.g)?;
+        }
+        Ok(())
+    }
+}

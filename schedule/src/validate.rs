@@ -1,0 +1,573 @@
+//! The validator: proves a timetable complete, ordered, paired and deadlock-free.
+//!
+//! Checks run from cheap and local to global, so the first error found is the most specific:
+//! 1. every action names a real stage and microbatch, on the device holding that stage;
+//! 2. each (stage, microbatch) has one F and one backward (B, or I and W), nothing twice;
+//! 3. on each device, F comes before its backward, I before W, and a stage's local
+//!    predecessor (same device) before it;
+//! 4. in a lowered timetable, every cross-device hand-off has its send after the producer and
+//!    its receive before the consumer;
+//! 5. executing every device in order, with blocking receives (and, with
+//!    [`Semantics::Rendezvous`], blocking sends), every device finishes: no deadlock.
+
+use std::fmt;
+
+use crate::action::{Action, ActionKind};
+use crate::spec::MAX_ACTIONS;
+use crate::timetable::Timetable;
+
+mod execute;
+
+/// How sends behave when the validator executes a lowered timetable.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Semantics {
+    /// Sends are posted and return (as pipewright's runtime, MPI `Isend`, and PyTorch's
+    /// batched P2P do); receives block until the matching send has been posted.
+    #[default]
+    Buffered,
+    /// A send also blocks until the peer reaches the matching receive (`MPI_Ssend`, an
+    /// ungrouped NCCL send). Stricter: some timetables that run buffered deadlock here.
+    Rendezvous,
+}
+
+/// Where in a timetable an error is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Location {
+    /// Device (row).
+    pub device: u32,
+    /// Step (column) and the action there, when the error is about one action.
+    pub step: Option<(u32, Action)>,
+}
+
+/// What is wrong.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Problem {
+    /// No devices at all.
+    #[error("the timetable has no devices")]
+    NoDevices,
+    /// The stage-device map sends a stage to a device that does not exist.
+    #[error("stage {stage} is placed on device {device}, but there are only {devices} devices")]
+    NoSuchDevice {
+        /// Stage.
+        stage: u32,
+        /// Its device.
+        device: u32,
+        /// Device count.
+        devices: u32,
+    },
+    /// Too many stage-microbatches to check.
+    #[error("{0} stage-microbatches is more than the limit of {MAX_ACTIONS}")]
+    TooLarge(u64),
+    /// The action's stage is out of range.
+    #[error("stage {stage} does not exist (the timetable has {stages} stages)")]
+    NoSuchStage {
+        /// Stage named.
+        stage: u32,
+        /// Stage count.
+        stages: u32,
+    },
+    /// The action's microbatch is out of range.
+    #[error(
+        "microbatch {microbatch} does not exist (the timetable has {microbatches} microbatches)"
+    )]
+    NoSuchMicrobatch {
+        /// Microbatch named.
+        microbatch: u32,
+        /// Microbatch count.
+        microbatches: u32,
+    },
+    /// The action runs on a device that does not hold its stage.
+    #[error("stage {stage} lives on device {owner}, not here")]
+    WrongDevice {
+        /// Stage.
+        stage: u32,
+        /// Device that holds it.
+        owner: u32,
+    },
+    /// A send or receive between stages that have no peer on another device.
+    #[error("no peer: {0}")]
+    NoPeer(&'static str),
+    /// The same action twice.
+    #[error("duplicated: the same action is already at step {first_step} of this device")]
+    Duplicate {
+        /// Where it first appears.
+        first_step: u32,
+    },
+    /// A (stage, microbatch) has no forward.
+    #[error("{0} is missing: stage {s} microbatch {mb} has no forward", s = .0.stage, mb = .0.microbatch)]
+    MissingForward(Action),
+    /// A (stage, microbatch) has no backward.
+    #[error("stage {stage} microbatch {microbatch} has no backward (B, or I and W)")]
+    MissingBackward {
+        /// Stage.
+        stage: u32,
+        /// Microbatch.
+        microbatch: u32,
+    },
+    /// Both a full backward and a split one.
+    #[error("has both a full backward B and a split one (step {other_step}); use B, or I and W")]
+    BothBackwards {
+        /// Step of the other one.
+        other_step: u32,
+    },
+    /// I without its W.
+    #[error("has no matching W: the weight gradient would never be computed")]
+    MissingW,
+    /// W without its I.
+    #[error("has no matching I before it: W needs the input-gradient pass first")]
+    WWithoutI,
+    /// A backward before its forward.
+    #[error("backward before its forward {forward} (step {forward_step})")]
+    BackwardBeforeForward {
+        /// The forward.
+        forward: Action,
+        /// Its step.
+        forward_step: u32,
+    },
+    /// W before its I.
+    #[error("W before its I {i} (step {i_step})")]
+    WBeforeI {
+        /// The I.
+        i: Action,
+        /// Its step.
+        i_step: u32,
+    },
+    /// A same-device dependency comes later.
+    #[error("needs {dep} first, but it comes later on this device (step {dep_step})")]
+    DependencyLater {
+        /// The dependency.
+        dep: Action,
+        /// Its step.
+        dep_step: u32,
+    },
+    /// A cross-device input without its receive.
+    #[error("needs {recv} before it: its input comes from device {from}")]
+    MissingRecv {
+        /// The receive that should precede.
+        recv: Action,
+        /// Device that produces the input.
+        from: u32,
+    },
+    /// A receive after the action that uses it.
+    #[error("comes after its use {user} (step {user_step})")]
+    RecvAfterUse {
+        /// The consumer.
+        user: Action,
+        /// Its step.
+        user_step: u32,
+    },
+    /// A cross-device output without its send.
+    #[error("needs {send} after it: device {to} waits for its output")]
+    MissingSend {
+        /// The send that should follow.
+        send: Action,
+        /// Device that consumes the output.
+        to: u32,
+    },
+    /// A send before the compute that produces what it sends.
+    #[error("sends before {producer} (step {producer_step}) has produced it")]
+    SendBeforeProducer {
+        /// The producer.
+        producer: Action,
+        /// Its step.
+        producer_step: u32,
+    },
+    /// Nothing can move.
+    #[error("deadlock: {}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
+    Deadlock(Vec<Wait>),
+}
+
+/// One blocked device in a deadlock.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Wait {
+    /// Blocked device.
+    pub device: u32,
+    /// Its step.
+    pub step: u32,
+    /// Its action.
+    pub action: Action,
+    /// What it waits for.
+    pub waits_for: Action,
+    /// On which device.
+    pub on_device: u32,
+}
+
+impl fmt::Display for Wait {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "device {} step {} ({}) waits for {} on device {}",
+            self.device, self.step, self.action, self.waits_for, self.on_device
+        )
+    }
+}
+
+/// A timetable's first error, with where it is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ValidationError {
+    /// Where, when the error is about a device or one action.
+    pub at: Option<Location>,
+    /// What.
+    pub problem: Problem,
+}
+
+impl fmt::Display for ValidationError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.at {
+            Some(Location {
+                device,
+                step: Some((step, action)),
+            }) => {
+                write!(
+                    f,
+                    "device {device}, step {step} ({action}): {}",
+                    self.problem
+                )
+            }
+            Some(Location { device, step: None }) => write!(f, "device {device}: {}", self.problem),
+            None => write!(f, "{}", self.problem),
+        }
+    }
+}
+
+impl std::error::Error for ValidationError {}
+
+impl ValidationError {
+    fn new(problem: Problem) -> Self {
+        ValidationError { at: None, problem }
+    }
+
+    fn at(device: u32, step: u32, action: Action, problem: Problem) -> Self {
+        ValidationError {
+            at: Some(Location {
+                device,
+                step: Some((step, action)),
+            }),
+            problem,
+        }
+    }
+
+    fn on(device: u32, problem: Problem) -> Self {
+        ValidationError {
+            at: Some(Location { device, step: None }),
+            problem,
+        }
+    }
+
+    /// The timetable's grid with the failing step marked, for printing under the error.
+    pub fn grid(&self, tt: &Timetable) -> String {
+        let mark = self.at.and_then(|l| l.step.map(|(s, _)| (l.device, s)));
+        tt.grid(mark)
+    }
+}
+
+/// Facts the validator established.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Validated {
+    /// The timetable carries its sends and receives.
+    pub lowered: bool,
+    /// Compute actions in it.
+    pub compute_actions: usize,
+}
+
+const NONE: u32 = u32::MAX;
+
+/// Step of each action kind for each (stage, microbatch), `NONE` where absent.
+pub(crate) struct Positions {
+    m: u32,
+    pos: Vec<[u32; 8]>,
+}
+
+impl Positions {
+    pub(crate) fn key(&self, stage: u32, mb: u32) -> usize {
+        stage as usize * self.m as usize + mb as usize
+    }
+
+    pub(crate) fn get(&self, kind: ActionKind, stage: u32, mb: u32) -> Option<u32> {
+        let p = self.pos[self.key(stage, mb)][kind.index()];
+        (p != NONE).then_some(p)
+    }
+
+    /// Step of the input-gradient backward (B or I).
+    pub(crate) fn back(&self, stage: u32, mb: u32) -> Option<u32> {
+        self.get(ActionKind::B, stage, mb)
+            .or_else(|| self.get(ActionKind::I, stage, mb))
+    }
+}
+
+/// Validate with the default (buffered-send) semantics.
+pub fn validate(tt: &Timetable) -> Result<Validated, ValidationError> {
+    validate_with(tt, Semantics::Buffered)
+}
+
+/// Validate with the given send semantics.
+pub fn validate_with(tt: &Timetable, semantics: Semantics) -> Result<Validated, ValidationError> {
+    check_shape(tt)?;
+    let positions = index_actions(tt)?;
+    check_complete(tt, &positions)?;
+    check_local_order(tt, &positions)?;
+    let lowered = tt.is_lowered();
+    if lowered {
+        check_comm_pairs(tt, &positions)?;
+    }
+    execute::run(tt, &positions, lowered, semantics)?;
+    Ok(Validated {
+        lowered,
+        compute_actions: tt.compute_len(),
+    })
+}
+
+fn check_shape(tt: &Timetable) -> Result<(), ValidationError> {
+    let devices = tt.num_devices();
+    if devices == 0 {
+        return Err(ValidationError::new(Problem::NoDevices));
+    }
+    for (stage, &device) in tt.stage_device.iter().enumerate() {
+        if device >= devices {
+            let stage = stage as u32;
+            return Err(ValidationError::new(Problem::NoSuchDevice {
+                stage,
+                device,
+                devices,
+            }));
+        }
+    }
+    let keys = u64::from(tt.num_stages()) * u64::from(tt.microbatches);
+    if keys > MAX_ACTIONS {
+        return Err(ValidationError::new(Problem::TooLarge(keys)));
+    }
+    Ok(())
+}
+
+/// Range, placement and duplicate checks, building the position index.
+fn index_actions(tt: &Timetable) -> Result<Positions, ValidationError> {
+    let (stages, m) = (tt.num_stages(), tt.microbatches);
+    let mut p = Positions {
+        m,
+        pos: vec![[NONE; 8]; stages as usize * m as usize],
+    };
+    for (d, actions) in tt.devices.iter().enumerate() {
+        let d = d as u32;
+        for (step, &a) in actions.iter().enumerate() {
+            let step = step as u32;
+            let err = |problem| ValidationError::at(d, step, a, problem);
+            if a.stage >= stages {
+                return Err(err(Problem::NoSuchStage {
+                    stage: a.stage,
+                    stages,
+                }));
+            }
+            if a.microbatch >= m {
+                return Err(err(Problem::NoSuchMicrobatch {
+                    microbatch: a.microbatch,
+                    microbatches: m,
+                }));
+            }
+            let owner = tt.stage_device[a.stage as usize];
+            if owner != d {
+                return Err(err(Problem::WrongDevice {
+                    stage: a.stage,
+                    owner,
+                }));
+            }
+            if let Some(why) = comm_peer_problem(tt, a) {
+                return Err(err(Problem::NoPeer(why)));
+            }
+            let key = p.key(a.stage, a.microbatch);
+            let slot = &mut p.pos[key][a.kind.index()];
+            if *slot != NONE {
+                return Err(err(Problem::Duplicate { first_step: *slot }));
+            }
+            *slot = step;
+        }
+    }
+    Ok(p)
+}
+
+/// A comm action must connect its stage to a neighbour on another device.
+fn comm_peer_problem(tt: &Timetable, a: Action) -> Option<&'static str> {
+    let stages = tt.num_stages();
+    let peer = match a.kind {
+        ActionKind::SendF | ActionKind::RecvB => {
+            if a.stage + 1 >= stages {
+                return Some("the last stage has no next stage");
+            }
+            a.stage + 1
+        }
+        ActionKind::RecvF | ActionKind::SendB => {
+            if a.stage == 0 {
+                return Some("the first stage has no previous stage");
+            }
+            a.stage - 1
+        }
+        _ => return None,
+    };
+    (tt.stage_device[peer as usize] == tt.stage_device[a.stage as usize])
+        .then_some("both stages are on this device, which hands off in memory")
+}
+
+fn check_complete(tt: &Timetable, p: &Positions) -> Result<(), ValidationError> {
+    use ActionKind::*;
+    for stage in 0..tt.num_stages() {
+        let d = tt.stage_device[stage as usize];
+        for mb in 0..tt.microbatches {
+            let at = |kind: ActionKind, step: u32, problem| {
+                ValidationError::at(d, step, Action::new(stage, kind, mb), problem)
+            };
+            if p.get(F, stage, mb).is_none() {
+                return Err(ValidationError::on(
+                    d,
+                    Problem::MissingForward(Action::new(stage, F, mb)),
+                ));
+            }
+            match (
+                p.get(B, stage, mb),
+                p.get(I, stage, mb),
+                p.get(W, stage, mb),
+            ) {
+                (Some(b), Some(i), _) => {
+                    return Err(at(B, b, Problem::BothBackwards { other_step: i }))
+                }
+                (Some(b), None, Some(w)) => {
+                    return Err(at(B, b, Problem::BothBackwards { other_step: w }))
+                }
+                (None, Some(i), None) => return Err(at(I, i, Problem::MissingW)),
+                (None, None, Some(w)) => return Err(at(W, w, Problem::WWithoutI)),
+                (None, None, None) => {
+                    return Err(ValidationError::on(
+                        d,
+                        Problem::MissingBackward {
+                            stage,
+                            microbatch: mb,
+                        },
+                    ))
+                }
+                _ => {}
+            }
+        }
+    }
+    Ok(())
+}
+
+fn check_local_order(tt: &Timetable, p: &Positions) -> Result<(), ValidationError> {
+    use ActionKind::*;
+    let stages = tt.num_stages();
+    for stage in 0..stages {
+        let d = tt.stage_device[stage as usize];
+        let same_dev = |s: u32| tt.stage_device[s as usize] == d;
+        for mb in 0..tt.microbatches {
+            let act = |kind| Action::new(stage, kind, mb);
+            let f = p.get(F, stage, mb).unwrap_or(NONE);
+            let back = p.back(stage, mb).unwrap_or(NONE);
+            let back_kind = if p.get(B, stage, mb).is_some() { B } else { I };
+            if back < f {
+                let problem = Problem::BackwardBeforeForward {
+                    forward: act(F),
+                    forward_step: f,
+                };
+                return Err(ValidationError::at(d, back, act(back_kind), problem));
+            }
+            if let (Some(i), Some(w)) = (p.get(I, stage, mb), p.get(W, stage, mb)) {
+                if w < i {
+                    return Err(ValidationError::at(
+                        d,
+                        w,
+                        act(W),
+                        Problem::WBeforeI {
+                            i: act(I),
+                            i_step: i,
+                        },
+                    ));
+                }
+            }
+            if stage > 0 && same_dev(stage - 1) {
+                let dep = p.get(F, stage - 1, mb).unwrap_or(NONE);
+                if dep > f {
+                    let problem = Problem::DependencyLater {
+                        dep: Action::new(stage - 1, F, mb),
+                        dep_step: dep,
+                    };
+                    return Err(ValidationError::at(d, f, act(F), problem));
+                }
+            }
+            if stage + 1 < stages && same_dev(stage + 1) {
+                let dep = p.back(stage + 1, mb).unwrap_or(NONE);
+                if dep > back {
+                    let dep_kind = if p.get(B, stage + 1, mb).is_some() {
+                        B
+                    } else {
+                        I
+                    };
+                    let problem = Problem::DependencyLater {
+                        dep: Action::new(stage + 1, dep_kind, mb),
+                        dep_step: dep,
+                    };
+                    return Err(ValidationError::at(d, back, act(back_kind), problem));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Each cross-device edge needs its send after the producer and its receive before the consumer.
+fn check_comm_pairs(tt: &Timetable, p: &Positions) -> Result<(), ValidationError> {
+    use ActionKind::*;
+    let stages = tt.num_stages();
+    for s in 0..stages.saturating_sub(1) {
+        let (d0, d1) = (tt.stage_device[s as usize], tt.stage_device[s as usize + 1]);
+        if d0 == d1 {
+            continue;
+        }
+        for mb in 0..tt.microbatches {
+            let fwd = (s, F, p.get(F, s, mb), SendF);
+            let fwd_use = (s + 1, F, p.get(F, s + 1, mb), RecvF);
+            let bk = |st| if p.get(B, st, mb).is_some() { B } else { I };
+            let bwd = (s + 1, bk(s + 1), p.back(s + 1, mb), SendB);
+            let bwd_use = (s, bk(s), p.back(s, mb), RecvB);
+            check_edge(p, mb, (d0, fwd), (d1, fwd_use))?;
+            check_edge(p, mb, (d1, bwd), (d0, bwd_use))?;
+        }
+    }
+    Ok(())
+}
+
+type EdgeEnd = (u32, (u32, ActionKind, Option<u32>, ActionKind));
+
+fn check_edge(p: &Positions, mb: u32, from: EdgeEnd, to: EdgeEnd) -> Result<(), ValidationError> {
+    let (d_from, (s_from, k_from, step_from, send_kind)) = from;
+    let (d_to, (s_to, k_to, step_to, recv_kind)) = to;
+    let (step_from, step_to) = (step_from.unwrap_or(NONE), step_to.unwrap_or(NONE));
+    let producer = Action::new(s_from, k_from, mb);
+    let consumer = Action::new(s_to, k_to, mb);
+    let send = Action::new(s_from, send_kind, mb);
+    let recv = Action::new(s_to, recv_kind, mb);
+    match p.get(send_kind, s_from, mb) {
+        None => {
+            let problem = Problem::MissingSend { send, to: d_to };
+            return Err(ValidationError::at(d_from, step_from, producer, problem));
+        }
+        Some(st) if st < step_from => {
+            let problem = Problem::SendBeforeProducer {
+                producer,
+                producer_step: step_from,
+            };
+            return Err(ValidationError::at(d_from, st, send, problem));
+        }
+        Some(_) => {}
+    }
+    match p.get(recv_kind, s_to, mb) {
+        None => {
+            let problem = Problem::MissingRecv { recv, from: d_from };
+            Err(ValidationError::at(d_to, step_to, consumer, problem))
+        }
+        Some(st) if st > step_to => {
+            let problem = Problem::RecvAfterUse {
+                user: consumer,
+                user_step: step_to,
+            };
+            Err(ValidationError::at(d_to, st, recv, problem))
+        }
+        Some(_) => Ok(()),
+    }
+}
