@@ -92,7 +92,7 @@ impl CostModel {
         let raw: RawCostFile = serde_json::from_str(text).map_err(|e| CostError::Json {
             line: e.line(),
             column: e.column(),
-            message: e.to_string(),
+            message: without_position(&e),
         })?;
         raw.resolve(stages)
     }
@@ -225,6 +225,15 @@ impl RawCostFile {
             bandwidth: None,
         }
         .with_link(self.p2p_latency.unwrap_or(0.0), self.bandwidth)
+    }
+}
+
+/// serde_json's message without the " at line L column C" it appends.
+pub(crate) fn without_position(e: &serde_json::Error) -> String {
+    let text = e.to_string();
+    match text.rsplit_once(" at line ") {
+        Some((message, _)) if e.line() > 0 => message.to_string(),
+        _ => text,
     }
 }
 
