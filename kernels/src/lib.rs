@@ -7,3 +7,7 @@ pub mod tensor;
 
 pub use error::{KernelError, Result};
 pub use tensor::{DType, Tensor};
+pub mod gpt;
+pub mod init;
+pub mod layers;
+pub mod optim;

@@ -1,0 +1,131 @@
+//! The reference GPT's configuration, its validation and its cut into stages.
+
+use crate::error::{KernelError, Result};
+use std::ops::Range;
+
+/// Sizes of the reference GPT.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct GptConfig {
+    /// Vocabulary size.
+    pub vocab: usize,
+    /// Longest sequence (rows of the position table).
+    pub seq_len: usize,
+    /// Width of the residual stream.
+    pub d_model: usize,
+    /// Attention heads (must divide `d_model`).
+    pub n_heads: usize,
+    /// Transformer blocks.
+    pub n_layers: usize,
+    /// MLP hidden width (GPT-2 uses `4 * d_model`).
+    pub d_ff: usize,
+}
+
+impl GptConfig {
+    /// A config with `d_ff = 4 * d_model`.
+    pub fn new(
+        vocab: usize,
+        seq_len: usize,
+        d_model: usize,
+        n_heads: usize,
+        n_layers: usize,
+    ) -> Self {
+        Self {
+            vocab,
+            seq_len,
+            d_model,
+            n_heads,
+            n_layers,
+            d_ff: 4 * d_model,
+        }
+    }
+
+    /// Errors unless every size is positive, the heads divide `d_model`,
+    /// and `tp` divides both the heads and `d_ff`.
+    pub fn validate(&self, tp: usize) -> Result<()> {
+        let sizes = [
+            ("vocab", self.vocab),
+            ("seq_len", self.seq_len),
+            ("d_model", self.d_model),
+            ("n_heads", self.n_heads),
+            ("n_layers", self.n_layers),
+            ("d_ff", self.d_ff),
+            ("tensor-parallel size", tp),
+        ];
+        if let Some((name, _)) = sizes.iter().find(|(_, v)| *v == 0) {
+            return Err(KernelError::Config(format!("{name} must be positive")));
+        }
+        if self.vocab > u32::MAX as usize {
+            return Err(KernelError::Config(
+                "vocab must fit token ids in u32".into(),
+            ));
+        }
+        if self.d_model % self.n_heads != 0 {
+            return Err(KernelError::Config(format!(
+                "n_heads ({}) must divide d_model ({})",
+                self.n_heads, self.d_model
+            )));
+        }
+        if self.n_heads % tp != 0 || self.d_ff % tp != 0 {
+            return Err(KernelError::Config(format!(
+                "tensor-parallel size {tp} must divide n_heads ({}) and d_ff ({})",
+                self.n_heads, self.d_ff
+            )));
+        }
+        Ok(())
+    }
+
+    /// Width of one head.
+    pub fn head_dim(&self) -> usize {
+        self.d_model / self.n_heads
+    }
+
+    /// Parameters of the whole, unsharded model.
+    pub fn num_params(&self) -> usize {
+        let (d, f, v) = (self.d_model, self.d_ff, self.vocab);
+        let block = 4 * d + (3 * d * d + 3 * d) + (d * d + d) + (d * f + f) + (f * d + d);
+        v * d + self.seq_len * d + self.n_layers * block + 2 * d + d * v + v
+    }
+}
+
+/// Cuts `layers` blocks into `stages` contiguous ranges as evenly as
+/// possible (earlier stages take the remainder). Errors if `stages` is 0 or
+/// exceeds `layers`: every stage holds at least one block.
+pub fn partition(layers: usize, stages: usize) -> Result<Vec<Range<usize>>> {
+    if stages == 0 || stages > layers {
+        return Err(KernelError::Config(format!(
+            "cannot cut {layers} layers into {stages} stages (need 1 <= stages <= layers)"
+        )));
+    }
+    let (base, extra) = (layers / stages, layers % stages);
+    let mut start = 0;
+    Ok((0..stages)
+        .map(|s| {
+            let len = base + usize::from(s < extra);
+            start += len;
+            start - len..start
+        })
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bad_configs_are_rejected() {
+        let ok = GptConfig::new(16, 8, 16, 4, 2);
+        ok.validate(4).unwrap();
+        assert!(GptConfig { n_heads: 3, ..ok }.validate(1).is_err());
+        assert!(ok.validate(3).is_err());
+        assert!(GptConfig { vocab: 0, ..ok }.validate(1).is_err());
+        assert!(ok.validate(0).is_err());
+    }
+
+    #[test]
+    fn partition_is_even_and_complete() {
+        assert_eq!(partition(5, 2).unwrap(), vec![0..3, 3..5]);
+        assert_eq!(partition(4, 4).unwrap(), vec![0..1, 1..2, 2..3, 3..4]);
+        assert!(partition(2, 3).is_err());
+        assert!(partition(2, 0).is_err());
+    }
+}

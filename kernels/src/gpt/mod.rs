@@ -1,0 +1,385 @@
+//! The reference GPT, built whole or as one stage of a pipeline, optionally
+//! as one tensor-parallel rank of that stage.
+//!
+//! A stage holds a contiguous range of blocks; the first stage also holds the
+//! embedding, the last the final norm, LM head and loss. The per-stage API is
+//! shaped for a pipeline runtime that keeps per-microbatch state itself:
+//! [`GptStage::forward`] returns a [`Stash`], [`GptStage::backward_input`]
+//! consumes it and returns a [`WeightStash`], [`GptStage::backward_weight`]
+//! consumes that and accumulates gradients. All stashes are `Send`.
+
+mod config;
+
+pub use config::{partition, GptConfig};
+
+use crate::error::{shape_err, KernelError, Result};
+use crate::init::normal_tensor;
+use crate::layers::{
+    Attention, Block, BlockStash, BlockWeightStash, Embedding, HeadStash, HeadWeightStash,
+    LayerNorm, Linear, LmHead, Mlp, Param, Parameters, TpReduce, TpShard,
+};
+use crate::tensor::Tensor;
+use std::ops::Range;
+
+/// The data of one microbatch, as every stage sees it. The first stage reads
+/// `tokens`, the last reads `targets`; middle stages read neither.
+#[derive(Clone, Copy, Debug)]
+pub struct Microbatch<'a> {
+    /// Input ids, `batch * seq` of them, row-major.
+    pub tokens: &'a [u32],
+    /// Target ids, same layout as `tokens`.
+    pub targets: &'a [u32],
+    /// Tokens per sequence (at most the config's `seq_len`).
+    pub seq: usize,
+    /// Multiplies the mean loss and its gradient: `1 / m` for `m` equal
+    /// microbatches makes their summed losses and gradients equal those of
+    /// the whole batch.
+    pub loss_scale: f32,
+}
+
+/// What a stage's forward produces.
+#[derive(Clone, Debug)]
+pub enum StageOutput {
+    /// Activations `[batch, seq, d_model]` for the next stage.
+    Hidden(Tensor),
+    /// The scaled loss (last stage).
+    Loss(f32),
+}
+
+/// Token ids of a microbatch and its sequence length.
+type Ids = (Vec<u32>, usize);
+
+/// Per-microbatch state from forward to input backward.
+#[derive(Debug)]
+pub struct Stash {
+    ids: Option<Ids>,
+    blocks: Vec<BlockStash>,
+    head: Option<HeadStash>,
+}
+
+/// Per-microbatch state from input backward to weight backward.
+#[derive(Debug)]
+pub struct WeightStash {
+    embed: Option<(Vec<u32>, usize, Tensor)>,
+    blocks: Vec<BlockWeightStash>,
+    head: Option<HeadWeightStash>,
+}
+
+/// One pipeline stage (and one TP rank) of the reference GPT.
+#[derive(Clone, Debug)]
+pub struct GptStage {
+    cfg: GptConfig,
+    index: usize,
+    layers: Range<usize>,
+    embed: Option<Embedding>,
+    blocks: Vec<Block>,
+    head: Option<LmHead>,
+}
+
+/// The full (unsharded) initial weights of block `l`, drawn from their own
+/// streams: GPT-2's scheme (std 0.02, residual projections scaled down by
+/// `sqrt(2 * n_layers)`, zero biases).
+fn init_block(cfg: &GptConfig, seed: u64, l: usize, tp: TpShard) -> Result<Block> {
+    let (d, f) = (cfg.d_model, cfg.d_ff);
+    let p = |n: &str| format!("blocks.{l}.{n}");
+    let resid = 0.02 / (2.0 * cfg.n_layers as f32).sqrt();
+    let w_qkv = normal_tensor(&[d, 3 * d], 0.02, seed, &p("attn.qkv.weight"));
+    let w_o = normal_tensor(&[d, d], resid, seed, &p("attn.proj.weight"));
+    let w1 = normal_tensor(&[d, f], 0.02, seed, &p("mlp.fc1.weight"));
+    let w2 = normal_tensor(&[f, d], resid, seed, &p("mlp.fc2.weight"));
+    let (z3, zd, zf) = (
+        Tensor::zeros(&[3 * d]),
+        Tensor::zeros(&[d]),
+        Tensor::zeros(&[f]),
+    );
+    Ok(Block {
+        ln1: LayerNorm::new(&p("ln1"), d),
+        attn: Attention::from_full(&p("attn"), cfg.n_heads, &w_qkv, &z3, &w_o, &zd, tp)?,
+        ln2: LayerNorm::new(&p("ln2"), d),
+        mlp: Mlp::from_full(&p("mlp"), &w1, &zf, &w2, &zd, tp)?,
+    })
+}
+
+impl GptStage {
+    /// Stage `stage` of `stages` (blocks cut by [`partition`]) as TP rank
+    /// `tp`, initialised from `seed`. Any split of the same config and seed
+    /// holds exactly the numbers of the whole model.
+    pub fn new(
+        cfg: &GptConfig,
+        seed: u64,
+        stage: usize,
+        stages: usize,
+        tp: TpShard,
+    ) -> Result<Self> {
+        let ranges = partition(cfg.n_layers, stages)?;
+        let layers = ranges.get(stage).cloned().ok_or_else(|| {
+            KernelError::Config(format!("stage {stage} of a {stages}-stage pipeline"))
+        })?;
+        Self::with_layers(
+            cfg,
+            seed,
+            stage,
+            layers,
+            stage == 0,
+            stage + 1 == stages,
+            tp,
+        )
+    }
+
+    /// The whole model on one device.
+    pub fn whole(cfg: &GptConfig, seed: u64) -> Result<Self> {
+        Self::new(cfg, seed, 0, 1, TpShard::SINGLE)
+    }
+
+    /// A stage with an explicit block range (for uneven cuts); `index` only
+    /// labels errors. `first` adds the embedding, `last` the head.
+    pub fn with_layers(
+        cfg: &GptConfig,
+        seed: u64,
+        index: usize,
+        layers: Range<usize>,
+        first: bool,
+        last: bool,
+        tp: TpShard,
+    ) -> Result<Self> {
+        cfg.validate(tp.size)?;
+        if layers.end > cfg.n_layers || layers.start > layers.end {
+            return Err(KernelError::Config(format!(
+                "layers {layers:?} of a {}-layer model",
+                cfg.n_layers
+            )));
+        }
+        let (d, v) = (cfg.d_model, cfg.vocab);
+        let embed = first.then(|| {
+            let wte = normal_tensor(&[v, d], 0.02, seed, "embed.wte");
+            let wpe = normal_tensor(&[cfg.seq_len, d], 0.01, seed, "embed.wpe");
+            Embedding::new("embed", wte, wpe)
+        });
+        let blocks = layers
+            .clone()
+            .map(|l| init_block(cfg, seed, l, tp))
+            .collect::<Result<Vec<_>>>()?;
+        let head = if last {
+            let w = normal_tensor(&[d, v], 0.02, seed, "head.proj.weight");
+            let proj = Linear::new("head.proj", w, Some(Tensor::zeros(&[v])))?;
+            Some(LmHead {
+                ln_f: LayerNorm::new("head.ln_f", d),
+                proj,
+            })
+        } else {
+            None
+        };
+        Ok(Self {
+            cfg: *cfg,
+            index,
+            layers,
+            embed,
+            blocks,
+            head,
+        })
+    }
+
+    /// The model's config.
+    pub fn config(&self) -> &GptConfig {
+        &self.cfg
+    }
+
+    /// The blocks this stage holds.
+    pub fn layers(&self) -> Range<usize> {
+        self.layers.clone()
+    }
+
+    /// Whether this stage embeds tokens.
+    pub fn is_first(&self) -> bool {
+        self.embed.is_some()
+    }
+
+    /// Whether this stage computes the loss.
+    pub fn is_last(&self) -> bool {
+        self.head.is_some()
+    }
+
+    fn err(&self, detail: impl Into<String>) -> KernelError {
+        KernelError::Stage {
+            stage: self.index,
+            detail: detail.into(),
+        }
+    }
+
+    /// Forward of one microbatch. The first stage takes `input = None` and
+    /// embeds `mb.tokens`; other stages take the previous stage's
+    /// activations. The last stage returns [`StageOutput::Loss`].
+    pub fn forward(
+        &self,
+        mb: &Microbatch<'_>,
+        input: Option<Tensor>,
+        tp: &mut dyn TpReduce,
+    ) -> Result<(StageOutput, Stash)> {
+        let (mut x, ids) = self.stage_input(mb, input)?;
+        let mut blocks = Vec::with_capacity(self.blocks.len());
+        for b in &self.blocks {
+            let (y, s) = b.forward(x, tp)?;
+            blocks.push(s);
+            x = y;
+        }
+        let Some(head) = &self.head else {
+            let stash = Stash {
+                ids,
+                blocks,
+                head: None,
+            };
+            return Ok((StageOutput::Hidden(x), stash));
+        };
+        if mb.targets.len() != x.rows() {
+            return Err(self.err(format!(
+                "{} targets for {} positions",
+                mb.targets.len(),
+                x.rows()
+            )));
+        }
+        let (loss, hs) = head.forward(&x, mb.targets, mb.loss_scale)?;
+        let stash = Stash {
+            ids,
+            blocks,
+            head: Some(hs),
+        };
+        Ok((StageOutput::Loss(loss), stash))
+    }
+
+    /// Checks and produces the activations entering the first block.
+    fn stage_input(
+        &self,
+        mb: &Microbatch<'_>,
+        input: Option<Tensor>,
+    ) -> Result<(Tensor, Option<Ids>)> {
+        if mb.seq == 0 || mb.seq > self.cfg.seq_len {
+            return Err(self.err(format!(
+                "sequence length {} (max {})",
+                mb.seq, self.cfg.seq_len
+            )));
+        }
+        match (&self.embed, input) {
+            (Some(e), None) => {
+                let x = e.forward(mb.tokens, mb.seq)?;
+                Ok((x, Some((mb.tokens.to_vec(), mb.seq))))
+            }
+            (None, Some(x)) => {
+                let d = self.cfg.d_model;
+                if x.shape().len() != 3 || x.shape()[1] != mb.seq || x.shape()[2] != d {
+                    return Err(shape_err(
+                        "GptStage::forward",
+                        format!("input {:?}, want [batch, {}, {d}]", x.shape(), mb.seq),
+                    ));
+                }
+                Ok((x, None))
+            }
+            (Some(_), Some(_)) => Err(self.err("the first stage embeds tokens; got activations")),
+            (None, None) => Err(self.err("a non-first stage needs input activations")),
+        }
+    }
+
+    /// Input backward (I) of one microbatch: consumes its [`Stash`] and
+    /// returns the gradient for the previous stage (`None` on the first
+    /// stage) and the [`WeightStash`] for [`GptStage::backward_weight`].
+    /// `grad_out` is `None` on the last stage (the loss seeds the gradient)
+    /// and the next stage's input gradient elsewhere.
+    pub fn backward_input(
+        &self,
+        stash: Stash,
+        grad_out: Option<Tensor>,
+        tp: &mut dyn TpReduce,
+    ) -> Result<(Option<Tensor>, WeightStash)> {
+        let (mut dy, head) = match (&self.head, stash.head, grad_out) {
+            (Some(h), Some(hs), None) => {
+                let (dx, ws) = h.backward_input(hs)?;
+                (dx, Some(ws))
+            }
+            (None, None, Some(g)) => (g, None),
+            (Some(_), _, Some(_)) => {
+                return Err(self.err("the last stage takes no output gradient"))
+            }
+            (None, _, None) => return Err(self.err("a non-last stage needs an output gradient")),
+            _ => return Err(self.err("stash from a different stage")),
+        };
+        if stash.blocks.len() != self.blocks.len() {
+            return Err(self.err("stash from a different stage"));
+        }
+        let mut blocks = Vec::with_capacity(self.blocks.len());
+        for (b, s) in self.blocks.iter().zip(stash.blocks).rev() {
+            let (dx, ws) = b.backward_input(s, dy, tp)?;
+            blocks.push(ws);
+            dy = dx;
+        }
+        blocks.reverse();
+        let ws = match stash.ids {
+            Some((ids, seq)) => WeightStash {
+                embed: Some((ids, seq, dy)),
+                blocks,
+                head,
+            },
+            None => {
+                return Ok((
+                    Some(dy),
+                    WeightStash {
+                        embed: None,
+                        blocks,
+                        head,
+                    },
+                ))
+            }
+        };
+        Ok((None, ws))
+    }
+
+    /// Weight backward (W) of one microbatch: accumulates every parameter's
+    /// gradient from its [`WeightStash`].
+    pub fn backward_weight(&mut self, ws: WeightStash) -> Result<()> {
+        if ws.blocks.len() != self.blocks.len() || ws.head.is_some() != self.head.is_some() {
+            return Err(self.err("weight stash from a different stage"));
+        }
+        if let (Some(h), Some(hw)) = (&mut self.head, ws.head) {
+            h.backward_weight(hw)?;
+        }
+        for (b, w) in self.blocks.iter_mut().zip(ws.blocks) {
+            b.backward_weight(w)?;
+        }
+        if let (Some(e), Some((ids, seq, dy))) = (&mut self.embed, ws.embed) {
+            e.backward_weight(&ids, seq, &dy)?;
+        }
+        Ok(())
+    }
+
+    /// Full backward (B): exactly [`GptStage::backward_input`] followed by
+    /// [`GptStage::backward_weight`].
+    pub fn backward(
+        &mut self,
+        stash: Stash,
+        grad_out: Option<Tensor>,
+        tp: &mut dyn TpReduce,
+    ) -> Result<Option<Tensor>> {
+        let (dx, ws) = self.backward_input(stash, grad_out, tp)?;
+        self.backward_weight(ws)?;
+        Ok(dx)
+    }
+}
+
+impl Parameters for GptStage {
+    fn visit(&self, f: &mut dyn FnMut(&Param)) {
+        if let Some(e) = &self.embed {
+            e.visit(f);
+        }
+        self.blocks.iter().for_each(|b| b.visit(f));
+        if let Some(h) = &self.head {
+            h.visit(f);
+        }
+    }
+    fn visit_mut(&mut self, f: &mut dyn FnMut(&mut Param)) {
+        if let Some(e) = &mut self.embed {
+            e.visit_mut(f);
+        }
+        self.blocks.iter_mut().for_each(|b| b.visit_mut(f));
+        if let Some(h) = &mut self.head {
+            h.visit_mut(f);
+        }
+    }
+}

@@ -1,0 +1,166 @@
+//! Causal multi-head self-attention split by heads across TP ranks.
+//!
+//! The fused QKV projection is column-parallel with three column groups
+//! (see [`shard_cols`](super::shard::shard_cols)): rank `r` owns heads
+//! `r * h/tp .. (r+1) * h/tp` for Q, K and V alike, so the attention core
+//! runs on local heads only. The output projection is row-parallel over the
+//! same head blocks, so its forward is a partial sum that the caller
+//! all-reduces.
+
+use super::linear::{ColumnParallelLinear, RowParallelLinear};
+use super::shard::TpShard;
+use super::{Param, Parameters, TpReduce};
+use crate::cpu::{causal_attention, causal_attention_backward, AttnShape};
+use crate::error::{shape_err, KernelError, Result};
+use crate::tensor::Tensor;
+
+/// A TP rank's share of an attention layer (the whole layer when `tp = 1`).
+#[derive(Clone, Debug)]
+pub struct Attention {
+    /// Fused `[d, 3 * d / tp]` projection of this rank's heads.
+    pub qkv: ColumnParallelLinear,
+    /// `[d / tp, d]` output projection with the full bias.
+    pub proj: RowParallelLinear,
+    heads: usize,
+    head_dim: usize,
+}
+
+/// What the attention input backward needs.
+#[derive(Clone, Debug)]
+pub struct AttentionStash {
+    x: Tensor,
+    qkv: Tensor,
+    probs: Tensor,
+    ctx: Tensor,
+    shape: AttnShape,
+}
+
+/// What the attention weight backward needs.
+#[derive(Clone, Debug)]
+pub struct AttentionWeightStash {
+    x: Tensor,
+    dqkv: Tensor,
+    ctx: Tensor,
+    dy: Tensor,
+}
+
+impl Attention {
+    /// This rank's share of attention with `heads` heads in total and full
+    /// weights `w_qkv [d, 3d]` (columns `[Q | K | V]`, head-major in each),
+    /// `b_qkv [3d]`, `w_o [d, d]`, `b_o [d]`.
+    pub fn from_full(
+        name: &str,
+        heads: usize,
+        w_qkv: &Tensor,
+        b_qkv: &Tensor,
+        w_o: &Tensor,
+        b_o: &Tensor,
+        tp: TpShard,
+    ) -> Result<Self> {
+        let d = w_o.cols();
+        if heads == 0 || d % heads != 0 {
+            return Err(KernelError::Config(format!(
+                "{heads} heads do not divide d_model {d}"
+            )));
+        }
+        let local = tp.block(heads, "the number of heads")?.len();
+        Ok(Self {
+            qkv: ColumnParallelLinear::from_full(
+                &format!("{name}.qkv"),
+                w_qkv,
+                Some(b_qkv),
+                3,
+                tp,
+            )?,
+            proj: RowParallelLinear::from_full(&format!("{name}.proj"), w_o, Some(b_o), tp)?,
+            heads: local,
+            head_dim: d / heads,
+        })
+    }
+
+    fn shape_of(&self, x: &Tensor) -> Result<AttnShape> {
+        match *x.shape() {
+            [batch, seq, _] => Ok(AttnShape {
+                batch,
+                seq,
+                heads: self.heads,
+                head_dim: self.head_dim,
+            }),
+            _ => Err(shape_err(
+                "Attention",
+                format!("input {:?} is not [batch, seq, d]", x.shape()),
+            )),
+        }
+    }
+
+    /// Forward up to the output projection's partial sum (no bias, not reduced).
+    pub fn forward_partial(&self, x: Tensor) -> Result<(Tensor, AttentionStash)> {
+        let shape = self.shape_of(&x)?;
+        let qkv = self.qkv.local.forward(&x)?;
+        let (ctx, probs) = causal_attention(&qkv, shape)?;
+        let y = self.proj.forward_partial(&ctx)?;
+        let stash = AttentionStash {
+            x,
+            qkv,
+            probs,
+            ctx,
+            shape,
+        };
+        Ok((y, stash))
+    }
+
+    /// Full forward: partial sum, all-reduce, output bias.
+    pub fn forward(&self, x: Tensor, tp: &mut dyn TpReduce) -> Result<(Tensor, AttentionStash)> {
+        let (mut y, stash) = self.forward_partial(x)?;
+        tp.all_reduce_sum(&mut y)?;
+        self.proj.add_bias(&mut y)?;
+        Ok((y, stash))
+    }
+
+    /// Input backward up to the partial input gradient (not reduced).
+    pub fn backward_input_partial(
+        &self,
+        stash: AttentionStash,
+        dy: Tensor,
+    ) -> Result<(Tensor, AttentionWeightStash)> {
+        let dctx = self.proj.local.backward_input(&dy)?;
+        let dqkv = causal_attention_backward(&stash.qkv, &stash.probs, &dctx, stash.shape)?;
+        let dx = self.qkv.local.backward_input(&dqkv)?;
+        let ws = AttentionWeightStash {
+            x: stash.x,
+            dqkv,
+            ctx: stash.ctx,
+            dy,
+        };
+        Ok((dx, ws))
+    }
+
+    /// Input backward (I): the full input gradient after the all-reduce.
+    pub fn backward_input(
+        &self,
+        stash: AttentionStash,
+        dy: Tensor,
+        tp: &mut dyn TpReduce,
+    ) -> Result<(Tensor, AttentionWeightStash)> {
+        let (mut dx, ws) = self.backward_input_partial(stash, dy)?;
+        tp.all_reduce_sum(&mut dx)?;
+        Ok((dx, ws))
+    }
+
+    /// Weight backward (W).
+    pub fn backward_weight(&mut self, ws: AttentionWeightStash) -> Result<()> {
+        self.qkv.local.backward_weight(&ws.x, &ws.dqkv)?;
+        self.proj.local.backward_weight(&ws.ctx, &ws.dy)
+    }
+}
+
+impl Parameters for Attention {
+    fn visit(&self, f: &mut dyn FnMut(&Param)) {
+        self.qkv.local.visit(f);
+        self.proj.local.visit(f);
+    }
+    fn visit_mut(&mut self, f: &mut dyn FnMut(&mut Param)) {
+        self.qkv.local.visit_mut(f);
+        self.proj.local.visit_mut(f);
+    }
+}

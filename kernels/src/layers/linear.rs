@@ -1,0 +1,176 @@
+//! `y = x @ W + b`, whole and as column- or row-parallel shards.
+//!
+//! The stash of a linear layer is simply its input `x` (the caller keeps
+//! it), and its weight stash is `(x, dy)`: the input gradient `dy @ W^T`
+//! needs only the weight, the weight gradient `x^T @ dy` needs only `x` and
+//! `dy`. So layers that contain linears store those tensors in their own
+//! stashes instead of a stash type per linear.
+
+use super::shard::{shard_cols, shard_rows, TpShard};
+use super::{Param, Parameters};
+use crate::cpu::{add_bias, bias_grad_acc, matmul, matmul_nt, matmul_tn_acc};
+use crate::error::{shape_err, Result};
+use crate::tensor::Tensor;
+
+/// A dense layer with weight `[in, out]` and optional bias `[out]`.
+#[derive(Clone, Debug)]
+pub struct Linear {
+    /// `[in, out]`.
+    pub weight: Param,
+    /// `[out]`, if any.
+    pub bias: Option<Param>,
+}
+
+impl Linear {
+    /// A layer from its weights; `name` prefixes the parameter names
+    /// (`{name}.weight`, `{name}.bias`).
+    pub fn new(name: &str, weight: Tensor, bias: Option<Tensor>) -> Result<Self> {
+        if weight.shape().len() != 2 {
+            return Err(shape_err(
+                "Linear::new",
+                format!("weight {:?}", weight.shape()),
+            ));
+        }
+        if let Some(b) = &bias {
+            if b.shape() != [weight.cols()] {
+                return Err(shape_err(
+                    "Linear::new",
+                    format!("bias {:?} for weight {:?}", b.shape(), weight.shape()),
+                ));
+            }
+        }
+        Ok(Self {
+            weight: Param::new(format!("{name}.weight"), weight, true),
+            bias: bias.map(|b| Param::new(format!("{name}.bias"), b, false)),
+        })
+    }
+
+    /// Input features.
+    pub fn in_features(&self) -> usize {
+        self.weight.value.shape()[0]
+    }
+
+    /// Output features.
+    pub fn out_features(&self) -> usize {
+        self.weight.value.cols()
+    }
+
+    /// `x @ W + b` for `x` of shape `[.., in]`.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let mut y = self.forward_no_bias(x)?;
+        self.add_bias(&mut y)?;
+        Ok(y)
+    }
+
+    /// `x @ W`, without the bias.
+    pub fn forward_no_bias(&self, x: &Tensor) -> Result<Tensor> {
+        matmul(x, &self.weight.value)
+    }
+
+    /// Adds the bias (if any) to every row of `y`.
+    pub fn add_bias(&self, y: &mut Tensor) -> Result<()> {
+        match &self.bias {
+            Some(b) => add_bias(y, &b.value),
+            None => Ok(()),
+        }
+    }
+
+    /// Input gradient (I): `dy @ W^T`.
+    pub fn backward_input(&self, dy: &Tensor) -> Result<Tensor> {
+        matmul_nt(dy, &self.weight.value)
+    }
+
+    /// Weight gradient (W): `dW += x^T @ dy`, `db += sum(dy)`.
+    pub fn backward_weight(&mut self, x: &Tensor, dy: &Tensor) -> Result<()> {
+        matmul_tn_acc(x, dy, &mut self.weight.grad)?;
+        if let Some(b) = &mut self.bias {
+            bias_grad_acc(dy, &mut b.grad)?;
+        }
+        Ok(())
+    }
+}
+
+impl Parameters for Linear {
+    fn visit(&self, f: &mut dyn FnMut(&Param)) {
+        f(&self.weight);
+        if let Some(b) = &self.bias {
+            f(b);
+        }
+    }
+    fn visit_mut(&mut self, f: &mut dyn FnMut(&mut Param)) {
+        f(&mut self.weight);
+        if let Some(b) = &mut self.bias {
+            f(b);
+        }
+    }
+}
+
+/// A TP rank's shard of a linear layer split by output features.
+///
+/// Rank `r` holds the columns of [`shard_cols`] (weight and bias alike), so
+/// its forward output is its slice of the full output and needs no
+/// communication. Its input gradient is a *partial sum*: the caller
+/// all-reduces it over the group.
+#[derive(Clone, Debug)]
+pub struct ColumnParallelLinear {
+    /// The local shard as a plain linear layer (`[in, out / tp]`).
+    pub local: Linear,
+}
+
+impl ColumnParallelLinear {
+    /// This rank's shard of the full `[in, out]` weight and `[out]` bias;
+    /// `groups` as in [`shard_cols`] (1 for a plain layer, 3 for fused QKV).
+    pub fn from_full(
+        name: &str,
+        weight: &Tensor,
+        bias: Option<&Tensor>,
+        groups: usize,
+        tp: TpShard,
+    ) -> Result<Self> {
+        let w = shard_cols(weight, groups, tp)?;
+        let b = bias.map(|b| shard_cols(b, groups, tp)).transpose()?;
+        Ok(Self {
+            local: Linear::new(name, w, b)?,
+        })
+    }
+}
+
+/// A TP rank's shard of a linear layer split by input features.
+///
+/// Rank `r` holds the rows of [`shard_rows`] and takes its slice of the
+/// input (which a preceding column-parallel layer produces). Its forward
+/// returns a *partial sum* without bias; the caller all-reduces it and then
+/// adds the bias once with [`RowParallelLinear::add_bias`]. The bias is
+/// replicated on every rank and its gradient, computed from the replicated
+/// output gradient, is identical on every rank. The input gradient needs no
+/// communication.
+#[derive(Clone, Debug)]
+pub struct RowParallelLinear {
+    /// The local shard (`[in / tp, out]`) with the full, replicated bias.
+    pub local: Linear,
+}
+
+impl RowParallelLinear {
+    /// This rank's shard of the full `[in, out]` weight; the bias is kept whole.
+    pub fn from_full(
+        name: &str,
+        weight: &Tensor,
+        bias: Option<&Tensor>,
+        tp: TpShard,
+    ) -> Result<Self> {
+        let w = shard_rows(weight, tp)?;
+        Ok(Self {
+            local: Linear::new(name, w, bias.cloned())?,
+        })
+    }
+
+    /// The partial sum `x_local @ W_local` (no bias).
+    pub fn forward_partial(&self, x: &Tensor) -> Result<Tensor> {
+        self.local.forward_no_bias(x)
+    }
+
+    /// Adds the bias to the reduced output.
+    pub fn add_bias(&self, y: &mut Tensor) -> Result<()> {
+        self.local.add_bias(y)
+    }
+}
