@@ -1,0 +1,122 @@
+//! Text with the embedded DejaVu Sans: measuring (for layout, in both formats) and
+//! rasterising (for PNG).
+//!
+//! We rasterise with ab_glyph ourselves rather than through plotters' text path: plotters
+//! 0.3.7 places each glyph at the pen position without its left side bearing and rounds the
+//! pen per glyph, which gives uneven letter spacing and misplaced periods ("25·0%").
+
+use std::sync::OnceLock;
+
+use ab_glyph::{point, Font, FontRef, GlyphId, PxScale, ScaleFont};
+
+use crate::VizError;
+
+struct Fonts {
+    regular: FontRef<'static>,
+    bold: FontRef<'static>,
+}
+
+fn fonts() -> Option<&'static Fonts> {
+    static FONTS: OnceLock<Option<Fonts>> = OnceLock::new();
+    FONTS
+        .get_or_init(|| {
+            let regular = FontRef::try_from_slice(dejavu::sans::regular()).ok()?;
+            let bold = FontRef::try_from_slice(dejavu::sans::bold()).ok()?;
+            Some(Fonts { regular, bold })
+        })
+        .as_ref()
+}
+
+/// Load the embedded fonts, or say why not (only a broken build can fail here).
+pub(crate) fn ensure_fonts() -> Result<(), VizError> {
+    fonts().map(|_| ()).ok_or(VizError::Font)
+}
+
+fn font(bold: bool) -> Option<&'static FontRef<'static>> {
+    fonts().map(|f| if bold { &f.bold } else { &f.regular })
+}
+
+/// ab_glyph scales by the font's height (ascent - descent); we size text by its em, as SVG's
+/// `font-size` does, so both formats agree.
+fn scale(f: &FontRef<'_>, size: f64) -> PxScale {
+    let upem = f.units_per_em().unwrap_or(2048.0);
+    PxScale::from(size as f32 * f.height_unscaled() / upem)
+}
+
+/// Width in pixels of `text` set at `size` px (em).
+pub(crate) fn text_width(text: &str, size: f64, bold: bool) -> f64 {
+    let Some(f) = font(bold) else {
+        return 0.6 * size * text.chars().count() as f64;
+    };
+    let sf = f.as_scaled(scale(f, size));
+    let mut w = 0.0f32;
+    let mut prev: Option<GlyphId> = None;
+    for c in text.chars() {
+        let id = sf.glyph_id(c);
+        if let Some(p) = prev {
+            w += sf.kern(p, id);
+        }
+        w += sf.h_advance(id);
+        prev = Some(id);
+    }
+    f64::from(w)
+}
+
+/// Rasterise `text` with its baseline's left end at `(x, baseline)`; `plot(x, y, coverage)`
+/// receives every touched pixel.
+pub(crate) fn raster(
+    text: &str,
+    size: f64,
+    bold: bool,
+    (x, baseline): (f64, f64),
+    plot: &mut dyn FnMut(i32, i32, f32),
+) {
+    let Some(f) = font(bold) else { return };
+    let px = scale(f, size);
+    let sf = f.as_scaled(px);
+    let mut caret = x as f32;
+    let mut prev: Option<GlyphId> = None;
+    for c in text.chars() {
+        let id = sf.glyph_id(c);
+        if let Some(p) = prev {
+            caret += sf.kern(p, id);
+        }
+        let glyph = id.with_scale_and_position(px, point(caret, baseline as f32));
+        if let Some(outline) = f.outline_glyph(glyph) {
+            let b = outline.px_bounds();
+            outline.draw(|gx, gy, cov| {
+                plot(b.min.x as i32 + gx as i32, b.min.y as i32 + gy as i32, cov)
+            });
+        }
+        caret += sf.h_advance(id);
+        prev = Some(id);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn digits_share_one_advance_and_widths_add_up() {
+        let one = text_width("0", 10.0, false);
+        assert!((one - 6.36).abs() < 0.05, "{one}");
+        assert!((text_width("12345", 10.0, false) - 5.0 * one).abs() < 0.01);
+        assert!(text_width("bold", 12.0, true) > text_width("bold", 12.0, false));
+    }
+
+    #[test]
+    fn raster_touches_pixels_near_the_baseline() {
+        let mut ys = Vec::new();
+        raster("8", 20.0, false, (0.0, 30.0), &mut |_, y, c| {
+            if c > 0.5 {
+                ys.push(y)
+            }
+        });
+        let (lo, hi) = (*ys.iter().min().unwrap(), *ys.iter().max().unwrap());
+        assert!(
+            (28..=30).contains(&hi) && (14..=17).contains(&lo),
+            "{lo}..{hi}"
+        );
+    }
+}
