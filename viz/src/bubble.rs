@@ -2,7 +2,7 @@
 
 use pipewright_schedule::{Timeline, TimelineSource};
 
-use crate::canvas::{frame, Anchor, Canvas, TextSpec};
+use crate::canvas::{frame, Anchor, BoxTag, Canvas, TextSpec};
 use crate::lanes::{lane_boxes, split_lanes, LaneBox, TimeScale};
 use crate::layout::{Layout, PanelData, PanelGeom, COMM_GAP, LEGEND_FONT, SWATCH_SIDE};
 use crate::memory;
@@ -27,9 +27,9 @@ pub(crate) fn draw_chart(
     c.text(f64::from(lay.width) / 2.0, lay.title_y, &title, spec);
     draw_legend(c, lay);
     let mem_max = memory::shared_max(panels, opts.memory_cap);
-    for (p, g) in panels.iter().zip(&lay.panels) {
+    for (i, (p, g)) in panels.iter().zip(&lay.panels).enumerate() {
         draw_header(c, p, g, lay);
-        draw_rows(c, p, g, lay);
+        draw_rows(c, i, p, g, lay);
         if let (Some(mem), Some(y)) = (p.memory, g.mem_y) {
             let area = memory::MemArea {
                 y,
@@ -121,7 +121,7 @@ fn draw_header(c: &mut dyn Canvas, p: &PanelData<'_>, g: &PanelGeom, lay: &Layou
 }
 
 /// Device rows: label, lane frames, compute and comm boxes, bubble percentage.
-fn draw_rows(c: &mut dyn Canvas, p: &PanelData<'_>, g: &PanelGeom, lay: &Layout) {
+fn draw_rows(c: &mut dyn Canvas, panel: usize, p: &PanelData<'_>, g: &PanelGeom, lay: &Layout) {
     let m = lay.metrics;
     let scale = TimeScale {
         t0: p.start,
@@ -139,12 +139,12 @@ fn draw_rows(c: &mut dyn Canvas, p: &PanelData<'_>, g: &PanelGeom, lay: &Layout)
         // The frame marks the step's extent, so idle time reads as white space inside it.
         frame(c, lay.x0, y, end_x - lay.x0, m.compute_h, Rgb::FRAME);
         let boxes = lane_boxes(&lane.compute, &scale, p.tl.meta.devices, p.chunks);
-        draw_boxes(c, &boxes, y, m.compute_h, true);
+        draw_boxes(c, panel, &boxes, y, m.compute_h, true);
         if p.has_comm {
             let cy = y + m.compute_h + COMM_GAP;
             c.rect(lay.x0, cy, end_x - lay.x0, m.comm_h, COMM_LANE_BG);
             let boxes = lane_boxes(&lane.comm, &scale, p.tl.meta.devices, p.chunks);
-            draw_boxes(c, &boxes, cy, m.comm_h, false);
+            draw_boxes(c, panel, &boxes, cy, m.comm_h, false);
         }
         let pct = bubbles
             .get(d)
@@ -159,12 +159,12 @@ fn draw_rows(c: &mut dyn Canvas, p: &PanelData<'_>, g: &PanelGeom, lay: &Layout)
 }
 
 /// Boxes of one lane, with microbatch numbers where they fit.
-fn draw_boxes(c: &mut dyn Canvas, boxes: &[LaneBox], y: f64, h: f64, numbers: bool) {
+fn draw_boxes(c: &mut dyn Canvas, panel: usize, boxes: &[LaneBox], y: f64, h: f64, numbers: bool) {
     let size = (h * 0.62).min(LABEL_FONT);
     // DejaVu digits share one advance, so one measurement serves every number.
     let digit = text_width("0", size, false);
     for b in boxes {
-        c.action_box(b.x, y, b.w, h, b.fill, &b.tag);
+        c.action_box(b.x, y, b.w, h, b.fill, &BoxTag { panel, ..b.tag });
         if !numbers || b.tag.count != 1 || size < 6.0 {
             continue;
         }

@@ -81,6 +81,8 @@ impl TextSpec {
 /// `<title>` tooltip so a box can be identified.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct BoxTag {
+    /// Index of the chart panel (timeline) the box belongs to.
+    pub panel: usize,
     pub device: u32,
     pub stage: u32,
     pub kind: ActionKind,
@@ -162,8 +164,9 @@ impl Canvas for SvgCanvas {
         // even for thin boxes in wide charts.
         let _ = write!(
             self.out,
-            r#"<rect class="act {k}" data-device="{d}" data-stage="{s}" data-mb="{m}" data-count="{n}" x="{x:.4}" y="{y:.2}" width="{w:.4}" height="{h:.2}" fill="{f}"><title>"#,
+            r#"<rect class="act {k}" data-panel="{p}" data-device="{d}" data-stage="{s}" data-mb="{m}" data-count="{n}" x="{x:.4}" y="{y:.2}" width="{w:.4}" height="{h:.2}" fill="{f}"><title>"#,
             k = t.kind,
+            p = t.panel,
             d = t.device,
             s = t.stage,
             m = t.microbatch,

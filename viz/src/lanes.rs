@@ -102,6 +102,7 @@ pub(crate) fn lane_boxes(
             w,
             fill,
             tag: BoxTag {
+                panel: 0,
                 device: e.device,
                 stage: e.action.stage,
                 kind: e.action.kind,

@@ -60,7 +60,7 @@ use pipewright_schedule::{MemorySample, Timeline};
 
 pub use error::VizError;
 pub use sweep::{sweep_plot, SweepPoint, SweepSeries};
-pub use term::terminal_chart;
+pub use term::{terminal_chart, MIN_COLUMNS as MIN_TERM_COLUMNS};
 
 /// Image format of a chart.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -5,7 +5,7 @@ use pipewright_schedule::MemorySample;
 
 use crate::canvas::{frame, Anchor, Canvas, TextSpec};
 use crate::layout::{Layout, PanelData};
-use crate::style::{format_bytes, nice_ticks, series_color, Rgb};
+use crate::style::{byte_ticks, format_bytes, series_color, Rgb};
 use crate::text::text_width;
 
 const FONT: f64 = 10.0;
@@ -38,7 +38,7 @@ pub(crate) fn draw_memory(
     draw_key(c, mem.len(), lay.x0, area.y - 9.0);
     frame(c, lay.x0, area.y, lay.x1 - lay.x0, area.h, Rgb::FRAME);
     let to_y = |b: f64| area.y + area.h - b / area.max * area.h;
-    for t in nice_ticks(0.0, area.max, 3) {
+    for t in byte_ticks(area.max, 3) {
         let y = to_y(t);
         c.line(&[(lay.x0, y), (lay.x1, y)], Rgb::GRID, 1.0, false);
         let spec = TextSpec::new(FONT, Rgb::TEXT, Anchor::End);

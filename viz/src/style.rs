@@ -148,6 +148,19 @@ pub(crate) fn nice_ticks(lo: f64, hi: f64, target: usize) -> Vec<f64> {
     (first..=last).map(|k| k as f64 * step).collect()
 }
 
+/// Tick positions for a byte axis `[0, max]`: round numbers in the binary unit that suits
+/// `max` (`0, 16 MiB, 32 MiB`, not `0, 19.1 MiB`).
+pub(crate) fn byte_ticks(max: f64, target: usize) -> Vec<f64> {
+    let mut unit = 1.0;
+    while max / unit >= 1024.0 && unit < 1024f64.powi(5) {
+        unit *= 1024.0;
+    }
+    nice_ticks(0.0, max / unit, target)
+        .into_iter()
+        .map(|t| t * unit)
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -161,6 +174,14 @@ mod tests {
         assert_eq!(nice_ticks(0.0, 0.0, 5), vec![0.0]);
         let t = nice_ticks(0.0, 123_456.0, 8);
         assert!(t.len() >= 5 && t.len() <= 14, "{t:?}");
+    }
+
+    #[test]
+    fn byte_ticks_are_round_in_binary_units() {
+        let mib = 1024.0 * 1024.0;
+        let t = byte_ticks(70.0 * mib, 4);
+        assert_eq!(t, vec![0.0, 20.0 * mib, 40.0 * mib, 60.0 * mib]);
+        assert_eq!(format_bytes(t[1]), "20.0 MiB");
     }
 
     #[test]

@@ -90,3 +90,42 @@ fn zoom_examples() {
         3,
     );
 }
+
+#[test]
+fn write_sweep_example() {
+    use pipewright_viz::{sweep_plot, SweepPoint, SweepSeries};
+    let Ok(dir) = std::env::var("VIZ_EXAMPLES") else {
+        return;
+    };
+    let dir = std::path::PathBuf::from(dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut series = Vec::new();
+    for (name, v) in [("gpipe", 1), ("1f1b", 1), ("interleaved-1f1b", 2)] {
+        let mut points = Vec::new();
+        for m in [4u32, 8, 16, 32, 64] {
+            let tl = common::timeline(name, 4, v, m, false);
+            let peak = common::memory(&tl)
+                .iter()
+                .flatten()
+                .map(|s| s.bytes)
+                .max()
+                .unwrap();
+            points.push(SweepPoint {
+                microbatches: m,
+                bubble_fraction: tl.bubble_fraction(),
+                throughput: f64::from(m) / tl.makespan(),
+                peak_memory_bytes: peak,
+            });
+        }
+        series.push(SweepSeries {
+            label: format!("{name} v={v}"),
+            points,
+        });
+    }
+    let opts = pipewright_viz::ChartOptions {
+        memory_cap: Some(24 << 20),
+        ..Default::default()
+    };
+    let png = sweep_plot(&series, &opts, ImageFormat::Png).unwrap();
+    std::fs::write(dir.join("sweep.png"), png).unwrap();
+}
