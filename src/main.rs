@@ -1,1 +1,44 @@
-fn main() {}
+//! `pipewright`: generate, check, simulate and draw pipeline-parallel schedules.
+
+mod cli;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use cli::commands::{ScheduleCmd, SimulateCmd, ValidateCmd};
+
+/// Pipeline-parallel schedules as data: generated, validated, simulated, drawn, executed.
+#[derive(Parser, Debug)]
+#[command(name = "pipewright", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Generate a timetable (gpipe, 1f1b, interleaved-1f1b) and print it as a grid, CSV or JSON.
+    Schedule(ScheduleCmd),
+    /// Check a timetable file: complete, ordered, paired, deadlock-free.
+    Validate(ValidateCmd),
+    /// Simulate one training step with real durations: makespan, bubbles, memory.
+    Simulate(SimulateCmd),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match &cli.command {
+        Command::Schedule(c) => c.run(),
+        Command::Validate(c) => c.run(),
+        Command::Simulate(c) => c.run(),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // One line: the chain of causes, outermost first.
+            let msg: Vec<String> = e.chain().map(ToString::to_string).collect();
+            eprintln!("error: {}", msg.join(": "));
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -100,7 +100,7 @@ impl Timetable {
             .map(|a| a.to_string().len())
             .max()
             .unwrap_or(3)
-            + 2;
+            + 3; // room for the `>...<` of a marked cell and a space
         let steps = self.devices.iter().map(Vec::len).max().unwrap_or(0);
         let label = format!("dev {}", self.devices.len().saturating_sub(1)).len();
         let mut out = String::new();

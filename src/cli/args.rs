@@ -1,0 +1,140 @@
+//! Flags shared by several subcommands.
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use pipewright::schedule::{generate, CostModel, RawSpec, ScheduleSpec, StageCost, Timetable};
+
+/// Which schedule to generate.
+#[derive(Args, Debug, Clone)]
+pub struct SpecArgs {
+    /// Schedule family: gpipe, 1f1b or interleaved-1f1b.
+    #[arg(long, default_value = "1f1b", value_name = "NAME")]
+    pub schedule: String,
+    /// Pipeline devices p (pipeline-parallel size); each holds --virtual stages.
+    #[arg(long, short = 'p', default_value_t = 4, value_name = "P")]
+    pub stages: u32,
+    /// Model chunks per device v (interleaved-1f1b only; total stages S = p * v).
+    #[arg(long = "virtual", short = 'v', default_value_t = 1, value_name = "V")]
+    pub virtual_stages: u32,
+    /// Microbatches m per training step (any m >= 1; interleaving needs m >= p).
+    #[arg(long, short = 'm', default_value_t = 8, value_name = "M")]
+    pub microbatches: u32,
+    /// Microbatch group size g of interleaved-1f1b (default p; at least p).
+    #[arg(long, value_name = "G")]
+    pub group_size: Option<u32>,
+}
+
+impl SpecArgs {
+    /// The validated spec.
+    pub fn spec(&self) -> Result<ScheduleSpec> {
+        let raw = RawSpec {
+            schedule: self.schedule.clone(),
+            devices: self.stages,
+            virtual_stages: self.virtual_stages,
+            microbatches: self.microbatches,
+            group_size: self.group_size,
+        };
+        Ok(ScheduleSpec::from_raw(&raw)?)
+    }
+}
+
+/// Where a timetable comes from: generated from flags, or read from a file.
+#[derive(Args, Debug, Clone)]
+pub struct SourceArgs {
+    #[command(flatten)]
+    pub spec: SpecArgs,
+    /// Use this timetable (PyTorch CSV or pipewright JSON) instead of generating one.
+    #[arg(long, value_name = "FILE")]
+    pub timetable: Option<PathBuf>,
+}
+
+impl SourceArgs {
+    /// The timetable, and for a generated one its spec.
+    pub fn timetable(&self) -> Result<(Timetable, Option<ScheduleSpec>)> {
+        match &self.timetable {
+            Some(path) => Ok((crate::cli::io::load_timetable(path)?, None)),
+            None => {
+                let spec = self.spec.spec()?;
+                Ok((generate(&spec), Some(spec)))
+            }
+        }
+    }
+}
+
+/// Durations, sizes and link speed for the simulator.
+#[derive(Args, Debug, Clone)]
+pub struct CostArgs {
+    /// Uniform costs F,B[,W]: forward, full backward and (optionally) its weight part, for
+    /// one microbatch on one device's share of the model. With --virtual v each chunk costs
+    /// 1/v of this. W defaults to B/2; the input part I is B - W.
+    #[arg(
+        long,
+        default_value = "1,2",
+        value_name = "F,B[,W]",
+        conflicts_with = "cost_file"
+    )]
+    pub cost: String,
+    /// JSON cost file with per-stage costs: {"default": {"f":..,"b":..,"w":..,
+    /// "activation_bytes":..,"p2p_bytes":..}, "stages": [{..}, ...], "p2p_latency":..,
+    /// "bandwidth":..}. Stage entries override the default, one entry per stage.
+    #[arg(long, value_name = "FILE")]
+    pub cost_file: Option<PathBuf>,
+    /// Fixed time of each point-to-point transfer, in cost units (overrides the cost file).
+    #[arg(long, value_name = "T")]
+    pub p2p_latency: Option<f64>,
+    /// Link bandwidth in bytes per cost unit (default: infinite; overrides the cost file).
+    #[arg(long, value_name = "BYTES")]
+    pub bandwidth: Option<f64>,
+    /// Activation bytes one device's share stashes per microbatch (split over v chunks).
+    #[arg(long, default_value_t = 0, value_name = "BYTES")]
+    pub activation_bytes: u64,
+    /// Bytes sent at each stage boundary per microbatch (activation or its gradient).
+    #[arg(long, default_value_t = 0, value_name = "BYTES")]
+    pub p2p_bytes: u64,
+}
+
+impl CostArgs {
+    /// The cost model for a timetable of `stages` stages over `devices` devices.
+    pub fn model(&self, stages: u32, devices: u32) -> Result<CostModel> {
+        let model = match &self.cost_file {
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .with_context(|| format!("cannot read {}", path.display()))?;
+                CostModel::from_json(&text, stages).with_context(|| path.display().to_string())?
+            }
+            None => {
+                let mut cost = self.uniform()?;
+                cost.activation_bytes = self.activation_bytes;
+                cost.p2p_bytes = self.p2p_bytes;
+                let v = if devices == 0 {
+                    1
+                } else {
+                    stages.div_ceil(devices)
+                };
+                CostModel::uniform(stages, cost.split(v))
+            }
+        };
+        let latency = self.p2p_latency.unwrap_or(model.p2p_latency);
+        let bandwidth = self.bandwidth.or(model.bandwidth);
+        Ok(model.with_link(latency, bandwidth)?)
+    }
+
+    fn uniform(&self) -> Result<StageCost> {
+        let parts = self
+            .cost
+            .split(',')
+            .map(|x| x.trim().parse::<f64>())
+            .collect::<Result<Vec<_>, _>>()
+            .ok();
+        match parts.as_deref() {
+            Some(&[f, b]) => Ok(StageCost::new(f, b, None)?),
+            Some(&[f, b, w]) => Ok(StageCost::new(f, b, Some(w))?),
+            _ => bail!(
+                "--cost `{}`: expected two or three numbers F,B[,W], e.g. 1,2 or 1,2,1",
+                self.cost
+            ),
+        }
+    }
+}

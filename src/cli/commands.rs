@@ -1,0 +1,222 @@
+//! `schedule`, `validate` and `simulate`.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+use anyhow::Result;
+use clap::{Args, ValueEnum};
+use pipewright::schedule::{
+    chrome_trace, lower, simulate, to_csv, validate, validate_with, Report, Semantics, Simulation,
+};
+
+use super::args::{CostArgs, SourceArgs, SpecArgs};
+use super::io::{load_timetable, write_atomic};
+
+/// How `schedule` prints a timetable.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TimetableFormat {
+    /// One row per device, one column per step.
+    Grid,
+    /// PyTorch pipelining CSV, one row per rank.
+    Csv,
+    /// pipewright JSON.
+    Json,
+}
+
+/// Text or JSON.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReportFormat {
+    /// A table for people.
+    Table,
+    /// JSON for programs.
+    Json,
+}
+
+/// Generate a timetable and print or save it.
+#[derive(Args, Debug)]
+pub struct ScheduleCmd {
+    #[command(flatten)]
+    spec: SpecArgs,
+    /// Output form.
+    #[arg(long, value_enum, default_value_t = TimetableFormat::Grid)]
+    format: TimetableFormat,
+    /// Add the sends and receives between devices (SEND_F, RECV_F, SEND_B, RECV_B).
+    #[arg(long)]
+    lower: bool,
+    /// Write to this file (atomically) instead of standard output.
+    #[arg(long, short = 'o', value_name = "FILE")]
+    output: Option<PathBuf>,
+}
+
+impl ScheduleCmd {
+    pub fn run(&self) -> Result<()> {
+        let spec = self.spec.spec()?;
+        let mut tt = pipewright::schedule::generate(&spec);
+        if self.lower {
+            tt = lower(&tt)?;
+        }
+        validate(&tt)?;
+        let text = match self.format {
+            TimetableFormat::Grid => format!("{spec}\n{}", tt.grid(None)),
+            TimetableFormat::Csv => to_csv(&tt),
+            TimetableFormat::Json => serde_json::to_string_pretty(&tt)? + "\n",
+        };
+        emit(self.output.as_ref(), &text)
+    }
+}
+
+/// Check a timetable file.
+#[derive(Args, Debug)]
+pub struct ValidateCmd {
+    /// Timetable: PyTorch CSV (one row per rank, e.g. `0F0,0F1,0B0,0B1`) or pipewright JSON.
+    file: PathBuf,
+    /// Also require the timetable to run when every send blocks until its receive is posted.
+    #[arg(long)]
+    rendezvous: bool,
+    /// On failure, print the timetable grid with the failing step marked (to stderr).
+    #[arg(long)]
+    grid: bool,
+    /// Output form of the verdict.
+    #[arg(long, value_enum, default_value_t = ReportFormat::Table)]
+    format: ReportFormat,
+}
+
+impl ValidateCmd {
+    pub fn run(&self) -> Result<()> {
+        let tt = match load_timetable(&self.file) {
+            Ok(tt) => tt,
+            Err(e) => {
+                if let (true, Some(bad)) =
+                    (self.grid, e.downcast_ref::<super::io::InvalidTimetable>())
+                {
+                    eprint!("{}", bad.grid);
+                }
+                return Err(e);
+            }
+        };
+        let semantics = if self.rendezvous {
+            Semantics::Rendezvous
+        } else {
+            Semantics::Buffered
+        };
+        let v = validate_with(&tt, semantics)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", self.file.display()))?;
+        let (p, s, m) = (tt.num_devices(), tt.num_stages(), tt.microbatches);
+        match self.format {
+            ReportFormat::Json => println!(
+                "{}",
+                serde_json::json!({"valid": true, "devices": p, "stages": s, "microbatches": m,
+                    "compute_actions": v.compute_actions, "lowered": v.lowered})
+            ),
+            ReportFormat::Table => println!(
+                "{}: valid: {p} devices, {s} stages, {m} microbatches, {} compute actions{}",
+                self.file.display(),
+                v.compute_actions,
+                if v.lowered { ", lowered" } else { "" }
+            ),
+        }
+        Ok(())
+    }
+}
+
+/// Simulate one step with real durations.
+#[derive(Args, Debug)]
+pub struct SimulateCmd {
+    #[command(flatten)]
+    source: SourceArgs,
+    #[command(flatten)]
+    costs: CostArgs,
+    /// Output form of the report.
+    #[arg(long, value_enum, default_value_t = ReportFormat::Table)]
+    format: ReportFormat,
+    /// Also write the timeline (every event with start and end) as JSON to this file.
+    #[arg(long, value_name = "FILE")]
+    timeline: Option<PathBuf>,
+    /// Also write a Chrome trace (open in Perfetto or chrome://tracing) to this file.
+    #[arg(long, value_name = "FILE")]
+    trace: Option<PathBuf>,
+}
+
+impl SimulateCmd {
+    pub fn run(&self) -> Result<()> {
+        let sim = self.simulation()?;
+        if let Some(path) = &self.timeline {
+            write_atomic(path, serde_json::to_string(&sim.timeline)?.as_bytes())?;
+        }
+        if let Some(path) = &self.trace {
+            write_atomic(
+                path,
+                serde_json::to_string(&chrome_trace(&sim.timeline))?.as_bytes(),
+            )?;
+        }
+        match self.format {
+            ReportFormat::Json => println!("{}", serde_json::to_string_pretty(&sim.report)?),
+            ReportFormat::Table => print!("{}", table(&title(&self.source, &sim), &sim.report)),
+        }
+        Ok(())
+    }
+
+    /// Generate or load, then simulate.
+    pub fn simulation(&self) -> Result<Simulation> {
+        simulation(&self.source, &self.costs)
+    }
+}
+
+/// Simulate the timetable the flags name.
+pub fn simulation(source: &SourceArgs, costs: &CostArgs) -> Result<Simulation> {
+    let (tt, _) = source.timetable()?;
+    let model = costs.model(tt.num_stages(), tt.num_devices())?;
+    Ok(simulate(&tt, &model)?)
+}
+
+fn title(source: &SourceArgs, sim: &Simulation) -> String {
+    match (&source.timetable, source.spec.spec()) {
+        (None, Ok(spec)) => spec.to_string(),
+        _ => {
+            let meta = &sim.timeline.meta;
+            format!(
+                "{} p={} stages={} m={}",
+                meta.schedule, meta.devices, meta.stages, meta.microbatches
+            )
+        }
+    }
+}
+
+/// The report as a table for people.
+pub fn table(title: &str, r: &Report) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{title}: makespan {:.3}, ideal {:.3}, bubble {:.2}%",
+        r.makespan,
+        r.ideal,
+        100.0 * r.bubble_fraction
+    );
+    let _ = writeln!(
+        out,
+        "{:>6} {:>12} {:>8} {:>10} {:>14}",
+        "device", "busy", "bubble", "peak act", "peak bytes"
+    );
+    for d in &r.devices {
+        let _ = writeln!(
+            out,
+            "{:>6} {:>12.3} {:>7.2}% {:>10} {:>14}",
+            d.device,
+            d.busy,
+            100.0 * d.bubble_fraction,
+            d.peak_activations,
+            d.peak_activation_bytes
+        );
+    }
+    out
+}
+
+fn emit(output: Option<&PathBuf>, text: &str) -> Result<()> {
+    match output {
+        Some(path) => write_atomic(path, text.as_bytes()),
+        None => {
+            print!("{text}");
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,5 @@
+//! The `pipewright` command line.
+
+pub mod args;
+pub mod commands;
+pub mod io;

@@ -1,0 +1,250 @@
+//! The `pipewright` binary end to end: outputs people and programs read, and bad input.
+
+use std::process::{Command, Output};
+
+fn pipewright(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_pipewright"))
+        .args(args)
+        .output()
+        .expect("binary runs")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Fails with exactly one line on stderr that contains `needle`, and no panic.
+fn assert_clean_error(args: &[&str], needle: &str) {
+    let o = pipewright(args);
+    let err = stderr(&o);
+    assert!(!o.status.success(), "{args:?} succeeded");
+    assert_eq!(o.status.code(), Some(1), "{args:?}: {err}");
+    assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+    assert!(
+        err.starts_with("error: ") && err.contains(needle),
+        "{args:?}: {err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+#[test]
+fn simulate_json_carries_the_documented_fields() {
+    let o = pipewright(&[
+        "simulate",
+        "--schedule",
+        "1f1b",
+        "--stages",
+        "4",
+        "--microbatches",
+        "8",
+        "--format",
+        "json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["makespan"], 33.0);
+    assert_eq!(v["ideal"], 24.0);
+    assert!((v["bubble_fraction"].as_f64().unwrap() - 3.0 / 11.0).abs() < 1e-12);
+    let devices = v["devices"].as_array().unwrap();
+    assert_eq!(devices.len(), 4);
+    for (r, d) in devices.iter().enumerate() {
+        assert_eq!(d["peak_activations"], 4 - r as u64);
+        assert!(d["bubble_fraction"].is_number());
+    }
+}
+
+#[test]
+fn schedule_csv_validates_and_simulates_as_a_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let csv = dir.path().join("tt.csv");
+    let csv = csv.to_str().unwrap();
+    let o = pipewright(&[
+        "schedule",
+        "--schedule",
+        "interleaved-1f1b",
+        "-p",
+        "2",
+        "-v",
+        "2",
+        "-m",
+        "5",
+        "--lower",
+        "--format",
+        "csv",
+        "-o",
+        csv,
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = pipewright(&["validate", csv, "--format", "json"]);
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(
+        (
+            v["valid"].as_bool(),
+            v["stages"].as_u64(),
+            v["lowered"].as_bool()
+        ),
+        (Some(true), Some(4), Some(true))
+    );
+    let from_file = pipewright(&["simulate", "--timetable", csv, "--format", "json"]);
+    let generated = pipewright(&[
+        "simulate",
+        "--schedule",
+        "interleaved-1f1b",
+        "-p",
+        "2",
+        "-v",
+        "2",
+        "-m",
+        "5",
+        "--format",
+        "json",
+    ]);
+    assert_eq!(stdout(&from_file), stdout(&generated));
+}
+
+#[test]
+fn simulate_writes_timeline_and_chrome_trace() {
+    let dir = tempfile::tempdir().unwrap();
+    let (tl, tr) = (dir.path().join("tl.json"), dir.path().join("trace.json"));
+    let o = pipewright(&[
+        "simulate",
+        "-p",
+        "3",
+        "-m",
+        "4",
+        "--p2p-latency",
+        "0.1",
+        "--timeline",
+        tl.to_str().unwrap(),
+        "--trace",
+        tr.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let timeline: pipewright::schedule::Timeline =
+        serde_json::from_slice(&std::fs::read(tl).unwrap()).unwrap();
+    assert_eq!(timeline.compute_events().count(), 2 * 3 * 4);
+    let trace: serde_json::Value = serde_json::from_slice(&std::fs::read(tr).unwrap()).unwrap();
+    assert!(trace["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|e| e["ph"] == "f"));
+}
+
+#[test]
+fn bad_input_is_one_clear_line_and_a_nonzero_exit() {
+    assert_clean_error(
+        &["simulate", "--microbatches", "0"],
+        "--microbatches (m) must be at least 1",
+    );
+    assert_clean_error(
+        &["simulate", "--stages", "0"],
+        "--stages (devices p) must be at least 1",
+    );
+    assert_clean_error(
+        &["schedule", "--virtual", "0"],
+        "--virtual (chunks per device v) must be at least 1",
+    );
+    assert_clean_error(
+        &["simulate", "--schedule", "gpipe", "--virtual", "2"],
+        "gpipe places one stage per device",
+    );
+    assert_clean_error(
+        &["schedule", "--schedule", "1f1b", "--virtual", "2"],
+        "1f1b places one stage per device",
+    );
+    assert_clean_error(
+        &["simulate", "--schedule", "zero-bubble"],
+        "unknown schedule `zero-bubble`",
+    );
+    assert_clean_error(
+        &[
+            "simulate",
+            "--schedule",
+            "interleaved-1f1b",
+            "-p",
+            "4",
+            "-v",
+            "2",
+            "-m",
+            "3",
+        ],
+        "needs at least p=4 microbatches",
+    );
+    assert_clean_error(
+        &["simulate", "--cost", "1,-2"],
+        "b must be a finite number >= 0",
+    );
+    assert_clean_error(
+        &["simulate", "--bandwidth", "0"],
+        "bandwidth must be a finite number > 0",
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.csv");
+    std::fs::write(&bad, "0F0,0B0\n1F0,1B0,1Z0\n").unwrap();
+    assert_clean_error(
+        &["validate", bad.to_str().unwrap()],
+        "line 2, column 9: `1Z0` has no known action kind",
+    );
+    std::fs::write(&bad, "0F0,0F0,0B0\n").unwrap();
+    assert_clean_error(
+        &["validate", bad.to_str().unwrap()],
+        "bad.csv:1:5: device 0, step 1 (0F0): duplicated",
+    );
+    let costs = dir.path().join("c.json");
+    std::fs::write(&costs, "{\"default\": {\"f\": 1}}").unwrap();
+    assert_clean_error(
+        &["simulate", "--cost-file", costs.to_str().unwrap()],
+        "stage 0: no b, or i and w given",
+    );
+}
+
+#[test]
+fn validate_grid_marks_the_failing_step() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("dead.csv");
+    std::fs::write(
+        &bad,
+        "0F0,0RECV_B0,0SEND_F0,0B0\n1RECV_F0,1F0,1B0,1SEND_B0\n",
+    )
+    .unwrap();
+    let o = pipewright(&["validate", bad.to_str().unwrap(), "--grid"]);
+    assert!(!o.status.success());
+    let err = stderr(&o);
+    assert!(err.contains(">0RECV_B0<"), "{err}");
+    assert!(err.lines().last().unwrap().contains("deadlock"), "{err}");
+}
+
+#[test]
+fn failed_write_leaves_the_old_file_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("tt.csv");
+    std::fs::write(&out, "0F0,0B0\n").unwrap();
+    let o = pipewright(&[
+        "schedule",
+        "-m",
+        "0",
+        "--format",
+        "csv",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert!(!o.status.success());
+    assert_eq!(std::fs::read_to_string(&out).unwrap(), "0F0,0B0\n");
+    let o = pipewright(&[
+        "schedule",
+        "--format",
+        "csv",
+        "-o",
+        dir.path().join("no/such/dir.csv").to_str().unwrap(),
+    ]);
+    assert!(
+        !o.status.success() && stderr(&o).contains("cannot write"),
+        "{}",
+        stderr(&o)
+    );
+}
