@@ -1,1 +1,140 @@
-fn main() {}
+//! Kernel benchmarks (CPU): matmul through the Tensor API against raw
+//! `matrixmultiply::sgemm` on the same buffers, and one training step of the
+//! reference GPT with its tokens/s and the fraction of time in matmul.
+//!
+//! Run: `cargo bench --bench kernels -- --warm-up-time 1 --measurement-time 3`
+
+use criterion::{criterion_group, Criterion, Throughput};
+use pipewright_kernels::cpu::{self, gemm::matrixmultiply};
+use pipewright_kernels::gpt::{GptConfig, GptStage, Microbatch};
+use pipewright_kernels::init::normal_tensor;
+use pipewright_kernels::layers::{NoTp, Parameters};
+use pipewright_kernels::optim::{AdamW, AdamWConfig};
+use pipewright_kernels::Tensor;
+use std::hint::black_box;
+use std::time::Instant;
+
+fn matmul(c: &mut Criterion) {
+    let mut g = c.benchmark_group("matmul_f32");
+    for n in [512usize, 1024] {
+        let a = normal_tensor(&[n, n], 1.0, 1, "a");
+        let b = normal_tensor(&[n, n], 1.0, 2, "b");
+        g.throughput(Throughput::Elements((2 * n * n * n) as u64));
+        // The steady-state API (output buffer reused), then the allocating one.
+        let mut c = Tensor::zeros(&[n, n]);
+        g.bench_function(format!("tensor_api_into/{n}"), |bench| {
+            bench.iter(|| {
+                cpu::matmul_into(&a, &b, &mut c).unwrap();
+                black_box(&c);
+            })
+        });
+        g.bench_function(format!("tensor_api_alloc/{n}"), |bench| {
+            bench.iter(|| black_box(cpu::matmul(&a, &b).unwrap()))
+        });
+        let mut out = vec![0.0f32; n * n];
+        g.bench_function(format!("sgemm_direct/{n}"), |bench| {
+            bench.iter(|| {
+                // SAFETY: a, b and out are n*n row-major buffers.
+                unsafe {
+                    matrixmultiply::sgemm(
+                        n,
+                        n,
+                        n,
+                        1.0,
+                        a.data().as_ptr(),
+                        n as isize,
+                        1,
+                        b.data().as_ptr(),
+                        n as isize,
+                        1,
+                        0.0,
+                        out.as_mut_ptr(),
+                        n as isize,
+                        1,
+                    )
+                };
+                black_box(&out);
+            })
+        });
+    }
+    g.finish();
+}
+
+/// The documented small size: vocab 256, seq 64, d_model 128, 4 heads,
+/// 4 layers (d_ff 512), batch 8 sequences = 512 tokens per step (~0.9 M params).
+fn small_gpt() -> (GptConfig, Vec<u32>, Vec<u32>, usize) {
+    let cfg = GptConfig::new(256, 64, 128, 4, 4);
+    let batch = 8;
+    let tokens: Vec<u32> = (0..batch * 64).map(|i| (i * 31 % 256) as u32).collect();
+    let targets = tokens.iter().map(|t| (t + 1) % 256).collect();
+    (cfg, tokens, targets, batch)
+}
+
+fn train_step(m: &mut GptStage, opt: &mut AdamW, mb: &Microbatch<'_>) {
+    m.zero_grad();
+    let (_, stash) = m.forward(mb, None, &mut NoTp).unwrap();
+    m.backward(stash, None, &mut NoTp).unwrap();
+    opt.step(m).unwrap();
+}
+
+fn gpt_step(c: &mut Criterion) {
+    let (cfg, tokens, targets, _) = small_gpt();
+    let mb = Microbatch {
+        tokens: &tokens,
+        targets: &targets,
+        seq: 64,
+        loss_scale: 1.0,
+    };
+    let mut m = GptStage::whole(&cfg, 0).unwrap();
+    let mut opt = AdamW::new(m.num_params(), AdamWConfig::default());
+    let mut g = c.benchmark_group("gpt_train_step");
+    g.sample_size(10);
+    g.throughput(Throughput::Elements(tokens.len() as u64));
+    g.bench_function("cpu_d128_l4_seq64_b8", |b| {
+        b.iter(|| train_step(&mut m, &mut opt, &mb))
+    });
+    g.finish();
+}
+
+/// A separate, plain timing of a few steps with the matmul counters on, to
+/// report tokens/s and the fraction of the step spent inside sgemm.
+fn breakdown() {
+    let (cfg, tokens, targets, _) = small_gpt();
+    let mb = Microbatch {
+        tokens: &tokens,
+        targets: &targets,
+        seq: 64,
+        loss_scale: 1.0,
+    };
+    let mut m = GptStage::whole(&cfg, 0).unwrap();
+    let mut opt = AdamW::new(m.num_params(), AdamWConfig::default());
+    train_step(&mut m, &mut opt, &mb); // warm-up
+    let steps = 5;
+    cpu::reset_matmul_stats();
+    let start = Instant::now();
+    for _ in 0..steps {
+        train_step(&mut m, &mut opt, &mb);
+    }
+    let total = start.elapsed().as_secs_f64();
+    let s = cpu::matmul_stats();
+    println!(
+        "gpt_train_step breakdown ({} params): {:.0} tokens/s, {:.1} ms/step, matmul {:.1}% of time \
+         ({} calls/step, {:.1} GFLOP/s in sgemm)",
+        m.num_params(),
+        (steps * tokens.len()) as f64 / total,
+        total / steps as f64 * 1e3,
+        100.0 * s.seconds / total,
+        s.calls / steps as u64,
+        s.flops as f64 / s.seconds / 1e9,
+    );
+}
+
+criterion_group!(benches, matmul, gpt_step);
+
+fn main() {
+    benches();
+    breakdown();
+    criterion::Criterion::default()
+        .configure_from_args()
+        .final_summary();
+}

@@ -6,6 +6,10 @@
 //! benchmark can report the fraction of a training step spent in matmul; the
 //! two clock reads cost tens of nanoseconds against microseconds of work.
 
+/// The sgemm crate itself, so benchmarks can call it on the very buffers the
+/// [`Tensor`] API uses and compare.
+pub use matrixmultiply;
+
 use crate::error::{shape_err, Result};
 use crate::tensor::Tensor;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -168,24 +172,44 @@ pub fn gemm(alpha: f32, a: MatRef<'_>, b: MatRef<'_>, beta: f32, c: MatMut<'_>) 
 /// `x @ w`: `x` is `[.., k]` (leading dims folded into rows), `w` is `[k, n]`;
 /// the result is `[.., n]`.
 pub fn matmul(x: &Tensor, w: &Tensor) -> Result<Tensor> {
-    if w.shape().len() != 2 || x.cols() != w.shape()[0] {
+    let mut shape = x.shape().to_vec();
+    match (shape.last_mut(), w.shape()) {
+        (Some(last), [_, n]) => *last = *n,
+        _ => {
+            return Err(shape_err(
+                "matmul",
+                format!("{:?} @ {:?}", x.shape(), w.shape()),
+            ))
+        }
+    }
+    let numel = shape.iter().product();
+    let mut out = Tensor::from_parts(shape, vec![0.0; numel]);
+    matmul_into(x, w, &mut out)?;
+    Ok(out)
+}
+
+/// `out = x @ w` into an existing tensor of the result's shape, so a caller
+/// that reuses buffers pays no allocation (the old contents are ignored).
+pub fn matmul_into(x: &Tensor, w: &Tensor, out: &mut Tensor) -> Result<()> {
+    let bad = w.shape().len() != 2
+        || x.cols() != w.shape()[0]
+        || out.shape().split_last().map(|(n, lead)| (*n, lead))
+            != x.shape().split_last().map(|(_, lead)| (w.cols(), lead));
+    if bad {
         return Err(shape_err(
             "matmul",
-            format!("{:?} @ {:?}", x.shape(), w.shape()),
+            format!("{:?} @ {:?} into {:?}", x.shape(), w.shape(), out.shape()),
         ));
     }
     let (m, k, n) = (x.rows(), x.cols(), w.cols());
-    let mut out = vec![0.0; m * n];
     gemm(
         1.0,
         MatRef::new(x.data(), m, k),
         MatRef::new(w.data(), k, n),
         0.0,
-        MatMut::new(&mut out, m, n),
+        MatMut::new(out.data_mut(), m, n),
     );
-    let mut shape = x.shape().to_vec();
-    *shape.last_mut().expect("cols() > 0 implies a dim") = n;
-    Ok(Tensor::from_parts(shape, out))
+    Ok(())
 }
 
 /// `dy @ w^T`: `dy` is `[.., n]`, `w` is `[k, n]`; the result is `[.., k]`.

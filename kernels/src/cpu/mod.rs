@@ -15,8 +15,8 @@ pub use attention::{causal_attention, causal_attention_backward, AttnShape};
 pub use elementwise::{add, add_bias, bias_grad_acc, gelu, gelu_backward};
 pub use embedding::{embedding, embedding_backward_weight};
 pub use gemm::{
-    gemm, matmul, matmul_nt, matmul_stats, matmul_tn_acc, reset_matmul_stats, MatMut, MatRef,
-    MatmulStats,
+    gemm, matmul, matmul_into, matmul_nt, matmul_stats, matmul_tn_acc, reset_matmul_stats, MatMut,
+    MatRef, MatmulStats,
 };
 pub use layernorm::{
     layer_norm, layer_norm_backward_input, layer_norm_backward_weight, LayerNormStash,
