@@ -3,11 +3,12 @@
 use pipewright_schedule::{Timeline, TimelineSource};
 
 use crate::canvas::{frame, Anchor, BoxTag, Canvas, TextSpec};
+use crate::dense::split_dense;
 use crate::lanes::{lane_boxes, split_lanes, LaneBox, TimeScale};
 use crate::layout::{Layout, PanelData, PanelGeom, COMM_GAP, LEGEND_FONT, SWATCH_SIDE};
 use crate::memory;
 use crate::style::{format_number, nice_ticks, Rgb};
-use crate::text::text_width;
+use crate::text::{fit_width, text_width};
 use crate::ChartOptions;
 
 const LABEL_FONT: f64 = 11.0;
@@ -24,6 +25,7 @@ pub(crate) fn draw_chart(
 ) {
     let title = opts.title.clone().unwrap_or_else(|| default_title(panels));
     let spec = TextSpec::new(TITLE_FONT, Rgb::TEXT, Anchor::Middle).bold();
+    let title = fit_width(&title, TITLE_FONT, true, f64::from(lay.width) - 16.0);
     c.text(f64::from(lay.width) / 2.0, lay.title_y, &title, spec);
     draw_legend(c, lay);
     let mem_max = memory::shared_max(panels, opts.memory_cap);
@@ -100,16 +102,28 @@ fn draw_legend(c: &mut dyn Canvas, lay: &Layout) {
 /// Panel header: its label in bold, then parameters, makespan and bubble.
 fn draw_header(c: &mut dyn Canvas, p: &PanelData<'_>, g: &PanelGeom, lay: &Layout) {
     let bold = TextSpec::new(HEADER_FONT, Rgb::TEXT, Anchor::Start).bold();
-    c.text(lay.x0, g.header_y, &p.label, bold);
-    let x = lay.x0 + text_width(&p.label, HEADER_FONT, true) + 10.0;
-    let stats = format!(
-        "{} · {} · makespan {} {} · bubble {:.1}%",
-        params(p.tl),
-        source_name(p.tl.meta.source),
+    let room = lay.x1 - lay.x0 - 8.0;
+    let label = fit_width(&p.label, HEADER_FONT, true, room);
+    c.text(lay.x0, g.header_y, &label, bold);
+    let x = lay.x0 + text_width(&label, HEADER_FONT, true) + 10.0;
+    let run = format!(
+        "makespan {} {} · bubble {:.1}%",
         format_number(p.span),
         p.tl.meta.time_unit,
         100.0 * p.tl.bubble_fraction()
     );
+    let full = format!(
+        "{} · {} · {run}",
+        params(p.tl),
+        source_name(p.tl.meta.source)
+    );
+    // Narrow charts drop the parameters (the title has them) before cutting text.
+    let room = lay.x1 - 8.0 - x;
+    let stats = if text_width(&full, HEADER_FONT, false) <= room {
+        full
+    } else {
+        fit_width(&run, HEADER_FONT, false, room)
+    };
     c.text(
         x,
         g.header_y,
@@ -139,12 +153,12 @@ fn draw_rows(c: &mut dyn Canvas, panel: usize, p: &PanelData<'_>, g: &PanelGeom,
         // The frame marks the step's extent, so idle time reads as white space inside it.
         frame(c, lay.x0, y, end_x - lay.x0, m.compute_h, Rgb::FRAME);
         let boxes = lane_boxes(&lane.compute, &scale, p.tl.meta.devices, p.chunks);
-        draw_boxes(c, panel, &boxes, y, m.compute_h, true);
+        draw_lane(c, panel, boxes, y, m.compute_h, true);
         if p.has_comm {
             let cy = y + m.compute_h + COMM_GAP;
             c.rect(lay.x0, cy, end_x - lay.x0, m.comm_h, COMM_LANE_BG);
             let boxes = lane_boxes(&lane.comm, &scale, p.tl.meta.devices, p.chunks);
-            draw_boxes(c, panel, &boxes, cy, m.comm_h, false);
+            draw_lane(c, panel, boxes, cy, m.comm_h, false);
         }
         let pct = bubbles
             .get(d)
@@ -155,6 +169,28 @@ fn draw_rows(c: &mut dyn Canvas, panel: usize, p: &PanelData<'_>, g: &PanelGeom,
             &pct,
             TextSpec::new(LABEL_FONT, Rgb::TEXT, Anchor::Start),
         );
+    }
+}
+
+/// One lane: boxes a pixel wide or more one by one, thinner ones as dense columns.
+fn draw_lane(c: &mut dyn Canvas, panel: usize, boxes: Vec<LaneBox>, y: f64, h: f64, numbers: bool) {
+    let (wide, dense) = split_dense(boxes);
+    draw_boxes(c, panel, &wide, y, h, numbers);
+    for run in dense {
+        // Stacked from the lane's bottom; what is left above is idle (white).
+        let mut top = y + h;
+        for piece in &run.pieces {
+            let ph = piece.share * h;
+            top -= ph;
+            c.action_box(
+                run.x,
+                top,
+                run.w,
+                ph,
+                piece.fill,
+                &BoxTag { panel, ..piece.tag },
+            );
+        }
     }
 }
 

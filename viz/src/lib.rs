@@ -45,6 +45,7 @@
 
 mod bubble;
 mod canvas;
+mod dense;
 mod error;
 mod lanes;
 mod layout;

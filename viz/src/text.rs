@@ -62,6 +62,22 @@ pub(crate) fn text_width(text: &str, size: f64, bold: bool) -> f64 {
     f64::from(w)
 }
 
+/// `text` cut to at most `max_w` pixels, ending in `…` when cut.
+pub(crate) fn fit_width(text: &str, size: f64, bold: bool, max_w: f64) -> String {
+    if text_width(text, size, bold) <= max_w {
+        return text.to_string();
+    }
+    let mut chars: Vec<char> = text.chars().collect();
+    while !chars.is_empty() {
+        chars.pop();
+        let cut: String = chars.iter().collect::<String>().trim_end().to_string() + "…";
+        if text_width(&cut, size, bold) <= max_w {
+            return cut;
+        }
+    }
+    String::new()
+}
+
 /// Rasterise `text` with its baseline's left end at `(x, baseline)`; `plot(x, y, coverage)`
 /// receives every touched pixel.
 pub(crate) fn raster(
@@ -103,6 +119,17 @@ mod tests {
         assert!((one - 6.36).abs() < 0.05, "{one}");
         assert!((text_width("12345", 10.0, false) - 5.0 * one).abs() < 0.01);
         assert!(text_width("bold", 12.0, true) > text_width("bold", 12.0, false));
+    }
+
+    #[test]
+    fn fitting_cuts_with_an_ellipsis() {
+        assert_eq!(fit_width("short", 10.0, false, 500.0), "short");
+        let cut = fit_width("a rather long label indeed", 10.0, false, 60.0);
+        assert!(
+            cut.ends_with('…') && text_width(&cut, 10.0, false) <= 60.0,
+            "{cut}"
+        );
+        assert_eq!(fit_width("abc", 10.0, false, 1.0), "");
     }
 
     #[test]

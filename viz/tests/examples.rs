@@ -47,6 +47,21 @@ fn write_examples() {
         bubble_chart(&panels, &opts, ImageFormat::Png).unwrap(),
     )
     .unwrap();
+    let narrow = ChartOptions {
+        width: 560,
+        height: Some(420),
+        ..ChartOptions::default()
+    };
+    let png = bubble_chart(
+        &[
+            ChartPanel::new(&z).with_label("zb-like"),
+            ChartPanel::new(&i),
+        ],
+        &narrow,
+        ImageFormat::Png,
+    )
+    .unwrap();
+    std::fs::write(dir.join("narrow.png"), png).unwrap();
     println!("{}", terminal_chart(&i, 100));
 }
 
@@ -128,4 +143,37 @@ fn write_sweep_example() {
     };
     let png = sweep_plot(&series, &opts, ImageFormat::Png).unwrap();
     std::fs::write(dir.join("sweep.png"), png).unwrap();
+}
+
+#[test]
+fn write_large_example() {
+    let Ok(dir) = std::env::var("VIZ_LARGE") else {
+        return;
+    };
+    let dir = std::path::PathBuf::from(dir);
+    let tl = common::timeline("1f1b", 8, 1, 6_250, true);
+    let t = std::time::Instant::now();
+    let svg = bubble_chart(
+        &[ChartPanel::new(&tl)],
+        &ChartOptions::default(),
+        ImageFormat::Svg,
+    )
+    .unwrap();
+    println!("svg {} bytes in {:?}", svg.len(), t.elapsed());
+    std::fs::write(dir.join("large.svg"), svg).unwrap();
+    let png = bubble_chart(
+        &[ChartPanel::new(&tl)],
+        &ChartOptions::default(),
+        ImageFormat::Png,
+    )
+    .unwrap();
+    std::fs::write(dir.join("large.png"), png).unwrap();
+    let tl = common::timeline("1f1b", 4, 1, 400, true);
+    let png = bubble_chart(
+        &[ChartPanel::new(&tl)],
+        &ChartOptions::default(),
+        ImageFormat::Png,
+    )
+    .unwrap();
+    std::fs::write(dir.join("medium.png"), png).unwrap();
 }
