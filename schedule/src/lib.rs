@@ -33,6 +33,7 @@ pub mod formats;
 pub mod generators;
 pub mod simulate;
 pub mod spec;
+pub mod sweep;
 pub mod timeline;
 pub mod timetable;
 pub mod validate;
@@ -45,6 +46,7 @@ pub use simulate::{
     Simulation, StageCost,
 };
 pub use spec::{Placement, RawSpec, ScheduleKind, ScheduleSpec, SpecError};
+pub use sweep::{best, parse_counts, sweep, CountsError, SweepGrid, SweepRow};
 pub use timeline::{Event, MemorySample, Timeline, TimelineMeta, TimelineSource};
 pub use timetable::{lower, LowerError, Timetable};
 pub use validate::{validate, validate_with, Problem, Semantics, Validated, ValidationError};

@@ -1,0 +1,278 @@
+//! Sweeps: simulate every (schedule, v, m) combination and compare bubble, throughput and
+//! memory, so a user picks the chunk count by looking.
+
+use serde::{Deserialize, Serialize};
+
+use crate::generators::generate;
+use crate::simulate::{simulate, CostModel};
+use crate::spec::{ScheduleKind, ScheduleSpec};
+
+/// One combination's outcome. Combinations that cannot run carry `error` and no figures.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SweepRow {
+    /// Schedule family name.
+    pub schedule: String,
+    /// Chunks per device.
+    pub virtual_stages: u32,
+    /// Microbatches.
+    pub microbatches: u32,
+    /// Step time.
+    pub makespan: Option<f64>,
+    /// `1 - ideal / makespan`.
+    pub bubble_fraction: Option<f64>,
+    /// Microbatches per time unit: `m / makespan`.
+    pub throughput: Option<f64>,
+    /// Most stashed stage-microbatches on any device.
+    pub peak_activations: Option<u32>,
+    /// Most stashed activation bytes on any device.
+    pub peak_activation_bytes: Option<u64>,
+    /// Whether the peak fits the memory cap (absent without a cap).
+    pub fits: Option<bool>,
+    /// Why the combination cannot run.
+    pub error: Option<String>,
+}
+
+impl SweepRow {
+    fn failed(kind: ScheduleKind, v: u32, m: u32, error: String) -> Self {
+        SweepRow {
+            schedule: kind.name().to_string(),
+            virtual_stages: v,
+            microbatches: m,
+            makespan: None,
+            bubble_fraction: None,
+            throughput: None,
+            peak_activations: None,
+            peak_activation_bytes: None,
+            fits: None,
+            error: Some(error),
+        }
+    }
+}
+
+/// What to sweep.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SweepGrid {
+    /// Schedule families.
+    pub schedules: Vec<ScheduleKind>,
+    /// Devices.
+    pub devices: u32,
+    /// Chunks per device to try.
+    pub virtual_stages: Vec<u32>,
+    /// Microbatch counts to try.
+    pub microbatches: Vec<u32>,
+    /// Largest stashed activation bytes a device may hold.
+    pub memory_cap: Option<u64>,
+}
+
+/// Simulate every combination of the grid. `costs(stages, devices)` gives the cost model for
+/// a timetable of that shape; its error becomes the row's error.
+pub fn sweep<F>(grid: &SweepGrid, costs: F) -> Vec<SweepRow>
+where
+    F: Fn(u32, u32) -> Result<CostModel, String>,
+{
+    let mut rows = Vec::new();
+    for &kind in &grid.schedules {
+        for &v in &grid.virtual_stages {
+            for &m in &grid.microbatches {
+                let row = run_one(kind, grid.devices, v, m, grid.memory_cap, &costs)
+                    .unwrap_or_else(|e| SweepRow::failed(kind, v, m, e));
+                rows.push(row);
+            }
+        }
+    }
+    rows
+}
+
+fn run_one<F>(
+    kind: ScheduleKind,
+    p: u32,
+    v: u32,
+    m: u32,
+    cap: Option<u64>,
+    costs: &F,
+) -> Result<SweepRow, String>
+where
+    F: Fn(u32, u32) -> Result<CostModel, String>,
+{
+    let spec = ScheduleSpec::new(kind, p, v, m, None).map_err(|e| e.to_string())?;
+    let model = costs(spec.stages(), p)?;
+    let report = simulate(&generate(&spec), &model)
+        .map_err(|e| e.to_string())?
+        .report;
+    let peak_bytes = report.peak_activation_bytes();
+    Ok(SweepRow {
+        schedule: kind.name().to_string(),
+        virtual_stages: v,
+        microbatches: m,
+        makespan: Some(report.makespan),
+        bubble_fraction: Some(report.bubble_fraction),
+        throughput: Some(if report.makespan > 0.0 {
+            f64::from(m) / report.makespan
+        } else {
+            0.0
+        }),
+        peak_activations: Some(report.peak_activations()),
+        peak_activation_bytes: Some(peak_bytes),
+        fits: cap.map(|c| peak_bytes <= c),
+        error: None,
+    })
+}
+
+/// The row with the highest throughput among those that ran and fit the cap (if any);
+/// ties go to less memory.
+pub fn best(rows: &[SweepRow]) -> Option<&SweepRow> {
+    rows.iter()
+        .filter(|r| r.error.is_none() && r.fits != Some(false))
+        .max_by(|a, b| {
+            let ta = a.throughput.unwrap_or(0.0);
+            let tb = b.throughput.unwrap_or(0.0);
+            ta.total_cmp(&tb)
+                .then(b.peak_activation_bytes.cmp(&a.peak_activation_bytes))
+        })
+}
+
+/// Why a list of counts cannot be read.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("`{text}`: {why} (expected a list like 4,8,16 or a range like 4..64:x2, 1..8 or 2..32:+2)")]
+pub struct CountsError {
+    /// The text given.
+    pub text: String,
+    /// What is wrong.
+    pub why: String,
+}
+
+/// Read counts: a comma-separated list of numbers and ranges. `a..b` counts `a` to `b`
+/// inclusive by one, `a..b:+k` by `k`, `a..b:xk` multiplying by `k`.
+pub fn parse_counts(text: &str) -> Result<Vec<u32>, CountsError> {
+    let err = |why: &str| CountsError {
+        text: text.to_string(),
+        why: why.to_string(),
+    };
+    let num = |s: &str| {
+        s.trim()
+            .parse::<u32>()
+            .map_err(|_| err(&format!("`{}` is not a whole number", s.trim())))
+    };
+    let mut out = Vec::new();
+    for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let Some((a, rest)) = part.split_once("..") else {
+            out.push(num(part)?);
+            continue;
+        };
+        let (b, step) = rest.split_once(':').unwrap_or((rest, "+1"));
+        let (a, b) = (num(a)?, num(b)?);
+        if a > b {
+            return Err(err(&format!("range {a}..{b} runs backwards")));
+        }
+        let (geometric, k) = match step.trim().split_at_checked(1) {
+            Some(("x", k)) => (true, num(k)?),
+            Some(("+", k)) => (false, num(k)?),
+            _ => return Err(err(&format!("step `{step}` must be +k or xk"))),
+        };
+        if (geometric && (k < 2 || a == 0)) || k == 0 {
+            return Err(err(
+                "a step must make progress (+1 or more, x2 or more from a start above 0)",
+            ));
+        }
+        let mut x = u64::from(a);
+        while x <= u64::from(b) {
+            out.push(x as u32);
+            x = if geometric {
+                x * u64::from(k)
+            } else {
+                x + u64::from(k)
+            };
+            if out.len() > 100_000 {
+                return Err(err("more than 100000 values"));
+            }
+        }
+    }
+    if out.is_empty() {
+        return Err(err("no values"));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::simulate::StageCost;
+
+    #[test]
+    fn counts_lists_and_ranges() {
+        assert_eq!(parse_counts("4,8,16").unwrap(), [4, 8, 16]);
+        assert_eq!(parse_counts("4..64:x2").unwrap(), [4, 8, 16, 32, 64]);
+        assert_eq!(parse_counts("1..4, 10").unwrap(), [1, 2, 3, 4, 10]);
+        assert_eq!(parse_counts("2..9:+3").unwrap(), [2, 5, 8]);
+        for bad in ["", "4..2", "a", "1..8:x1", "1..8:*2", "0..8:x2", "1..8:+0"] {
+            assert!(parse_counts(bad).is_err(), "{bad}");
+        }
+    }
+
+    fn uniform(stages: u32, devices: u32) -> Result<CostModel, String> {
+        let mut c = StageCost::new(1.0, 2.0, None).map_err(|e| e.to_string())?;
+        c.activation_bytes = 100;
+        Ok(CostModel::uniform(stages, c.split(stages / devices)))
+    }
+
+    #[test]
+    fn one_f_one_b_bubble_falls_with_m_and_matches_the_closed_form() {
+        let grid = SweepGrid {
+            schedules: vec![ScheduleKind::OneFOneB],
+            devices: 4,
+            virtual_stages: vec![1],
+            microbatches: parse_counts("1..64:x2").unwrap(),
+            memory_cap: None,
+        };
+        let rows = sweep(&grid, uniform);
+        let bubbles: Vec<f64> = rows.iter().map(|r| r.bubble_fraction.unwrap()).collect();
+        for (r, b) in rows.iter().zip(&bubbles) {
+            let m = f64::from(r.microbatches);
+            assert!((b - 3.0 / (m + 3.0)).abs() < 1e-12);
+        }
+        assert!(bubbles.windows(2).all(|w| w[1] < w[0]));
+    }
+
+    #[test]
+    fn unrunnable_combinations_are_listed_and_the_cap_picks_the_best_fit() {
+        let grid = SweepGrid {
+            schedules: vec![ScheduleKind::GPipe, ScheduleKind::Interleaved1F1B],
+            devices: 4,
+            virtual_stages: vec![1, 2],
+            microbatches: vec![2, 8, 32],
+            memory_cap: Some(800),
+        };
+        let rows = sweep(&grid, uniform);
+        assert_eq!(rows.len(), 12);
+        let gpipe_v2 = rows
+            .iter()
+            .find(|r| r.schedule == "gpipe" && r.virtual_stages == 2)
+            .unwrap();
+        assert!(gpipe_v2
+            .error
+            .as_deref()
+            .unwrap()
+            .contains("--virtual must be 1"));
+        let few = rows
+            .iter()
+            .find(|r| r.virtual_stages == 2 && r.microbatches == 2 && r.schedule != "gpipe")
+            .unwrap();
+        assert!(few
+            .error
+            .as_deref()
+            .unwrap()
+            .contains("needs at least p=4 microbatches"));
+        // GPipe stashes m microbatches (100 bytes each): 32 breaks the cap of 800.
+        let big = rows
+            .iter()
+            .find(|r| r.schedule == "gpipe" && r.virtual_stages == 1 && r.microbatches == 32)
+            .unwrap();
+        assert_eq!(big.fits, Some(false));
+        let b = best(&rows).unwrap();
+        assert_eq!(
+            (b.schedule.as_str(), b.virtual_stages, b.microbatches),
+            ("interleaved-1f1b", 2, 32)
+        );
+        assert!(b.peak_activation_bytes.unwrap() <= 800);
+    }
+}
