@@ -28,7 +28,7 @@ pub(crate) fn draw_chart(
     let title = fit_width(&title, TITLE_FONT, true, f64::from(lay.width) - 16.0);
     c.text(f64::from(lay.width) / 2.0, lay.title_y, &title, spec);
     draw_legend(c, lay);
-    let mem_max = memory::shared_max(panels, opts.memory_cap);
+    let mem_scale = memory::shared_scale(panels, opts.memory_cap);
     for (i, (p, g)) in panels.iter().zip(&lay.panels).enumerate() {
         draw_header(c, p, g, lay);
         draw_rows(c, i, p, g, lay);
@@ -36,7 +36,7 @@ pub(crate) fn draw_chart(
             let area = memory::MemArea {
                 y,
                 h: lay.metrics.mem_h,
-                max: mem_max,
+                scale: mem_scale,
             };
             memory::draw_memory(c, mem, p, lay, &area, opts.memory_cap);
         }

@@ -5,25 +5,72 @@ use pipewright_schedule::MemorySample;
 
 use crate::canvas::{frame, Anchor, Canvas, TextSpec};
 use crate::layout::{Layout, PanelData};
-use crate::style::{byte_ticks, format_bytes, series_color, Rgb};
+use crate::style::{byte_ticks, format_bytes, format_number, nice_ticks, series_color, Rgb};
 use crate::text::text_width;
 
 const FONT: f64 = 10.0;
 /// Devices beyond this many are drawn but not named in the panel's key.
 const MAX_KEYED: usize = 16;
 
-/// Where a memory panel goes and its byte scale.
+/// Where a memory panel goes and its scale.
 pub(crate) struct MemArea {
     pub y: f64,
     pub h: f64,
-    pub max: f64,
+    pub scale: MemScale,
 }
 
-/// Largest byte count across every panel's memory track and the cap; at least 1.
-pub(crate) fn shared_max(panels: &[PanelData<'_>], cap: Option<u64>) -> f64 {
-    let samples = panels.iter().filter_map(|p| p.memory).flatten().flatten();
-    let peak = samples.map(|s| s.bytes).chain(cap).max().unwrap_or(0);
-    (peak as f64).max(1.0)
+/// The memory panels' shared vertical scale: bytes, or activation counts when no sample has
+/// a byte size (a cost model without activation sizes), so the panel still says something.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct MemScale {
+    pub max: f64,
+    pub bytes: bool,
+}
+
+impl MemScale {
+    fn value(&self, s: &MemorySample) -> f64 {
+        if self.bytes {
+            s.bytes as f64
+        } else {
+            f64::from(s.count)
+        }
+    }
+
+    fn ticks(&self) -> Vec<f64> {
+        let t = if self.bytes {
+            byte_ticks(self.max, 3)
+        } else {
+            nice_ticks(0.0, self.max, 3)
+        };
+        // Below one unit ticks would repeat a rounded label ("0 B", "0 B").
+        t.into_iter().filter(|v| v.fract() == 0.0).collect()
+    }
+
+    fn label(&self, v: f64) -> String {
+        if self.bytes {
+            format_bytes(v)
+        } else {
+            format_number(v)
+        }
+    }
+}
+
+/// Largest value across every panel's memory track (and the cap, for bytes); at least 1.
+pub(crate) fn shared_scale(panels: &[PanelData<'_>], cap: Option<u64>) -> MemScale {
+    let samples = || panels.iter().filter_map(|p| p.memory).flatten().flatten();
+    let peak_bytes = samples().map(|s| s.bytes).max().unwrap_or(0);
+    if peak_bytes == 0 {
+        let peak = samples().map(|s| s.count).max().unwrap_or(0);
+        return MemScale {
+            max: f64::from(peak).max(1.0),
+            bytes: false,
+        };
+    }
+    let peak = peak_bytes.max(cap.unwrap_or(0));
+    MemScale {
+        max: peak as f64,
+        bytes: true,
+    }
 }
 
 /// Draw one memory panel.
@@ -35,22 +82,28 @@ pub(crate) fn draw_memory(
     area: &MemArea,
     cap: Option<u64>,
 ) {
-    draw_key(c, mem.len(), lay.x0, area.y - 9.0);
+    let sc = area.scale;
+    let head = if sc.bytes {
+        "activation memory per device"
+    } else {
+        "activations in flight per device"
+    };
+    draw_key(c, head, mem.len(), lay.x0, area.y - 9.0);
     frame(c, lay.x0, area.y, lay.x1 - lay.x0, area.h, Rgb::FRAME);
-    let to_y = |b: f64| area.y + area.h - b / area.max * area.h;
-    for t in byte_ticks(area.max, 3) {
+    let to_y = |b: f64| area.y + area.h - b / sc.max * area.h;
+    for t in sc.ticks() {
         let y = to_y(t);
         c.line(&[(lay.x0, y), (lay.x1, y)], Rgb::GRID, 1.0, false);
         let spec = TextSpec::new(FONT, Rgb::TEXT, Anchor::End);
-        c.text(lay.x0 - 6.0, y, &format_bytes(t), spec);
+        c.text(lay.x0 - 6.0, y, &sc.label(t), spec);
     }
     let to_x = |t: f64| lay.x0 + (t - p.start) * lay.px_per_unit;
     let end = p.start + p.span;
     for (d, samples) in mem.iter().enumerate() {
-        let pts = step_points(samples, end, &to_x, &to_y);
+        let pts = step_points(samples, end, &to_x, &|s| to_y(sc.value(s)));
         c.line(&thin(pts), series_color(d), 1.5, false);
     }
-    if let Some(cap) = cap {
+    if let Some(cap) = cap.filter(|_| sc.bytes) {
         let y = to_y(cap as f64);
         c.line(&[(lay.x0, y), (lay.x1, y)], Rgb::CAP, 1.0, true);
         let spec = TextSpec::new(FONT, Rgb::CAP, Anchor::Start);
@@ -59,8 +112,7 @@ pub(crate) fn draw_memory(
 }
 
 /// "activation memory  ■ dev 0  ■ dev 1 …" above the panel.
-fn draw_key(c: &mut dyn Canvas, devices: usize, x0: f64, y: f64) {
-    let head = "activation memory per device";
+fn draw_key(c: &mut dyn Canvas, head: &str, devices: usize, x0: f64, y: f64) {
     c.text(
         x0,
         y,
@@ -87,13 +139,13 @@ fn step_points(
     samples: &[MemorySample],
     end: f64,
     to_x: &dyn Fn(f64) -> f64,
-    to_y: &dyn Fn(f64) -> f64,
+    to_y: &dyn Fn(&MemorySample) -> f64,
 ) -> Vec<(f64, f64)> {
     let mut sorted: Vec<&MemorySample> = samples.iter().filter(|s| s.time.is_finite()).collect();
     sorted.sort_by(|a, b| a.time.total_cmp(&b.time));
     let mut pts = Vec::with_capacity(sorted.len() * 2 + 1);
     for (i, s) in sorted.iter().enumerate() {
-        let y = to_y(s.bytes as f64);
+        let y = to_y(s);
         pts.push((to_x(s.time), y));
         let next = sorted.get(i + 1).map_or(end.max(s.time), |n| n.time);
         pts.push((to_x(next), y));
@@ -153,7 +205,7 @@ mod tests {
                 bytes: 20,
             },
         ];
-        let pts = step_points(&s, 5.0, &|t| t, &|b| b);
+        let pts = step_points(&s, 5.0, &|t| t, &|s| s.bytes as f64);
         assert_eq!(
             pts,
             vec![(0.0, 10.0), (2.0, 10.0), (2.0, 20.0), (5.0, 20.0)]
