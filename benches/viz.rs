@@ -23,7 +23,7 @@ fn charts(c: &mut Criterion) {
     });
     g.bench_function("svg_100k_with_memory", |b| {
         let panel = ChartPanel::new(&tl).with_memory(&mem);
-        b.iter(|| bubble_chart(&[panel.clone()], &opts, ImageFormat::Svg).unwrap())
+        b.iter(|| bubble_chart(std::slice::from_ref(&panel), &opts, ImageFormat::Svg).unwrap())
     });
     g.bench_function("png_100k_compute_actions", |b| {
         b.iter(|| bubble_chart(&[ChartPanel::new(&tl)], &opts, ImageFormat::Png).unwrap())

@@ -5,6 +5,7 @@ mod cli;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use cli::charts::{SweepCmd, VizCmd};
 use cli::commands::{ScheduleCmd, SimulateCmd, ValidateCmd};
 
 /// Pipeline-parallel schedules as data: generated, validated, simulated, drawn, executed.
@@ -23,6 +24,10 @@ enum Command {
     Validate(ValidateCmd),
     /// Simulate one training step with real durations: makespan, bubbles, memory.
     Simulate(SimulateCmd),
+    /// Draw a bubble chart (SVG, PNG or terminal) of a simulated or recorded step.
+    Viz(VizCmd),
+    /// Simulate schedules over chunk counts: bubble, throughput and memory against m.
+    Sweep(SweepCmd),
 }
 
 fn main() -> ExitCode {
@@ -31,6 +36,8 @@ fn main() -> ExitCode {
         Command::Schedule(c) => c.run(),
         Command::Validate(c) => c.run(),
         Command::Simulate(c) => c.run(),
+        Command::Viz(c) => c.run(),
+        Command::Sweep(c) => c.run(),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -248,3 +248,123 @@ fn failed_write_leaves_the_old_file_whole() {
         stderr(&o)
     );
 }
+
+#[test]
+fn viz_writes_svg_with_one_box_per_compute_action_and_a_png() {
+    let dir = tempfile::tempdir().unwrap();
+    let svg = dir.path().join("c.svg");
+    let o = pipewright(&[
+        "viz",
+        "--schedule",
+        "interleaved-1f1b",
+        "-p",
+        "4",
+        "-v",
+        "2",
+        "-m",
+        "8",
+        "-o",
+        svg.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = std::fs::read_to_string(&svg).unwrap();
+    assert!(
+        text.starts_with("<svg") || text.starts_with("<?xml"),
+        "{}",
+        &text[..40]
+    );
+    // 8 stages x 8 microbatches, each with one F and one B: 128 compute boxes.
+    assert_eq!(text.matches(r#"class="act F""#).count(), 64);
+    assert_eq!(text.matches(r#"class="act B""#).count(), 64);
+    let png = dir.path().join("c.png");
+    let o = pipewright(&[
+        "viz",
+        "--compare",
+        "gpipe,1f1b",
+        "-p",
+        "3",
+        "-m",
+        "4",
+        "--memory",
+        "-o",
+        png.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(&std::fs::read(&png).unwrap()[..8], b"\x89PNG\r\n\x1a\n");
+    assert_clean_error(
+        &["viz", "-o", dir.path().join("c.gif").to_str().unwrap()],
+        "use a .svg or .png file name",
+    );
+}
+
+#[test]
+fn viz_draws_a_saved_timeline_on_the_terminal() {
+    let dir = tempfile::tempdir().unwrap();
+    let tl = dir.path().join("tl.json");
+    assert!(pipewright(&[
+        "simulate",
+        "-p",
+        "2",
+        "-m",
+        "3",
+        "--timeline",
+        tl.to_str().unwrap()
+    ])
+    .status
+    .success());
+    let o = pipewright(&["viz", "--from", tl.to_str().unwrap(), "--columns", "80"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.lines().all(|l| l.chars().count() <= 80), "{out}");
+    assert_eq!(
+        out.lines().filter(|l| l.starts_with("dev ")).count(),
+        2,
+        "{out}"
+    );
+}
+
+#[test]
+fn sweep_json_and_csv_carry_the_same_rows_and_the_closed_form() {
+    let args = [
+        "sweep",
+        "--schedules",
+        "1f1b,interleaved-1f1b",
+        "-p",
+        "4",
+        "-v",
+        "2",
+        "-m",
+        "1..32:x2",
+    ];
+    let json = pipewright(&[&args[..], &["--format", "json"]].concat());
+    assert!(json.status.success(), "{}", stderr(&json));
+    let rows: Vec<serde_json::Value> = serde_json::from_str(&stdout(&json)).unwrap();
+    let csv = stdout(&pipewright(&[&args[..], &["--format", "csv"]].concat()));
+    let lines: Vec<&str> = csv.lines().skip(1).collect();
+    assert_eq!(rows.len(), 12);
+    assert_eq!(lines.len(), rows.len());
+    let mut last = f64::INFINITY;
+    for (row, line) in rows.iter().zip(&lines) {
+        let cells: Vec<&str> = line.splitn(10, ',').collect();
+        assert_eq!(cells[0], row["schedule"]);
+        assert_eq!(cells[2], row["microbatches"].to_string());
+        match row["bubble_fraction"].as_f64() {
+            Some(b) => assert_eq!(cells[4].parse::<f64>().unwrap(), b),
+            None => assert!(cells[9].contains("needs at least p=4"), "{line}"),
+        }
+        if row["schedule"] == "1f1b" {
+            let m = row["microbatches"].as_f64().unwrap();
+            let b = row["bubble_fraction"].as_f64().unwrap();
+            assert!((b - 3.0 / (m + 3.0)).abs() < 1e-12 && b < last);
+            last = b;
+        }
+    }
+    assert_clean_error(
+        &["sweep", "--memory-cap", "100"],
+        "--memory-cap needs activation sizes",
+    );
+    assert_clean_error(
+        &["sweep", "-m", "8..4"],
+        "--microbatches: `8..4`: range 8..4 runs backwards",
+    );
+}

@@ -1,5 +1,6 @@
 //! The `pipewright` command line.
 
 pub mod args;
+pub mod charts;
 pub mod commands;
 pub mod io;

@@ -1,0 +1,381 @@
+//! `viz` and `sweep`: bubble charts of timelines and chunk-count sweeps.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, ValueEnum};
+use pipewright::schedule::{
+    best, generate, parse_counts, simulate, sweep, Report, ScheduleKind, ScheduleSpec, SweepGrid,
+    SweepRow, Timeline,
+};
+use pipewright::viz::{
+    bubble_chart, sweep_plot, terminal_chart, ChartOptions, ChartPanel, ImageFormat, SweepPoint,
+    SweepSeries,
+};
+
+use super::args::{CostArgs, SourceArgs};
+use super::commands::simulation;
+use super::io::write_atomic;
+
+/// Where a chart goes.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum VizFormat {
+    /// Text on the terminal.
+    Term,
+    /// An image file (needs -o FILE.svg or FILE.png).
+    Image,
+}
+
+/// Image size flags.
+#[derive(Args, Debug, Clone)]
+pub struct ImageArgs {
+    /// Image width in pixels.
+    #[arg(long, default_value_t = 1200)]
+    width: u32,
+    /// Image height in pixels (default: fit the content).
+    #[arg(long)]
+    height: Option<u32>,
+    /// Chart title (default: the schedule and its parameters).
+    #[arg(long)]
+    title: Option<String>,
+}
+
+impl ImageArgs {
+    fn options(&self, memory_cap: Option<u64>) -> ChartOptions {
+        ChartOptions {
+            width: self.width,
+            height: self.height,
+            title: self.title.clone(),
+            memory_cap,
+        }
+    }
+}
+
+/// Draw a bubble chart of a simulated or recorded step.
+#[derive(Args, Debug)]
+pub struct VizCmd {
+    #[command(flatten)]
+    source: SourceArgs,
+    #[command(flatten)]
+    costs: CostArgs,
+    /// Draw several schedules (e.g. gpipe,1f1b,interleaved-1f1b) for the same p and m on one
+    /// time axis; --virtual applies to those that interleave, the others use v=1.
+    #[arg(long, value_name = "A,B,..", conflicts_with_all = ["from", "timetable"])]
+    compare: Option<String>,
+    /// Draw this timeline JSON (from `simulate --timeline` or a recorded run) instead.
+    #[arg(long, value_name = "TIMELINE.json", conflicts_with = "timetable")]
+    from: Option<PathBuf>,
+    /// Add a panel of stashed activations over time per device.
+    #[arg(long)]
+    memory: bool,
+    /// Write the chart to FILE.svg or FILE.png (format from the extension).
+    #[arg(long, short = 'o', value_name = "FILE")]
+    output: Option<PathBuf>,
+    /// `term` prints the chart as text (the default without -o).
+    #[arg(long, value_enum)]
+    format: Option<VizFormat>,
+    /// Width of the terminal chart in columns.
+    #[arg(long, default_value_t = 100)]
+    columns: usize,
+    #[command(flatten)]
+    image: ImageArgs,
+}
+
+impl VizCmd {
+    pub fn run(&self) -> Result<()> {
+        let runs = self.timelines()?;
+        let to_term = match (self.format, &self.output) {
+            (Some(VizFormat::Term), _) | (None, None) => true,
+            (Some(VizFormat::Image), None) => bail!("--format image needs -o FILE.svg or FILE.png"),
+            (_, Some(_)) => false,
+        };
+        if to_term {
+            for (tl, _) in &runs {
+                println!("{}", terminal_chart(tl, self.columns));
+            }
+        }
+        let Some(path) = &self.output else {
+            return Ok(());
+        };
+        let fmt = ImageFormat::from_path(path)?;
+        let memory: Vec<_> = runs.iter().map(|(_, r)| memory_of(r)).collect();
+        let panels: Vec<ChartPanel> = runs
+            .iter()
+            .zip(&memory)
+            .map(|((tl, _), mem)| {
+                let panel = ChartPanel::new(tl);
+                if self.memory {
+                    panel.with_memory(mem)
+                } else {
+                    panel
+                }
+            })
+            .collect();
+        let bytes = bubble_chart(&panels, &self.image.options(None), fmt)?;
+        write_atomic(path, &bytes)?;
+        eprintln!("wrote {}", path.display());
+        Ok(())
+    }
+
+    /// The timelines to draw, each with its report (for memory).
+    fn timelines(&self) -> Result<Vec<(Timeline, Report)>> {
+        if let Some(path) = &self.from {
+            let tl = read_timeline(path)?;
+            let model = self.costs.model(tl.meta.stages, tl.meta.devices)?;
+            let report = Report::new(&tl, &model);
+            return Ok(vec![(tl, report)]);
+        }
+        let Some(list) = &self.compare else {
+            let sim = simulation(&self.source, &self.costs)?;
+            return Ok(vec![(sim.timeline, sim.report)]);
+        };
+        let s = &self.source.spec;
+        let mut out = Vec::new();
+        for name in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+            let kind: ScheduleKind = name.parse()?;
+            let v = if kind.supports_virtual() {
+                s.virtual_stages
+            } else {
+                1
+            };
+            let group = if kind.supports_virtual() {
+                s.group_size
+            } else {
+                None
+            };
+            let spec = ScheduleSpec::new(kind, s.stages, v, s.microbatches, group)
+                .with_context(|| format!("--compare {name}"))?;
+            let model = self.costs.model(spec.stages(), spec.devices())?;
+            let sim = simulate(&generate(&spec), &model)?;
+            out.push((sim.timeline, sim.report));
+        }
+        if out.is_empty() {
+            bail!("--compare `{list}` names no schedule");
+        }
+        Ok(out)
+    }
+}
+
+fn memory_of(r: &Report) -> Vec<Vec<pipewright::schedule::MemorySample>> {
+    r.devices.iter().map(|d| d.memory.clone()).collect()
+}
+
+fn read_timeline(path: &Path) -> Result<Timeline> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    serde_json::from_str(&text)
+        .with_context(|| format!("{} is not a timeline JSON", path.display()))
+}
+
+/// Output of a sweep.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SweepFormat {
+    /// A table for people.
+    Table,
+    /// JSON rows.
+    Json,
+    /// CSV rows with a header.
+    Csv,
+}
+
+/// Simulate schedules over chunk counts and compare bubble, throughput and memory.
+#[derive(Args, Debug)]
+pub struct SweepCmd {
+    /// Schedule families, comma separated.
+    #[arg(
+        long,
+        default_value = "gpipe,1f1b,interleaved-1f1b",
+        value_name = "A,B,.."
+    )]
+    schedules: String,
+    /// Pipeline devices p.
+    #[arg(long, short = 'p', default_value_t = 4)]
+    stages: u32,
+    /// Chunks per device to try for interleaved-1f1b, e.g. 1,2,4 (the others run at v=1).
+    #[arg(
+        long = "virtual",
+        short = 'v',
+        default_value = "2",
+        value_name = "V[,V2..]"
+    )]
+    virtual_stages: String,
+    /// Microbatch counts: a list (4,8,16) or ranges (4..64:x2, 1..16, 2..32:+2).
+    #[arg(long, short = 'm', default_value = "4..64:x2", value_name = "LIST")]
+    microbatches: String,
+    /// Most stashed activation bytes a device may hold; the best combination that fits is named.
+    #[arg(long, value_name = "BYTES")]
+    memory_cap: Option<u64>,
+    #[command(flatten)]
+    costs: CostArgs,
+    /// Output form.
+    #[arg(long, value_enum, default_value_t = SweepFormat::Table)]
+    format: SweepFormat,
+    /// Also plot bubble, throughput and peak memory against m to FILE.svg or FILE.png.
+    #[arg(long, short = 'o', value_name = "FILE")]
+    output: Option<PathBuf>,
+    #[command(flatten)]
+    image: ImageArgs,
+}
+
+impl SweepCmd {
+    pub fn run(&self) -> Result<()> {
+        let grid = self.grid()?;
+        if grid.memory_cap.is_some()
+            && self.costs.cost_file.is_none()
+            && self.costs.activation_bytes == 0
+        {
+            bail!("--memory-cap needs activation sizes: give --activation-bytes or a --cost-file with activation_bytes");
+        }
+        let rows = sweep(&grid, |stages, devices| {
+            self.costs
+                .model(stages, devices)
+                .map_err(|e| format!("{e:#}"))
+        });
+        match self.format {
+            SweepFormat::Json => println!("{}", serde_json::to_string_pretty(&rows)?),
+            SweepFormat::Csv => print!("{}", csv_rows(&rows)),
+            SweepFormat::Table => print!("{}", table(&rows, grid.memory_cap)),
+        }
+        if let Some(path) = &self.output {
+            let fmt = ImageFormat::from_path(path)?;
+            let bytes = sweep_plot(&series(&rows), &self.image.options(grid.memory_cap), fmt)?;
+            write_atomic(path, &bytes)?;
+            eprintln!("wrote {}", path.display());
+        }
+        Ok(())
+    }
+
+    fn grid(&self) -> Result<SweepGrid> {
+        let schedules = self
+            .schedules
+            .split(',')
+            .map(str::trim)
+            .filter(|n| !n.is_empty())
+            .map(str::parse)
+            .collect::<Result<Vec<ScheduleKind>, _>>()?;
+        if schedules.is_empty() {
+            bail!("--schedules names no schedule");
+        }
+        let vs = parse_counts(&self.virtual_stages).context("--virtual")?;
+        let ms = parse_counts(&self.microbatches).context("--microbatches")?;
+        Ok(SweepGrid {
+            schedules,
+            devices: self.stages,
+            virtual_stages: vs,
+            microbatches: ms,
+            memory_cap: self.memory_cap,
+        })
+    }
+}
+
+fn table(rows: &[SweepRow], cap: Option<u64>) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{:<18} {:>3} {:>5} {:>10} {:>8} {:>11} {:>9} {:>12}{}",
+        "schedule",
+        "v",
+        "m",
+        "makespan",
+        "bubble",
+        "throughput",
+        "peak act",
+        "peak bytes",
+        if cap.is_some() { "  fits" } else { "" }
+    );
+    for r in rows {
+        let _ = write!(
+            out,
+            "{:<18} {:>3} {:>5} ",
+            r.schedule, r.virtual_stages, r.microbatches
+        );
+        match (&r.error, r.makespan, r.bubble_fraction, r.throughput) {
+            (None, Some(mk), Some(b), Some(t)) => {
+                let _ = write!(
+                    out,
+                    "{mk:>10.3} {:>7.2}% {t:>11.4} {:>9} {:>12}",
+                    100.0 * b,
+                    r.peak_activations.unwrap_or(0),
+                    r.peak_activation_bytes.unwrap_or(0)
+                );
+                if let Some(f) = r.fits {
+                    let _ = write!(out, "  {}", if f { "yes" } else { "no" });
+                }
+                out.push('\n');
+            }
+            (err, ..) => {
+                let _ = writeln!(out, "cannot run: {}", err.as_deref().unwrap_or("unknown"));
+            }
+        }
+    }
+    match (cap, best(rows)) {
+        (Some(c), Some(b)) => {
+            let _ = writeln!(
+                out,
+                "best under the cap of {c} bytes: {} v={} m={} (throughput {:.4}, peak {} bytes)",
+                b.schedule,
+                b.virtual_stages,
+                b.microbatches,
+                b.throughput.unwrap_or(0.0),
+                b.peak_activation_bytes.unwrap_or(0)
+            );
+        }
+        (Some(c), None) => {
+            let _ = writeln!(out, "no combination fits the cap of {c} bytes");
+        }
+        _ => {}
+    }
+    out
+}
+
+fn csv_rows(rows: &[SweepRow]) -> String {
+    let mut out = String::from(
+        "schedule,virtual_stages,microbatches,makespan,bubble_fraction,throughput,peak_activations,peak_activation_bytes,fits,error\n",
+    );
+    let opt = |x: Option<String>| x.unwrap_or_default();
+    for r in rows {
+        let err = r
+            .error
+            .as_deref()
+            .map(|e| format!("\"{}\"", e.replace('"', "\"\"")))
+            .unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "{},{},{},{},{},{},{},{},{},{}",
+            r.schedule,
+            r.virtual_stages,
+            r.microbatches,
+            opt(r.makespan.map(|x| x.to_string())),
+            opt(r.bubble_fraction.map(|x| x.to_string())),
+            opt(r.throughput.map(|x| x.to_string())),
+            opt(r.peak_activations.map(|x| x.to_string())),
+            opt(r.peak_activation_bytes.map(|x| x.to_string())),
+            opt(r.fits.map(|x| x.to_string())),
+            err
+        );
+    }
+    out
+}
+
+/// One plot line per (schedule, v) that ran at least once.
+fn series(rows: &[SweepRow]) -> Vec<SweepSeries> {
+    let mut out: Vec<SweepSeries> = Vec::new();
+    for r in rows.iter().filter(|r| r.error.is_none()) {
+        let label = format!("{} v={}", r.schedule, r.virtual_stages);
+        let point = SweepPoint {
+            microbatches: r.microbatches,
+            bubble_fraction: r.bubble_fraction.unwrap_or(0.0),
+            throughput: r.throughput.unwrap_or(0.0),
+            peak_memory_bytes: r.peak_activation_bytes.unwrap_or(0),
+        };
+        match out.iter_mut().find(|s| s.label == label) {
+            Some(s) => s.points.push(point),
+            None => out.push(SweepSeries {
+                label,
+                points: vec![point],
+            }),
+        }
+    }
+    out
+}
