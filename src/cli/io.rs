@@ -15,11 +15,30 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let mut tmp = tempfile::NamedTempFile::new_in(dir)
         .with_context(|| format!("cannot write in {}", dir.display()))?;
     tmp.write_all(bytes)
+        .and_then(|()| keep_permissions(tmp.as_file(), path))
         .and_then(|()| tmp.as_file().sync_all())
         .with_context(|| format!("cannot write {}", path.display()))?;
     tmp.persist(path)
         .map_err(|e| anyhow!("cannot write {}: {}", path.display(), e.error))?;
     Ok(())
+}
+
+/// A replaced file keeps its mode; a new one gets the usual 0644 rather than the
+/// temporary file's private 0600.
+fn keep_permissions(tmp: &std::fs::File, path: &Path) -> std::io::Result<()> {
+    let perms = match std::fs::metadata(path) {
+        Ok(meta) => meta.permissions(),
+        Err(_) => {
+            #[cfg(unix)]
+            {
+                use std::os::unix::fs::PermissionsExt;
+                std::fs::Permissions::from_mode(0o644)
+            }
+            #[cfg(not(unix))]
+            return Ok(());
+        }
+    };
+    tmp.set_permissions(perms)
 }
 
 /// Read a timetable file (PyTorch CSV, or pipewright JSON when it starts with `{`) and
