@@ -1,0 +1,132 @@
+//! Communicators: how ranks move tensors. One trait; `local` (one process, channels) is the
+//! embedded default, and MPI and NCCL implement the same trait.
+//!
+//! The shape fits all three: sends never block (buffered, `MPI_Isend`, a NCCL send on a
+//! stream); receives are futures that can be posted early and awaited when needed;
+//! collectives can be started and waited on later, so a data-parallel all-reduce overlaps the
+//! rest of the step. Nothing requires `Send`: a NCCL communicator lives on one OS thread.
+
+pub mod local;
+
+use std::fmt;
+
+use pipewright_kernels::Tensor;
+
+use crate::mesh::Group;
+
+/// Which way a pipeline tensor travels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Direction {
+    /// A stage's output activation, to the next stage.
+    Forward,
+    /// A stage's input gradient, to the previous stage.
+    Backward,
+}
+
+/// Identity of a point-to-point message: which step, which way, which stage sent it, which
+/// microbatch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Tag {
+    /// Training step.
+    pub step: u64,
+    /// Direction.
+    pub dir: Direction,
+    /// Stage that sent it.
+    pub stage: u32,
+    /// Microbatch.
+    pub microbatch: u32,
+}
+
+impl fmt::Display for Tag {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let d = if self.dir == Direction::Forward {
+            "activation"
+        } else {
+            "gradient"
+        };
+        write!(
+            f,
+            "{d} of stage {} microbatch {} (step {})",
+            self.stage, self.microbatch, self.step
+        )
+    }
+}
+
+/// How a collective combines.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReduceOp {
+    /// Elementwise sum.
+    Sum,
+    /// Elementwise mean over the group.
+    Mean,
+}
+
+/// Why a communication failed.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum CommError {
+    /// Nothing arrived in time.
+    #[error("timed out after {secs:.1} s waiting for {what}")]
+    Timeout {
+        /// What was awaited.
+        what: String,
+        /// The limit.
+        secs: f64,
+    },
+    /// Another rank failed and stopped the world.
+    #[error("stopped because another rank failed: {0}")]
+    Aborted(String),
+    /// Shapes or groups do not fit.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// What every transport provides to one rank.
+#[allow(async_fn_in_trait)]
+pub trait Communicator {
+    /// A collective that has been started and not yet waited on.
+    type Pending;
+
+    /// This rank.
+    fn rank(&self) -> usize;
+    /// Number of ranks.
+    fn world_size(&self) -> usize;
+    /// Send without blocking; the tensor is owned by the transport from here.
+    fn send(&self, dst: usize, tag: Tag, tensor: Tensor) -> Result<(), CommError>;
+    /// Receive the message `tag` from `src`. Creating the future posts nothing; the runtime
+    /// spawns it early, so transports that need a posted receive get one in time.
+    async fn recv(&self, src: usize, tag: Tag) -> Result<Tensor, CommError>;
+    /// Start an all-reduce of `tensor` over `group`.
+    fn start_all_reduce(
+        &self,
+        group: &Group,
+        tensor: Tensor,
+        op: ReduceOp,
+    ) -> Result<Self::Pending, CommError>;
+    /// Finish a started all-reduce: every rank of the group gets the same result.
+    fn wait_all_reduce(&self, pending: Self::Pending) -> Result<Tensor, CommError>;
+    /// Every rank's tensor, in group order.
+    fn all_gather(&self, group: &Group, tensor: &Tensor) -> Result<Vec<Tensor>, CommError>;
+    /// Reduce over the group, then keep this rank's equal share of the flat result.
+    fn reduce_scatter(
+        &self,
+        group: &Group,
+        tensor: &Tensor,
+        op: ReduceOp,
+    ) -> Result<Tensor, CommError>;
+    /// Wait until every rank of the group is here.
+    fn barrier(&self, group: &Group) -> Result<(), CommError>;
+    /// Stop every rank: pending and future operations fail with [`CommError::Aborted`].
+    fn abort(&self, reason: &str);
+
+    /// All-reduce in place.
+    fn all_reduce(
+        &self,
+        group: &Group,
+        tensor: &mut Tensor,
+        op: ReduceOp,
+    ) -> Result<(), CommError> {
+        let t = std::mem::replace(tensor, Tensor::zeros(&[0]));
+        *tensor = self.wait_all_reduce(self.start_all_reduce(group, t, op)?)?;
+        Ok(())
+    }
+}

@@ -1,0 +1,65 @@
+//! The runtime's errors: each names where it happened.
+
+use pipewright_schedule::Action;
+
+use crate::mesh::{Coord, MeshError};
+
+/// Why a run stopped.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum RuntimeError {
+    /// The mesh does not fit.
+    #[error(transparent)]
+    Mesh(#[from] MeshError),
+    /// The timetable cannot run on this mesh.
+    #[error("timetable: {0}")]
+    Timetable(String),
+    /// The model or its data cannot be built.
+    #[error("model: {0}")]
+    Model(String),
+    /// A rank failed at an action (or between actions).
+    #[error("rank {rank} (pp {pp}, tp {tp}, dp {dp}), step {step}{at}: {message}", pp = .coord.pp, tp = .coord.tp, dp = .coord.dp, at = describe(.action))]
+    Device {
+        /// Global rank.
+        rank: usize,
+        /// Its coordinates.
+        coord: Coord,
+        /// Training step.
+        step: u64,
+        /// The action, when the failure was in one.
+        action: Option<Action>,
+        /// What went wrong.
+        message: String,
+    },
+    /// A stage the timetable puts on a device has no module there.
+    #[error("no module for stage {0} on this device")]
+    MissingStage(u32),
+}
+
+fn describe(action: &Option<Action>) -> String {
+    match action {
+        Some(a) => format!(", action {a} (microbatch {})", a.microbatch),
+        None => String::new(),
+    }
+}
+
+impl RuntimeError {
+    pub(crate) fn device(
+        rank: usize,
+        coord: Coord,
+        step: u64,
+        action: Option<Action>,
+        message: String,
+    ) -> Self {
+        RuntimeError::Device {
+            rank,
+            coord,
+            step,
+            action,
+            message,
+        }
+    }
+
+    pub(crate) fn missing_stage(stage: u32) -> Self {
+        RuntimeError::MissingStage(stage)
+    }
+}

@@ -1,0 +1,505 @@
+//! The per-device executor: runs one device's row of a lowered timetable, in order.
+//!
+//! Receives are posted at the start of the step (spawned as local tasks) and awaited only
+//! where the row needs them; sends return at once. Activations are stashed per (stage,
+//! microbatch) from F to the backward; hand-offs between two stages of one device stay in
+//! memory. A stage's gradients start their data-parallel all-reduce right after its last
+//! backward of the step and are waited on only at the end, before the optimizer step.
+
+use std::collections::HashMap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use pipewright_kernels::layers::TpReduce;
+use pipewright_kernels::optim::AdamW;
+use pipewright_kernels::{KernelError, Tensor};
+use pipewright_schedule::{Action, ActionKind, Event, Timetable};
+use tokio::task::JoinHandle;
+
+use crate::comm::{CommError, Communicator, Direction, ReduceOp, Tag};
+use crate::error::RuntimeError;
+use crate::mesh::{Coord, Group, GroupKind, Mesh};
+use crate::module::{MicrobatchData, ModuleError, Output, StageModule};
+use crate::run::RunOptions;
+
+/// The microbatches one data-parallel rank trains on in one step.
+#[derive(Clone, Debug, Default)]
+pub struct StepBatch {
+    /// (tokens, targets) per microbatch, `batch * seq` ids each.
+    pub microbatches: Vec<(Vec<u32>, Vec<u32>)>,
+    /// Tokens per sequence.
+    pub seq: usize,
+    /// Loss scale of every microbatch (1 / microbatches in the global batch).
+    pub loss_scale: f32,
+}
+
+/// What one device did in one step.
+#[derive(Clone, Debug, Default)]
+pub struct StepOutcome {
+    /// Sum of the scaled losses this rank computed (last stage only).
+    pub loss: Option<f32>,
+    /// Events, in milliseconds since the run's epoch.
+    pub events: Vec<Event>,
+    /// Most stage-microbatches stashed at once.
+    pub peak_stash: u32,
+}
+
+/// Executes one device's row for every step of a run.
+pub struct Executor<C: Communicator, M: StageModule> {
+    comm: Rc<C>,
+    mesh: Mesh,
+    coord: Coord,
+    tt: Rc<Timetable>,
+    modules: HashMap<u32, M>,
+    optimizers: HashMap<u32, AdamW>,
+    tp_group: Group,
+    dp_group: Group,
+    timeout: Duration,
+    epoch: Instant,
+}
+
+/// The TP all-reduce the kernels call in the middle of a layer.
+struct TpReducer<'a, C: Communicator> {
+    comm: &'a C,
+    group: &'a Group,
+}
+
+impl<C: Communicator> TpReduce for TpReducer<'_, C> {
+    fn all_reduce_sum(&mut self, t: &mut Tensor) -> Result<(), KernelError> {
+        if self.group.size() == 1 {
+            return Ok(());
+        }
+        self.comm
+            .all_reduce(self.group, t, ReduceOp::Sum)
+            .map_err(|e| KernelError::Reduce(Box::new(e)))
+    }
+}
+
+/// Per-step state: tensors in flight between actions of this device.
+struct StepState<S, W> {
+    /// Inputs of F (received or handed off), by (stage, microbatch).
+    fwd_in: HashMap<(u32, u32), Tensor>,
+    /// Output gradients of B/I, by (stage, microbatch).
+    bwd_in: HashMap<(u32, u32), Tensor>,
+    /// Tensors waiting for their SEND, by (stage, microbatch, direction).
+    outbox: HashMap<(u32, u32, bool), Tensor>,
+    stash: HashMap<(u32, u32), S>,
+    wstash: HashMap<(u32, u32), W>,
+    live: u32,
+    peak: u32,
+    loss: Option<f32>,
+}
+
+impl<S, W> StepState<S, W> {
+    fn new() -> Self {
+        StepState {
+            fwd_in: HashMap::new(),
+            bwd_in: HashMap::new(),
+            outbox: HashMap::new(),
+            stash: HashMap::new(),
+            wstash: HashMap::new(),
+            live: 0,
+            peak: 0,
+            loss: None,
+        }
+    }
+}
+
+impl<C: Communicator + 'static, M: StageModule> Executor<C, M> {
+    /// An executor for the rank at `coord`, holding `modules` (its stages of the lowered
+    /// timetable `tt`), with AdamW per stage and the timeout of `opts`.
+    pub fn new(
+        comm: Rc<C>,
+        mesh: Mesh,
+        coord: Coord,
+        tt: Rc<Timetable>,
+        mut modules: HashMap<u32, M>,
+        opts: &RunOptions,
+        epoch: Instant,
+    ) -> Result<Self, RuntimeError> {
+        let (adamw, timeout) = (opts.adamw, opts.timeout);
+        let rank = mesh.rank(coord);
+        let optimizers = modules
+            .iter_mut()
+            .filter_map(|(&s, m)| {
+                m.parameters()
+                    .map(|p| (s, AdamW::new(p.num_params(), adamw)))
+            })
+            .collect();
+        Ok(Executor {
+            comm,
+            mesh,
+            coord,
+            tp_group: mesh.group(GroupKind::Tp, rank)?,
+            dp_group: mesh.group(GroupKind::Dp, rank)?,
+            tt,
+            modules,
+            optimizers,
+            timeout,
+            epoch,
+        })
+    }
+
+    /// This rank's stage modules.
+    pub fn modules(&self) -> &HashMap<u32, M> {
+        &self.modules
+    }
+
+    /// Mutable access to the stage modules (to read parameters after a run).
+    pub fn modules_mut(&mut self) -> &mut HashMap<u32, M> {
+        &mut self.modules
+    }
+
+    fn rank_of_device(&self, device: u32) -> usize {
+        self.mesh.rank(Coord {
+            pp: device as usize,
+            ..self.coord
+        })
+    }
+
+    fn fail(&self, step: u64, action: Option<Action>, message: impl ToString) -> RuntimeError {
+        RuntimeError::device(
+            self.mesh.rank(self.coord),
+            self.coord,
+            step,
+            action,
+            message.to_string(),
+        )
+    }
+
+    /// Run one step: the row, then gradient reduction and the optimizer.
+    pub async fn run_step(
+        &mut self,
+        step: u64,
+        batch: &StepBatch,
+    ) -> Result<StepOutcome, RuntimeError> {
+        let row: Vec<Action> = self.tt.devices[self.coord.pp].clone();
+        let last_backward = last_backward_per_stage(&row);
+        let mut posted = self.post_receives(step, &row);
+        let mut st: StepState<M::Stash, M::WeightStash> = StepState::new();
+        let mut pending = Vec::new();
+        let mut events = Vec::with_capacity(row.len());
+        for (i, &a) in row.iter().enumerate() {
+            let start = self.now();
+            match a.kind {
+                ActionKind::RecvF | ActionKind::RecvB => {
+                    self.await_recv(step, a, &mut posted, &mut st).await?
+                }
+                ActionKind::SendF | ActionKind::SendB => self.send(step, a, &mut st)?,
+                _ => self.compute(step, a, batch, &mut st)?,
+            }
+            if last_backward.get(&a.stage) == Some(&i) && self.dp_group.size() > 1 {
+                pending.push((a.stage, self.start_grad_reduce(step, a)?));
+            }
+            events.push(Event {
+                device: self.coord.pp as u32,
+                action: a,
+                start,
+                end: self.now(),
+            });
+        }
+        self.finish_step(step, pending)?;
+        Ok(StepOutcome {
+            loss: st.loss,
+            events,
+            peak_stash: st.peak,
+        })
+    }
+
+    fn now(&self) -> f64 {
+        self.epoch.elapsed().as_secs_f64() * 1e3
+    }
+
+    /// The peer and tag of a receive.
+    fn recv_source(&self, step: u64, a: Action) -> (usize, Tag) {
+        let (peer_stage, dir) = match a.kind {
+            ActionKind::RecvF => (a.stage - 1, Direction::Forward),
+            _ => (a.stage + 1, Direction::Backward),
+        };
+        let src = self.rank_of_device(self.tt.stage_device[peer_stage as usize]);
+        (
+            src,
+            Tag {
+                step,
+                dir,
+                stage: peer_stage,
+                microbatch: a.microbatch,
+            },
+        )
+    }
+
+    fn post_receives(
+        &self,
+        step: u64,
+        row: &[Action],
+    ) -> HashMap<Action, JoinHandle<Result<Tensor, CommError>>> {
+        row.iter()
+            .filter(|a| matches!(a.kind, ActionKind::RecvF | ActionKind::RecvB))
+            .map(|&a| {
+                let (src, tag) = self.recv_source(step, a);
+                let comm = Rc::clone(&self.comm);
+                (
+                    a,
+                    tokio::task::spawn_local(async move { comm.recv(src, tag).await }),
+                )
+            })
+            .collect()
+    }
+
+    async fn await_recv<S, W>(
+        &self,
+        step: u64,
+        a: Action,
+        posted: &mut HashMap<Action, JoinHandle<Result<Tensor, CommError>>>,
+        st: &mut StepState<S, W>,
+    ) -> Result<(), RuntimeError> {
+        let (src, tag) = self.recv_source(step, a);
+        let handle = posted
+            .remove(&a)
+            .ok_or_else(|| self.fail(step, Some(a), "receive was not posted"))?;
+        let t = match tokio::time::timeout(self.timeout, handle).await {
+            Err(_) => {
+                let what = format!("{tag} from rank {src}");
+                return Err(self.fail(
+                    step,
+                    Some(a),
+                    CommError::Timeout {
+                        what,
+                        secs: self.timeout.as_secs_f64(),
+                    },
+                ));
+            }
+            Ok(Err(join)) => {
+                return Err(self.fail(step, Some(a), format!("receive task failed: {join}")))
+            }
+            Ok(Ok(r)) => r.map_err(|e| self.fail(step, Some(a), e))?,
+        };
+        let key = (a.stage, a.microbatch);
+        if a.kind == ActionKind::RecvF {
+            st.fwd_in.insert(key, t);
+        } else {
+            st.bwd_in.insert(key, t);
+        }
+        Ok(())
+    }
+
+    fn send<S, W>(
+        &self,
+        step: u64,
+        a: Action,
+        st: &mut StepState<S, W>,
+    ) -> Result<(), RuntimeError> {
+        let forward = a.kind == ActionKind::SendF;
+        let t = st
+            .outbox
+            .remove(&(a.stage, a.microbatch, forward))
+            .ok_or_else(|| {
+                self.fail(
+                    step,
+                    Some(a),
+                    "nothing to send: the producing compute did not run",
+                )
+            })?;
+        let peer_stage = if forward { a.stage + 1 } else { a.stage - 1 };
+        let dst = self.rank_of_device(self.tt.stage_device[peer_stage as usize]);
+        let dir = if forward {
+            Direction::Forward
+        } else {
+            Direction::Backward
+        };
+        let tag = Tag {
+            step,
+            dir,
+            stage: a.stage,
+            microbatch: a.microbatch,
+        };
+        self.comm
+            .send(dst, tag, t)
+            .map_err(|e| self.fail(step, Some(a), e))
+    }
+
+    fn compute(
+        &mut self,
+        step: u64,
+        a: Action,
+        batch: &StepBatch,
+        st: &mut StepState<M::Stash, M::WeightStash>,
+    ) -> Result<(), RuntimeError> {
+        let key = (a.stage, a.microbatch);
+        let stages = self.tt.num_stages();
+        let here = self.coord.pp as u32;
+        let mb = batch
+            .microbatches
+            .get(a.microbatch as usize)
+            .ok_or_else(|| self.fail(step, Some(a), "no data for this microbatch"))?;
+        let data = MicrobatchData {
+            index: a.microbatch,
+            tokens: &mb.0,
+            targets: &mb.1,
+            seq: batch.seq,
+            loss_scale: batch.loss_scale,
+        };
+        let Self {
+            comm,
+            tp_group,
+            modules,
+            tt,
+            ..
+        } = self;
+        let module = modules
+            .get_mut(&a.stage)
+            .ok_or_else(|| RuntimeError::missing_stage(a.stage))?;
+        let mut tp = TpReducer {
+            comm: &**comm,
+            group: tp_group,
+        };
+        let result: Result<(), ModuleError> = guard(|| {
+            match a.kind {
+                ActionKind::F => {
+                    let input = if a.stage == 0 {
+                        None
+                    } else {
+                        Some(take(&mut st.fwd_in, key, "input")?)
+                    };
+                    st.live += 1;
+                    st.peak = st.peak.max(st.live);
+                    let (out, stash) = module.forward(&data, input, &mut tp)?;
+                    st.stash.insert(key, stash);
+                    match out {
+                        Output::Loss(l) => *st.loss.get_or_insert(0.0) += l,
+                        Output::Hidden(t) if a.stage + 1 < stages => {
+                            if tt.stage_device[a.stage as usize + 1] == here {
+                                st.fwd_in.insert((a.stage + 1, a.microbatch), t);
+                            } else {
+                                st.outbox.insert((a.stage, a.microbatch, true), t);
+                            }
+                        }
+                        Output::Hidden(_) => {
+                            return Err("the last stage returned activations, not a loss".into())
+                        }
+                    }
+                }
+                ActionKind::B | ActionKind::I => {
+                    let grad_out = if a.stage + 1 == stages {
+                        None
+                    } else {
+                        Some(take(&mut st.bwd_in, key, "output gradient")?)
+                    };
+                    let stash = take(&mut st.stash, key, "stash (its forward)")?;
+                    let grad_in = if a.kind == ActionKind::B {
+                        let g = module.backward(stash, grad_out, &mut tp)?;
+                        st.live -= 1;
+                        g
+                    } else {
+                        let (g, ws) = module.backward_input(stash, grad_out, &mut tp)?;
+                        st.wstash.insert(key, ws);
+                        g
+                    };
+                    if let (Some(g), true) = (grad_in, a.stage > 0) {
+                        if tt.stage_device[a.stage as usize - 1] == here {
+                            st.bwd_in.insert((a.stage - 1, a.microbatch), g);
+                        } else {
+                            st.outbox.insert((a.stage, a.microbatch, false), g);
+                        }
+                    }
+                }
+                _ => {
+                    let ws = take(&mut st.wstash, key, "weight stash (its I)")?;
+                    module.backward_weight(ws)?;
+                    st.live -= 1;
+                }
+            }
+            Ok(())
+        });
+        result.map_err(|e| self.fail(step, Some(a), e))
+    }
+
+    fn start_grad_reduce(&mut self, step: u64, a: Action) -> Result<C::Pending, RuntimeError> {
+        let module = self
+            .modules
+            .get_mut(&a.stage)
+            .ok_or_else(|| RuntimeError::missing_stage(a.stage))?;
+        let grads = module
+            .parameters()
+            .map(|p| p.flat_grads())
+            .unwrap_or_default();
+        let n = grads.len();
+        let t = Tensor::new(&[n], grads).map_err(|e| self.fail(step, Some(a), e))?;
+        self.comm
+            .start_all_reduce(&self.dp_group, t, ReduceOp::Sum)
+            .map_err(|e| self.fail(step, Some(a), e))
+    }
+
+    /// Wait for gradient reductions, then step every stage's optimizer.
+    fn finish_step(
+        &mut self,
+        step: u64,
+        pending: Vec<(u32, C::Pending)>,
+    ) -> Result<(), RuntimeError> {
+        for (stage, p) in pending {
+            let t = self.comm.wait_all_reduce(p).map_err(|e| {
+                self.fail(
+                    step,
+                    None,
+                    format!("gradient all-reduce of stage {stage}: {e}"),
+                )
+            })?;
+            if let Some(params) = self.modules.get_mut(&stage).and_then(|m| m.parameters()) {
+                params
+                    .set_flat_grads(t.data())
+                    .map_err(|e| self.fail(step, None, e))?;
+            }
+        }
+        for (stage, module) in self.modules.iter_mut() {
+            let (Some(params), Some(opt)) = (module.parameters(), self.optimizers.get_mut(stage))
+            else {
+                continue;
+            };
+            let r = opt.step(params).map(|()| params.zero_grad());
+            r.map_err(|e| {
+                RuntimeError::device(
+                    self.mesh.rank(self.coord),
+                    self.coord,
+                    step,
+                    None,
+                    format!("optimizer of stage {stage}: {e}"),
+                )
+            })?;
+        }
+        Ok(())
+    }
+}
+
+/// Index in `row` of each stage's last backward (B or W): where its gradients are final.
+fn last_backward_per_stage(row: &[Action]) -> HashMap<u32, usize> {
+    row.iter()
+        .enumerate()
+        .filter(|(_, a)| matches!(a.kind, ActionKind::B | ActionKind::W))
+        .map(|(i, a)| (a.stage, i))
+        .collect()
+}
+
+fn take<T>(
+    map: &mut HashMap<(u32, u32), T>,
+    key: (u32, u32),
+    what: &str,
+) -> Result<T, ModuleError> {
+    map.remove(&key)
+        .ok_or_else(|| format!("its {what} is missing").into())
+}
+
+/// Run user code, turning a panic into an error that names it.
+fn guard<T>(f: impl FnOnce() -> Result<T, ModuleError>) -> Result<T, ModuleError> {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(r) => r,
+        Err(panic) => {
+            let msg = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".into());
+            Err(format!("stage panicked: {msg}").into())
+        }
+    }
+}

@@ -1,0 +1,290 @@
+//! Run a timetable on in-process devices: one OS thread per rank, each with a current-thread
+//! tokio runtime, all joined by a [`LocalWorld`].
+
+use std::collections::{BTreeMap, HashMap};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::rc::Rc;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use pipewright_kernels::optim::AdamWConfig;
+use pipewright_schedule::{lower, validate, Timeline, TimelineMeta, TimelineSource, Timetable};
+
+use crate::comm::local::LocalWorld;
+use crate::comm::Communicator;
+use crate::error::RuntimeError;
+use crate::executor::{Executor, StepBatch, StepOutcome};
+use crate::mesh::{Coord, Mesh};
+use crate::module::{ModuleError, StageModule};
+
+/// How to run.
+#[derive(Clone, Debug)]
+pub struct RunOptions {
+    /// Training steps.
+    pub steps: u64,
+    /// Longest wait for a receive or a collective before the run fails.
+    pub timeout: Duration,
+    /// Optimizer settings (every stage gets its own AdamW).
+    pub adamw: AdamWConfig,
+}
+
+impl Default for RunOptions {
+    fn default() -> Self {
+        RunOptions {
+            steps: 1,
+            timeout: Duration::from_secs(60),
+            adamw: AdamWConfig::default(),
+        }
+    }
+}
+
+/// One step, as measured.
+#[derive(Clone, Debug)]
+pub struct StepRecord {
+    /// Step index.
+    pub step: u64,
+    /// Global loss (sum of every data-parallel replica's scaled losses), if the model has one.
+    pub loss: Option<f32>,
+    /// Wall time of the step in seconds (first action start to last action end).
+    pub seconds: f64,
+    /// What each pipeline device did (from its TP 0, DP 0 rank), in milliseconds.
+    pub timeline: Timeline,
+    /// Most stage-microbatches each pipeline device stashed at once.
+    pub peak_stash: Vec<u32>,
+}
+
+impl StepRecord {
+    /// Measured bubble fraction: `1 - busiest device's compute / step time`.
+    pub fn bubble_fraction(&self) -> f64 {
+        self.timeline.bubble_fraction()
+    }
+}
+
+/// Parameters after the run, from each stage's DP 0 replicas: `(stage, tp rank) -> flat values`.
+pub type FinalParams = BTreeMap<(u32, usize), Vec<f32>>;
+
+/// The lowered, validated timetable a mesh runs.
+pub fn prepare(tt: &Timetable, mesh: &Mesh) -> Result<Timetable, RuntimeError> {
+    if tt.num_devices() as usize != mesh.pp {
+        return Err(RuntimeError::Timetable(format!(
+            "it has {} devices, but the mesh has pp = {}",
+            tt.num_devices(),
+            mesh.pp
+        )));
+    }
+    let low = if tt.is_lowered() {
+        tt.clone()
+    } else {
+        lower(tt).map_err(|e| RuntimeError::Timetable(e.to_string()))?
+    };
+    validate(&low).map_err(|e| RuntimeError::Timetable(e.to_string()))?;
+    Ok(low)
+}
+
+/// Run `opts.steps` steps of `tt` over `mesh`. `make(coord, stage)` builds a rank's module
+/// for a stage; `batch(step, dp)` gives a data-parallel rank its microbatches. `on_step` sees
+/// each step as soon as every rank has finished it. On any failure every rank stops and the
+/// error of the rank that failed first is returned.
+pub fn run<M, MF, BF, CB>(
+    mesh: Mesh,
+    tt: &Timetable,
+    make: MF,
+    batch: BF,
+    opts: &RunOptions,
+    mut on_step: CB,
+) -> Result<FinalParams, RuntimeError>
+where
+    M: StageModule,
+    MF: Fn(Coord, u32) -> Result<M, ModuleError> + Sync,
+    BF: Fn(u64, usize) -> StepBatch + Sync,
+    CB: FnMut(&StepRecord),
+{
+    let tt = prepare(tt, &mesh)?;
+    let world = LocalWorld::new(mesh.world_size(), opts.timeout);
+    let epoch = Instant::now();
+    let (tx, rx) = mpsc::channel::<(Coord, u64, StepOutcome)>();
+    let results = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..mesh.world_size())
+            .map(|rank| {
+                let (tx, world, tt, make, batch) = (tx.clone(), &world, &tt, &make, &batch);
+                scope.spawn(move || {
+                    let coord = mesh.coord(rank)?;
+                    let body = || rank_main(world, mesh, coord, tt, make, batch, opts, epoch, &tx);
+                    let r = catch_unwind(AssertUnwindSafe(body)).unwrap_or_else(|_| {
+                        Err(RuntimeError::device(
+                            rank,
+                            coord,
+                            0,
+                            None,
+                            "rank thread panicked".into(),
+                        ))
+                    });
+                    if let Err(e) = &r {
+                        world.comm(rank).abort(&e.to_string());
+                    }
+                    r
+                })
+            })
+            .collect();
+        drop(tx);
+        let mut assembler = Assembler::new(&tt, mesh);
+        for (coord, step, outcome) in rx {
+            if let Some(record) = assembler.add(coord, step, outcome) {
+                on_step(&record);
+            }
+        }
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(RuntimeError::Model("rank thread lost".into())))
+            })
+            .collect::<Vec<_>>()
+    });
+    let root = world.abort_reason();
+    let mut params = FinalParams::new();
+    let mut errors = Vec::new();
+    for r in results {
+        match r {
+            Ok(p) => params.extend(p),
+            Err(e) => errors.push(e),
+        }
+    }
+    match errors.iter().position(|e| Some(e.to_string()) == root) {
+        Some(i) => Err(errors.swap_remove(i)),
+        None => errors.into_iter().next().map_or(Ok(params), Err),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn rank_main<M, MF, BF>(
+    world: &std::sync::Arc<LocalWorld>,
+    mesh: Mesh,
+    coord: Coord,
+    tt: &Timetable,
+    make: &MF,
+    batch: &BF,
+    opts: &RunOptions,
+    epoch: Instant,
+    tx: &mpsc::Sender<(Coord, u64, StepOutcome)>,
+) -> Result<FinalParams, RuntimeError>
+where
+    M: StageModule,
+    MF: Fn(Coord, u32) -> Result<M, ModuleError>,
+    BF: Fn(u64, usize) -> StepBatch,
+{
+    let rank = mesh.rank(coord);
+    let fail = |m: String| RuntimeError::device(rank, coord, 0, None, m);
+    let mut modules = HashMap::new();
+    for stage in (0..tt.num_stages()).filter(|&s| tt.stage_device[s as usize] as usize == coord.pp)
+    {
+        modules.insert(
+            stage,
+            make(coord, stage).map_err(|e| fail(format!("building stage {stage}: {e}")))?,
+        );
+    }
+    let comm = Rc::new(world.comm(rank));
+    let tt = Rc::new(tt.clone());
+    let mut exec = Executor::new(
+        comm,
+        mesh,
+        coord,
+        tt,
+        modules,
+        opts.adamw,
+        opts.timeout,
+        epoch,
+    )?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .map_err(|e| fail(e.to_string()))?;
+    let local = tokio::task::LocalSet::new();
+    local.block_on(&rt, async {
+        for step in 0..opts.steps {
+            let b = batch(step, coord.dp);
+            let outcome = exec.run_step(step, &b).await?;
+            // The driver may have stopped listening after an error elsewhere; that is fine.
+            let _ = tx.send((coord, step, outcome));
+        }
+        Ok::<(), RuntimeError>(())
+    })?;
+    let mut params = FinalParams::new();
+    if coord.dp == 0 {
+        for (&stage, m) in exec.modules_mut() {
+            if let Some(p) = m.parameters() {
+                params.insert((stage, coord.tp), p.flat_params());
+            }
+        }
+    }
+    Ok(params)
+}
+
+/// Gathers each step's outcomes from every rank into a [`StepRecord`].
+struct Assembler {
+    mesh: Mesh,
+    meta: TimelineMeta,
+    pending: HashMap<u64, Vec<(Coord, StepOutcome)>>,
+}
+
+impl Assembler {
+    fn new(tt: &Timetable, mesh: Mesh) -> Self {
+        let meta = TimelineMeta {
+            schedule: tt.name.clone(),
+            devices: tt.num_devices(),
+            stages: tt.num_stages(),
+            microbatches: tt.microbatches,
+            source: TimelineSource::Measured,
+            time_unit: "ms".into(),
+        };
+        Assembler {
+            mesh,
+            meta,
+            pending: HashMap::new(),
+        }
+    }
+
+    fn add(&mut self, coord: Coord, step: u64, outcome: StepOutcome) -> Option<StepRecord> {
+        let list = self.pending.entry(step).or_default();
+        list.push((coord, outcome));
+        if list.len() < self.mesh.world_size() {
+            return None;
+        }
+        let list = self.pending.remove(&step)?;
+        let last = self.mesh.pp - 1;
+        let loss = list
+            .iter()
+            .filter(|(c, _)| c.pp == last && c.tp == 0)
+            .filter_map(|(_, o)| o.loss)
+            .reduce(|a, b| a + b);
+        let lead: Vec<&(Coord, StepOutcome)> = list
+            .iter()
+            .filter(|(c, _)| c.tp == 0 && c.dp == 0)
+            .collect();
+        let mut events: Vec<_> = lead
+            .iter()
+            .flat_map(|(_, o)| o.events.iter().copied())
+            .collect();
+        let t0 = events.iter().map(|e| e.start).fold(f64::INFINITY, f64::min);
+        for e in &mut events {
+            e.start -= t0;
+            e.end -= t0;
+        }
+        let mut peak_stash = vec![0; self.mesh.pp];
+        for (c, o) in &lead {
+            peak_stash[c.pp] = o.peak_stash;
+        }
+        let timeline = Timeline {
+            meta: self.meta.clone(),
+            events,
+        };
+        let seconds = timeline.makespan() / 1e3;
+        Some(StepRecord {
+            step,
+            loss,
+            seconds,
+            timeline,
+            peak_stash,
+        })
+    }
+}

@@ -1,0 +1,96 @@
+//! Train the reference GPT over a mesh with any valid timetable.
+
+use pipewright_kernels::gpt::GptConfig;
+use pipewright_kernels::layers::TpShard;
+use pipewright_schedule::Timetable;
+
+use crate::data::progression_batch;
+use crate::error::RuntimeError;
+use crate::executor::StepBatch;
+use crate::mesh::Mesh;
+use crate::module::GptModule;
+use crate::run::{run, FinalParams, RunOptions, StepRecord};
+
+/// A training run of the reference GPT.
+#[derive(Clone, Debug)]
+pub struct TrainConfig {
+    /// Pipeline x tensor x data degrees; `mesh.pp` must equal the timetable's devices.
+    pub mesh: Mesh,
+    /// Model size.
+    pub model: GptConfig,
+    /// Sequences per microbatch.
+    pub microbatch_size: usize,
+    /// Seed of the weights and the data.
+    pub seed: u64,
+    /// Steps, timeout, optimizer.
+    pub run: RunOptions,
+}
+
+impl TrainConfig {
+    /// Sequences in one global batch: `dp * m * microbatch_size`.
+    pub fn global_batch(&self, microbatches: u32) -> usize {
+        self.mesh.dp * microbatches as usize * self.microbatch_size
+    }
+}
+
+/// The microbatches data-parallel rank `dp` trains on at `step`: global microbatch
+/// `dp * m + j` for `j` in `0..m`, each scaled by `1 / (dp_size * m)` so the summed losses
+/// and gradients are those of the mean over the global batch.
+pub fn gpt_batch(cfg: &TrainConfig, m: u32, step: u64, dp: usize) -> StepBatch {
+    let seq = cfg.model.seq_len;
+    let microbatches = (0..m as u64)
+        .map(|j| {
+            let index = dp as u64 * u64::from(m) + j;
+            progression_batch(
+                cfg.seed,
+                step,
+                index,
+                cfg.microbatch_size,
+                seq,
+                cfg.model.vocab,
+            )
+        })
+        .collect();
+    StepBatch {
+        microbatches,
+        seq,
+        loss_scale: 1.0 / (cfg.mesh.dp as f32 * m as f32),
+    }
+}
+
+/// Train; `on_step` sees every step (loss, timeline) as it completes. Returns the final
+/// parameters of every stage and TP shard.
+pub fn train_gpt(
+    cfg: &TrainConfig,
+    tt: &Timetable,
+    on_step: impl FnMut(&StepRecord),
+) -> Result<FinalParams, RuntimeError> {
+    cfg.model
+        .validate(cfg.mesh.tp)
+        .map_err(|e| RuntimeError::Model(e.to_string()))?;
+    let stages = tt.num_stages() as usize;
+    if stages > cfg.model.n_layers {
+        return Err(RuntimeError::Model(format!(
+            "{stages} stages need at least {stages} layers (the model has {})",
+            cfg.model.n_layers
+        )));
+    }
+    if cfg.microbatch_size == 0 {
+        return Err(RuntimeError::Model(
+            "--microbatch-size must be at least 1".into(),
+        ));
+    }
+    let make = |c: crate::mesh::Coord, stage: u32| {
+        let shard = TpShard::new(c.tp, cfg.mesh.tp)?;
+        GptModule::new(&cfg.model, cfg.seed, stage as usize, stages, shard)
+    };
+    let m = tt.microbatches;
+    run(
+        cfg.mesh,
+        tt,
+        make,
+        |step, dp| gpt_batch(cfg, m, step, dp),
+        &cfg.run,
+        on_step,
+    )
+}
