@@ -5,7 +5,7 @@
 //! between host and device are explicit ([`Backend::upload`],
 //! [`Backend::download`]); nothing moves implicitly.
 
-use crate::cpu;
+use crate::cpu::{self, AttnShape};
 use crate::error::Result;
 use crate::tensor::Tensor;
 
@@ -13,6 +13,9 @@ use crate::tensor::Tensor;
 pub trait Backend {
     /// A tensor living on this backend.
     type Storage;
+    /// What a LayerNorm forward saves for its backward (normalised input and
+    /// per-row reciprocal standard deviation), kept on the device.
+    type NormStash;
 
     /// Short name for messages (`"cpu"`, `"cuda:0"`).
     fn name(&self) -> String;
@@ -39,8 +42,77 @@ pub trait Backend {
     fn gelu(&self, x: &Self::Storage) -> Result<Self::Storage>;
     /// See [`cpu::gelu_backward`].
     fn gelu_backward(&self, x: &Self::Storage, dy: &Self::Storage) -> Result<Self::Storage>;
-    /// See [`cpu::add`].
+    /// See [`cpu::add`]; also the residual add.
     fn add(&self, a: &Self::Storage, b: &Self::Storage) -> Result<Self::Storage>;
+    /// See [`cpu::layer_norm`].
+    fn layer_norm(
+        &self,
+        x: &Self::Storage,
+        gamma: &Self::Storage,
+        beta: &Self::Storage,
+        eps: f32,
+    ) -> Result<(Self::Storage, Self::NormStash)>;
+    /// See [`cpu::layer_norm_backward_input`].
+    fn layer_norm_backward_input(
+        &self,
+        dy: &Self::Storage,
+        gamma: &Self::Storage,
+        stash: &Self::NormStash,
+    ) -> Result<Self::Storage>;
+    /// See [`cpu::layer_norm_backward_weight`] (which takes the stash's `xhat`).
+    fn layer_norm_backward_weight(
+        &self,
+        dy: &Self::Storage,
+        stash: &Self::NormStash,
+        dgamma: &mut Self::Storage,
+        dbeta: &mut Self::Storage,
+    ) -> Result<()>;
+    /// See [`cpu::cross_entropy`]: the scaled mean loss (on the host, since
+    /// every caller needs it there) and the softmax probabilities.
+    fn cross_entropy(
+        &self,
+        logits: &Self::Storage,
+        targets: &[u32],
+        scale: f32,
+    ) -> Result<(f32, Self::Storage)>;
+    /// See [`cpu::cross_entropy_backward`]; reuses `probs` for the gradient.
+    fn cross_entropy_backward(
+        &self,
+        probs: Self::Storage,
+        targets: &[u32],
+        scale: f32,
+    ) -> Result<Self::Storage>;
+    /// See [`cpu::embedding`] (token plus positional embedding).
+    fn embedding(
+        &self,
+        ids: &[u32],
+        seq: usize,
+        wte: &Self::Storage,
+        wpe: &Self::Storage,
+    ) -> Result<Self::Storage>;
+    /// See [`cpu::embedding_backward_weight`].
+    fn embedding_backward_weight(
+        &self,
+        ids: &[u32],
+        seq: usize,
+        dy: &Self::Storage,
+        dwte: &mut Self::Storage,
+        dwpe: &mut Self::Storage,
+    ) -> Result<()>;
+    /// See [`cpu::causal_attention`]: output and attention probabilities.
+    fn causal_attention(
+        &self,
+        qkv: &Self::Storage,
+        sh: AttnShape,
+    ) -> Result<(Self::Storage, Self::Storage)>;
+    /// See [`cpu::causal_attention_backward`]: the gradient of the fused qkv.
+    fn causal_attention_backward(
+        &self,
+        qkv: &Self::Storage,
+        probs: &Self::Storage,
+        dout: &Self::Storage,
+        sh: AttnShape,
+    ) -> Result<Self::Storage>;
 }
 
 /// The host backend: storage is a [`Tensor`], ops are [`cpu`]'s.
@@ -49,6 +121,7 @@ pub struct Cpu;
 
 impl Backend for Cpu {
     type Storage = Tensor;
+    type NormStash = cpu::LayerNormStash;
 
     fn name(&self) -> String {
         "cpu".into()
@@ -82,5 +155,62 @@ impl Backend for Cpu {
     }
     fn add(&self, a: &Tensor, b: &Tensor) -> Result<Tensor> {
         cpu::add(a, b)
+    }
+    fn layer_norm(
+        &self,
+        x: &Tensor,
+        gamma: &Tensor,
+        beta: &Tensor,
+        eps: f32,
+    ) -> Result<(Tensor, cpu::LayerNormStash)> {
+        cpu::layer_norm(x, gamma, beta, eps)
+    }
+    fn layer_norm_backward_input(
+        &self,
+        dy: &Tensor,
+        gamma: &Tensor,
+        stash: &cpu::LayerNormStash,
+    ) -> Result<Tensor> {
+        cpu::layer_norm_backward_input(dy, gamma, stash)
+    }
+    fn layer_norm_backward_weight(
+        &self,
+        dy: &Tensor,
+        stash: &cpu::LayerNormStash,
+        dgamma: &mut Tensor,
+        dbeta: &mut Tensor,
+    ) -> Result<()> {
+        cpu::layer_norm_backward_weight(dy, &stash.xhat, dgamma, dbeta)
+    }
+    fn cross_entropy(&self, logits: &Tensor, targets: &[u32], scale: f32) -> Result<(f32, Tensor)> {
+        cpu::cross_entropy(logits, targets, scale)
+    }
+    fn cross_entropy_backward(&self, probs: Tensor, targets: &[u32], scale: f32) -> Result<Tensor> {
+        cpu::cross_entropy_backward(probs, targets, scale)
+    }
+    fn embedding(&self, ids: &[u32], seq: usize, wte: &Tensor, wpe: &Tensor) -> Result<Tensor> {
+        cpu::embedding(ids, seq, wte, wpe)
+    }
+    fn embedding_backward_weight(
+        &self,
+        ids: &[u32],
+        seq: usize,
+        dy: &Tensor,
+        dwte: &mut Tensor,
+        dwpe: &mut Tensor,
+    ) -> Result<()> {
+        cpu::embedding_backward_weight(ids, seq, dy, dwte, dwpe)
+    }
+    fn causal_attention(&self, qkv: &Tensor, sh: AttnShape) -> Result<(Tensor, Tensor)> {
+        cpu::causal_attention(qkv, sh)
+    }
+    fn causal_attention_backward(
+        &self,
+        qkv: &Tensor,
+        probs: &Tensor,
+        dout: &Tensor,
+        sh: AttnShape,
+    ) -> Result<Tensor> {
+        cpu::causal_attention_backward(qkv, probs, dout, sh)
     }
 }

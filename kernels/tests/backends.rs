@@ -5,6 +5,7 @@
 mod common;
 
 use common::randn;
+use pipewright_kernels::cpu::{self, AttnShape};
 use pipewright_kernels::{Backend, Tensor};
 
 /// Defines `mod $name { fn cpu(); fn cuda() }` running `$check` on each backend.
@@ -33,6 +34,10 @@ on_every_backend! {
     bias => check_bias,
     gelu => check_gelu,
     residual_add => check_add,
+    layer_norm => check_layer_norm,
+    cross_entropy => check_cross_entropy,
+    embedding => check_embedding,
+    attention => check_attention,
 }
 
 fn assert_close(what: &str, got: &Tensor, want: &[f64], tol: f64) {
@@ -187,6 +192,172 @@ fn check_add<B: Backend>(be: &B) {
     assert!(be
         .add(&ad, &be.upload(&Tensor::zeros(&[24])).unwrap())
         .is_err());
+}
+
+/// The CPU op's result as the reference for a backend's.
+fn f64s(t: &Tensor) -> Vec<f64> {
+    t.data().iter().map(|&v| v as f64).collect()
+}
+
+/// Relative tolerance of the ops below against the CPU ops: f32 math in a
+/// different order (and expf, FMA) on a GPU; exact on the CPU backend.
+const TOL: f64 = 1e-4;
+
+/// A random tensor `scale * N(0, 1) + shift`.
+fn randn_affine(shape: &[usize], tag: &str, scale: f32, shift: f32) -> Tensor {
+    let data = randn(shape, tag)
+        .data()
+        .iter()
+        .map(|v| scale * v + shift)
+        .collect();
+    Tensor::new(shape, data).unwrap()
+}
+
+fn check_layer_norm<B: Backend>(be: &B) {
+    let name = be.name();
+    // A large mean checks that statistics keep their precision.
+    let x = randn_affine(&[2, 3, 7], "ln-x", 2.0, 5.0);
+    let (gamma, beta, dy) = (
+        randn(&[7], "ln-g"),
+        randn(&[7], "ln-b"),
+        randn(&[2, 3, 7], "ln-dy"),
+    );
+    let (y, stash) = cpu::layer_norm(&x, &gamma, &beta, 1e-5).unwrap();
+    let (xd, gd, bd, dyd) = (
+        be.upload(&x).unwrap(),
+        be.upload(&gamma).unwrap(),
+        be.upload(&beta).unwrap(),
+        be.upload(&dy).unwrap(),
+    );
+    let (yd, sd) = be.layer_norm(&xd, &gd, &bd, 1e-5).unwrap();
+    let got = be.download(&yd).unwrap();
+    assert_eq!(got.shape(), y.shape());
+    assert_close(&format!("{name} layer_norm"), &got, &f64s(&y), TOL);
+
+    let dx = cpu::layer_norm_backward_input(&dy, &gamma, &stash).unwrap();
+    let got = be
+        .download(&be.layer_norm_backward_input(&dyd, &gd, &sd).unwrap())
+        .unwrap();
+    assert_close(&format!("{name} layer_norm dx"), &got, &f64s(&dx), TOL);
+
+    // Gradients accumulate into what is there.
+    let (mut dg, mut db) = (randn(&[7], "ln-dg"), randn(&[7], "ln-db"));
+    let (mut dgd, mut dbd) = (be.upload(&dg).unwrap(), be.upload(&db).unwrap());
+    cpu::layer_norm_backward_weight(&dy, &stash.xhat, &mut dg, &mut db).unwrap();
+    be.layer_norm_backward_weight(&dyd, &sd, &mut dgd, &mut dbd)
+        .unwrap();
+    let what = format!("{name} layer_norm dgamma");
+    assert_close(&what, &be.download(&dgd).unwrap(), &f64s(&dg), TOL);
+    let what = format!("{name} layer_norm dbeta");
+    assert_close(&what, &be.download(&dbd).unwrap(), &f64s(&db), TOL);
+
+    let g6 = be.upload(&Tensor::zeros(&[6])).unwrap();
+    assert!(be.layer_norm(&xd, &g6, &bd, 1e-5).is_err());
+    assert!(be.layer_norm_backward_input(&dyd, &g6, &sd).is_err());
+}
+
+fn check_cross_entropy<B: Backend>(be: &B) {
+    let name = be.name();
+    let logits = randn_affine(&[2, 5, 11], "ce-z", 3.0, 0.0);
+    let targets: Vec<u32> = (0..10).map(|i| (i * 7 + 3) % 11).collect();
+    let (loss, probs) = cpu::cross_entropy(&logits, &targets, 0.5).unwrap();
+    let zd = be.upload(&logits).unwrap();
+    let (got_loss, pd) = be.cross_entropy(&zd, &targets, 0.5).unwrap();
+    assert!(
+        (got_loss as f64 - loss as f64).abs() <= TOL * (1.0 + loss.abs() as f64),
+        "{name} cross_entropy loss: {got_loss} vs {loss}"
+    );
+    let what = format!("{name} cross_entropy probs");
+    assert_close(&what, &be.download(&pd).unwrap(), &f64s(&probs), TOL);
+
+    let grad = cpu::cross_entropy_backward(probs, &targets, 0.5).unwrap();
+    let got = be
+        .download(&be.cross_entropy_backward(pd, &targets, 0.5).unwrap())
+        .unwrap();
+    assert_eq!(got.shape(), grad.shape());
+    let what = format!("{name} cross_entropy grad");
+    assert_close(&what, &got, &f64s(&grad), TOL);
+
+    let mut bad = targets.clone();
+    bad[4] = 11;
+    assert!(be.cross_entropy(&zd, &bad, 1.0).is_err(), "target 11 of 11");
+    assert!(be.cross_entropy(&zd, &targets[1..], 1.0).is_err());
+}
+
+fn check_embedding<B: Backend>(be: &B) {
+    let name = be.name();
+    let (wte, wpe) = (randn(&[13, 6], "emb-wte"), randn(&[8, 6], "emb-wpe"));
+    // Three sequences of 5 with repeated tokens, so the scatter-add collides.
+    let ids: Vec<u32> = (0..15u32).map(|i| (i * i + 1) % 13).collect();
+    let y = cpu::embedding(&ids, 5, &wte, &wpe).unwrap();
+    let (ted, ped) = (be.upload(&wte).unwrap(), be.upload(&wpe).unwrap());
+    let got = be
+        .download(&be.embedding(&ids, 5, &ted, &ped).unwrap())
+        .unwrap();
+    assert_eq!(got.shape(), &[3, 5, 6]);
+    assert_close(&format!("{name} embedding"), &got, &f64s(&y), TOL);
+
+    let dy = randn(&[3, 5, 6], "emb-dy");
+    let (mut dwte, mut dwpe) = (randn(&[13, 6], "emb-dwte"), randn(&[8, 6], "emb-dwpe"));
+    let (mut dted, mut dped) = (be.upload(&dwte).unwrap(), be.upload(&dwpe).unwrap());
+    cpu::embedding_backward_weight(&ids, 5, &dy, &mut dwte, &mut dwpe).unwrap();
+    be.embedding_backward_weight(&ids, 5, &be.upload(&dy).unwrap(), &mut dted, &mut dped)
+        .unwrap();
+    let what = format!("{name} embedding dwte");
+    assert_close(&what, &be.download(&dted).unwrap(), &f64s(&dwte), TOL);
+    let what = format!("{name} embedding dwpe");
+    assert_close(&what, &be.download(&dped).unwrap(), &f64s(&dwpe), TOL);
+
+    assert!(
+        be.embedding(&[0, 13], 2, &ted, &ped).is_err(),
+        "id 13 of 13"
+    );
+    assert!(be.embedding(&ids[1..], 5, &ted, &ped).is_err());
+    assert!(
+        be.embedding(&[0; 9], 9, &ted, &ped).is_err(),
+        "9 > 8 positions"
+    );
+}
+
+fn check_attention<B: Backend>(be: &B) {
+    let name = be.name();
+    // Odd sizes, several sequences and heads: index mistakes between heads
+    // or sequences show up as mismatches.
+    let sh = AttnShape {
+        batch: 2,
+        seq: 5,
+        heads: 3,
+        head_dim: 4,
+    };
+    let qkv = randn(&[10, 36], "attn-qkv");
+    let (out, probs) = cpu::causal_attention(&qkv, sh).unwrap();
+    let qd = be.upload(&qkv).unwrap();
+    let (od, pd) = be.causal_attention(&qd, sh).unwrap();
+    let (got_out, got_probs) = (be.download(&od).unwrap(), be.download(&pd).unwrap());
+    assert_eq!(got_out.shape(), &[2, 5, 12]);
+    assert_eq!(got_probs.shape(), &[2, 3, 5, 5]);
+    assert_close(&format!("{name} attention out"), &got_out, &f64s(&out), TOL);
+    let what = format!("{name} attention probs");
+    assert_close(&what, &got_probs, &f64s(&probs), TOL);
+    for (r, row) in got_probs.data().chunks(5).enumerate() {
+        assert!(
+            row[r % 5 + 1..].iter().all(|&p| p == 0.0),
+            "{name}: masked probabilities of row {r} are not 0: {row:?}"
+        );
+    }
+
+    let dout = randn(&[2, 5, 12], "attn-dout");
+    let dqkv = cpu::causal_attention_backward(&qkv, &probs, &dout, sh).unwrap();
+    let dod = be.upload(&dout).unwrap();
+    let got = be
+        .download(&be.causal_attention_backward(&qd, &pd, &dod, sh).unwrap())
+        .unwrap();
+    assert_eq!(got.shape(), qkv.shape());
+    assert_close(&format!("{name} attention dqkv"), &got, &f64s(&dqkv), TOL);
+
+    let bad = AttnShape { heads: 2, ..sh };
+    assert!(be.causal_attention(&qd, bad).is_err());
+    assert!(be.causal_attention_backward(&qd, &od, &dod, sh).is_err());
 }
 
 #[test]

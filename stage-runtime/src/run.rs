@@ -185,16 +185,7 @@ where
     }
     let comm = Rc::new(world.comm(rank));
     let tt = Rc::new(tt.clone());
-    let mut exec = Executor::new(
-        comm,
-        mesh,
-        coord,
-        tt,
-        modules,
-        opts.adamw,
-        opts.timeout,
-        epoch,
-    )?;
+    let mut exec = Executor::new(comm, mesh, coord, tt, modules, opts, epoch)?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .build()

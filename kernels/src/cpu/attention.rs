@@ -25,14 +25,34 @@ pub struct AttnShape {
 }
 
 impl AttnShape {
-    fn width(&self) -> usize {
+    /// Width of the output rows: all heads side by side.
+    pub fn width(&self) -> usize {
         self.heads * self.head_dim
     }
 
-    fn check(&self, op: &'static str, qkv: &Tensor) -> Result<()> {
-        let rows = self.batch * self.seq;
-        if qkv.rows() != rows || qkv.cols() != 3 * self.width() {
-            return Err(shape_err(op, format!("qkv {:?} for {self:?}", qkv.shape())));
+    /// Checks a fused qkv of shape `shape` (shared with the CUDA backend).
+    pub(crate) fn check(&self, op: &'static str, shape: &[usize]) -> Result<()> {
+        let cols = shape.last().copied().unwrap_or(1);
+        let rows = shape
+            .iter()
+            .product::<usize>()
+            .checked_div(cols)
+            .unwrap_or(0);
+        if rows != self.batch * self.seq || cols != 3 * self.width() {
+            return Err(shape_err(op, format!("qkv {shape:?} for {self:?}")));
+        }
+        Ok(())
+    }
+
+    /// Checks the backward's saved probabilities and output gradient.
+    pub(crate) fn check_backward(&self, probs: &[usize], dout: &[usize]) -> Result<()> {
+        let t = self.seq;
+        let dout_numel: usize = dout.iter().product();
+        if probs != [self.batch, self.heads, t, t] || dout_numel != self.batch * t * self.width() {
+            return Err(shape_err(
+                "causal_attention_backward",
+                format!("probs {probs:?}, dout {dout:?} for {self:?}"),
+            ));
         }
         Ok(())
     }
@@ -65,7 +85,7 @@ fn causal_softmax(s: &mut [f32], t: usize) {
 /// Returns the output `[batch, seq, heads * head_dim]` and the attention
 /// probabilities `[batch, heads, seq, seq]` that the backward needs.
 pub fn causal_attention(qkv: &Tensor, sh: AttnShape) -> Result<(Tensor, Tensor)> {
-    sh.check("causal_attention", qkv)?;
+    sh.check("causal_attention", qkv.shape())?;
     let (t, dh, w3) = (sh.seq, sh.head_dim, 3 * sh.width());
     let scale = 1.0 / (dh as f32).sqrt();
     let mut probs = vec![0.0f32; sh.batch * sh.heads * t * t];
@@ -102,18 +122,9 @@ pub fn causal_attention_backward(
     dout: &Tensor,
     sh: AttnShape,
 ) -> Result<Tensor> {
-    sh.check("causal_attention_backward", qkv)?;
+    sh.check("causal_attention_backward", qkv.shape())?;
+    sh.check_backward(probs.shape(), dout.shape())?;
     let t = sh.seq;
-    if probs.shape() != [sh.batch, sh.heads, t, t] || dout.numel() != sh.batch * t * sh.width() {
-        return Err(shape_err(
-            "causal_attention_backward",
-            format!(
-                "probs {:?}, dout {:?} for {sh:?}",
-                probs.shape(),
-                dout.shape()
-            ),
-        ));
-    }
     let mut dqkv = vec![0.0f32; qkv.numel()];
     let mut ds = vec![0.0f32; t * t];
     for b in 0..sh.batch {

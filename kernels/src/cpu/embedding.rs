@@ -5,27 +5,29 @@
 use crate::error::{shape_err, KernelError, Result};
 use crate::tensor::Tensor;
 
-fn check(ids: &[u32], seq: usize, wte: &Tensor, wpe: &Tensor) -> Result<()> {
-    let d = wte.cols();
+/// Checks ids and table shapes before any work (shared with the CUDA
+/// backend, which must validate before launching a kernel).
+pub(crate) fn check(ids: &[u32], seq: usize, wte: &[usize], wpe: &[usize]) -> Result<()> {
+    let d = wte.last().copied().unwrap_or(1);
     if seq == 0 || ids.len() % seq != 0 {
         return Err(shape_err(
             "embedding",
             format!("{} ids are not whole sequences of {seq}", ids.len()),
         ));
     }
-    if wte.shape().len() != 2 || wpe.shape().len() != 2 || wpe.cols() != d {
+    if wte.len() != 2 || wpe.len() != 2 || wpe[1] != d {
         return Err(shape_err(
             "embedding",
-            format!("tables {:?} and {:?}", wte.shape(), wpe.shape()),
+            format!("tables {wte:?} and {wpe:?}"),
         ));
     }
-    if seq > wpe.shape()[0] {
+    if seq > wpe[0] {
         return Err(shape_err(
             "embedding",
-            format!("sequence of {seq} beyond {} positions", wpe.shape()[0]),
+            format!("sequence of {seq} beyond {} positions", wpe[0]),
         ));
     }
-    let vocab = wte.shape()[0];
+    let vocab = wte[0];
     match ids.iter().find(|&&t| t as usize >= vocab) {
         Some(&id) => Err(KernelError::TokenOutOfRange { id, vocab }),
         None => Ok(()),
@@ -35,7 +37,7 @@ fn check(ids: &[u32], seq: usize, wte: &Tensor, wpe: &Tensor) -> Result<()> {
 /// `out[b, t] = wte[ids[b, t]] + wpe[t]` for ids of shape `[batch, seq]`
 /// (flattened); the result is `[batch, seq, d]`.
 pub fn embedding(ids: &[u32], seq: usize, wte: &Tensor, wpe: &Tensor) -> Result<Tensor> {
-    check(ids, seq, wte, wpe)?;
+    check(ids, seq, wte.shape(), wpe.shape())?;
     let d = wte.cols();
     let mut out = vec![0.0f32; ids.len() * d];
     for (i, (row, &id)) in out.chunks_exact_mut(d).zip(ids).enumerate() {
@@ -56,7 +58,7 @@ pub fn embedding_backward_weight(
     dwte: &mut Tensor,
     dwpe: &mut Tensor,
 ) -> Result<()> {
-    check(ids, seq, dwte, dwpe)?;
+    check(ids, seq, dwte.shape(), dwpe.shape())?;
     let d = dwte.cols();
     if dy.numel() != ids.len() * d {
         return Err(shape_err(

@@ -3,15 +3,21 @@
 use crate::error::{shape_err, KernelError, Result};
 use crate::tensor::Tensor;
 
-/// Checks targets against the logits before any work.
-fn check_targets(logits: &Tensor, targets: &[u32]) -> Result<()> {
-    if logits.rows() != targets.len() {
+/// Checks targets against logits of shape `shape` before any work (shared
+/// with the CUDA backend, which must validate before launching a kernel).
+pub(crate) fn check_targets(shape: &[usize], targets: &[u32]) -> Result<()> {
+    let vocab = shape.last().copied().unwrap_or(1);
+    let rows = shape
+        .iter()
+        .product::<usize>()
+        .checked_div(vocab)
+        .unwrap_or(0);
+    if rows != targets.len() {
         return Err(shape_err(
             "cross_entropy",
-            format!("{} targets for logits {:?}", targets.len(), logits.shape()),
+            format!("{} targets for logits {shape:?}", targets.len()),
         ));
     }
-    let vocab = logits.cols();
     match targets.iter().find(|&&t| t as usize >= vocab) {
         Some(&id) => Err(KernelError::TokenOutOfRange { id, vocab }),
         None => Ok(()),
@@ -25,7 +31,7 @@ fn check_targets(logits: &Tensor, targets: &[u32]) -> Result<()> {
 /// with `m` equal microbatches, `scale = 1/m` makes the sum of their losses
 /// (and of their gradients) equal the loss of the whole batch.
 pub fn cross_entropy(logits: &Tensor, targets: &[u32], scale: f32) -> Result<(f32, Tensor)> {
-    check_targets(logits, targets)?;
+    check_targets(logits.shape(), targets)?;
     let v = logits.cols();
     let mut probs = vec![0.0f32; logits.numel()];
     let mut total = 0.0f64;
@@ -54,7 +60,7 @@ pub fn cross_entropy(logits: &Tensor, targets: &[u32], scale: f32) -> Result<(f3
 /// Gradient of the [`cross_entropy`] loss with respect to the logits:
 /// `scale / n * (probs - onehot(targets))`, computed in place in `probs`.
 pub fn cross_entropy_backward(mut probs: Tensor, targets: &[u32], scale: f32) -> Result<Tensor> {
-    check_targets(&probs, targets)?;
+    check_targets(probs.shape(), targets)?;
     let v = probs.cols();
     let k = scale / targets.len().max(1) as f32;
     for (row, &t) in probs.data_mut().chunks_exact_mut(v).zip(targets) {

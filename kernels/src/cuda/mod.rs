@@ -1,15 +1,20 @@
 //! The CUDA backend (cargo feature `cuda`): device tensors, explicit copies,
-//! cuBLAS matmuls and NVRTC-compiled elementwise kernels.
+//! cuBLAS matmuls, NVRTC-compiled elementwise and row kernels (LayerNorm,
+//! cross-entropy, embedding) and attention from cuBLAS strided-batched GEMMs
+//! around an NVRTC causal softmax.
 //!
 //! cudarc loads the CUDA libraries at run time and panics if one is missing,
 //! so [`CudaBackend::new`] first checks that the driver, NVRTC and cuBLAS
 //! libraries are present and returns [`KernelError::CudaUnavailable`]
 //! otherwise; tests use that to skip with a message on machines without a GPU.
 
+mod attention;
 mod blas;
 mod kernels;
+mod rowops;
 
 use crate::backend::Backend;
+use crate::cpu::{self, AttnShape};
 use crate::error::{shape_err, KernelError, Result};
 use crate::tensor::Tensor;
 use cudarc::cublas::CudaBlas;
@@ -45,6 +50,15 @@ impl CudaTensor {
     }
 }
 
+/// What a LayerNorm forward on the GPU saves for its backward.
+#[derive(Debug)]
+pub struct CudaNormStash {
+    /// The normalised input `(x - mean) * rstd`, shape of `x`.
+    pub xhat: CudaTensor,
+    /// `1 / sqrt(var + eps)` per row, shape `[rows]`.
+    pub rstd: CudaTensor,
+}
+
 /// Why CUDA cannot be used here, or `None` if its libraries are present.
 pub fn missing_library() -> Option<&'static str> {
     // SAFETY: these only try to dlopen the libraries; no CUDA call is made.
@@ -73,6 +87,7 @@ pub struct CudaBackend {
     stream: Arc<CudaStream>,
     blas: CudaBlas,
     kernels: kernels::Kernels,
+    rows: rowops::RowKernels,
 }
 
 impl std::fmt::Debug for CudaBackend {
@@ -99,11 +114,13 @@ impl CudaBackend {
         let stream = ctx.default_stream();
         let blas = CudaBlas::new(stream.clone()).map_err(cuda_err)?;
         let kernels = kernels::Kernels::compile(&ctx)?;
+        let rows = rowops::RowKernels::compile(&ctx)?;
         Ok(Self {
             ordinal,
             stream,
             blas,
             kernels,
+            rows,
         })
     }
 
@@ -117,6 +134,20 @@ impl CudaBackend {
             shape: shape.to_vec(),
             data,
         })
+    }
+
+    /// Copies host ids or targets to the device.
+    fn upload_ids(&self, ids: &[u32]) -> Result<CudaSlice<u32>> {
+        self.stream.clone_htod(ids).map_err(cuda_err)
+    }
+
+    /// The attention passes' view of this GPU.
+    fn gpu(&self) -> attention::Gpu<'_> {
+        attention::Gpu {
+            blas: &self.blas,
+            rows: &self.rows,
+            stream: &self.stream,
+        }
     }
 
     /// Waits for all queued work.
@@ -142,8 +173,21 @@ fn bias_shape(op: &'static str, x: &CudaTensor, b: &CudaTensor) -> Result<()> {
     Ok(())
 }
 
+/// LayerNorm's gamma or beta (or their gradients) must be `[cols of x]`;
+/// the message is the CPU op's.
+fn param_shape(op: &'static str, x: &CudaTensor, p: &CudaTensor) -> Result<()> {
+    if p.shape != [x.cols()] {
+        return Err(shape_err(
+            op,
+            format!("gamma {:?} for rows of {:?}", p.shape, x.shape),
+        ));
+    }
+    Ok(())
+}
+
 impl Backend for CudaBackend {
     type Storage = CudaTensor;
+    type NormStash = CudaNormStash;
 
     fn name(&self) -> String {
         format!("cuda:{}", self.ordinal)
@@ -229,5 +273,174 @@ impl Backend for CudaBackend {
         let mut out = self.zeros(&a.shape)?;
         self.kernels.add(&self.stream, a, b, &mut out)?;
         Ok(out)
+    }
+
+    fn layer_norm(
+        &self,
+        x: &CudaTensor,
+        gamma: &CudaTensor,
+        beta: &CudaTensor,
+        eps: f32,
+    ) -> Result<(CudaTensor, CudaNormStash)> {
+        param_shape("layer_norm", x, gamma)?;
+        param_shape("layer_norm", x, beta)?;
+        let mut y = self.zeros(&x.shape)?;
+        let mut xhat = self.zeros(&x.shape)?;
+        let mut rstd = self.zeros(&[x.rows()])?;
+        self.rows.layer_norm(
+            &self.stream,
+            x,
+            gamma,
+            beta,
+            eps,
+            &mut y,
+            &mut xhat,
+            &mut rstd,
+        )?;
+        Ok((y, CudaNormStash { xhat, rstd }))
+    }
+
+    fn layer_norm_backward_input(
+        &self,
+        dy: &CudaTensor,
+        gamma: &CudaTensor,
+        stash: &CudaNormStash,
+    ) -> Result<CudaTensor> {
+        const OP: &str = "layer_norm_backward_input";
+        param_shape(OP, dy, gamma)?;
+        same_shape(OP, dy, &stash.xhat)?;
+        // A stash is public, so its parts may not match each other.
+        if stash.rstd.shape != [dy.rows()] {
+            return Err(shape_err(
+                OP,
+                format!("rstd {:?} for {:?}", stash.rstd.shape, dy.shape),
+            ));
+        }
+        let mut dx = self.zeros(&dy.shape)?;
+        self.rows.layer_norm_backward_input(
+            &self.stream,
+            dy,
+            gamma,
+            &stash.xhat,
+            &stash.rstd,
+            &mut dx,
+        )?;
+        Ok(dx)
+    }
+
+    fn layer_norm_backward_weight(
+        &self,
+        dy: &CudaTensor,
+        stash: &CudaNormStash,
+        dgamma: &mut CudaTensor,
+        dbeta: &mut CudaTensor,
+    ) -> Result<()> {
+        const OP: &str = "layer_norm_backward_weight";
+        same_shape(OP, dy, &stash.xhat)?;
+        param_shape(OP, dy, dgamma)?;
+        param_shape(OP, dy, dbeta)?;
+        self.rows
+            .layer_norm_backward_weight(&self.stream, dy, &stash.xhat, dgamma, dbeta)
+    }
+
+    fn cross_entropy(
+        &self,
+        logits: &CudaTensor,
+        targets: &[u32],
+        scale: f32,
+    ) -> Result<(f32, CudaTensor)> {
+        cpu::loss::check_targets(&logits.shape, targets)?;
+        let ids = self.upload_ids(targets)?;
+        let mut probs = self.zeros(&logits.shape)?;
+        let mut row_loss = self
+            .stream
+            .alloc_zeros::<f64>(targets.len())
+            .map_err(cuda_err)?;
+        self.rows
+            .cross_entropy(&self.stream, logits, &ids, &mut probs, &mut row_loss)?;
+        let row_loss = self.stream.clone_dtoh(&row_loss).map_err(cuda_err)?;
+        self.synchronize()?;
+        // Summed in row order in f64, then scaled, exactly as the CPU op.
+        let total: f64 = row_loss.iter().sum();
+        let n = targets.len().max(1) as f64;
+        Ok(((total / n * scale as f64) as f32, probs))
+    }
+
+    fn cross_entropy_backward(
+        &self,
+        mut probs: CudaTensor,
+        targets: &[u32],
+        scale: f32,
+    ) -> Result<CudaTensor> {
+        cpu::loss::check_targets(&probs.shape, targets)?;
+        let ids = self.upload_ids(targets)?;
+        // The CPU op's factor, computed the same way (in f32).
+        let k = scale / targets.len().max(1) as f32;
+        self.rows
+            .cross_entropy_backward(&self.stream, &mut probs, &ids, k)?;
+        Ok(probs)
+    }
+
+    fn embedding(
+        &self,
+        ids: &[u32],
+        seq: usize,
+        wte: &CudaTensor,
+        wpe: &CudaTensor,
+    ) -> Result<CudaTensor> {
+        cpu::embedding::check(ids, seq, &wte.shape, &wpe.shape)?;
+        let dev_ids = self.upload_ids(ids)?;
+        let mut out = self.zeros(&[ids.len() / seq, seq, wte.cols()])?;
+        self.rows
+            .embedding(&self.stream, &dev_ids, seq, wte, wpe, &mut out)?;
+        Ok(out)
+    }
+
+    fn embedding_backward_weight(
+        &self,
+        ids: &[u32],
+        seq: usize,
+        dy: &CudaTensor,
+        dwte: &mut CudaTensor,
+        dwpe: &mut CudaTensor,
+    ) -> Result<()> {
+        cpu::embedding::check(ids, seq, &dwte.shape, &dwpe.shape)?;
+        let d = dwte.cols();
+        if dy.numel() != ids.len() * d {
+            return Err(shape_err(
+                "embedding_backward_weight",
+                format!("gradient {:?} for {} ids of width {d}", dy.shape, ids.len()),
+            ));
+        }
+        let dev_ids = self.upload_ids(ids)?;
+        self.rows
+            .embedding_backward_weight(&self.stream, &dev_ids, seq, dy, dwte, dwpe)
+    }
+
+    fn causal_attention(
+        &self,
+        qkv: &CudaTensor,
+        sh: AttnShape,
+    ) -> Result<(CudaTensor, CudaTensor)> {
+        sh.check("causal_attention", &qkv.shape)?;
+        let mut out = self.zeros(&[sh.batch, sh.seq, sh.width()])?;
+        let mut probs = self.zeros(&[sh.batch, sh.heads, sh.seq, sh.seq])?;
+        attention::forward(&mut self.gpu(), qkv, sh, &mut out, &mut probs)?;
+        Ok((out, probs))
+    }
+
+    fn causal_attention_backward(
+        &self,
+        qkv: &CudaTensor,
+        probs: &CudaTensor,
+        dout: &CudaTensor,
+        sh: AttnShape,
+    ) -> Result<CudaTensor> {
+        sh.check("causal_attention_backward", &qkv.shape)?;
+        sh.check_backward(&probs.shape, &dout.shape)?;
+        let mut ds = self.zeros(&probs.shape)?;
+        let mut dqkv = self.zeros(&qkv.shape)?;
+        attention::backward(&mut self.gpu(), qkv, probs, dout, sh, &mut ds, &mut dqkv)?;
+        Ok(dqkv)
     }
 }
