@@ -278,6 +278,13 @@ fn check_cross_entropy<B: Backend>(be: &B) {
     let what = format!("{name} cross_entropy grad");
     assert_close(&what, &got, &f64s(&grad), TOL);
 
+    // An empty batch: zero loss, empty probabilities, as on the CPU.
+    let (zero, empty) = be
+        .cross_entropy(&be.upload(&Tensor::zeros(&[0, 11])).unwrap(), &[], 1.0)
+        .unwrap();
+    assert_eq!(zero, 0.0, "{name}: loss of no rows");
+    assert_eq!(be.download(&empty).unwrap().shape(), &[0, 11]);
+
     let mut bad = targets.clone();
     bad[4] = 11;
     assert!(be.cross_entropy(&zd, &bad, 1.0).is_err(), "target 11 of 11");

@@ -22,6 +22,10 @@ use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use std::sync::Arc;
 
 /// A dense row-major f32 tensor in device memory.
+///
+/// The CUDA allocator rejects zero-byte allocations, so an empty tensor
+/// still owns one (never read) element: the shape alone says how many
+/// elements are live, and every kernel and copy goes by the shape.
 #[derive(Debug)]
 pub struct CudaTensor {
     shape: Vec<usize>,
@@ -128,7 +132,7 @@ impl CudaBackend {
     pub fn zeros(&self, shape: &[usize]) -> Result<CudaTensor> {
         let data = self
             .stream
-            .alloc_zeros::<f32>(shape.iter().product())
+            .alloc_zeros::<f32>(shape.iter().product::<usize>().max(1))
             .map_err(cuda_err)?;
         Ok(CudaTensor {
             shape: shape.to_vec(),
@@ -138,6 +142,10 @@ impl CudaBackend {
 
     /// Copies host ids or targets to the device.
     fn upload_ids(&self, ids: &[u32]) -> Result<CudaSlice<u32>> {
+        if ids.is_empty() {
+            // No zero-byte allocations (see `CudaTensor`); nothing reads it.
+            return self.stream.alloc_zeros::<u32>(1).map_err(cuda_err);
+        }
         self.stream.clone_htod(ids).map_err(cuda_err)
     }
 
@@ -194,6 +202,9 @@ impl Backend for CudaBackend {
     }
 
     fn upload(&self, t: &Tensor) -> Result<CudaTensor> {
+        if t.numel() == 0 {
+            return self.zeros(t.shape());
+        }
         let data = self.stream.clone_htod(t.data()).map_err(cuda_err)?;
         Ok(CudaTensor {
             shape: t.shape().to_vec(),
@@ -202,8 +213,10 @@ impl Backend for CudaBackend {
     }
 
     fn download(&self, t: &CudaTensor) -> Result<Tensor> {
-        let data = self.stream.clone_dtoh(&t.data).map_err(cuda_err)?;
+        let mut data = self.stream.clone_dtoh(&t.data).map_err(cuda_err)?;
         self.synchronize()?;
+        // Drops the placeholder element of an empty tensor.
+        data.truncate(t.numel());
         Tensor::new(&t.shape, data)
     }
 
@@ -354,14 +367,14 @@ impl Backend for CudaBackend {
         let mut probs = self.zeros(&logits.shape)?;
         let mut row_loss = self
             .stream
-            .alloc_zeros::<f64>(targets.len())
+            .alloc_zeros::<f64>(targets.len().max(1))
             .map_err(cuda_err)?;
         self.rows
             .cross_entropy(&self.stream, logits, &ids, &mut probs, &mut row_loss)?;
         let row_loss = self.stream.clone_dtoh(&row_loss).map_err(cuda_err)?;
         self.synchronize()?;
         // Summed in row order in f64, then scaled, exactly as the CPU op.
-        let total: f64 = row_loss.iter().sum();
+        let total: f64 = row_loss[..targets.len()].iter().sum();
         let n = targets.len().max(1) as f64;
         Ok(((total / n * scale as f64) as f32, probs))
     }
