@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use cli::charts::{SweepCmd, VizCmd};
 use cli::commands::{ScheduleCmd, SimulateCmd, ValidateCmd};
+use cli::train::{BenchCmd, TrainCmd};
 
 /// Pipeline-parallel schedules as data: generated, validated, simulated, drawn, executed.
 #[derive(Parser, Debug)]
@@ -28,6 +29,10 @@ enum Command {
     Viz(VizCmd),
     /// Simulate schedules over chunk counts: bubble, throughput and memory against m.
     Sweep(SweepCmd),
+    /// Train the reference GPT on in-process devices with any schedule and PP x TP x DP.
+    Train(TrainCmd),
+    /// Run a timetable with synthetic stages of exact durations and compare with the simulator.
+    Bench(BenchCmd),
 }
 
 fn main() -> ExitCode {
@@ -38,6 +43,8 @@ fn main() -> ExitCode {
         Command::Simulate(c) => c.run(),
         Command::Viz(c) => c.run(),
         Command::Sweep(c) => c.run(),
+        Command::Train(c) => c.run(),
+        Command::Bench(c) => c.run(),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -4,3 +4,4 @@ pub mod args;
 pub mod charts;
 pub mod commands;
 pub mod io;
+pub mod train;

@@ -1,0 +1,274 @@
+//! `train` (the reference GPT over in-process devices) and `bench` (synthetic stages of exact
+//! durations, measured against the simulator).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Result};
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+use pipewright::kernels::gpt::GptConfig;
+use pipewright::kernels::optim::AdamWConfig;
+use pipewright::runtime::{
+    run, train_gpt, Coord, Mesh, RunOptions, StepBatch, StepRecord, SyntheticModule, TrainConfig,
+};
+use pipewright::schedule::{simulate, Timeline};
+use pipewright::viz::{bubble_chart, ChartOptions, ChartPanel, ImageFormat};
+
+use super::args::{CostArgs, SourceArgs};
+use super::commands::ReportFormat;
+use super::io::write_atomic;
+
+/// Train the reference GPT on in-process devices (one thread per rank).
+#[derive(Args, Debug)]
+pub struct TrainCmd {
+    #[command(flatten)]
+    source: SourceArgs,
+    /// Tensor-parallel ranks inside each pipeline stage (must divide --heads).
+    #[arg(long, default_value_t = 1)]
+    tp: usize,
+    /// Data-parallel replicas of the whole pipeline.
+    #[arg(long, default_value_t = 1)]
+    dp: usize,
+    /// Sequences per microbatch.
+    #[arg(long, default_value_t = 4, value_name = "B")]
+    microbatch_size: usize,
+    /// Training steps.
+    #[arg(long, default_value_t = 40, value_name = "N")]
+    steps: u64,
+    /// Seed of the weights and the generated data.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Transformer blocks (at least the number of stages p*v).
+    #[arg(long, default_value_t = 4)]
+    layers: usize,
+    /// Width of the residual stream.
+    #[arg(long, default_value_t = 64)]
+    d_model: usize,
+    /// Attention heads (must divide --d-model).
+    #[arg(long, default_value_t = 4)]
+    heads: usize,
+    /// Tokens per sequence.
+    #[arg(long, default_value_t = 16)]
+    seq_len: usize,
+    /// Vocabulary size of the generated task (arithmetic progressions modulo the vocabulary).
+    #[arg(long, default_value_t = 64)]
+    vocab: usize,
+    /// AdamW learning rate.
+    #[arg(long, default_value_t = 3e-3)]
+    lr: f32,
+    /// Seconds a receive or collective may wait before the run fails.
+    #[arg(long, default_value_t = 60.0)]
+    timeout: f64,
+    /// Write the last step's measured timeline (JSON, for `pipewright viz --from`).
+    #[arg(long, value_name = "FILE")]
+    trace: Option<PathBuf>,
+    /// Draw the last step's measured bubble chart to FILE.svg or FILE.png.
+    #[arg(long, value_name = "FILE")]
+    chart: Option<PathBuf>,
+    /// `json` prints one JSON object per step: loss, tokens per second, measured bubble.
+    #[arg(long, value_enum, default_value_t = ReportFormat::Table)]
+    format: ReportFormat,
+}
+
+impl TrainCmd {
+    pub fn run(&self) -> Result<()> {
+        let chart_format = self
+            .chart
+            .as_deref()
+            .map(ImageFormat::from_path)
+            .transpose()?;
+        let (tt, _) = self.source.timetable()?;
+        let mesh = Mesh::new(tt.num_devices() as usize, self.tp, self.dp)?;
+        let model = GptConfig::new(
+            self.vocab,
+            self.seq_len,
+            self.d_model,
+            self.heads,
+            self.layers,
+        );
+        let cfg = TrainConfig {
+            mesh,
+            model,
+            microbatch_size: self.microbatch_size,
+            seed: self.seed,
+            run: RunOptions {
+                steps: self.steps,
+                timeout: timeout(self.timeout)?,
+                adamw: AdamWConfig {
+                    lr: self.lr,
+                    ..AdamWConfig::default()
+                },
+            },
+        };
+        let tokens = (cfg.global_batch(tt.microbatches) * self.seq_len) as f64;
+        let bar = progress(self.steps, self.format == ReportFormat::Table);
+        let mut last: Option<StepRecord> = None;
+        let mut first_loss = None;
+        train_gpt(&cfg, &tt, |s| {
+            let loss = s.loss.unwrap_or(f32::NAN);
+            first_loss.get_or_insert(loss);
+            let tps = tokens / s.seconds.max(1e-9);
+            match self.format {
+                ReportFormat::Json => println!(
+                    "{}",
+                    serde_json::json!({"step": s.step, "loss": loss, "tokens_per_second": tps,
+                        "seconds": s.seconds, "bubble_fraction": s.bubble_fraction(), "peak_stash": s.peak_stash})
+                ),
+                ReportFormat::Table => {
+                    bar.set_message(format!(
+                        "loss {loss:.4}  {tps:.0} tok/s  bubble {:.1}%",
+                        100.0 * s.bubble_fraction()
+                    ));
+                    bar.inc(1);
+                }
+            }
+            last = Some(s.clone());
+        })?;
+        bar.finish_and_clear();
+        let Some(last) = last else {
+            bail!("no step ran (--steps 0?)")
+        };
+        if self.format == ReportFormat::Table {
+            println!(
+                "{} on pp={} tp={} dp={}: {} steps, loss {:.4} -> {:.4}, last step {:.1} ms, {:.0} tokens/s, measured bubble {:.1}%",
+                tt.name, mesh.pp, mesh.tp, mesh.dp, self.steps, first_loss.unwrap_or(f32::NAN),
+                last.loss.unwrap_or(f32::NAN), last.seconds * 1e3, tokens / last.seconds.max(1e-9), 100.0 * last.bubble_fraction()
+            );
+        }
+        write_outputs(
+            &last.timeline,
+            self.trace.as_ref(),
+            self.chart.as_ref().zip(chart_format),
+        )
+    }
+}
+
+fn timeout(secs: f64) -> Result<Duration> {
+    if !(secs.is_finite() && secs > 0.0) {
+        bail!("--timeout must be a positive number of seconds (got {secs})");
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+fn progress(steps: u64, show: bool) -> ProgressBar {
+    if !show {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(steps);
+    if let Ok(style) = ProgressStyle::with_template("{bar:30} {pos}/{len} steps  {msg}") {
+        bar.set_style(style);
+    }
+    bar
+}
+
+fn write_outputs(
+    timeline: &Timeline,
+    trace: Option<&PathBuf>,
+    chart: Option<(&PathBuf, ImageFormat)>,
+) -> Result<()> {
+    if let Some(path) = trace {
+        write_atomic(path, serde_json::to_string(timeline)?.as_bytes())?;
+    }
+    if let Some((path, fmt)) = chart {
+        let bytes = bubble_chart(&[ChartPanel::new(timeline)], &ChartOptions::default(), fmt)?;
+        write_atomic(path, &bytes)?;
+        eprintln!("wrote {}", path.display());
+    }
+    Ok(())
+}
+
+/// Run a timetable with synthetic stages of exact durations and compare with the simulator.
+#[derive(Args, Debug)]
+pub struct BenchCmd {
+    #[command(flatten)]
+    source: SourceArgs,
+    /// Durations in milliseconds: the cost flags' units are milliseconds here.
+    #[command(flatten)]
+    costs: CostArgs,
+    /// Steps to run; the report is the median step.
+    #[arg(long, default_value_t = 5)]
+    steps: u64,
+    /// Write the median step's measured timeline (JSON).
+    #[arg(long, value_name = "FILE")]
+    trace: Option<PathBuf>,
+    /// Draw the median measured step next to the simulated one (FILE.svg or FILE.png).
+    #[arg(long, value_name = "FILE")]
+    chart: Option<PathBuf>,
+    /// Output form.
+    #[arg(long, value_enum, default_value_t = ReportFormat::Table)]
+    format: ReportFormat,
+}
+
+impl BenchCmd {
+    pub fn run(&self) -> Result<()> {
+        let (tt, _) = self.source.timetable()?;
+        let model = self.costs.model(tt.num_stages(), tt.num_devices())?;
+        let sim = simulate(&tt, &model)?;
+        let mesh = Mesh::new(tt.num_devices() as usize, 1, 1)?;
+        let last = tt.num_stages() - 1;
+        let ms = |x: f64| Duration::from_secs_f64(x.max(0.0) / 1e3);
+        let make = |_: Coord, s: u32| {
+            let c = model.stages[s as usize];
+            Ok(SyntheticModule {
+                f: ms(c.f),
+                i: ms(c.i),
+                w: ms(c.w),
+                activation: 1,
+                last: s == last,
+            })
+        };
+        let m = tt.microbatches as usize;
+        let batch = |_, _| StepBatch {
+            microbatches: vec![(vec![], vec![]); m],
+            seq: 1,
+            loss_scale: 1.0,
+        };
+        let opts = RunOptions {
+            steps: self.steps.max(1),
+            ..RunOptions::default()
+        };
+        let mut steps = Vec::new();
+        run(mesh, &tt, make, batch, &opts, |s| steps.push(s.clone()))?;
+        steps.sort_by(|a, b| a.seconds.total_cmp(&b.seconds));
+        let median = &steps[steps.len() / 2];
+        let measured = median.seconds * 1e3;
+        let predicted = sim.report.makespan;
+        let actions = tt.len();
+        let overhead_us = (measured - predicted) * 1e3 / actions as f64;
+        match self.format {
+            ReportFormat::Json => println!(
+                "{}",
+                serde_json::json!({"measured_ms": measured, "simulated_ms": predicted, "ratio": measured / predicted.max(1e-12),
+                    "compute_actions": actions, "overhead_us_per_action": overhead_us,
+                    "measured_bubble": median.bubble_fraction(), "simulated_bubble": sim.report.bubble_fraction})
+            ),
+            ReportFormat::Table => println!(
+                "{}: measured {measured:.3} ms, simulated {predicted:.3} ms ({:+.2}%), {actions} compute actions, {overhead_us:.2} us overhead per action; bubble measured {:.2}% vs simulated {:.2}%",
+                tt.name,
+                100.0 * (measured / predicted.max(1e-12) - 1.0),
+                100.0 * median.bubble_fraction(),
+                100.0 * sim.report.bubble_fraction
+            ),
+        }
+        if let Some(path) = &self.trace {
+            write_atomic(path, serde_json::to_string(&median.timeline)?.as_bytes())?;
+        }
+        if let Some(path) = &self.chart {
+            let mut simulated = sim.timeline.clone();
+            simulated.meta.time_unit = "ms".into();
+            let panels = [
+                ChartPanel::new(&median.timeline).with_label("measured"),
+                ChartPanel::new(&simulated).with_label("simulated"),
+            ];
+            let bytes = bubble_chart(
+                &panels,
+                &ChartOptions::default(),
+                ImageFormat::from_path(path)?,
+            )?;
+            write_atomic(path, &bytes)?;
+            eprintln!("wrote {}", path.display());
+        }
+        Ok(())
+    }
+}
