@@ -368,3 +368,60 @@ fn sweep_json_and_csv_carry_the_same_rows_and_the_closed_form() {
         "--microbatches: `8..4`: range 8..4 runs backwards",
     );
 }
+
+/// The README's main job, as written there: its loss must fall below half its first value.
+#[test]
+fn readme_training_run_halves_its_loss_and_draws_its_chart() {
+    let dir = tempfile::tempdir().unwrap();
+    let chart = dir.path().join("chart.png");
+    let o = pipewright(&[
+        "train",
+        "--schedule",
+        "interleaved-1f1b",
+        "--stages",
+        "2",
+        "--virtual",
+        "2",
+        "--microbatches",
+        "8",
+        "--steps",
+        "60",
+        "--chart",
+        chart.to_str().unwrap(),
+        "--format",
+        "json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let losses: Vec<f64> = stdout(&o)
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["loss"]
+                .as_f64()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(losses.len(), 60);
+    assert!(
+        losses[59] < losses[0] / 2.0,
+        "{} -> {}",
+        losses[0],
+        losses[59]
+    );
+    assert_eq!(&std::fs::read(&chart).unwrap()[..4], b"\x89PNG");
+}
+
+#[test]
+fn train_rejects_meshes_and_models_that_do_not_fit() {
+    assert_clean_error(
+        &["train", "--stages", "2", "--tp", "3", "--steps", "1"],
+        "tensor-parallel size 3 must divide n_heads (4)",
+    );
+    assert_clean_error(
+        &["train", "--stages", "4", "--layers", "2", "--steps", "1"],
+        "4 stages need at least 4 layers",
+    );
+    assert_clean_error(
+        &["train", "--stages", "2", "--dp", "0", "--steps", "1"],
+        "mesh degree dp must be at least 1",
+    );
+}

@@ -17,14 +17,30 @@ pub enum ScheduleKind {
     /// Megatron's interleaved 1F1B with `v` model chunks per device.
     #[serde(rename = "interleaved-1f1b")]
     Interleaved1F1B,
+    /// Looped breadth-first: `v` chunks per device, every microbatch of a chunk before the next.
+    #[serde(rename = "looped-bfs")]
+    LoopedBfs,
+    /// Zero-bubble H1: 1F1B's memory, weight gradients deferred into the bubbles.
+    #[serde(rename = "zb-h1")]
+    ZbH1,
+    /// Zero-bubble H2: extra warm-up forwards and a deferred tail of weight gradients.
+    #[serde(rename = "zb-h2")]
+    ZbH2,
+    /// Zero-bubble V: two chunks per device placed in a V, with split backwards.
+    #[serde(rename = "zbv")]
+    Zbv,
 }
 
 impl ScheduleKind {
     /// Every kind, in the order `--help` lists them.
-    pub const ALL: [ScheduleKind; 3] = [
+    pub const ALL: [ScheduleKind; 7] = [
         ScheduleKind::GPipe,
         ScheduleKind::OneFOneB,
         ScheduleKind::Interleaved1F1B,
+        ScheduleKind::LoopedBfs,
+        ScheduleKind::ZbH1,
+        ScheduleKind::ZbH2,
+        ScheduleKind::Zbv,
     ];
 
     /// The name used on the command line and in files.
@@ -33,12 +49,35 @@ impl ScheduleKind {
             ScheduleKind::GPipe => "gpipe",
             ScheduleKind::OneFOneB => "1f1b",
             ScheduleKind::Interleaved1F1B => "interleaved-1f1b",
+            ScheduleKind::LoopedBfs => "looped-bfs",
+            ScheduleKind::ZbH1 => "zb-h1",
+            ScheduleKind::ZbH2 => "zb-h2",
+            ScheduleKind::Zbv => "zbv",
         }
     }
 
-    /// Whether the family places more than one chunk per device.
+    /// Whether the family places a free number `v` of chunks per device.
     pub const fn supports_virtual(self) -> bool {
-        matches!(self, ScheduleKind::Interleaved1F1B)
+        matches!(
+            self,
+            ScheduleKind::Interleaved1F1B | ScheduleKind::LoopedBfs
+        )
+    }
+
+    /// The one `v` a family is defined for, if it is fixed: 2 for the V shapes.
+    pub const fn fixed_virtual(self) -> Option<u32> {
+        match self {
+            ScheduleKind::Zbv => Some(2),
+            _ => None,
+        }
+    }
+
+    /// How stages map to devices: "v" for the V shapes, "loop" otherwise.
+    pub const fn placement(self) -> Placement {
+        match self {
+            ScheduleKind::Zbv => Placement::V,
+            _ => Placement::Loop,
+        }
     }
 
     /// Names of all kinds, comma separated (for error messages).
@@ -129,7 +168,7 @@ pub enum SpecError {
     #[error("{0} must be at least 1")]
     Zero(&'static str),
     /// `v > 1` asked of a family with one chunk per device.
-    #[error("{kind} places one stage per device, so --virtual must be 1 (got {v}); use interleaved-1f1b for v > 1")]
+    #[error("{kind} places one stage per device, so --virtual must be 1 (got {v}); use interleaved-1f1b or looped-bfs for v > 1")]
     VirtualUnsupported {
         /// The family.
         kind: ScheduleKind,
@@ -153,6 +192,14 @@ pub enum SpecError {
         g: u32,
         /// Devices.
         p: u32,
+    },
+    /// A V-shaped family asked for a `v` other than 2.
+    #[error("{kind} places exactly two stages per device, in a V (stage s and 2p-1-s on device s), so --virtual must be 2 (got {v})")]
+    VShapeNeedsTwo {
+        /// The family.
+        kind: ScheduleKind,
+        /// The `v` asked for.
+        v: u32,
     },
     /// `--group-size` given to a family without groups.
     #[error("--group-size applies to interleaved-1f1b only, not {0}")]
@@ -206,8 +253,13 @@ impl ScheduleSpec {
         if total > MAX_ACTIONS {
             return Err(SpecError::TooLarge(total));
         }
-        if v > 1 && !kind.supports_virtual() {
-            return Err(SpecError::VirtualUnsupported { kind, v });
+        match kind.fixed_virtual() {
+            Some(fixed) if v != fixed => return Err(SpecError::VShapeNeedsTwo { kind, v }),
+            Some(_) => {}
+            None if v > 1 && !kind.supports_virtual() => {
+                return Err(SpecError::VirtualUnsupported { kind, v })
+            }
+            None => {}
         }
         if group_size.is_some() && kind != ScheduleKind::Interleaved1F1B {
             return Err(SpecError::GroupSizeUnsupported(kind));
@@ -220,7 +272,7 @@ impl ScheduleSpec {
         if g == 0 {
             return Err(SpecError::Zero("--group-size"));
         }
-        if v > 1 && g < p {
+        if kind == ScheduleKind::Interleaved1F1B && v > 1 && g < p {
             return Err(SpecError::GroupTooSmall { g, p });
         }
         Ok(ScheduleSpec { kind, p, v, m, g })
@@ -252,7 +304,7 @@ impl ScheduleSpec {
     }
     /// Stage placement used by the family.
     pub const fn placement(&self) -> Placement {
-        Placement::Loop
+        self.kind.placement()
     }
 }
 

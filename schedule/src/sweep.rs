@@ -72,10 +72,14 @@ where
 {
     let mut rows = Vec::new();
     for &kind in &grid.schedules {
-        let vs: &[u32] = if kind.supports_virtual() {
-            &grid.virtual_stages
-        } else {
-            &[1]
+        let fixed;
+        let vs: &[u32] = match kind.fixed_virtual() {
+            Some(v) => {
+                fixed = [v];
+                &fixed
+            }
+            None if kind.supports_virtual() => &grid.virtual_stages,
+            None => &[1],
         };
         for &v in vs {
             for &m in &grid.microbatches {

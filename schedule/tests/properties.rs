@@ -1,13 +1,13 @@
 //! Every generated timetable validates, lowers, and round-trips through CSV and JSON unchanged.
 
 use pipewright_schedule::{
-    from_csv, generate, lower, to_csv, validate, ScheduleKind, ScheduleSpec, Timetable,
+    from_csv, generate, lower, to_csv, validate, ActionKind, ScheduleKind, ScheduleSpec, Timetable,
 };
 use proptest::prelude::*;
 
 fn spec() -> impl Strategy<Value = ScheduleSpec> {
     (
-        0usize..3,
+        0usize..ScheduleKind::ALL.len(),
         1u32..=9,
         prop_oneof![Just(1u32), Just(2), Just(3), Just(4)],
         1u32..=40,
@@ -15,7 +15,11 @@ fn spec() -> impl Strategy<Value = ScheduleSpec> {
     )
         .prop_filter_map("schedulable", |(k, p, v, m, g)| {
             let kind = ScheduleKind::ALL[k];
-            let v = if kind.supports_virtual() { v } else { 1 };
+            let v = match kind.fixed_virtual() {
+                Some(fixed) => fixed,
+                None if kind.supports_virtual() => v,
+                None => 1,
+            };
             let g = (kind == ScheduleKind::Interleaved1F1B && g >= p).then_some(g);
             ScheduleSpec::new(kind, p, v, m, g).ok()
         })
@@ -33,7 +37,10 @@ proptest! {
     #[test]
     fn generated_timetables_validate_lower_and_round_trip(spec in spec()) {
         let tt = generate(&spec);
-        prop_assert_eq!(tt.compute_len() as u32, 2 * spec.stages() * spec.microbatches());
+        // F and B per stage-microbatch, or F, I and W where the family splits the backward.
+        let split = tt.devices.iter().flatten().any(|a| a.kind == ActionKind::W);
+        let per = if split { 3 } else { 2 };
+        prop_assert_eq!(tt.compute_len() as u32, per * spec.stages() * spec.microbatches());
         let v = validate(&tt).map_err(|e| TestCaseError::fail(format!("{spec}: {e}")))?;
         prop_assert!(!v.lowered);
 
