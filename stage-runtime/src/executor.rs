@@ -404,11 +404,13 @@ impl<C: Communicator + 'static, M: StageModule> Executor<C, M> {
                         }
                     }
                 }
-                _ => {
+                ActionKind::W => {
                     let ws = take(&mut st.wstash, key, "weight stash (its I)")?;
                     module.backward_weight(ws)?;
                     st.live -= 1;
                 }
+                // Kinds this executor does not know are refused, never guessed at.
+                other => return Err(format!("this runtime cannot execute {other} actions").into()),
             }
             Ok(())
         });
