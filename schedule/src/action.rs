@@ -29,6 +29,17 @@ pub enum ActionKind {
     /// Receive a stage's output gradient from the next stage's device.
     #[serde(rename = "RECV_B")]
     RecvB,
+    /// DualPipe's F&B: the forward of the action's own (stage, microbatch) run together with
+    /// the full backward `B` of (`b_stage`, `b_microbatch`), both stages on this device, so
+    /// that one's communication hides behind the other's compute. It satisfies, and needs,
+    /// what its F and its B each would. Text form (PyTorch's): `(2F5;9B3)OVERLAP_F_B`.
+    #[serde(rename = "OVERLAP_F_B")]
+    Overlap {
+        /// Stage of the backward part.
+        b_stage: u32,
+        /// Microbatch of the backward part.
+        b_microbatch: u32,
+    },
 }
 
 impl ActionKind {
@@ -55,14 +66,19 @@ impl ActionKind {
             ActionKind::RecvF => "RECV_F",
             ActionKind::SendB => "SEND_B",
             ActionKind::RecvB => "RECV_B",
+            ActionKind::Overlap { .. } => "OVERLAP_F_B",
         }
     }
 
-    /// True for F, B, I and W.
+    /// True for F, B, I, W and the F&B overlap.
     pub const fn is_compute(self) -> bool {
         matches!(
             self,
-            ActionKind::F | ActionKind::B | ActionKind::I | ActionKind::W
+            ActionKind::F
+                | ActionKind::B
+                | ActionKind::I
+                | ActionKind::W
+                | ActionKind::Overlap { .. }
         )
     }
 
@@ -77,9 +93,19 @@ impl ActionKind {
         matches!(self, ActionKind::B | ActionKind::I)
     }
 
-    /// Index for dense per-kind tables.
+    /// Index for dense per-kind tables. An overlap has none of its own: tables index its
+    /// F and B parts (see [`Action::parts`]); it shares F's slot if asked.
     pub(crate) const fn index(self) -> usize {
-        self as usize
+        match self {
+            ActionKind::F | ActionKind::Overlap { .. } => 0,
+            ActionKind::B => 1,
+            ActionKind::I => 2,
+            ActionKind::W => 3,
+            ActionKind::SendF => 4,
+            ActionKind::RecvF => 5,
+            ActionKind::SendB => 6,
+            ActionKind::RecvB => 7,
+        }
     }
 }
 
@@ -115,9 +141,48 @@ impl Action {
     }
 }
 
+impl Action {
+    /// DualPipe's F&B: `F(f_stage, f_microbatch)` together with `B(b_stage, b_microbatch)`.
+    pub const fn overlap(f_stage: u32, f_microbatch: u32, b_stage: u32, b_microbatch: u32) -> Self {
+        Action::new(
+            f_stage,
+            ActionKind::Overlap {
+                b_stage,
+                b_microbatch,
+            },
+            f_microbatch,
+        )
+    }
+
+    /// The simple actions this one runs: itself, or an overlap's F and then its B.
+    pub fn parts(self) -> impl Iterator<Item = Action> {
+        let (first, second) = match self.kind {
+            ActionKind::Overlap {
+                b_stage,
+                b_microbatch,
+            } => (
+                Action::new(self.stage, ActionKind::F, self.microbatch),
+                Some(Action::new(b_stage, ActionKind::B, b_microbatch)),
+            ),
+            _ => (self, None),
+        };
+        std::iter::once(first).chain(second)
+    }
+}
+
 impl fmt::Display for Action {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}{}{}", self.stage, self.kind, self.microbatch)
+        match self.kind {
+            ActionKind::Overlap {
+                b_stage,
+                b_microbatch,
+            } => write!(
+                f,
+                "({}F{};{}B{}){}",
+                self.stage, self.microbatch, b_stage, b_microbatch, self.kind
+            ),
+            _ => write!(f, "{}{}{}", self.stage, self.kind, self.microbatch),
+        }
     }
 }
 
@@ -133,6 +198,9 @@ pub enum ParseActionError {
     /// The token has no microbatch number after its kind.
     #[error("`{0}` does not end with a microbatch number")]
     NoMicrobatch(String),
+    /// A parenthesised group that is not PyTorch's `(sF m;sB m)OVERLAP_F_B`.
+    #[error("`{0}` is not an overlap `(<stage>F<mb>;<stage>B<mb>)OVERLAP_F_B`: one forward, then one full backward")]
+    BadOverlap(String),
     /// A number does not fit in 32 bits.
     #[error("`{0}` has a number too large")]
     TooLarge(String),
@@ -143,6 +211,9 @@ impl FromStr for Action {
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let t = s.trim();
+        if t.starts_with('(') {
+            return parse_overlap(t);
+        }
         let digits = t.bytes().take_while(u8::is_ascii_digit).count();
         if digits == 0 {
             return Err(ParseActionError::NoStage(t.to_string()));
@@ -166,6 +237,26 @@ impl FromStr for Action {
     }
 }
 
+/// PyTorch's `(2F5;9B3)OVERLAP_F_B`: exactly one F, then one B.
+fn parse_overlap(t: &str) -> Result<Action, ParseActionError> {
+    let bad = || ParseActionError::BadOverlap(t.to_string());
+    let inner = t
+        .strip_prefix('(')
+        .and_then(|r| r.strip_suffix(")OVERLAP_F_B"))
+        .ok_or_else(bad)?;
+    let (f, b) = inner.split_once(';').ok_or_else(bad)?;
+    let (f, b): (Action, Action) = (f.parse()?, b.parse()?);
+    if f.kind != ActionKind::F || b.kind != ActionKind::B {
+        return Err(bad());
+    }
+    Ok(Action::overlap(
+        f.stage,
+        f.microbatch,
+        b.stage,
+        b.microbatch,
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -180,6 +271,7 @@ mod tests {
             "1SEND_F0",
             "3RECV_B12",
             "10RECV_F7",
+            "(2F5;9B3)OVERLAP_F_B",
         ] {
             let a: Action = s.parse().unwrap();
             assert_eq!(a.to_string(), s);
@@ -204,5 +296,11 @@ mod tests {
             "0F1x".parse::<Action>(),
             Err(ParseActionError::NoMicrobatch(_))
         ));
+        for bad in ["(0F1;1I0)OVERLAP_F_B", "(0F1)OVERLAP_F_B", "(0F1;1B0)"] {
+            assert!(
+                matches!(bad.parse::<Action>(), Err(ParseActionError::BadOverlap(_))),
+                "{bad}"
+            );
+        }
     }
 }

@@ -29,11 +29,14 @@ pub enum ScheduleKind {
     /// Zero-bubble V: two chunks per device placed in a V, with split backwards.
     #[serde(rename = "zbv")]
     Zbv,
+    /// DeepSeek's DualPipeV: a V of two chunks per device with forward-backward overlap.
+    #[serde(rename = "dualpipev")]
+    DualPipeV,
 }
 
 impl ScheduleKind {
     /// Every kind, in the order `--help` lists them.
-    pub const ALL: [ScheduleKind; 7] = [
+    pub const ALL: [ScheduleKind; 8] = [
         ScheduleKind::GPipe,
         ScheduleKind::OneFOneB,
         ScheduleKind::Interleaved1F1B,
@@ -41,6 +44,7 @@ impl ScheduleKind {
         ScheduleKind::ZbH1,
         ScheduleKind::ZbH2,
         ScheduleKind::Zbv,
+        ScheduleKind::DualPipeV,
     ];
 
     /// The name used on the command line and in files.
@@ -53,6 +57,7 @@ impl ScheduleKind {
             ScheduleKind::ZbH1 => "zb-h1",
             ScheduleKind::ZbH2 => "zb-h2",
             ScheduleKind::Zbv => "zbv",
+            ScheduleKind::DualPipeV => "dualpipev",
         }
     }
 
@@ -67,7 +72,7 @@ impl ScheduleKind {
     /// The one `v` a family is defined for, if it is fixed: 2 for the V shapes.
     pub const fn fixed_virtual(self) -> Option<u32> {
         match self {
-            ScheduleKind::Zbv => Some(2),
+            ScheduleKind::Zbv | ScheduleKind::DualPipeV => Some(2),
             _ => None,
         }
     }
@@ -75,7 +80,7 @@ impl ScheduleKind {
     /// How stages map to devices: "v" for the V shapes, "loop" otherwise.
     pub const fn placement(self) -> Placement {
         match self {
-            ScheduleKind::Zbv => Placement::V,
+            ScheduleKind::Zbv | ScheduleKind::DualPipeV => Placement::V,
             _ => Placement::Loop,
         }
     }
@@ -201,6 +206,14 @@ pub enum SpecError {
         /// The `v` asked for.
         v: u32,
     },
+    /// DualPipeV needs enough microbatches to fill both arms of the V before its steady phase.
+    #[error("dualpipev needs m >= 2p = {need} microbatches (got m={m}): device 0 runs 2p-1 chunk-0 forwards before its first backward arrives, and the steady phase of overlapped forward-backward pairs starts only once every device holds a microbatch in each direction; with fewer, use zbv")]
+    DualPipeTooFewMicrobatches {
+        /// `2p`.
+        need: u32,
+        /// Microbatches asked for.
+        m: u32,
+    },
     /// `--group-size` given to a family without groups.
     #[error("--group-size applies to interleaved-1f1b only, not {0}")]
     GroupSizeUnsupported(ScheduleKind),
@@ -260,6 +273,9 @@ impl ScheduleSpec {
                 return Err(SpecError::VirtualUnsupported { kind, v })
             }
             None => {}
+        }
+        if kind == ScheduleKind::DualPipeV && m < 2 * p {
+            return Err(SpecError::DualPipeTooFewMicrobatches { need: 2 * p, m });
         }
         if group_size.is_some() && kind != ScheduleKind::Interleaved1F1B {
             return Err(SpecError::GroupSizeUnsupported(kind));

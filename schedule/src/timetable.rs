@@ -159,7 +159,6 @@ pub enum LowerError {
 /// whose output another device needs. Stages on one device hand off in memory, with no action.
 pub fn lower(tt: &Timetable) -> Result<Timetable, LowerError> {
     let stages = tt.num_stages();
-    let dev = |s: u32| tt.stage_device[s as usize];
     let mut devices = Vec::with_capacity(tt.devices.len());
     for (d, actions) in tt.devices.iter().enumerate() {
         let d = d as u32;
@@ -173,39 +172,21 @@ pub fn lower(tt: &Timetable) -> Result<Timetable, LowerError> {
                     action: a,
                 });
             }
-            if a.stage >= stages {
+            if let Some(bad) = a.parts().find(|p| p.stage >= stages) {
                 return Err(LowerError::NoSuchStage {
                     device: d,
                     step,
                     action: a,
-                    stage: a.stage,
+                    stage: bad.stage,
                     stages,
                 });
             }
-            let (s, mb) = (a.stage, a.microbatch);
-            let prev_remote = s > 0 && dev(s - 1) != d;
-            let next_remote = s + 1 < stages && dev(s + 1) != d;
-            match a.kind {
-                ActionKind::F => {
-                    if prev_remote {
-                        out.push(Action::new(s, ActionKind::RecvF, mb));
-                    }
-                    out.push(a);
-                    if next_remote {
-                        out.push(Action::new(s, ActionKind::SendF, mb));
-                    }
-                }
-                ActionKind::B | ActionKind::I => {
-                    if next_remote {
-                        out.push(Action::new(s, ActionKind::RecvB, mb));
-                    }
-                    out.push(a);
-                    if prev_remote {
-                        out.push(Action::new(s, ActionKind::SendB, mb));
-                    }
-                }
-                _ => out.push(a),
-            }
+            let parts = || a.parts();
+            // Receives of every part first, then the action, then the sends: an overlap's F
+            // and B both have their inputs before it starts and send once it is done.
+            out.extend(parts().filter_map(|p| comm_for(tt, d, p, false)));
+            out.push(a);
+            out.extend(parts().filter_map(|p| comm_for(tt, d, p, true)));
         }
         devices.push(out);
     }
@@ -213,4 +194,21 @@ pub fn lower(tt: &Timetable) -> Result<Timetable, LowerError> {
         devices,
         ..tt.clone()
     })
+}
+
+/// The receive (`send == false`) or send a simple compute action `a` on device `d` needs:
+/// F takes its input from the previous stage and sends to the next; B and I the reverse.
+fn comm_for(tt: &Timetable, d: u32, a: Action, send: bool) -> Option<Action> {
+    let (s, mb) = (a.stage, a.microbatch);
+    let remote = |t: u32| tt.stage_device[t as usize] != d;
+    let prev_remote = s > 0 && remote(s - 1);
+    let next_remote = s + 1 < tt.num_stages() && remote(s + 1);
+    let kind = match (a.kind, send) {
+        (ActionKind::F, false) if prev_remote => ActionKind::RecvF,
+        (ActionKind::F, true) if next_remote => ActionKind::SendF,
+        (ActionKind::B | ActionKind::I, false) if next_remote => ActionKind::RecvB,
+        (ActionKind::B | ActionKind::I, true) if prev_remote => ActionKind::SendB,
+        _ => return None,
+    };
+    Some(Action::new(s, kind, mb))
 }

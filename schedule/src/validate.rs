@@ -348,40 +348,50 @@ fn index_actions(tt: &Timetable) -> Result<Positions, ValidationError> {
     };
     for (d, actions) in tt.devices.iter().enumerate() {
         let d = d as u32;
-        for (step, &a) in actions.iter().enumerate() {
+        for (step, &whole) in actions.iter().enumerate() {
             let step = step as u32;
-            let err = |problem| ValidationError::at(d, step, a, problem);
-            if a.stage >= stages {
-                return Err(err(Problem::NoSuchStage {
-                    stage: a.stage,
-                    stages,
-                }));
+            let err = |problem| ValidationError::at(d, step, whole, problem);
+            // An overlap's F and B both sit at its step: later checks see two actions there.
+            for a in whole.parts() {
+                index_one(tt, m, d, a).map_err(err)?;
+                let key = p.key(a.stage, a.microbatch);
+                let slot = &mut p.pos[key][a.kind.index()];
+                if *slot != NONE {
+                    return Err(err(Problem::Duplicate { first_step: *slot }));
+                }
+                *slot = step;
             }
-            if a.microbatch >= m {
-                return Err(err(Problem::NoSuchMicrobatch {
-                    microbatch: a.microbatch,
-                    microbatches: m,
-                }));
-            }
-            let owner = tt.stage_device[a.stage as usize];
-            if owner != d {
-                return Err(err(Problem::WrongDevice {
-                    stage: a.stage,
-                    owner,
-                }));
-            }
-            if let Some(why) = comm_peer_problem(tt, a) {
-                return Err(err(Problem::NoPeer(why)));
-            }
-            let key = p.key(a.stage, a.microbatch);
-            let slot = &mut p.pos[key][a.kind.index()];
-            if *slot != NONE {
-                return Err(err(Problem::Duplicate { first_step: *slot }));
-            }
-            *slot = step;
         }
     }
     Ok(p)
+}
+
+/// Range, placement and peer checks of one simple action on device `d`.
+fn index_one(tt: &Timetable, m: u32, d: u32, a: Action) -> Result<(), Problem> {
+    let stages = tt.num_stages();
+    if a.stage >= stages {
+        return Err(Problem::NoSuchStage {
+            stage: a.stage,
+            stages,
+        });
+    }
+    if a.microbatch >= m {
+        return Err(Problem::NoSuchMicrobatch {
+            microbatch: a.microbatch,
+            microbatches: m,
+        });
+    }
+    let owner = tt.stage_device[a.stage as usize];
+    if owner != d {
+        return Err(Problem::WrongDevice {
+            stage: a.stage,
+            owner,
+        });
+    }
+    match comm_peer_problem(tt, a) {
+        Some(why) => Err(Problem::NoPeer(why)),
+        None => Ok(()),
+    }
 }
 
 /// A comm action must connect its stage to a neighbour on another device.
@@ -460,7 +470,8 @@ fn check_local_order(tt: &Timetable, p: &Positions) -> Result<(), ValidationErro
             let f = p.get(F, stage, mb).unwrap_or(NONE);
             let back = p.back(stage, mb).unwrap_or(NONE);
             let back_kind = if p.get(B, stage, mb).is_some() { B } else { I };
-            if back < f {
+            // `<=`: an overlap's B cannot use its own F, which runs at the same time.
+            if back <= f {
                 let problem = Problem::BackwardBeforeForward {
                     forward: act(F),
                     forward_step: f,
@@ -482,7 +493,7 @@ fn check_local_order(tt: &Timetable, p: &Positions) -> Result<(), ValidationErro
             }
             if stage > 0 && same_dev(stage - 1) {
                 let dep = p.get(F, stage - 1, mb).unwrap_or(NONE);
-                if dep > f {
+                if dep >= f {
                     let problem = Problem::DependencyLater {
                         dep: Action::new(stage - 1, F, mb),
                         dep_step: dep,
@@ -492,7 +503,7 @@ fn check_local_order(tt: &Timetable, p: &Positions) -> Result<(), ValidationErro
             }
             if stage + 1 < stages && same_dev(stage + 1) {
                 let dep = p.back(stage + 1, mb).unwrap_or(NONE);
-                if dep > back {
+                if dep >= back {
                     let dep_kind = if p.get(B, stage + 1, mb).is_some() {
                         B
                     } else {

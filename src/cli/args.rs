@@ -9,7 +9,7 @@ use pipewright::schedule::{generate, CostModel, RawSpec, ScheduleSpec, StageCost
 /// Which schedule to generate.
 #[derive(Args, Debug, Clone)]
 pub struct SpecArgs {
-    /// Schedule family: gpipe, 1f1b, interleaved-1f1b, looped-bfs, zb-h1, zb-h2 or zbv.
+    /// Schedule family: gpipe, 1f1b, interleaved-1f1b, looped-bfs, zb-h1, zb-h2, zbv or dualpipev.
     #[arg(long, default_value = "1f1b", value_name = "NAME")]
     pub schedule: String,
     /// Pipeline devices p (pipeline-parallel size); each holds --virtual stages.

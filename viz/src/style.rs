@@ -47,6 +47,7 @@ pub(crate) fn kind_color(kind: ActionKind) -> Rgb {
         ActionKind::B => Rgb(0x59, 0xa1, 0x4f),
         ActionKind::I => Rgb(0xf2, 0x8e, 0x2b),
         ActionKind::W => Rgb(0xb0, 0x7a, 0xa1),
+        ActionKind::Overlap { .. } => Rgb(0x76, 0xb7, 0xb2),
         ActionKind::SendF | ActionKind::SendB => Rgb(0x6b, 0x6b, 0x6b),
         ActionKind::RecvF | ActionKind::RecvB => Rgb(0xb0, 0xb0, 0xb0),
     }
@@ -59,6 +60,7 @@ pub(crate) fn kind_name(kind: ActionKind) -> &'static str {
         ActionKind::B => "backward",
         ActionKind::I => "backward input",
         ActionKind::W => "backward weight",
+        ActionKind::Overlap { .. } => "forward+backward",
         ActionKind::SendF | ActionKind::SendB => "send",
         ActionKind::RecvF | ActionKind::RecvB => "recv",
     }

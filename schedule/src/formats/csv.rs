@@ -104,29 +104,12 @@ pub fn from_csv(text: &str) -> Result<(Timetable, CsvSource), CsvError> {
                 column,
                 source,
             })?;
-            if (u64::from(a.stage) + 1) * (u64::from(a.microbatch) + 1) > MAX_ACTIONS {
-                return Err(CsvError::TooLarge { line, column });
+            // An overlap names two stages and two microbatches: each counts.
+            for part in a.parts() {
+                claim(&mut owner, part, d as u32, (line, column))?;
+                max_stage = max_stage.max(part.stage);
+                max_mb = max_mb.max(part.microbatch);
             }
-            let slot = a.stage as usize;
-            if owner.len() <= slot {
-                owner.resize(slot + 1, None);
-            }
-            match owner[slot] {
-                None => owner[slot] = Some((d as u32, line)),
-                Some((device, first_line)) if device != d as u32 => {
-                    let stage = a.stage;
-                    return Err(CsvError::StageOnTwoDevices {
-                        stage,
-                        device,
-                        first_line,
-                        line,
-                        column,
-                    });
-                }
-                Some(_) => {}
-            }
-            max_stage = max_stage.max(a.stage);
-            max_mb = max_mb.max(a.microbatch);
             actions.push(a);
             places.push((line, column));
         }
@@ -153,6 +136,36 @@ pub fn from_csv(text: &str) -> Result<(Timetable, CsvSource), CsvError> {
         devices,
     };
     Ok((tt, CsvSource { cells }))
+}
+
+/// Record that `a`'s stage lives on device `d` (first seen at `line`), or say where it clashes.
+fn claim(
+    owner: &mut Vec<Option<(u32, usize)>>,
+    a: Action,
+    d: u32,
+    (line, column): (usize, usize),
+) -> Result<(), CsvError> {
+    if (u64::from(a.stage) + 1) * (u64::from(a.microbatch) + 1) > MAX_ACTIONS {
+        return Err(CsvError::TooLarge { line, column });
+    }
+    let slot = a.stage as usize;
+    if owner.len() <= slot {
+        owner.resize(slot + 1, None);
+    }
+    match owner[slot] {
+        None => owner[slot] = Some((d, line)),
+        Some((device, first_line)) if device != d => {
+            return Err(CsvError::StageOnTwoDevices {
+                stage: a.stage,
+                device,
+                first_line,
+                line,
+                column,
+            })
+        }
+        Some(_) => {}
+    }
+    Ok(())
 }
 
 /// Non-empty cells of a row with their 1-based columns; quotes and spaces around cells dropped.

@@ -3,6 +3,7 @@
 //! A generator decides only the order of F and B per device. Sends and receives come from
 //! [`lower`](crate::lower); timing comes from [`simulate`](crate::simulate).
 
+mod dualpipev;
 mod gpipe;
 mod interleaved;
 mod looped_bfs;
@@ -12,6 +13,7 @@ mod zb_h2;
 mod zbv;
 mod zero_bubble;
 
+pub use dualpipev::dualpipev;
 pub use gpipe::gpipe;
 pub use interleaved::interleaved_1f1b;
 pub use looped_bfs::looped_bfs;
@@ -33,6 +35,7 @@ pub fn generate(spec: &ScheduleSpec) -> Timetable {
         ScheduleKind::ZbH1 => zb_h1(spec),
         ScheduleKind::ZbH2 => zb_h2(spec),
         ScheduleKind::Zbv => zbv(spec),
+        ScheduleKind::DualPipeV => dualpipev(spec),
     }
 }
 

@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::action::ActionKind;
+use crate::action::{Action, ActionKind};
 
 /// Costs of one stage (model chunk) on one microbatch.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
@@ -20,6 +20,10 @@ pub struct StageCost {
     pub activation_bytes: u64,
     /// Bytes of the stage's output (and of its gradient) sent to the next stage.
     pub p2p_bytes: u64,
+    /// Time of DualPipe's F&B overlap whose forward is this stage's; `None` for the sum of
+    /// this stage's `f` and the backward stage's `b` (no gain from overlapping).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overlap: Option<f64>,
 }
 
 impl StageCost {
@@ -56,6 +60,7 @@ impl StageCost {
             w: self.w / k,
             activation_bytes: self.activation_bytes / u64::from(v.max(1)),
             p2p_bytes: self.p2p_bytes,
+            overlap: self.overlap.map(|t| t / k),
         }
     }
 }
@@ -78,6 +83,18 @@ impl CostModel {
             stages: vec![cost; stages as usize],
             p2p_latency: 0.0,
             bandwidth: None,
+        }
+    }
+
+    /// Time of a compute action: its stage's cost of its kind; for an F&B overlap, the
+    /// forward stage's `overlap` time, or else the sum of the F's and the B's times.
+    pub fn duration(&self, a: Action) -> f64 {
+        let stage = |s: u32| &self.stages[s as usize];
+        match a.kind {
+            ActionKind::Overlap { b_stage, .. } => stage(a.stage)
+                .overlap
+                .unwrap_or_else(|| stage(a.stage).f + stage(b_stage).b),
+            kind => stage(a.stage).of(kind),
         }
     }
 
@@ -131,6 +148,8 @@ pub struct RawStageCost {
     pub activation_bytes: Option<u64>,
     /// Bytes sent to the next stage (default 0).
     pub p2p_bytes: Option<u64>,
+    /// Time of an F&B overlap whose forward is this stage's (default: F plus the B's time).
+    pub overlap: Option<f64>,
 }
 
 impl RawStageCost {
@@ -142,6 +161,7 @@ impl RawStageCost {
             w: self.w.or(d.w),
             activation_bytes: self.activation_bytes.or(d.activation_bytes),
             p2p_bytes: self.p2p_bytes.or(d.p2p_bytes),
+            overlap: self.overlap.or(d.overlap),
         }
     }
 
@@ -159,7 +179,8 @@ impl RawStageCost {
             (None, Some(i), Some(w)) => (i + w, i, w),
             _ => return Err(missing("b, or i and w")),
         };
-        for (what, v) in [("f", f), ("b", b), ("i", i), ("w", w)] {
+        let overlap = self.overlap.unwrap_or(0.0);
+        for (what, v) in [("f", f), ("b", b), ("i", i), ("w", w), ("overlap", overlap)] {
             check(what, v).map_err(|_| CostError::Invalid {
                 what: format!("{place}: {what}"),
                 value: v,
@@ -172,6 +193,7 @@ impl RawStageCost {
             w,
             activation_bytes: self.activation_bytes.unwrap_or(0),
             p2p_bytes: self.p2p_bytes.unwrap_or(0),
+            overlap: self.overlap,
         })
     }
 }
@@ -179,7 +201,8 @@ impl RawStageCost {
 /// A cost file: `default` applies to every stage, `stages` (one entry per stage) overrides it.
 ///
 /// ```json
-/// { "default": { "f": 1.0, "b": 2.0, "w": 1.0, "activation_bytes": 4096, "p2p_bytes": 1024 },
+/// { "default": { "f": 1.0, "b": 2.0, "w": 1.0, "activation_bytes": 4096, "p2p_bytes": 1024,
+///                "overlap": 2.5 },
 ///   "stages": [ {}, {}, {}, { "f": 1.5, "b": 3.0 } ],
 ///   "p2p_latency": 0.05, "bandwidth": 1e6 }
 /// ```

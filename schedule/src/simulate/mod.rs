@@ -154,7 +154,7 @@ impl<'a> Engine<'a> {
         use ActionKind::*;
         let k = self.key(a.stage, a.microbatch);
         match a.kind {
-            F | B | I | W => self.compute(d, a, k),
+            F | B | I | W | Overlap { .. } => self.compute(d, a),
             SendF => {
                 let (ready, to) = (self.f_end[k], self.key(a.stage + 1, a.microbatch));
                 let end = self.send(d, a, ready);
@@ -206,11 +206,13 @@ impl<'a> Engine<'a> {
         end
     }
 
-    fn compute(&mut self, d: u32, a: Action, k: usize) {
+    /// When the inputs of simple compute action `a` on device `d` are there.
+    fn input_of(&self, d: u32, a: Action) -> f64 {
         use ActionKind::*;
         let (s, mb) = (a.stage, a.microbatch);
+        let k = self.key(s, mb);
         let last = s + 1 == self.tt.num_stages();
-        let input = match a.kind {
+        match a.kind {
             F if s == 0 => 0.0,
             F if self.dev(s - 1) == d => self.f_end[self.key(s - 1, mb)],
             F => self.in_f[k],
@@ -218,14 +220,21 @@ impl<'a> Engine<'a> {
             _ if last => self.f_end[k],
             _ if self.dev(s + 1) == d => self.back_end[self.key(s + 1, mb)].max(self.f_end[k]),
             _ => self.in_b[k].max(self.f_end[k]),
-        };
+        }
+    }
+
+    fn compute(&mut self, d: u32, a: Action) {
+        let input = a.parts().map(|p| self.input_of(d, p)).fold(0.0, f64::max);
         let start = self.compute_free[d as usize].max(input);
-        let end = start + self.costs.stages[s as usize].of(a.kind);
+        let end = start + self.costs.duration(a);
         self.compute_free[d as usize] = end;
-        match a.kind {
-            F => self.f_end[k] = end,
-            B | I => self.back_end[k] = end,
-            _ => {}
+        for part in a.parts() {
+            let k = self.key(part.stage, part.microbatch);
+            match part.kind {
+                ActionKind::F => self.f_end[k] = end,
+                ActionKind::B | ActionKind::I => self.back_end[k] = end,
+                _ => {}
+            }
         }
         self.events.push(Event {
             device: d,

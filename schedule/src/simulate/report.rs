@@ -103,17 +103,20 @@ pub(crate) fn memory_tracks(timeline: &Timeline, costs: &CostModel) -> Vec<Vec<M
     // (time, +1 or -1, bytes) per device; releases sort before allocations at equal times.
     let mut deltas: Vec<Vec<(f64, i8, u64)>> = vec![Vec::new(); n];
     for e in timeline.compute_events() {
-        let bytes = costs
-            .stages
-            .get(e.action.stage as usize)
-            .map_or(0, |c| c.activation_bytes);
-        let change = match e.action.kind {
-            ActionKind::F => Some((e.start, 1, bytes)),
-            ActionKind::B | ActionKind::W => Some((e.end, -1, bytes)),
-            _ => None,
+        let Some(list) = deltas.get_mut(e.device as usize) else {
+            continue;
         };
-        if let (Some(c), Some(list)) = (change, deltas.get_mut(e.device as usize)) {
-            list.push(c);
+        // An overlap is its F (stashes at the start) and its B (frees at the end).
+        for part in e.action.parts() {
+            let bytes = costs
+                .stages
+                .get(part.stage as usize)
+                .map_or(0, |c| c.activation_bytes);
+            match part.kind {
+                ActionKind::F => list.push((e.start, 1, bytes)),
+                ActionKind::B | ActionKind::W => list.push((e.end, -1, bytes)),
+                _ => {}
+            }
         }
     }
     deltas.into_iter().map(samples).collect()

@@ -103,8 +103,13 @@ impl Exec<'_> {
         }
     }
 
-    /// The action on another device that `a` needs and that has not happened yet.
+    /// The action on another device that `a` (or a part of an overlap) needs and that has
+    /// not happened yet.
     fn waiting_for(&self, d: u32, a: Action) -> Option<(u32, Action)> {
+        a.parts().find_map(|part| self.part_waits_for(d, part))
+    }
+
+    fn part_waits_for(&self, d: u32, a: Action) -> Option<(u32, Action)> {
         use ActionKind::*;
         let (s, mb) = (a.stage, a.microbatch);
         let stages = self.tt.num_stages();
@@ -142,6 +147,12 @@ impl Exec<'_> {
     }
 
     fn complete(&mut self, d: u32, a: Action) {
+        for part in a.parts() {
+            self.complete_part(d, part);
+        }
+    }
+
+    fn complete_part(&mut self, d: u32, a: Action) {
         use ActionKind::*;
         let (s, mb) = (a.stage, a.microbatch);
         let stages = self.tt.num_stages();
@@ -166,7 +177,7 @@ impl Exec<'_> {
                 self.set(s, mb, SENT_B);
                 self.wake(self.dev(s - 1));
             }
-            W | RecvF | RecvB => {}
+            W | RecvF | RecvB | Overlap { .. } => {}
         }
     }
 
