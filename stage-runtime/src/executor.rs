@@ -187,10 +187,16 @@ impl<C: Communicator + 'static, M: StageModule> Executor<C, M> {
                     self.await_recv(step, a, &mut posted, &mut st).await?
                 }
                 ActionKind::SendF | ActionKind::SendB => self.send(step, a, &mut st)?,
-                _ => self.compute(step, a, batch, &mut st)?,
+                // An F&B overlap runs as its F, then its B: correct on any device, and what a
+                // CPU can do; a GPU transport may run the two on separate streams.
+                _ => a
+                    .parts()
+                    .try_for_each(|part| self.compute(step, part, batch, &mut st))?,
             }
-            if last_backward.get(&a.stage) == Some(&i) && self.dp_group.size() > 1 {
-                pending.push((a.stage, self.start_grad_reduce(step, a)?));
+            for part in a.parts() {
+                if last_backward.get(&part.stage) == Some(&i) && self.dp_group.size() > 1 {
+                    pending.push((part.stage, self.start_grad_reduce(step, part)?));
+                }
             }
             events.push(Event {
                 device: self.coord.pp as u32,
@@ -477,8 +483,9 @@ impl<C: Communicator + 'static, M: StageModule> Executor<C, M> {
 fn last_backward_per_stage(row: &[Action]) -> HashMap<u32, usize> {
     row.iter()
         .enumerate()
-        .filter(|(_, a)| matches!(a.kind, ActionKind::B | ActionKind::W))
-        .map(|(i, a)| (a.stage, i))
+        .flat_map(|(i, a)| a.parts().map(move |p| (i, p)))
+        .filter(|(_, p)| matches!(p.kind, ActionKind::B | ActionKind::W))
+        .map(|(i, p)| (p.stage, i))
         .collect()
 }
 

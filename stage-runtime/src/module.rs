@@ -148,14 +148,33 @@ pub struct SyntheticModule {
     pub last: bool,
 }
 
-/// Wait until `d` has passed: sleep most of it, spin the rest for precision.
+/// Wait until `d` has passed: sleep most of it, spin the last few microseconds. Spinning
+/// longer would steal the core from other devices' threads when there are more devices than
+/// cores, which a GPU kernel never does.
 fn occupy(d: Duration) {
+    precise_sleeps();
     let end = Instant::now() + d;
-    if d > Duration::from_micros(200) {
-        std::thread::sleep(d - Duration::from_micros(150));
+    let spin = Duration::from_micros(30);
+    if d > spin {
+        std::thread::sleep(d - spin);
     }
     while Instant::now() < end {
         std::hint::spin_loop();
+    }
+}
+
+/// Linux lets a sleeping thread oversleep by its timer slack (50 us by default); set it to
+/// 1 ns once per thread so synthetic durations are exact.
+fn precise_sleeps() {
+    #[cfg(target_os = "linux")]
+    {
+        thread_local!(static DONE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) });
+        DONE.with(|done| {
+            if !done.replace(true) {
+                // SAFETY: PR_SET_TIMERSLACK takes one integer and changes only this thread.
+                unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong) };
+            }
+        });
     }
 }
 

@@ -214,6 +214,8 @@ where
 /// Gathers each step's outcomes from every rank into a [`StepRecord`].
 struct Assembler {
     mesh: Mesh,
+    /// Pipeline device holding the last stage (device 0 under placement "v").
+    loss_device: usize,
     meta: TimelineMeta,
     pending: HashMap<u64, Vec<(Coord, StepOutcome)>>,
 }
@@ -228,8 +230,11 @@ impl Assembler {
             source: TimelineSource::Measured,
             time_unit: "ms".into(),
         };
+        // Under placement "v" the last stage, and so the loss, is on device 0.
+        let loss_device = tt.stage_device.last().map_or(0, |&d| d as usize);
         Assembler {
             mesh,
+            loss_device,
             meta,
             pending: HashMap::new(),
         }
@@ -242,10 +247,9 @@ impl Assembler {
             return None;
         }
         let list = self.pending.remove(&step)?;
-        let last = self.mesh.pp - 1;
         let loss = list
             .iter()
-            .filter(|(c, _)| c.pp == last && c.tp == 0)
+            .filter(|(c, _)| c.pp == self.loss_device && c.tp == 0)
             .filter_map(|(_, o)| o.loss)
             .reduce(|a, b| a + b);
         let lead: Vec<&(Coord, StepOutcome)> = list

@@ -29,10 +29,10 @@ fn config(mesh: Mesh) -> TrainConfig {
 }
 
 /// One device, the whole global batch as `dp * m` accumulated microbatches.
-fn single_device(cfg: &TrainConfig) -> (Vec<f32>, GptStage) {
+fn single_device(cfg: &TrainConfig, m: u32) -> (Vec<f32>, GptStage) {
     let mut whole = GptStage::whole(&cfg.model, cfg.seed).unwrap();
     let mut opt = AdamW::new(whole.num_params(), cfg.run.adamw);
-    let n = cfg.mesh.dp as u64 * u64::from(M);
+    let n = cfg.mesh.dp as u64 * u64::from(m);
     let mut losses = Vec::new();
     for step in 0..STEPS {
         let mut loss = 0.0;
@@ -114,13 +114,17 @@ fn check_params(cfg: &TrainConfig, stages: usize, got: &FinalParams, whole: &Gpt
 }
 
 fn check(kind: ScheduleKind, v: u32, pp: usize, tp: usize, dp: usize) {
+    check_m(kind, v, pp, tp, dp, M)
+}
+
+fn check_m(kind: ScheduleKind, v: u32, pp: usize, tp: usize, dp: usize, m: u32) {
     let cfg = config(Mesh::new(pp, tp, dp).unwrap());
-    let spec = ScheduleSpec::new(kind, pp as u32, v, M, None).unwrap();
+    let spec = ScheduleSpec::new(kind, pp as u32, v, m, None).unwrap();
     let what = format!("{spec} tp={tp} dp={dp}");
     let mut losses = Vec::new();
     let params = train_gpt(&cfg, &generate(&spec), |s| losses.push(s.loss.unwrap()))
         .unwrap_or_else(|e| panic!("{what}: {e}"));
-    let (want, whole) = single_device(&cfg);
+    let (want, whole) = single_device(&cfg, m);
     assert_eq!(losses.len(), want.len());
     for (step, (a, b)) in losses.iter().zip(&want).enumerate() {
         assert!(close(*a, *b), "{what}: step {step} loss {a} vs {b}");
@@ -156,11 +160,26 @@ fn interleaved_v2_equals_one_device_on_every_mesh() {
 }
 
 #[test]
+fn zero_bubble_v_shape_and_dualpipev_schedules_equal_one_device() {
+    for &(pp, tp, dp) in &[(2, 1, 1), (4, 1, 1), (2, 2, 2)] {
+        check(ScheduleKind::LoopedBfs, 2, pp, tp, dp);
+        check(ScheduleKind::ZbH1, 1, pp, tp, dp);
+        check(ScheduleKind::ZbH2, 1, pp, tp, dp);
+        check(ScheduleKind::Zbv, 2, pp, tp, dp);
+        check_m(ScheduleKind::DualPipeV, 2, pp, tp, dp, 2 * pp as u32);
+    }
+}
+
+#[test]
 fn measured_peak_stash_equals_the_simulated_peak() {
     for (kind, v, p) in [
         (ScheduleKind::GPipe, 1, 4),
         (ScheduleKind::OneFOneB, 1, 4),
         (ScheduleKind::Interleaved1F1B, 2, 4),
+        (ScheduleKind::ZbH1, 1, 4),
+        (ScheduleKind::ZbH2, 1, 4),
+        (ScheduleKind::Zbv, 2, 4),
+        (ScheduleKind::DualPipeV, 2, 2),
     ] {
         let spec = ScheduleSpec::new(kind, p, v, M, None).unwrap();
         let tt = generate(&spec);
