@@ -239,14 +239,14 @@ impl BenchCmd {
         match self.format {
             ReportFormat::Json => println!(
                 "{}",
-                serde_json::json!({"measured_ms": measured, "simulated_ms": predicted, "ratio": measured / predicted.max(1e-12),
+                serde_json::json!({"measured_ms": measured, "simulated_ms": predicted, "ratio": (predicted > 0.0).then(|| measured / predicted),
                     "compute_actions": actions, "overhead_us_per_action": overhead_us,
                     "measured_bubble": median.bubble_fraction(), "simulated_bubble": sim.report.bubble_fraction})
             ),
             ReportFormat::Table => println!(
-                "{}: measured {measured:.3} ms, simulated {predicted:.3} ms ({:+.2}%), {actions} compute actions, {overhead_us:.2} us overhead per action; bubble measured {:.2}% vs simulated {:.2}%",
+                "{}: measured {measured:.3} ms, simulated {predicted:.3} ms ({}), {actions} compute actions, {overhead_us:.2} us overhead per action; bubble measured {:.2}% vs simulated {:.2}%",
                 tt.name,
-                100.0 * (measured / predicted.max(1e-12) - 1.0),
+                if predicted > 0.0 { format!("{:+.2}%", 100.0 * (measured / predicted - 1.0)) } else { "no simulated time".into() },
                 100.0 * median.bubble_fraction(),
                 100.0 * sim.report.bubble_fraction
             ),

@@ -260,10 +260,24 @@ impl Assembler {
             .iter()
             .flat_map(|(_, o)| o.events.iter().copied())
             .collect();
-        let t0 = events.iter().map(|e| e.start).fold(f64::INFINITY, f64::min);
+        // Steps are not fenced: a device whose previous step ended early posts its first
+        // receive while others are still finishing. The step starts with its first compute;
+        // waits begun before that belong to the gap between steps and are clipped.
+        let first = |compute: bool| {
+            events
+                .iter()
+                .filter(|e| !compute || e.action.kind.is_compute())
+                .map(|e| e.start)
+                .fold(f64::INFINITY, f64::min)
+        };
+        let t0 = if first(true).is_finite() {
+            first(true)
+        } else {
+            first(false)
+        };
         for e in &mut events {
-            e.start -= t0;
-            e.end -= t0;
+            e.start = (e.start - t0).max(0.0);
+            e.end = (e.end - t0).max(e.start);
         }
         let mut peak_stash = vec![0; self.mesh.pp];
         for (c, o) in &lead {
