@@ -154,6 +154,20 @@ impl Action {
         )
     }
 
+    /// For a send or receive, the action on the neighbouring stage that pairs with it:
+    /// `sSEND_F m` with `(s+1)RECV_F m`, `sSEND_B m` with `(s-1)RECV_B m`, and back. `None` for
+    /// compute actions and for comm actions that point past either end of the pipeline.
+    pub fn counterpart(self) -> Option<Action> {
+        let (stage, kind) = match self.kind {
+            ActionKind::SendF => (self.stage.checked_add(1)?, ActionKind::RecvF),
+            ActionKind::RecvF => (self.stage.checked_sub(1)?, ActionKind::SendF),
+            ActionKind::SendB => (self.stage.checked_sub(1)?, ActionKind::RecvB),
+            ActionKind::RecvB => (self.stage.checked_add(1)?, ActionKind::SendB),
+            _ => return None,
+        };
+        Some(Action::new(stage, kind, self.microbatch))
+    }
+
     /// The simple actions this one runs: itself, or an overlap's F and then its B.
     pub fn parts(self) -> impl Iterator<Item = Action> {
         let (first, second) = match self.kind {

@@ -293,6 +293,14 @@ impl Positions {
         self.get(ActionKind::B, stage, mb)
             .or_else(|| self.get(ActionKind::I, stage, mb))
     }
+
+    /// Kind of the input-gradient backward: B when the backward is whole, else I.
+    pub(crate) fn back_kind(&self, stage: u32, mb: u32) -> ActionKind {
+        match self.get(ActionKind::B, stage, mb) {
+            Some(_) => ActionKind::B,
+            None => ActionKind::I,
+        }
+    }
 }
 
 /// Validate with the default (buffered-send) semantics.
@@ -469,7 +477,7 @@ fn check_local_order(tt: &Timetable, p: &Positions) -> Result<(), ValidationErro
             let act = |kind| Action::new(stage, kind, mb);
             let f = p.get(F, stage, mb).unwrap_or(NONE);
             let back = p.back(stage, mb).unwrap_or(NONE);
-            let back_kind = if p.get(B, stage, mb).is_some() { B } else { I };
+            let back_kind = p.back_kind(stage, mb);
             // `<=`: an overlap's B cannot use its own F, which runs at the same time.
             if back <= f {
                 let problem = Problem::BackwardBeforeForward {
@@ -504,11 +512,7 @@ fn check_local_order(tt: &Timetable, p: &Positions) -> Result<(), ValidationErro
             if stage + 1 < stages && same_dev(stage + 1) {
                 let dep = p.back(stage + 1, mb).unwrap_or(NONE);
                 if dep >= back {
-                    let dep_kind = if p.get(B, stage + 1, mb).is_some() {
-                        B
-                    } else {
-                        I
-                    };
+                    let dep_kind = p.back_kind(stage + 1, mb);
                     let problem = Problem::DependencyLater {
                         dep: Action::new(stage + 1, dep_kind, mb),
                         dep_step: dep,
@@ -533,9 +537,8 @@ fn check_comm_pairs(tt: &Timetable, p: &Positions) -> Result<(), ValidationError
         for mb in 0..tt.microbatches {
             let fwd = (s, F, p.get(F, s, mb), SendF);
             let fwd_use = (s + 1, F, p.get(F, s + 1, mb), RecvF);
-            let bk = |st| if p.get(B, st, mb).is_some() { B } else { I };
-            let bwd = (s + 1, bk(s + 1), p.back(s + 1, mb), SendB);
-            let bwd_use = (s, bk(s), p.back(s, mb), RecvB);
+            let bwd = (s + 1, p.back_kind(s + 1, mb), p.back(s + 1, mb), SendB);
+            let bwd_use = (s, p.back_kind(s, mb), p.back(s, mb), RecvB);
             check_edge(p, mb, (d0, fwd), (d1, fwd_use))?;
             check_edge(p, mb, (d1, bwd), (d0, bwd_use))?;
         }

@@ -217,22 +217,25 @@ impl<C: Communicator + 'static, M: StageModule> Executor<C, M> {
         self.epoch.elapsed().as_secs_f64() * 1e3
     }
 
-    /// The peer and tag of a receive.
-    fn recv_source(&self, step: u64, a: Action) -> (usize, Tag) {
-        let (peer_stage, dir) = match a.kind {
-            ActionKind::RecvF => (a.stage - 1, Direction::Forward),
-            _ => (a.stage + 1, Direction::Backward),
+    /// The rank holding the stage that `a` (a send or receive) pairs with, and the message's
+    /// tag, which names the sending stage.
+    fn peer(&self, step: u64, a: Action) -> (usize, Tag) {
+        // Lowered, validated timetables give every comm action a counterpart.
+        let other = a.counterpart().unwrap_or(a);
+        let rank = self.rank_of_device(self.tt.stage_device[other.stage as usize]);
+        let (sender, dir) = match a.kind {
+            ActionKind::SendF => (a.stage, Direction::Forward),
+            ActionKind::SendB => (a.stage, Direction::Backward),
+            ActionKind::RecvF => (other.stage, Direction::Forward),
+            _ => (other.stage, Direction::Backward),
         };
-        let src = self.rank_of_device(self.tt.stage_device[peer_stage as usize]);
-        (
-            src,
-            Tag {
-                step,
-                dir,
-                stage: peer_stage,
-                microbatch: a.microbatch,
-            },
-        )
+        let tag = Tag {
+            step,
+            dir,
+            stage: sender,
+            microbatch: a.microbatch,
+        };
+        (rank, tag)
     }
 
     fn post_receives(
@@ -243,7 +246,7 @@ impl<C: Communicator + 'static, M: StageModule> Executor<C, M> {
         row.iter()
             .filter(|a| matches!(a.kind, ActionKind::RecvF | ActionKind::RecvB))
             .map(|&a| {
-                let (src, tag) = self.recv_source(step, a);
+                let (src, tag) = self.peer(step, a);
                 let comm = Rc::clone(&self.comm);
                 (
                     a,
@@ -260,7 +263,7 @@ impl<C: Communicator + 'static, M: StageModule> Executor<C, M> {
         posted: &mut HashMap<Action, JoinHandle<Result<Tensor, CommError>>>,
         st: &mut StepState<S, W>,
     ) -> Result<(), RuntimeError> {
-        let (src, tag) = self.recv_source(step, a);
+        let (src, tag) = self.peer(step, a);
         let handle = posted
             .remove(&a)
             .ok_or_else(|| self.fail(step, Some(a), "receive was not posted"))?;
@@ -307,19 +310,7 @@ impl<C: Communicator + 'static, M: StageModule> Executor<C, M> {
                     "nothing to send: the producing compute did not run",
                 )
             })?;
-        let peer_stage = if forward { a.stage + 1 } else { a.stage - 1 };
-        let dst = self.rank_of_device(self.tt.stage_device[peer_stage as usize]);
-        let dir = if forward {
-            Direction::Forward
-        } else {
-            Direction::Backward
-        };
-        let tag = Tag {
-            step,
-            dir,
-            stage: a.stage,
-            microbatch: a.microbatch,
-        };
+        let (dst, tag) = self.peer(step, a);
         self.comm
             .send(dst, tag, t)
             .map_err(|e| self.fail(step, Some(a), e))

@@ -45,7 +45,7 @@ pub fn chrome_trace(timeline: &Timeline) -> Value {
         .iter()
         .filter(|e| matches!(e.action.kind, ActionKind::RecvF | ActionKind::RecvB))
     {
-        let Some(send) = matching_send(recv.action).and_then(|a| sends.get(&a)) else {
+        let Some(send) = recv.action.counterpart().and_then(|a| sends.get(&a)) else {
             continue;
         };
         flow_id += 1;
@@ -82,12 +82,4 @@ fn flow(common: &Value, ph: &str, tid: u32, ts: f64) -> Value {
     v["tid"] = json!(tid);
     v["ts"] = json!(ts);
     v
-}
-
-fn matching_send(recv: Action) -> Option<Action> {
-    let (stage, kind) = match recv.kind {
-        ActionKind::RecvF => (recv.stage.checked_sub(1)?, ActionKind::SendF),
-        _ => (recv.stage.checked_add(1)?, ActionKind::SendB),
-    };
-    Some(Action::new(stage, kind, recv.microbatch))
 }

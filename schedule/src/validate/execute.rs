@@ -120,12 +120,7 @@ impl Exec<'_> {
         match a.kind {
             F if !self.lowered && s > 0 && self.dev(s - 1) != d => need(s - 1, F_DONE, F),
             B | I if !self.lowered && s + 1 < stages && self.dev(s + 1) != d => {
-                let kind = if self.pos.get(B, s + 1, mb).is_some() {
-                    B
-                } else {
-                    I
-                };
-                need(s + 1, BACK_DONE, kind)
+                need(s + 1, BACK_DONE, self.pos.back_kind(s + 1, mb))
             }
             RecvF => need(s - 1, SENT_F, SendF),
             RecvB => need(s + 1, SENT_B, SendB),
@@ -133,17 +128,11 @@ impl Exec<'_> {
         }
     }
 
-    /// For a comm action: the peer device and the action there that pairs with it.
+    /// For a comm action: the peer device and the action there that pairs with it. The
+    /// validator has checked every comm action has a peer stage before this runs.
     fn partner(&self, a: Action) -> (u32, Action) {
-        use ActionKind::*;
-        let (s, mb) = (a.stage, a.microbatch);
-        let (stage, kind) = match a.kind {
-            SendF => (s + 1, RecvF),
-            RecvF => (s - 1, SendF),
-            SendB => (s - 1, RecvB),
-            _ => (s + 1, SendB),
-        };
-        (self.dev(stage), Action::new(stage, kind, mb))
+        let other = a.counterpart().unwrap_or(a);
+        (self.dev(other.stage), other)
     }
 
     fn complete(&mut self, d: u32, a: Action) {
