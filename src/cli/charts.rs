@@ -99,17 +99,18 @@ impl VizCmd {
             return Ok(());
         };
         let fmt = ImageFormat::from_path(path)?;
-        let memory: Vec<_> = runs.iter().map(|(_, r)| memory_of(r)).collect();
+        // Memory tracks are copied out of the reports only when the panel is asked for.
+        let memory: Vec<_> = if self.memory {
+            runs.iter().map(|(_, r)| memory_of(r)).collect()
+        } else {
+            Vec::new()
+        };
         let panels: Vec<ChartPanel> = runs
             .iter()
-            .zip(&memory)
-            .map(|((tl, _), mem)| {
-                let panel = ChartPanel::new(tl);
-                if self.memory {
-                    panel.with_memory(mem)
-                } else {
-                    panel
-                }
+            .enumerate()
+            .map(|(i, (tl, _))| match memory.get(i) {
+                Some(mem) => ChartPanel::new(tl).with_memory(mem),
+                None => ChartPanel::new(tl),
             })
             .collect();
         let bytes = bubble_chart(&panels, &self.image.options(None), fmt)?;

@@ -263,18 +263,14 @@ impl Assembler {
         // Steps are not fenced: a device whose previous step ended early posts its first
         // receive while others are still finishing. The step starts with its first compute;
         // waits begun before that belong to the gap between steps and are clipped.
-        let first = |compute: bool| {
-            events
-                .iter()
-                .filter(|e| !compute || e.action.kind.is_compute())
-                .map(|e| e.start)
-                .fold(f64::INFINITY, f64::min)
-        };
-        let t0 = if first(true).is_finite() {
-            first(true)
-        } else {
-            first(false)
-        };
+        let first_compute = events
+            .iter()
+            .filter(|e| e.action.kind.is_compute())
+            .map(|e| e.start)
+            .reduce(f64::min);
+        let t0 = first_compute
+            .or_else(|| events.iter().map(|e| e.start).reduce(f64::min))
+            .unwrap_or(0.0);
         for e in &mut events {
             e.start = (e.start - t0).max(0.0);
             e.end = (e.end - t0).max(e.start);
