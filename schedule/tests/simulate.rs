@@ -77,7 +77,13 @@ fn cost_file_overrides_per_stage_and_reports_bad_fields_with_position() {
     );
     assert_eq!((c.stages[0].i, c.p2p_latency), (1.0, 0.5));
     let e = CostModel::from_json(text, 3).unwrap_err().to_string();
-    assert_eq!(e, "cost file lists 2 stages, but the timetable has 3");
+    assert_eq!(e, "cost file lists 2 stages, but the timetable has 3 (one count must divide the other: the list is cut or joined evenly)");
+    // Two listed stages serve a 4-stage timetable: each is cut in two halves.
+    let c4 = CostModel::from_json(text, 4).unwrap();
+    assert_eq!(
+        (c4.stages[1].f, c4.stages[2].f, c4.stages[3].b),
+        (0.5, 1.5, 3.0)
+    );
     let e = CostModel::from_json("{\n  \"defualt\": {}\n}", 2)
         .unwrap_err()
         .to_string();
@@ -124,4 +130,42 @@ fn report_json_carries_the_documented_fields() {
     }
     assert_eq!(v["devices"][2]["peak_activations"], 5);
     assert!((v["devices"][1]["bubble_fraction"].as_f64().unwrap() - 2.0 / 7.0).abs() < 1e-12);
+}
+
+#[test]
+fn resampling_costs_keeps_the_model_and_makes_the_same_step() {
+    let mut costs = uniform(4);
+    for (s, c) in costs.stages.iter_mut().enumerate() {
+        c.f = 1.0 + s as f64;
+        c.activation_bytes = 100 * (s as u64 + 1);
+        c.p2p_bytes = 7 + s as u64;
+    }
+    let joined = costs.resample(2).unwrap();
+    assert_eq!((joined.stages[0].f, joined.stages[1].f), (3.0, 7.0));
+    assert_eq!(joined.stages[1].activation_bytes, 700);
+    assert_eq!(
+        joined.stages[0].p2p_bytes, 8,
+        "a joined stage hands off its last piece's output"
+    );
+    let cut = joined.resample(8).unwrap();
+    let total = |c: &CostModel| c.stages.iter().map(|s| s.f + s.b).sum::<f64>();
+    assert!(
+        (total(&cut) - total(&costs)).abs() < 1e-12,
+        "cutting keeps the model's total time"
+    );
+    let e = costs.resample(6).unwrap_err().to_string();
+    assert_eq!(
+        e,
+        "costs of 4 stages cannot be cut into 6 stages (one count must divide the other)"
+    );
+    // A 2-device cost model drives interleaving v=2 on 2 devices: same total work per device.
+    let s = sim(
+        ScheduleKind::Interleaved1F1B,
+        2,
+        2,
+        4,
+        &uniform(2).resample(4).unwrap(),
+    );
+    let plain = sim(ScheduleKind::OneFOneB, 2, 1, 4, &uniform(2));
+    assert!((s.report.ideal - plain.report.ideal).abs() < 1e-12);
 }

@@ -10,7 +10,10 @@ use pipewright_kernels::optim::AdamW;
 use pipewright_kernels::Tensor;
 use pipewright_runtime::data::progression_batch;
 use pipewright_runtime::{train_gpt, FinalParams, Mesh, RunOptions, TrainConfig};
-use pipewright_schedule::{generate, simulate, CostModel, ScheduleKind, ScheduleSpec, StageCost};
+use pipewright_schedule::search::{list_schedule, stage_weights, Knobs};
+use pipewright_schedule::{
+    generate, simulate, CostModel, Placement, ScheduleKind, ScheduleSpec, StageCost, Timetable,
+};
 
 const STEPS: u64 = 3;
 const M: u32 = 4;
@@ -118,11 +121,17 @@ fn check(kind: ScheduleKind, v: u32, pp: usize, tp: usize, dp: usize) {
 }
 
 fn check_m(kind: ScheduleKind, v: u32, pp: usize, tp: usize, dp: usize, m: u32) {
-    let cfg = config(Mesh::new(pp, tp, dp).unwrap());
     let spec = ScheduleSpec::new(kind, pp as u32, v, m, None).unwrap();
     let what = format!("{spec} tp={tp} dp={dp}");
+    check_timetable(&generate(&spec), &what, (pp, tp, dp));
+}
+
+/// Train `tt` on the mesh and compare with one device.
+fn check_timetable(tt: &Timetable, what: &str, (pp, tp, dp): (usize, usize, usize)) {
+    let cfg = config(Mesh::new(pp, tp, dp).unwrap());
+    let m = tt.microbatches;
     let mut losses = Vec::new();
-    let params = train_gpt(&cfg, &generate(&spec), |s| losses.push(s.loss.unwrap()))
+    let params = train_gpt(&cfg, tt, |s| losses.push(s.loss.unwrap()))
         .unwrap_or_else(|e| panic!("{what}: {e}"));
     let (want, whole) = single_device(&cfg, m);
     assert_eq!(losses.len(), want.len());
@@ -133,7 +142,7 @@ fn check_m(kind: ScheduleKind, v: u32, pp: usize, tp: usize, dp: usize, m: u32) 
         want[STEPS as usize - 1] < want[0],
         "the run trains: {want:?}"
     );
-    check_params(&cfg, spec.stages() as usize, &params, &whole, &what);
+    check_params(&cfg, tt.num_stages() as usize, &params, &whole, what);
 }
 
 const MESHES: [(usize, usize, usize); 5] = [(2, 1, 1), (4, 1, 1), (2, 2, 1), (2, 1, 2), (2, 2, 2)];
@@ -167,6 +176,32 @@ fn zero_bubble_v_shape_and_dualpipev_schedules_equal_one_device() {
         check(ScheduleKind::ZbH2, 1, pp, tp, dp);
         check(ScheduleKind::Zbv, 2, pp, tp, dp);
         check_m(ScheduleKind::DualPipeV, 2, pp, tp, dp, 2 * pp as u32);
+    }
+}
+
+#[test]
+fn the_searchs_list_schedules_equal_one_device() {
+    for (v, placement, split, cap) in [
+        (1, Placement::Loop, true, 2.0),
+        (2, Placement::Loop, true, 3.0),
+        (2, Placement::V, true, 1.5),
+        (2, Placement::V, false, 4.0),
+    ] {
+        for &(pp, tp, dp) in &[(2, 1, 1), (4, 1, 1), (2, 2, 2)] {
+            let p = pp as u32;
+            let costs = CostModel::uniform(p * v, StageCost::new(1.0, 2.0, None).unwrap().split(v));
+            let knobs = Knobs {
+                v,
+                placement,
+                split,
+                backward_first: true,
+                depth_first: true,
+                cap,
+            };
+            let tt = list_schedule(p, M, &costs, &stage_weights(&costs, p), knobs).unwrap();
+            let what = format!("{} p={p} tp={tp} dp={dp}", knobs.label());
+            check_timetable(&tt, &what, (pp, tp, dp));
+        }
     }
 }
 

@@ -114,6 +114,35 @@ impl CostModel {
         raw.resolve(stages)
     }
 
+    /// The same model cut into `stages` stages. A cost model describes the model's depth:
+    /// stage `k` of `n` is the `k`-th of `n` equal slices. Cutting each slice into `stages / n`
+    /// pieces splits its times and activations evenly; joining `n / stages` neighbours sums
+    /// them, and the hand-off of a joined stage is its last piece's. So costs measured with
+    /// one chunk count serve a simulation or a search with another.
+    pub fn resample(&self, stages: u32) -> Result<CostModel, CostError> {
+        let n = self.stages.len() as u32;
+        let resampled = if n == stages {
+            self.stages.clone()
+        } else if n > 0 && stages > 0 && stages % n == 0 {
+            let k = stages / n;
+            self.stages
+                .iter()
+                .flat_map(|c| vec![c.split(k); k as usize])
+                .collect()
+        } else if n > 0 && stages > 0 && n % stages == 0 {
+            self.stages
+                .chunks((n / stages) as usize)
+                .map(join)
+                .collect()
+        } else {
+            return Err(CostError::Resample { given: n, stages });
+        };
+        Ok(CostModel {
+            stages: resampled,
+            ..self.clone()
+        })
+    }
+
     /// Check the link model.
     pub fn with_link(
         mut self,
@@ -129,6 +158,21 @@ impl CostModel {
         self.p2p_latency = p2p_latency;
         self.bandwidth = bandwidth;
         Ok(self)
+    }
+}
+
+/// Neighbouring stages as one: times and activations add up; the hand-off is the last one's.
+fn join(parts: &[StageCost]) -> StageCost {
+    let sum = |f: fn(&StageCost) -> f64| parts.iter().map(f).sum::<f64>();
+    let overlap = parts.iter().map(|c| c.overlap).sum::<Option<f64>>();
+    StageCost {
+        f: sum(|c| c.f),
+        b: sum(|c| c.b),
+        i: sum(|c| c.i),
+        w: sum(|c| c.w),
+        activation_bytes: parts.iter().map(|c| c.activation_bytes).sum(),
+        p2p_bytes: parts.last().map_or(0, |c| c.p2p_bytes),
+        overlap,
     }
 }
 
@@ -199,6 +243,8 @@ impl RawStageCost {
 }
 
 /// A cost file: `default` applies to every stage, `stages` (one entry per stage) overrides it.
+/// A list of another length is cut or joined to the timetable's stages (see
+/// [`CostModel::resample`]): costs of a 4-device pipeline serve one of 4 devices with 2 chunks.
 ///
 /// ```json
 /// { "default": { "f": 1.0, "b": 2.0, "w": 1.0, "activation_bytes": 4096, "p2p_bytes": 1024,
@@ -230,11 +276,8 @@ impl RawCostFile {
             None => (0..stages)
                 .map(|s| self.default.resolve(&format!("stage {s}")))
                 .collect::<Result<Vec<_>, _>>()?,
-            Some(list) if list.len() != stages as usize => {
-                return Err(CostError::StageCount {
-                    given: list.len(),
-                    stages,
-                })
+            Some(list) if list.is_empty() => {
+                return Err(CostError::StageCount { given: 0, stages })
             }
             Some(list) => list
                 .iter()
@@ -242,11 +285,14 @@ impl RawCostFile {
                 .map(|(s, c)| c.or(self.default).resolve(&format!("stage {s}")))
                 .collect::<Result<Vec<_>, _>>()?,
         };
+        let given = per_stage.len();
         CostModel {
             stages: per_stage,
             p2p_latency: 0.0,
             bandwidth: None,
         }
+        .resample(stages)
+        .map_err(|_| CostError::StageCount { given, stages })?
         .with_link(self.p2p_latency.unwrap_or(0.0), self.bandwidth)
     }
 }
@@ -303,12 +349,20 @@ pub enum CostError {
     /// Bandwidth must be positive.
     #[error("bandwidth must be a finite number > 0 bytes per time unit (got {0})")]
     Bandwidth(f64),
-    /// The per-stage list has the wrong length.
-    #[error("cost file lists {given} stages, but the timetable has {stages}")]
+    /// The per-stage list neither divides nor is divided by the timetable's stages.
+    #[error("cost file lists {given} stages, but the timetable has {stages} (one count must divide the other: the list is cut or joined evenly)")]
     StageCount {
         /// Entries given.
         given: usize,
         /// Stages in the timetable.
+        stages: u32,
+    },
+    /// A per-stage list that neither divides nor is divided by the stages wanted.
+    #[error("costs of {given} stages cannot be cut into {stages} stages (one count must divide the other)")]
+    Resample {
+        /// Stages in the cost model.
+        given: u32,
+        /// Stages wanted.
         stages: u32,
     },
     /// The model has fewer stage entries than the timetable has stages.

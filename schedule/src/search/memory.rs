@@ -1,0 +1,128 @@
+//! Memory in the search's unit: one microbatch's activations of one device's share of the
+//! model (`1/p` of it). A 1F1B device 0 peaks at `p` such units, GPipe at `m`; a chunk of an
+//! interleaved or V schedule weighs `1/v` of a unit (or its share of the activation bytes).
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::action::ActionKind;
+use crate::simulate::CostModel;
+use crate::timetable::Timetable;
+
+/// A per-device memory cap for stashed activations.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MemoryCap {
+    /// In units of one microbatch's activations of one device's share of the model.
+    Microbatches(f64),
+    /// In bytes (needs activation bytes in the costs).
+    Bytes(u64),
+}
+
+/// Why a cap could not be read.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("memory cap `{0}`: expected a number of microbatches (e.g. 8 or 2.5) or bytes with a unit (e.g. 512MiB, 24GB, 4096B)")]
+pub struct CapError(pub String);
+
+impl FromStr for MemoryCap {
+    type Err = CapError;
+
+    fn from_str(text: &str) -> Result<Self, CapError> {
+        let t = text.trim();
+        let bad = || CapError(text.to_string());
+        let split = t.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(t.len());
+        let (num, unit) = t.split_at(split);
+        let value: f64 = num.trim().parse().map_err(|_| bad())?;
+        if !(value.is_finite() && value > 0.0) {
+            return Err(bad());
+        }
+        let scale: f64 = match unit.trim().to_ascii_lowercase().as_str() {
+            "" => return Ok(MemoryCap::Microbatches(value)),
+            "b" => 1.0,
+            "kb" => 1e3,
+            "mb" => 1e6,
+            "gb" => 1e9,
+            "kib" => 1024.0,
+            "mib" => 1024f64.powi(2),
+            "gib" => 1024f64.powi(3),
+            "tib" => 1024f64.powi(4),
+            _ => return Err(bad()),
+        };
+        Ok(MemoryCap::Bytes((value * scale).round() as u64))
+    }
+}
+
+impl fmt::Display for MemoryCap {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            MemoryCap::Microbatches(x) => write!(f, "{x} microbatches"),
+            MemoryCap::Bytes(b) => write!(f, "{b} bytes"),
+        }
+    }
+}
+
+/// Bytes of one unit for a cost model: the model's activation bytes per microbatch over `p`
+/// devices; `None` when the costs carry no activation sizes.
+pub fn unit_bytes(costs: &CostModel, devices: u32) -> Option<f64> {
+    let total: u64 = costs.stages.iter().map(|c| c.activation_bytes).sum();
+    (total > 0 && devices > 0).then(|| total as f64 / f64::from(devices))
+}
+
+/// Weight of each stage in units: its share of the activation bytes, or `p / S` when the
+/// costs carry no sizes (every chunk an equal slice of the model).
+pub fn stage_weights(costs: &CostModel, devices: u32) -> Vec<f64> {
+    let n = costs.stages.len();
+    match unit_bytes(costs, devices) {
+        Some(unit) => costs
+            .stages
+            .iter()
+            .map(|c| c.activation_bytes as f64 / unit)
+            .collect(),
+        None => vec![f64::from(devices) / n.max(1) as f64; n],
+    }
+}
+
+/// Most units each device holds at once when it runs its actions in order. A device runs one
+/// action at a time, so this is the timed peak too: F stashes at its start, B (or W, which
+/// still needs the activations) frees at its end, and an F&B overlap holds both at once.
+pub fn peak_units(tt: &Timetable, weights: &[f64]) -> Vec<f64> {
+    tt.devices
+        .iter()
+        .map(|actions| {
+            let (mut now, mut peak) = (0.0f64, 0.0f64);
+            for a in actions {
+                let w = |s: u32| weights.get(s as usize).copied().unwrap_or(0.0);
+                for part in a.parts() {
+                    match part.kind {
+                        ActionKind::F => {
+                            now += w(part.stage);
+                            peak = peak.max(now);
+                        }
+                        ActionKind::B | ActionKind::W => now -= w(part.stage),
+                        _ => {}
+                    }
+                }
+            }
+            peak
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn caps_parse_as_microbatches_or_bytes() {
+        assert_eq!("8".parse(), Ok(MemoryCap::Microbatches(8.0)));
+        assert_eq!("2.5".parse(), Ok(MemoryCap::Microbatches(2.5)));
+        assert_eq!("512MiB".parse(), Ok(MemoryCap::Bytes(512 << 20)));
+        assert_eq!("24GB".parse(), Ok(MemoryCap::Bytes(24_000_000_000)));
+        assert_eq!("4096 B".parse(), Ok(MemoryCap::Bytes(4096)));
+        for bad in ["", "-1", "0", "x", "3 parsecs", "nan"] {
+            assert!(bad.parse::<MemoryCap>().is_err(), "{bad}");
+        }
+    }
+}

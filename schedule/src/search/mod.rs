@@ -1,0 +1,634 @@
+//! Search: the fastest timetable that fits a per-device memory cap, for the user's own costs.
+//!
+//! Candidates come from two sources. Every fixed family is tried over its shapes (chunks per
+//! device `v`, interleaving group sizes). The search's own list scheduler ([`list_schedule`])
+//! plays the step forward with the real costs and places F, I and W greedily under a cap; it
+//! is run over placements, priorities and caps, and each of its timetables is judged by the
+//! simulator like any other. Every candidate is validated and simulated; none is trusted.
+//!
+//! The best is the fitting candidate with the smallest simulated makespan (then the least
+//! memory, then the first found, so a fixed family wins a tie). Because the fixed families are
+//! candidates, the result is never worse than the best of them that fits. The Pareto front of
+//! makespan against peak memory shows what more memory would buy.
+//!
+//! ```
+//! use pipewright_schedule::search::{search, MemoryCap, SearchSpec};
+//! use pipewright_schedule::{CostModel, StageCost};
+//!
+//! // 4 devices, 8 microbatches, F=1 B=2 (W=1) per device's share; room for 4 microbatches.
+//! let costs = CostModel::uniform(4, StageCost::new(1.0, 2.0, None)?);
+//! let spec = SearchSpec::new(4, 8, costs, MemoryCap::Microbatches(4.0));
+//! let found = search(&spec)?;
+//! let best = &found.candidates[found.best];
+//! assert!(best.fits && best.peak_microbatches <= 4.0);
+//! // 1F1B fits (peak p = 4) with a bubble of 3/11; the search does better.
+//! assert!(best.bubble_fraction < 3.0 / 11.0);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+mod improve;
+mod list;
+mod memory;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+use serde::Serialize;
+
+pub use list::{list_schedule, Knobs};
+pub use memory::{peak_units, stage_weights, unit_bytes, CapError, MemoryCap};
+
+use crate::generators::generate;
+use crate::simulate::{simulate, CostError, CostModel, Simulation};
+use crate::spec::{Placement, ScheduleKind, ScheduleSpec};
+use crate::timetable::Timetable;
+use improve::{improve, Improve};
+use list::fmt_units;
+
+/// What to search.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SearchSpec {
+    /// Pipeline devices `p`.
+    pub devices: u32,
+    /// Microbatches `m`.
+    pub microbatches: u32,
+    /// Costs along the model's depth (any stage count; cut or joined per candidate, see
+    /// [`CostModel::resample`]).
+    pub costs: CostModel,
+    /// Per-device cap on stashed activations.
+    pub cap: MemoryCap,
+    /// Largest chunks per device `v` to try for the loop families and the list scheduler.
+    pub max_virtual: u32,
+    /// Fixed families to try.
+    pub families: Vec<ScheduleKind>,
+    /// Also run the search's own list scheduler.
+    pub list_scheduler: bool,
+    /// Most simulations spent improving the best timetable by moving work into its gaps.
+    pub improve_budget: usize,
+}
+
+impl SearchSpec {
+    /// Every family, `v` up to 4, and the list scheduler.
+    pub fn new(devices: u32, microbatches: u32, costs: CostModel, cap: MemoryCap) -> Self {
+        SearchSpec {
+            devices,
+            microbatches,
+            costs,
+            cap,
+            max_virtual: 4,
+            families: ScheduleKind::ALL.to_vec(),
+            list_scheduler: true,
+            improve_budget: 200,
+        }
+    }
+}
+
+/// One evaluated timetable.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Candidate {
+    /// What made it, e.g. `interleaved-1f1b v=2 g=4` or `list v=1 loop, I/W, cap 8`.
+    pub label: String,
+    /// Family name, or `list`.
+    pub family: String,
+    /// Chunks per device.
+    pub virtual_stages: u32,
+    /// Simulated step time.
+    pub makespan: f64,
+    /// `1 - ideal / makespan`.
+    pub bubble_fraction: f64,
+    /// Peak stashed activations of the fullest device, in microbatch units.
+    pub peak_microbatches: f64,
+    /// The same in bytes, when the costs carry activation sizes.
+    pub peak_bytes: Option<u64>,
+    /// Whether it fits the cap.
+    pub fits: bool,
+}
+
+/// A shape that could not be tried, and why.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Skipped {
+    /// What it would have been.
+    pub label: String,
+    /// Why not.
+    pub reason: String,
+}
+
+/// What the search found.
+#[derive(Clone, Debug)]
+pub struct SearchOutcome {
+    /// The cap in microbatch units.
+    pub cap_microbatches: f64,
+    /// Bytes of one unit, when the costs carry activation sizes.
+    pub unit_bytes: Option<f64>,
+    /// Every evaluated candidate, in the order tried (fixed families first).
+    pub candidates: Vec<Candidate>,
+    /// Shapes that could not run.
+    pub skipped: Vec<Skipped>,
+    /// Indices of the Pareto front (no candidate is both smaller and faster), by memory.
+    pub front: Vec<usize>,
+    /// Index of the best fitting candidate.
+    pub best: usize,
+    /// Index of the best fitting fixed-family candidate, if any fits.
+    pub best_fixed: Option<usize>,
+    /// The best timetable (compute actions only).
+    pub timetable: Timetable,
+    /// Its simulation.
+    pub simulation: Simulation,
+}
+
+/// Why the search has no answer.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum SearchError {
+    /// Zero devices or microbatches.
+    #[error("the search needs at least one device and one microbatch (got p={p}, m={m})")]
+    Empty {
+        /// Devices.
+        p: u32,
+        /// Microbatches.
+        m: u32,
+    },
+    /// A cap in bytes with no activation sizes to measure against.
+    #[error("a memory cap in bytes needs activation sizes: give them (--activation-bytes, or \"activation_bytes\" in the cost file) or give the cap in microbatches")]
+    NoActivationBytes,
+    /// The costs do not fit.
+    #[error(transparent)]
+    Cost(#[from] CostError),
+    /// Candidates ran, but none fits.
+    #[error("no schedule fits a cap of {cap} per device: the least any candidate needs is {least} microbatches ({label})")]
+    NothingFits {
+        /// The cap as given.
+        cap: String,
+        /// The smallest peak found, in units.
+        least: String,
+        /// The candidate that needs it.
+        label: String,
+    },
+    /// Nothing could even be tried.
+    #[error("no candidate could be built: {0}")]
+    NoCandidates(String),
+}
+
+/// A shape to evaluate.
+#[derive(Clone, Copy, Debug)]
+enum Job {
+    Fixed(ScheduleSpec),
+    List(Knobs),
+}
+
+impl Job {
+    fn v(&self) -> u32 {
+        match self {
+            Job::Fixed(s) => s.virtual_stages(),
+            Job::List(k) => k.v,
+        }
+    }
+}
+
+/// Costs and stage weights for one chunk count.
+struct Shape {
+    costs: CostModel,
+    weights: Vec<f64>,
+}
+
+/// Find the fastest timetable that fits `spec.cap`.
+pub fn search(spec: &SearchSpec) -> Result<SearchOutcome, SearchError> {
+    let (p, m) = (spec.devices, spec.microbatches);
+    if p == 0 || m == 0 {
+        return Err(SearchError::Empty { p, m });
+    }
+    let unit = unit_bytes(&spec.costs.resample(p)?, p);
+    let cap = match spec.cap {
+        MemoryCap::Microbatches(x) => x,
+        MemoryCap::Bytes(b) => b as f64 / unit.ok_or(SearchError::NoActivationBytes)?,
+    };
+    let max_v = spec.max_virtual.max(2);
+    let shapes: Vec<Option<Shape>> = (0..=max_v)
+        .map(|v| {
+            let costs = spec.costs.resample(p * v.max(1)).ok()?;
+            let weights = stage_weights(&costs, p);
+            Some(Shape { costs, weights })
+        })
+        .collect();
+    let (jobs, mut skipped) = jobs(spec, cap, &shapes);
+    let (evaluated, best) = evaluate_all(&jobs, spec, &shapes, unit);
+    let mut candidates = Vec::new();
+    let mut best_index = None;
+    let mut best_fixed: Option<usize> = None;
+    for (i, (job, result)) in jobs.iter().zip(evaluated).enumerate() {
+        match result {
+            Err((label, reason)) => skipped.push(Skipped { label, reason }),
+            Ok(cand) => {
+                let at = candidates.len();
+                let fixed = matches!(job, Job::Fixed(_));
+                if cand.fits
+                    && fixed
+                    && best_fixed.map_or(true, |b| key(&cand) < key(&candidates[b]))
+                {
+                    best_fixed = Some(at);
+                }
+                if best.as_ref().is_some_and(|b| b.job == i) {
+                    best_index = Some(at);
+                }
+                candidates.push(cand);
+            }
+        }
+    }
+    let (Some(mut best), Some(mut best_index)) = (best, best_index) else {
+        let passage = spec
+            .list_scheduler
+            .then(|| least_passage(p, &shapes))
+            .flatten();
+        return Err(nothing_fits(spec.cap, &candidates, &skipped, passage));
+    };
+    if let Some(shape) = &shapes[jobs[best.job].v() as usize] {
+        let how = Improve {
+            costs: &shape.costs,
+            weights: &shape.weights,
+            cap,
+            budget: spec.improve_budget,
+        };
+        if let Some((tt, sim)) = improve(&best.timetable, &best.simulation, &how) {
+            let base = &candidates[best_index];
+            let cand = Candidate {
+                label: format!("{} + gap filling", base.label),
+                family: base.family.clone(),
+                virtual_stages: base.virtual_stages,
+                makespan: sim.report.makespan,
+                bubble_fraction: sim.report.bubble_fraction,
+                peak_microbatches: peak_units(&tt, &shape.weights)
+                    .into_iter()
+                    .fold(0.0, f64::max),
+                peak_bytes: unit.map(|_| sim.report.peak_activation_bytes()),
+                fits: true,
+            };
+            best_index = candidates.len();
+            candidates.push(cand);
+            best.timetable = tt;
+            best.simulation = sim;
+        }
+    }
+    let front = pareto_front(&candidates);
+    Ok(SearchOutcome {
+        cap_microbatches: cap,
+        unit_bytes: unit,
+        candidates,
+        skipped,
+        front,
+        best: best_index,
+        best_fixed,
+        timetable: best.timetable,
+        simulation: best.simulation,
+    })
+}
+
+/// Order of preference: faster, then smaller.
+fn key(c: &Candidate) -> (Ordered, Ordered) {
+    (Ordered(c.makespan), Ordered(c.peak_microbatches))
+}
+
+/// An `f64` ordered by `total_cmp`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Ordered(f64);
+
+impl Eq for Ordered {}
+impl PartialOrd for Ordered {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Ordered {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.0.total_cmp(&other.0)
+    }
+}
+
+/// The least memory any list schedule could run in: one microbatch at a time through the
+/// placement whose neediest device needs the least.
+fn least_passage(p: u32, shapes: &[Option<Shape>]) -> Option<(f64, String)> {
+    let mut placements: Vec<(u32, Placement)> = (1..shapes.len() as u32)
+        .map(|v| (v, Placement::Loop))
+        .collect();
+    placements.push((2, Placement::V));
+    placements
+        .into_iter()
+        .filter_map(|(v, place)| {
+            let shape = shapes.get(v as usize)?.as_ref()?;
+            let need = passage_need(p, v, place, &shape.weights);
+            Some((
+                need,
+                format!("the list scheduler, one microbatch at a time, v={v}"),
+            ))
+        })
+        .min_by(|a, b| a.0.total_cmp(&b.0))
+}
+
+fn nothing_fits(
+    cap: MemoryCap,
+    candidates: &[Candidate],
+    skipped: &[Skipped],
+    passage: Option<(f64, String)>,
+) -> SearchError {
+    let least = candidates
+        .iter()
+        .map(|c| (c.peak_microbatches, c.label.clone()))
+        .chain(passage)
+        .min_by(|a, b| a.0.total_cmp(&b.0));
+    match least {
+        Some((units, label)) => SearchError::NothingFits {
+            cap: cap.to_string(),
+            least: fmt_units(units),
+            label,
+        },
+        None => {
+            SearchError::NoCandidates(skipped.first().map_or("no shapes to try".to_string(), |s| {
+                format!("{}: {}", s.label, s.reason)
+            }))
+        }
+    }
+}
+
+/// Indices of the candidates no other beats in both makespan and memory, by memory.
+fn pareto_front(candidates: &[Candidate]) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..candidates.len()).collect();
+    order.sort_by(|&a, &b| {
+        let (a, b) = (&candidates[a], &candidates[b]);
+        a.peak_microbatches
+            .total_cmp(&b.peak_microbatches)
+            .then(a.makespan.total_cmp(&b.makespan))
+    });
+    let mut front = Vec::new();
+    let mut fastest = f64::INFINITY;
+    for i in order {
+        if candidates[i].makespan < fastest * (1.0 - 1e-12) {
+            fastest = candidates[i].makespan;
+            front.push(i);
+        }
+    }
+    front
+}
+
+/// Every shape to try, and those that cannot be tried.
+fn jobs(spec: &SearchSpec, cap: f64, shapes: &[Option<Shape>]) -> (Vec<Job>, Vec<Skipped>) {
+    let (p, m) = (spec.devices, spec.microbatches);
+    let mut jobs = Vec::new();
+    let mut skipped = Vec::new();
+    for &kind in &spec.families {
+        for (v, g) in family_shapes(kind, p, m, spec.max_virtual) {
+            match ScheduleSpec::new(kind, p, v, m, g) {
+                Ok(s) if shapes[v as usize].is_some() => jobs.push(Job::Fixed(s)),
+                Ok(_) => skipped.push(Skipped {
+                    label: fixed_label(kind, v, g),
+                    reason: resample_reason(spec, p * v),
+                }),
+                Err(e) => skipped.push(Skipped {
+                    label: fixed_label(kind, v, g),
+                    reason: e.to_string(),
+                }),
+            }
+        }
+    }
+    if spec.list_scheduler {
+        list_jobs(spec, cap, shapes, &mut jobs, &mut skipped);
+    }
+    (jobs, skipped)
+}
+
+fn resample_reason(spec: &SearchSpec, stages: u32) -> String {
+    match spec.costs.resample(stages) {
+        Err(e) => e.to_string(),
+        Ok(_) => "no costs".to_string(),
+    }
+}
+
+/// The (v, group size) shapes of a family.
+fn family_shapes(kind: ScheduleKind, p: u32, m: u32, max_v: u32) -> Vec<(u32, Option<u32>)> {
+    if let Some(v) = kind.fixed_virtual() {
+        return vec![(v, None)];
+    }
+    if !kind.supports_virtual() {
+        return vec![(1, None)];
+    }
+    let mut out = Vec::new();
+    for v in 2..=max_v.max(2) {
+        if kind != ScheduleKind::Interleaved1F1B {
+            out.push((v, None));
+            continue;
+        }
+        // Group sizes p, 2p, 4p, ... and one group of all m.
+        let mut g = p.max(1);
+        while g < m {
+            out.push((v, Some(g)));
+            g = g.saturating_mul(2);
+        }
+        out.push((v, Some(m.max(p))));
+    }
+    out
+}
+
+fn fixed_label(kind: ScheduleKind, v: u32, g: Option<u32>) -> String {
+    let mut label = kind.name().to_string();
+    if v > 1 && kind.supports_virtual() {
+        label += &format!(" v={v}");
+    }
+    if let Some(g) = g {
+        label += &format!(" g={g}");
+    }
+    label
+}
+
+/// The list scheduler's shapes: every placement with every priority at the full cap, and the
+/// default priorities at smaller caps (the points of the Pareto front).
+fn list_jobs(
+    spec: &SearchSpec,
+    cap: f64,
+    shapes: &[Option<Shape>],
+    jobs: &mut Vec<Job>,
+    skipped: &mut Vec<Skipped>,
+) {
+    let p = spec.devices;
+    let mut placements: Vec<(u32, Placement)> = (1..=spec.max_virtual.max(1))
+        .map(|v| (v, Placement::Loop))
+        .collect();
+    placements.push((2, Placement::V));
+    for (v, placement) in placements {
+        let knobs = Knobs {
+            v,
+            placement,
+            split: true,
+            backward_first: true,
+            depth_first: true,
+            cap,
+        };
+        let Some(shape) = &shapes[v as usize] else {
+            skipped.push(Skipped {
+                label: knobs.label(),
+                reason: resample_reason(spec, p * v),
+            });
+            continue;
+        };
+        let need = passage_need(p, v, placement, &shape.weights);
+        if need > cap + 1e-9 {
+            skipped.push(Skipped {
+                label: knobs.label(),
+                reason: format!(
+                    "one microbatch needs {} units on a device and the cap is {}",
+                    fmt_units(need),
+                    fmt_units(cap)
+                ),
+            });
+            continue;
+        }
+        for split in [true, false] {
+            for backward_first in [true, false] {
+                for depth_first in [true, false] {
+                    if v == 1 && !depth_first {
+                        continue; // one chunk per device: no depth to prefer
+                    }
+                    jobs.push(Job::List(Knobs {
+                        split,
+                        backward_first,
+                        depth_first,
+                        ..knobs
+                    }));
+                }
+            }
+        }
+        for level in cap_levels(need, cap) {
+            jobs.push(Job::List(Knobs {
+                cap: level,
+                ..knobs
+            }));
+        }
+    }
+}
+
+/// Units the neediest device must hold to pass one microbatch through all its chunks.
+fn passage_need(p: u32, v: u32, placement: Placement, weights: &[f64]) -> f64 {
+    let mut need = vec![0.0; p as usize];
+    for (s, w) in weights.iter().enumerate() {
+        need[placement.device_of(s as u32, p) as usize] += w;
+    }
+    debug_assert_eq!(weights.len() as u32, p * v);
+    need.into_iter().fold(0.0, f64::max)
+}
+
+/// Caps below `cap` worth trying: 1, 1.5, 2, 3, 4, 6, ... times `need`.
+fn cap_levels(need: f64, cap: f64) -> Vec<f64> {
+    let mut out = Vec::new();
+    let mut base = need.max(1e-9);
+    while base < cap - 1e-9 {
+        out.push(base);
+        if base * 1.5 < cap - 1e-9 {
+            out.push(base * 1.5);
+        }
+        base *= 2.0;
+    }
+    out
+}
+
+type Evaluated = Result<Candidate, (String, String)>;
+
+/// The best fitting timetable so far, and the job that made it.
+struct Best {
+    job: usize,
+    key: (Ordered, Ordered),
+    timetable: Timetable,
+    simulation: Simulation,
+}
+
+/// Evaluate every job on all cores; results in job order. Only the best fitting timetable is
+/// kept (large searches make hundreds of them); ties go to the earlier job.
+fn evaluate_all(
+    jobs: &[Job],
+    spec: &SearchSpec,
+    shapes: &[Option<Shape>],
+    unit: Option<f64>,
+) -> (Vec<Evaluated>, Option<Best>) {
+    let next = AtomicUsize::new(0);
+    let results: Mutex<(Vec<Option<Evaluated>>, Option<Best>)> =
+        Mutex::new((vec![None; jobs.len()], None));
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    std::thread::scope(|scope| {
+        for _ in 0..threads.min(jobs.len()) {
+            scope.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(job) = jobs.get(i) else { break };
+                let r = evaluate(job, spec, shapes, unit);
+                let Ok(mut guard) = results.lock() else { break };
+                let (all, best) = &mut *guard;
+                all[i] = Some(match r {
+                    Ok((cand, Some((timetable, simulation)))) => {
+                        let k = key(&cand);
+                        if best.as_ref().map_or(true, |b| (k, i) < (b.key, b.job)) {
+                            *best = Some(Best {
+                                job: i,
+                                key: k,
+                                timetable,
+                                simulation,
+                            });
+                        }
+                        Ok(cand)
+                    }
+                    Ok((cand, None)) => Ok(cand),
+                    Err(e) => Err(e),
+                });
+            });
+        }
+    });
+    let (all, best) = results.into_inner().unwrap_or_default();
+    let all = all
+        .into_iter()
+        .map(|r| r.unwrap_or_else(|| Err(("?".into(), "not evaluated".into()))))
+        .collect();
+    (all, best)
+}
+
+type Kept = Option<(Timetable, Simulation)>;
+
+fn evaluate(
+    job: &Job,
+    spec: &SearchSpec,
+    shapes: &[Option<Shape>],
+    unit: Option<f64>,
+) -> Result<(Candidate, Kept), (String, String)> {
+    let (p, m) = (spec.devices, spec.microbatches);
+    let Some(shape) = &shapes[job.v() as usize] else {
+        return Err(("?".into(), "no costs".into()));
+    };
+    let (label, family, tt) = match job {
+        Job::Fixed(s) => (
+            fixed_label(s.kind(), s.virtual_stages(), grouped(s)),
+            s.kind().name().to_string(),
+            generate(s),
+        ),
+        Job::List(k) => match list_schedule(p, m, &shape.costs, &shape.weights, *k) {
+            Some(tt) => (k.label(), "list".to_string(), tt),
+            None => return Err((k.label(), "the cap stops every device at once".into())),
+        },
+    };
+    let sim = simulate(&tt, &shape.costs).map_err(|e| (label.clone(), e.to_string()))?;
+    let peak = peak_units(&tt, &shape.weights)
+        .into_iter()
+        .fold(0.0, f64::max);
+    let peak_bytes = unit.map(|_| sim.report.peak_activation_bytes());
+    let fits = match spec.cap {
+        MemoryCap::Microbatches(x) => peak <= x + 1e-9,
+        MemoryCap::Bytes(b) => peak_bytes.is_some_and(|pb| pb <= b),
+    };
+    let cand = Candidate {
+        label,
+        family,
+        virtual_stages: job.v(),
+        makespan: sim.report.makespan,
+        bubble_fraction: sim.report.bubble_fraction,
+        peak_microbatches: peak,
+        peak_bytes,
+        fits,
+    };
+    let kept = fits.then_some((tt, sim));
+    Ok((cand, kept))
+}
+
+fn grouped(s: &ScheduleSpec) -> Option<u32> {
+    (s.kind() == ScheduleKind::Interleaved1F1B && s.virtual_stages() > 1).then(|| s.group_size())
+}

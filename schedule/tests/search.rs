@@ -1,0 +1,150 @@
+//! The search against an independent enumeration of the fixed families: it never breaks the
+//! cap, never returns an invalid timetable, and is never slower than the best family that fits.
+
+use pipewright_schedule::search::{search, MemoryCap, SearchError, SearchSpec};
+use pipewright_schedule::{
+    generate, simulate, validate, CostModel, ScheduleKind, ScheduleSpec, StageCost,
+};
+use proptest::prelude::*;
+
+/// Activation bytes of one device's share per microbatch: the unit of the caps below.
+const UNIT: u64 = 1000;
+
+fn costs(p: u32, f: f64, b: f64, w: f64, latency: f64) -> CostModel {
+    let mut c = StageCost::new(f, b, Some(w)).unwrap();
+    c.activation_bytes = UNIT;
+    CostModel::uniform(p, c).with_link(latency, None).unwrap()
+}
+
+/// The fastest fixed-family timetable whose simulated peak fits `cap` units, found here by
+/// brute force over every family, v up to 4 and every group size.
+fn best_fixed(p: u32, m: u32, costs: &CostModel, cap: f64) -> Option<f64> {
+    let mut best: Option<f64> = None;
+    for kind in ScheduleKind::ALL {
+        for v in 1..=4 {
+            let groups = std::iter::once(None).chain((p..=m.max(p)).map(Some));
+            for g in groups {
+                let Ok(spec) = ScheduleSpec::new(kind, p, v, m, g) else {
+                    continue;
+                };
+                let model = costs.resample(spec.stages()).unwrap();
+                let sim = simulate(&generate(&spec), &model).unwrap();
+                let peak = sim.report.peak_activation_bytes() as f64 / UNIT as f64;
+                if peak <= cap + 1e-9 {
+                    let t = sim.report.makespan;
+                    best = Some(best.map_or(t, |b: f64| b.min(t)));
+                }
+            }
+        }
+    }
+    best
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    #[test]
+    fn the_search_fits_the_cap_validates_and_beats_every_fitting_family(
+        p in 1u32..=5, m in 1u32..=10, f in 0.5f64..2.0, b in 0.5f64..3.0,
+        w_frac in 0.1f64..0.9, latency in prop_oneof![Just(0.0), 0.0f64..0.3],
+        cap in 0.5f64..12.0,
+    ) {
+        let model = costs(p, f, b, b * w_frac, latency);
+        let spec = SearchSpec::new(p, m, model.clone(), MemoryCap::Microbatches(cap));
+        match search(&spec) {
+            Ok(found) => {
+                let best = &found.candidates[found.best];
+                prop_assert!(best.fits && best.peak_microbatches <= cap + 1e-9);
+                prop_assert!(validate(&found.timetable).is_ok());
+                // The simulator's own memory account agrees with the search's.
+                let bytes = found.simulation.report.peak_activation_bytes() as f64;
+                prop_assert!(bytes <= cap * UNIT as f64 + 1e-6, "{} bytes over cap {}", bytes, cap);
+                prop_assert!((found.simulation.report.makespan - best.makespan).abs() < 1e-9);
+                if let Some(fixed) = best_fixed(p, m, &model, cap) {
+                    prop_assert!(best.makespan <= fixed + 1e-9, "{} > fixed {}", best.makespan, fixed);
+                }
+                // The front is sorted by memory and strictly faster at each step.
+                for pair in found.front.windows(2) {
+                    let (a, b) = (&found.candidates[pair[0]], &found.candidates[pair[1]]);
+                    prop_assert!(a.peak_microbatches <= b.peak_microbatches && b.makespan < a.makespan);
+                }
+            }
+            // One microbatch's passage through a device needs one unit; below that nothing fits.
+            Err(SearchError::NothingFits { .. }) => prop_assert!(cap < 1.0),
+            Err(e) => prop_assert!(false, "{}", e),
+        }
+    }
+}
+
+#[test]
+fn with_a_cap_of_p_the_search_matches_or_beats_zb_h1() {
+    let (p, m) = (4, 12);
+    let model = costs(p, 1.0, 2.0, 1.0, 0.0);
+    let found = search(&SearchSpec::new(
+        p,
+        m,
+        model.clone(),
+        MemoryCap::Microbatches(4.0),
+    ))
+    .unwrap();
+    let zb = ScheduleSpec::new(ScheduleKind::ZbH1, p, 1, m, None).unwrap();
+    let zb_h1 = simulate(&generate(&zb), &model).unwrap().report.makespan;
+    // zb-h1: m(F+I+W) + (p-1)(F+I-W) = 36 + 3.
+    assert!((zb_h1 - 39.0).abs() < 1e-9, "{zb_h1}");
+    let best = &found.candidates[found.best];
+    assert!(best.makespan <= zb_h1, "{} > {zb_h1}", best.makespan);
+    let fixed = &found.candidates[found.best_fixed.unwrap()];
+    assert!(best.makespan <= fixed.makespan);
+}
+
+#[test]
+fn a_cap_in_bytes_is_converted_by_the_activation_sizes() {
+    let model = costs(4, 1.0, 2.0, 1.0, 0.0);
+    let by_bytes = search(&SearchSpec::new(
+        4,
+        8,
+        model.clone(),
+        MemoryCap::Bytes(2 * UNIT),
+    ))
+    .unwrap();
+    let by_units = search(&SearchSpec::new(4, 8, model, MemoryCap::Microbatches(2.0))).unwrap();
+    assert_eq!(by_bytes.cap_microbatches, 2.0);
+    let (a, b) = (
+        &by_bytes.candidates[by_bytes.best],
+        &by_units.candidates[by_units.best],
+    );
+    assert_eq!((a.makespan, &a.label), (b.makespan, &b.label));
+    assert!(a.peak_bytes.unwrap() <= 2 * UNIT);
+}
+
+#[test]
+fn impossible_caps_and_missing_sizes_are_clear_errors() {
+    let model = costs(4, 1.0, 2.0, 1.0, 0.0);
+    let e = search(&SearchSpec::new(
+        4,
+        8,
+        model.clone(),
+        MemoryCap::Microbatches(0.4),
+    ))
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.starts_with("no schedule fits a cap of 0.4 microbatches per device: the least any candidate needs is 1 microbatches ("),
+        "{e}"
+    );
+    let bare = CostModel::uniform(4, StageCost::new(1.0, 2.0, None).unwrap());
+    let e = search(&SearchSpec::new(4, 8, bare, MemoryCap::Bytes(1 << 30)))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.starts_with("a memory cap in bytes needs activation sizes"),
+        "{e}"
+    );
+    let e = search(&SearchSpec::new(0, 8, model, MemoryCap::Microbatches(4.0)))
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        e,
+        "the search needs at least one device and one microbatch (got p=0, m=8)"
+    );
+}
