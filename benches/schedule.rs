@@ -61,5 +61,23 @@ fn phases(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, pipeline, phases);
+/// The search's targets: p=16, m=64 under a cap of 2p microbatches in under 10 s; p=32,
+/// m=256 in under 60 s. Every candidate is generated, validated and simulated.
+fn search_under_a_cap(c: &mut Criterion) {
+    use pipewright::schedule::search::{search, MemoryCap, SearchSpec};
+    let mut group = c.benchmark_group("search");
+    for (p, m, secs) in [(16u32, 64u32, 5), (32, 256, 20)] {
+        let costs = CostModel::uniform(p, StageCost::new(1.0, 2.0, Some(1.0)).unwrap());
+        let spec = SearchSpec::new(p, m, costs, MemoryCap::Microbatches(f64::from(2 * p)));
+        group
+            .sample_size(10)
+            .measurement_time(Duration::from_secs(secs));
+        group.bench_function(format!("p={p} m={m} cap={}", 2 * p), |b| {
+            b.iter(|| search(black_box(&spec)).unwrap().candidates.len())
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, pipeline, phases, search_under_a_cap);
 criterion_main!(benches);

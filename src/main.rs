@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use cli::charts::{SweepCmd, VizCmd};
 use cli::commands::{ScheduleCmd, SimulateCmd, ValidateCmd};
+use cli::search::SearchCmd;
 use cli::train::{BenchCmd, TrainCmd};
 
 /// Pipeline-parallel schedules as data: generated, validated, simulated, drawn, executed.
@@ -19,7 +20,7 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Generate a timetable (gpipe, 1f1b, interleaved-1f1b) and print it as a grid, CSV or JSON.
+    /// Generate a timetable (any family) and print it as a grid, CSV or JSON.
     Schedule(ScheduleCmd),
     /// Check a timetable file: complete, ordered, paired, deadlock-free.
     Validate(ValidateCmd),
@@ -29,6 +30,8 @@ enum Command {
     Viz(VizCmd),
     /// Simulate schedules over chunk counts: bubble, throughput and memory against m.
     Sweep(SweepCmd),
+    /// Find the fastest schedule for your costs that fits a memory cap, with its Pareto front.
+    Search(SearchCmd),
     /// Train the reference GPT on in-process devices with any schedule and PP x TP x DP.
     Train(TrainCmd),
     /// Run a timetable with synthetic stages of exact durations and compare with the simulator.
@@ -43,6 +46,7 @@ fn main() -> ExitCode {
         Command::Simulate(c) => c.run(),
         Command::Viz(c) => c.run(),
         Command::Sweep(c) => c.run(),
+        Command::Search(c) => c.run(),
         Command::Train(c) => c.run(),
         Command::Bench(c) => c.run(),
     };

@@ -43,8 +43,8 @@ pub use action::{Action, ActionKind, ParseActionError};
 pub use formats::{chrome_trace, from_csv, to_csv, CsvError, CsvSource};
 pub use generators::generate;
 pub use simulate::{
-    simulate, CostError, CostModel, DeviceReport, RawCostFile, RawStageCost, Report, SimError,
-    Simulation, StageCost,
+    measured_costs, simulate, CostError, CostModel, DeviceReport, RawCostFile, RawStageCost,
+    Report, SimError, Simulation, StageCost,
 };
 pub use spec::{Placement, RawSpec, ScheduleKind, ScheduleSpec, SpecError};
 pub use sweep::{best, parse_counts, sweep, CountsError, SweepGrid, SweepRow};

@@ -4,4 +4,5 @@ pub mod args;
 pub mod charts;
 pub mod commands;
 pub mod io;
+pub mod search;
 pub mod train;

@@ -18,6 +18,7 @@ use pipewright::viz::{bubble_chart, ChartOptions, ChartPanel, ImageFormat};
 use super::args::{CostArgs, SourceArgs};
 use super::commands::ReportFormat;
 use super::io::write_atomic;
+use super::search::write_measured_costs;
 
 /// Train the reference GPT on in-process devices (one thread per rank).
 #[derive(Args, Debug)]
@@ -69,6 +70,10 @@ pub struct TrainCmd {
     /// `json` prints one JSON object per step: loss, tokens per second, measured bubble.
     #[arg(long, value_enum, default_value_t = ReportFormat::Table)]
     format: ReportFormat,
+    /// Write the measured per-stage F, B (or I and W) times in ms as a cost file for
+    /// `simulate --cost-file` and `search --cost-file` (median over the steps after the first).
+    #[arg(long, value_name = "FILE")]
+    costs_out: Option<PathBuf>,
 }
 
 impl TrainCmd {
@@ -105,7 +110,11 @@ impl TrainCmd {
         let bar = progress(self.steps, self.format == ReportFormat::Table);
         let mut last: Option<StepRecord> = None;
         let mut first_loss = None;
+        let mut timelines = Vec::new();
         train_gpt(&cfg, &tt, |s| {
+            if self.costs_out.is_some() {
+                timelines.push(s.timeline.clone());
+            }
             let loss = s.loss.unwrap_or(f32::NAN);
             first_loss.get_or_insert(loss);
             let tps = tokens / s.seconds.max(1e-9);
@@ -135,6 +144,9 @@ impl TrainCmd {
                 tt.name, mesh.pp, mesh.tp, mesh.dp, self.steps, first_loss.unwrap_or(f32::NAN),
                 last.loss.unwrap_or(f32::NAN), last.seconds * 1e3, tokens / last.seconds.max(1e-9), 100.0 * last.bubble_fraction()
             );
+        }
+        if let Some(path) = &self.costs_out {
+            write_measured_costs(path, &timelines)?;
         }
         write_outputs(
             &last.timeline,
@@ -198,6 +210,10 @@ pub struct BenchCmd {
     /// Output form.
     #[arg(long, value_enum, default_value_t = ReportFormat::Table)]
     format: ReportFormat,
+    /// Write the measured per-stage times in ms as a cost file (median over the steps after
+    /// the first).
+    #[arg(long, value_name = "FILE")]
+    costs_out: Option<PathBuf>,
 }
 
 impl BenchCmd {
@@ -253,6 +269,12 @@ impl BenchCmd {
         }
         if let Some(path) = &self.trace {
             write_atomic(path, serde_json::to_string(&median.timeline)?.as_bytes())?;
+        }
+        if let Some(path) = &self.costs_out {
+            let mut ordered: Vec<&StepRecord> = steps.iter().collect();
+            ordered.sort_by_key(|s| s.step);
+            let timelines: Vec<_> = ordered.iter().map(|s| s.timeline.clone()).collect();
+            write_measured_costs(path, &timelines)?;
         }
         if let Some(path) = &self.chart {
             let mut simulated = sim.timeline.clone();

@@ -50,6 +50,7 @@ mod error;
 mod lanes;
 mod layout;
 mod memory;
+mod pareto;
 mod style;
 mod sweep;
 mod term;
@@ -60,6 +61,7 @@ use std::path::Path;
 use pipewright_schedule::{MemorySample, Timeline};
 
 pub use error::VizError;
+pub use pareto::{pareto_plot, ParetoPoint};
 pub use sweep::{sweep_plot, SweepPoint, SweepSeries};
 pub use term::{terminal_chart, MIN_COLUMNS as MIN_TERM_COLUMNS};
 

@@ -359,8 +359,15 @@ fn pareto_front(candidates: &[Candidate]) -> Vec<usize> {
     let mut front = Vec::new();
     let mut fastest = f64::INFINITY;
     for i in order {
-        if candidates[i].makespan < fastest * (1.0 - 1e-12) {
-            fastest = candidates[i].makespan;
+        let c = &candidates[i];
+        if c.makespan < fastest * (1.0 - 1e-12) {
+            // Peaks that differ only by rounding (thirds of a unit) are one memory level.
+            if front.last().is_some_and(|&j: &usize| {
+                candidates[j].peak_microbatches >= c.peak_microbatches - 1e-9
+            }) {
+                front.pop();
+            }
+            fastest = c.makespan;
             front.push(i);
         }
     }

@@ -181,22 +181,34 @@ fn join(parts: &[StageCost]) -> StageCost {
 #[serde(deny_unknown_fields)]
 pub struct RawStageCost {
     /// Forward time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub f: Option<f64>,
     /// Full backward time (default `i + w`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub b: Option<f64>,
     /// Input-gradient time (default `b - w`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub i: Option<f64>,
     /// Weight-gradient time (default `b - i`, or `b / 2`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub w: Option<f64>,
     /// Stashed activation bytes (default 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub activation_bytes: Option<u64>,
     /// Bytes sent to the next stage (default 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub p2p_bytes: Option<u64>,
     /// Time of an F&B overlap whose forward is this stage's (default: F plus the B's time).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub overlap: Option<f64>,
 }
 
 impl RawStageCost {
+    /// Whether nothing is given (every field left to its default).
+    pub fn is_empty(&self) -> bool {
+        *self == RawStageCost::default()
+    }
+
     fn or(self, d: RawStageCost) -> RawStageCost {
         RawStageCost {
             f: self.f.or(d.f),
@@ -256,17 +268,23 @@ impl RawStageCost {
 #[serde(deny_unknown_fields)]
 pub struct RawCostFile {
     /// Costs of every stage unless overridden.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "RawStageCost::is_empty")]
     pub default: RawStageCost,
     /// Per-stage overrides; when present, exactly one per stage.
     #[serde(default)]
     pub stages: Option<Vec<RawStageCost>>,
     /// Latency of each point-to-point transfer (default 0).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub p2p_latency: Option<f64>,
     /// Link bandwidth in bytes per time unit (default infinite).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bandwidth: Option<f64>,
+    /// Unit of the times, for people (e.g. `ms` in a measured file); not used in arithmetic.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_unit: Option<String>,
+    /// Where the costs come from, for people (e.g. the run that measured them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
 }
 
 impl RawCostFile {

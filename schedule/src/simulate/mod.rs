@@ -11,9 +11,11 @@
 //! time linear in the number of actions.
 
 mod cost;
+mod measure;
 mod report;
 
 pub use cost::{CostError, CostModel, RawCostFile, RawStageCost, StageCost};
+pub use measure::measured_costs;
 pub use report::{DeviceReport, Report};
 
 use crate::action::{Action, ActionKind};

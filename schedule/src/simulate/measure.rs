@@ -1,0 +1,125 @@
+//! Costs measured, not guessed: the per-stage F, B, I and W times of recorded steps, as a cost
+//! file that `simulate` and `search` read. This closes the loop from a real run to a better
+//! schedule.
+
+use crate::action::ActionKind;
+use crate::timeline::Timeline;
+
+use super::cost::{CostError, RawCostFile, RawStageCost};
+
+/// The median duration of each stage's F, B, I and W over `timelines` (steps of one run).
+///
+/// A stage that ran full backwards gets `b` (the file's reader splits it `w = b/2` unless
+/// told); one that ran I and W gets both, so a run of a split schedule (zb-h1, zbv) measures
+/// the split. F&B overlaps are not used: their two halves cannot be told apart.
+pub fn measured_costs(timelines: &[&Timeline]) -> Result<RawCostFile, CostError> {
+    let Some(first) = timelines.first() else {
+        return Err(CostError::Missing {
+            place: "measured costs".into(),
+            what: "recorded steps",
+        });
+    };
+    let stages = first.meta.stages as usize;
+    // Durations per stage, per kind: F, B, I, W.
+    let mut seen: Vec<[Vec<f64>; 4]> = vec![Default::default(); stages];
+    for tl in timelines {
+        for e in tl.compute_events() {
+            let slot = match e.action.kind {
+                ActionKind::F => 0,
+                ActionKind::B => 1,
+                ActionKind::I => 2,
+                ActionKind::W => 3,
+                _ => continue,
+            };
+            if let Some(s) = seen.get_mut(e.action.stage as usize) {
+                s[slot].push(e.end - e.start);
+            }
+        }
+    }
+    let per_stage = seen
+        .into_iter()
+        .enumerate()
+        .map(|(s, mut kinds)| stage_cost(s, &mut kinds))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(RawCostFile {
+        default: RawStageCost::default(),
+        stages: Some(per_stage),
+        p2p_latency: None,
+        bandwidth: None,
+        time_unit: Some(first.meta.time_unit.clone()),
+        source: Some(format!(
+            "measured: {} on {} devices, {} stages, {} microbatches, median of {} steps",
+            first.meta.schedule,
+            first.meta.devices,
+            first.meta.stages,
+            first.meta.microbatches,
+            timelines.len()
+        )),
+    })
+}
+
+fn stage_cost(stage: usize, kinds: &mut [Vec<f64>; 4]) -> Result<RawStageCost, CostError> {
+    let [f, b, i, w] = kinds.each_mut().map(|d| median(d));
+    let missing = |what| CostError::Missing {
+        place: format!("measured stage {stage}"),
+        what,
+    };
+    let f = f.ok_or(missing("forward (F) events"))?;
+    let (b, i, w) = match (b, i, w) {
+        (_, Some(i), Some(w)) => (None, Some(i), Some(w)),
+        (Some(b), _, _) => (Some(b), None, None),
+        _ => return Err(missing("standalone backward (B, or I and W) events")),
+    };
+    Ok(RawStageCost {
+        f: Some(f),
+        b,
+        i,
+        w,
+        ..RawStageCost::default()
+    })
+}
+
+fn median(v: &mut [f64]) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    Some(if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{generate, simulate, CostModel, ScheduleKind, ScheduleSpec, StageCost};
+
+    #[test]
+    fn a_simulated_step_measures_back_to_its_own_costs() {
+        let spec = ScheduleSpec::new(ScheduleKind::ZbH1, 3, 1, 6, None).unwrap();
+        let mut costs = CostModel::uniform(3, StageCost::new(1.0, 3.0, Some(1.25)).unwrap());
+        costs.stages[2].f = 2.5;
+        let sim = simulate(&generate(&spec), &costs).unwrap();
+        let raw = measured_costs(&[&sim.timeline]).unwrap();
+        let back = raw.resolve(3).unwrap();
+        for (got, want) in back.stages.iter().zip(&costs.stages) {
+            assert_eq!(
+                (got.f, got.i, got.w, got.b),
+                (want.f, want.i, want.w, want.b)
+            );
+        }
+        // A full-backward schedule measures b, and the reader splits it evenly.
+        let spec = ScheduleSpec::new(ScheduleKind::OneFOneB, 3, 1, 6, None).unwrap();
+        let sim = simulate(&generate(&spec), &costs).unwrap();
+        let back = measured_costs(&[&sim.timeline])
+            .unwrap()
+            .resolve(3)
+            .unwrap();
+        assert_eq!((back.stages[0].b, back.stages[0].w), (3.0, 1.5));
+        let e = measured_costs(&[]).unwrap_err().to_string();
+        assert_eq!(e, "measured costs: no recorded steps given");
+    }
+}

@@ -1,0 +1,266 @@
+//! `search`: the fastest schedule for the user's costs under a memory cap.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{bail, Result};
+use clap::Args;
+use pipewright::schedule::search::{search, Candidate, MemoryCap, SearchOutcome, SearchSpec};
+use pipewright::schedule::{lower, measured_costs, to_csv, ScheduleKind, Timeline};
+use pipewright::viz::{
+    bubble_chart, pareto_plot, ChartOptions, ChartPanel, ImageFormat, ParetoPoint,
+};
+
+use super::args::CostArgs;
+use super::commands::ReportFormat;
+use super::io::write_atomic;
+
+/// Find the schedule with the smallest simulated step time that fits a memory cap.
+#[derive(Args, Debug)]
+pub struct SearchCmd {
+    /// Pipeline devices p.
+    #[arg(long, short = 'p', default_value_t = 4, value_name = "P")]
+    stages: u32,
+    /// Microbatches m per training step.
+    #[arg(long, short = 'm', default_value_t = 8, value_name = "M")]
+    microbatches: u32,
+    /// Stashed activations a device may hold: a number of microbatches of one device's share
+    /// of the model (1F1B needs p, GPipe m), or bytes with a unit (512MiB, 24GB; needs
+    /// --activation-bytes or activation sizes in the cost file).
+    #[arg(long, value_name = "CAP")]
+    memory_cap: String,
+    #[command(flatten)]
+    costs: CostArgs,
+    /// Largest chunks per device v to try (interleaved, looped-bfs, the list scheduler).
+    #[arg(long, default_value_t = 4, value_name = "V")]
+    max_virtual: u32,
+    /// Fixed families to try, comma separated (default: all of them).
+    #[arg(long, value_name = "LIST")]
+    schedules: Option<String>,
+    /// Do not run the search's own list scheduler.
+    #[arg(long)]
+    no_list: bool,
+    /// Most simulations spent improving the best timetable by moving work into its gaps.
+    #[arg(long, default_value_t = 200, value_name = "N")]
+    improve: usize,
+    /// Draw the Pareto front of bubble against peak memory to FILE.svg or FILE.png.
+    #[arg(long, short = 'o', value_name = "FILE")]
+    output: Option<PathBuf>,
+    /// Write the best timetable to FILE.csv (PyTorch's form) or FILE.json, ready for
+    /// `train --timetable`, `simulate --timetable` or PyTorch.
+    #[arg(long, value_name = "FILE")]
+    timetable_out: Option<PathBuf>,
+    /// Draw the best timetable's simulated bubble chart to FILE.svg or FILE.png.
+    #[arg(long, value_name = "FILE")]
+    chart: Option<PathBuf>,
+    /// Candidates listed in the table, fastest first.
+    #[arg(long, default_value_t = 10, value_name = "N")]
+    top: usize,
+    /// Output form.
+    #[arg(long, value_enum, default_value_t = ReportFormat::Table)]
+    format: ReportFormat,
+}
+
+impl SearchCmd {
+    pub fn run(&self) -> Result<()> {
+        let cap: MemoryCap = self.memory_cap.parse()?;
+        // Catch bad output names before the work, not after.
+        let plot_fmt = self
+            .output
+            .as_deref()
+            .map(ImageFormat::from_path)
+            .transpose()?;
+        let chart_fmt = self
+            .chart
+            .as_deref()
+            .map(ImageFormat::from_path)
+            .transpose()?;
+        let tt_json = self
+            .timetable_out
+            .as_deref()
+            .map(timetable_form)
+            .transpose()?;
+        let costs = self.costs.model(self.stages, self.stages)?;
+        let mut spec = SearchSpec::new(self.stages, self.microbatches, costs, cap);
+        spec.max_virtual = self.max_virtual;
+        spec.list_scheduler = !self.no_list;
+        spec.improve_budget = self.improve;
+        if let Some(list) = &self.schedules {
+            spec.families = list
+                .split(',')
+                .map(|s| s.parse::<ScheduleKind>())
+                .collect::<Result<_, _>>()?;
+        }
+        let started = Instant::now();
+        let found = search(&spec)?;
+        let secs = started.elapsed().as_secs_f64();
+        match self.format {
+            ReportFormat::Json => println!("{}", json_report(&found, secs)),
+            ReportFormat::Table => print!("{}", self.table(&found, secs)),
+        }
+        if let (Some(path), Some(fmt)) = (&self.output, plot_fmt) {
+            let bytes = pareto_plot(
+                &points(&found),
+                Some(found.cap_microbatches),
+                &ChartOptions::default(),
+                fmt,
+            )?;
+            write_atomic(path, &bytes)?;
+            eprintln!("wrote {}", path.display());
+        }
+        if let (Some(path), Some(fmt)) = (&self.chart, chart_fmt) {
+            let label = &found.candidates[found.best].label;
+            let panel = ChartPanel::new(&found.simulation.timeline).with_label(label.clone());
+            write_atomic(
+                path,
+                &bubble_chart(&[panel], &ChartOptions::default(), fmt)?,
+            )?;
+            eprintln!("wrote {}", path.display());
+        }
+        if let (Some(path), Some(json)) = (&self.timetable_out, tt_json) {
+            let mut tt = found.timetable.clone();
+            tt.name = format!("search: {}", found.candidates[found.best].label);
+            let text = if json {
+                serde_json::to_string_pretty(&tt)? + "\n"
+            } else {
+                to_csv(&lower(&tt)?)
+            };
+            write_atomic(path, text.as_bytes())?;
+            eprintln!("wrote {}", path.display());
+        }
+        Ok(())
+    }
+
+    fn table(&self, found: &SearchOutcome, secs: f64) -> String {
+        let c = &found.candidates;
+        let best = &c[found.best];
+        let mut out = format!(
+            "search p={} m={}, cap {} microbatches per device: {} candidates, {} skipped, {secs:.2} s\n",
+            self.stages,
+            self.microbatches,
+            short(found.cap_microbatches),
+            c.len(),
+            found.skipped.len()
+        );
+        out += &format!("best: {}\n", line(best));
+        match found.best_fixed {
+            Some(i) if i == found.best => out += "the best is a fixed family\n",
+            Some(i) => {
+                let gain = 100.0 * (1.0 - best.makespan / c[i].makespan.max(f64::MIN_POSITIVE));
+                out += &format!(
+                    "best fixed family: {} (the best is {gain:.1}% faster)\n",
+                    line(&c[i])
+                );
+            }
+            None => out += "no fixed family fits the cap\n",
+        }
+        let mut order: Vec<&Candidate> = c.iter().filter(|x| x.fits).collect();
+        order.sort_by(|a, b| a.makespan.total_cmp(&b.makespan));
+        out += &format!(
+            "\n{:<48} {:>12} {:>8} {:>8}\n",
+            "fitting candidates, fastest first", "makespan", "bubble", "peak"
+        );
+        for x in order.iter().take(self.top) {
+            out += &format!(
+                "{:<48} {:>12.4} {:>7.2}% {:>8}\n",
+                x.label,
+                x.makespan,
+                100.0 * x.bubble_fraction,
+                short(x.peak_microbatches)
+            );
+        }
+        out += "\nPareto front (peak memory -> makespan):\n";
+        for &i in &found.front {
+            let x = &c[i];
+            let fit = if x.fits { "" } else { "  (over the cap)" };
+            out += &format!(
+                "  {:>8}  {:>12.4}  {}{fit}\n",
+                short(x.peak_microbatches),
+                x.makespan,
+                x.label
+            );
+        }
+        out
+    }
+}
+
+/// Whether a timetable output is JSON (else CSV), from its extension.
+fn timetable_form(path: &std::path::Path) -> Result<bool> {
+    match path
+        .extension()
+        .and_then(|e| e.to_str())
+        .map(str::to_ascii_lowercase)
+        .as_deref()
+    {
+        Some("json") => Ok(true),
+        Some("csv") => Ok(false),
+        _ => bail!(
+            "--timetable-out {}: use a .csv or .json file name",
+            path.display()
+        ),
+    }
+}
+
+fn line(c: &Candidate) -> String {
+    format!(
+        "{}: makespan {:.4}, bubble {:.2}%, peak {} microbatches{}",
+        c.label,
+        c.makespan,
+        100.0 * c.bubble_fraction,
+        short(c.peak_microbatches),
+        c.peak_bytes
+            .map_or(String::new(), |b| format!(" ({b} bytes)"))
+    )
+}
+
+/// A number with at most two decimals and no trailing zeros.
+fn short(x: f64) -> String {
+    let s = format!("{x:.2}");
+    s.trim_end_matches('0').trim_end_matches('.').to_string()
+}
+
+fn points(found: &SearchOutcome) -> Vec<ParetoPoint> {
+    found
+        .candidates
+        .iter()
+        .enumerate()
+        .map(|(i, c)| ParetoPoint {
+            label: c.label.clone(),
+            peak: c.peak_microbatches,
+            bubble_fraction: c.bubble_fraction,
+            on_front: found.front.contains(&i),
+            best: i == found.best,
+        })
+        .collect()
+}
+
+fn json_report(found: &SearchOutcome, secs: f64) -> serde_json::Value {
+    serde_json::json!({
+        "seconds": secs,
+        "cap_microbatches": found.cap_microbatches,
+        "unit_bytes": found.unit_bytes,
+        "best": found.candidates[found.best],
+        "best_fixed": found.best_fixed.map(|i| &found.candidates[i]),
+        "front": found.front.iter().map(|&i| &found.candidates[i]).collect::<Vec<_>>(),
+        "candidates": found.candidates,
+        "skipped": found.skipped,
+    })
+}
+
+/// Write the per-stage costs measured over `steps` (the first is left out as warm-up when
+/// there are more) as a cost file for `simulate --cost-file` and `search --cost-file`.
+pub fn write_measured_costs(path: &std::path::Path, steps: &[Timeline]) -> Result<()> {
+    let used: Vec<&Timeline> = steps.iter().skip(usize::from(steps.len() > 1)).collect();
+    let raw = measured_costs(&used)?;
+    write_atomic(
+        path,
+        (serde_json::to_string_pretty(&raw)? + "\n").as_bytes(),
+    )?;
+    eprintln!(
+        "wrote {} (per-stage costs in {}, median of {} steps)",
+        path.display(),
+        raw.time_unit.as_deref().unwrap_or("?"),
+        used.len()
+    );
+    Ok(())
+}

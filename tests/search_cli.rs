@@ -1,0 +1,176 @@
+//! `pipewright search` and measured cost files end to end: from a run's measured costs to a
+//! searched timetable that trains.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn pipewright(dir: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_pipewright"))
+        .current_dir(dir)
+        .args(args)
+        .output()
+        .expect("binary runs")
+}
+
+fn ok(dir: &Path, args: &[&str]) -> String {
+    let o = pipewright(dir, args);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{args:?}: {err}");
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn fails_with(dir: &Path, args: &[&str], needle: &str) {
+    let o = pipewright(dir, args);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{args:?}: {err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.starts_with("error: ") && err.contains(needle), "{err}");
+}
+
+#[test]
+fn measured_costs_feed_a_search_whose_timetable_trains() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    // Synthetic stages of 2 ms F, 2 ms I, 2 ms W: the measured file must say at least that.
+    ok(
+        d,
+        &[
+            "bench",
+            "--schedule",
+            "zb-h1",
+            "-p",
+            "2",
+            "-m",
+            "4",
+            "--cost",
+            "2,4,2",
+            "--steps",
+            "3",
+            "--costs-out",
+            "costs.json",
+        ],
+    );
+    let costs: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(d.join("costs.json")).unwrap()).unwrap();
+    let stages = costs["stages"].as_array().unwrap();
+    assert_eq!(stages.len(), 2);
+    for s in stages {
+        for k in ["f", "i", "w"] {
+            let t = s[k].as_f64().unwrap();
+            assert!(t >= 1.99, "{k} = {t} ms, but the stage sleeps 2 ms");
+        }
+    }
+    assert_eq!(costs["time_unit"], "ms");
+    let table = ok(
+        d,
+        &[
+            "search",
+            "-p",
+            "2",
+            "-m",
+            "4",
+            "--memory-cap",
+            "2",
+            "--cost-file",
+            "costs.json",
+            "-o",
+            "front.svg",
+            "--timetable-out",
+            "best.csv",
+            "--chart",
+            "best.png",
+        ],
+    );
+    assert!(
+        table.contains("best: ") && table.contains("Pareto front"),
+        "{table}"
+    );
+    let svg = std::fs::read_to_string(d.join("front.svg")).unwrap();
+    assert!(svg.contains("cap 2") && svg.contains("best: "));
+    assert!(std::fs::read(d.join("best.png"))
+        .unwrap()
+        .starts_with(b"\x89PNG"));
+    ok(d, &["validate", "best.csv"]);
+    let train = ok(
+        d,
+        &[
+            "train",
+            "--timetable",
+            "best.csv",
+            "--steps",
+            "2",
+            "--layers",
+            "4",
+        ],
+    );
+    assert!(train.contains("2 steps, loss"), "{train}");
+}
+
+#[test]
+fn search_json_reports_a_best_that_fits_and_is_never_slower_than_the_fixed_families() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = ok(
+        dir.path(),
+        &[
+            "search",
+            "-p",
+            "4",
+            "-m",
+            "8",
+            "--memory-cap",
+            "4",
+            "--cost",
+            "1,2,1",
+            "--format",
+            "json",
+        ],
+    );
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let best = &v["best"];
+    assert!(best["fits"].as_bool().unwrap());
+    assert!(best["peak_microbatches"].as_f64().unwrap() <= 4.0);
+    let fixed = v["best_fixed"]["makespan"].as_f64().unwrap();
+    assert!(best["makespan"].as_f64().unwrap() <= fixed);
+    // 1F1B fits a cap of p; its makespan (m + p - 1) * 3 = 33 bounds the answer.
+    assert!(fixed <= 33.0);
+}
+
+#[test]
+fn search_rejects_bad_caps_and_outputs_in_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    fails_with(
+        d,
+        &["search", "--memory-cap", "0.5"],
+        "no schedule fits a cap of 0.5 microbatches per device",
+    );
+    fails_with(
+        d,
+        &["search", "--memory-cap", "lots"],
+        "memory cap `lots`: expected a number of microbatches",
+    );
+    fails_with(
+        d,
+        &["search", "--memory-cap", "1GiB"],
+        "a memory cap in bytes needs activation sizes",
+    );
+    fails_with(
+        d,
+        &["search", "--memory-cap", "4", "-o", "front.txt"],
+        "front.txt",
+    );
+    fails_with(
+        d,
+        &["search", "--memory-cap", "4", "--timetable-out", "x.txt"],
+        "use a .csv or .json file name",
+    );
+    fails_with(
+        d,
+        &["search", "--memory-cap", "4", "--schedules", "1f1b,nope"],
+        "unknown schedule `nope`",
+    );
+    assert!(
+        std::fs::read_dir(d).unwrap().next().is_none(),
+        "nothing written on failure"
+    );
+}
