@@ -30,9 +30,6 @@ mod improve;
 mod list;
 mod memory;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
-
 use serde::Serialize;
 
 pub use list::{list_schedule, Knobs};
@@ -543,49 +540,35 @@ struct Best {
     simulation: Simulation,
 }
 
-/// Evaluate every job on all cores; results in job order. Only the best fitting timetable is
-/// kept (large searches make hundreds of them); ties go to the earlier job.
+/// Evaluate every job in order. Only the best fitting timetable is kept (large searches make
+/// hundreds of them); ties go to the earlier job. Sequential on purpose: this crate has no
+/// threads, and the search is fast enough without them (BENCHMARKS.md).
 fn evaluate_all(
     jobs: &[Job],
     spec: &SearchSpec,
     shapes: &[Option<Shape>],
     unit: Option<f64>,
 ) -> (Vec<Evaluated>, Option<Best>) {
-    let next = AtomicUsize::new(0);
-    let results: Mutex<(Vec<Option<Evaluated>>, Option<Best>)> =
-        Mutex::new((vec![None; jobs.len()], None));
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    std::thread::scope(|scope| {
-        for _ in 0..threads.min(jobs.len()) {
-            scope.spawn(|| loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                let Some(job) = jobs.get(i) else { break };
-                let r = evaluate(job, spec, shapes, unit);
-                let Ok(mut guard) = results.lock() else { break };
-                let (all, best) = &mut *guard;
-                all[i] = Some(match r {
-                    Ok((cand, Some((timetable, simulation)))) => {
-                        let k = key(&cand);
-                        if best.as_ref().map_or(true, |b| (k, i) < (b.key, b.job)) {
-                            *best = Some(Best {
-                                job: i,
-                                key: k,
-                                timetable,
-                                simulation,
-                            });
-                        }
-                        Ok(cand)
-                    }
-                    Ok((cand, None)) => Ok(cand),
-                    Err(e) => Err(e),
-                });
-            });
-        }
-    });
-    let (all, best) = results.into_inner().unwrap_or_default();
-    let all = all
-        .into_iter()
-        .map(|r| r.unwrap_or_else(|| Err(("?".into(), "not evaluated".into()))))
+    let mut best: Option<Best> = None;
+    let all = jobs
+        .iter()
+        .enumerate()
+        .map(|(i, job)| match evaluate(job, spec, shapes, unit) {
+            Ok((cand, Some((timetable, simulation)))) => {
+                let k = key(&cand);
+                if best.as_ref().map_or(true, |b| k < b.key) {
+                    best = Some(Best {
+                        job: i,
+                        key: k,
+                        timetable,
+                        simulation,
+                    });
+                }
+                Ok(cand)
+            }
+            Ok((cand, None)) => Ok(cand),
+            Err(e) => Err(e),
+        })
         .collect();
     (all, best)
 }
