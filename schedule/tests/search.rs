@@ -148,3 +148,17 @@ fn impossible_caps_and_missing_sizes_are_clear_errors() {
         "the search needs at least one device and one microbatch (got p=0, m=8)"
     );
 }
+
+#[test]
+fn max_virtual_bounds_every_candidate() {
+    let model = costs(4, 1.0, 2.0, 1.0, 0.0);
+    let mut spec = SearchSpec::new(4, 8, model, MemoryCap::Microbatches(8.0));
+    spec.max_virtual = 1;
+    let found = search(&spec).unwrap();
+    assert!(found.candidates.iter().all(|c| c.virtual_stages == 1));
+    assert_eq!(found.timetable.num_stages(), 4);
+    assert!(found
+        .skipped
+        .iter()
+        .any(|s| s.label == "zbv" && s.reason.contains("above the largest v")));
+}

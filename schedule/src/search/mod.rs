@@ -378,6 +378,16 @@ fn jobs(spec: &SearchSpec, cap: f64, shapes: &[Option<Shape>]) -> (Vec<Job>, Vec
     let mut skipped = Vec::new();
     for &kind in &spec.families {
         for (v, g) in family_shapes(kind, p, m, spec.max_virtual) {
+            if v > spec.max_virtual.max(1) {
+                skipped.push(Skipped {
+                    label: fixed_label(kind, v, g),
+                    reason: format!(
+                        "v={v} is above the largest v allowed ({})",
+                        spec.max_virtual
+                    ),
+                });
+                continue;
+            }
             match ScheduleSpec::new(kind, p, v, m, g) {
                 Ok(s) if shapes[v as usize].is_some() => jobs.push(Job::Fixed(s)),
                 Ok(_) => skipped.push(Skipped {
@@ -404,6 +414,9 @@ fn resample_reason(spec: &SearchSpec, stages: u32) -> String {
     }
 }
 
+/// Above this many, interleaving group sizes are tried at powers of two only.
+const MAX_GROUP_SIZES: u32 = 256;
+
 /// The (v, group size) shapes of a family.
 fn family_shapes(kind: ScheduleKind, p: u32, m: u32, max_v: u32) -> Vec<(u32, Option<u32>)> {
     if let Some(v) = kind.fixed_virtual() {
@@ -413,18 +426,24 @@ fn family_shapes(kind: ScheduleKind, p: u32, m: u32, max_v: u32) -> Vec<(u32, Op
         return vec![(1, None)];
     }
     let mut out = Vec::new();
-    for v in 2..=max_v.max(2) {
+    for v in 2..=max_v {
         if kind != ScheduleKind::Interleaved1F1B {
             out.push((v, None));
             continue;
         }
-        // Group sizes p, 2p, 4p, ... and one group of all m.
-        let mut g = p.max(1);
-        while g < m {
-            out.push((v, Some(g)));
-            g = g.saturating_mul(2);
+        // Every group size from p to m (m is one group) when there are few, so no fixed
+        // interleaving beats the search; else p, 2p, 4p, ... and m.
+        let p = p.max(1);
+        if m.saturating_sub(p) <= MAX_GROUP_SIZES {
+            out.extend((p..=m.max(p)).map(|g| (v, Some(g))));
+        } else {
+            let mut g = p;
+            while g < m {
+                out.push((v, Some(g)));
+                g = g.saturating_mul(2);
+            }
+            out.push((v, Some(m)));
         }
-        out.push((v, Some(m.max(p))));
     }
     out
 }
@@ -453,7 +472,9 @@ fn list_jobs(
     let mut placements: Vec<(u32, Placement)> = (1..=spec.max_virtual.max(1))
         .map(|v| (v, Placement::Loop))
         .collect();
-    placements.push((2, Placement::V));
+    if spec.max_virtual >= 2 {
+        placements.push((2, Placement::V));
+    }
     for (v, placement) in placements {
         let knobs = Knobs {
             v,
