@@ -1,0 +1,705 @@
+//! The MPI transport: one process per rank, over rsmpi and the system's MPI (feature `mpi`).
+//!
+//! Point-to-point: a message is a small header (the full [`Tag`] and the shape, as `u64`s)
+//! and a payload (the tensor's `f32`s, sent from and received into the tensor's own buffer,
+//! so the transport adds no copy). Both travel with an MPI tag that packs direction, stage,
+//! microbatch and the step modulo what fits under `MPI_TAG_UB` ([`TagLayout`]); the header's
+//! full tag is checked on arrival, so two messages could only be confused loudly, never
+//! silently. Receives are futures that poll (`MPI_Improbe`, then `MPI_Imrecv` and `MPI_Test`)
+//! and yield between polls, so the executor's posted-early receives never block its thread.
+//!
+//! Collectives run on one sub-communicator per mesh group, split from the world at start.
+//! An all-reduce is an `MPI_Iallgather` followed by a sum in group order with the same
+//! function as the local transport: MPI's own reduction order is unspecified (it differs with
+//! the algorithm and the group size), and the project's correctness bar is equality with the
+//! in-process run, to the bit. For the 2-rank groups of most meshes this moves the same bytes
+//! as `MPI_Allreduce`; larger groups move `n/2` times more.
+//!
+//! Failures: every wait checks three things between polls: an abort notice from another rank
+//! (sent by [`Communicator::abort`] on its own communicator), the deadline (giving
+//! [`CommError::Timeout`]), and, for peers on this host, whether their process still exists
+//! (giving [`CommError::PeerLost`] at once instead of after the timeout).
+
+mod raw;
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::os::raw::c_int;
+use std::time::{Duration, Instant};
+
+use mpi::environment::Universe;
+use mpi::raw::AsRaw;
+use mpi::topology::{Color, Communicator as _, SimpleCommunicator};
+use mpi::Threading;
+use pipewright_kernels::Tensor;
+
+use self::raw::{Flight, Matched};
+use super::{reduce_in_order, share_of, CommError, Communicator, Direction, ReduceOp, Tag};
+use crate::mesh::{Group, GroupKind, Mesh};
+
+/// Tag of abort notices on the control communicator.
+const ABORT_TAG: c_int = 1;
+/// Most dimensions a gathered tensor may have (the shape travels in a fixed-size block).
+const MAX_DIMS: usize = 8;
+/// After anything arrives, poll without sleeping for this long.
+const SPIN: Duration = Duration::from_micros(200);
+/// Then nap this long between rounds of polls, so idle ranks leave the cores to busy ones.
+const NAP: Duration = Duration::from_micros(20);
+/// How often a waiting rank checks that its peers' processes are alive.
+const LIVENESS_EVERY: Duration = Duration::from_millis(100);
+
+/// Start MPI in this process (once). The executor calls MPI from one thread only.
+pub fn init() -> Result<Universe, CommError> {
+    mpi::initialize_with_threading(Threading::Funneled)
+        .map(|(u, _)| u)
+        .ok_or_else(|| CommError::Invalid("MPI is already initialised in this process".into()))
+}
+
+/// How a [`Tag`] packs into an MPI tag: bit 0 tells header from payload, bit 1 the direction,
+/// then the stage, the microbatch, and the low bits of the step in what is left below
+/// `MPI_TAG_UB`. Messages of steps `2^step_bits` apart would share a tag; the executor has at
+/// most two steps in flight between two ranks, and the header check catches any mix-up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TagLayout {
+    stage_bits: u32,
+    microbatch_bits: u32,
+    step_bits: u32,
+}
+
+fn bits_for(count: u32) -> u32 {
+    u32::BITS - count.saturating_sub(1).leading_zeros()
+}
+
+impl TagLayout {
+    /// The layout for `stages` stages and `microbatches` microbatches under `tag_ub`.
+    pub fn new(stages: u32, microbatches: u32, tag_ub: i32) -> Result<TagLayout, CommError> {
+        let usable = u32::BITS - 1 - (tag_ub.max(0) as u32).leading_zeros();
+        let (stage_bits, microbatch_bits) = (bits_for(stages), bits_for(microbatches));
+        let fixed = 2 + stage_bits + microbatch_bits;
+        if usable < fixed + 2 {
+            return Err(CommError::Invalid(format!(
+                "{stages} stages x {microbatches} microbatches do not fit this MPI's tags \
+                 (MPI_TAG_UB = {tag_ub})"
+            )));
+        }
+        Ok(TagLayout {
+            stage_bits,
+            microbatch_bits,
+            step_bits: (usable - fixed).min(16),
+        })
+    }
+
+    fn encode(&self, tag: Tag, payload: bool) -> Result<c_int, CommError> {
+        let fits = |v: u32, bits: u32| u64::from(v) < (1u64 << bits);
+        if !fits(tag.stage, self.stage_bits) || !fits(tag.microbatch, self.microbatch_bits) {
+            return Err(CommError::Invalid(format!(
+                "{tag} is outside this run's stages or microbatches"
+            )));
+        }
+        let step = tag.step & ((1u64 << self.step_bits) - 1);
+        let mut v = step;
+        v = (v << self.microbatch_bits) | u64::from(tag.microbatch);
+        v = (v << self.stage_bits) | u64::from(tag.stage);
+        v = (v << 1) | u64::from(tag.dir == Direction::Backward);
+        v = (v << 1) | u64::from(payload);
+        c_int::try_from(v).map_err(|_| CommError::Invalid(format!("tag of {tag} overflows")))
+    }
+}
+
+/// Where a rank's process lives, to tell a dead peer from a slow one.
+#[derive(Clone, Copy, Debug)]
+struct Peer {
+    host: u64,
+    pid: u64,
+}
+
+/// Anything in flight that only needs to finish (sends, abort notices).
+trait Finish {
+    fn finished(&mut self) -> Result<bool, CommError>;
+}
+
+impl<B> Finish for Flight<B> {
+    fn finished(&mut self) -> Result<bool, CommError> {
+        self.test()
+    }
+}
+
+/// One process's communicator over MPI.
+pub struct MpiComm {
+    rank: usize,
+    size: usize,
+    tags: TagLayout,
+    timeout: Duration,
+    peers: Vec<Peer>,
+    host: u64,
+    sends: RefCell<Vec<Box<dyn Finish>>>,
+    aborted: RefCell<Option<String>>,
+    last_progress: Cell<Instant>,
+    last_nap: Cell<Instant>,
+    last_liveness: Cell<Instant>,
+    /// One sub-communicator per group this rank is in, with the group's ranks.
+    groups: HashMap<(GroupKind, usize), (SimpleCommunicator, Vec<usize>)>,
+    /// Tensors between pipeline stages.
+    p2p: SimpleCommunicator,
+    /// Abort notices.
+    ctl: SimpleCommunicator,
+    /// Records for rank 0 (step outcomes, final parameters): kept apart from tensors.
+    rec: SimpleCommunicator,
+    world: SimpleCommunicator,
+    /// Dropped last: dropping it finalises MPI.
+    _universe: Universe,
+}
+
+/// A started all-reduce.
+pub struct MpiPending {
+    flight: Flight<(Vec<f32>, Vec<f32>)>,
+    shape: Vec<usize>,
+    op: ReduceOp,
+    members: Vec<usize>,
+}
+
+impl MpiComm {
+    /// The communicator of this process for `mesh`, whose size must be the MPI world's;
+    /// `stages` and `microbatches` bound the tags. Collective over the world: every rank
+    /// creates its communicator at start, in the same order.
+    pub fn new(
+        universe: Universe,
+        mesh: Mesh,
+        stages: u32,
+        microbatches: u32,
+        timeout: Duration,
+    ) -> Result<MpiComm, CommError> {
+        let world = universe.world();
+        raw::errors_return(world.as_raw())?;
+        let (rank, size) = (world.rank() as usize, world.size() as usize);
+        Mesh::for_world(size, mesh.pp, mesh.tp, mesh.dp)
+            .map_err(|e| CommError::Invalid(e.to_string()))?;
+        let tags = TagLayout::new(stages, microbatches, raw::tag_upper_bound(world.as_raw()))?;
+        let mut groups = HashMap::new();
+        for kind in [
+            GroupKind::Tp,
+            GroupKind::Dp,
+            GroupKind::Pp,
+            GroupKind::World,
+        ] {
+            let g = mesh
+                .group(kind, rank)
+                .map_err(|e| CommError::Invalid(e.to_string()))?;
+            let key = g.position(rank).unwrap_or(0) as i32;
+            let sub = world
+                .split_by_color_with_key(Color::with_value(g.index as i32), key)
+                .ok_or_else(|| CommError::Invalid(format!("no communicator for {kind:?}")))?;
+            groups.insert((kind, g.index), (sub, g.ranks));
+        }
+        let host = host_id();
+        let pid = u64::from(std::process::id());
+        let mut all = vec![0u64; 2 * size];
+        mpi::collective::CommunicatorCollectives::all_gather_into(
+            &world,
+            &[host, pid][..],
+            &mut all[..],
+        );
+        let peers = all
+            .chunks(2)
+            .map(|c| Peer {
+                host: c[0],
+                pid: c[1],
+            })
+            .collect();
+        let now = Instant::now();
+        Ok(MpiComm {
+            rank,
+            size,
+            tags,
+            timeout,
+            peers,
+            host,
+            sends: RefCell::new(Vec::new()),
+            aborted: RefCell::new(None),
+            last_progress: Cell::new(now),
+            last_nap: Cell::new(now),
+            last_liveness: Cell::new(now),
+            groups,
+            p2p: world.duplicate(),
+            ctl: world.duplicate(),
+            rec: world.duplicate(),
+            world,
+            _universe: universe,
+        })
+    }
+
+    /// The MPI world (for code that talks plain MPI next to the transport, like benchmarks).
+    pub fn world(&self) -> &SimpleCommunicator {
+        &self.world
+    }
+
+    /// Wait until every send of this rank has been delivered (or the timeout passes).
+    pub fn flush(&self) -> Result<(), CommError> {
+        let deadline = Instant::now() + self.timeout;
+        while !self.reap_sends()? {
+            self.check_abort()?;
+            if Instant::now() >= deadline {
+                return Err(self.timeout_error("delivery of this rank's last sends".into()));
+            }
+            self.idle();
+        }
+        Ok(())
+    }
+
+    /// Finish what can be finished; true when no send is left in flight.
+    fn reap_sends(&self) -> Result<bool, CommError> {
+        let mut sends = self.sends.borrow_mut();
+        let mut err = None;
+        sends.retain_mut(|f| match f.finished() {
+            Ok(done) => !done,
+            Err(e) => {
+                err = Some(e);
+                true
+            }
+        });
+        err.map_or(Ok(sends.is_empty()), Err)
+    }
+
+    fn timeout_error(&self, what: String) -> CommError {
+        CommError::Timeout {
+            what,
+            secs: self.timeout.as_secs_f64(),
+        }
+    }
+
+    /// An abort notice, from this rank or another, as an error.
+    fn check_abort(&self) -> Result<(), CommError> {
+        if let Some(r) = self.aborted.borrow().as_ref() {
+            return Err(CommError::Aborted(r.clone()));
+        }
+        let Some((m, _)) = raw::improbe::<u8>(self.ctl.as_raw(), ffi_any_source(), ABORT_TAG)?
+        else {
+            return Ok(());
+        };
+        let bytes = self.wait_sync(raw::imrecv::<u8>(m)?, &[])?;
+        let reason = String::from_utf8_lossy(&bytes).into_owned();
+        *self.aborted.borrow_mut() = Some(reason.clone());
+        Err(CommError::Aborted(reason))
+    }
+
+    /// Between polls: abort notices, finished sends, and (now and then) whether the peers
+    /// waited on are still alive.
+    fn poll_checks(&self, watch: &[usize]) -> Result<(), CommError> {
+        self.check_abort()?;
+        self.reap_sends()?;
+        let now = Instant::now();
+        if now.duration_since(self.last_liveness.get()) >= LIVENESS_EVERY {
+            self.last_liveness.set(now);
+            for &r in watch {
+                self.check_alive(r)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn check_alive(&self, rank: usize) -> Result<(), CommError> {
+        let Some(p) = self.peers.get(rank) else {
+            return Ok(());
+        };
+        // Only a process on this host can be looked at; a remote one has the timeout.
+        if p.host == self.host && rank != self.rank && !process_alive(p.pid) {
+            return Err(CommError::PeerLost {
+                rank,
+                detail: format!("its process (pid {}) on this host has exited", p.pid),
+            });
+        }
+        Ok(())
+    }
+
+    /// Let the thread go between polls: spin briefly after progress, then nap.
+    fn idle(&self) {
+        let now = Instant::now();
+        let quiet = now.duration_since(self.last_progress.get()) > SPIN;
+        if quiet && now.duration_since(self.last_nap.get()) > NAP {
+            std::thread::sleep(NAP);
+            self.last_nap.set(Instant::now());
+        } else {
+            std::thread::yield_now();
+        }
+    }
+
+    fn progressed(&self) {
+        self.last_progress.set(Instant::now());
+    }
+
+    /// Wait for a flight from synchronous code (collectives), watching `members`.
+    fn wait_sync<B>(&self, mut f: Flight<B>, members: &[usize]) -> Result<B, CommError> {
+        let deadline = Instant::now() + self.timeout;
+        while !f.test()? {
+            self.poll_checks(members)?;
+            if Instant::now() >= deadline {
+                return Err(self.timeout_error(format!("a collective with ranks {members:?}")));
+            }
+            self.idle();
+        }
+        self.progressed();
+        f.into_bufs()
+    }
+
+    /// Wait for a flight from async code (receives): yield to other tasks between polls.
+    async fn wait_async<B>(&self, mut f: Flight<B>, src: usize) -> Result<B, CommError> {
+        while !f.test()? {
+            self.poll_checks(&[src])?;
+            self.idle();
+            tokio::task::yield_now().await;
+        }
+        self.progressed();
+        f.into_bufs()
+    }
+
+    /// Poll until a message with `tag` from `src` is matched.
+    async fn matched<T: mpi::datatype::Equivalence>(
+        &self,
+        comm: &SimpleCommunicator,
+        src: usize,
+        tag: c_int,
+    ) -> Result<Matched, CommError> {
+        loop {
+            if let Some((m, _)) = raw::improbe::<T>(comm.as_raw(), src as c_int, tag)? {
+                self.progressed();
+                return Ok(m);
+            }
+            self.poll_checks(&[src])?;
+            self.idle();
+            tokio::task::yield_now().await;
+        }
+    }
+
+    fn group_comm(&self, group: &Group) -> Result<&SimpleCommunicator, CommError> {
+        self.check_abort()?;
+        match self.groups.get(&(group.kind, group.index)) {
+            Some((comm, ranks)) if *ranks == group.ranks => Ok(comm),
+            _ => Err(CommError::Invalid(format!(
+                "rank {} is not in group {:?} {:?} of this mesh",
+                self.rank, group.kind, group.ranks
+            ))),
+        }
+    }
+
+    /// Send bytes to rank 0 on the records communicator (step outcomes, parameters).
+    pub(crate) fn send_record(&self, tag: c_int, bytes: Vec<u8>) -> Result<(), CommError> {
+        let f = raw::isend(self.rec.as_raw(), bytes, 0, tag)?;
+        self.sends.borrow_mut().push(Box::new(f));
+        Ok(())
+    }
+
+    /// A record with `tag` from any rank, if one has arrived (rank 0).
+    pub(crate) fn try_record(&self, tag: c_int) -> Result<Option<(usize, Vec<u8>)>, CommError> {
+        self.check_abort()?;
+        match raw::improbe::<u8>(self.rec.as_raw(), ffi_any_source(), tag)? {
+            Some((m, src)) => Ok(Some((
+                src as usize,
+                self.wait_sync(raw::imrecv::<u8>(m)?, &[])?,
+            ))),
+            None => Ok(None),
+        }
+    }
+
+    /// Wait for a record with `tag` from any rank, watching every rank (rank 0).
+    pub(crate) fn record(&self, tag: c_int) -> Result<(usize, Vec<u8>), CommError> {
+        let deadline = Instant::now() + self.timeout;
+        let everyone: Vec<usize> = (0..self.size).collect();
+        loop {
+            if let Some(r) = self.try_record(tag)? {
+                return Ok(r);
+            }
+            self.poll_checks(&everyone)?;
+            if Instant::now() >= deadline {
+                return Err(self.timeout_error("the other ranks' step records".into()));
+            }
+            self.idle();
+        }
+    }
+}
+
+fn ffi_any_source() -> c_int {
+    // SAFETY: reads a constant exported by rsmpi's C shim.
+    unsafe { mpi::ffi::RSMPI_ANY_SOURCE }
+}
+
+/// A stable identity of this host (a hash of its name), to know which peers can be checked.
+fn host_id() -> u64 {
+    let name = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .or_else(|_| std::env::var("HOSTNAME"))
+        .unwrap_or_default();
+    // FNV-1a: stable across processes and builds, unlike std's randomly seeded hasher.
+    name.trim().bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    })
+}
+
+/// Whether a process of this host still runs (a zombie, killed but not yet reaped, does not).
+fn process_alive(pid: u64) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the command name, which is in parentheses and may hold spaces.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state != "Z" && state != "X"),
+        // Without /proc (not Linux) nothing can be said; assume alive and rely on timeouts.
+        Err(_) => !std::path::Path::new("/proc/self/stat").exists(),
+    }
+}
+
+fn header(tag: Tag, shape: &[usize]) -> Vec<u64> {
+    let dir = u64::from(tag.dir == Direction::Backward);
+    let mut h = vec![
+        tag.step,
+        dir,
+        u64::from(tag.stage),
+        u64::from(tag.microbatch),
+        shape.len() as u64,
+    ];
+    h.extend(shape.iter().map(|&d| d as u64));
+    h
+}
+
+/// The shape a header announces, after checking it is the message that was asked for.
+fn parse_header(h: &[u64], want: Tag, src: usize) -> Result<Vec<usize>, CommError> {
+    let expect = header(want, &[]);
+    if h.len() < 5 || h[..4] != expect[..4] || h.len() != 5 + h[4] as usize {
+        return Err(CommError::Invalid(format!(
+            "rank {src} sent a message that is not {want} (header {h:?}): the ranks disagree \
+             on the timetable"
+        )));
+    }
+    Ok(h[5..].iter().map(|&d| d as usize).collect())
+}
+
+fn tensor(shape: &[usize], data: Vec<f32>) -> Result<Tensor, CommError> {
+    Tensor::new(shape, data).map_err(|e| CommError::Invalid(e.to_string()))
+}
+
+impl Communicator for MpiComm {
+    type Pending = MpiPending;
+
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn world_size(&self) -> usize {
+        self.size
+    }
+
+    fn send(&self, dst: usize, tag: Tag, tensor: Tensor) -> Result<(), CommError> {
+        if dst >= self.size {
+            return Err(CommError::Invalid(format!(
+                "send to rank {dst} of {}",
+                self.size
+            )));
+        }
+        self.check_abort()?;
+        self.reap_sends()?;
+        let (head, body) = (self.tags.encode(tag, false)?, self.tags.encode(tag, true)?);
+        let h = raw::isend(
+            self.p2p.as_raw(),
+            header(tag, tensor.shape()),
+            dst as c_int,
+            head,
+        )?;
+        let d = raw::isend(self.p2p.as_raw(), tensor.into_data(), dst as c_int, body)?;
+        let mut sends = self.sends.borrow_mut();
+        sends.push(Box::new(h));
+        sends.push(Box::new(d));
+        Ok(())
+    }
+
+    async fn recv(&self, src: usize, tag: Tag) -> Result<Tensor, CommError> {
+        if src >= self.size {
+            return Err(CommError::Invalid(format!(
+                "receive from rank {src} of {}",
+                self.size
+            )));
+        }
+        let (head, body) = (self.tags.encode(tag, false)?, self.tags.encode(tag, true)?);
+        let m = self.matched::<u64>(&self.p2p, src, head).await?;
+        let h = self.wait_async(raw::imrecv::<u64>(m)?, src).await?;
+        let shape = parse_header(&h, tag, src)?;
+        let m = self.matched::<f32>(&self.p2p, src, body).await?;
+        let data = self.wait_async(raw::imrecv::<f32>(m)?, src).await?;
+        tensor(&shape, data)
+    }
+
+    fn start_all_reduce(
+        &self,
+        group: &Group,
+        tensor: Tensor,
+        op: ReduceOp,
+    ) -> Result<MpiPending, CommError> {
+        let comm = self.group_comm(group)?;
+        let shape = tensor.shape().to_vec();
+        let flight = raw::iallgather(comm.as_raw(), tensor.into_data(), group.size())?;
+        Ok(MpiPending {
+            flight,
+            shape,
+            op,
+            members: group.ranks.clone(),
+        })
+    }
+
+    fn wait_all_reduce(&self, p: MpiPending) -> Result<Tensor, CommError> {
+        let (_, all) = self.wait_sync(p.flight, &p.members)?;
+        let n = p.shape.iter().product::<usize>();
+        let parts = all
+            .chunks(n.max(1))
+            .take(p.members.len())
+            .map(|c| tensor(&p.shape, c.to_vec()))
+            .collect::<Result<Vec<_>, _>>()?;
+        reduce_in_order(&parts, p.op)
+    }
+
+    fn all_gather(&self, group: &Group, t: &Tensor) -> Result<Vec<Tensor>, CommError> {
+        let comm = self.group_comm(group)?;
+        if t.shape().len() > MAX_DIMS {
+            return Err(CommError::Invalid(format!(
+                "all-gather of a {}-d tensor",
+                t.shape().len()
+            )));
+        }
+        // Shapes first (a fixed-size block each), then the data padded to the longest.
+        let mut dims = vec![0u64; MAX_DIMS + 1];
+        dims[0] = t.shape().len() as u64;
+        dims[1..=t.shape().len()]
+            .iter_mut()
+            .zip(t.shape())
+            .for_each(|(d, &s)| *d = s as u64);
+        let (_, shapes) = self.wait_sync(
+            raw::iallgather(comm.as_raw(), dims, group.size())?,
+            &group.ranks,
+        )?;
+        let shapes: Vec<Vec<usize>> = shapes
+            .chunks(MAX_DIMS + 1)
+            .map(|c| {
+                c[1..=(c[0] as usize).min(MAX_DIMS)]
+                    .iter()
+                    .map(|&d| d as usize)
+                    .collect()
+            })
+            .collect();
+        let longest = shapes
+            .iter()
+            .map(|s| s.iter().product::<usize>())
+            .max()
+            .unwrap_or(0);
+        let mut data = t.data().to_vec();
+        data.resize(longest, 0.0);
+        let (_, all) = self.wait_sync(
+            raw::iallgather(comm.as_raw(), data, group.size())?,
+            &group.ranks,
+        )?;
+        shapes
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let n = s.iter().product::<usize>();
+                tensor(s, all[i * longest..i * longest + n].to_vec())
+            })
+            .collect()
+    }
+
+    fn reduce_scatter(&self, group: &Group, t: &Tensor, op: ReduceOp) -> Result<Tensor, CommError> {
+        let pos = group.position(self.rank).ok_or_else(|| {
+            CommError::Invalid(format!(
+                "rank {} is not in group {:?}",
+                self.rank, group.ranks
+            ))
+        })?;
+        share_of(t, 0, group.size())?; // refuse an uneven split before anyone reduces
+        let whole = self.wait_all_reduce(self.start_all_reduce(group, t.clone(), op)?)?;
+        share_of(&whole, pos, group.size())
+    }
+
+    fn barrier(&self, group: &Group) -> Result<(), CommError> {
+        let comm = self.group_comm(group)?;
+        self.wait_sync(raw::ibarrier(comm.as_raw())?, &group.ranks)
+    }
+
+    fn abort(&self, reason: &str) {
+        if self.aborted.borrow().is_some() {
+            return;
+        }
+        *self.aborted.borrow_mut() = Some(reason.to_string());
+        for r in (0..self.size).filter(|&r| r != self.rank) {
+            // A peer that is gone cannot be told; the others learn from this notice.
+            if self.check_alive(r).is_err() {
+                continue;
+            }
+            if let Ok(f) = raw::isend(
+                self.ctl.as_raw(),
+                reason.as_bytes().to_vec(),
+                r as c_int,
+                ABORT_TAG,
+            ) {
+                self.sends.borrow_mut().push(Box::new(f));
+            }
+        }
+        // Small notices go out eagerly; give them a moment to leave before the caller exits.
+        let deadline = Instant::now() + Duration::from_millis(500);
+        while !self.reap_sends().unwrap_or(true) && Instant::now() < deadline {
+            self.idle();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tag(step: u64, dir: Direction, stage: u32, microbatch: u32) -> Tag {
+        Tag {
+            step,
+            dir,
+            stage,
+            microbatch,
+        }
+    }
+
+    #[test]
+    fn distinct_messages_get_distinct_tags_under_the_bound() {
+        let l = TagLayout::new(8, 16, 32767).unwrap();
+        let mut seen = std::collections::HashSet::new();
+        for step in 0..4 {
+            for dir in [Direction::Forward, Direction::Backward] {
+                for stage in 0..8 {
+                    for mb in 0..16 {
+                        for payload in [false, true] {
+                            let t = l.encode(tag(step, dir, stage, mb), payload).unwrap();
+                            assert!((0..=32767).contains(&t));
+                            assert!(seen.insert(t), "tag {t} reused");
+                        }
+                    }
+                }
+            }
+        }
+        assert!(l.encode(tag(0, Direction::Forward, 8, 0), false).is_err());
+    }
+
+    #[test]
+    fn a_layout_that_cannot_fit_is_refused() {
+        let e = TagLayout::new(1024, 4096, 32767).unwrap_err();
+        assert!(e.to_string().contains("MPI_TAG_UB = 32767"), "{e}");
+    }
+
+    #[test]
+    fn headers_round_trip_and_catch_a_wrong_message() {
+        let t = tag(3, Direction::Backward, 1, 2);
+        let h = header(t, &[2, 8]);
+        assert_eq!(parse_header(&h, t, 1).unwrap(), [2, 8]);
+        let other = tag(5, Direction::Backward, 1, 2);
+        assert!(parse_header(&h, other, 1)
+            .unwrap_err()
+            .to_string()
+            .contains("disagree"));
+    }
+
+    #[test]
+    fn this_process_is_alive_and_a_missing_one_is_not() {
+        assert!(process_alive(u64::from(std::process::id())));
+        assert!(!process_alive(u64::from(u32::MAX)));
+    }
+}
