@@ -27,7 +27,7 @@ use std::collections::HashMap;
 use std::os::raw::c_int;
 use std::time::{Duration, Instant};
 
-use mpi::environment::Universe;
+pub use mpi::environment::Universe;
 use mpi::raw::AsRaw;
 use mpi::topology::{Color, Communicator as _, SimpleCommunicator};
 use mpi::Threading;
@@ -53,6 +53,11 @@ pub fn init() -> Result<Universe, CommError> {
     mpi::initialize_with_threading(Threading::Funneled)
         .map(|(u, _)| u)
         .ok_or_else(|| CommError::Invalid("MPI is already initialised in this process".into()))
+}
+
+/// This process's rank in the MPI world.
+pub fn world_rank(universe: &Universe) -> usize {
+    universe.world().rank() as usize
 }
 
 /// How a [`Tag`] packs into an MPI tag: bit 0 tells header from payload, bit 1 the direction,
