@@ -1,0 +1,214 @@
+//! The MPI transport against the in-process one (feature `mpi`; needs OpenMPI's `mpirun`).
+//!
+//! Each test launches this same test binary under `mpirun`, one process per rank, with
+//! `PIPEWRIGHT_MPI_CHILD` set; in that mode the test body is the rank's program. The parent
+//! checks what the ranks printed and how mpirun ended.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use pipewright_kernels::gpt::GptConfig;
+use pipewright_runtime::comm::mpi;
+use pipewright_runtime::{train_gpt, train_gpt_mpi, FinalParams, Mesh, RunOptions, TrainConfig};
+use pipewright_schedule::{generate, ScheduleKind, ScheduleSpec, Timetable};
+
+const CHILD: &str = "PIPEWRIGHT_MPI_CHILD";
+
+fn config(mesh: Mesh, steps: u64, timeout: Duration) -> TrainConfig {
+    TrainConfig {
+        mesh,
+        model: GptConfig::new(16, 8, 16, 2, 8),
+        microbatch_size: 2,
+        seed: 11,
+        run: RunOptions {
+            steps,
+            timeout,
+            ..RunOptions::default()
+        },
+    }
+}
+
+fn timetable(kind: ScheduleKind, v: u32) -> Timetable {
+    generate(&ScheduleSpec::new(kind, 2, v, 4, None).expect("a valid spec"))
+}
+
+/// `mpirun -np n` of this test binary running only `test`, as a rank.
+fn mpirun(n: usize, test: &str, extra: &[&str]) -> Command {
+    let exe = std::env::current_exe().expect("the test binary");
+    let mut c = Command::new("mpirun");
+    c.args([
+        "--allow-run-as-root",
+        "--oversubscribe",
+        "-np",
+        &n.to_string(),
+    ])
+    .args(extra)
+    .args(["-x", CHILD])
+    .arg(exe)
+    .args([test, "--exact", "--nocapture", "--test-threads=1"])
+    .env(CHILD, "1");
+    c
+}
+
+fn run_to_end(mut c: Command) -> Output {
+    c.output()
+        .expect("mpirun runs (install openmpi-bin, or run .ci/mpi-tests)")
+}
+
+fn close(a: f32, b: f32) -> bool {
+    (a - b).abs() <= 1e-6 * a.abs().max(b.abs())
+}
+
+fn compare_params(mpi: &FinalParams, local: &FinalParams) -> Result<f32, String> {
+    if mpi.keys().collect::<Vec<_>>() != local.keys().collect::<Vec<_>>() {
+        return Err("different parameter sets".into());
+    }
+    let mut worst = 0.0f32;
+    for (k, a) in mpi {
+        let b = &local[k];
+        if a.len() != b.len() {
+            return Err(format!("{k:?}: {} vs {} values", a.len(), b.len()));
+        }
+        for (i, (&x, &y)) in a.iter().zip(b).enumerate() {
+            if !close(x, y) {
+                return Err(format!("{k:?}[{i}]: {x} vs {y}"));
+            }
+            worst = worst.max((x - y).abs());
+        }
+    }
+    Ok(worst)
+}
+
+/// Rank program: train over MPI; rank 0 then trains in-process and compares.
+fn equality_child(kind: ScheduleKind, v: u32) {
+    let universe = mpi::init().expect("MPI starts");
+    let cfg = config(Mesh::new(2, 2, 2).unwrap(), 3, Duration::from_secs(60));
+    let tt = timetable(kind, v);
+    let mut losses = Vec::new();
+    let got = train_gpt_mpi(universe, &cfg, &tt, |s| losses.push(s.loss.unwrap()))
+        .unwrap_or_else(|e| panic!("MPI run: {e}"));
+    let Some(params) = got else { return };
+    let mut want = Vec::new();
+    let local = train_gpt(&cfg, &tt, |s| want.push(s.loss.unwrap())).expect("local run");
+    assert_eq!(losses.len(), want.len());
+    for (step, (a, b)) in losses.iter().zip(&want).enumerate() {
+        assert!(close(*a, *b), "step {step}: MPI loss {a} vs local {b}");
+    }
+    let worst = compare_params(&params, &local).unwrap_or_else(|e| panic!("parameters: {e}"));
+    println!(
+        "MPI-EQUAL {} losses {losses:?}, {} parameter sets, largest difference {worst:e}",
+        tt.name,
+        params.len()
+    );
+}
+
+fn check_equal(test: &str) {
+    let out = run_to_end(mpirun(8, test, &[]));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "mpirun failed:\n{stdout}\n{stderr}");
+    let line = stdout.lines().find(|l| l.starts_with("MPI-EQUAL"));
+    assert!(
+        line.is_some(),
+        "rank 0 did not compare:\n{stdout}\n{stderr}"
+    );
+    eprintln!("{}", line.unwrap_or_default());
+}
+
+#[test]
+fn mpi_1f1b_pp2_tp2_dp2_equals_in_process() {
+    if std::env::var_os(CHILD).is_some() {
+        return equality_child(ScheduleKind::OneFOneB, 1);
+    }
+    check_equal("mpi_1f1b_pp2_tp2_dp2_equals_in_process");
+}
+
+#[test]
+fn mpi_interleaved_pp2_tp2_dp2_equals_in_process() {
+    if std::env::var_os(CHILD).is_some() {
+        return equality_child(ScheduleKind::Interleaved1F1B, 2);
+    }
+    check_equal("mpi_interleaved_pp2_tp2_dp2_equals_in_process");
+}
+
+/// Rank program: announce its pid, then train for far longer than the test waits.
+fn doomed_child(dir: &Path) {
+    let universe = mpi::init().expect("MPI starts");
+    let rank = mpi::world_rank(&universe);
+    std::fs::write(
+        dir.join(format!("rank{rank}.pid")),
+        std::process::id().to_string(),
+    )
+    .expect("pid file");
+    let cfg = config(
+        Mesh::new(2, 1, 2).unwrap(),
+        100_000,
+        Duration::from_secs(30),
+    );
+    let tt = timetable(ScheduleKind::OneFOneB, 1);
+    let r = train_gpt_mpi(universe, &cfg, &tt, |s| println!("STEP {}", s.step));
+    match r {
+        Ok(_) => println!("rank {rank} finished"),
+        Err(e) => {
+            eprintln!("RANK-ERROR {rank}: {e}");
+            std::process::exit(1);
+        }
+    }
+}
+
+#[test]
+fn killing_a_rank_mid_step_ends_the_others_with_an_error_naming_it() {
+    let dir = std::env::var_os("PIPEWRIGHT_MPI_DIR").map(PathBuf::from);
+    if std::env::var_os(CHILD).is_some() {
+        return doomed_child(&dir.expect("PIPEWRIGHT_MPI_DIR"));
+    }
+    let dir = std::env::temp_dir().join(format!("pipewright-mpi-kill-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let test = "killing_a_rank_mid_step_ends_the_others_with_an_error_naming_it";
+    // --enable-recovery: mpirun lets the surviving ranks run on when one dies, so they can
+    // notice and say so (by default mpirun kills them all at once).
+    let mut c = mpirun(4, test, &["--enable-recovery", "-x", "PIPEWRIGHT_MPI_DIR"]);
+    c.env("PIPEWRIGHT_MPI_DIR", &dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = c.spawn().expect("mpirun runs");
+    let stdout = child.stdout.take().expect("stdout");
+    let mut lines = BufReader::new(stdout).lines();
+    // Let a few steps run, so the kill lands in the middle of the run.
+    let steps = lines
+        .by_ref()
+        .map_while(Result::ok)
+        .filter(|l| l.starts_with("STEP"))
+        .take(3)
+        .count();
+    assert_eq!(steps, 3, "the run did not start");
+    let pid = std::fs::read_to_string(dir.join("rank3.pid")).expect("rank 3's pid");
+    let killed = Command::new("kill").args(["-9", pid.trim()]).status();
+    assert!(killed.is_ok_and(|s| s.success()), "kill rank 3 (pid {pid})");
+    let started = Instant::now();
+    let rest: Vec<String> = lines.map_while(Result::ok).collect();
+    let out = child.wait_with_output().expect("mpirun ends");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    eprintln!(
+        "mpirun ended {:.1} s after the kill\n{stderr}",
+        started.elapsed().as_secs_f64()
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(25),
+        "the survivors hung"
+    );
+    assert!(
+        !rest.iter().any(|l| l.contains("finished")),
+        "a rank finished: {rest:?}"
+    );
+    for rank in 0..3 {
+        let line = stderr
+            .lines()
+            .find(|l| l.starts_with(&format!("RANK-ERROR {rank}:")))
+            .unwrap_or_else(|| panic!("rank {rank} reported no error:\n{stderr}"));
+        assert!(line.contains("lost peer rank 3"), "rank {rank}: {line}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
