@@ -41,8 +41,9 @@ use crate::mesh::{Group, GroupKind, Mesh};
 const ABORT_TAG: c_int = 1;
 /// Most dimensions a gathered tensor may have (the shape travels in a fixed-size block).
 const MAX_DIMS: usize = 8;
-/// After anything arrives, poll without sleeping for this long.
-const SPIN: Duration = Duration::from_micros(200);
+/// After anything arrives, poll without sleeping for this long (a 4 MiB transfer takes about
+/// half a millisecond on one host; a nap in the middle of a burst costs latency).
+const SPIN: Duration = Duration::from_millis(1);
 /// Then nap this long between rounds of polls, so idle ranks leave the cores to busy ones.
 const NAP: Duration = Duration::from_micros(20);
 /// How often a waiting rank checks that its peers' processes are alive.
@@ -281,7 +282,7 @@ impl MpiComm {
         else {
             return Ok(());
         };
-        let bytes = self.wait_sync(raw::imrecv::<u8>(m)?, &[])?;
+        let bytes = self.wait_sync(raw::imrecv::<u8>(m)?, &[])?.into_vec();
         let reason = String::from_utf8_lossy(&bytes).into_owned();
         *self.aborted.borrow_mut() = Some(reason.clone());
         Err(CommError::Aborted(reason))
@@ -321,6 +322,8 @@ impl MpiComm {
         let now = Instant::now();
         let quiet = now.duration_since(self.last_progress.get()) > SPIN;
         if quiet && now.duration_since(self.last_nap.get()) > NAP {
+            // Naps must be short: Linux would stretch them by its 50 us timer slack.
+            crate::module::precise_sleeps();
             std::thread::sleep(NAP);
             self.last_nap.set(Instant::now());
         } else {
@@ -399,7 +402,7 @@ impl MpiComm {
         match raw::improbe::<u8>(self.rec.as_raw(), ffi_any_source(), tag)? {
             Some((m, src)) => Ok(Some((
                 src as usize,
-                self.wait_sync(raw::imrecv::<u8>(m)?, &[])?,
+                self.wait_sync(raw::imrecv::<u8>(m)?, &[])?.into_vec(),
             ))),
             None => Ok(None),
         }
@@ -523,10 +526,16 @@ impl Communicator for MpiComm {
         }
         let (head, body) = (self.tags.encode(tag, false)?, self.tags.encode(tag, true)?);
         let m = self.matched::<u64>(&self.p2p, src, head).await?;
-        let h = self.wait_async(raw::imrecv::<u64>(m)?, src).await?;
+        let h = self
+            .wait_async(raw::imrecv::<u64>(m)?, src)
+            .await?
+            .into_vec();
         let shape = parse_header(&h, tag, src)?;
         let m = self.matched::<f32>(&self.p2p, src, body).await?;
-        let data = self.wait_async(raw::imrecv::<f32>(m)?, src).await?;
+        let data = self
+            .wait_async(raw::imrecv::<f32>(m)?, src)
+            .await?
+            .into_vec();
         tensor(&shape, data)
     }
 

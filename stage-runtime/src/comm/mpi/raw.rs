@@ -159,11 +159,27 @@ pub(crate) fn improbe<T: Equivalence>(
     Ok(Some((Matched { msg, len }, status.MPI_SOURCE)))
 }
 
+/// A receive buffer MPI fills: allocated, not initialised (zeroing 4 MiB first would cost
+/// as much as a copy), and only read once the receive has finished.
+pub(crate) struct RecvBuf<T> {
+    buf: Vec<T>,
+    len: usize,
+}
+
+impl<T: Copy> RecvBuf<T> {
+    /// The received values. Only reachable through [`Flight::into_bufs`], that is after the
+    /// receive finished.
+    pub(crate) fn into_vec(mut self) -> Vec<T> {
+        // SAFETY: the finished MPI_Imrecv wrote all `len` elements (the matched message's
+        // exact size, within capacity), and `T: Copy` has no drop to worry about.
+        unsafe { self.buf.set_len(self.len) };
+        self.buf
+    }
+}
+
 /// `MPI_Imrecv` of a matched message into a new buffer of its size.
-pub(crate) fn imrecv<T: Equivalence + Default + Clone>(
-    m: Matched,
-) -> Result<Flight<Vec<T>>, CommError> {
-    let mut buf = vec![T::default(); m.len];
+pub(crate) fn imrecv<T: Equivalence + Copy>(m: Matched) -> Result<Flight<RecvBuf<T>>, CommError> {
+    let mut buf = Vec::<T>::with_capacity(m.len);
     let n = count(m.len, "receive")?;
     let mut msg = m.msg;
     let mut req = MaybeUninit::uninit();
@@ -182,7 +198,7 @@ pub(crate) fn imrecv<T: Equivalence + Default + Clone>(
     let req = unsafe { req.assume_init() };
     Ok(Flight {
         req,
-        bufs: Some(buf),
+        bufs: Some(RecvBuf { buf, len: m.len }),
         done: false,
     })
 }
