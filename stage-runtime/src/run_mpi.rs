@@ -33,6 +33,8 @@ const PARAMS_TAG: c_int = 2;
 /// else every rank must agree on (model, seed), folded into the start-up fingerprint.
 /// `on_step` runs on rank 0 only; rank 0 returns every stage's final parameters, the other
 /// ranks `None`. On failure every rank returns an error: its own, or the one that stopped it.
+// The in-process `run`'s arguments plus the universe and the description.
+#[allow(clippy::too_many_arguments)]
 pub fn run_mpi<M, MF, BF, CB>(
     universe: Universe,
     mesh: Mesh,

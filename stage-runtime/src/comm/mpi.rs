@@ -158,7 +158,7 @@ pub struct MpiComm {
 
 /// A started all-reduce.
 pub struct MpiPending {
-    flight: Flight<(Vec<f32>, Vec<f32>)>,
+    flight: raw::Gathered<f32>,
     shape: Vec<usize>,
     op: ReduceOp,
     members: Vec<usize>,

@@ -203,12 +203,15 @@ pub(crate) fn imrecv<T: Equivalence + Copy>(m: Matched) -> Result<Flight<RecvBuf
     })
 }
 
+/// An all-gather in flight: (what this rank sent, every rank's part in rank order).
+pub(crate) type Gathered<T> = Flight<(Vec<T>, Vec<T>)>;
+
 /// `MPI_Iallgather` of equal-sized buffers: the result holds every rank's `send` in rank order.
 pub(crate) fn iallgather<T: Equivalence + Default + Clone>(
     comm: ffi::MPI_Comm,
     send: Vec<T>,
     ranks: usize,
-) -> Result<Flight<(Vec<T>, Vec<T>)>, CommError> {
+) -> Result<Gathered<T>, CommError> {
     let n = count(send.len(), "all-gather")?;
     count(send.len() * ranks, "all-gather")?;
     let mut recv = vec![T::default(); send.len() * ranks];
