@@ -158,5 +158,5 @@ pub fn mpi_universe() -> Result<pipewright::runtime::comm::mpi::Universe> {
 /// The MPI universe, when this binary has MPI; one clear error when it does not.
 #[cfg(not(feature = "mpi"))]
 pub fn mpi_universe() -> Result<std::convert::Infallible> {
-    bail!("--transport mpi needs a pipewright built with MPI: cargo build --release --features mpi (with OpenMPI installed)")
+    bail!("--transport mpi: this pipewright was built without MPI; rebuild with MPI: cargo build --release --features mpi (needs OpenMPI)")
 }

@@ -179,7 +179,21 @@ fn train_mpi(
     tt: &Timetable,
     on_step: impl FnMut(&StepRecord),
 ) -> Result<Option<FinalParams>> {
-    Ok(pipewright::runtime::train_gpt_mpi(u, cfg, tt, on_step)?)
+    pipewright::runtime::train_gpt_mpi(u, cfg, tt, on_step).map_err(launch_hint)
+}
+
+/// A world of the wrong size most often means a launch without mpirun: say how to launch.
+#[cfg(feature = "mpi")]
+fn launch_hint(e: pipewright::runtime::RuntimeError) -> anyhow::Error {
+    use pipewright::runtime::{MeshError, RuntimeError};
+    match e {
+        RuntimeError::Mesh(MeshError::WorldSize { product, .. }) => {
+            anyhow::anyhow!(
+                "{e}: launch {product} processes, e.g. mpirun -np {product} pipewright ..."
+            )
+        }
+        e => e.into(),
+    }
 }
 
 #[cfg(not(feature = "mpi"))]
@@ -204,9 +218,8 @@ fn bench_mpi(
     describe: &str,
     on_step: impl FnMut(&StepRecord),
 ) -> Result<Option<FinalParams>> {
-    Ok(pipewright::runtime::run_mpi(
-        u, mesh, tt, make, batch, opts, describe, on_step,
-    )?)
+    pipewright::runtime::run_mpi(u, mesh, tt, make, batch, opts, describe, on_step)
+        .map_err(launch_hint)
 }
 
 #[cfg(not(feature = "mpi"))]
