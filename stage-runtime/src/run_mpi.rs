@@ -98,6 +98,9 @@ where
     });
     if let Err(e) = &result {
         comm.abort(&e.to_string());
+        // No MPI_Finalize after a failure: it waits for every rank, a dead one included, and
+        // hangs. The process ends without it (mpirun reports that, after our error line).
+        std::mem::forget(comm);
     }
     result
 }

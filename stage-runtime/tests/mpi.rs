@@ -4,7 +4,7 @@
 //! `PIPEWRIGHT_MPI_CHILD` set; in that mode the test body is the rank's program. The parent
 //! checks what the ranks printed and how mpirun ended.
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -152,7 +152,9 @@ fn doomed_child(dir: &Path) {
     match r {
         Ok(_) => println!("rank {rank} finished"),
         Err(e) => {
-            eprintln!("RANK-ERROR {rank}: {e}");
+            // One write, so that mpirun does not interleave it with other ranks' lines.
+            let line = format!("RANK-ERROR {rank}: {e}\n");
+            let _ = std::io::stderr().write_all(line.as_bytes());
             std::process::exit(1);
         }
     }
@@ -164,12 +166,30 @@ fn killing_a_rank_mid_step_ends_the_others_with_an_error_naming_it() {
     if std::env::var_os(CHILD).is_some() {
         return doomed_child(&dir.expect("PIPEWRIGHT_MPI_DIR"));
     }
-    let dir = std::env::temp_dir().join(format!("pipewright-mpi-kill-{}", std::process::id()));
+    // With --enable-recovery mpirun lets the survivors run on when a rank dies: each must end
+    // by itself with an error naming the lost rank (OpenMPI 4.1's mpirun then exits 0
+    // whatever the ranks' statuses). Rank 1 feeds the last stage; rank 3 holds one.
+    kill_mid_run(1, true);
+    kill_mid_run(3, true);
+    // By default mpirun ends the job itself (SIGTERM, then SIGKILL to the others; exit 137)
+    // naming the dead rank, and stops forwarding output: a survivor's line may be cut, and
+    // may name a rank that mpirun's own teardown killed first. The whole must end, non-zero,
+    // without a hang, and every line printed must name a lost rank.
+    kill_mid_run(1, false);
+}
+
+fn kill_mid_run(victim: usize, recovery: bool) {
+    let dir = std::env::temp_dir().join(format!(
+        "pipewright-mpi-kill-{}-{victim}",
+        std::process::id()
+    ));
     std::fs::create_dir_all(&dir).expect("temp dir");
     let test = "killing_a_rank_mid_step_ends_the_others_with_an_error_naming_it";
-    // --enable-recovery: mpirun lets the surviving ranks run on when one dies, so they can
-    // notice and say so (by default mpirun kills them all at once).
-    let mut c = mpirun(4, test, &["--enable-recovery", "-x", "PIPEWRIGHT_MPI_DIR"]);
+    let mut flags = vec!["-x", "PIPEWRIGHT_MPI_DIR"];
+    if recovery {
+        flags.push("--enable-recovery");
+    }
+    let mut c = mpirun(4, test, &flags);
     c.env("PIPEWRIGHT_MPI_DIR", &dir)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
@@ -184,31 +204,53 @@ fn killing_a_rank_mid_step_ends_the_others_with_an_error_naming_it() {
         .take(3)
         .count();
     assert_eq!(steps, 3, "the run did not start");
-    let pid = std::fs::read_to_string(dir.join("rank3.pid")).expect("rank 3's pid");
+    let pid = std::fs::read_to_string(dir.join(format!("rank{victim}.pid"))).expect("pid");
     let killed = Command::new("kill").args(["-9", pid.trim()]).status();
-    assert!(killed.is_ok_and(|s| s.success()), "kill rank 3 (pid {pid})");
+    assert!(
+        killed.is_ok_and(|s| s.success()),
+        "kill rank {victim} (pid {pid})"
+    );
     let started = Instant::now();
+    // A hang must fail the test, not stall it: give mpirun 30 s, then stop it.
+    let deadline = started + Duration::from_secs(30);
+    while child.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let hung = child.try_wait().ok().flatten().is_none();
+    if hung {
+        let _ = child.kill();
+    }
     let rest: Vec<String> = lines.map_while(Result::ok).collect();
     let out = child.wait_with_output().expect("mpirun ends");
     let stderr = String::from_utf8_lossy(&out.stderr);
-    eprintln!(
-        "mpirun ended {:.1} s after the kill\n{stderr}",
-        started.elapsed().as_secs_f64()
-    );
+    let secs = started.elapsed().as_secs_f64();
+    eprintln!("rank {victim} killed; mpirun ended {secs:.1} s later\n{stderr}");
+    assert!(!hung, "the survivors of rank {victim} hung:\n{stderr}");
     assert!(
-        started.elapsed() < Duration::from_secs(25),
-        "the survivors hung"
+        recovery || !out.status.success(),
+        "mpirun succeeded after rank {victim} died"
     );
     assert!(
         !rest.iter().any(|l| l.contains("finished")),
         "a rank finished: {rest:?}"
     );
-    for rank in 0..3 {
+    let named = format!("lost peer rank {victim}");
+    for rank in (0..4).filter(|&r| r != victim) {
         let line = stderr
             .lines()
-            .find(|l| l.starts_with(&format!("RANK-ERROR {rank}:")))
-            .unwrap_or_else(|| panic!("rank {rank} reported no error:\n{stderr}"));
-        assert!(line.contains("lost peer rank 3"), "rank {rank}: {line}");
+            .find(|l| l.starts_with(&format!("RANK-ERROR {rank}:")));
+        match line {
+            Some(line) if recovery => assert!(line.contains(&named), "rank {rank}: {line}"),
+            Some(line) => assert!(line.contains("lost peer rank"), "rank {rank}: {line}"),
+            None => assert!(!recovery, "rank {rank} reported no error:\n{stderr}"),
+        }
+    }
+    if !recovery {
+        let noticed = format!("process rank {victim} with PID");
+        assert!(
+            stderr.contains(&noticed),
+            "mpirun did not name rank {victim}:\n{stderr}"
+        );
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -15,10 +15,11 @@
 //! in-process run, to the bit. For the 2-rank groups of most meshes this moves the same bytes
 //! as `MPI_Allreduce`; larger groups move `n/2` times more.
 //!
-//! Failures: every wait checks three things between polls: an abort notice from another rank
-//! (sent by [`Communicator::abort`] on its own communicator), the deadline (giving
-//! [`CommError::Timeout`]), and, for peers on this host, whether their process still exists
-//! (giving [`CommError::PeerLost`] at once instead of after the timeout).
+//! Failures: every wait checks between polls: an abort notice from another rank (sent by
+//! [`Communicator::abort`] on its own communicator), the deadline (giving
+//! [`CommError::Timeout`]), for peers on this host whether their process still exists (giving
+//! [`CommError::PeerLost`] at once instead of after the timeout), and whether mpirun has sent
+//! SIGTERM (which it does to every rank when one dies; see `sigterm`).
 
 mod raw;
 
@@ -197,6 +198,7 @@ impl MpiComm {
                 .ok_or_else(|| CommError::Invalid(format!("no communicator for {kind:?}")))?;
             groups.insert((kind, g.index), (sub, g.ranks));
         }
+        sigterm::catch();
         let host = host_id();
         let pid = u64::from(std::process::id());
         let mut all = vec![0u64; 2 * size];
@@ -292,6 +294,9 @@ impl MpiComm {
     /// waited on are still alive.
     fn poll_checks(&self, watch: &[usize]) -> Result<(), CommError> {
         self.check_abort()?;
+        if sigterm::received() {
+            return Err(self.after_sigterm());
+        }
         self.reap_sends()?;
         let now = Instant::now();
         if now.duration_since(self.last_liveness.get()) >= LIVENESS_EVERY {
@@ -303,15 +308,31 @@ impl MpiComm {
         Ok(())
     }
 
+    /// mpirun sends SIGTERM to every rank when one dies (or the job is cancelled): name the
+    /// dead rank if one on this host is gone.
+    fn after_sigterm(&self) -> CommError {
+        (0..self.size)
+            .find_map(|r| self.check_alive(r).err())
+            .unwrap_or_else(|| {
+                CommError::Aborted("stopped by the launcher (SIGTERM): the job was ended".into())
+            })
+    }
+
+    /// The pid of `rank`'s process if it is on this host and gone. A remote process cannot be
+    /// looked at; it has the timeout.
+    fn gone(&self, rank: usize) -> Option<u64> {
+        let p = self.peers.get(rank)?;
+        (p.host == self.host && rank != self.rank && !process_alive(p.pid)).then_some(p.pid)
+    }
+
     fn check_alive(&self, rank: usize) -> Result<(), CommError> {
-        let Some(p) = self.peers.get(rank) else {
-            return Ok(());
-        };
-        // Only a process on this host can be looked at; a remote one has the timeout.
-        if p.host == self.host && rank != self.rank && !process_alive(p.pid) {
+        if let Some(pid) = self.gone(rank) {
+            // A rank that failed sends its notice before it exits, so a notice may be waiting
+            // that names the cause better than the exit does.
+            self.check_abort()?;
             return Err(CommError::PeerLost {
                 rank,
-                detail: format!("its process (pid {}) on this host has exited", p.pid),
+                detail: format!("its process (pid {pid}) on this host has exited"),
             });
         }
         Ok(())
@@ -422,6 +443,38 @@ impl MpiComm {
             }
             self.idle();
         }
+    }
+}
+
+/// SIGTERM as an error instead of a sudden death. When a rank dies, mpirun ends the job: it
+/// sends the other ranks SIGTERM and, a second or so later, SIGKILL. Caught, SIGTERM only sets
+/// a flag; the next wait turns it into an error naming the lost peer, so every rank has
+/// reported before mpirun's SIGKILL.
+mod sigterm {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    static RECEIVED: AtomicBool = AtomicBool::new(false);
+
+    #[cfg(target_os = "linux")]
+    extern "C" fn on_sigterm(_: libc::c_int) {
+        // Async-signal-safe: one atomic store.
+        RECEIVED.store(true, Ordering::SeqCst);
+    }
+
+    /// Install the handler (once per process is enough; again is harmless).
+    pub(super) fn catch() {
+        #[cfg(target_os = "linux")]
+        // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+        unsafe {
+            libc::signal(
+                libc::SIGTERM,
+                on_sigterm as extern "C" fn(libc::c_int) as libc::sighandler_t,
+            );
+        }
+    }
+
+    pub(super) fn received() -> bool {
+        RECEIVED.load(Ordering::SeqCst)
     }
 }
 
@@ -640,7 +693,7 @@ impl Communicator for MpiComm {
         *self.aborted.borrow_mut() = Some(reason.to_string());
         for r in (0..self.size).filter(|&r| r != self.rank) {
             // A peer that is gone cannot be told; the others learn from this notice.
-            if self.check_alive(r).is_err() {
+            if self.gone(r).is_some() {
                 continue;
             }
             if let Ok(f) = raw::isend(
@@ -652,8 +705,9 @@ impl Communicator for MpiComm {
                 self.sends.borrow_mut().push(Box::new(f));
             }
         }
-        // Small notices go out eagerly; give them a moment to leave before the caller exits.
-        let deadline = Instant::now() + Duration::from_millis(500);
+        // Small notices go out eagerly; give them a moment to leave before the caller exits,
+        // but only a moment: mpirun may be ending the job, and the caller has yet to report.
+        let deadline = Instant::now() + Duration::from_millis(50);
         while !self.reap_sends().unwrap_or(true) && Instant::now() < deadline {
             self.idle();
         }
