@@ -1,5 +1,5 @@
 //! Run a timetable on in-process devices: one OS thread per rank, each with a current-thread
-//! tokio runtime, all joined by a [`LocalWorld`]. What one rank does ([`run_rank`]) works over
+//! tokio runtime, all joined by a [`LocalWorld`]. What one rank does (`run_rank`) works over
 //! any communicator; `run_mpi` (feature `mpi`) runs it once per process.
 
 use std::collections::{BTreeMap, HashMap};

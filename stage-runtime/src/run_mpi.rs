@@ -1,7 +1,7 @@
 //! Run a timetable with one process per rank over MPI (feature `mpi`).
 //!
 //! Every process runs its own rank exactly as a thread of the in-process run does
-//! ([`run_rank`]); rank 0 also gathers what the in-process driver sees: each step's outcome
+//! (`run_rank`); rank 0 also gathers what the in-process driver sees: each step's outcome
 //! from every rank (sent on a communicator of their own as they finish, so gathering never
 //! fences the pipeline) and the final parameters. At start the ranks agree on a fingerprint
 //! of the run, and a shared epoch makes their events one timeline.
@@ -29,10 +29,11 @@ const STEP_TAG: c_int = 1;
 const PARAMS_TAG: c_int = 2;
 
 /// Run `opts.steps` steps of `tt` over `mesh`, this process being one rank of the MPI world
-/// (whose size must be the mesh's). Same arguments as [`crate::run`], plus `describe`: what
-/// else every rank must agree on (model, seed), folded into the start-up fingerprint.
-/// `on_step` runs on rank 0 only; rank 0 returns every stage's final parameters, the other
-/// ranks `None`. On failure every rank returns an error: its own, or the one that stopped it.
+/// (whose size must be the mesh's). Same arguments as [`run()`](crate::run()), plus
+/// `describe`: what else every rank must agree on (model, seed), folded into the start-up
+/// fingerprint. `on_step` runs on rank 0 only; rank 0 returns every stage's final parameters,
+/// the other ranks `None`. On failure every rank returns an error: its own, or the one that
+/// stopped it.
 // The in-process `run`'s arguments plus the universe and the description.
 #[allow(clippy::too_many_arguments)]
 pub fn run_mpi<M, MF, BF, CB>(
