@@ -10,8 +10,12 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use pipewright_kernels::gpt::GptConfig;
-use pipewright_runtime::comm::mpi;
-use pipewright_runtime::{train_gpt, train_gpt_mpi, FinalParams, Mesh, RunOptions, TrainConfig};
+use pipewright_kernels::Tensor;
+use pipewright_runtime::comm::mpi::{self, MpiComm};
+use pipewright_runtime::{
+    train_gpt, train_gpt_mpi, Communicator, FinalParams, GroupKind, LocalWorld, Mesh, ReduceOp,
+    RunOptions, TrainConfig,
+};
 use pipewright_schedule::{generate, ScheduleKind, ScheduleSpec, Timetable};
 
 const CHILD: &str = "PIPEWRIGHT_MPI_CHILD";
@@ -131,6 +135,80 @@ fn mpi_interleaved_pp2_tp2_dp2_equals_in_process() {
         return equality_child(ScheduleKind::Interleaved1F1B, 2);
     }
     check_equal("mpi_interleaved_pp2_tp2_dp2_equals_in_process");
+}
+
+/// What every rank computes with the collectives, as bits: sums and means over 4 ranks of
+/// values whose sum depends on the order of addition, an empty all-reduce, an all-gather of
+/// different shapes, a reduce-scatter and a barrier.
+fn collectives<C: Communicator>(c: &C, mesh: Mesh) -> Vec<u32> {
+    let rank = c.rank();
+    let g = mesh.group(GroupKind::Tp, rank).unwrap();
+    let values: Vec<f32> = (0..64)
+        .map(|i| ((rank * 64 + i) as f32 * 0.7359).sin() * 10f32.powi((i % 7) as i32 - 3))
+        .collect();
+    let mut out = Vec::new();
+    for op in [ReduceOp::Sum, ReduceOp::Mean] {
+        let mut t = Tensor::new(&[8, 8], values.clone()).unwrap();
+        c.all_reduce(&g, &mut t, op).unwrap();
+        assert_eq!(t.shape(), [8, 8]);
+        out.extend(t.data().iter().map(|v| v.to_bits()));
+    }
+    let mut empty = Tensor::zeros(&[0]);
+    c.all_reduce(&g, &mut empty, ReduceOp::Sum).unwrap();
+    assert_eq!(empty.numel(), 0);
+    let mine = Tensor::new(&[rank + 1], values[..rank + 1].to_vec()).unwrap();
+    for (i, t) in c.all_gather(&g, &mine).unwrap().iter().enumerate() {
+        assert_eq!(t.shape(), [i + 1]);
+        out.extend(t.data().iter().map(|v| v.to_bits()));
+    }
+    let rs = c
+        .reduce_scatter(&g, &Tensor::new(&[64], values).unwrap(), ReduceOp::Sum)
+        .unwrap();
+    out.extend(rs.data().iter().map(|v| v.to_bits()));
+    c.barrier(&g).unwrap();
+    out
+}
+
+#[test]
+fn mpi_collectives_equal_the_local_transport_to_the_bit() {
+    let mesh = Mesh::new(1, 4, 1).unwrap();
+    if std::env::var_os(CHILD).is_none() {
+        let out = run_to_end(mpirun(
+            4,
+            "mpi_collectives_equal_the_local_transport_to_the_bit",
+            &[],
+        ));
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "mpirun failed:\n{stdout}\n{stderr}");
+        assert_eq!(
+            stdout.matches("COLLECTIVES-EQUAL").count(),
+            4,
+            "{stdout}\n{stderr}"
+        );
+        return;
+    }
+    let timeout = Duration::from_secs(30);
+    let comm = MpiComm::new(mpi::init().unwrap(), mesh, 1, 1, timeout).unwrap();
+    let got = collectives(&comm, mesh);
+    // The same on threads of this process, for this rank.
+    let world = LocalWorld::new(4, timeout);
+    let want = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..4)
+            .map(|r| {
+                let c = world.comm(r);
+                s.spawn(move || collectives(&c, mesh))
+            })
+            .collect();
+        let mut all: Vec<Vec<u32>> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+        all.swap_remove(comm.rank())
+    });
+    assert!(
+        got == want,
+        "rank {}: MPI and local collectives differ",
+        comm.rank()
+    );
+    println!("COLLECTIVES-EQUAL rank {}", comm.rank());
 }
 
 /// Rank program: announce its pid, then train for far longer than the test waits.

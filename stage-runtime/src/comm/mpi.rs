@@ -612,10 +612,9 @@ impl Communicator for MpiComm {
     fn wait_all_reduce(&self, p: MpiPending) -> Result<Tensor, CommError> {
         let (_, all) = self.wait_sync(p.flight, &p.members)?;
         let n = p.shape.iter().product::<usize>();
-        let parts = all
-            .chunks(n.max(1))
-            .take(p.members.len())
-            .map(|c| tensor(&p.shape, c.to_vec()))
+        // By index, not `chunks`: a stage without parameters reduces empty tensors.
+        let parts = (0..p.members.len())
+            .map(|i| tensor(&p.shape, all[i * n..(i + 1) * n].to_vec()))
             .collect::<Result<Vec<_>, _>>()?;
         reduce_in_order(&parts, p.op)
     }
