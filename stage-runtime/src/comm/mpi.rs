@@ -44,9 +44,11 @@ use crate::mesh::{Group, GroupKind, Mesh};
 const ABORT_TAG: c_int = 1;
 /// Most dimensions a gathered tensor may have (the shape travels in a fixed-size block).
 const MAX_DIMS: usize = 8;
-/// After anything arrives, poll without sleeping for this long (a 4 MiB transfer takes about
-/// half a millisecond on one host; a nap in the middle of a burst costs latency).
-const SPIN: Duration = Duration::from_millis(1);
+/// After anything arrives, poll without sleeping (but yielding the core) for this long. Naps
+/// cost latency: a woken rank waits for a core, and on a busy machine its median receive took
+/// 56 us against 15 us in-process when the spin was 1 ms. 10 ms covers the gaps between
+/// messages of a pipeline step; measured on 2 cores, 4 and 8 ranks (BENCHMARKS.md).
+const SPIN: Duration = Duration::from_millis(10);
 /// Then nap this long between rounds of polls, so idle ranks leave the cores to busy ones.
 const NAP: Duration = Duration::from_micros(20);
 /// How often a waiting rank checks that its peers' processes are alive.
