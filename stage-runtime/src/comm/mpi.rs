@@ -25,7 +25,7 @@ mod peers;
 mod raw;
 
 use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::os::raw::c_int;
 use std::time::{Duration, Instant};
 
@@ -44,13 +44,16 @@ use crate::mesh::{Group, GroupKind, Mesh};
 const ABORT_TAG: c_int = 1;
 /// Most dimensions a gathered tensor may have (the shape travels in a fixed-size block).
 const MAX_DIMS: usize = 8;
-/// After anything arrives, poll without sleeping (but yielding the core) for this long. Naps
-/// cost latency: a woken rank waits for a core, and on a busy machine its median receive took
-/// 56 us against 15 us in-process when the spin was 1 ms. 10 ms covers the gaps between
-/// messages of a pipeline step; measured on 2 cores, 4 and 8 ranks (BENCHMARKS.md).
-const SPIN: Duration = Duration::from_millis(10);
+/// After anything arrives, poll without sleeping (but yielding the core) for this long, then
+/// nap between polls. Spinning longer lowers latency when every rank has a core of its own
+/// (10 ms: bench +2.0% to +3.7% on this 2-core machine against +3.7% to +10.7% with 1 ms,
+/// paired runs), but on an oversubscribed or CPU-capped machine it burns the CPU the
+/// computing ranks need (the VM's steal time reached 26%). 1 ms is the cautious middle.
+const SPIN: Duration = Duration::from_millis(1);
 /// Then nap this long between rounds of polls, so idle ranks leave the cores to busy ones.
 const NAP: Duration = Duration::from_micros(20);
+/// Waiting ranks look at MPI at most this often (see `MpiComm::sweep`).
+const SWEEP_EVERY: Duration = Duration::from_micros(2);
 /// How often a waiting rank checks that its peers' processes are alive.
 const LIVENESS_EVERY: Duration = Duration::from_millis(100);
 
@@ -141,6 +144,9 @@ pub struct MpiComm {
     last_progress: Cell<Instant>,
     last_nap: Cell<Instant>,
     last_liveness: Cell<Instant>,
+    last_sweep: Cell<Instant>,
+    /// Point-to-point messages that arrived before their receive asked, by (source, tag).
+    mailbox: RefCell<HashMap<(usize, c_int), VecDeque<Matched>>>,
     /// One sub-communicator per group this rank is in, with the group's ranks.
     groups: HashMap<(GroupKind, usize), (SimpleCommunicator, Vec<usize>)>,
     /// Tensors between pipeline stages.
@@ -224,6 +230,8 @@ impl MpiComm {
             last_progress: Cell::new(now),
             last_nap: Cell::new(now),
             last_liveness: Cell::new(now),
+            last_sweep: Cell::new(now),
+            mailbox: RefCell::new(HashMap::new()),
             groups,
             p2p: world.duplicate(),
             ctl: world.duplicate(),
@@ -242,11 +250,10 @@ impl MpiComm {
     pub fn flush(&self) -> Result<(), CommError> {
         let deadline = Instant::now() + self.timeout;
         while !self.reap_sends()? {
-            self.check_abort()?;
+            self.sweep()?;
             if Instant::now() >= deadline {
                 return Err(self.timeout_error("delivery of this rank's last sends".into()));
             }
-            self.idle();
         }
         Ok(())
     }
@@ -277,32 +284,73 @@ impl MpiComm {
         if let Some(r) = self.aborted.borrow().as_ref() {
             return Err(CommError::Aborted(r.clone()));
         }
-        let Some((m, _)) = raw::improbe::<u8>(self.ctl.as_raw(), ffi_any_source(), ABORT_TAG)?
-        else {
+        let Some(m) = raw::improbe(self.ctl.as_raw(), ffi_any_source(), ABORT_TAG)? else {
             return Ok(());
         };
-        let bytes = self.wait_sync(raw::imrecv::<u8>(m)?, &[])?.into_vec();
+        // A notice is small and has arrived whole: its receive finishes at once.
+        let mut f = raw::imrecv::<u8>(m)?;
+        while !f.test()? {
+            std::thread::yield_now();
+        }
+        let bytes = f.into_bufs()?.into_vec();
         let reason = String::from_utf8_lossy(&bytes).into_owned();
         *self.aborted.borrow_mut() = Some(reason.clone());
         Err(CommError::Aborted(reason))
     }
 
-    /// Between polls: abort notices, finished sends, and (now and then) whether the peers
-    /// waited on are still alive.
-    fn poll_checks(&self, watch: &[usize]) -> Result<(), CommError> {
+    /// What a waiting rank does between looks at what it waits for, at most once per
+    /// [`SWEEP_EVERY`] however many receives wait: take arrived messages into the mailbox,
+    /// finish sends, look for abort notices and SIGTERM, now and then check that the peers on
+    /// this host are alive, and let the core go. A device posts all its receives of a step at
+    /// once; when each did this on every poll, one round of polls took tens of microseconds.
+    fn sweep(&self) -> Result<(), CommError> {
+        let now = Instant::now();
+        if now.duration_since(self.last_sweep.get()) < SWEEP_EVERY {
+            return Ok(());
+        }
+        self.last_sweep.set(now);
+        self.drain()?;
         self.check_abort()?;
         if sigterm::received() {
             return Err(self.after_sigterm());
         }
         self.reap_sends()?;
-        let now = Instant::now();
         if now.duration_since(self.last_liveness.get()) >= LIVENESS_EVERY {
             self.last_liveness.set(now);
-            for &r in watch {
+            for r in 0..self.size {
                 self.check_alive(r)?;
             }
         }
+        self.idle();
         Ok(())
+    }
+
+    /// Match every point-to-point message that has arrived; only this rank can receive a
+    /// matched message, so it waits in the mailbox until its receive asks for it.
+    fn drain(&self) -> Result<(), CommError> {
+        // SAFETY: reads a constant exported by rsmpi's C shim.
+        let any_tag = unsafe { mpi::ffi::RSMPI_ANY_TAG };
+        while let Some(m) = raw::improbe(self.p2p.as_raw(), ffi_any_source(), any_tag)? {
+            self.progressed();
+            let key = (m.src as usize, m.tag);
+            // In arrival order: MPI keeps messages of one sender and tag in order.
+            self.mailbox
+                .borrow_mut()
+                .entry(key)
+                .or_default()
+                .push_back(m);
+        }
+        Ok(())
+    }
+
+    fn take(&self, src: usize, tag: c_int) -> Option<Matched> {
+        let mut mailbox = self.mailbox.borrow_mut();
+        let queue = mailbox.get_mut(&(src, tag))?;
+        let m = queue.pop_front();
+        if queue.is_empty() {
+            mailbox.remove(&(src, tag));
+        }
+        m
     }
 
     /// mpirun sends SIGTERM to every rank when one dies (or the job is cancelled): name the
@@ -353,45 +401,40 @@ impl MpiComm {
         self.last_progress.set(Instant::now());
     }
 
-    /// Wait for a flight from synchronous code (collectives), watching `members`.
-    fn wait_sync<B>(&self, mut f: Flight<B>, members: &[usize]) -> Result<B, CommError> {
+    /// Wait for a flight from synchronous code (collectives); `what` names it in a timeout.
+    fn wait_sync<B>(&self, mut f: Flight<B>, what: &dyn Fn() -> String) -> Result<B, CommError> {
         let deadline = Instant::now() + self.timeout;
         while !f.test()? {
-            self.poll_checks(members)?;
+            self.sweep()?;
             if Instant::now() >= deadline {
-                return Err(self.timeout_error(format!("a collective with ranks {members:?}")));
+                return Err(self.timeout_error(what()));
             }
-            self.idle();
         }
         self.progressed();
         f.into_bufs()
     }
 
+    fn wait_collective<B>(&self, f: Flight<B>, ranks: &[usize]) -> Result<B, CommError> {
+        self.wait_sync(f, &|| format!("a collective with ranks {ranks:?}"))
+    }
+
     /// Wait for a flight from async code (receives): yield to other tasks between polls.
-    async fn wait_async<B>(&self, mut f: Flight<B>, src: usize) -> Result<B, CommError> {
+    async fn wait_async<B>(&self, mut f: Flight<B>) -> Result<B, CommError> {
         while !f.test()? {
-            self.poll_checks(&[src])?;
-            self.idle();
+            self.sweep()?;
             tokio::task::yield_now().await;
         }
         self.progressed();
         f.into_bufs()
     }
 
-    /// Poll until a message with `tag` from `src` is matched.
-    async fn matched<T: mpi::datatype::Equivalence>(
-        &self,
-        comm: &SimpleCommunicator,
-        src: usize,
-        tag: c_int,
-    ) -> Result<Matched, CommError> {
+    /// Wait until the message with `tag` from `src` has arrived and is matched.
+    async fn matched(&self, src: usize, tag: c_int) -> Result<Matched, CommError> {
         loop {
-            if let Some((m, _)) = raw::improbe::<T>(comm.as_raw(), src as c_int, tag)? {
-                self.progressed();
+            if let Some(m) = self.take(src, tag) {
                 return Ok(m);
             }
-            self.poll_checks(&[src])?;
-            self.idle();
+            self.sweep()?;
             tokio::task::yield_now().await;
         }
     }
@@ -417,28 +460,26 @@ impl MpiComm {
     /// A record with `tag` from any rank, if one has arrived (rank 0).
     pub(crate) fn try_record(&self, tag: c_int) -> Result<Option<(usize, Vec<u8>)>, CommError> {
         self.check_abort()?;
-        match raw::improbe::<u8>(self.rec.as_raw(), ffi_any_source(), tag)? {
-            Some((m, src)) => Ok(Some((
-                src as usize,
-                self.wait_sync(raw::imrecv::<u8>(m)?, &[])?.into_vec(),
-            ))),
-            None => Ok(None),
-        }
+        let Some(m) = raw::improbe(self.rec.as_raw(), ffi_any_source(), tag)? else {
+            return Ok(None);
+        };
+        let src = m.src as usize;
+        let what = || format!("a record from rank {src}");
+        let bytes = self.wait_sync(raw::imrecv::<u8>(m)?, &what)?.into_vec();
+        Ok(Some((src, bytes)))
     }
 
     /// Wait for a record with `tag` from any rank, watching every rank (rank 0).
     pub(crate) fn record(&self, tag: c_int) -> Result<(usize, Vec<u8>), CommError> {
         let deadline = Instant::now() + self.timeout;
-        let everyone: Vec<usize> = (0..self.size).collect();
         loop {
             if let Some(r) = self.try_record(tag)? {
                 return Ok(r);
             }
-            self.poll_checks(&everyone)?;
+            self.sweep()?;
             if Instant::now() >= deadline {
                 return Err(self.timeout_error("the other ranks' step records".into()));
             }
-            self.idle();
         }
     }
 }
@@ -519,17 +560,11 @@ impl Communicator for MpiComm {
             )));
         }
         let (head, body) = (self.tags.encode(tag, false)?, self.tags.encode(tag, true)?);
-        let m = self.matched::<u64>(&self.p2p, src, head).await?;
-        let h = self
-            .wait_async(raw::imrecv::<u64>(m)?, src)
-            .await?
-            .into_vec();
+        let m = self.matched(src, head).await?;
+        let h = self.wait_async(raw::imrecv::<u64>(m)?).await?.into_vec();
         let shape = parse_header(&h, tag, src)?;
-        let m = self.matched::<f32>(&self.p2p, src, body).await?;
-        let data = self
-            .wait_async(raw::imrecv::<f32>(m)?, src)
-            .await?
-            .into_vec();
+        let m = self.matched(src, body).await?;
+        let data = self.wait_async(raw::imrecv::<f32>(m)?).await?.into_vec();
         tensor(&shape, data)
     }
 
@@ -551,7 +586,7 @@ impl Communicator for MpiComm {
     }
 
     fn wait_all_reduce(&self, p: MpiPending) -> Result<Tensor, CommError> {
-        let (_, all) = self.wait_sync(p.flight, &p.members)?;
+        let (_, all) = self.wait_collective(p.flight, &p.members)?;
         let n = p.shape.iter().product::<usize>();
         // By index, not `chunks`: a stage without parameters reduces empty tensors.
         let parts = (0..p.members.len())
@@ -575,7 +610,7 @@ impl Communicator for MpiComm {
             .iter_mut()
             .zip(t.shape())
             .for_each(|(d, &s)| *d = s as u64);
-        let (_, shapes) = self.wait_sync(
+        let (_, shapes) = self.wait_collective(
             raw::iallgather(comm.as_raw(), dims, group.size())?,
             &group.ranks,
         )?;
@@ -595,7 +630,7 @@ impl Communicator for MpiComm {
             .unwrap_or(0);
         let mut data = t.data().to_vec();
         data.resize(longest, 0.0);
-        let (_, all) = self.wait_sync(
+        let (_, all) = self.wait_collective(
             raw::iallgather(comm.as_raw(), data, group.size())?,
             &group.ranks,
         )?;
@@ -623,7 +658,7 @@ impl Communicator for MpiComm {
 
     fn barrier(&self, group: &Group) -> Result<(), CommError> {
         let comm = self.group_comm(group)?;
-        self.wait_sync(raw::ibarrier(comm.as_raw())?, &group.ranks)
+        self.wait_collective(raw::ibarrier(comm.as_raw())?, &group.ranks)
     }
 
     fn abort(&self, reason: &str) {

@@ -117,17 +117,19 @@ pub(crate) fn isend<T: Equivalence>(
 /// A message matched by [`improbe`]: only this handle can receive it.
 pub(crate) struct Matched {
     msg: ffi::MPI_Message,
-    /// Elements of the probed type it holds.
-    pub(crate) len: usize,
+    /// Its size in bytes.
+    bytes: usize,
+    /// Its sender and tag.
+    pub(crate) src: c_int,
+    pub(crate) tag: c_int,
 }
 
-/// `MPI_Improbe` for one message of `T`s from `src` with `tag` (`src` may be any source).
-/// Returns the matched message and its source rank.
-pub(crate) fn improbe<T: Equivalence>(
+/// `MPI_Improbe` for one message from `src` with `tag` (either may be a wildcard).
+pub(crate) fn improbe(
     comm: ffi::MPI_Comm,
     src: c_int,
     tag: c_int,
-) -> Result<Option<(Matched, c_int)>, CommError> {
+) -> Result<Option<Matched>, CommError> {
     let mut flag: c_int = 0;
     let mut msg = MaybeUninit::uninit();
     let mut status = MaybeUninit::<ffi::MPI_Status>::uninit();
@@ -151,12 +153,17 @@ pub(crate) fn improbe<T: Equivalence>(
     let mut n: c_int = 0;
     // SAFETY: `status` is initialised.
     check(
-        unsafe { ffi::MPI_Get_count(&status, datatype::<T>(), &mut n) },
+        unsafe { ffi::MPI_Get_count(&status, datatype::<u8>(), &mut n) },
         "MPI_Get_count",
     )?;
-    let len =
-        usize::try_from(n).map_err(|_| CommError::Invalid(format!("a message of {n} elements")))?;
-    Ok(Some((Matched { msg, len }, status.MPI_SOURCE)))
+    let bytes =
+        usize::try_from(n).map_err(|_| CommError::Invalid(format!("a message of {n} bytes")))?;
+    Ok(Some(Matched {
+        msg,
+        bytes,
+        src: status.MPI_SOURCE,
+        tag: status.MPI_TAG,
+    }))
 }
 
 /// A receive buffer MPI fills: allocated, not initialised (zeroing 4 MiB first would cost
@@ -179,8 +186,16 @@ impl<T: Copy> RecvBuf<T> {
 
 /// `MPI_Imrecv` of a matched message into a new buffer of its size.
 pub(crate) fn imrecv<T: Equivalence + Copy>(m: Matched) -> Result<Flight<RecvBuf<T>>, CommError> {
-    let mut buf = Vec::<T>::with_capacity(m.len);
-    let n = count(m.len, "receive")?;
+    let size = std::mem::size_of::<T>();
+    if m.bytes % size != 0 {
+        return Err(CommError::Invalid(format!(
+            "a message of {} bytes from rank {} is not whole {size}-byte values",
+            m.bytes, m.src
+        )));
+    }
+    let len = m.bytes / size;
+    let mut buf = Vec::<T>::with_capacity(len);
+    let n = count(len, "receive")?;
     let mut msg = m.msg;
     let mut req = MaybeUninit::uninit();
     // SAFETY: the buffer has room for the whole message and is owned by the flight.
@@ -198,7 +213,7 @@ pub(crate) fn imrecv<T: Equivalence + Copy>(m: Matched) -> Result<Flight<RecvBuf
     let req = unsafe { req.assume_init() };
     Ok(Flight {
         req,
-        bufs: Some(RecvBuf { buf, len: m.len }),
+        bufs: Some(RecvBuf { buf, len }),
         done: false,
     })
 }
