@@ -2,6 +2,7 @@
 
 mod cli;
 
+use std::io::Write;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -55,7 +56,10 @@ fn main() -> ExitCode {
         Err(e) => {
             // One line: the chain of causes, outermost first.
             let msg: Vec<String> = e.chain().map(ToString::to_string).collect();
-            eprintln!("error: {}", msg.join(": "));
+            // One write: under mpirun every rank's line shares one terminal, and eprintln!
+            // writes in pieces that other ranks' lines can split.
+            let line = format!("error: {}\n", msg.join(": "));
+            let _ = std::io::stderr().write_all(line.as_bytes());
             ExitCode::FAILURE
         }
     }

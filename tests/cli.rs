@@ -425,3 +425,34 @@ fn train_rejects_meshes_and_models_that_do_not_fit() {
         "mesh degree dp must be at least 1",
     );
 }
+
+#[test]
+fn transport_mpi_needs_the_feature_and_a_world_of_the_mesh_size() {
+    let train = [
+        "train",
+        "--transport",
+        "mpi",
+        "--stages",
+        "2",
+        "--steps",
+        "1",
+    ];
+    let bench = [
+        "bench",
+        "--transport",
+        "mpi",
+        "--stages",
+        "2",
+        "--steps",
+        "1",
+    ];
+    // Without the feature: say how to get it. With it, a launch without mpirun is a world of
+    // one: say how to launch.
+    let needle = if cfg!(feature = "mpi") {
+        "but the world has 1: launch 2 processes, e.g. mpirun -np 2"
+    } else {
+        "rebuild with MPI: cargo build --release --features mpi"
+    };
+    assert_clean_error(&train, needle);
+    assert_clean_error(&bench, needle);
+}

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
-use clap::Args;
+use clap::{Args, ValueEnum};
 use pipewright::schedule::{generate, CostModel, RawSpec, ScheduleSpec, StageCost, Timetable};
 
 /// Which schedule to generate.
@@ -137,4 +137,26 @@ impl CostArgs {
             ),
         }
     }
+}
+
+/// How ranks talk to each other.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Transport {
+    /// Every rank a thread of this process.
+    Local,
+    /// One process per rank over MPI: launch with `mpirun -np <pp*tp*dp>` (build with
+    /// `--features mpi`).
+    Mpi,
+}
+
+/// The MPI universe, when this binary has MPI; one clear error when it does not.
+#[cfg(feature = "mpi")]
+pub fn mpi_universe() -> Result<pipewright::runtime::comm::mpi::Universe> {
+    Ok(pipewright::runtime::comm::mpi::init()?)
+}
+
+/// The MPI universe, when this binary has MPI; one clear error when it does not.
+#[cfg(not(feature = "mpi"))]
+pub fn mpi_universe() -> Result<std::convert::Infallible> {
+    bail!("--transport mpi: this pipewright was built without MPI; rebuild with MPI: cargo build --release --features mpi (needs OpenMPI)")
 }

@@ -10,21 +10,27 @@ use indicatif::{ProgressBar, ProgressStyle};
 use pipewright::kernels::gpt::GptConfig;
 use pipewright::kernels::optim::AdamWConfig;
 use pipewright::runtime::{
-    run, train_gpt, Coord, Mesh, RunOptions, StepBatch, StepRecord, SyntheticModule, TrainConfig,
+    run, train_gpt, Coord, FinalParams, Mesh, RunOptions, StepBatch, StepRecord, SyntheticModule,
+    TrainConfig,
 };
-use pipewright::schedule::{simulate, Timeline};
+use pipewright::schedule::{simulate, Timeline, Timetable};
 use pipewright::viz::{bubble_chart, ChartOptions, ChartPanel, ImageFormat};
 
-use super::args::{CostArgs, SourceArgs};
+use super::args::{mpi_universe, CostArgs, SourceArgs, Transport};
 use super::commands::ReportFormat;
 use super::io::write_atomic;
 use super::search::write_measured_costs;
 
-/// Train the reference GPT on in-process devices (one thread per rank).
+/// Train the reference GPT on in-process devices (one thread per rank), or one process per
+/// rank over MPI (`mpirun -np <pp*tp*dp> pipewright train --transport mpi ...`).
 #[derive(Args, Debug)]
 pub struct TrainCmd {
     #[command(flatten)]
     source: SourceArgs,
+    /// `local`: every rank a thread of this process; `mpi`: this process is one rank of an
+    /// MPI world of pp*tp*dp processes (rank 0 prints and writes files).
+    #[arg(long, value_enum, default_value_t = Transport::Local)]
+    transport: Transport,
     /// Tensor-parallel ranks inside each pipeline stage (must divide --heads).
     #[arg(long, default_value_t = 1)]
     tp: usize,
@@ -107,11 +113,16 @@ impl TrainCmd {
             },
         };
         let tokens = (cfg.global_batch(tt.microbatches) * self.seq_len) as f64;
-        let bar = progress(self.steps, self.format == ReportFormat::Table);
+        let universe = match self.transport {
+            Transport::Mpi => Some(mpi_universe()?),
+            Transport::Local => None,
+        };
+        let lead = universe.as_ref().map_or(true, is_rank_zero);
+        let bar = progress(self.steps, lead && self.format == ReportFormat::Table);
         let mut last: Option<StepRecord> = None;
         let mut first_loss = None;
         let mut timelines = Vec::new();
-        train_gpt(&cfg, &tt, |s| {
+        let on_step = |s: &StepRecord| {
             if self.costs_out.is_some() {
                 timelines.push(s.timeline.clone());
             }
@@ -133,8 +144,15 @@ impl TrainCmd {
                 }
             }
             last = Some(s.clone());
-        })?;
+        };
+        let finished = match universe {
+            Some(u) => train_mpi(u, &cfg, &tt, on_step)?,
+            None => Some(train_gpt(&cfg, &tt, on_step)?),
+        };
         bar.finish_and_clear();
+        if finished.is_none() {
+            return Ok(()); // an MPI rank other than 0: rank 0 reports
+        }
         let Some(last) = last else {
             bail!("no step ran (--steps 0?)")
         };
@@ -154,6 +172,81 @@ impl TrainCmd {
             self.chart.as_ref().zip(chart_format),
         )
     }
+}
+
+#[cfg(feature = "mpi")]
+fn is_rank_zero(u: &pipewright::runtime::comm::mpi::Universe) -> bool {
+    pipewright::runtime::comm::mpi::world_rank(u) == 0
+}
+
+#[cfg(not(feature = "mpi"))]
+fn is_rank_zero(u: &std::convert::Infallible) -> bool {
+    match *u {}
+}
+
+#[cfg(feature = "mpi")]
+fn train_mpi(
+    u: pipewright::runtime::comm::mpi::Universe,
+    cfg: &TrainConfig,
+    tt: &Timetable,
+    on_step: impl FnMut(&StepRecord),
+) -> Result<Option<FinalParams>> {
+    pipewright::runtime::train_gpt_mpi(u, cfg, tt, on_step).map_err(launch_hint)
+}
+
+/// A world of the wrong size most often means a launch without mpirun: say how to launch.
+#[cfg(feature = "mpi")]
+fn launch_hint(e: pipewright::runtime::RuntimeError) -> anyhow::Error {
+    use pipewright::runtime::{MeshError, RuntimeError};
+    match e {
+        RuntimeError::Mesh(MeshError::WorldSize { product, .. }) => {
+            anyhow::anyhow!(
+                "{e}: launch {product} processes, e.g. mpirun -np {product} pipewright ..."
+            )
+        }
+        e => e.into(),
+    }
+}
+
+#[cfg(not(feature = "mpi"))]
+fn train_mpi(
+    u: std::convert::Infallible,
+    _: &TrainConfig,
+    _: &Timetable,
+    _: impl FnMut(&StepRecord),
+) -> Result<Option<FinalParams>> {
+    match u {}
+}
+
+#[cfg(feature = "mpi")]
+#[allow(clippy::too_many_arguments)]
+fn bench_mpi(
+    u: pipewright::runtime::comm::mpi::Universe,
+    mesh: Mesh,
+    tt: &Timetable,
+    make: impl Fn(Coord, u32) -> Result<SyntheticModule, pipewright::runtime::ModuleError>,
+    batch: impl Fn(u64, usize) -> StepBatch,
+    opts: &RunOptions,
+    describe: &str,
+    on_step: impl FnMut(&StepRecord),
+) -> Result<Option<FinalParams>> {
+    pipewright::runtime::run_mpi(u, mesh, tt, make, batch, opts, describe, on_step)
+        .map_err(launch_hint)
+}
+
+#[cfg(not(feature = "mpi"))]
+#[allow(clippy::too_many_arguments)]
+fn bench_mpi(
+    u: std::convert::Infallible,
+    _: Mesh,
+    _: &Timetable,
+    _: impl Fn(Coord, u32) -> Result<SyntheticModule, pipewright::runtime::ModuleError>,
+    _: impl Fn(u64, usize) -> StepBatch,
+    _: &RunOptions,
+    _: &str,
+    _: impl FnMut(&StepRecord),
+) -> Result<Option<FinalParams>> {
+    match u {}
 }
 
 fn timeout(secs: f64) -> Result<Duration> {
@@ -201,6 +294,10 @@ pub struct BenchCmd {
     /// Steps to run; the report is the median step.
     #[arg(long, default_value_t = 5)]
     steps: u64,
+    /// `local`: every device a thread of this process; `mpi`: one process per device
+    /// (`mpirun -np <p>`; rank 0 reports).
+    #[arg(long, value_enum, default_value_t = Transport::Local)]
+    transport: Transport,
     /// Write the median step's measured timeline (JSON).
     #[arg(long, value_name = "FILE")]
     trace: Option<PathBuf>,
@@ -245,7 +342,29 @@ impl BenchCmd {
             ..RunOptions::default()
         };
         let mut steps = Vec::new();
-        run(mesh, &tt, make, batch, &opts, |s| steps.push(s.clone()))?;
+        let on_step = |s: &StepRecord| steps.push(s.clone());
+        match self.transport {
+            Transport::Local => {
+                run(mesh, &tt, make, batch, &opts, on_step)?;
+            }
+            Transport::Mpi => {
+                let describe = format!("{model:?}");
+                if bench_mpi(
+                    mpi_universe()?,
+                    mesh,
+                    &tt,
+                    make,
+                    batch,
+                    &opts,
+                    &describe,
+                    on_step,
+                )?
+                .is_none()
+                {
+                    return Ok(()); // an MPI rank other than 0: rank 0 reports
+                }
+            }
+        }
         steps.sort_by(|a, b| a.seconds.total_cmp(&b.seconds));
         let median = &steps[steps.len() / 2];
         let measured = median.seconds * 1e3;

@@ -30,6 +30,19 @@ pub enum RuntimeError {
         /// What went wrong.
         message: String,
     },
+    /// The ranks disagree about the run: their timetables, meshes, models or seeds differ.
+    #[error("rank {rank} disagrees with rank 0 about the run (timetable, mesh, model, seed or steps differ): its fingerprint is {theirs:016x}, rank 0's {ours:016x}")]
+    Disagree {
+        /// The first rank that differs from rank 0.
+        rank: usize,
+        /// Rank 0's fingerprint.
+        ours: u64,
+        /// That rank's.
+        theirs: u64,
+    },
+    /// The transport could not start.
+    #[error("transport: {0}")]
+    Transport(String),
     /// A stage the timetable puts on a device has no module there.
     #[error("no module for stage {0} on this device")]
     MissingStage(u32),

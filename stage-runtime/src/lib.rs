@@ -36,6 +36,8 @@ pub mod executor;
 pub mod mesh;
 pub mod module;
 pub mod run;
+#[cfg(feature = "mpi")]
+pub mod run_mpi;
 pub mod train;
 
 pub use comm::local::{LocalComm, LocalWorld};
@@ -45,4 +47,8 @@ pub use executor::{Executor, StepBatch, StepOutcome};
 pub use mesh::{Coord, Group, GroupKind, Mesh, MeshError};
 pub use module::{GptModule, MicrobatchData, ModuleError, StageModule, SyntheticModule};
 pub use run::{prepare, run, FinalParams, RunOptions, StepRecord};
+#[cfg(feature = "mpi")]
+pub use run_mpi::run_mpi;
+#[cfg(feature = "mpi")]
+pub use train::train_gpt_mpi;
 pub use train::{gpt_batch, train_gpt, TrainConfig};

@@ -165,7 +165,7 @@ fn occupy(d: Duration) {
 
 /// Linux lets a sleeping thread oversleep by its timer slack (50 us by default); set it to
 /// 1 ns once per thread so synthetic durations are exact.
-fn precise_sleeps() {
+pub(crate) fn precise_sleeps() {
     #[cfg(target_os = "linux")]
     {
         thread_local!(static DONE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) });

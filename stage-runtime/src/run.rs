@@ -1,5 +1,6 @@
 //! Run a timetable on in-process devices: one OS thread per rank, each with a current-thread
-//! tokio runtime, all joined by a [`LocalWorld`].
+//! tokio runtime, all joined by a [`LocalWorld`]. What one rank does (`run_rank`) works over
+//! any communicator; `run_mpi` (feature `mpi`) runs it once per process.
 
 use std::collections::{BTreeMap, HashMap};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -173,6 +174,50 @@ where
     MF: Fn(Coord, u32) -> Result<M, ModuleError>,
     BF: Fn(u64, usize) -> StepBatch,
 {
+    let comm = Rc::new(world.comm(mesh.rank(coord)));
+    let ctx = RankContext {
+        mesh,
+        coord,
+        tt,
+        opts,
+        epoch,
+    };
+    // The driver may have stopped listening after an error elsewhere; that is fine.
+    run_rank(comm, &ctx, make, batch, |step, outcome| {
+        let _ = tx.send((coord, step, outcome));
+        Ok(())
+    })
+}
+
+/// What one rank needs to know to run its part, whatever the transport.
+pub(crate) struct RankContext<'a> {
+    pub(crate) mesh: Mesh,
+    pub(crate) coord: Coord,
+    /// Lowered and validated ([`prepare`]).
+    pub(crate) tt: &'a Timetable,
+    pub(crate) opts: &'a RunOptions,
+    /// Time zero of every rank's events.
+    pub(crate) epoch: Instant,
+}
+
+/// One rank's whole run over any [`Communicator`]: build its stages, run every step on a
+/// current-thread tokio runtime (receives are local tasks), hand each step's outcome to
+/// `on_outcome`, and return its final parameters (DP 0 ranks only; others return none).
+pub(crate) fn run_rank<C, M, MF, BF, OF>(
+    comm: Rc<C>,
+    ctx: &RankContext<'_>,
+    make: &MF,
+    batch: &BF,
+    mut on_outcome: OF,
+) -> Result<FinalParams, RuntimeError>
+where
+    C: Communicator + 'static,
+    M: StageModule,
+    MF: Fn(Coord, u32) -> Result<M, ModuleError>,
+    BF: Fn(u64, usize) -> StepBatch,
+    OF: FnMut(u64, StepOutcome) -> Result<(), RuntimeError>,
+{
+    let (mesh, coord, tt) = (ctx.mesh, ctx.coord, ctx.tt);
     let rank = mesh.rank(coord);
     let fail = |m: String| RuntimeError::device(rank, coord, 0, None, m);
     let mut modules = HashMap::new();
@@ -183,20 +228,18 @@ where
             make(coord, stage).map_err(|e| fail(format!("building stage {stage}: {e}")))?,
         );
     }
-    let comm = Rc::new(world.comm(rank));
     let tt = Rc::new(tt.clone());
-    let mut exec = Executor::new(comm, mesh, coord, tt, modules, opts, epoch)?;
+    let mut exec = Executor::new(comm, mesh, coord, tt, modules, ctx.opts, ctx.epoch)?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .build()
         .map_err(|e| fail(e.to_string()))?;
     let local = tokio::task::LocalSet::new();
     local.block_on(&rt, async {
-        for step in 0..opts.steps {
+        for step in 0..ctx.opts.steps {
             let b = batch(step, coord.dp);
             let outcome = exec.run_step(step, &b).await?;
-            // The driver may have stopped listening after an error elsewhere; that is fine.
-            let _ = tx.send((coord, step, outcome));
+            on_outcome(step, outcome)?;
         }
         Ok::<(), RuntimeError>(())
     })?;
@@ -212,7 +255,7 @@ where
 }
 
 /// Gathers each step's outcomes from every rank into a [`StepRecord`].
-struct Assembler {
+pub(crate) struct Assembler {
     mesh: Mesh,
     /// Pipeline device holding the last stage (device 0 under placement "v").
     loss_device: usize,
@@ -221,7 +264,7 @@ struct Assembler {
 }
 
 impl Assembler {
-    fn new(tt: &Timetable, mesh: Mesh) -> Self {
+    pub(crate) fn new(tt: &Timetable, mesh: Mesh) -> Self {
         let meta = TimelineMeta {
             schedule: tt.name.clone(),
             devices: tt.num_devices(),
@@ -240,7 +283,12 @@ impl Assembler {
         }
     }
 
-    fn add(&mut self, coord: Coord, step: u64, outcome: StepOutcome) -> Option<StepRecord> {
+    pub(crate) fn add(
+        &mut self,
+        coord: Coord,
+        step: u64,
+        outcome: StepOutcome,
+    ) -> Option<StepRecord> {
         let list = self.pending.entry(step).or_default();
         list.push((coord, outcome));
         if list.len() < self.mesh.world_size() {

@@ -8,7 +8,7 @@ use crate::data::progression_batch;
 use crate::error::RuntimeError;
 use crate::executor::StepBatch;
 use crate::mesh::Mesh;
-use crate::module::GptModule;
+use crate::module::{GptModule, ModuleError};
 use crate::run::{run, FinalParams, RunOptions, StepRecord};
 
 /// A training run of the reference GPT.
@@ -65,6 +65,50 @@ pub fn train_gpt(
     tt: &Timetable,
     on_step: impl FnMut(&StepRecord),
 ) -> Result<FinalParams, RuntimeError> {
+    check(cfg, tt)?;
+    let stages = tt.num_stages() as usize;
+    let m = tt.microbatches;
+    run(
+        cfg.mesh,
+        tt,
+        |c, stage| module(cfg, c, stage, stages),
+        |step, dp| gpt_batch(cfg, m, step, dp),
+        &cfg.run,
+        on_step,
+    )
+}
+
+/// Train with this process as one rank of an MPI world of `pp * tp * dp` processes (feature
+/// `mpi`). `on_step` runs on rank 0, which returns every stage's final parameters; the other
+/// ranks return `None`. Every rank must be given the same configuration and timetable: a
+/// fingerprint of them is compared at start.
+#[cfg(feature = "mpi")]
+pub fn train_gpt_mpi(
+    universe: mpi::environment::Universe,
+    cfg: &TrainConfig,
+    tt: &Timetable,
+    on_step: impl FnMut(&StepRecord),
+) -> Result<Option<FinalParams>, RuntimeError> {
+    check(cfg, tt)?;
+    let stages = tt.num_stages() as usize;
+    let m = tt.microbatches;
+    let describe = format!(
+        "{:?} seed {} microbatch size {}",
+        cfg.model, cfg.seed, cfg.microbatch_size
+    );
+    crate::run_mpi::run_mpi(
+        universe,
+        cfg.mesh,
+        tt,
+        |c, stage| module(cfg, c, stage, stages),
+        |step, dp| gpt_batch(cfg, m, step, dp),
+        &cfg.run,
+        &describe,
+        on_step,
+    )
+}
+
+fn check(cfg: &TrainConfig, tt: &Timetable) -> Result<(), RuntimeError> {
     cfg.model
         .validate(cfg.mesh.tp)
         .map_err(|e| RuntimeError::Model(e.to_string()))?;
@@ -80,17 +124,15 @@ pub fn train_gpt(
             "--microbatch-size must be at least 1".into(),
         ));
     }
-    let make = |c: crate::mesh::Coord, stage: u32| {
-        let shard = TpShard::new(c.tp, cfg.mesh.tp)?;
-        GptModule::new(&cfg.model, cfg.seed, stage as usize, stages, shard)
-    };
-    let m = tt.microbatches;
-    run(
-        cfg.mesh,
-        tt,
-        make,
-        |step, dp| gpt_batch(cfg, m, step, dp),
-        &cfg.run,
-        on_step,
-    )
+    Ok(())
+}
+
+fn module(
+    cfg: &TrainConfig,
+    c: crate::mesh::Coord,
+    stage: u32,
+    stages: usize,
+) -> Result<GptModule, ModuleError> {
+    let shard = TpShard::new(c.tp, cfg.mesh.tp)?;
+    GptModule::new(&cfg.model, cfg.seed, stage as usize, stages, shard)
 }

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use async_channel::{Receiver, Sender};
 use pipewright_kernels::Tensor;
 
-use super::{CommError, Communicator, ReduceOp, Tag};
+use super::{reduce_in_order, share_of, CommError, Communicator, ReduceOp, Tag};
 use crate::mesh::{Group, GroupKind};
 
 type Channel = (Sender<Tensor>, Receiver<Tensor>);
@@ -212,22 +212,6 @@ impl LocalComm {
     }
 }
 
-fn reduce(parts: &[Option<Tensor>], op: ReduceOp) -> Result<Tensor, CommError> {
-    let mut iter = parts.iter().flatten();
-    let mut acc = iter
-        .next()
-        .cloned()
-        .ok_or_else(|| CommError::Invalid("empty group".into()))?;
-    for t in iter {
-        acc.add_assign(t)
-            .map_err(|e| CommError::Invalid(format!("all-reduce: {e}")))?;
-    }
-    if op == ReduceOp::Mean {
-        acc.scale(1.0 / parts.len() as f32);
-    }
-    Ok(acc)
-}
-
 impl Communicator for LocalComm {
     type Pending = LocalPending;
 
@@ -285,7 +269,9 @@ impl Communicator for LocalComm {
     }
 
     fn wait_all_reduce(&self, p: LocalPending) -> Result<Tensor, CommError> {
-        self.collect(&p.rounds, p.seq, p.size, |parts| reduce(parts, p.op))?
+        self.collect(&p.rounds, p.seq, p.size, |parts| {
+            reduce_in_order(parts.iter().flatten(), p.op)
+        })?
     }
 
     fn all_gather(&self, group: &Group, tensor: &Tensor) -> Result<Vec<Tensor>, CommError> {
@@ -303,17 +289,10 @@ impl Communicator for LocalComm {
     ) -> Result<Tensor, CommError> {
         let n = group.size();
         let pos = self.check(group)?;
-        if tensor.numel() % n != 0 {
-            return Err(CommError::Invalid(format!(
-                "reduce-scatter of {} values over {n} ranks",
-                tensor.numel()
-            )));
-        }
+        share_of(tensor, 0, n)?; // refuse an uneven split before anyone reduces
         let mut whole = tensor.clone();
         self.all_reduce(group, &mut whole, op)?;
-        let share = whole.numel() / n;
-        let part = whole.data()[pos * share..(pos + 1) * share].to_vec();
-        Tensor::new(&[share], part).map_err(|e| CommError::Invalid(e.to_string()))
+        share_of(&whole, pos, n)
     }
 
     fn barrier(&self, group: &Group) -> Result<(), CommError> {

@@ -7,6 +7,8 @@
 //! rest of the step. Nothing requires `Send`: a NCCL communicator lives on one OS thread.
 
 pub mod local;
+#[cfg(feature = "mpi")]
+pub mod mpi;
 
 use std::fmt;
 
@@ -75,9 +77,53 @@ pub enum CommError {
     /// Another rank failed and stopped the world.
     #[error("stopped because another rank failed: {0}")]
     Aborted(String),
+    /// A peer process is gone (it exited or was killed).
+    #[error("lost peer rank {rank}: {detail}")]
+    PeerLost {
+        /// The rank that is gone.
+        rank: usize,
+        /// How it was noticed.
+        detail: String,
+    },
     /// Shapes or groups do not fit.
     #[error("{0}")]
     Invalid(String),
+}
+
+/// Combine a group's parts in group order: every transport reduces with this one function, so
+/// they agree to the bit (floating-point sums depend on their order).
+pub(crate) fn reduce_in_order<'a>(
+    parts: impl IntoIterator<Item = &'a Tensor>,
+    op: ReduceOp,
+) -> Result<Tensor, CommError> {
+    let mut iter = parts.into_iter();
+    let mut acc = iter
+        .next()
+        .cloned()
+        .ok_or_else(|| CommError::Invalid("empty group".into()))?;
+    let mut n = 1usize;
+    for t in iter {
+        acc.add_assign(t)
+            .map_err(|e| CommError::Invalid(format!("all-reduce: {e}")))?;
+        n += 1;
+    }
+    if op == ReduceOp::Mean {
+        acc.scale(1.0 / n as f32);
+    }
+    Ok(acc)
+}
+
+/// Position `pos`'s equal share of a reduced tensor of a group of `n` (reduce-scatter).
+pub(crate) fn share_of(whole: &Tensor, pos: usize, n: usize) -> Result<Tensor, CommError> {
+    if n == 0 || whole.numel() % n != 0 {
+        return Err(CommError::Invalid(format!(
+            "reduce-scatter of {} values over {n} ranks",
+            whole.numel()
+        )));
+    }
+    let share = whole.numel() / n;
+    let part = whole.data()[pos * share..(pos + 1) * share].to_vec();
+    Tensor::new(&[share], part).map_err(|e| CommError::Invalid(e.to_string()))
 }
 
 /// What every transport provides to one rank.

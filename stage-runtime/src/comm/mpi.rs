@@ -1,0 +1,742 @@
+//! The MPI transport: one process per rank, over rsmpi and the system's MPI (feature `mpi`).
+//!
+//! Point-to-point: a message is a small header (the full [`Tag`] and the shape, as `u64`s)
+//! and a payload (the tensor's `f32`s, sent from and received into the tensor's own buffer,
+//! so the transport adds no copy). Both travel with an MPI tag that packs direction, stage,
+//! microbatch and the step modulo what fits under `MPI_TAG_UB` ([`TagLayout`]); the header's
+//! full tag is checked on arrival, so two messages could only be confused loudly, never
+//! silently. Receives are futures that poll (`MPI_Improbe`, then `MPI_Imrecv` and `MPI_Test`)
+//! and yield between polls, so the executor's posted-early receives never block its thread.
+//!
+//! Collectives run on one sub-communicator per mesh group, split from the world at start.
+//! An all-reduce is an `MPI_Iallgather` followed by a sum in group order with the same
+//! function as the local transport: MPI's own reduction order is unspecified (it differs with
+//! the algorithm and the group size), and the project's correctness bar is equality with the
+//! in-process run, to the bit. For the 2-rank groups of most meshes this moves the same bytes
+//! as `MPI_Allreduce`; larger groups move `n/2` times more.
+//!
+//! Failures: every wait checks between polls: an abort notice from another rank (sent by
+//! [`Communicator::abort`] on its own communicator), the deadline (giving
+//! [`CommError::Timeout`]), for peers on this host whether their process still exists (giving
+//! [`CommError::PeerLost`] at once instead of after the timeout), and whether mpirun has sent
+//! SIGTERM (which it does to every rank when one dies; see `sigterm`).
+
+mod peers;
+mod raw;
+
+use std::cell::{Cell, RefCell};
+use std::collections::{HashMap, VecDeque};
+use std::os::raw::c_int;
+use std::time::{Duration, Instant};
+
+pub use mpi::environment::Universe;
+use mpi::raw::AsRaw;
+use mpi::topology::{Color, Communicator as _, SimpleCommunicator};
+use mpi::Threading;
+use pipewright_kernels::Tensor;
+
+use self::peers::{host_id, process_alive, sigterm, Peer};
+use self::raw::{Flight, Matched};
+use super::{reduce_in_order, share_of, CommError, Communicator, Direction, ReduceOp, Tag};
+use crate::mesh::{Group, GroupKind, Mesh};
+
+/// Tag of abort notices on the control communicator.
+const ABORT_TAG: c_int = 1;
+/// Most dimensions a gathered tensor may have (the shape travels in a fixed-size block).
+const MAX_DIMS: usize = 8;
+/// After anything arrives, poll without sleeping (but yielding the core) for this long, then
+/// nap between polls. Spinning longer lowers latency when every rank has a core of its own
+/// (10 ms: bench +2.0% to +3.7% on this 2-core machine against +3.7% to +10.7% with 1 ms,
+/// paired runs), but on an oversubscribed or CPU-capped machine it burns the CPU the
+/// computing ranks need (the VM's steal time reached 26%). 1 ms is the cautious middle.
+const SPIN: Duration = Duration::from_millis(1);
+/// Then nap this long between rounds of polls, so idle ranks leave the cores to busy ones.
+const NAP: Duration = Duration::from_micros(20);
+/// Waiting ranks look at MPI at most this often (see `MpiComm::sweep`).
+const SWEEP_EVERY: Duration = Duration::from_micros(2);
+/// How often a waiting rank checks that its peers' processes are alive.
+const LIVENESS_EVERY: Duration = Duration::from_millis(100);
+
+/// Start MPI in this process (once). The executor calls MPI from one thread only.
+pub fn init() -> Result<Universe, CommError> {
+    mpi::initialize_with_threading(Threading::Funneled)
+        .map(|(u, _)| u)
+        .ok_or_else(|| CommError::Invalid("MPI is already initialised in this process".into()))
+}
+
+/// This process's rank in the MPI world.
+pub fn world_rank(universe: &Universe) -> usize {
+    universe.world().rank() as usize
+}
+
+/// How a [`Tag`] packs into an MPI tag: bit 0 tells header from payload, bit 1 the direction,
+/// then the stage, the microbatch, and the low bits of the step in what is left below
+/// `MPI_TAG_UB`. Messages of steps `2^step_bits` apart would share a tag; the executor has at
+/// most two steps in flight between two ranks, and the header check catches any mix-up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TagLayout {
+    stage_bits: u32,
+    microbatch_bits: u32,
+    step_bits: u32,
+}
+
+fn bits_for(count: u32) -> u32 {
+    u32::BITS - count.saturating_sub(1).leading_zeros()
+}
+
+impl TagLayout {
+    /// The layout for `stages` stages and `microbatches` microbatches under `tag_ub`.
+    pub fn new(stages: u32, microbatches: u32, tag_ub: i32) -> Result<TagLayout, CommError> {
+        let usable = u32::BITS - 1 - (tag_ub.max(0) as u32).leading_zeros();
+        let (stage_bits, microbatch_bits) = (bits_for(stages), bits_for(microbatches));
+        let fixed = 2 + stage_bits + microbatch_bits;
+        if usable < fixed + 2 {
+            return Err(CommError::Invalid(format!(
+                "{stages} stages x {microbatches} microbatches do not fit this MPI's tags \
+                 (MPI_TAG_UB = {tag_ub})"
+            )));
+        }
+        Ok(TagLayout {
+            stage_bits,
+            microbatch_bits,
+            step_bits: (usable - fixed).min(16),
+        })
+    }
+
+    fn encode(&self, tag: Tag, payload: bool) -> Result<c_int, CommError> {
+        let fits = |v: u32, bits: u32| u64::from(v) < (1u64 << bits);
+        if !fits(tag.stage, self.stage_bits) || !fits(tag.microbatch, self.microbatch_bits) {
+            return Err(CommError::Invalid(format!(
+                "{tag} is outside this run's stages or microbatches"
+            )));
+        }
+        let step = tag.step & ((1u64 << self.step_bits) - 1);
+        let mut v = step;
+        v = (v << self.microbatch_bits) | u64::from(tag.microbatch);
+        v = (v << self.stage_bits) | u64::from(tag.stage);
+        v = (v << 1) | u64::from(tag.dir == Direction::Backward);
+        v = (v << 1) | u64::from(payload);
+        c_int::try_from(v).map_err(|_| CommError::Invalid(format!("tag of {tag} overflows")))
+    }
+}
+
+/// Anything in flight that only needs to finish (sends, abort notices).
+trait Finish {
+    fn finished(&mut self) -> Result<bool, CommError>;
+}
+
+impl<B> Finish for Flight<B> {
+    fn finished(&mut self) -> Result<bool, CommError> {
+        self.test()
+    }
+}
+
+/// One process's communicator over MPI.
+pub struct MpiComm {
+    rank: usize,
+    size: usize,
+    tags: TagLayout,
+    timeout: Duration,
+    peers: Vec<Peer>,
+    host: u64,
+    sends: RefCell<Vec<Box<dyn Finish>>>,
+    aborted: RefCell<Option<String>>,
+    last_progress: Cell<Instant>,
+    last_nap: Cell<Instant>,
+    last_liveness: Cell<Instant>,
+    last_sweep: Cell<Instant>,
+    /// Point-to-point messages that arrived before their receive asked, by (source, tag).
+    mailbox: RefCell<HashMap<(usize, c_int), VecDeque<Matched>>>,
+    /// One sub-communicator per group this rank is in, with the group's ranks.
+    groups: HashMap<(GroupKind, usize), (SimpleCommunicator, Vec<usize>)>,
+    /// Tensors between pipeline stages.
+    p2p: SimpleCommunicator,
+    /// Abort notices.
+    ctl: SimpleCommunicator,
+    /// Records for rank 0 (step outcomes, final parameters): kept apart from tensors.
+    rec: SimpleCommunicator,
+    world: SimpleCommunicator,
+    /// Dropped last: dropping it finalises MPI.
+    _universe: Universe,
+}
+
+/// A started all-reduce.
+pub struct MpiPending {
+    flight: raw::Gathered<f32>,
+    shape: Vec<usize>,
+    op: ReduceOp,
+    members: Vec<usize>,
+}
+
+impl MpiComm {
+    /// The communicator of this process for `mesh`, whose size must be the MPI world's;
+    /// `stages` and `microbatches` bound the tags. Collective over the world: every rank
+    /// creates its communicator at start, in the same order.
+    pub fn new(
+        universe: Universe,
+        mesh: Mesh,
+        stages: u32,
+        microbatches: u32,
+        timeout: Duration,
+    ) -> Result<MpiComm, CommError> {
+        let world = universe.world();
+        raw::errors_return(world.as_raw())?;
+        let (rank, size) = (world.rank() as usize, world.size() as usize);
+        Mesh::for_world(size, mesh.pp, mesh.tp, mesh.dp)
+            .map_err(|e| CommError::Invalid(e.to_string()))?;
+        let tags = TagLayout::new(stages, microbatches, raw::tag_upper_bound(world.as_raw()))?;
+        let mut groups = HashMap::new();
+        for kind in [
+            GroupKind::Tp,
+            GroupKind::Dp,
+            GroupKind::Pp,
+            GroupKind::World,
+        ] {
+            let g = mesh
+                .group(kind, rank)
+                .map_err(|e| CommError::Invalid(e.to_string()))?;
+            let key = g.position(rank).unwrap_or(0) as i32;
+            let sub = world
+                .split_by_color_with_key(Color::with_value(g.index as i32), key)
+                .ok_or_else(|| CommError::Invalid(format!("no communicator for {kind:?}")))?;
+            groups.insert((kind, g.index), (sub, g.ranks));
+        }
+        sigterm::catch();
+        let host = host_id();
+        let pid = u64::from(std::process::id());
+        let mut all = vec![0u64; 2 * size];
+        mpi::collective::CommunicatorCollectives::all_gather_into(
+            &world,
+            &[host, pid][..],
+            &mut all[..],
+        );
+        let peers = all
+            .chunks(2)
+            .map(|c| Peer {
+                host: c[0],
+                pid: c[1],
+            })
+            .collect();
+        let now = Instant::now();
+        Ok(MpiComm {
+            rank,
+            size,
+            tags,
+            timeout,
+            peers,
+            host,
+            sends: RefCell::new(Vec::new()),
+            aborted: RefCell::new(None),
+            last_progress: Cell::new(now),
+            last_nap: Cell::new(now),
+            last_liveness: Cell::new(now),
+            last_sweep: Cell::new(now),
+            mailbox: RefCell::new(HashMap::new()),
+            groups,
+            p2p: world.duplicate(),
+            ctl: world.duplicate(),
+            rec: world.duplicate(),
+            world,
+            _universe: universe,
+        })
+    }
+
+    /// The MPI world (for code that talks plain MPI next to the transport, like benchmarks).
+    pub fn world(&self) -> &SimpleCommunicator {
+        &self.world
+    }
+
+    /// Wait until every send of this rank has been delivered (or the timeout passes).
+    pub fn flush(&self) -> Result<(), CommError> {
+        let deadline = Instant::now() + self.timeout;
+        while !self.reap_sends()? {
+            self.sweep()?;
+            if Instant::now() >= deadline {
+                return Err(self.timeout_error("delivery of this rank's last sends".into()));
+            }
+        }
+        Ok(())
+    }
+
+    /// Finish what can be finished; true when no send is left in flight.
+    fn reap_sends(&self) -> Result<bool, CommError> {
+        let mut sends = self.sends.borrow_mut();
+        let mut err = None;
+        sends.retain_mut(|f| match f.finished() {
+            Ok(done) => !done,
+            Err(e) => {
+                err = Some(e);
+                true
+            }
+        });
+        err.map_or(Ok(sends.is_empty()), Err)
+    }
+
+    fn timeout_error(&self, what: String) -> CommError {
+        CommError::Timeout {
+            what,
+            secs: self.timeout.as_secs_f64(),
+        }
+    }
+
+    /// An abort notice, from this rank or another, as an error.
+    fn check_abort(&self) -> Result<(), CommError> {
+        if let Some(r) = self.aborted.borrow().as_ref() {
+            return Err(CommError::Aborted(r.clone()));
+        }
+        let Some(m) = raw::improbe(self.ctl.as_raw(), ffi_any_source(), ABORT_TAG)? else {
+            return Ok(());
+        };
+        // A notice is small and has arrived whole: its receive finishes at once.
+        let mut f = raw::imrecv::<u8>(m)?;
+        while !f.test()? {
+            std::thread::yield_now();
+        }
+        let bytes = f.into_bufs()?.into_vec();
+        let reason = String::from_utf8_lossy(&bytes).into_owned();
+        *self.aborted.borrow_mut() = Some(reason.clone());
+        Err(CommError::Aborted(reason))
+    }
+
+    /// What a waiting rank does between looks at what it waits for, at most once per
+    /// [`SWEEP_EVERY`] however many receives wait: take arrived messages into the mailbox,
+    /// finish sends, look for abort notices and SIGTERM, now and then check that the peers on
+    /// this host are alive, and let the core go. A device posts all its receives of a step at
+    /// once; when each did this on every poll, one round of polls took tens of microseconds.
+    fn sweep(&self) -> Result<(), CommError> {
+        let now = Instant::now();
+        if now.duration_since(self.last_sweep.get()) < SWEEP_EVERY {
+            return Ok(());
+        }
+        self.last_sweep.set(now);
+        self.drain()?;
+        self.check_abort()?;
+        if sigterm::received() {
+            return Err(self.after_sigterm());
+        }
+        self.reap_sends()?;
+        if now.duration_since(self.last_liveness.get()) >= LIVENESS_EVERY {
+            self.last_liveness.set(now);
+            for r in 0..self.size {
+                self.check_alive(r)?;
+            }
+        }
+        self.idle();
+        Ok(())
+    }
+
+    /// Match every point-to-point message that has arrived; only this rank can receive a
+    /// matched message, so it waits in the mailbox until its receive asks for it.
+    fn drain(&self) -> Result<(), CommError> {
+        // SAFETY: reads a constant exported by rsmpi's C shim.
+        let any_tag = unsafe { mpi::ffi::RSMPI_ANY_TAG };
+        while let Some(m) = raw::improbe(self.p2p.as_raw(), ffi_any_source(), any_tag)? {
+            self.progressed();
+            let key = (m.src as usize, m.tag);
+            // In arrival order: MPI keeps messages of one sender and tag in order.
+            self.mailbox
+                .borrow_mut()
+                .entry(key)
+                .or_default()
+                .push_back(m);
+        }
+        Ok(())
+    }
+
+    fn take(&self, src: usize, tag: c_int) -> Option<Matched> {
+        let mut mailbox = self.mailbox.borrow_mut();
+        let queue = mailbox.get_mut(&(src, tag))?;
+        let m = queue.pop_front();
+        if queue.is_empty() {
+            mailbox.remove(&(src, tag));
+        }
+        m
+    }
+
+    /// mpirun sends SIGTERM to every rank when one dies (or the job is cancelled): name the
+    /// dead rank if one on this host is gone.
+    fn after_sigterm(&self) -> CommError {
+        (0..self.size)
+            .find_map(|r| self.check_alive(r).err())
+            .unwrap_or_else(|| {
+                CommError::Aborted("stopped by the launcher (SIGTERM): the job was ended".into())
+            })
+    }
+
+    /// The pid of `rank`'s process if it is on this host and gone. A remote process cannot be
+    /// looked at; it has the timeout.
+    fn gone(&self, rank: usize) -> Option<u64> {
+        let p = self.peers.get(rank)?;
+        (p.host == self.host && rank != self.rank && !process_alive(p.pid)).then_some(p.pid)
+    }
+
+    fn check_alive(&self, rank: usize) -> Result<(), CommError> {
+        if let Some(pid) = self.gone(rank) {
+            // A rank that failed sends its notice before it exits, so a notice may be waiting
+            // that names the cause better than the exit does.
+            self.check_abort()?;
+            return Err(CommError::PeerLost {
+                rank,
+                detail: format!("its process (pid {pid}) on this host has exited"),
+            });
+        }
+        Ok(())
+    }
+
+    /// Let the thread go between polls: spin briefly after progress, then nap.
+    fn idle(&self) {
+        let now = Instant::now();
+        let quiet = now.duration_since(self.last_progress.get()) > SPIN;
+        if quiet && now.duration_since(self.last_nap.get()) > NAP {
+            // Naps must be short: Linux would stretch them by its 50 us timer slack.
+            crate::module::precise_sleeps();
+            std::thread::sleep(NAP);
+            self.last_nap.set(Instant::now());
+        } else {
+            std::thread::yield_now();
+        }
+    }
+
+    fn progressed(&self) {
+        self.last_progress.set(Instant::now());
+    }
+
+    /// Wait for a flight from synchronous code (collectives); `what` names it in a timeout.
+    fn wait_sync<B>(&self, mut f: Flight<B>, what: &dyn Fn() -> String) -> Result<B, CommError> {
+        let deadline = Instant::now() + self.timeout;
+        while !f.test()? {
+            self.sweep()?;
+            if Instant::now() >= deadline {
+                return Err(self.timeout_error(what()));
+            }
+        }
+        self.progressed();
+        f.into_bufs()
+    }
+
+    fn wait_collective<B>(&self, f: Flight<B>, ranks: &[usize]) -> Result<B, CommError> {
+        self.wait_sync(f, &|| format!("a collective with ranks {ranks:?}"))
+    }
+
+    /// Wait for a flight from async code (receives): yield to other tasks between polls.
+    async fn wait_async<B>(&self, mut f: Flight<B>) -> Result<B, CommError> {
+        while !f.test()? {
+            self.sweep()?;
+            tokio::task::yield_now().await;
+        }
+        self.progressed();
+        f.into_bufs()
+    }
+
+    /// Wait until the message with `tag` from `src` has arrived and is matched.
+    async fn matched(&self, src: usize, tag: c_int) -> Result<Matched, CommError> {
+        loop {
+            if let Some(m) = self.take(src, tag) {
+                return Ok(m);
+            }
+            self.sweep()?;
+            tokio::task::yield_now().await;
+        }
+    }
+
+    fn group_comm(&self, group: &Group) -> Result<&SimpleCommunicator, CommError> {
+        self.check_abort()?;
+        match self.groups.get(&(group.kind, group.index)) {
+            Some((comm, ranks)) if *ranks == group.ranks => Ok(comm),
+            _ => Err(CommError::Invalid(format!(
+                "rank {} is not in group {:?} {:?} of this mesh",
+                self.rank, group.kind, group.ranks
+            ))),
+        }
+    }
+
+    /// Send bytes to rank 0 on the records communicator (step outcomes, parameters).
+    pub(crate) fn send_record(&self, tag: c_int, bytes: Vec<u8>) -> Result<(), CommError> {
+        let f = raw::isend(self.rec.as_raw(), bytes, 0, tag)?;
+        self.sends.borrow_mut().push(Box::new(f));
+        Ok(())
+    }
+
+    /// A record with `tag` from any rank, if one has arrived (rank 0).
+    pub(crate) fn try_record(&self, tag: c_int) -> Result<Option<(usize, Vec<u8>)>, CommError> {
+        self.check_abort()?;
+        let Some(m) = raw::improbe(self.rec.as_raw(), ffi_any_source(), tag)? else {
+            return Ok(None);
+        };
+        let src = m.src as usize;
+        let what = || format!("a record from rank {src}");
+        let bytes = self.wait_sync(raw::imrecv::<u8>(m)?, &what)?.into_vec();
+        Ok(Some((src, bytes)))
+    }
+
+    /// Wait for a record with `tag` from any rank, watching every rank (rank 0).
+    pub(crate) fn record(&self, tag: c_int) -> Result<(usize, Vec<u8>), CommError> {
+        let deadline = Instant::now() + self.timeout;
+        loop {
+            if let Some(r) = self.try_record(tag)? {
+                return Ok(r);
+            }
+            self.sweep()?;
+            if Instant::now() >= deadline {
+                return Err(self.timeout_error("the other ranks' step records".into()));
+            }
+        }
+    }
+}
+
+fn ffi_any_source() -> c_int {
+    // SAFETY: reads a constant exported by rsmpi's C shim.
+    unsafe { mpi::ffi::RSMPI_ANY_SOURCE }
+}
+
+fn header(tag: Tag, shape: &[usize]) -> Vec<u64> {
+    let dir = u64::from(tag.dir == Direction::Backward);
+    let mut h = vec![
+        tag.step,
+        dir,
+        u64::from(tag.stage),
+        u64::from(tag.microbatch),
+        shape.len() as u64,
+    ];
+    h.extend(shape.iter().map(|&d| d as u64));
+    h
+}
+
+/// The shape a header announces, after checking it is the message that was asked for.
+fn parse_header(h: &[u64], want: Tag, src: usize) -> Result<Vec<usize>, CommError> {
+    let expect = header(want, &[]);
+    if h.len() < 5 || h[..4] != expect[..4] || h.len() != 5 + h[4] as usize {
+        return Err(CommError::Invalid(format!(
+            "rank {src} sent a message that is not {want} (header {h:?}): the ranks disagree \
+             on the timetable"
+        )));
+    }
+    Ok(h[5..].iter().map(|&d| d as usize).collect())
+}
+
+fn tensor(shape: &[usize], data: Vec<f32>) -> Result<Tensor, CommError> {
+    Tensor::new(shape, data).map_err(|e| CommError::Invalid(e.to_string()))
+}
+
+impl Communicator for MpiComm {
+    type Pending = MpiPending;
+
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn world_size(&self) -> usize {
+        self.size
+    }
+
+    fn send(&self, dst: usize, tag: Tag, tensor: Tensor) -> Result<(), CommError> {
+        if dst >= self.size {
+            return Err(CommError::Invalid(format!(
+                "send to rank {dst} of {}",
+                self.size
+            )));
+        }
+        self.check_abort()?;
+        self.reap_sends()?;
+        let (head, body) = (self.tags.encode(tag, false)?, self.tags.encode(tag, true)?);
+        let h = raw::isend(
+            self.p2p.as_raw(),
+            header(tag, tensor.shape()),
+            dst as c_int,
+            head,
+        )?;
+        let d = raw::isend(self.p2p.as_raw(), tensor.into_data(), dst as c_int, body)?;
+        let mut sends = self.sends.borrow_mut();
+        sends.push(Box::new(h));
+        sends.push(Box::new(d));
+        Ok(())
+    }
+
+    async fn recv(&self, src: usize, tag: Tag) -> Result<Tensor, CommError> {
+        if src >= self.size {
+            return Err(CommError::Invalid(format!(
+                "receive from rank {src} of {}",
+                self.size
+            )));
+        }
+        let (head, body) = (self.tags.encode(tag, false)?, self.tags.encode(tag, true)?);
+        let m = self.matched(src, head).await?;
+        let h = self.wait_async(raw::imrecv::<u64>(m)?).await?.into_vec();
+        let shape = parse_header(&h, tag, src)?;
+        let m = self.matched(src, body).await?;
+        let data = self.wait_async(raw::imrecv::<f32>(m)?).await?.into_vec();
+        tensor(&shape, data)
+    }
+
+    fn start_all_reduce(
+        &self,
+        group: &Group,
+        tensor: Tensor,
+        op: ReduceOp,
+    ) -> Result<MpiPending, CommError> {
+        let comm = self.group_comm(group)?;
+        let shape = tensor.shape().to_vec();
+        let flight = raw::iallgather(comm.as_raw(), tensor.into_data(), group.size())?;
+        Ok(MpiPending {
+            flight,
+            shape,
+            op,
+            members: group.ranks.clone(),
+        })
+    }
+
+    fn wait_all_reduce(&self, p: MpiPending) -> Result<Tensor, CommError> {
+        let (_, all) = self.wait_collective(p.flight, &p.members)?;
+        let n = p.shape.iter().product::<usize>();
+        // By index, not `chunks`: a stage without parameters reduces empty tensors.
+        let parts = (0..p.members.len())
+            .map(|i| tensor(&p.shape, all[i * n..(i + 1) * n].to_vec()))
+            .collect::<Result<Vec<_>, _>>()?;
+        reduce_in_order(&parts, p.op)
+    }
+
+    fn all_gather(&self, group: &Group, t: &Tensor) -> Result<Vec<Tensor>, CommError> {
+        let comm = self.group_comm(group)?;
+        if t.shape().len() > MAX_DIMS {
+            return Err(CommError::Invalid(format!(
+                "all-gather of a {}-d tensor",
+                t.shape().len()
+            )));
+        }
+        // Shapes first (a fixed-size block each), then the data padded to the longest.
+        let mut dims = vec![0u64; MAX_DIMS + 1];
+        dims[0] = t.shape().len() as u64;
+        dims[1..=t.shape().len()]
+            .iter_mut()
+            .zip(t.shape())
+            .for_each(|(d, &s)| *d = s as u64);
+        let (_, shapes) = self.wait_collective(
+            raw::iallgather(comm.as_raw(), dims, group.size())?,
+            &group.ranks,
+        )?;
+        let shapes: Vec<Vec<usize>> = shapes
+            .chunks(MAX_DIMS + 1)
+            .map(|c| {
+                c[1..=(c[0] as usize).min(MAX_DIMS)]
+                    .iter()
+                    .map(|&d| d as usize)
+                    .collect()
+            })
+            .collect();
+        let longest = shapes
+            .iter()
+            .map(|s| s.iter().product::<usize>())
+            .max()
+            .unwrap_or(0);
+        let mut data = t.data().to_vec();
+        data.resize(longest, 0.0);
+        let (_, all) = self.wait_collective(
+            raw::iallgather(comm.as_raw(), data, group.size())?,
+            &group.ranks,
+        )?;
+        shapes
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let n = s.iter().product::<usize>();
+                tensor(s, all[i * longest..i * longest + n].to_vec())
+            })
+            .collect()
+    }
+
+    fn reduce_scatter(&self, group: &Group, t: &Tensor, op: ReduceOp) -> Result<Tensor, CommError> {
+        let pos = group.position(self.rank).ok_or_else(|| {
+            CommError::Invalid(format!(
+                "rank {} is not in group {:?}",
+                self.rank, group.ranks
+            ))
+        })?;
+        share_of(t, 0, group.size())?; // refuse an uneven split before anyone reduces
+        let whole = self.wait_all_reduce(self.start_all_reduce(group, t.clone(), op)?)?;
+        share_of(&whole, pos, group.size())
+    }
+
+    fn barrier(&self, group: &Group) -> Result<(), CommError> {
+        let comm = self.group_comm(group)?;
+        self.wait_collective(raw::ibarrier(comm.as_raw())?, &group.ranks)
+    }
+
+    fn abort(&self, reason: &str) {
+        if self.aborted.borrow().is_some() {
+            return;
+        }
+        *self.aborted.borrow_mut() = Some(reason.to_string());
+        for r in (0..self.size).filter(|&r| r != self.rank) {
+            // A peer that is gone cannot be told; the others learn from this notice.
+            if self.gone(r).is_some() {
+                continue;
+            }
+            if let Ok(f) = raw::isend(
+                self.ctl.as_raw(),
+                reason.as_bytes().to_vec(),
+                r as c_int,
+                ABORT_TAG,
+            ) {
+                self.sends.borrow_mut().push(Box::new(f));
+            }
+        }
+        // Small notices go out eagerly; give them a moment to leave before the caller exits,
+        // but only a moment: mpirun may be ending the job, and the caller has yet to report.
+        let deadline = Instant::now() + Duration::from_millis(50);
+        while !self.reap_sends().unwrap_or(true) && Instant::now() < deadline {
+            self.idle();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tag(step: u64, dir: Direction, stage: u32, microbatch: u32) -> Tag {
+        Tag {
+            step,
+            dir,
+            stage,
+            microbatch,
+        }
+    }
+
+    #[test]
+    fn distinct_messages_get_distinct_tags_under_the_bound() {
+        let l = TagLayout::new(8, 16, 32767).unwrap();
+        let mut seen = std::collections::HashSet::new();
+        for step in 0..4 {
+            for dir in [Direction::Forward, Direction::Backward] {
+                for stage in 0..8 {
+                    for mb in 0..16 {
+                        for payload in [false, true] {
+                            let t = l.encode(tag(step, dir, stage, mb), payload).unwrap();
+                            assert!((0..=32767).contains(&t));
+                            assert!(seen.insert(t), "tag {t} reused");
+                        }
+                    }
+                }
+            }
+        }
+        assert!(l.encode(tag(0, Direction::Forward, 8, 0), false).is_err());
+    }
+
+    #[test]
+    fn a_layout_that_cannot_fit_is_refused() {
+        let e = TagLayout::new(1024, 4096, 32767).unwrap_err();
+        assert!(e.to_string().contains("MPI_TAG_UB = 32767"), "{e}");
+    }
+
+    #[test]
+    fn headers_round_trip_and_catch_a_wrong_message() {
+        let t = tag(3, Direction::Backward, 1, 2);
+        let h = header(t, &[2, 8]);
+        assert_eq!(parse_header(&h, t, 1).unwrap(), [2, 8]);
+        let other = tag(5, Direction::Backward, 1, 2);
+        assert!(parse_header(&h, other, 1)
+            .unwrap_err()
+            .to_string()
+            .contains("disagree"));
+    }
+}
