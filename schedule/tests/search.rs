@@ -7,8 +7,9 @@ use pipewright_schedule::{
 };
 use proptest::prelude::*;
 
-/// Activation bytes of one device's share per microbatch: the unit of the caps below.
-const UNIT: u64 = 1000;
+/// Activation bytes of one device's share per microbatch: the unit of the caps below. It
+/// divides evenly into 2, 3 and 4 chunks, so bytes and units agree exactly.
+const UNIT: u64 = 1200;
 
 fn costs(p: u32, f: f64, b: f64, w: f64, latency: f64) -> CostModel {
     let mut c = StageCost::new(f, b, Some(w)).unwrap();
