@@ -21,26 +21,15 @@ fn timetable(kind: ScheduleKind, p: u32, v: u32, m: u32) -> Timetable {
     generate(&ScheduleSpec::new(kind, p, v, m, None).expect("valid spec"))
 }
 
-/// Seconds of `steps` recorded steps of synthetic stages taking `f`/`b` milliseconds.
+/// Seconds of `steps` recorded steps of synthetic stages: a device's share takes `f`/`b`
+/// milliseconds (W half of B), split evenly over its chunks.
 fn synthetic_steps(tt: &Timetable, f_ms: f64, b_ms: f64, steps: u64) -> Duration {
-    let ms = |x: f64| Duration::from_secs_f64(x / 1e3);
+    let v = tt.num_stages() / tt.num_devices();
+    let cost = StageCost::new(f_ms, b_ms, None).expect("costs").split(v);
     let last = tt.num_stages() - 1;
-    let v = f64::from(tt.num_stages() / tt.num_devices());
-    let make = |_: Coord, s: u32| {
-        Ok(SyntheticModule {
-            f: ms(f_ms / v),
-            i: ms(b_ms / v / 2.0),
-            w: ms(b_ms / v / 2.0),
-            activation: 1,
-            last: s == last,
-        })
-    };
+    let make = |_: Coord, s: u32| Ok(SyntheticModule::from_cost_ms(&cost, s == last));
     let m = tt.microbatches as usize;
-    let batch = |_, _| StepBatch {
-        microbatches: vec![(vec![], vec![]); m],
-        seq: 1,
-        loss_scale: 1.0,
-    };
+    let batch = |_, _| StepBatch::synthetic(m);
     let opts = RunOptions {
         steps,
         ..RunOptions::default()

@@ -320,23 +320,14 @@ impl BenchCmd {
         let sim = simulate(&tt, &model)?;
         let mesh = Mesh::new(tt.num_devices() as usize, 1, 1)?;
         let last = tt.num_stages() - 1;
-        let ms = |x: f64| Duration::from_secs_f64(x.max(0.0) / 1e3);
         let make = |_: Coord, s: u32| {
-            let c = model.stages[s as usize];
-            Ok(SyntheticModule {
-                f: ms(c.f),
-                i: ms(c.i),
-                w: ms(c.w),
-                activation: 1,
-                last: s == last,
-            })
+            Ok(SyntheticModule::from_cost_ms(
+                &model.stages[s as usize],
+                s == last,
+            ))
         };
         let m = tt.microbatches as usize;
-        let batch = |_, _| StepBatch {
-            microbatches: vec![(vec![], vec![]); m],
-            seq: 1,
-            loss_scale: 1.0,
-        };
+        let batch = |_, _| StepBatch::synthetic(m);
         let opts = RunOptions {
             steps: self.steps.max(1),
             ..RunOptions::default()

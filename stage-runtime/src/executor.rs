@@ -34,6 +34,18 @@ pub struct StepBatch {
     pub loss_scale: f32,
 }
 
+impl StepBatch {
+    /// `microbatches` empty microbatches of scale 1, for modules that read no data
+    /// (synthetic stages).
+    pub fn synthetic(microbatches: usize) -> Self {
+        StepBatch {
+            microbatches: vec![(Vec::new(), Vec::new()); microbatches],
+            seq: 1,
+            loss_scale: 1.0,
+        }
+    }
+}
+
 /// What one device did in one step.
 #[derive(Clone, Debug, Default)]
 pub struct StepOutcome {

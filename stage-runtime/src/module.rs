@@ -8,6 +8,7 @@ use pipewright_kernels::gpt::{
 };
 use pipewright_kernels::layers::{Parameters, TpReduce, TpShard};
 use pipewright_kernels::Tensor;
+use pipewright_schedule::StageCost;
 
 /// A boxed error from user code.
 pub type ModuleError = Box<dyn std::error::Error + Send + Sync>;
@@ -146,6 +147,21 @@ pub struct SyntheticModule {
     pub activation: usize,
     /// Whether this is the last stage (it returns a loss).
     pub last: bool,
+}
+
+impl SyntheticModule {
+    /// A stage taking `cost`'s F, I and W times read as milliseconds (negative times as
+    /// zero), handing one element onward; `last` returns a loss.
+    pub fn from_cost_ms(cost: &StageCost, last: bool) -> Self {
+        let ms = |x: f64| Duration::from_secs_f64(x.max(0.0) / 1e3);
+        SyntheticModule {
+            f: ms(cost.f),
+            i: ms(cost.i),
+            w: ms(cost.w),
+            activation: 1,
+            last,
+        }
+    }
 }
 
 /// Wait until `d` has passed: sleep most of it, spin the last few microseconds. Spinning
