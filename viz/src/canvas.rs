@@ -394,6 +394,19 @@ pub(crate) fn encode_png(rgb: &[u8], width: u32, height: u32) -> Result<Vec<u8>,
     Ok(out)
 }
 
+/// Draw with `draw` on a `width` x `height` image of format `fmt`.
+pub(crate) fn render(
+    fmt: crate::ImageFormat,
+    width: u32,
+    height: u32,
+    draw: impl FnOnce(&mut dyn Canvas),
+) -> Result<Vec<u8>, VizError> {
+    match fmt {
+        crate::ImageFormat::Svg => render_svg(width, height, draw),
+        crate::ImageFormat::Png => render_png(width, height, draw),
+    }
+}
+
 /// Draw with `draw` into an SVG document.
 pub(crate) fn render_svg(
     width: u32,

@@ -168,6 +168,26 @@ impl Layout {
     }
 }
 
+/// Size of a fixed-layout plot (sweep, Pareto): the options' width and height (or
+/// `default_height`), refused below `min` or above what we allocate.
+pub(crate) fn plot_size(
+    opts: &crate::ChartOptions,
+    default_height: u32,
+    (min_width, min_height): (u32, u32),
+) -> Result<(u32, u32), VizError> {
+    let (width, height) = (opts.width, opts.height.unwrap_or(default_height));
+    if width < min_width || height < min_height {
+        return Err(VizError::TooSmall {
+            width,
+            height,
+            min_width,
+            min_height,
+        });
+    }
+    check_max(width, f64::from(height))?;
+    Ok((width, height))
+}
+
 /// Refuse images whose pixel buffer we would not want to allocate.
 pub(crate) fn check_max(width: u32, height: f64) -> Result<(), VizError> {
     if width > MAX_SIDE || height > f64::from(MAX_SIDE) {

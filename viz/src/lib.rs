@@ -170,8 +170,5 @@ pub fn bubble_chart(
         .collect::<Result<Vec<_>, _>>()?;
     let lay = layout::Layout::new(&data, opts)?;
     let draw = |c: &mut dyn canvas::Canvas| bubble::draw_chart(c, &data, &lay, opts);
-    match fmt {
-        ImageFormat::Svg => canvas::render_svg(lay.width, lay.height, draw),
-        ImageFormat::Png => canvas::render_png(lay.width, lay.height, draw),
-    }
+    canvas::render(fmt, lay.width, lay.height, draw)
 }

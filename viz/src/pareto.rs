@@ -2,8 +2,8 @@
 //! candidate a dot, the front (nothing both smaller and faster) joined as a staircase, the
 //! cap a dashed line and the chosen schedule ringed.
 
-use crate::canvas::{frame, render_png, render_svg, Anchor, Canvas, TextSpec};
-use crate::layout::check_max;
+use crate::canvas::{frame, render, Anchor, Canvas, TextSpec};
+use crate::layout::plot_size;
 use crate::style::{format_number, nice_ticks, series_color, Rgb};
 use crate::{ChartOptions, ImageFormat, VizError};
 
@@ -38,25 +38,13 @@ pub fn pareto_plot(
     opts: &ChartOptions,
     fmt: ImageFormat,
 ) -> Result<Vec<u8>, VizError> {
-    let (w, h) = (opts.width, opts.height.unwrap_or(DEFAULT_HEIGHT));
-    if w < MIN_W || h < MIN_H {
-        return Err(VizError::TooSmall {
-            width: w,
-            height: h,
-            min_width: MIN_W,
-            min_height: MIN_H,
-        });
-    }
-    check_max(w, f64::from(h))?;
+    let (w, h) = plot_size(opts, DEFAULT_HEIGHT, (MIN_W, MIN_H))?;
     let clean: Vec<&ParetoPoint> = points
         .iter()
         .filter(|p| p.peak.is_finite() && p.bubble_fraction.is_finite())
         .collect();
     let draw = |c: &mut dyn Canvas| draw_plot(c, &clean, cap, opts, (f64::from(w), f64::from(h)));
-    match fmt {
-        ImageFormat::Svg => render_svg(w, h, draw),
-        ImageFormat::Png => render_png(w, h, draw),
-    }
+    render(fmt, w, h, draw)
 }
 
 /// Maps data to pixels.

@@ -1,8 +1,8 @@
 //! Sweep plot: bubble fraction, throughput and peak memory against the microbatch (chunk)
 //! count, one line per schedule and v, on three side-by-side panels with a log2 x axis.
 
-use crate::canvas::{frame, render_png, render_svg, Anchor, Canvas, TextSpec};
-use crate::layout::check_max;
+use crate::canvas::{frame, render, Anchor, Canvas, TextSpec};
+use crate::layout::plot_size;
 use crate::style::{byte_ticks, format_bytes, format_number, nice_ticks, series_color, Rgb};
 use crate::text::text_width;
 use crate::{ChartOptions, ImageFormat, VizError};
@@ -48,22 +48,10 @@ pub fn sweep_plot(
     opts: &ChartOptions,
     fmt: ImageFormat,
 ) -> Result<Vec<u8>, VizError> {
-    let (w, h) = (opts.width, opts.height.unwrap_or(DEFAULT_HEIGHT));
-    if w < MIN_W || h < MIN_H {
-        return Err(VizError::TooSmall {
-            width: w,
-            height: h,
-            min_width: MIN_W,
-            min_height: MIN_H,
-        });
-    }
-    check_max(w, f64::from(h))?;
+    let (w, h) = plot_size(opts, DEFAULT_HEIGHT, (MIN_W, MIN_H))?;
     let clean: Vec<Vec<SweepPoint>> = series.iter().map(|s| usable(&s.points)).collect();
     let draw = |c: &mut dyn Canvas| draw_sweep(c, series, &clean, opts, (w, h));
-    match fmt {
-        ImageFormat::Svg => render_svg(w, h, draw),
-        ImageFormat::Png => render_png(w, h, draw),
-    }
+    render(fmt, w, h, draw)
 }
 
 /// Points that can be drawn (m >= 1, finite values), sorted by m.
