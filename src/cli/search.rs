@@ -5,7 +5,9 @@ use std::time::Instant;
 
 use anyhow::{bail, Result};
 use clap::Args;
-use pipewright::schedule::search::{search, Candidate, MemoryCap, SearchOutcome, SearchSpec};
+use pipewright::schedule::search::{
+    fmt_units, search, Candidate, MemoryCap, SearchOutcome, SearchSpec,
+};
 use pipewright::schedule::{lower, measured_costs, to_csv, ScheduleKind, Timeline};
 use pipewright::viz::{
     bubble_chart, pareto_plot, ChartOptions, ChartPanel, ImageFormat, ParetoPoint,
@@ -138,7 +140,7 @@ impl SearchCmd {
             "search p={} m={}, cap {} microbatches per device: {} candidates, {} skipped, {secs:.2} s\n",
             self.stages,
             self.microbatches,
-            short(found.cap_microbatches),
+            fmt_units(found.cap_microbatches),
             c.len(),
             found.skipped.len()
         );
@@ -166,7 +168,7 @@ impl SearchCmd {
                 x.label,
                 x.makespan,
                 100.0 * x.bubble_fraction,
-                short(x.peak_microbatches)
+                fmt_units(x.peak_microbatches)
             );
         }
         out += "\nPareto front (peak memory -> makespan):\n";
@@ -175,7 +177,7 @@ impl SearchCmd {
             let fit = if x.fits { "" } else { "  (over the cap)" };
             out += &format!(
                 "  {:>8}  {:>12.4}  {}{fit}\n",
-                short(x.peak_microbatches),
+                fmt_units(x.peak_microbatches),
                 x.makespan,
                 x.label
             );
@@ -207,16 +209,10 @@ fn line(c: &Candidate) -> String {
         c.label,
         c.makespan,
         100.0 * c.bubble_fraction,
-        short(c.peak_microbatches),
+        fmt_units(c.peak_microbatches),
         c.peak_bytes
             .map_or(String::new(), |b| format!(" ({b} bytes)"))
     )
-}
-
-/// A number with at most two decimals and no trailing zeros.
-fn short(x: f64) -> String {
-    let s = format!("{x:.2}");
-    s.trim_end_matches('0').trim_end_matches('.').to_string()
 }
 
 fn points(found: &SearchOutcome) -> Vec<ParetoPoint> {

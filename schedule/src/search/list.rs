@@ -56,8 +56,8 @@ impl Knobs {
     }
 }
 
-/// A number of units without trailing zeros.
-pub(crate) fn fmt_units(x: f64) -> String {
+/// A number of units with at most two decimals and no trailing zeros (`2`, `2.5`, `0.33`).
+pub fn fmt_units(x: f64) -> String {
     let s = format!("{x:.2}");
     s.trim_end_matches('0').trim_end_matches('.').to_string()
 }

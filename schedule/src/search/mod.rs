@@ -40,7 +40,7 @@ use crate::simulate::{simulate, CostError, CostModel, Simulation};
 use crate::spec::{Placement, ScheduleKind, ScheduleSpec};
 use crate::timetable::Timetable;
 use improve::{improve, Improve};
-use list::fmt_units;
+pub use list::fmt_units;
 
 /// What to search.
 #[derive(Clone, Debug, PartialEq)]
@@ -233,7 +233,7 @@ pub fn search(spec: &SearchSpec) -> Result<SearchOutcome, SearchError> {
     let (Some(mut best), Some(mut best_index)) = (best, best_index) else {
         let passage = spec
             .list_scheduler
-            .then(|| least_passage(p, &shapes))
+            .then(|| least_passage(p, spec.max_virtual, &shapes))
             .flatten();
         return Err(nothing_fits(spec.cap, &candidates, &skipped, passage));
     };
@@ -246,22 +246,23 @@ pub fn search(spec: &SearchSpec) -> Result<SearchOutcome, SearchError> {
         };
         if let Some((tt, sim)) = improve(&best.timetable, &best.simulation, &how) {
             let base = &candidates[best_index];
-            let cand = Candidate {
-                label: format!("{} + gap filling", base.label),
-                family: base.family.clone(),
-                virtual_stages: base.virtual_stages,
-                makespan: sim.report.makespan,
-                bubble_fraction: sim.report.bubble_fraction,
-                peak_microbatches: peak_units(&tt, &shape.weights)
-                    .into_iter()
-                    .fold(0.0, f64::max),
-                peak_bytes: unit.map(|_| sim.report.peak_activation_bytes()),
-                fits: true,
-            };
-            best_index = candidates.len();
-            candidates.push(cand);
-            best.timetable = tt;
-            best.simulation = sim;
+            let label = format!("{} + gap filling", base.label);
+            let family = base.family.clone();
+            let v = base.virtual_stages;
+            let cand = describe(
+                (label, family, v),
+                &tt,
+                &sim,
+                &shape.weights,
+                unit,
+                spec.cap,
+            );
+            if cand.fits {
+                best_index = candidates.len();
+                candidates.push(cand);
+                best.timetable = tt;
+                best.simulation = sim;
+            }
         }
     }
     let front = pareto_front(&candidates);
@@ -301,12 +302,8 @@ impl Ord for Ordered {
 
 /// The least memory any list schedule could run in: one microbatch at a time through the
 /// placement whose neediest device needs the least.
-fn least_passage(p: u32, shapes: &[Option<Shape>]) -> Option<(f64, String)> {
-    let mut placements: Vec<(u32, Placement)> = (1..shapes.len() as u32)
-        .map(|v| (v, Placement::Loop))
-        .collect();
-    placements.push((2, Placement::V));
-    placements
+fn least_passage(p: u32, max_v: u32, shapes: &[Option<Shape>]) -> Option<(f64, String)> {
+    list_placements(max_v)
         .into_iter()
         .filter_map(|(v, place)| {
             let shape = shapes.get(v as usize)?.as_ref()?;
@@ -469,13 +466,7 @@ fn list_jobs(
     skipped: &mut Vec<Skipped>,
 ) {
     let p = spec.devices;
-    let mut placements: Vec<(u32, Placement)> = (1..=spec.max_virtual.max(1))
-        .map(|v| (v, Placement::Loop))
-        .collect();
-    if spec.max_virtual >= 2 {
-        placements.push((2, Placement::V));
-    }
-    for (v, placement) in placements {
+    for (v, placement) in list_placements(spec.max_virtual) {
         let knobs = Knobs {
             v,
             placement,
@@ -525,6 +516,16 @@ fn list_jobs(
             }));
         }
     }
+}
+
+/// The list scheduler's placements: loop with v = 1..=max_v, and the V when v = 2 is allowed.
+fn list_placements(max_v: u32) -> Vec<(u32, Placement)> {
+    let mut placements: Vec<(u32, Placement)> =
+        (1..=max_v.max(1)).map(|v| (v, Placement::Loop)).collect();
+    if max_v >= 2 {
+        placements.push((2, Placement::V));
+    }
+    placements
 }
 
 /// Units the neediest device must hold to pass one microbatch through all its chunks.
@@ -618,26 +619,45 @@ fn evaluate(
         },
     };
     let sim = simulate(&tt, &shape.costs).map_err(|e| (label.clone(), e.to_string()))?;
-    let peak = peak_units(&tt, &shape.weights)
-        .into_iter()
-        .fold(0.0, f64::max);
+    let cand = describe(
+        (label, family, job.v()),
+        &tt,
+        &sim,
+        &shape.weights,
+        unit,
+        spec.cap,
+    );
+    let fits = cand.fits;
+    let kept = fits.then_some((tt, sim));
+    Ok((cand, kept))
+}
+
+/// A simulated timetable's figures, and whether it fits `cap`: by its peak in units, or by
+/// the simulator's peak in bytes.
+fn describe(
+    (label, family, virtual_stages): (String, String, u32),
+    tt: &Timetable,
+    sim: &Simulation,
+    weights: &[f64],
+    unit: Option<f64>,
+    cap: MemoryCap,
+) -> Candidate {
+    let peak = peak_units(tt, weights).into_iter().fold(0.0, f64::max);
     let peak_bytes = unit.map(|_| sim.report.peak_activation_bytes());
-    let fits = match spec.cap {
+    let fits = match cap {
         MemoryCap::Microbatches(x) => peak <= x + 1e-9,
         MemoryCap::Bytes(b) => peak_bytes.is_some_and(|pb| pb <= b),
     };
-    let cand = Candidate {
+    Candidate {
         label,
         family,
-        virtual_stages: job.v(),
+        virtual_stages,
         makespan: sim.report.makespan,
         bubble_fraction: sim.report.bubble_fraction,
         peak_microbatches: peak,
         peak_bytes,
         fits,
-    };
-    let kept = fits.then_some((tt, sim));
-    Ok((cand, kept))
+    }
 }
 
 fn grouped(s: &ScheduleSpec) -> Option<u32> {
