@@ -37,11 +37,11 @@ pub struct Microbatch<'a> {
     pub loss_scale: f32,
 }
 
-/// What a stage's forward produces.
+/// What a stage's forward produces; `T` is the backend's tensor type.
 #[derive(Clone, Debug)]
-pub enum StageOutput {
+pub enum StageOutput<T = Tensor> {
     /// Activations `[batch, seq, d_model]` for the next stage.
-    Hidden(Tensor),
+    Hidden(T),
     /// The scaled loss (last stage).
     Loss(f32),
 }

@@ -133,17 +133,20 @@ fn set_flat<P: Parameters + ?Sized>(
 /// partial sum; on return every rank must hold the elementwise sum. For
 /// bit-identical replicas the implementation should sum in a fixed rank
 /// order. [`NoTp`] is the implementation for `tp = 1`.
-pub trait TpReduce {
+///
+/// `T` is the tensor type of the backend the layers run on: a host
+/// [`Tensor`] by default, a device tensor on a GPU.
+pub trait TpReduce<T = Tensor> {
     /// Replaces `t` with the sum of `t` over the TP group.
-    fn all_reduce_sum(&mut self, t: &mut Tensor) -> Result<()>;
+    fn all_reduce_sum(&mut self, t: &mut T) -> Result<()>;
 }
 
 /// The TP all-reduce of a group of one: does nothing.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct NoTp;
 
-impl TpReduce for NoTp {
-    fn all_reduce_sum(&mut self, _t: &mut Tensor) -> Result<()> {
+impl<T> TpReduce<T> for NoTp {
+    fn all_reduce_sum(&mut self, _t: &mut T) -> Result<()> {
         Ok(())
     }
 }
