@@ -8,11 +8,12 @@
 
 use std::time::Duration;
 
+#[path = "common/gpt_steps.rs"]
+mod common;
+use common::gpt_steps;
+
 use criterion::{criterion_group, criterion_main, Criterion};
-use pipewright::kernels::gpt::GptConfig;
-use pipewright::runtime::{
-    run, train_gpt, Coord, Mesh, RunOptions, StepBatch, SyntheticModule, TrainConfig,
-};
+use pipewright::runtime::{run, Coord, Mesh, RunOptions, StepBatch, SyntheticModule};
 use pipewright::schedule::{
     generate, simulate, CostModel, ScheduleKind, ScheduleSpec, StageCost, Timetable,
 };
@@ -77,24 +78,6 @@ fn against_simulator(c: &mut Criterion) {
     group.finish();
 }
 
-/// Seconds of `steps` training steps of the reference GPT on `pp` devices with 1F1B, m=8.
-fn gpt_steps(pp: usize, steps: u64) -> Duration {
-    let cfg = TrainConfig {
-        mesh: Mesh::new(pp, 1, 1).expect("mesh"),
-        model: GptConfig::new(64, 64, 256, 4, 4),
-        microbatch_size: 4,
-        seed: 0,
-        run: RunOptions {
-            steps,
-            ..RunOptions::default()
-        },
-    };
-    let tt = timetable(ScheduleKind::OneFOneB, pp as u32, 1, 8);
-    let mut total = 0.0;
-    train_gpt(&cfg, &tt, |s| total += s.seconds).expect("trains");
-    Duration::from_secs_f64(total)
-}
-
 fn pipeline_speedup(c: &mut Criterion) {
     let mut group = c.benchmark_group("gpt step, 4 layers d=256 seq=64, m=8 of 4 sequences");
     group
@@ -102,7 +85,7 @@ fn pipeline_speedup(c: &mut Criterion) {
         .measurement_time(Duration::from_secs(10));
     for pp in [1, 2] {
         group.bench_function(format!("pp={pp}"), |b| {
-            b.iter_custom(|iters| gpt_steps(pp, iters))
+            b.iter_custom(|iters| gpt_steps(pp, 0, iters))
         });
     }
     group.finish();
