@@ -6,16 +6,45 @@
 //! [`Backend::download`]); nothing moves implicitly.
 
 use crate::cpu::{self, AttnShape};
-use crate::error::Result;
+use crate::error::{shape_err, Result};
+use crate::optim::{adamw_update, AdamWUpdate};
 use crate::tensor::Tensor;
+
+/// What any backend's tensor tells without touching its data, so shapes
+/// can be checked and parameters counted without a backend at hand.
+pub trait Shaped {
+    /// The dimensions.
+    fn shape(&self) -> &[usize];
+    /// Number of elements.
+    fn numel(&self) -> usize {
+        self.shape().iter().product()
+    }
+}
+
+impl Shaped for Tensor {
+    fn shape(&self) -> &[usize] {
+        Tensor::shape(self)
+    }
+}
+
+/// Errors unless `offset + len` fits in `total` (for the offset copies).
+pub(crate) fn check_range(op: &'static str, offset: usize, len: usize, total: usize) -> Result<()> {
+    match offset.checked_add(len) {
+        Some(end) if end <= total => Ok(()),
+        _ => Err(shape_err(
+            op,
+            format!("{len} elements at offset {offset} of {total}"),
+        )),
+    }
+}
 
 /// Ops with the semantics of their [`cpu`] namesakes, on a device's storage.
 pub trait Backend {
     /// A tensor living on this backend.
-    type Storage;
+    type Storage: Shaped + std::fmt::Debug;
     /// What a LayerNorm forward saves for its backward (normalised input and
     /// per-row reciprocal standard deviation), kept on the device.
-    type NormStash;
+    type NormStash: std::fmt::Debug;
 
     /// Short name for messages (`"cpu"`, `"cuda:0"`).
     fn name(&self) -> String;
@@ -23,6 +52,42 @@ pub trait Backend {
     fn upload(&self, t: &Tensor) -> Result<Self::Storage>;
     /// Copies a device tensor to the host (waits for pending work).
     fn download(&self, t: &Self::Storage) -> Result<Tensor>;
+    /// A tensor of zeros on the device.
+    fn zeros(&self, shape: &[usize]) -> Result<Self::Storage>;
+    /// A copy on the device (device tensors need not be `Clone`).
+    fn copy(&self, t: &Self::Storage) -> Result<Self::Storage>;
+    /// `a += b`, elementwise (the residual add in place).
+    fn add_assign(&self, a: &mut Self::Storage, b: &Self::Storage) -> Result<()>;
+    /// Multiplies every element by `s`.
+    fn scale(&self, t: &mut Self::Storage, s: f32) -> Result<()>;
+    /// Sets every element to zero, keeping the allocation.
+    fn fill_zero(&self, t: &mut Self::Storage) -> Result<()>;
+    /// Writes all of `src` into `dst`'s elements `offset..offset + src.numel()`
+    /// (row-major, shapes ignored): how parameters are packed into one flat tensor.
+    fn copy_to_offset(
+        &self,
+        src: &Self::Storage,
+        dst: &mut Self::Storage,
+        offset: usize,
+    ) -> Result<()>;
+    /// Fills all of `dst` from `src`'s elements `offset..offset + dst.numel()`:
+    /// how a flat tensor is unpacked into parameters.
+    fn copy_from_offset(
+        &self,
+        src: &Self::Storage,
+        offset: usize,
+        dst: &mut Self::Storage,
+    ) -> Result<()>;
+    /// One AdamW update of one parameter tensor `x` with gradient `g` and
+    /// moments `m`, `v` (all the same shape), as [`crate::optim::AdamW`].
+    fn adamw_step(
+        &self,
+        x: &mut Self::Storage,
+        g: &Self::Storage,
+        m: &mut Self::Storage,
+        v: &mut Self::Storage,
+        h: &AdamWUpdate,
+    ) -> Result<()>;
     /// See [`cpu::matmul`].
     fn matmul(&self, x: &Self::Storage, w: &Self::Storage) -> Result<Self::Storage>;
     /// See [`cpu::matmul_nt`].
@@ -131,6 +196,50 @@ impl Backend for Cpu {
     }
     fn download(&self, t: &Tensor) -> Result<Tensor> {
         Ok(t.clone())
+    }
+    fn zeros(&self, shape: &[usize]) -> Result<Tensor> {
+        Ok(Tensor::zeros(shape))
+    }
+    fn copy(&self, t: &Tensor) -> Result<Tensor> {
+        Ok(t.clone())
+    }
+    fn add_assign(&self, a: &mut Tensor, b: &Tensor) -> Result<()> {
+        a.add_assign(b)
+    }
+    fn scale(&self, t: &mut Tensor, s: f32) -> Result<()> {
+        t.scale(s);
+        Ok(())
+    }
+    fn fill_zero(&self, t: &mut Tensor) -> Result<()> {
+        t.fill_zero();
+        Ok(())
+    }
+    fn copy_to_offset(&self, src: &Tensor, dst: &mut Tensor, offset: usize) -> Result<()> {
+        let n = src.numel();
+        check_range("copy_to_offset", offset, n, dst.numel())?;
+        dst.data_mut()[offset..offset + n].copy_from_slice(src.data());
+        Ok(())
+    }
+    fn copy_from_offset(&self, src: &Tensor, offset: usize, dst: &mut Tensor) -> Result<()> {
+        let n = dst.numel();
+        check_range("copy_from_offset", offset, n, src.numel())?;
+        dst.data_mut()
+            .copy_from_slice(&src.data()[offset..offset + n]);
+        Ok(())
+    }
+    fn adamw_step(
+        &self,
+        x: &mut Tensor,
+        g: &Tensor,
+        m: &mut Tensor,
+        v: &mut Tensor,
+        h: &AdamWUpdate,
+    ) -> Result<()> {
+        x.check_same("adamw_step", g)?;
+        x.check_same("adamw_step", m)?;
+        x.check_same("adamw_step", v)?;
+        adamw_update(x.data_mut(), g.data(), m.data_mut(), v.data_mut(), h);
+        Ok(())
     }
     fn matmul(&self, x: &Tensor, w: &Tensor) -> Result<Tensor> {
         cpu::matmul(x, w)

@@ -16,7 +16,12 @@
 //!   through the [`layers::TpReduce`] trait; kernels never communicate.
 //! - [`gpt`]: the reference GPT, built whole or as any stage of a pipeline
 //!   and any TP rank, with identical numbers from one seed ([`init`]).
-//! - [`optim`]: SGD with momentum and AdamW over the flat parameter view.
+//! - [`optim`]: SGD with momentum and AdamW over the flat parameter view,
+//!   and [`optim::DeviceAdamW`], AdamW on any backend's tensors.
+//! - [`params`]: flat gradients, their reset and host copies of parameters
+//!   on any backend (what a runtime needs around the optimizer step).
+//! - [`Backend`]: the ops the layers run on; layers and
+//!   [`gpt::GptStage`] are generic over it ([`Cpu`] by default).
 //! - `cuda` (cargo feature `cuda`): the same ops on a GPU through cuBLAS and
 //!   NVRTC; it checks for the CUDA libraries before its first call.
 //!
@@ -65,8 +70,9 @@ pub mod gpt;
 pub mod init;
 pub mod layers;
 pub mod optim;
+pub mod params;
 pub mod tensor;
 
-pub use backend::{Backend, Cpu};
+pub use backend::{Backend, Cpu, Shaped};
 pub use error::{KernelError, Result};
 pub use tensor::{DType, Tensor};

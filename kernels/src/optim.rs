@@ -5,7 +5,8 @@
 //! and each occupies the next `numel` slots. Updates are elementwise and in
 //! a fixed order, so they are deterministic and the same on every replica.
 
-use crate::error::{KernelError, Result};
+use crate::backend::{Backend, Shaped};
+use crate::error::{shape_err, KernelError, Result};
 use crate::layers::{Param, Parameters};
 
 /// Visits parameters with their offset in the flat view; errors if the
@@ -124,26 +125,152 @@ impl AdamW {
     /// One update from the accumulated gradients (which it leaves alone).
     pub fn step(&mut self, model: &mut dyn Parameters) -> Result<()> {
         self.step += 1;
-        let c = self.cfg;
-        let bc1 = 1.0 - c.beta1.powi(self.step as i32);
-        let bc2 = 1.0 - c.beta2.powi(self.step as i32);
+        let (cfg, step) = (self.cfg, self.step);
         let (ms, vs) = (&mut self.m, &mut self.v);
         visit_flat(model, ms.len(), &mut |off, p| {
             let n = p.value.numel();
-            let shrink = if p.decay {
+            let h = AdamWUpdate::new(&cfg, step, p.decay);
+            let (m, v) = (&mut ms[off..off + n], &mut vs[off..off + n]);
+            adamw_update(p.value.data_mut(), p.grad.data(), m, v, &h);
+        })
+    }
+}
+
+/// The scalars of one AdamW update of one parameter tensor: what a
+/// backend's [`Backend::adamw_step`](crate::Backend::adamw_step) needs.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AdamWUpdate {
+    /// Learning rate.
+    pub lr: f32,
+    /// First-moment decay.
+    pub beta1: f32,
+    /// Second-moment decay.
+    pub beta2: f32,
+    /// Added to the root of the second moment.
+    pub eps: f32,
+    /// `1 - lr * weight_decay` for decayed parameters, else 1.
+    pub shrink: f32,
+    /// Bias correction of the first moment, `1 - beta1^t`.
+    pub bc1: f32,
+    /// Bias correction of the second moment, `1 - beta2^t`.
+    pub bc2: f32,
+}
+
+impl AdamWUpdate {
+    /// The update of step `step` (1-based) for a parameter with `decay` set or not.
+    pub fn new(c: &AdamWConfig, step: u32, decay: bool) -> Self {
+        Self {
+            lr: c.lr,
+            beta1: c.beta1,
+            beta2: c.beta2,
+            eps: c.eps,
+            shrink: if decay {
                 1.0 - c.lr * c.weight_decay
             } else {
                 1.0
-            };
-            let state = ms[off..off + n].iter_mut().zip(&mut vs[off..off + n]);
-            let pg = p.value.data_mut().iter_mut().zip(p.grad.data());
-            for ((x, &g), (m, v)) in pg.zip(state) {
-                *m = c.beta1 * *m + (1.0 - c.beta1) * g;
-                *v = c.beta2 * *v + (1.0 - c.beta2) * g * g;
-                *x *= shrink;
-                *x -= c.lr * (*m / bc1) / ((*v / bc2).sqrt() + c.eps);
+            },
+            bc1: 1.0 - c.beta1.powi(step as i32),
+            bc2: 1.0 - c.beta2.powi(step as i32),
+        }
+    }
+}
+
+/// The AdamW update on host slices of one length; the one definition both
+/// [`AdamW`] and the CPU backend use, so they agree to the bit.
+pub(crate) fn adamw_update(
+    x: &mut [f32],
+    g: &[f32],
+    m: &mut [f32],
+    v: &mut [f32],
+    h: &AdamWUpdate,
+) {
+    let state = m.iter_mut().zip(v.iter_mut());
+    for ((x, &g), (m, v)) in x.iter_mut().zip(g).zip(state) {
+        *m = h.beta1 * *m + (1.0 - h.beta1) * g;
+        *v = h.beta2 * *v + (1.0 - h.beta2) * g * g;
+        *x *= h.shrink;
+        *x -= h.lr * (*m / h.bc1) / ((*v / h.bc2).sqrt() + h.eps);
+    }
+}
+
+/// AdamW on any backend: [`AdamW`]'s update, with the moments kept next to
+/// the parameters (one pair of tensors per parameter, on the device) and
+/// each step run by [`Backend::adamw_step`]. On [`crate::Cpu`] it matches
+/// [`AdamW`] to the bit.
+#[derive(Debug)]
+pub struct DeviceAdamW<B: Backend> {
+    /// Hyper-parameters.
+    pub cfg: AdamWConfig,
+    step: u32,
+    moments: Vec<(B::Storage, B::Storage)>,
+}
+
+impl<B: Backend> DeviceAdamW<B> {
+    /// Zero moments on `be` for every parameter of `model`.
+    pub fn new<P: Parameters<B::Storage> + ?Sized>(
+        be: &B,
+        model: &P,
+        cfg: AdamWConfig,
+    ) -> Result<Self> {
+        let mut moments = Vec::new();
+        let mut err = None;
+        model.visit(&mut |p| {
+            let pair = be
+                .zeros(p.value.shape())
+                .and_then(|m| Ok((m, be.zeros(p.value.shape())?)));
+            match pair {
+                Ok(pair) => moments.push(pair),
+                Err(e) => err = err.take().or(Some(e)),
             }
+        });
+        err.map_or(Ok(()), Err)?;
+        Ok(Self {
+            cfg,
+            step: 0,
+            moments,
         })
+    }
+
+    /// Steps taken so far.
+    pub fn steps(&self) -> u32 {
+        self.step
+    }
+
+    /// One update from the accumulated gradients (which it leaves alone);
+    /// errors if `model` is not the one the optimizer was made for.
+    pub fn step<P: Parameters<B::Storage> + ?Sized>(
+        &mut self,
+        be: &B,
+        model: &mut P,
+    ) -> Result<()> {
+        let mut count = 0;
+        model.visit(&mut |_| count += 1);
+        if count != self.moments.len() {
+            return Err(KernelError::Config(format!(
+                "optimizer state holds {} tensors, model has {count} parameters",
+                self.moments.len()
+            )));
+        }
+        self.step += 1;
+        let (cfg, step) = (self.cfg, self.step);
+        let mut state = self.moments.iter_mut();
+        let mut err = None;
+        model.visit_mut(&mut |p| {
+            let Some((m, v)) = state.next() else { return };
+            let h = AdamWUpdate::new(&cfg, step, p.decay);
+            let r = if m.shape() == p.value.shape() {
+                be.adamw_step(&mut p.value, &p.grad, m, v, &h)
+            } else {
+                Err(shape_err(
+                    "DeviceAdamW::step",
+                    format!("{} changed shape", p.name),
+                ))
+            };
+            if let (None, Err(e)) = (&err, r) {
+                err = Some(e);
+            }
+        });
+        err.map_or(Ok(()), Err)
     }
 }
 

@@ -2,6 +2,7 @@
 
 use super::{cuda_err, CudaTensor};
 use crate::error::{KernelError, Result};
+use crate::optim::AdamWUpdate;
 use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
 use std::sync::Arc;
 
@@ -33,6 +34,28 @@ extern "C" __global__ void add_bias(float* x, const float* b, int n, int cols) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] += b[i % cols];
 }
+extern "C" __global__ void add_assign(float* a, const float* b, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) a[i] += b[i];
+}
+extern "C" __global__ void scale(float* x, float s, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] *= s;
+}
+// AdamW, statement for statement the CPU's `adamw_update` (optim.rs).
+extern "C" __global__ void adamw(float* x, const float* g, float* m, float* v, int n,
+                                 float lr, float beta1, float beta2, float eps,
+                                 float shrink, float bc1, float bc2) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float gi = g[i];
+    float mi = beta1 * m[i] + (1.0f - beta1) * gi;
+    float vi = beta2 * v[i] + (1.0f - beta2) * gi * gi;
+    m[i] = mi;
+    v[i] = vi;
+    float xi = x[i] * shrink;
+    x[i] = xi - lr * (mi / bc1) / (sqrtf(vi / bc2) + eps);
+}
 // One thread per column, summing down the rows: coalesced across threads.
 extern "C" __global__ void bias_grad(float* acc, const float* dy, int rows, int cols) {
     int j = blockIdx.x * blockDim.x + threadIdx.x;
@@ -50,6 +73,9 @@ pub(super) struct Kernels {
     add: CudaFunction,
     add_bias: CudaFunction,
     bias_grad: CudaFunction,
+    add_assign: CudaFunction,
+    scale: CudaFunction,
+    adamw: CudaFunction,
 }
 
 fn len(n: usize) -> Result<i32> {
@@ -71,6 +97,9 @@ impl Kernels {
             add: f("add")?,
             add_bias: f("add_bias")?,
             bias_grad: f("bias_grad")?,
+            add_assign: f("add_assign")?,
+            scale: f("scale")?,
+            adamw: f("adamw")?,
         })
     }
 
@@ -146,6 +175,61 @@ impl Kernels {
         b.arg(&mut acc.data).arg(&dy.data).arg(&rows).arg(&cols);
         // SAFETY: acc holds cols floats (checked), dy rows*cols; guarded by j < cols.
         unsafe { b.launch(grid(dy.cols())) }
+            .map(drop)
+            .map_err(cuda_err)
+    }
+
+    pub(super) fn add_assign(
+        &self,
+        s: &Arc<CudaStream>,
+        a: &mut CudaTensor,
+        b: &CudaTensor,
+    ) -> Result<()> {
+        let (numel, n) = (a.numel(), len(a.numel())?);
+        let mut lb = s.launch_builder(&self.add_assign);
+        lb.arg(&mut a.data).arg(&b.data).arg(&n);
+        // SAFETY: both hold n floats (checked shapes); guarded by i < n.
+        unsafe { lb.launch(grid(numel)) }
+            .map(drop)
+            .map_err(cuda_err)
+    }
+
+    pub(super) fn scale(&self, s: &Arc<CudaStream>, x: &mut CudaTensor, k: f32) -> Result<()> {
+        let (numel, n) = (x.numel(), len(x.numel())?);
+        let mut lb = s.launch_builder(&self.scale);
+        lb.arg(&mut x.data).arg(&k).arg(&n);
+        // SAFETY: x holds n floats; guarded by i < n.
+        unsafe { lb.launch(grid(numel)) }
+            .map(drop)
+            .map_err(cuda_err)
+    }
+
+    /// Launches the AdamW kernel; `g`, `m` and `v` have `x`'s shape (checked
+    /// by the caller).
+    pub(super) fn adamw(
+        &self,
+        s: &Arc<CudaStream>,
+        x: &mut CudaTensor,
+        g: &CudaTensor,
+        state: (&mut CudaTensor, &mut CudaTensor),
+        h: &AdamWUpdate,
+    ) -> Result<()> {
+        let (numel, n) = (x.numel(), len(x.numel())?);
+        let (m, v) = state;
+        let mut lb = s.launch_builder(&self.adamw);
+        lb.arg(&mut x.data)
+            .arg(&g.data)
+            .arg(&mut m.data)
+            .arg(&mut v.data);
+        lb.arg(&n)
+            .arg(&h.lr)
+            .arg(&h.beta1)
+            .arg(&h.beta2)
+            .arg(&h.eps);
+        lb.arg(&h.shrink).arg(&h.bc1).arg(&h.bc2);
+        // SAFETY: all four hold n floats (checked shapes); guarded by i < n;
+        // the arguments match the kernel's (4 pointers, int, 7 floats).
+        unsafe { lb.launch(grid(numel)) }
             .map(drop)
             .map_err(cuda_err)
     }

@@ -13,9 +13,10 @@ mod blas;
 mod kernels;
 mod rowops;
 
-use crate::backend::Backend;
+use crate::backend::{check_range, Backend, Shaped};
 use crate::cpu::{self, AttnShape};
 use crate::error::{shape_err, KernelError, Result};
+use crate::optim::AdamWUpdate;
 use crate::tensor::Tensor;
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
@@ -51,6 +52,12 @@ impl CudaTensor {
     /// Product of all dimensions but the last.
     pub fn rows(&self) -> usize {
         self.numel().checked_div(self.cols()).unwrap_or(0)
+    }
+}
+
+impl Shaped for CudaTensor {
+    fn shape(&self) -> &[usize] {
+        &self.shape
     }
 }
 
@@ -218,6 +225,74 @@ impl Backend for CudaBackend {
         // Drops the placeholder element of an empty tensor.
         data.truncate(t.numel());
         Tensor::new(&t.shape, data)
+    }
+
+    fn zeros(&self, shape: &[usize]) -> Result<CudaTensor> {
+        CudaBackend::zeros(self, shape)
+    }
+
+    fn copy(&self, t: &CudaTensor) -> Result<CudaTensor> {
+        let data = self.stream.clone_dtod(&t.data).map_err(cuda_err)?;
+        Ok(CudaTensor {
+            shape: t.shape.clone(),
+            data,
+        })
+    }
+
+    fn add_assign(&self, a: &mut CudaTensor, b: &CudaTensor) -> Result<()> {
+        same_shape("add_assign", a, b)?;
+        self.kernels.add_assign(&self.stream, a, b)
+    }
+
+    fn scale(&self, t: &mut CudaTensor, s: f32) -> Result<()> {
+        self.kernels.scale(&self.stream, t, s)
+    }
+
+    fn fill_zero(&self, t: &mut CudaTensor) -> Result<()> {
+        self.stream.memset_zeros(&mut t.data).map_err(cuda_err)
+    }
+
+    fn copy_to_offset(&self, src: &CudaTensor, dst: &mut CudaTensor, offset: usize) -> Result<()> {
+        let n = src.numel();
+        check_range("copy_to_offset", offset, n, dst.numel())?;
+        if n == 0 {
+            return Ok(()); // no zero-length views (see `CudaTensor`)
+        }
+        let mut to = dst.data.slice_mut(offset..offset + n);
+        self.stream
+            .memcpy_dtod(&src.data.slice(0..n), &mut to)
+            .map_err(cuda_err)
+    }
+
+    fn copy_from_offset(
+        &self,
+        src: &CudaTensor,
+        offset: usize,
+        dst: &mut CudaTensor,
+    ) -> Result<()> {
+        let n = dst.numel();
+        check_range("copy_from_offset", offset, n, src.numel())?;
+        if n == 0 {
+            return Ok(());
+        }
+        let mut to = dst.data.slice_mut(0..n);
+        self.stream
+            .memcpy_dtod(&src.data.slice(offset..offset + n), &mut to)
+            .map_err(cuda_err)
+    }
+
+    fn adamw_step(
+        &self,
+        x: &mut CudaTensor,
+        g: &CudaTensor,
+        m: &mut CudaTensor,
+        v: &mut CudaTensor,
+        h: &AdamWUpdate,
+    ) -> Result<()> {
+        same_shape("adamw_step", x, g)?;
+        same_shape("adamw_step", x, m)?;
+        same_shape("adamw_step", x, v)?;
+        self.kernels.adamw(&self.stream, x, g, (m, v), h)
     }
 
     fn matmul(&self, x: &CudaTensor, w: &CudaTensor) -> Result<CudaTensor> {

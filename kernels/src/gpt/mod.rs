@@ -7,19 +7,26 @@
 //! [`GptStage::forward`] returns a [`Stash`], [`GptStage::backward_input`]
 //! consumes it and returns a [`WeightStash`], [`GptStage::backward_weight`]
 //! consumes that and accumulates gradients. All stashes are `Send`.
+//!
+//! A stage runs on any [`Backend`]: `GptStage` (the default, [`Cpu`]) on
+//! host tensors, `GptStage::<B>::on` on a device, where its weights,
+//! activations, gradients and stashes stay; see [`crate::params`] for its
+//! flat gradients and optimizer step there.
 
 mod config;
 
 pub use config::{partition, GptConfig};
 
+use crate::backend::{Backend, Cpu, Shaped};
 use crate::error::{shape_err, KernelError, Result};
 use crate::init::normal_tensor;
 use crate::layers::{
-    Attention, Block, BlockStash, BlockWeightStash, Embedding, HeadStash, HeadWeightStash,
-    LayerNorm, Linear, LmHead, Mlp, Param, Parameters, TpReduce, TpShard,
+    cpu_backend, Attention, Block, BlockStash, BlockWeightStash, Embedding, HeadStash,
+    HeadWeightStash, LayerNorm, Linear, LmHead, Mlp, Param, Parameters, TpReduce, TpShard,
 };
 use crate::tensor::Tensor;
 use std::ops::Range;
+use std::sync::Arc;
 
 /// The data of one microbatch, as every stage sees it. The first stage reads
 /// `tokens`, the last reads `targets`; middle stages read neither.
@@ -51,35 +58,59 @@ type Ids = (Vec<u32>, usize);
 
 /// Per-microbatch state from forward to input backward.
 #[derive(Debug)]
-pub struct Stash {
+pub struct Stash<B: Backend = Cpu> {
     ids: Option<Ids>,
-    blocks: Vec<BlockStash>,
-    head: Option<HeadStash>,
+    blocks: Vec<BlockStash<B>>,
+    head: Option<HeadStash<B>>,
 }
 
 /// Per-microbatch state from input backward to weight backward.
 #[derive(Debug)]
-pub struct WeightStash {
-    embed: Option<(Vec<u32>, usize, Tensor)>,
-    blocks: Vec<BlockWeightStash>,
-    head: Option<HeadWeightStash>,
+pub struct WeightStash<B: Backend = Cpu> {
+    embed: Option<(Vec<u32>, usize, B::Storage)>,
+    blocks: Vec<BlockWeightStash<B>>,
+    head: Option<HeadWeightStash<B>>,
 }
 
-/// One pipeline stage (and one TP rank) of the reference GPT.
-#[derive(Clone, Debug)]
-pub struct GptStage {
+/// One pipeline stage (and one TP rank) of the reference GPT, on backend
+/// `B` (the host by default).
+#[derive(Debug)]
+pub struct GptStage<B: Backend = Cpu> {
     cfg: GptConfig,
     index: usize,
     layers: Range<usize>,
-    embed: Option<Embedding>,
-    blocks: Vec<Block>,
-    head: Option<LmHead>,
+    embed: Option<Embedding<B>>,
+    blocks: Vec<Block<B>>,
+    head: Option<LmHead<B>>,
+    be: Arc<B>,
+}
+
+crate::layers::clone_if_tensors_clone!(GptStage {
+    cfg,
+    index,
+    layers,
+    embed,
+    blocks,
+    head,
+    be
+});
+
+/// Rows of the matrix view of `x` (all leading dimensions folded).
+fn rows<S: Shaped>(x: &S) -> usize {
+    let cols = x.shape().last().copied().unwrap_or(1);
+    x.numel().checked_div(cols).unwrap_or(0)
 }
 
 /// The full (unsharded) initial weights of block `l`, drawn from their own
 /// streams: GPT-2's scheme (std 0.02, residual projections scaled down by
 /// `sqrt(2 * n_layers)`, zero biases).
-fn init_block(cfg: &GptConfig, seed: u64, l: usize, tp: TpShard) -> Result<Block> {
+fn init_block<B: Backend>(
+    be: &Arc<B>,
+    cfg: &GptConfig,
+    seed: u64,
+    l: usize,
+    tp: TpShard,
+) -> Result<Block<B>> {
     let (d, f) = (cfg.d_model, cfg.d_ff);
     let p = |n: &str| format!("blocks.{l}.{n}");
     let resid = 0.02 / (2.0 * cfg.n_layers as f32).sqrt();
@@ -92,11 +123,12 @@ fn init_block(cfg: &GptConfig, seed: u64, l: usize, tp: TpShard) -> Result<Block
         Tensor::zeros(&[d]),
         Tensor::zeros(&[f]),
     );
+    let heads = cfg.n_heads;
     Ok(Block {
-        ln1: LayerNorm::new(&p("ln1"), d),
-        attn: Attention::from_full(&p("attn"), cfg.n_heads, &w_qkv, &z3, &w_o, &zd, tp)?,
-        ln2: LayerNorm::new(&p("ln2"), d),
-        mlp: Mlp::from_full(&p("mlp"), &w1, &zf, &w2, &zd, tp)?,
+        ln1: LayerNorm::on(be, &p("ln1"), d)?,
+        attn: Attention::from_full_on(be, &p("attn"), heads, &w_qkv, &z3, &w_o, &zd, tp)?,
+        ln2: LayerNorm::on(be, &p("ln2"), d)?,
+        mlp: Mlp::from_full_on(be, &p("mlp"), &w1, &zf, &w2, &zd, tp)?,
     })
 }
 
@@ -111,19 +143,7 @@ impl GptStage {
         stages: usize,
         tp: TpShard,
     ) -> Result<Self> {
-        let ranges = partition(cfg.n_layers, stages)?;
-        let layers = ranges.get(stage).cloned().ok_or_else(|| {
-            KernelError::Config(format!("stage {stage} of a {stages}-stage pipeline"))
-        })?;
-        Self::with_layers(
-            cfg,
-            seed,
-            stage,
-            layers,
-            stage == 0,
-            stage + 1 == stages,
-            tp,
-        )
+        Self::on(&cpu_backend(), cfg, seed, stage, stages, tp)
     }
 
     /// The whole model on one device.
@@ -142,6 +162,42 @@ impl GptStage {
         last: bool,
         tp: TpShard,
     ) -> Result<Self> {
+        let ends = (first, last);
+        Self::with_layers_on(&cpu_backend(), cfg, seed, index, layers, ends, tp)
+    }
+}
+
+impl<B: Backend> GptStage<B> {
+    /// [`GptStage::new`] on backend `be`: the same weights, drawn on the
+    /// host from `seed` and uploaded, so a device stage starts exactly
+    /// where the CPU one does.
+    pub fn on(
+        be: &Arc<B>,
+        cfg: &GptConfig,
+        seed: u64,
+        stage: usize,
+        stages: usize,
+        tp: TpShard,
+    ) -> Result<Self> {
+        let ranges = partition(cfg.n_layers, stages)?;
+        let layers = ranges.get(stage).cloned().ok_or_else(|| {
+            KernelError::Config(format!("stage {stage} of a {stages}-stage pipeline"))
+        })?;
+        let ends = (stage == 0, stage + 1 == stages);
+        Self::with_layers_on(be, cfg, seed, stage, layers, ends, tp)
+    }
+
+    /// [`GptStage::with_layers`] on backend `be`; `ends` is `(first, last)`.
+    pub fn with_layers_on(
+        be: &Arc<B>,
+        cfg: &GptConfig,
+        seed: u64,
+        index: usize,
+        layers: Range<usize>,
+        ends: (bool, bool),
+        tp: TpShard,
+    ) -> Result<Self> {
+        let (first, last) = ends;
         cfg.validate(tp.size)?;
         if layers.end > cfg.n_layers || layers.start > layers.end {
             return Err(KernelError::Config(format!(
@@ -150,20 +206,22 @@ impl GptStage {
             )));
         }
         let (d, v) = (cfg.d_model, cfg.vocab);
-        let embed = first.then(|| {
+        let embed = if first {
             let wte = normal_tensor(&[v, d], 0.02, seed, "embed.wte");
             let wpe = normal_tensor(&[cfg.seq_len, d], 0.01, seed, "embed.wpe");
-            Embedding::new("embed", wte, wpe)
-        });
+            Some(Embedding::on(be, "embed", &wte, &wpe)?)
+        } else {
+            None
+        };
         let blocks = layers
             .clone()
-            .map(|l| init_block(cfg, seed, l, tp))
+            .map(|l| init_block(be, cfg, seed, l, tp))
             .collect::<Result<Vec<_>>>()?;
         let head = if last {
             let w = normal_tensor(&[d, v], 0.02, seed, "head.proj.weight");
-            let proj = Linear::new("head.proj", w, Some(Tensor::zeros(&[v])))?;
+            let proj = Linear::on(be, "head.proj", &w, Some(&Tensor::zeros(&[v])))?;
             Some(LmHead {
-                ln_f: LayerNorm::new("head.ln_f", d),
+                ln_f: LayerNorm::on(be, "head.ln_f", d)?,
                 proj,
             })
         } else {
@@ -176,7 +234,13 @@ impl GptStage {
             embed,
             blocks,
             head,
+            be: be.clone(),
         })
+    }
+
+    /// The backend this stage runs on.
+    pub fn backend(&self) -> &Arc<B> {
+        &self.be
     }
 
     /// The model's config.
@@ -212,9 +276,9 @@ impl GptStage {
     pub fn forward(
         &self,
         mb: &Microbatch<'_>,
-        input: Option<Tensor>,
-        tp: &mut dyn TpReduce,
-    ) -> Result<(StageOutput, Stash)> {
+        input: Option<B::Storage>,
+        tp: &mut dyn TpReduce<B::Storage>,
+    ) -> Result<(StageOutput<B::Storage>, Stash<B>)> {
         let (mut x, ids) = self.stage_input(mb, input)?;
         let mut blocks = Vec::with_capacity(self.blocks.len());
         for b in &self.blocks {
@@ -230,11 +294,11 @@ impl GptStage {
             };
             return Ok((StageOutput::Hidden(x), stash));
         };
-        if mb.targets.len() != x.rows() {
+        if mb.targets.len() != rows(&x) {
             return Err(self.err(format!(
                 "{} targets for {} positions",
                 mb.targets.len(),
-                x.rows()
+                rows(&x)
             )));
         }
         let (loss, hs) = head.forward(&x, mb.targets, mb.loss_scale)?;
@@ -250,8 +314,8 @@ impl GptStage {
     fn stage_input(
         &self,
         mb: &Microbatch<'_>,
-        input: Option<Tensor>,
-    ) -> Result<(Tensor, Option<Ids>)> {
+        input: Option<B::Storage>,
+    ) -> Result<(B::Storage, Option<Ids>)> {
         if mb.seq == 0 || mb.seq > self.cfg.seq_len {
             return Err(self.err(format!(
                 "sequence length {} (max {})",
@@ -285,10 +349,10 @@ impl GptStage {
     /// and the next stage's input gradient elsewhere.
     pub fn backward_input(
         &self,
-        stash: Stash,
-        grad_out: Option<Tensor>,
-        tp: &mut dyn TpReduce,
-    ) -> Result<(Option<Tensor>, WeightStash)> {
+        stash: Stash<B>,
+        grad_out: Option<B::Storage>,
+        tp: &mut dyn TpReduce<B::Storage>,
+    ) -> Result<(Option<B::Storage>, WeightStash<B>)> {
         let (mut dy, head) = match (&self.head, stash.head, grad_out) {
             (Some(h), Some(hs), None) => {
                 let (dx, ws) = h.backward_input(hs)?;
@@ -333,7 +397,7 @@ impl GptStage {
 
     /// Weight backward (W) of one microbatch: accumulates every parameter's
     /// gradient from its [`WeightStash`].
-    pub fn backward_weight(&mut self, ws: WeightStash) -> Result<()> {
+    pub fn backward_weight(&mut self, ws: WeightStash<B>) -> Result<()> {
         if ws.blocks.len() != self.blocks.len() || ws.head.is_some() != self.head.is_some() {
             return Err(self.err("weight stash from a different stage"));
         }
@@ -353,18 +417,18 @@ impl GptStage {
     /// [`GptStage::backward_weight`].
     pub fn backward(
         &mut self,
-        stash: Stash,
-        grad_out: Option<Tensor>,
-        tp: &mut dyn TpReduce,
-    ) -> Result<Option<Tensor>> {
+        stash: Stash<B>,
+        grad_out: Option<B::Storage>,
+        tp: &mut dyn TpReduce<B::Storage>,
+    ) -> Result<Option<B::Storage>> {
         let (dx, ws) = self.backward_input(stash, grad_out, tp)?;
         self.backward_weight(ws)?;
         Ok(dx)
     }
 }
 
-impl Parameters for GptStage {
-    fn visit(&self, f: &mut dyn FnMut(&Param)) {
+impl<B: Backend> Parameters<B::Storage> for GptStage<B> {
+    fn visit(&self, f: &mut dyn FnMut(&Param<B::Storage>)) {
         if let Some(e) = &self.embed {
             e.visit(f);
         }
@@ -373,7 +437,7 @@ impl Parameters for GptStage {
             h.visit(f);
         }
     }
-    fn visit_mut(&mut self, f: &mut dyn FnMut(&mut Param)) {
+    fn visit_mut(&mut self, f: &mut dyn FnMut(&mut Param<B::Storage>)) {
         if let Some(e) = &mut self.embed {
             e.visit_mut(f);
         }

@@ -9,46 +9,82 @@
 
 use super::linear::{ColumnParallelLinear, RowParallelLinear};
 use super::shard::TpShard;
-use super::{Param, Parameters, TpReduce};
-use crate::cpu::{causal_attention, causal_attention_backward, AttnShape};
+use super::{cpu_backend, Param, Parameters, TpReduce};
+use crate::backend::{Backend, Cpu, Shaped};
+use crate::cpu::AttnShape;
 use crate::error::{shape_err, KernelError, Result};
 use crate::tensor::Tensor;
+use std::sync::Arc;
 
 /// A TP rank's share of an attention layer (the whole layer when `tp = 1`).
-#[derive(Clone, Debug)]
-pub struct Attention {
+#[derive(Debug)]
+pub struct Attention<B: Backend = Cpu> {
     /// Fused `[d, 3 * d / tp]` projection of this rank's heads.
-    pub qkv: ColumnParallelLinear,
+    pub qkv: ColumnParallelLinear<B>,
     /// `[d / tp, d]` output projection with the full bias.
-    pub proj: RowParallelLinear,
+    pub proj: RowParallelLinear<B>,
     heads: usize,
     head_dim: usize,
 }
 
+super::clone_if_tensors_clone!(Attention {
+    qkv,
+    proj,
+    heads,
+    head_dim
+});
+
 /// What the attention input backward needs.
-#[derive(Clone, Debug)]
-pub struct AttentionStash {
-    x: Tensor,
-    qkv: Tensor,
-    probs: Tensor,
-    ctx: Tensor,
+#[derive(Debug)]
+pub struct AttentionStash<B: Backend = Cpu> {
+    x: B::Storage,
+    qkv: B::Storage,
+    probs: B::Storage,
+    ctx: B::Storage,
     shape: AttnShape,
 }
 
+super::clone_if_tensors_clone!(AttentionStash {
+    x,
+    qkv,
+    probs,
+    ctx,
+    shape
+});
+
 /// What the attention weight backward needs.
-#[derive(Clone, Debug)]
-pub struct AttentionWeightStash {
-    x: Tensor,
-    dqkv: Tensor,
-    ctx: Tensor,
-    dy: Tensor,
+#[derive(Debug)]
+pub struct AttentionWeightStash<B: Backend = Cpu> {
+    x: B::Storage,
+    dqkv: B::Storage,
+    ctx: B::Storage,
+    dy: B::Storage,
 }
+
+super::clone_if_tensors_clone!(AttentionWeightStash { x, dqkv, ctx, dy });
 
 impl Attention {
     /// This rank's share of attention with `heads` heads in total and full
     /// weights `w_qkv [d, 3d]` (columns `[Q | K | V]`, head-major in each),
     /// `b_qkv [3d]`, `w_o [d, d]`, `b_o [d]`.
     pub fn from_full(
+        name: &str,
+        heads: usize,
+        w_qkv: &Tensor,
+        b_qkv: &Tensor,
+        w_o: &Tensor,
+        b_o: &Tensor,
+        tp: TpShard,
+    ) -> Result<Self> {
+        Self::from_full_on(&cpu_backend(), name, heads, w_qkv, b_qkv, w_o, b_o, tp)
+    }
+}
+
+impl<B: Backend> Attention<B> {
+    /// [`Attention::from_full`], with the shard uploaded to `be`.
+    #[allow(clippy::too_many_arguments)] // from_full's weights, plus the backend
+    pub fn from_full_on(
+        be: &Arc<B>,
         name: &str,
         heads: usize,
         w_qkv: &Tensor,
@@ -65,20 +101,21 @@ impl Attention {
         }
         let local = tp.block(heads, "the number of heads")?.len();
         Ok(Self {
-            qkv: ColumnParallelLinear::from_full(
+            qkv: ColumnParallelLinear::from_full_on(
+                be,
                 &format!("{name}.qkv"),
                 w_qkv,
                 Some(b_qkv),
                 3,
                 tp,
             )?,
-            proj: RowParallelLinear::from_full(&format!("{name}.proj"), w_o, Some(b_o), tp)?,
+            proj: RowParallelLinear::from_full_on(be, &format!("{name}.proj"), w_o, Some(b_o), tp)?,
             heads: local,
             head_dim: d / heads,
         })
     }
 
-    fn shape_of(&self, x: &Tensor) -> Result<AttnShape> {
+    fn shape_of(&self, x: &B::Storage) -> Result<AttnShape> {
         match *x.shape() {
             [batch, seq, _] => Ok(AttnShape {
                 batch,
@@ -94,10 +131,10 @@ impl Attention {
     }
 
     /// Forward up to the output projection's partial sum (no bias, not reduced).
-    pub fn forward_partial(&self, x: Tensor) -> Result<(Tensor, AttentionStash)> {
+    pub fn forward_partial(&self, x: B::Storage) -> Result<(B::Storage, AttentionStash<B>)> {
         let shape = self.shape_of(&x)?;
         let qkv = self.qkv.local.forward(&x)?;
-        let (ctx, probs) = causal_attention(&qkv, shape)?;
+        let (ctx, probs) = self.qkv.local.backend().causal_attention(&qkv, shape)?;
         let y = self.proj.forward_partial(&ctx)?;
         let stash = AttentionStash {
             x,
@@ -110,7 +147,11 @@ impl Attention {
     }
 
     /// Full forward: partial sum, all-reduce, output bias.
-    pub fn forward(&self, x: Tensor, tp: &mut dyn TpReduce) -> Result<(Tensor, AttentionStash)> {
+    pub fn forward(
+        &self,
+        x: B::Storage,
+        tp: &mut dyn TpReduce<B::Storage>,
+    ) -> Result<(B::Storage, AttentionStash<B>)> {
         let (mut y, stash) = self.forward_partial(x)?;
         tp.all_reduce_sum(&mut y)?;
         self.proj.add_bias(&mut y)?;
@@ -120,11 +161,12 @@ impl Attention {
     /// Input backward up to the partial input gradient (not reduced).
     pub fn backward_input_partial(
         &self,
-        stash: AttentionStash,
-        dy: Tensor,
-    ) -> Result<(Tensor, AttentionWeightStash)> {
+        stash: AttentionStash<B>,
+        dy: B::Storage,
+    ) -> Result<(B::Storage, AttentionWeightStash<B>)> {
         let dctx = self.proj.local.backward_input(&dy)?;
-        let dqkv = causal_attention_backward(&stash.qkv, &stash.probs, &dctx, stash.shape)?;
+        let be = self.qkv.local.backend();
+        let dqkv = be.causal_attention_backward(&stash.qkv, &stash.probs, &dctx, stash.shape)?;
         let dx = self.qkv.local.backward_input(&dqkv)?;
         let ws = AttentionWeightStash {
             x: stash.x,
@@ -138,28 +180,28 @@ impl Attention {
     /// Input backward (I): the full input gradient after the all-reduce.
     pub fn backward_input(
         &self,
-        stash: AttentionStash,
-        dy: Tensor,
-        tp: &mut dyn TpReduce,
-    ) -> Result<(Tensor, AttentionWeightStash)> {
+        stash: AttentionStash<B>,
+        dy: B::Storage,
+        tp: &mut dyn TpReduce<B::Storage>,
+    ) -> Result<(B::Storage, AttentionWeightStash<B>)> {
         let (mut dx, ws) = self.backward_input_partial(stash, dy)?;
         tp.all_reduce_sum(&mut dx)?;
         Ok((dx, ws))
     }
 
     /// Weight backward (W).
-    pub fn backward_weight(&mut self, ws: AttentionWeightStash) -> Result<()> {
+    pub fn backward_weight(&mut self, ws: AttentionWeightStash<B>) -> Result<()> {
         self.qkv.local.backward_weight(&ws.x, &ws.dqkv)?;
         self.proj.local.backward_weight(&ws.ctx, &ws.dy)
     }
 }
 
-impl Parameters for Attention {
-    fn visit(&self, f: &mut dyn FnMut(&Param)) {
+impl<B: Backend> Parameters<B::Storage> for Attention<B> {
+    fn visit(&self, f: &mut dyn FnMut(&Param<B::Storage>)) {
         self.qkv.local.visit(f);
         self.proj.local.visit(f);
     }
-    fn visit_mut(&mut self, f: &mut dyn FnMut(&mut Param)) {
+    fn visit_mut(&mut self, f: &mut dyn FnMut(&mut Param<B::Storage>)) {
         self.qkv.local.visit_mut(f);
         self.proj.local.visit_mut(f);
     }

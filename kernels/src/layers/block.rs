@@ -5,52 +5,78 @@ use super::attention::{Attention, AttentionStash, AttentionWeightStash};
 use super::mlp::{Mlp, MlpStash, MlpWeightStash};
 use super::norm::LayerNorm;
 use super::{Param, Parameters, TpReduce};
-use crate::cpu::LayerNormStash;
+use crate::backend::{Backend, Cpu};
 use crate::error::Result;
-use crate::tensor::Tensor;
 
 /// A TP rank's share of one transformer block. Norms are replicated; the
 /// residual stream is whole on every rank (after the all-reduces).
-#[derive(Clone, Debug)]
-pub struct Block {
+#[derive(Debug)]
+pub struct Block<B: Backend = Cpu> {
     /// Norm before attention.
-    pub ln1: LayerNorm,
+    pub ln1: LayerNorm<B>,
     /// Head-split attention.
-    pub attn: Attention,
+    pub attn: Attention<B>,
     /// Norm before the MLP.
-    pub ln2: LayerNorm,
+    pub ln2: LayerNorm<B>,
     /// Column-then-row MLP.
-    pub mlp: Mlp,
+    pub mlp: Mlp<B>,
 }
+
+super::clone_if_tensors_clone!(Block {
+    ln1,
+    attn,
+    ln2,
+    mlp
+});
 
 /// What the block's input backward needs.
-#[derive(Clone, Debug)]
-pub struct BlockStash {
-    ln1: LayerNormStash,
-    attn: AttentionStash,
-    ln2: LayerNormStash,
-    mlp: MlpStash,
+#[derive(Debug)]
+pub struct BlockStash<B: Backend = Cpu> {
+    ln1: B::NormStash,
+    attn: AttentionStash<B>,
+    ln2: B::NormStash,
+    mlp: MlpStash<B>,
 }
 
-/// What the block's weight backward needs.
-#[derive(Clone, Debug)]
-pub struct BlockWeightStash {
-    ln1: (Tensor, Tensor),
-    attn: AttentionWeightStash,
-    ln2: (Tensor, Tensor),
-    mlp: MlpWeightStash,
+super::clone_if_tensors_clone!(BlockStash {
+    ln1,
+    attn,
+    ln2,
+    mlp
+});
+
+/// What the block's weight backward needs: each norm's forward stash and
+/// output gradient, and the attention's and MLP's weight stashes.
+#[derive(Debug)]
+pub struct BlockWeightStash<B: Backend = Cpu> {
+    ln1: (B::NormStash, B::Storage),
+    attn: AttentionWeightStash<B>,
+    ln2: (B::NormStash, B::Storage),
+    mlp: MlpWeightStash<B>,
 }
 
-impl Block {
+super::clone_if_tensors_clone!(BlockWeightStash {
+    ln1,
+    attn,
+    ln2,
+    mlp
+});
+
+impl<B: Backend> Block<B> {
     /// Forward of `x` (`[batch, seq, d]`); two all-reduces when `tp > 1`.
-    pub fn forward(&self, x: Tensor, tp: &mut dyn TpReduce) -> Result<(Tensor, BlockStash)> {
+    pub fn forward(
+        &self,
+        x: B::Storage,
+        tp: &mut dyn TpReduce<B::Storage>,
+    ) -> Result<(B::Storage, BlockStash<B>)> {
+        let be = self.ln1.backend();
         let (n1, ln1) = self.ln1.forward(&x)?;
         let (a, attn) = self.attn.forward(n1, tp)?;
         let mut h = x;
-        h.add_assign(&a)?;
+        be.add_assign(&mut h, &a)?;
         let (n2, ln2) = self.ln2.forward(&h)?;
         let (m, mlp) = self.mlp.forward(n2, tp)?;
-        h.add_assign(&m)?;
+        be.add_assign(&mut h, &m)?;
         let stash = BlockStash {
             ln1,
             attn,
@@ -64,28 +90,29 @@ impl Block {
     /// output; two all-reduces when `tp > 1`.
     pub fn backward_input(
         &self,
-        stash: BlockStash,
-        dy: Tensor,
-        tp: &mut dyn TpReduce,
-    ) -> Result<(Tensor, BlockWeightStash)> {
+        stash: BlockStash<B>,
+        dy: B::Storage,
+        tp: &mut dyn TpReduce<B::Storage>,
+    ) -> Result<(B::Storage, BlockWeightStash<B>)> {
+        let be = self.ln1.backend();
         // The residual passes dy straight to h; the MLP branch adds to it.
-        let (dn2, mlp) = self.mlp.backward_input(stash.mlp, dy.clone(), tp)?;
+        let (dn2, mlp) = self.mlp.backward_input(stash.mlp, be.copy(&dy)?, tp)?;
         let mut dh = dy;
-        dh.add_assign(&self.ln2.backward_input(&dn2, &stash.ln2)?)?;
-        let (dn1, attn) = self.attn.backward_input(stash.attn, dh.clone(), tp)?;
+        be.add_assign(&mut dh, &self.ln2.backward_input(&dn2, &stash.ln2)?)?;
+        let (dn1, attn) = self.attn.backward_input(stash.attn, be.copy(&dh)?, tp)?;
         let mut dx = dh;
-        dx.add_assign(&self.ln1.backward_input(&dn1, &stash.ln1)?)?;
+        be.add_assign(&mut dx, &self.ln1.backward_input(&dn1, &stash.ln1)?)?;
         let ws = BlockWeightStash {
-            ln1: (stash.ln1.xhat, dn1),
+            ln1: (stash.ln1, dn1),
             attn,
-            ln2: (stash.ln2.xhat, dn2),
+            ln2: (stash.ln2, dn2),
             mlp,
         };
         Ok((dx, ws))
     }
 
     /// Weight backward (W) of all four parts.
-    pub fn backward_weight(&mut self, ws: BlockWeightStash) -> Result<()> {
+    pub fn backward_weight(&mut self, ws: BlockWeightStash<B>) -> Result<()> {
         self.ln1.backward_weight(&ws.ln1.1, &ws.ln1.0)?;
         self.attn.backward_weight(ws.attn)?;
         self.ln2.backward_weight(&ws.ln2.1, &ws.ln2.0)?;
@@ -93,14 +120,14 @@ impl Block {
     }
 }
 
-impl Parameters for Block {
-    fn visit(&self, f: &mut dyn FnMut(&Param)) {
+impl<B: Backend> Parameters<B::Storage> for Block<B> {
+    fn visit(&self, f: &mut dyn FnMut(&Param<B::Storage>)) {
         self.ln1.visit(f);
         self.attn.visit(f);
         self.ln2.visit(f);
         self.mlp.visit(f);
     }
-    fn visit_mut(&mut self, f: &mut dyn FnMut(&mut Param)) {
+    fn visit_mut(&mut self, f: &mut dyn FnMut(&mut Param<B::Storage>)) {
         self.ln1.visit_mut(f);
         self.attn.visit_mut(f);
         self.ln2.visit_mut(f);

@@ -5,45 +5,61 @@
 use super::linear::Linear;
 use super::norm::LayerNorm;
 use super::{Param, Parameters};
-use crate::cpu::{cross_entropy, cross_entropy_backward, LayerNormStash};
+use crate::backend::{Backend, Cpu};
 use crate::error::Result;
-use crate::tensor::Tensor;
 
 /// Final norm and projection to vocabulary logits.
-#[derive(Clone, Debug)]
-pub struct LmHead {
+#[derive(Debug)]
+pub struct LmHead<B: Backend = Cpu> {
     /// Final norm.
-    pub ln_f: LayerNorm,
+    pub ln_f: LayerNorm<B>,
     /// `[d, vocab]` projection with bias.
-    pub proj: Linear,
+    pub proj: Linear<B>,
 }
 
+super::clone_if_tensors_clone!(LmHead { ln_f, proj });
+
 /// What the head's input backward needs.
-#[derive(Clone, Debug)]
-pub struct HeadStash {
-    ln: LayerNormStash,
-    n: Tensor,
-    probs: Tensor,
+#[derive(Debug)]
+pub struct HeadStash<B: Backend = Cpu> {
+    ln: B::NormStash,
+    n: B::Storage,
+    probs: B::Storage,
     targets: Vec<u32>,
     scale: f32,
 }
 
+super::clone_if_tensors_clone!(HeadStash {
+    ln,
+    n,
+    probs,
+    targets,
+    scale
+});
+
 /// What the head's weight backward needs.
-#[derive(Clone, Debug)]
-pub struct HeadWeightStash {
-    xhat: Tensor,
-    dn: Tensor,
-    n: Tensor,
-    dlogits: Tensor,
+#[derive(Debug)]
+pub struct HeadWeightStash<B: Backend = Cpu> {
+    ln: B::NormStash,
+    dn: B::Storage,
+    n: B::Storage,
+    dlogits: B::Storage,
 }
 
-impl LmHead {
+super::clone_if_tensors_clone!(HeadWeightStash { ln, dn, n, dlogits });
+
+impl<B: Backend> LmHead<B> {
     /// Loss `scale * mean CE(head(x), targets)` (see
     /// [`cross_entropy`](crate::cpu::cross_entropy)) and the stash.
-    pub fn forward(&self, x: &Tensor, targets: &[u32], scale: f32) -> Result<(f32, HeadStash)> {
+    pub fn forward(
+        &self,
+        x: &B::Storage,
+        targets: &[u32],
+        scale: f32,
+    ) -> Result<(f32, HeadStash<B>)> {
         let (n, ln) = self.ln_f.forward(x)?;
         let logits = self.proj.forward(&n)?;
-        let (loss, probs) = cross_entropy(&logits, targets, scale)?;
+        let (loss, probs) = self.proj.backend().cross_entropy(&logits, targets, scale)?;
         let stash = HeadStash {
             ln,
             n,
@@ -55,12 +71,13 @@ impl LmHead {
     }
 
     /// Input backward (I): gradient of the loss with respect to `x`.
-    pub fn backward_input(&self, stash: HeadStash) -> Result<(Tensor, HeadWeightStash)> {
-        let dlogits = cross_entropy_backward(stash.probs, &stash.targets, stash.scale)?;
+    pub fn backward_input(&self, stash: HeadStash<B>) -> Result<(B::Storage, HeadWeightStash<B>)> {
+        let be = self.proj.backend();
+        let dlogits = be.cross_entropy_backward(stash.probs, &stash.targets, stash.scale)?;
         let dn = self.proj.backward_input(&dlogits)?;
         let dx = self.ln_f.backward_input(&dn, &stash.ln)?;
         let ws = HeadWeightStash {
-            xhat: stash.ln.xhat,
+            ln: stash.ln,
             dn,
             n: stash.n,
             dlogits,
@@ -69,18 +86,18 @@ impl LmHead {
     }
 
     /// Weight backward (W).
-    pub fn backward_weight(&mut self, ws: HeadWeightStash) -> Result<()> {
-        self.ln_f.backward_weight(&ws.dn, &ws.xhat)?;
+    pub fn backward_weight(&mut self, ws: HeadWeightStash<B>) -> Result<()> {
+        self.ln_f.backward_weight(&ws.dn, &ws.ln)?;
         self.proj.backward_weight(&ws.n, &ws.dlogits)
     }
 }
 
-impl Parameters for LmHead {
-    fn visit(&self, f: &mut dyn FnMut(&Param)) {
+impl<B: Backend> Parameters<B::Storage> for LmHead<B> {
+    fn visit(&self, f: &mut dyn FnMut(&Param<B::Storage>)) {
         self.ln_f.visit(f);
         self.proj.visit(f);
     }
-    fn visit_mut(&mut self, f: &mut dyn FnMut(&mut Param)) {
+    fn visit_mut(&mut self, f: &mut dyn FnMut(&mut Param<B::Storage>)) {
         self.ln_f.visit_mut(f);
         self.proj.visit_mut(f);
     }

@@ -5,33 +5,47 @@
 //! needs only the weight, the weight gradient `x^T @ dy` needs only `x` and
 //! `dy`. So layers that contain linears store those tensors in their own
 //! stashes instead of a stash type per linear.
+//!
+//! Every layer holds its backend (an `Arc`, shared by all layers of a
+//! stage), so its methods look the same on the CPU and on a GPU.
 
 use super::shard::{shard_cols, shard_rows, TpShard};
-use super::{Param, Parameters};
-use crate::cpu::{add_bias, bias_grad_acc, matmul, matmul_nt, matmul_tn_acc};
+use super::{cpu_backend, Param, Parameters};
+use crate::backend::{Backend, Cpu, Shaped};
 use crate::error::{shape_err, Result};
 use crate::tensor::Tensor;
+use std::sync::Arc;
 
 /// A dense layer with weight `[in, out]` and optional bias `[out]`.
-#[derive(Clone, Debug)]
-pub struct Linear {
+#[derive(Debug)]
+pub struct Linear<B: Backend = Cpu> {
     /// `[in, out]`.
-    pub weight: Param,
+    pub weight: Param<B::Storage>,
     /// `[out]`, if any.
-    pub bias: Option<Param>,
+    pub bias: Option<Param<B::Storage>>,
+    be: Arc<B>,
 }
+
+super::clone_if_tensors_clone!(Linear { weight, bias, be });
 
 impl Linear {
     /// A layer from its weights; `name` prefixes the parameter names
     /// (`{name}.weight`, `{name}.bias`).
     pub fn new(name: &str, weight: Tensor, bias: Option<Tensor>) -> Result<Self> {
+        Self::on(&cpu_backend(), name, &weight, bias.as_ref())
+    }
+}
+
+impl<B: Backend> Linear<B> {
+    /// A layer on `be` from host weights (uploaded); names as [`Linear::new`].
+    pub fn on(be: &Arc<B>, name: &str, weight: &Tensor, bias: Option<&Tensor>) -> Result<Self> {
         if weight.shape().len() != 2 {
             return Err(shape_err(
                 "Linear::new",
                 format!("weight {:?}", weight.shape()),
             ));
         }
-        if let Some(b) = &bias {
+        if let Some(b) = bias {
             if b.shape() != [weight.cols()] {
                 return Err(shape_err(
                     "Linear::new",
@@ -40,9 +54,17 @@ impl Linear {
             }
         }
         Ok(Self {
-            weight: Param::new(format!("{name}.weight"), weight, true),
-            bias: bias.map(|b| Param::new(format!("{name}.bias"), b, false)),
+            weight: Param::on(&**be, format!("{name}.weight"), weight, true)?,
+            bias: bias
+                .map(|b| Param::on(&**be, format!("{name}.bias"), b, false))
+                .transpose()?,
+            be: be.clone(),
         })
+    }
+
+    /// The backend this layer runs on.
+    pub fn backend(&self) -> &Arc<B> {
+        &self.be
     }
 
     /// Input features.
@@ -52,52 +74,52 @@ impl Linear {
 
     /// Output features.
     pub fn out_features(&self) -> usize {
-        self.weight.value.cols()
+        self.weight.value.shape()[1]
     }
 
     /// `x @ W + b` for `x` of shape `[.., in]`.
-    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+    pub fn forward(&self, x: &B::Storage) -> Result<B::Storage> {
         let mut y = self.forward_no_bias(x)?;
         self.add_bias(&mut y)?;
         Ok(y)
     }
 
     /// `x @ W`, without the bias.
-    pub fn forward_no_bias(&self, x: &Tensor) -> Result<Tensor> {
-        matmul(x, &self.weight.value)
+    pub fn forward_no_bias(&self, x: &B::Storage) -> Result<B::Storage> {
+        self.be.matmul(x, &self.weight.value)
     }
 
     /// Adds the bias (if any) to every row of `y`.
-    pub fn add_bias(&self, y: &mut Tensor) -> Result<()> {
+    pub fn add_bias(&self, y: &mut B::Storage) -> Result<()> {
         match &self.bias {
-            Some(b) => add_bias(y, &b.value),
+            Some(b) => self.be.add_bias(y, &b.value),
             None => Ok(()),
         }
     }
 
     /// Input gradient (I): `dy @ W^T`.
-    pub fn backward_input(&self, dy: &Tensor) -> Result<Tensor> {
-        matmul_nt(dy, &self.weight.value)
+    pub fn backward_input(&self, dy: &B::Storage) -> Result<B::Storage> {
+        self.be.matmul_nt(dy, &self.weight.value)
     }
 
     /// Weight gradient (W): `dW += x^T @ dy`, `db += sum(dy)`.
-    pub fn backward_weight(&mut self, x: &Tensor, dy: &Tensor) -> Result<()> {
-        matmul_tn_acc(x, dy, &mut self.weight.grad)?;
+    pub fn backward_weight(&mut self, x: &B::Storage, dy: &B::Storage) -> Result<()> {
+        self.be.matmul_tn_acc(x, dy, &mut self.weight.grad)?;
         if let Some(b) = &mut self.bias {
-            bias_grad_acc(dy, &mut b.grad)?;
+            self.be.bias_grad_acc(dy, &mut b.grad)?;
         }
         Ok(())
     }
 }
 
-impl Parameters for Linear {
-    fn visit(&self, f: &mut dyn FnMut(&Param)) {
+impl<B: Backend> Parameters<B::Storage> for Linear<B> {
+    fn visit(&self, f: &mut dyn FnMut(&Param<B::Storage>)) {
         f(&self.weight);
         if let Some(b) = &self.bias {
             f(b);
         }
     }
-    fn visit_mut(&mut self, f: &mut dyn FnMut(&mut Param)) {
+    fn visit_mut(&mut self, f: &mut dyn FnMut(&mut Param<B::Storage>)) {
         f(&mut self.weight);
         if let Some(b) = &mut self.bias {
             f(b);
@@ -111,11 +133,13 @@ impl Parameters for Linear {
 /// its forward output is its slice of the full output and needs no
 /// communication. Its input gradient is a *partial sum*: the caller
 /// all-reduces it over the group.
-#[derive(Clone, Debug)]
-pub struct ColumnParallelLinear {
+#[derive(Debug)]
+pub struct ColumnParallelLinear<B: Backend = Cpu> {
     /// The local shard as a plain linear layer (`[in, out / tp]`).
-    pub local: Linear,
+    pub local: Linear<B>,
 }
+
+super::clone_if_tensors_clone!(ColumnParallelLinear { local });
 
 impl ColumnParallelLinear {
     /// This rank's shard of the full `[in, out]` weight and `[out]` bias;
@@ -127,10 +151,24 @@ impl ColumnParallelLinear {
         groups: usize,
         tp: TpShard,
     ) -> Result<Self> {
+        Self::from_full_on(&cpu_backend(), name, weight, bias, groups, tp)
+    }
+}
+
+impl<B: Backend> ColumnParallelLinear<B> {
+    /// [`ColumnParallelLinear::from_full`], with the shard uploaded to `be`.
+    pub fn from_full_on(
+        be: &Arc<B>,
+        name: &str,
+        weight: &Tensor,
+        bias: Option<&Tensor>,
+        groups: usize,
+        tp: TpShard,
+    ) -> Result<Self> {
         let w = shard_cols(weight, groups, tp)?;
         let b = bias.map(|b| shard_cols(b, groups, tp)).transpose()?;
         Ok(Self {
-            local: Linear::new(name, w, b)?,
+            local: Linear::on(be, name, &w, b.as_ref())?,
         })
     }
 }
@@ -144,11 +182,13 @@ impl ColumnParallelLinear {
 /// replicated on every rank and its gradient, computed from the replicated
 /// output gradient, is identical on every rank. The input gradient needs no
 /// communication.
-#[derive(Clone, Debug)]
-pub struct RowParallelLinear {
+#[derive(Debug)]
+pub struct RowParallelLinear<B: Backend = Cpu> {
     /// The local shard (`[in / tp, out]`) with the full, replicated bias.
-    pub local: Linear,
+    pub local: Linear<B>,
 }
+
+super::clone_if_tensors_clone!(RowParallelLinear { local });
 
 impl RowParallelLinear {
     /// This rank's shard of the full `[in, out]` weight; the bias is kept whole.
@@ -158,19 +198,32 @@ impl RowParallelLinear {
         bias: Option<&Tensor>,
         tp: TpShard,
     ) -> Result<Self> {
+        Self::from_full_on(&cpu_backend(), name, weight, bias, tp)
+    }
+}
+
+impl<B: Backend> RowParallelLinear<B> {
+    /// [`RowParallelLinear::from_full`], with the shard uploaded to `be`.
+    pub fn from_full_on(
+        be: &Arc<B>,
+        name: &str,
+        weight: &Tensor,
+        bias: Option<&Tensor>,
+        tp: TpShard,
+    ) -> Result<Self> {
         let w = shard_rows(weight, tp)?;
         Ok(Self {
-            local: Linear::new(name, w, bias.cloned())?,
+            local: Linear::on(be, name, &w, bias)?,
         })
     }
 
     /// The partial sum `x_local @ W_local` (no bias).
-    pub fn forward_partial(&self, x: &Tensor) -> Result<Tensor> {
+    pub fn forward_partial(&self, x: &B::Storage) -> Result<B::Storage> {
         self.local.forward_no_bias(x)
     }
 
     /// Adds the bias to the reduced output.
-    pub fn add_bias(&self, y: &mut Tensor) -> Result<()> {
+    pub fn add_bias(&self, y: &mut B::Storage) -> Result<()> {
         self.local.add_bias(y)
     }
 }

@@ -6,36 +6,43 @@
 
 use super::linear::{ColumnParallelLinear, RowParallelLinear};
 use super::shard::TpShard;
-use super::{Param, Parameters, TpReduce};
-use crate::cpu::{gelu, gelu_backward};
+use super::{cpu_backend, Param, Parameters, TpReduce};
+use crate::backend::{Backend, Cpu};
 use crate::error::Result;
 use crate::tensor::Tensor;
+use std::sync::Arc;
 
 /// A TP rank's shard of the MLP (the whole MLP when `tp = 1`).
-#[derive(Clone, Debug)]
-pub struct Mlp {
+#[derive(Debug)]
+pub struct Mlp<B: Backend = Cpu> {
     /// `[d, d_ff / tp]`.
-    pub fc1: ColumnParallelLinear,
+    pub fc1: ColumnParallelLinear<B>,
     /// `[d_ff / tp, d]`, full bias.
-    pub fc2: RowParallelLinear,
+    pub fc2: RowParallelLinear<B>,
 }
+
+super::clone_if_tensors_clone!(Mlp { fc1, fc2 });
 
 /// What the MLP's input backward needs.
-#[derive(Clone, Debug)]
-pub struct MlpStash {
-    x: Tensor,
-    h: Tensor,
-    a: Tensor,
+#[derive(Debug)]
+pub struct MlpStash<B: Backend = Cpu> {
+    x: B::Storage,
+    h: B::Storage,
+    a: B::Storage,
 }
 
+super::clone_if_tensors_clone!(MlpStash { x, h, a });
+
 /// What the MLP's weight backward needs.
-#[derive(Clone, Debug)]
-pub struct MlpWeightStash {
-    x: Tensor,
-    dh: Tensor,
-    a: Tensor,
-    dy: Tensor,
+#[derive(Debug)]
+pub struct MlpWeightStash<B: Backend = Cpu> {
+    x: B::Storage,
+    dh: B::Storage,
+    a: B::Storage,
+    dy: B::Storage,
 }
+
+super::clone_if_tensors_clone!(MlpWeightStash { x, dh, a, dy });
 
 impl Mlp {
     /// This rank's shard of the MLP with full weights `w1 [d, d_ff]`,
@@ -48,22 +55,42 @@ impl Mlp {
         b2: &Tensor,
         tp: TpShard,
     ) -> Result<Self> {
+        Self::from_full_on(&cpu_backend(), name, w1, b1, w2, b2, tp)
+    }
+}
+
+impl<B: Backend> Mlp<B> {
+    /// [`Mlp::from_full`], with the shard uploaded to `be`.
+    pub fn from_full_on(
+        be: &Arc<B>,
+        name: &str,
+        w1: &Tensor,
+        b1: &Tensor,
+        w2: &Tensor,
+        b2: &Tensor,
+        tp: TpShard,
+    ) -> Result<Self> {
+        let (n1, n2) = (format!("{name}.fc1"), format!("{name}.fc2"));
         Ok(Self {
-            fc1: ColumnParallelLinear::from_full(&format!("{name}.fc1"), w1, Some(b1), 1, tp)?,
-            fc2: RowParallelLinear::from_full(&format!("{name}.fc2"), w2, Some(b2), tp)?,
+            fc1: ColumnParallelLinear::from_full_on(be, &n1, w1, Some(b1), 1, tp)?,
+            fc2: RowParallelLinear::from_full_on(be, &n2, w2, Some(b2), tp)?,
         })
     }
 
     /// Forward up to `fc2`'s partial sum (no `fc2` bias, not reduced).
-    pub fn forward_partial(&self, x: Tensor) -> Result<(Tensor, MlpStash)> {
+    pub fn forward_partial(&self, x: B::Storage) -> Result<(B::Storage, MlpStash<B>)> {
         let h = self.fc1.local.forward(&x)?;
-        let a = gelu(&h);
+        let a = self.fc1.local.backend().gelu(&h)?;
         let y = self.fc2.forward_partial(&a)?;
         Ok((y, MlpStash { x, h, a }))
     }
 
     /// Full forward: partial sum, all-reduce, `fc2` bias.
-    pub fn forward(&self, x: Tensor, tp: &mut dyn TpReduce) -> Result<(Tensor, MlpStash)> {
+    pub fn forward(
+        &self,
+        x: B::Storage,
+        tp: &mut dyn TpReduce<B::Storage>,
+    ) -> Result<(B::Storage, MlpStash<B>)> {
         let (mut y, stash) = self.forward_partial(x)?;
         tp.all_reduce_sum(&mut y)?;
         self.fc2.add_bias(&mut y)?;
@@ -73,11 +100,11 @@ impl Mlp {
     /// Input backward up to the partial input gradient (not reduced).
     pub fn backward_input_partial(
         &self,
-        stash: MlpStash,
-        dy: Tensor,
-    ) -> Result<(Tensor, MlpWeightStash)> {
+        stash: MlpStash<B>,
+        dy: B::Storage,
+    ) -> Result<(B::Storage, MlpWeightStash<B>)> {
         let da = self.fc2.local.backward_input(&dy)?;
-        let dh = gelu_backward(&stash.h, &da)?;
+        let dh = self.fc1.local.backend().gelu_backward(&stash.h, &da)?;
         let dx = self.fc1.local.backward_input(&dh)?;
         let ws = MlpWeightStash {
             x: stash.x,
@@ -91,28 +118,28 @@ impl Mlp {
     /// Input backward (I): the full input gradient after the all-reduce.
     pub fn backward_input(
         &self,
-        stash: MlpStash,
-        dy: Tensor,
-        tp: &mut dyn TpReduce,
-    ) -> Result<(Tensor, MlpWeightStash)> {
+        stash: MlpStash<B>,
+        dy: B::Storage,
+        tp: &mut dyn TpReduce<B::Storage>,
+    ) -> Result<(B::Storage, MlpWeightStash<B>)> {
         let (mut dx, ws) = self.backward_input_partial(stash, dy)?;
         tp.all_reduce_sum(&mut dx)?;
         Ok((dx, ws))
     }
 
     /// Weight backward (W): accumulates into `fc1` and `fc2` gradients.
-    pub fn backward_weight(&mut self, ws: MlpWeightStash) -> Result<()> {
+    pub fn backward_weight(&mut self, ws: MlpWeightStash<B>) -> Result<()> {
         self.fc1.local.backward_weight(&ws.x, &ws.dh)?;
         self.fc2.local.backward_weight(&ws.a, &ws.dy)
     }
 }
 
-impl Parameters for Mlp {
-    fn visit(&self, f: &mut dyn FnMut(&Param)) {
+impl<B: Backend> Parameters<B::Storage> for Mlp<B> {
+    fn visit(&self, f: &mut dyn FnMut(&Param<B::Storage>)) {
         self.fc1.local.visit(f);
         self.fc2.local.visit(f);
     }
-    fn visit_mut(&mut self, f: &mut dyn FnMut(&mut Param)) {
+    fn visit_mut(&mut self, f: &mut dyn FnMut(&mut Param<B::Storage>)) {
         self.fc1.local.visit_mut(f);
         self.fc2.local.visit_mut(f);
     }

@@ -13,6 +13,25 @@
 //!   group calls [`TpReduce`], which the runtime implements over its
 //!   communicator. `*_partial` variants return the un-reduced partial sums.
 
+/// `Clone` for a backend-generic type whenever the backend's tensors are
+/// `Clone` (the host's are, a GPU's are not: copying device memory should
+/// be an explicit, fallible call). `derive` cannot say this: it would
+/// demand `Clone` of the backend and miss the tensors nested in sublayers.
+macro_rules! clone_if_tensors_clone {
+    ($ty:ident { $($field:ident),* $(,)? }) => {
+        impl<B: $crate::backend::Backend> Clone for $ty<B>
+        where
+            B::Storage: Clone,
+            B::NormStash: Clone,
+        {
+            fn clone(&self) -> Self {
+                Self { $($field: self.$field.clone()),* }
+            }
+        }
+    };
+}
+pub(crate) use clone_if_tensors_clone;
+
 pub mod attention;
 pub mod block;
 pub mod head;
@@ -29,19 +48,30 @@ pub use mlp::{Mlp, MlpStash, MlpWeightStash};
 pub use norm::{Embedding, LayerNorm};
 pub use shard::TpShard;
 
+use crate::backend::{Backend, Cpu, Shaped};
 use crate::error::Result;
 use crate::tensor::Tensor;
+use std::borrow::{Borrow, BorrowMut};
+use std::sync::{Arc, OnceLock};
 
-/// One parameter tensor and its accumulated gradient.
+/// The host backend shared by every CPU layer (a CPU layer holds its
+/// backend like any other, and `Cpu` has no state worth a second copy).
+pub(crate) fn cpu_backend() -> Arc<Cpu> {
+    static CPU: OnceLock<Arc<Cpu>> = OnceLock::new();
+    CPU.get_or_init(|| Arc::new(Cpu)).clone()
+}
+
+/// One parameter tensor and its accumulated gradient; `S` is the backend's
+/// tensor type (a host [`Tensor`] by default).
 #[derive(Clone, Debug)]
-pub struct Param {
+pub struct Param<S = Tensor> {
     /// Stable, unique name within a model (e.g. `blocks.3.mlp.fc1.weight`);
     /// shards keep the full tensor's name.
     pub name: String,
     /// The values.
-    pub value: Tensor,
+    pub value: S,
     /// The gradient, same shape, accumulated by backward passes.
-    pub grad: Tensor,
+    pub grad: S,
     /// Whether AdamW's weight decay applies (matrices yes; biases, norms no).
     pub decay: bool,
 }
@@ -59,13 +89,34 @@ impl Param {
     }
 }
 
+impl<S> Param<S> {
+    /// `value` uploaded to `be`, with a zero gradient there.
+    pub fn on<B: Backend<Storage = S>>(
+        be: &B,
+        name: impl Into<String>,
+        value: &Tensor,
+        decay: bool,
+    ) -> Result<Self> {
+        Ok(Self {
+            name: name.into(),
+            value: be.upload(value)?,
+            grad: be.zeros(value.shape())?,
+            decay,
+        })
+    }
+}
+
 /// Something that owns parameters, visited in a fixed order. The order
 /// defines the flat view used by optimizers and gradient all-reduces.
-pub trait Parameters {
+///
+/// `S` is the tensor type (a host [`Tensor`] by default). The flat views
+/// below read and write host memory, so they exist for host tensors only;
+/// [`crate::params`] has their counterparts for any backend.
+pub trait Parameters<S: Shaped = Tensor> {
     /// Calls `f` on every parameter, in the fixed order.
-    fn visit(&self, f: &mut dyn FnMut(&Param));
+    fn visit(&self, f: &mut dyn FnMut(&Param<S>));
     /// Calls `f` on every parameter mutably, in the same order.
-    fn visit_mut(&mut self, f: &mut dyn FnMut(&mut Param));
+    fn visit_mut(&mut self, f: &mut dyn FnMut(&mut Param<S>));
 
     /// Total number of scalar parameters.
     fn num_params(&self) -> usize {
@@ -75,40 +126,65 @@ pub trait Parameters {
     }
 
     /// Sets every gradient to zero.
-    fn zero_grad(&mut self) {
-        self.visit_mut(&mut |p| p.grad.fill_zero());
+    fn zero_grad(&mut self)
+    where
+        S: BorrowMut<Tensor>,
+    {
+        self.visit_mut(&mut |p| host_mut(&mut p.grad).fill_zero());
     }
 
     /// All values concatenated in visit order (a copy).
-    fn flat_params(&self) -> Vec<f32> {
+    fn flat_params(&self) -> Vec<f32>
+    where
+        S: BorrowMut<Tensor>,
+    {
         let mut out = Vec::with_capacity(self.num_params());
-        self.visit(&mut |p| out.extend_from_slice(p.value.data()));
+        self.visit(&mut |p| out.extend_from_slice(host(&p.value).data()));
         out
     }
 
     /// All gradients concatenated in visit order (a copy), e.g. to all-reduce
     /// them across data-parallel replicas in one message.
-    fn flat_grads(&self) -> Vec<f32> {
+    fn flat_grads(&self) -> Vec<f32>
+    where
+        S: BorrowMut<Tensor>,
+    {
         let mut out = Vec::with_capacity(self.num_params());
-        self.visit(&mut |p| out.extend_from_slice(p.grad.data()));
+        self.visit(&mut |p| out.extend_from_slice(host(&p.grad).data()));
         out
     }
 
     /// Overwrites the values from a flat vector; errors on a length mismatch.
-    fn set_flat_params(&mut self, flat: &[f32]) -> Result<()> {
-        set_flat(self, flat, |p| &mut p.value)
+    fn set_flat_params(&mut self, flat: &[f32]) -> Result<()>
+    where
+        S: BorrowMut<Tensor>,
+    {
+        set_flat(self, flat, |p| host_mut(&mut p.value))
     }
 
     /// Overwrites the gradients from a flat vector; errors on a length mismatch.
-    fn set_flat_grads(&mut self, flat: &[f32]) -> Result<()> {
-        set_flat(self, flat, |p| &mut p.grad)
+    fn set_flat_grads(&mut self, flat: &[f32]) -> Result<()>
+    where
+        S: BorrowMut<Tensor>,
+    {
+        set_flat(self, flat, |p| host_mut(&mut p.grad))
     }
 }
 
-fn set_flat<P: Parameters + ?Sized>(
+/// A host tensor seen as itself (names the `Borrow` meant, which inference
+/// could not pick between `Borrow<Tensor>` and `Borrow<S>`).
+fn host<S: Borrow<Tensor>>(s: &S) -> &Tensor {
+    s.borrow()
+}
+
+fn host_mut<S: BorrowMut<Tensor>>(s: &mut S) -> &mut Tensor {
+    s.borrow_mut()
+}
+
+fn set_flat<S: Shaped, P: Parameters<S> + ?Sized>(
     m: &mut P,
     flat: &[f32],
-    pick: fn(&mut Param) -> &mut Tensor,
+    pick: fn(&mut Param<S>) -> &mut Tensor,
 ) -> Result<()> {
     let n = m.num_params();
     if flat.len() != n {

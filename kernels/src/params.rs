@@ -1,0 +1,91 @@
+//! A module's parameters on any [`Backend`]: what a runtime needs between
+//! backward passes and the optimizer step without leaving the device.
+//!
+//! The host-only flat views of [`Parameters`] (`flat_grads`,
+//! `set_flat_grads`, ...) copy through host memory; these work on the
+//! backend's own tensors, in the same visit order, so the flat layout is
+//! the same on every backend: a data-parallel all-reduce sends one flat
+//! gradient tensor per stage whichever device holds it.
+
+use crate::backend::{Backend, Shaped};
+use crate::error::{shape_err, Result};
+use crate::layers::Parameters;
+
+/// Keeps the first error of a visit (the visitor closures cannot return one).
+fn first_err(slot: &mut Option<crate::KernelError>, r: Result<()>) {
+    if let (None, Err(e)) = (&slot, r) {
+        *slot = Some(e);
+    }
+}
+
+fn done(slot: Option<crate::KernelError>) -> Result<()> {
+    slot.map_or(Ok(()), Err)
+}
+
+/// All gradients of `m`, concatenated in visit order into one flat `[n]`
+/// tensor on `be` (a device-side copy).
+pub fn flat_grads<B: Backend, P: Parameters<B::Storage> + ?Sized>(
+    be: &B,
+    m: &P,
+) -> Result<B::Storage> {
+    let mut flat = be.zeros(&[m.num_params()])?;
+    let (mut off, mut err) = (0, None);
+    m.visit(&mut |p| {
+        first_err(&mut err, be.copy_to_offset(&p.grad, &mut flat, off));
+        off += p.grad.numel();
+    });
+    done(err).map(|()| flat)
+}
+
+/// Overwrites every gradient of `m` from a flat tensor laid out as
+/// [`flat_grads`] makes it (e.g. after the all-reduce); errors on a length
+/// mismatch.
+pub fn set_flat_grads<B: Backend, P: Parameters<B::Storage> + ?Sized>(
+    be: &B,
+    m: &mut P,
+    flat: &B::Storage,
+) -> Result<()> {
+    let n = m.num_params();
+    if flat.numel() != n {
+        return Err(shape_err(
+            "set_flat_grads",
+            format!("{} values for {n} parameters", flat.numel()),
+        ));
+    }
+    let (mut off, mut err) = (0, None);
+    m.visit_mut(&mut |p| {
+        first_err(&mut err, be.copy_from_offset(flat, off, &mut p.grad));
+        off += p.grad.numel();
+    });
+    done(err)
+}
+
+/// Sets every gradient of `m` to zero, on the device.
+pub fn zero_grads<B: Backend, P: Parameters<B::Storage> + ?Sized>(be: &B, m: &mut P) -> Result<()> {
+    let mut err = None;
+    m.visit_mut(&mut |p| first_err(&mut err, be.fill_zero(&mut p.grad)));
+    done(err)
+}
+
+/// All values of `m` concatenated in visit order, copied to the host (for
+/// checks and checkpoints; waits for pending device work).
+pub fn flat_params_host<B: Backend, P: Parameters<B::Storage> + ?Sized>(
+    be: &B,
+    m: &P,
+) -> Result<Vec<f32>> {
+    let mut out = Vec::with_capacity(m.num_params());
+    let mut err = None;
+    m.visit(&mut |p| match be.download(&p.value) {
+        Ok(t) => out.extend_from_slice(t.data()),
+        Err(e) => first_err(&mut err, Err(e)),
+    });
+    done(err).map(|()| out)
+}
+
+/// All gradients of `m` concatenated in visit order, copied to the host.
+pub fn flat_grads_host<B: Backend, P: Parameters<B::Storage> + ?Sized>(
+    be: &B,
+    m: &P,
+) -> Result<Vec<f32>> {
+    be.download(&flat_grads(be, m)?).map(|t| t.into_data())
+}
