@@ -40,13 +40,17 @@ pub mod run;
 pub mod run_mpi;
 pub mod train;
 
-pub use comm::local::{LocalComm, LocalWorld};
+#[cfg(feature = "cuda")]
+pub use comm::cuda_local::run_cuda_local;
+pub use comm::local::{HostOps, LocalComm, LocalOps, LocalWorld};
 pub use comm::{CommError, Communicator, Direction, ReduceOp, Tag};
 pub use error::RuntimeError;
 pub use executor::{Executor, StepBatch, StepOutcome};
 pub use mesh::{Coord, Group, GroupKind, Mesh, MeshError};
-pub use module::{GptModule, MicrobatchData, ModuleError, StageModule, SyntheticModule};
-pub use run::{prepare, run, FinalParams, RunOptions, StepRecord};
+pub use module::{
+    GptModule, HostTraining, MicrobatchData, ModuleError, StageModule, SyntheticModule,
+};
+pub use run::{prepare, run, run_local, FinalParams, RunOptions, StepRecord};
 #[cfg(feature = "mpi")]
 pub use run_mpi::run_mpi;
 #[cfg(feature = "mpi")]
