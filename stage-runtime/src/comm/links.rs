@@ -119,7 +119,7 @@ pub enum CommRole {
 /// Every communicator a run of `tt` on `mesh` needs, in one order that every rank computes
 /// alike: creating them in this order (each rank skipping those it is not in) cannot
 /// deadlock, since the first communicator not yet made always has all its ranks at it.
-/// Groups of one rank need none. A link gets two communicators per `(tp, dp)` pair of ranks,
+/// Groups of one rank need none, except the world (so a one-GPU run still runs NCCL). A link gets two communicators per `(tp, dp)` pair of ranks,
 /// so a header can be received before its payload's size is known (see `comm::nccl`).
 pub fn nccl_plan(mesh: &Mesh, tt: &Timetable) -> Vec<CommSpec> {
     let mut plan = Vec::new();
@@ -134,7 +134,8 @@ pub fn nccl_plan(mesh: &Mesh, tt: &Timetable) -> Vec<CommSpec> {
             let Ok(g) = mesh.group(kind, rank) else {
                 continue;
             };
-            if g.size() > 1 && seen.insert(g.index) {
+            let needed = g.size() > 1 || kind == GroupKind::World;
+            if needed && seen.insert(g.index) {
                 plan.push(CommSpec {
                     name: format!("{kind:?}{}", g.index).to_lowercase(),
                     ranks: g.ranks.clone(),

@@ -93,13 +93,17 @@ impl LocalOps for HostOps {
 }
 
 type Channel<M> = (Sender<M>, Receiver<M>);
+/// One rank's mailboxes: a channel per (source, tag).
+type Mailbox<M> = Mutex<HashMap<(usize, Tag), Channel<M>>>;
+/// The collectives in flight, per group.
+type GroupRounds<M> = Mutex<HashMap<(GroupKind, usize), Arc<Rounds<M>>>>;
 
 /// State shared by all ranks of one process; `M` is what travels ([`LocalOps::Message`]).
 pub struct LocalWorld<M = Tensor> {
     size: usize,
     timeout: Duration,
-    mailboxes: Vec<Mutex<HashMap<(usize, Tag), Channel<M>>>>,
-    groups: Mutex<HashMap<(GroupKind, usize), Arc<Rounds<M>>>>,
+    mailboxes: Vec<Mailbox<M>>,
+    groups: GroupRounds<M>,
     aborted: AtomicBool,
     reason: Mutex<Option<String>>,
     /// Closed on abort, which wakes every receive waiting on it.

@@ -12,6 +12,8 @@ pub mod links;
 pub mod local;
 #[cfg(feature = "mpi")]
 pub mod mpi;
+#[cfg(feature = "nccl")]
+pub mod nccl;
 pub mod rendezvous;
 
 use std::fmt;
