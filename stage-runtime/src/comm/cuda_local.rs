@@ -4,8 +4,8 @@
 //! It is the in-process transport ([`LocalComm`]) with a device data plane, [`CudaOps`]:
 //! the mailboxes, rounds, timeouts and abort are the ones the CPU tests exercise.
 //! - A send records an event on the sender's stream and hands the tensor over; the receiver's
-//!   stream waits for that event, copies the tensor into a buffer of its own, and the
-//!   sender's stream (which frees the source) waits for the copy. Nothing blocks the host.
+//!   stream waits for that event and copies the tensor into a buffer of its own; the source
+//!   is freed once the copy's event has completed. Nothing blocks the host.
 //! - Collectives: each rank's stream waits for every part's event and sums the parts in
 //!   group order with the backend's add kernel, so every rank gets the same bits, and the CPU
 //!   transports' bits too (an f32 add is exact-rounded on either side). The collecting rank
@@ -13,6 +13,8 @@
 //!   other rank may still be reading them. That host wait is the price of simplicity here;
 //!   this transport exists to exercise the GPU path on one GPU, not for speed.
 
+use std::cell::RefCell;
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 use pipewright_kernels::cuda::interop::{CudaEvent, CudaStream};
@@ -42,9 +44,12 @@ pub struct CudaMessage {
 }
 
 /// One rank's device data plane: its backend, whose stream orders all of the rank's work.
-#[derive(Clone)]
 pub struct CudaOps {
     backend: Arc<CudaBackend>,
+    /// Received messages whose copy may still be running, with the event after it. Freeing
+    /// a source earlier would make its sender's stream wait for this rank's copy (cudarc
+    /// orders a free after the slice's last use), coupling the two ranks' streams.
+    copied: RefCell<VecDeque<(CudaMessage, CudaEvent)>>,
 }
 
 fn device_err(e: impl std::fmt::Debug) -> CommError {
@@ -54,7 +59,10 @@ fn device_err(e: impl std::fmt::Debug) -> CommError {
 impl CudaOps {
     /// The data plane of a rank computing on `backend` (give every rank its own stream).
     pub fn new(backend: Arc<CudaBackend>) -> Self {
-        CudaOps { backend }
+        CudaOps {
+            backend,
+            copied: RefCell::default(),
+        }
     }
 
     /// The rank's backend, to build its stage modules on the same stream.
@@ -125,14 +133,16 @@ impl LocalOps for CudaOps {
     fn incoming(&self, m: CudaMessage) -> Result<CudaTensor, CommError> {
         self.wait_for(&m)?;
         let mine = self.copy(&m.tensor)?;
-        // The source is freed on the stream that allocated it; make that stream wait for
-        // the copy first.
-        let copied = self.stream().record_event(None).map_err(device_err)?;
-        m.tensor
-            .slice()
-            .stream()
-            .wait(&copied)
-            .map_err(device_err)?;
+        let done = self.stream().record_event(None).map_err(device_err)?;
+        let mut copied = self.copied.borrow_mut();
+        copied.push_back((m, done));
+        // Free the sources whose copies have finished (in order: one stream did them).
+        while let Some((_, done)) = copied.front() {
+            if !done.try_is_complete().map_err(device_err)? {
+                break;
+            }
+            copied.pop_front();
+        }
         Ok(mine)
     }
 
