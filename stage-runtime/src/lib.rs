@@ -38,6 +38,8 @@ pub mod module;
 pub mod run;
 #[cfg(feature = "mpi")]
 pub mod run_mpi;
+#[cfg(feature = "nccl")]
+pub mod run_nccl;
 pub mod train;
 
 #[cfg(feature = "cuda")]
@@ -53,6 +55,8 @@ pub use module::{
 pub use run::{prepare, run, run_local, FinalParams, RunOptions, StepRecord};
 #[cfg(feature = "mpi")]
 pub use run_mpi::run_mpi;
+#[cfg(feature = "nccl")]
+pub use run_nccl::run_nccl_rank;
 #[cfg(feature = "mpi")]
 pub use train::train_gpt_mpi;
 pub use train::{gpt_batch, train_gpt, TrainConfig};
