@@ -12,8 +12,8 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use pipewright_kernels::layers::TpReduce;
-use pipewright_kernels::optim::AdamW;
-use pipewright_kernels::{KernelError, Tensor};
+use pipewright_kernels::optim::AdamWConfig;
+use pipewright_kernels::KernelError;
 use pipewright_schedule::{Action, ActionKind, Event, Timetable};
 use tokio::task::JoinHandle;
 
@@ -57,14 +57,15 @@ pub struct StepOutcome {
     pub peak_stash: u32,
 }
 
-/// Executes one device's row for every step of a run.
-pub struct Executor<C: Communicator, M: StageModule> {
+/// Executes one device's row for every step of a run. The communicator and the stage
+/// modules carry the same tensor type (host or device).
+pub struct Executor<C: Communicator, M: StageModule<Tensor = C::Tensor>> {
     comm: Rc<C>,
     mesh: Mesh,
     coord: Coord,
     tt: Rc<Timetable>,
     modules: HashMap<u32, M>,
-    optimizers: HashMap<u32, AdamW>,
+    adamw: AdamWConfig,
     tp_group: Group,
     dp_group: Group,
     timeout: Duration,
@@ -77,8 +78,8 @@ struct TpReducer<'a, C: Communicator> {
     group: &'a Group,
 }
 
-impl<C: Communicator> TpReduce for TpReducer<'_, C> {
-    fn all_reduce_sum(&mut self, t: &mut Tensor) -> Result<(), KernelError> {
+impl<C: Communicator> TpReduce<C::Tensor> for TpReducer<'_, C> {
+    fn all_reduce_sum(&mut self, t: &mut C::Tensor) -> Result<(), KernelError> {
         if self.group.size() == 1 {
             return Ok(());
         }
@@ -88,14 +89,14 @@ impl<C: Communicator> TpReduce for TpReducer<'_, C> {
     }
 }
 
-/// Per-step state: tensors in flight between actions of this device.
-struct StepState<S, W> {
+/// Per-step state: tensors (`T`) in flight between actions of this device.
+struct StepState<T, S, W> {
     /// Inputs of F (received or handed off), by (stage, microbatch).
-    fwd_in: HashMap<(u32, u32), Tensor>,
+    fwd_in: HashMap<(u32, u32), T>,
     /// Output gradients of B/I, by (stage, microbatch).
-    bwd_in: HashMap<(u32, u32), Tensor>,
+    bwd_in: HashMap<(u32, u32), T>,
     /// Tensors waiting for their SEND, by (stage, microbatch, direction).
-    outbox: HashMap<(u32, u32, bool), Tensor>,
+    outbox: HashMap<(u32, u32, bool), T>,
     stash: HashMap<(u32, u32), S>,
     wstash: HashMap<(u32, u32), W>,
     live: u32,
@@ -103,7 +104,7 @@ struct StepState<S, W> {
     loss: Option<f32>,
 }
 
-impl<S, W> StepState<S, W> {
+impl<T, S, W> StepState<T, S, W> {
     fn new() -> Self {
         StepState {
             fwd_in: HashMap::new(),
@@ -118,27 +119,35 @@ impl<S, W> StepState<S, W> {
     }
 }
 
-impl<C: Communicator + 'static, M: StageModule> Executor<C, M> {
+/// A stage's tensors of one step, as the executor keeps them.
+type StateOf<M> = StepState<
+    <M as StageModule>::Tensor,
+    <M as StageModule>::Stash,
+    <M as StageModule>::WeightStash,
+>;
+
+/// A posted receive.
+type Posted<T> = JoinHandle<Result<T, CommError>>;
+
+impl<C, M> Executor<C, M>
+where
+    C: Communicator + 'static,
+    C::Tensor: 'static,
+    M: StageModule<Tensor = C::Tensor>,
+{
     /// An executor for the rank at `coord`, holding `modules` (its stages of the lowered
-    /// timetable `tt`), with AdamW per stage and the timeout of `opts`.
+    /// timetable `tt`), with the AdamW settings and the timeout of `opts`.
     pub fn new(
         comm: Rc<C>,
         mesh: Mesh,
         coord: Coord,
         tt: Rc<Timetable>,
-        mut modules: HashMap<u32, M>,
+        modules: HashMap<u32, M>,
         opts: &RunOptions,
         epoch: Instant,
     ) -> Result<Self, RuntimeError> {
         let (adamw, timeout) = (opts.adamw, opts.timeout);
         let rank = mesh.rank(coord);
-        let optimizers = modules
-            .iter_mut()
-            .filter_map(|(&s, m)| {
-                m.parameters()
-                    .map(|p| (s, AdamW::new(p.num_params(), adamw)))
-            })
-            .collect();
         Ok(Executor {
             comm,
             mesh,
@@ -147,7 +156,7 @@ impl<C: Communicator + 'static, M: StageModule> Executor<C, M> {
             dp_group: mesh.group(GroupKind::Dp, rank)?,
             tt,
             modules,
-            optimizers,
+            adamw,
             timeout,
             epoch,
         })
@@ -189,7 +198,7 @@ impl<C: Communicator + 'static, M: StageModule> Executor<C, M> {
         let row: Vec<Action> = self.tt.devices[self.coord.pp].clone();
         let last_backward = last_backward_per_stage(&row);
         let mut posted = self.post_receives(step, &row);
-        let mut st: StepState<M::Stash, M::WeightStash> = StepState::new();
+        let mut st: StateOf<M> = StepState::new();
         let mut pending = Vec::new();
         let mut events = Vec::with_capacity(row.len());
         for (i, &a) in row.iter().enumerate() {
@@ -207,7 +216,9 @@ impl<C: Communicator + 'static, M: StageModule> Executor<C, M> {
             }
             for part in a.parts() {
                 if last_backward.get(&part.stage) == Some(&i) && self.dp_group.size() > 1 {
-                    pending.push((part.stage, self.start_grad_reduce(step, part)?));
+                    if let Some(p) = self.start_grad_reduce(step, part)? {
+                        pending.push((part.stage, p));
+                    }
                 }
             }
             events.push(Event {
@@ -250,11 +261,7 @@ impl<C: Communicator + 'static, M: StageModule> Executor<C, M> {
         (rank, tag)
     }
 
-    fn post_receives(
-        &self,
-        step: u64,
-        row: &[Action],
-    ) -> HashMap<Action, JoinHandle<Result<Tensor, CommError>>> {
+    fn post_receives(&self, step: u64, row: &[Action]) -> HashMap<Action, Posted<C::Tensor>> {
         row.iter()
             .filter(|a| matches!(a.kind, ActionKind::RecvF | ActionKind::RecvB))
             .map(|&a| {
@@ -268,12 +275,12 @@ impl<C: Communicator + 'static, M: StageModule> Executor<C, M> {
             .collect()
     }
 
-    async fn await_recv<S, W>(
+    async fn await_recv(
         &self,
         step: u64,
         a: Action,
-        posted: &mut HashMap<Action, JoinHandle<Result<Tensor, CommError>>>,
-        st: &mut StepState<S, W>,
+        posted: &mut HashMap<Action, Posted<C::Tensor>>,
+        st: &mut StateOf<M>,
     ) -> Result<(), RuntimeError> {
         let (src, tag) = self.peer(step, a);
         let handle = posted
@@ -305,12 +312,7 @@ impl<C: Communicator + 'static, M: StageModule> Executor<C, M> {
         Ok(())
     }
 
-    fn send<S, W>(
-        &self,
-        step: u64,
-        a: Action,
-        st: &mut StepState<S, W>,
-    ) -> Result<(), RuntimeError> {
+    fn send(&self, step: u64, a: Action, st: &mut StateOf<M>) -> Result<(), RuntimeError> {
         let forward = a.kind == ActionKind::SendF;
         let t = st
             .outbox
@@ -333,7 +335,7 @@ impl<C: Communicator + 'static, M: StageModule> Executor<C, M> {
         step: u64,
         a: Action,
         batch: &StepBatch,
-        st: &mut StepState<M::Stash, M::WeightStash>,
+        st: &mut StateOf<M>,
     ) -> Result<(), RuntimeError> {
         let key = (a.stage, a.microbatch);
         let stages = self.tt.num_stages();
@@ -426,19 +428,23 @@ impl<C: Communicator + 'static, M: StageModule> Executor<C, M> {
         result.map_err(|e| self.fail(step, Some(a), e))
     }
 
-    fn start_grad_reduce(&mut self, step: u64, a: Action) -> Result<C::Pending, RuntimeError> {
+    /// Start the data-parallel all-reduce of a stage's gradients; `None` when it has none.
+    fn start_grad_reduce(
+        &mut self,
+        step: u64,
+        a: Action,
+    ) -> Result<Option<C::Pending>, RuntimeError> {
         let module = self
             .modules
             .get_mut(&a.stage)
             .ok_or_else(|| RuntimeError::missing_stage(a.stage))?;
-        let grads = module
-            .parameters()
-            .map(|p| p.flat_grads())
-            .unwrap_or_default();
-        let n = grads.len();
-        let t = Tensor::new(&[n], grads).map_err(|e| self.fail(step, Some(a), e))?;
+        let Some(grads) = guard(|| module.flat_grads()).map_err(|e| self.fail(step, Some(a), e))?
+        else {
+            return Ok(None);
+        };
         self.comm
-            .start_all_reduce(&self.dp_group, t, ReduceOp::Sum)
+            .start_all_reduce(&self.dp_group, grads, ReduceOp::Sum)
+            .map(Some)
             .map_err(|e| self.fail(step, Some(a), e))
     }
 
@@ -449,26 +455,21 @@ impl<C: Communicator + 'static, M: StageModule> Executor<C, M> {
         pending: Vec<(u32, C::Pending)>,
     ) -> Result<(), RuntimeError> {
         for (stage, p) in pending {
-            let t = self.comm.wait_all_reduce(p).map_err(|e| {
-                self.fail(
-                    step,
-                    None,
-                    format!("gradient all-reduce of stage {stage}: {e}"),
-                )
-            })?;
-            if let Some(params) = self.modules.get_mut(&stage).and_then(|m| m.parameters()) {
-                params
-                    .set_flat_grads(t.data())
-                    .map_err(|e| self.fail(step, None, e))?;
-            }
+            let what = format!("gradient all-reduce of stage {stage}");
+            let t = self
+                .comm
+                .wait_all_reduce(p)
+                .map_err(|e| self.fail(step, None, format!("{what}: {e}")))?;
+            let module = self
+                .modules
+                .get_mut(&stage)
+                .ok_or_else(|| RuntimeError::missing_stage(stage))?;
+            let r = guard(|| module.set_flat_grads(t));
+            r.map_err(|e| self.fail(step, None, format!("{what}: {e}")))?;
         }
+        let cfg = self.adamw;
         for (stage, module) in self.modules.iter_mut() {
-            let (Some(params), Some(opt)) = (module.parameters(), self.optimizers.get_mut(stage))
-            else {
-                continue;
-            };
-            let r = opt.step(params).map(|()| params.zero_grad());
-            r.map_err(|e| {
+            guard(|| module.optimizer_step(&cfg)).map_err(|e| {
                 RuntimeError::device(
                     self.mesh.rank(self.coord),
                     self.coord,

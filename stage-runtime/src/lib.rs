@@ -38,17 +38,25 @@ pub mod module;
 pub mod run;
 #[cfg(feature = "mpi")]
 pub mod run_mpi;
+#[cfg(feature = "nccl")]
+pub mod run_nccl;
 pub mod train;
 
-pub use comm::local::{LocalComm, LocalWorld};
+#[cfg(feature = "cuda")]
+pub use comm::cuda_local::run_cuda_local;
+pub use comm::local::{HostOps, LocalComm, LocalOps, LocalWorld};
 pub use comm::{CommError, Communicator, Direction, ReduceOp, Tag};
 pub use error::RuntimeError;
 pub use executor::{Executor, StepBatch, StepOutcome};
 pub use mesh::{Coord, Group, GroupKind, Mesh, MeshError};
-pub use module::{GptModule, MicrobatchData, ModuleError, StageModule, SyntheticModule};
-pub use run::{prepare, run, FinalParams, RunOptions, StepRecord};
+pub use module::{
+    GptModule, HostTraining, MicrobatchData, ModuleError, StageModule, SyntheticModule,
+};
+pub use run::{prepare, run, run_local, FinalParams, RunOptions, StepRecord};
 #[cfg(feature = "mpi")]
 pub use run_mpi::run_mpi;
+#[cfg(feature = "nccl")]
+pub use run_nccl::run_nccl_rank;
 #[cfg(feature = "mpi")]
 pub use train::train_gpt_mpi;
 pub use train::{gpt_batch, train_gpt, TrainConfig};

@@ -7,6 +7,7 @@ use pipewright_kernels::gpt::{
     GptConfig, GptStage, Microbatch as GptMicrobatch, StageOutput, Stash, WeightStash,
 };
 use pipewright_kernels::layers::{Parameters, TpReduce, TpShard};
+use pipewright_kernels::optim::{AdamW, AdamWConfig};
 use pipewright_kernels::Tensor;
 use pipewright_schedule::StageCost;
 
@@ -29,11 +30,16 @@ pub struct MicrobatchData<'a> {
 }
 
 /// What a stage's forward produces.
-pub type Output = StageOutput;
+pub type Output<T = Tensor> = StageOutput<T>;
 
 /// One chunk of a model on one device (and one TP rank). The runtime owns everything around
-/// it: stashing per microbatch, hand-offs, gradient reduction, the optimizer step.
+/// it: stashing per microbatch, hand-offs, when gradients are reduced and when the optimizer
+/// steps. The module owns where its tensors live: `Tensor` is a host [`Tensor`] for a CPU
+/// stage and a device tensor for a GPU one, and the gradient and optimizer methods let a GPU
+/// stage keep its flat gradients and its optimizer state on the device.
 pub trait StageModule {
+    /// The tensors it takes and returns (the communicator's).
+    type Tensor;
     /// What forward keeps for the input backward.
     type Stash;
     /// What the input backward keeps for the weight backward.
@@ -43,18 +49,18 @@ pub trait StageModule {
     fn forward(
         &mut self,
         mb: &MicrobatchData<'_>,
-        input: Option<Tensor>,
-        tp: &mut dyn TpReduce,
-    ) -> Result<(Output, Self::Stash), ModuleError>;
+        input: Option<Self::Tensor>,
+        tp: &mut dyn TpReduce<Self::Tensor>,
+    ) -> Result<(Output<Self::Tensor>, Self::Stash), ModuleError>;
 
     /// Input-gradient backward (I); `grad_out` is `None` on the last stage. Returns the
     /// gradient for the previous stage (`None` on the first).
     fn backward_input(
         &mut self,
         stash: Self::Stash,
-        grad_out: Option<Tensor>,
-        tp: &mut dyn TpReduce,
-    ) -> Result<(Option<Tensor>, Self::WeightStash), ModuleError>;
+        grad_out: Option<Self::Tensor>,
+        tp: &mut dyn TpReduce<Self::Tensor>,
+    ) -> Result<(Option<Self::Tensor>, Self::WeightStash), ModuleError>;
 
     /// Weight-gradient backward (W): accumulate into the gradients.
     fn backward_weight(&mut self, stash: Self::WeightStash) -> Result<(), ModuleError>;
@@ -63,22 +69,80 @@ pub trait StageModule {
     fn backward(
         &mut self,
         stash: Self::Stash,
-        grad_out: Option<Tensor>,
-        tp: &mut dyn TpReduce,
-    ) -> Result<Option<Tensor>, ModuleError> {
+        grad_out: Option<Self::Tensor>,
+        tp: &mut dyn TpReduce<Self::Tensor>,
+    ) -> Result<Option<Self::Tensor>, ModuleError> {
         let (g, ws) = self.backward_input(stash, grad_out, tp)?;
         self.backward_weight(ws)?;
         Ok(g)
     }
 
-    /// Trainable parameters and their gradients, if the stage has any.
-    fn parameters(&mut self) -> Option<&mut dyn Parameters>;
+    /// The accumulated gradients as one flat tensor in a fixed order, for the data-parallel
+    /// all-reduce; `None` when the stage has no parameters (then there is nothing to reduce).
+    fn flat_grads(&mut self) -> Result<Option<Self::Tensor>, ModuleError> {
+        Ok(None)
+    }
+
+    /// Replace the gradients with `grads` (the reduced [`flat_grads`](Self::flat_grads)).
+    fn set_flat_grads(&mut self, grads: Self::Tensor) -> Result<(), ModuleError> {
+        let _ = grads;
+        Err("this stage has no gradients to set".into())
+    }
+
+    /// One AdamW step from the accumulated gradients (the module keeps its own state, made
+    /// from `cfg` on the first step), then zero the gradients. Nothing without parameters.
+    fn optimizer_step(&mut self, cfg: &AdamWConfig) -> Result<(), ModuleError> {
+        let _ = cfg;
+        Ok(())
+    }
+
+    /// The parameters, flat on the host in a fixed order (to compare runs and to report
+    /// them); `None` without parameters.
+    fn flat_params(&mut self) -> Result<Option<Vec<f32>>, ModuleError> {
+        Ok(None)
+    }
 }
 
-/// One stage (and TP shard) of the reference GPT.
+/// Gradient reduction and AdamW for a stage whose parameters are host tensors: what
+/// [`GptModule`] (and any CPU module with [`Parameters`]) plugs into the [`StageModule`]
+/// methods, exactly as the executor did before the methods existed.
+#[derive(Clone, Debug, Default)]
+pub struct HostTraining {
+    adamw: Option<AdamW>,
+}
+
+impl HostTraining {
+    /// The gradients of `p`, flat.
+    pub fn flat_grads(p: &dyn Parameters) -> Result<Tensor, ModuleError> {
+        let grads = p.flat_grads();
+        Ok(Tensor::new(&[grads.len()], grads)?)
+    }
+
+    /// Overwrite the gradients of `p` with `grads`.
+    pub fn set_flat_grads(p: &mut dyn Parameters, grads: &Tensor) -> Result<(), ModuleError> {
+        Ok(p.set_flat_grads(grads.data())?)
+    }
+
+    /// One AdamW step of `p` (state made on the first call), then zero its gradients.
+    pub fn step(&mut self, p: &mut dyn Parameters, cfg: &AdamWConfig) -> Result<(), ModuleError> {
+        let opt = self
+            .adamw
+            .get_or_insert_with(|| AdamW::new(p.num_params(), *cfg));
+        opt.step(p)?;
+        p.zero_grad();
+        Ok(())
+    }
+}
+
+/// One stage (and TP shard) of the reference GPT, on the CPU.
+///
+/// The GPU seam: a GPT stage on a device implements [`StageModule`] with
+/// `Tensor = CudaTensor` (the kernels' `GptStage` over `CudaBackend`), keeping its flat
+/// gradients and AdamW on the device; it runs under the CUDA-local or NCCL transport.
 pub struct GptModule {
     /// The kernels' stage.
     pub stage: GptStage,
+    training: HostTraining,
 }
 
 impl GptModule {
@@ -92,11 +156,13 @@ impl GptModule {
     ) -> Result<Self, ModuleError> {
         Ok(GptModule {
             stage: GptStage::new(cfg, seed, stage, stages, tp)?,
+            training: HostTraining::default(),
         })
     }
 }
 
 impl StageModule for GptModule {
+    type Tensor = Tensor;
     type Stash = Stash;
     type WeightStash = WeightStash;
 
@@ -128,8 +194,20 @@ impl StageModule for GptModule {
         Ok(self.stage.backward_weight(ws)?)
     }
 
-    fn parameters(&mut self) -> Option<&mut dyn Parameters> {
-        Some(&mut self.stage)
+    fn flat_grads(&mut self) -> Result<Option<Tensor>, ModuleError> {
+        HostTraining::flat_grads(&self.stage).map(Some)
+    }
+
+    fn set_flat_grads(&mut self, grads: Tensor) -> Result<(), ModuleError> {
+        HostTraining::set_flat_grads(&mut self.stage, &grads)
+    }
+
+    fn optimizer_step(&mut self, cfg: &AdamWConfig) -> Result<(), ModuleError> {
+        self.training.step(&mut self.stage, cfg)
+    }
+
+    fn flat_params(&mut self) -> Result<Option<Vec<f32>>, ModuleError> {
+        Ok(Some(self.stage.flat_params()))
     }
 }
 
@@ -195,6 +273,7 @@ pub(crate) fn precise_sleeps() {
 }
 
 impl StageModule for SyntheticModule {
+    type Tensor = Tensor;
     type Stash = ();
     type WeightStash = ();
 
@@ -226,9 +305,5 @@ impl StageModule for SyntheticModule {
     fn backward_weight(&mut self, _: ()) -> Result<(), ModuleError> {
         occupy(self.w);
         Ok(())
-    }
-
-    fn parameters(&mut self) -> Option<&mut dyn Parameters> {
-        None
     }
 }

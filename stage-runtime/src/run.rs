@@ -6,12 +6,14 @@ use std::collections::{BTreeMap, HashMap};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::rc::Rc;
 use std::sync::mpsc;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pipewright_kernels::optim::AdamWConfig;
+use pipewright_kernels::Tensor;
 use pipewright_schedule::{lower, validate, Timeline, TimelineMeta, TimelineSource, Timetable};
 
-use crate::comm::local::LocalWorld;
+use crate::comm::local::{HostOps, LocalOps, LocalWorld};
 use crate::comm::Communicator;
 use crate::error::RuntimeError;
 use crate::executor::{Executor, StepBatch, StepOutcome};
@@ -92,25 +94,58 @@ pub fn run<M, MF, BF, CB>(
     make: MF,
     batch: BF,
     opts: &RunOptions,
-    mut on_step: CB,
+    on_step: CB,
 ) -> Result<FinalParams, RuntimeError>
 where
-    M: StageModule,
+    M: StageModule<Tensor = Tensor>,
     MF: Fn(Coord, u32) -> Result<M, ModuleError> + Sync,
     BF: Fn(u64, usize) -> StepBatch + Sync,
     CB: FnMut(&StepRecord),
 {
+    let make = |c: Coord, s: u32, _: &HostOps| make(c, s);
+    run_local(mesh, tt, |_| Ok(HostOps), make, batch, opts, on_step)
+}
+
+/// [`run`] over any in-process data plane: `ops(rank)` builds a rank's [`LocalOps`] on that
+/// rank's thread (a GPU stream, say) and `make(coord, stage, ops)` its modules, which may
+/// share it. The CUDA-local transport runs through here.
+pub fn run_local<K, M, OF, MF, BF, CB>(
+    mesh: Mesh,
+    tt: &Timetable,
+    ops: OF,
+    make: MF,
+    batch: BF,
+    opts: &RunOptions,
+    mut on_step: CB,
+) -> Result<FinalParams, RuntimeError>
+where
+    K: LocalOps + 'static,
+    K::Tensor: 'static,
+    M: StageModule<Tensor = K::Tensor>,
+    OF: Fn(usize) -> Result<K, ModuleError> + Sync,
+    MF: Fn(Coord, u32, &K) -> Result<M, ModuleError> + Sync,
+    BF: Fn(u64, usize) -> StepBatch + Sync,
+    CB: FnMut(&StepRecord),
+{
     let tt = prepare(tt, &mesh)?;
-    let world = LocalWorld::new(mesh.world_size(), opts.timeout);
+    let world = LocalWorld::<K::Message>::with_payload(mesh.world_size(), opts.timeout);
     let epoch = Instant::now();
     let (tx, rx) = mpsc::channel::<(Coord, u64, StepOutcome)>();
     let results = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..mesh.world_size())
             .map(|rank| {
-                let (tx, world, tt, make, batch) = (tx.clone(), &world, &tt, &make, &batch);
+                let (tx, world, tt) = (tx.clone(), &world, &tt);
+                let (ops, make, batch) = (&ops, &make, &batch);
                 scope.spawn(move || {
                     let coord = mesh.coord(rank)?;
-                    let body = || rank_main(world, mesh, coord, tt, make, batch, opts, epoch, &tx);
+                    let threads = Threads {
+                        world,
+                        ops,
+                        make,
+                        batch,
+                        tx: &tx,
+                    };
+                    let body = || rank_main(&threads, mesh, coord, tt, opts, epoch);
                     let r = catch_unwind(AssertUnwindSafe(body)).unwrap_or_else(|_| {
                         Err(RuntimeError::device(
                             rank,
@@ -121,7 +156,7 @@ where
                         ))
                     });
                     if let Err(e) = &r {
-                        world.comm(rank).abort(&e.to_string());
+                        world.abort(&e.to_string());
                     }
                     r
                 })
@@ -157,24 +192,37 @@ where
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn rank_main<M, MF, BF>(
-    world: &std::sync::Arc<LocalWorld>,
+/// What every rank thread of an in-process run shares.
+struct Threads<'a, K: LocalOps, OF, MF, BF> {
+    world: &'a Arc<LocalWorld<K::Message>>,
+    ops: &'a OF,
+    make: &'a MF,
+    batch: &'a BF,
+    tx: &'a mpsc::Sender<(Coord, u64, StepOutcome)>,
+}
+
+fn rank_main<K, M, OF, MF, BF>(
+    th: &Threads<'_, K, OF, MF, BF>,
     mesh: Mesh,
     coord: Coord,
     tt: &Timetable,
-    make: &MF,
-    batch: &BF,
     opts: &RunOptions,
     epoch: Instant,
-    tx: &mpsc::Sender<(Coord, u64, StepOutcome)>,
 ) -> Result<FinalParams, RuntimeError>
 where
-    M: StageModule,
-    MF: Fn(Coord, u32) -> Result<M, ModuleError>,
+    K: LocalOps + 'static,
+    K::Tensor: 'static,
+    M: StageModule<Tensor = K::Tensor>,
+    OF: Fn(usize) -> Result<K, ModuleError>,
+    MF: Fn(Coord, u32, &K) -> Result<M, ModuleError>,
     BF: Fn(u64, usize) -> StepBatch,
 {
-    let comm = Rc::new(world.comm(mesh.rank(coord)));
+    let rank = mesh.rank(coord);
+    let ops = (th.ops)(rank).map_err(|e| {
+        RuntimeError::device(rank, coord, 0, None, format!("starting the transport: {e}"))
+    })?;
+    let comm = Rc::new(th.world.comm_with(rank, ops));
+    let make = |c: Coord, s: u32| (th.make)(c, s, comm.ops());
     let ctx = RankContext {
         mesh,
         coord,
@@ -183,8 +231,8 @@ where
         epoch,
     };
     // The driver may have stopped listening after an error elsewhere; that is fine.
-    run_rank(comm, &ctx, make, batch, |step, outcome| {
-        let _ = tx.send((coord, step, outcome));
+    run_rank(Rc::clone(&comm), &ctx, &make, th.batch, |step, outcome| {
+        let _ = th.tx.send((coord, step, outcome));
         Ok(())
     })
 }
@@ -212,7 +260,8 @@ pub(crate) fn run_rank<C, M, MF, BF, OF>(
 ) -> Result<FinalParams, RuntimeError>
 where
     C: Communicator + 'static,
-    M: StageModule,
+    C::Tensor: 'static,
+    M: StageModule<Tensor = C::Tensor>,
     MF: Fn(Coord, u32) -> Result<M, ModuleError>,
     BF: Fn(u64, usize) -> StepBatch,
     OF: FnMut(u64, StepOutcome) -> Result<(), RuntimeError>,
@@ -246,8 +295,11 @@ where
     let mut params = FinalParams::new();
     if coord.dp == 0 {
         for (&stage, m) in exec.modules_mut() {
-            if let Some(p) = m.parameters() {
-                params.insert((stage, coord.tp), p.flat_params());
+            let flat = m
+                .flat_params()
+                .map_err(|e| fail(format!("reading the parameters of stage {stage}: {e}")))?;
+            if let Some(p) = flat {
+                params.insert((stage, coord.tp), p);
             }
         }
     }

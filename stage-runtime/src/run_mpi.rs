@@ -47,7 +47,7 @@ pub fn run_mpi<M, MF, BF, CB>(
     on_step: CB,
 ) -> Result<Option<FinalParams>, RuntimeError>
 where
-    M: StageModule,
+    M: StageModule<Tensor = pipewright_kernels::Tensor>,
     MF: Fn(Coord, u32) -> Result<M, ModuleError>,
     BF: Fn(u64, usize) -> StepBatch,
     CB: FnMut(&StepRecord),
@@ -115,7 +115,7 @@ fn drive<M, MF, BF, CB>(
     mut on_step: CB,
 ) -> Result<Option<FinalParams>, RuntimeError>
 where
-    M: StageModule,
+    M: StageModule<Tensor = pipewright_kernels::Tensor>,
     MF: Fn(Coord, u32) -> Result<M, ModuleError>,
     BF: Fn(u64, usize) -> StepBatch,
     CB: FnMut(&StepRecord),

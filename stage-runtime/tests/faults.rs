@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use pipewright_kernels::layers::{Parameters, TpReduce};
+use pipewright_kernels::layers::TpReduce;
 use pipewright_kernels::Tensor;
 use pipewright_runtime::{
     run, Coord, Mesh, MicrobatchData, ModuleError, RunOptions, RuntimeError, StageModule,
@@ -24,6 +24,7 @@ struct Faulty {
 }
 
 impl StageModule for Faulty {
+    type Tensor = Tensor;
     type Stash = ();
     type WeightStash = ();
 
@@ -53,10 +54,6 @@ impl StageModule for Faulty {
 
     fn backward_weight(&mut self, s: ()) -> Result<(), ModuleError> {
         self.inner.backward_weight(s)
-    }
-
-    fn parameters(&mut self) -> Option<&mut dyn Parameters> {
-        None
     }
 }
 

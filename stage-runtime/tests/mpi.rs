@@ -140,7 +140,7 @@ fn mpi_interleaved_pp2_tp2_dp2_equals_in_process() {
 /// What every rank computes with the collectives, as bits: sums and means over 4 ranks of
 /// values whose sum depends on the order of addition, an empty all-reduce, an all-gather of
 /// different shapes, a reduce-scatter and a barrier.
-fn collectives<C: Communicator>(c: &C, mesh: Mesh) -> Vec<u32> {
+fn collectives<C: Communicator<Tensor = Tensor>>(c: &C, mesh: Mesh) -> Vec<u32> {
     let rank = c.rank();
     let g = mesh.group(GroupKind::Tp, rank).unwrap();
     let values: Vec<f32> = (0..64)

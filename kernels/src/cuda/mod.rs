@@ -10,6 +10,7 @@
 
 mod attention;
 mod blas;
+pub mod interop;
 mod kernels;
 mod rowops;
 

@@ -4,6 +4,12 @@
 //! tag whatever order messages arrive in. Collectives: ranks of a group deposit their tensors
 //! in a numbered round and combine them in group order, so every rank gets bit-identical
 //! results. Any rank can abort the world: waiting receives and collectives wake and fail.
+//!
+//! This control plane is generic over the payload: [`LocalOps`] says how one rank hands a
+//! tensor over, takes one in and combines a round. [`HostOps`] moves host tensors (the
+//! default, [`LocalComm`]); the CUDA-local transport (`comm::cuda_local`, feature `cuda`)
+//! plugs in device copies ordered by CUDA events, and so shares every line of the waiting,
+//! timeout and abort logic that the CPU tests exercise.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -13,17 +19,91 @@ use std::time::{Duration, Instant};
 use async_channel::{Receiver, Sender};
 use pipewright_kernels::Tensor;
 
-use super::{reduce_in_order, share_of, CommError, Communicator, ReduceOp, Tag};
+use super::{reduce_in_order, share_len, share_of, CommError, Communicator, ReduceOp, Tag};
 use crate::mesh::{Group, GroupKind};
 
-type Channel = (Sender<Tensor>, Receiver<Tensor>);
+/// The data plane of the in-process transport, as one rank sees it: how a tensor leaves this
+/// rank, how one arrives, and how a round of a collective is combined. Every method runs on
+/// the calling rank's thread (and, on a GPU, queues work on that rank's stream).
+pub trait LocalOps {
+    /// What the ranks exchange.
+    type Tensor;
+    /// A tensor in transit between rank threads (on a GPU: with the event that says its
+    /// contents are ready).
+    type Message: Send;
 
-/// State shared by all ranks of one process.
-pub struct LocalWorld {
+    /// Hand `t` over to the transport (sender side).
+    fn outgoing(&self, t: Self::Tensor) -> Result<Self::Message, CommError>;
+    /// Make an arrived message this rank's own tensor (receiver side).
+    fn incoming(&self, m: Self::Message) -> Result<Self::Tensor, CommError>;
+    /// A copy of `t` as a message (all-gather keeps its argument).
+    fn duplicate(&self, t: &Self::Tensor) -> Result<Self::Message, CommError>;
+    /// The parts of a round, combined in group order (the same order on every rank, so every
+    /// rank gets the same bits).
+    fn reduce(&self, parts: &[&Self::Message], op: ReduceOp) -> Result<Self::Tensor, CommError>;
+    /// Copies of the parts of a round, in group order.
+    fn gather(&self, parts: &[&Self::Message]) -> Result<Vec<Self::Tensor>, CommError>;
+    /// Position `pos`'s equal share of `whole` over `n` ranks, flat.
+    fn share(&self, whole: &Self::Tensor, pos: usize, n: usize) -> Result<Self::Tensor, CommError>;
+    /// Number of values in `t`.
+    fn numel(&self, t: &Self::Tensor) -> usize;
+    /// A cheap empty tensor, to stand in for one moved out of a `&mut`.
+    fn placeholder(&self) -> Result<Self::Tensor, CommError>;
+}
+
+/// Host tensors, moved between threads as they are.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct HostOps;
+
+impl LocalOps for HostOps {
+    type Tensor = Tensor;
+    type Message = Tensor;
+
+    fn outgoing(&self, t: Tensor) -> Result<Tensor, CommError> {
+        Ok(t)
+    }
+
+    fn incoming(&self, m: Tensor) -> Result<Tensor, CommError> {
+        Ok(m)
+    }
+
+    fn duplicate(&self, t: &Tensor) -> Result<Tensor, CommError> {
+        Ok(t.clone())
+    }
+
+    fn reduce(&self, parts: &[&Tensor], op: ReduceOp) -> Result<Tensor, CommError> {
+        reduce_in_order(parts.iter().copied(), op)
+    }
+
+    fn gather(&self, parts: &[&Tensor]) -> Result<Vec<Tensor>, CommError> {
+        Ok(parts.iter().map(|&t| t.clone()).collect())
+    }
+
+    fn share(&self, whole: &Tensor, pos: usize, n: usize) -> Result<Tensor, CommError> {
+        share_of(whole, pos, n)
+    }
+
+    fn numel(&self, t: &Tensor) -> usize {
+        t.numel()
+    }
+
+    fn placeholder(&self) -> Result<Tensor, CommError> {
+        Ok(Tensor::zeros(&[0]))
+    }
+}
+
+type Channel<M> = (Sender<M>, Receiver<M>);
+/// One rank's mailboxes: a channel per (source, tag).
+type Mailbox<M> = Mutex<HashMap<(usize, Tag), Channel<M>>>;
+/// The collectives in flight, per group.
+type GroupRounds<M> = Mutex<HashMap<(GroupKind, usize), Arc<Rounds<M>>>>;
+
+/// State shared by all ranks of one process; `M` is what travels ([`LocalOps::Message`]).
+pub struct LocalWorld<M = Tensor> {
     size: usize,
     timeout: Duration,
-    mailboxes: Vec<Mutex<HashMap<(usize, Tag), Channel>>>,
-    groups: Mutex<HashMap<(GroupKind, usize), Arc<Rounds>>>,
+    mailboxes: Vec<Mailbox<M>>,
+    groups: GroupRounds<M>,
     aborted: AtomicBool,
     reason: Mutex<Option<String>>,
     /// Closed on abort, which wakes every receive waiting on it.
@@ -32,20 +112,43 @@ pub struct LocalWorld {
 }
 
 /// Collectives in flight on one group, by sequence number.
-#[derive(Default)]
-struct Rounds {
-    rounds: Mutex<HashMap<u64, Round>>,
+struct Rounds<M> {
+    rounds: Mutex<HashMap<u64, Round<M>>>,
     changed: Condvar,
 }
 
-struct Round {
-    parts: Vec<Option<Tensor>>,
+impl<M> Default for Rounds<M> {
+    fn default() -> Self {
+        Rounds {
+            rounds: Mutex::new(HashMap::new()),
+            changed: Condvar::new(),
+        }
+    }
+}
+
+/// One collective: a part per rank (none for a barrier), how many arrived and how many
+/// ranks have taken their result.
+struct Round<M> {
+    parts: Vec<Option<M>>,
+    arrived: usize,
     collected: usize,
 }
 
-impl LocalWorld {
-    /// A world of `size` ranks whose waits give up after `timeout`.
+impl LocalWorld<Tensor> {
+    /// A world of `size` ranks moving host tensors, whose waits give up after `timeout`.
     pub fn new(size: usize, timeout: Duration) -> Arc<LocalWorld> {
+        LocalWorld::with_payload(size, timeout)
+    }
+
+    /// The host communicator of one rank.
+    pub fn comm(self: &Arc<Self>, rank: usize) -> LocalComm {
+        self.comm_with(rank, HostOps)
+    }
+}
+
+impl<M> LocalWorld<M> {
+    /// A world of `size` ranks exchanging `M`s, whose waits give up after `timeout`.
+    pub fn with_payload(size: usize, timeout: Duration) -> Arc<LocalWorld<M>> {
         let (abort_tx, abort_rx) = async_channel::bounded(1);
         Arc::new(LocalWorld {
             size,
@@ -59,12 +162,18 @@ impl LocalWorld {
         })
     }
 
-    /// The communicator of one rank.
-    pub fn comm(self: &Arc<Self>, rank: usize) -> LocalComm {
+    /// The communicator of one rank, moving data with `ops` (built on that rank's thread
+    /// when it holds a GPU stream).
+    pub fn comm_with<K: LocalOps<Message = M>>(
+        self: &Arc<Self>,
+        rank: usize,
+        ops: K,
+    ) -> LocalComm<K> {
         LocalComm {
             world: Arc::clone(self),
             rank,
             seq: Mutex::new(HashMap::new()),
+            ops,
         }
     }
 
@@ -73,7 +182,8 @@ impl LocalWorld {
         lock(&self.reason).clone()
     }
 
-    fn abort(&self, reason: &str) {
+    /// Stop every rank: waiting receives and collectives wake and fail with `reason`.
+    pub fn abort(&self, reason: &str) {
         let mut slot = lock(&self.reason);
         if slot.is_none() {
             *slot = Some(reason.to_string());
@@ -91,14 +201,14 @@ impl LocalWorld {
         CommError::Aborted(self.abort_reason().unwrap_or_else(|| "unknown".into()))
     }
 
-    fn channel(&self, dst: usize, src: usize, tag: Tag) -> Channel {
+    fn channel(&self, dst: usize, src: usize, tag: Tag) -> Channel<M> {
         let mut map = lock(&self.mailboxes[dst]);
         map.entry((src, tag))
             .or_insert_with(async_channel::unbounded)
             .clone()
     }
 
-    fn rounds(&self, group: &Group) -> Arc<Rounds> {
+    fn rounds(&self, group: &Group) -> Arc<Rounds<M>> {
         Arc::clone(
             lock(&self.groups)
                 .entry((group.kind, group.index))
@@ -114,23 +224,29 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// One rank's handle on a [`LocalWorld`]. Not `Sync` by intent: one per device thread.
-pub struct LocalComm {
-    world: Arc<LocalWorld>,
+pub struct LocalComm<K: LocalOps = HostOps> {
+    world: Arc<LocalWorld<K::Message>>,
     rank: usize,
     /// Next collective sequence number per group: ranks call collectives on a group in the
     /// same order, so equal numbers meet in one round.
     seq: Mutex<HashMap<(GroupKind, usize), u64>>,
+    ops: K,
 }
 
 /// A started local all-reduce.
-pub struct LocalPending {
-    rounds: Arc<Rounds>,
+pub struct LocalPending<M = Tensor> {
+    rounds: Arc<Rounds<M>>,
     seq: u64,
     size: usize,
     op: ReduceOp,
 }
 
-impl LocalComm {
+impl<K: LocalOps> LocalComm<K> {
+    /// How this rank moves data.
+    pub fn ops(&self) -> &K {
+        &self.ops
+    }
+
     fn check(&self, group: &Group) -> Result<usize, CommError> {
         if self.world.aborted.load(Ordering::SeqCst) {
             return Err(self.world.aborted_error());
@@ -150,30 +266,38 @@ impl LocalComm {
         *n
     }
 
-    /// Put this rank's part into the next round of `group`.
-    fn deposit(&self, group: &Group, tensor: Tensor) -> Result<(Arc<Rounds>, u64), CommError> {
+    /// Put this rank's part (none for a barrier) into the next round of `group`.
+    #[allow(clippy::type_complexity)]
+    fn deposit(
+        &self,
+        group: &Group,
+        part: Option<K::Message>,
+    ) -> Result<(Arc<Rounds<K::Message>>, u64), CommError> {
         let pos = self.check(group)?;
         let seq = self.next_seq(group);
         let rounds = self.world.rounds(group);
         {
             let mut map = lock(&rounds.rounds);
             let round = map.entry(seq).or_insert_with(|| Round {
-                parts: vec![None; group.size()],
+                parts: (0..group.size()).map(|_| None).collect(),
+                arrived: 0,
                 collected: 0,
             });
-            round.parts[pos] = Some(tensor);
+            round.parts[pos] = part;
+            round.arrived += 1;
         }
         rounds.changed.notify_all();
         Ok((rounds, seq))
     }
 
-    /// Wait until every part of round `seq` is in, then apply `f` to them (in group order).
+    /// Wait until every rank of round `seq` is in, then apply `f` to the parts (in group
+    /// order). The parts stay alive until the last rank has applied its `f`.
     fn collect<T>(
         &self,
-        rounds: &Rounds,
+        rounds: &Rounds<K::Message>,
         seq: u64,
         size: usize,
-        f: impl FnOnce(&[Option<Tensor>]) -> T,
+        f: impl FnOnce(&[&K::Message]) -> T,
     ) -> Result<T, CommError> {
         let deadline = Instant::now() + self.world.timeout;
         let mut map = lock(&rounds.rounds);
@@ -181,10 +305,8 @@ impl LocalComm {
             if self.world.aborted.load(Ordering::SeqCst) {
                 return Err(self.world.aborted_error());
             }
-            if let Some(r) = map.get(&seq) {
-                if r.parts.iter().all(Option::is_some) {
-                    break;
-                }
+            if map.get(&seq).is_some_and(|r| r.arrived == size) {
+                break;
             }
             let now = Instant::now();
             if now >= deadline {
@@ -203,7 +325,8 @@ impl LocalComm {
         let round = map
             .get_mut(&seq)
             .ok_or_else(|| CommError::Invalid("round vanished".into()))?;
-        let out = f(&round.parts);
+        let parts: Vec<&K::Message> = round.parts.iter().flatten().collect();
+        let out = f(&parts);
         round.collected += 1;
         if round.collected == size {
             map.remove(&seq);
@@ -212,8 +335,9 @@ impl LocalComm {
     }
 }
 
-impl Communicator for LocalComm {
-    type Pending = LocalPending;
+impl<K: LocalOps> Communicator for LocalComm<K> {
+    type Tensor = K::Tensor;
+    type Pending = LocalPending<K::Message>;
 
     fn rank(&self) -> usize {
         self.rank
@@ -223,7 +347,7 @@ impl Communicator for LocalComm {
         self.world.size
     }
 
-    fn send(&self, dst: usize, tag: Tag, tensor: Tensor) -> Result<(), CommError> {
+    fn send(&self, dst: usize, tag: Tag, tensor: K::Tensor) -> Result<(), CommError> {
         if dst >= self.world.size {
             return Err(CommError::Invalid(format!(
                 "send to rank {dst} of {}",
@@ -233,12 +357,13 @@ impl Communicator for LocalComm {
         if self.world.aborted.load(Ordering::SeqCst) {
             return Err(self.world.aborted_error());
         }
+        let message = self.ops.outgoing(tensor)?;
         let (tx, _) = self.world.channel(dst, self.rank, tag);
-        tx.try_send(tensor)
+        tx.try_send(message)
             .map_err(|_| CommError::Invalid(format!("mailbox of rank {dst} closed")))
     }
 
-    async fn recv(&self, src: usize, tag: Tag) -> Result<Tensor, CommError> {
+    async fn recv(&self, src: usize, tag: Tag) -> Result<K::Tensor, CommError> {
         let (_, rx) = self.world.channel(self.rank, src, tag);
         let abort = self.world.abort_rx.clone();
         let got = tokio::select! {
@@ -250,16 +375,16 @@ impl Communicator for LocalComm {
             // One receiver per tag: the entry is done with.
             lock(&self.world.mailboxes[self.rank]).remove(&(src, tag));
         }
-        got
+        self.ops.incoming(got?)
     }
 
     fn start_all_reduce(
         &self,
         group: &Group,
-        tensor: Tensor,
+        tensor: K::Tensor,
         op: ReduceOp,
-    ) -> Result<LocalPending, CommError> {
-        let (rounds, seq) = self.deposit(group, tensor)?;
+    ) -> Result<Self::Pending, CommError> {
+        let (rounds, seq) = self.deposit(group, Some(self.ops.outgoing(tensor)?))?;
         Ok(LocalPending {
             rounds,
             seq,
@@ -268,35 +393,44 @@ impl Communicator for LocalComm {
         })
     }
 
-    fn wait_all_reduce(&self, p: LocalPending) -> Result<Tensor, CommError> {
+    fn wait_all_reduce(&self, p: Self::Pending) -> Result<K::Tensor, CommError> {
         self.collect(&p.rounds, p.seq, p.size, |parts| {
-            reduce_in_order(parts.iter().flatten(), p.op)
+            self.ops.reduce(parts, p.op)
         })?
     }
 
-    fn all_gather(&self, group: &Group, tensor: &Tensor) -> Result<Vec<Tensor>, CommError> {
-        let (rounds, seq) = self.deposit(group, tensor.clone())?;
-        self.collect(&rounds, seq, group.size(), |parts| {
-            parts.iter().flatten().cloned().collect()
-        })
+    fn all_reduce(
+        &self,
+        group: &Group,
+        tensor: &mut K::Tensor,
+        op: ReduceOp,
+    ) -> Result<(), CommError> {
+        let t = std::mem::replace(tensor, self.ops.placeholder()?);
+        *tensor = self.wait_all_reduce(self.start_all_reduce(group, t, op)?)?;
+        Ok(())
+    }
+
+    fn all_gather(&self, group: &Group, tensor: &K::Tensor) -> Result<Vec<K::Tensor>, CommError> {
+        let (rounds, seq) = self.deposit(group, Some(self.ops.duplicate(tensor)?))?;
+        self.collect(&rounds, seq, group.size(), |parts| self.ops.gather(parts))?
     }
 
     fn reduce_scatter(
         &self,
         group: &Group,
-        tensor: &Tensor,
+        tensor: &K::Tensor,
         op: ReduceOp,
-    ) -> Result<Tensor, CommError> {
+    ) -> Result<K::Tensor, CommError> {
         let n = group.size();
         let pos = self.check(group)?;
-        share_of(tensor, 0, n)?; // refuse an uneven split before anyone reduces
-        let mut whole = tensor.clone();
-        self.all_reduce(group, &mut whole, op)?;
-        share_of(&whole, pos, n)
+        share_len(self.ops.numel(tensor), n)?; // refuse an uneven split before anyone reduces
+        let (rounds, seq) = self.deposit(group, Some(self.ops.duplicate(tensor)?))?;
+        let whole = self.collect(&rounds, seq, n, |parts| self.ops.reduce(parts, op))??;
+        self.ops.share(&whole, pos, n)
     }
 
     fn barrier(&self, group: &Group) -> Result<(), CommError> {
-        let (rounds, seq) = self.deposit(group, Tensor::zeros(&[0]))?;
+        let (rounds, seq) = self.deposit(group, None)?;
         self.collect(&rounds, seq, group.size(), |_| ())
     }
 

@@ -6,9 +6,15 @@
 //! collectives can be started and waited on later, so a data-parallel all-reduce overlaps the
 //! rest of the step. Nothing requires `Send`: a NCCL communicator lives on one OS thread.
 
+#[cfg(feature = "cuda")]
+pub mod cuda_local;
+pub mod links;
 pub mod local;
 #[cfg(feature = "mpi")]
 pub mod mpi;
+#[cfg(feature = "nccl")]
+pub mod nccl;
+pub mod rendezvous;
 
 use std::fmt;
 
@@ -88,6 +94,9 @@ pub enum CommError {
     /// Shapes or groups do not fit.
     #[error("{0}")]
     Invalid(String),
+    /// The GPU, its driver or NCCL failed.
+    #[error("device: {0}")]
+    Device(String),
 }
 
 /// Combine a group's parts in group order: every transport reduces with this one function, so
@@ -113,22 +122,32 @@ pub(crate) fn reduce_in_order<'a>(
     Ok(acc)
 }
 
-/// Position `pos`'s equal share of a reduced tensor of a group of `n` (reduce-scatter).
-pub(crate) fn share_of(whole: &Tensor, pos: usize, n: usize) -> Result<Tensor, CommError> {
-    if n == 0 || whole.numel() % n != 0 {
+/// The length of each of `n` equal shares of `numel` values (reduce-scatter), or why there
+/// is none.
+pub(crate) fn share_len(numel: usize, n: usize) -> Result<usize, CommError> {
+    if n == 0 || numel % n != 0 {
         return Err(CommError::Invalid(format!(
-            "reduce-scatter of {} values over {n} ranks",
-            whole.numel()
+            "reduce-scatter of {numel} values over {n} ranks"
         )));
     }
-    let share = whole.numel() / n;
+    Ok(numel / n)
+}
+
+/// Position `pos`'s equal share of a reduced tensor of a group of `n` (reduce-scatter).
+pub(crate) fn share_of(whole: &Tensor, pos: usize, n: usize) -> Result<Tensor, CommError> {
+    let share = share_len(whole.numel(), n)?;
     let part = whole.data()[pos * share..(pos + 1) * share].to_vec();
     Tensor::new(&[share], part).map_err(|e| CommError::Invalid(e.to_string()))
 }
 
 /// What every transport provides to one rank.
+///
+/// `Tensor` is what it carries: a host [`Tensor`] for the local and MPI transports, a device
+/// tensor for the CUDA ones. The executor needs its stage modules to use the same type.
 #[allow(async_fn_in_trait)]
 pub trait Communicator {
+    /// The tensors this transport moves.
+    type Tensor;
     /// A collective that has been started and not yet waited on.
     type Pending;
 
@@ -137,42 +156,59 @@ pub trait Communicator {
     /// Number of ranks.
     fn world_size(&self) -> usize;
     /// Send without blocking; the tensor is owned by the transport from here.
-    fn send(&self, dst: usize, tag: Tag, tensor: Tensor) -> Result<(), CommError>;
+    fn send(&self, dst: usize, tag: Tag, tensor: Self::Tensor) -> Result<(), CommError>;
     /// Receive the message `tag` from `src`. Creating the future posts nothing; the runtime
     /// spawns it early, so transports that need a posted receive get one in time.
-    async fn recv(&self, src: usize, tag: Tag) -> Result<Tensor, CommError>;
+    async fn recv(&self, src: usize, tag: Tag) -> Result<Self::Tensor, CommError>;
     /// Start an all-reduce of `tensor` over `group`.
     fn start_all_reduce(
         &self,
         group: &Group,
-        tensor: Tensor,
+        tensor: Self::Tensor,
         op: ReduceOp,
     ) -> Result<Self::Pending, CommError>;
     /// Finish a started all-reduce: every rank of the group gets the same result.
-    fn wait_all_reduce(&self, pending: Self::Pending) -> Result<Tensor, CommError>;
+    fn wait_all_reduce(&self, pending: Self::Pending) -> Result<Self::Tensor, CommError>;
+    /// All-reduce in place. (Required rather than provided: moving the tensor out of `&mut`
+    /// needs a placeholder, and only the transport knows how to make one cheaply.)
+    fn all_reduce(
+        &self,
+        group: &Group,
+        tensor: &mut Self::Tensor,
+        op: ReduceOp,
+    ) -> Result<(), CommError>;
     /// Every rank's tensor, in group order.
-    fn all_gather(&self, group: &Group, tensor: &Tensor) -> Result<Vec<Tensor>, CommError>;
+    fn all_gather(
+        &self,
+        group: &Group,
+        tensor: &Self::Tensor,
+    ) -> Result<Vec<Self::Tensor>, CommError>;
     /// Reduce over the group, then keep this rank's equal share of the flat result.
     fn reduce_scatter(
         &self,
         group: &Group,
-        tensor: &Tensor,
+        tensor: &Self::Tensor,
         op: ReduceOp,
-    ) -> Result<Tensor, CommError>;
+    ) -> Result<Self::Tensor, CommError>;
     /// Wait until every rank of the group is here.
     fn barrier(&self, group: &Group) -> Result<(), CommError>;
     /// Stop every rank: pending and future operations fail with [`CommError::Aborted`].
     fn abort(&self, reason: &str);
+}
 
-    /// All-reduce in place.
-    fn all_reduce(
-        &self,
-        group: &Group,
-        tensor: &mut Tensor,
-        op: ReduceOp,
-    ) -> Result<(), CommError> {
-        let t = std::mem::replace(tensor, Tensor::zeros(&[0]));
-        *tensor = self.wait_all_reduce(self.start_all_reduce(group, t, op)?)?;
-        Ok(())
-    }
+/// All-reduce a host tensor in place through a transport's start and wait (an empty tensor
+/// is the free placeholder).
+#[cfg(feature = "mpi")]
+pub(crate) fn host_all_reduce<C>(
+    comm: &C,
+    group: &Group,
+    tensor: &mut Tensor,
+    op: ReduceOp,
+) -> Result<(), CommError>
+where
+    C: Communicator<Tensor = Tensor> + ?Sized,
+{
+    let t = std::mem::replace(tensor, Tensor::zeros(&[0]));
+    *tensor = comm.wait_all_reduce(comm.start_all_reduce(group, t, op)?)?;
+    Ok(())
 }

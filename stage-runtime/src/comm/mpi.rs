@@ -519,7 +519,12 @@ fn tensor(shape: &[usize], data: Vec<f32>) -> Result<Tensor, CommError> {
 }
 
 impl Communicator for MpiComm {
+    type Tensor = Tensor;
     type Pending = MpiPending;
+
+    fn all_reduce(&self, group: &Group, t: &mut Tensor, op: ReduceOp) -> Result<(), CommError> {
+        super::host_all_reduce(self, group, t, op)
+    }
 
     fn rank(&self) -> usize {
         self.rank

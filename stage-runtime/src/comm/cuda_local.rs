@@ -1,0 +1,220 @@
+//! The CUDA-local transport (feature `cuda`): several pipeline ranks in one process sharing
+//! one GPU, each rank an OS thread with its own stream ([`CudaBackend::on_new_stream`]).
+//!
+//! It is the in-process transport ([`LocalComm`]) with a device data plane, [`CudaOps`]:
+//! the mailboxes, rounds, timeouts and abort are the ones the CPU tests exercise.
+//! - A send records an event on the sender's stream and hands the tensor over; the receiver's
+//!   stream waits for that event and copies the tensor into a buffer of its own; the source
+//!   is freed once the copy's event has completed. Nothing blocks the host.
+//! - Collectives: each rank's stream waits for every part's event and sums the parts in
+//!   group order with the backend's add kernel, so every rank gets the same bits, and the CPU
+//!   transports' bits too (an f32 add is exact-rounded on either side). The collecting rank
+//!   then waits for its stream: parts are freed by whichever rank collects last, and no
+//!   other rank may still be reading them. That host wait is the price of simplicity here;
+//!   this transport exists to exercise the GPU path on one GPU, not for speed.
+
+use std::cell::RefCell;
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use pipewright_kernels::cuda::interop::{CudaEvent, CudaStream};
+use pipewright_kernels::cuda::{CudaBackend, CudaTensor};
+use pipewright_kernels::{Backend, Tensor};
+
+use pipewright_schedule::Timetable;
+
+use super::local::{LocalComm, LocalOps, LocalWorld};
+use super::{share_len, CommError, ReduceOp};
+use crate::error::RuntimeError;
+use crate::executor::StepBatch;
+use crate::mesh::{Coord, Mesh};
+use crate::module::{ModuleError, StageModule};
+use crate::run::{run_local, FinalParams, RunOptions, StepRecord};
+
+/// A world of CUDA-local ranks.
+pub type CudaLocalWorld = LocalWorld<CudaMessage>;
+/// One CUDA-local rank's communicator.
+pub type CudaLocalComm = LocalComm<CudaOps>;
+
+/// A device tensor in transit, with the event recorded on its producer's stream after the
+/// work that wrote it.
+pub struct CudaMessage {
+    tensor: CudaTensor,
+    ready: CudaEvent,
+}
+
+/// One rank's device data plane: its backend, whose stream orders all of the rank's work.
+pub struct CudaOps {
+    backend: Arc<CudaBackend>,
+    /// Received messages whose copy may still be running, with the event after it. Freeing
+    /// a source earlier would make its sender's stream wait for this rank's copy (cudarc
+    /// orders a free after the slice's last use), coupling the two ranks' streams.
+    copied: RefCell<VecDeque<(CudaMessage, CudaEvent)>>,
+}
+
+fn device_err(e: impl std::fmt::Debug) -> CommError {
+    CommError::Device(format!("{e:?}"))
+}
+
+impl CudaOps {
+    /// The data plane of a rank computing on `backend` (give every rank its own stream).
+    pub fn new(backend: Arc<CudaBackend>) -> Self {
+        CudaOps {
+            backend,
+            copied: RefCell::default(),
+        }
+    }
+
+    /// The rank's backend, to build its stage modules on the same stream.
+    pub fn backend(&self) -> &Arc<CudaBackend> {
+        &self.backend
+    }
+
+    fn stream(&self) -> &Arc<CudaStream> {
+        self.backend.stream()
+    }
+
+    /// `t` with an event after everything queued so far on this rank's stream.
+    fn message(&self, tensor: CudaTensor) -> Result<CudaMessage, CommError> {
+        let ready = self.stream().record_event(None).map_err(device_err)?;
+        Ok(CudaMessage { tensor, ready })
+    }
+
+    /// Order this rank's stream after the producer of `m`.
+    fn wait_for(&self, m: &CudaMessage) -> Result<(), CommError> {
+        self.stream().wait(&m.ready).map_err(device_err)
+    }
+
+    /// A copy of `src` in a buffer allocated on this rank's stream.
+    fn copy(&self, src: &CudaTensor) -> Result<CudaTensor, CommError> {
+        let data = self.stream().clone_dtod(src.slice()).map_err(device_err)?;
+        CudaTensor::from_slice(src.shape(), data).map_err(device_err)
+    }
+
+    /// Wait (on the host) until this rank's stream has done everything queued, so parts read
+    /// by it can be freed by another rank.
+    fn settle(&self) -> Result<(), CommError> {
+        self.stream().synchronize().map_err(device_err)
+    }
+
+    /// `parts` summed in order on this rank's stream.
+    fn sum(&self, parts: &[&CudaMessage]) -> Result<CudaTensor, CommError> {
+        let (first, rest) = parts
+            .split_first()
+            .ok_or_else(|| CommError::Invalid("empty group".into()))?;
+        parts.iter().try_for_each(|p| self.wait_for(p))?;
+        let mut acc = self.copy(&first.tensor)?;
+        for p in rest {
+            acc = self
+                .backend
+                .add(&acc, &p.tensor)
+                .map_err(|e| CommError::Invalid(format!("all-reduce: {e}")))?;
+        }
+        Ok(acc)
+    }
+
+    /// The mean from the sum, scaled on the host exactly as `reduce_in_order` does (the
+    /// runtime reduces gradients with `Sum`; this keeps `Mean` correct, not fast).
+    fn mean(&self, sum: CudaTensor, n: usize) -> Result<CudaTensor, CommError> {
+        let mut host: Tensor = self.backend.download(&sum).map_err(device_err)?;
+        host.scale(1.0 / n as f32);
+        self.backend.upload(&host).map_err(device_err)
+    }
+}
+
+impl LocalOps for CudaOps {
+    type Tensor = CudaTensor;
+    type Message = CudaMessage;
+
+    fn outgoing(&self, t: CudaTensor) -> Result<CudaMessage, CommError> {
+        self.message(t)
+    }
+
+    fn incoming(&self, m: CudaMessage) -> Result<CudaTensor, CommError> {
+        self.wait_for(&m)?;
+        let mine = self.copy(&m.tensor)?;
+        let done = self.stream().record_event(None).map_err(device_err)?;
+        let mut copied = self.copied.borrow_mut();
+        copied.push_back((m, done));
+        // Free the sources whose copies have finished (in order: one stream did them).
+        while let Some((_, done)) = copied.front() {
+            if !done.try_is_complete().map_err(device_err)? {
+                break;
+            }
+            copied.pop_front();
+        }
+        Ok(mine)
+    }
+
+    fn duplicate(&self, t: &CudaTensor) -> Result<CudaMessage, CommError> {
+        let copy = self.copy(t)?;
+        self.message(copy)
+    }
+
+    fn reduce(&self, parts: &[&CudaMessage], op: ReduceOp) -> Result<CudaTensor, CommError> {
+        let sum = self.sum(parts)?;
+        let out = match op {
+            ReduceOp::Sum => sum,
+            ReduceOp::Mean => self.mean(sum, parts.len())?,
+        };
+        self.settle()?;
+        Ok(out)
+    }
+
+    fn gather(&self, parts: &[&CudaMessage]) -> Result<Vec<CudaTensor>, CommError> {
+        let out = parts
+            .iter()
+            .map(|p| {
+                self.wait_for(p)?;
+                self.copy(&p.tensor)
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        self.settle()?;
+        Ok(out)
+    }
+
+    fn share(&self, whole: &CudaTensor, pos: usize, n: usize) -> Result<CudaTensor, CommError> {
+        let len = share_len(whole.numel(), n)?;
+        if len == 0 {
+            return self.placeholder();
+        }
+        let view = whole.slice().slice(pos * len..(pos + 1) * len);
+        let data = self.stream().clone_dtod(&view).map_err(device_err)?;
+        CudaTensor::from_slice(&[len], data).map_err(device_err)
+    }
+
+    fn numel(&self, t: &CudaTensor) -> usize {
+        t.numel()
+    }
+
+    fn placeholder(&self) -> Result<CudaTensor, CommError> {
+        self.backend.zeros(&[0]).map_err(device_err)
+    }
+}
+
+/// Run `tt` over `mesh` with every rank on GPU `ordinal`, each rank a thread with a stream
+/// of its own (the CUDA-local transport). `make(coord, stage, backend)` builds a rank's
+/// module on that rank's backend, so its kernels and its messages share one stream. The rest
+/// is [`run`](crate::run()).
+pub fn run_cuda_local<M, MF, BF, CB>(
+    mesh: Mesh,
+    tt: &Timetable,
+    ordinal: usize,
+    make: MF,
+    batch: BF,
+    opts: &RunOptions,
+    on_step: CB,
+) -> Result<FinalParams, RuntimeError>
+where
+    M: StageModule<Tensor = CudaTensor>,
+    MF: Fn(Coord, u32, &Arc<CudaBackend>) -> Result<M, ModuleError> + Sync,
+    BF: Fn(u64, usize) -> StepBatch + Sync,
+    CB: FnMut(&StepRecord),
+{
+    let base = CudaBackend::new(ordinal).map_err(|e| RuntimeError::Transport(e.to_string()))?;
+    let ops = |_rank: usize| -> Result<CudaOps, ModuleError> {
+        Ok(CudaOps::new(Arc::new(base.on_new_stream()?)))
+    };
+    let make = |c: Coord, s: u32, ops: &CudaOps| make(c, s, ops.backend());
+    run_local(mesh, tt, ops, make, batch, opts, on_step)
+}

@@ -1,0 +1,234 @@
+//! What an order-matched transport (NCCL) needs from a timetable: its directed pipeline
+//! links, a check that every link's messages are received in the order they are sent, and
+//! the list of communicators a mesh needs, in one global order.
+//!
+//! NCCL has no tags: the k-th receive on a communicator takes the k-th send. The executor
+//! sends in row order and posts receives in row order, so a timetable runs correctly over
+//! NCCL exactly when, on every directed link, the sender's SEND order equals the receiver's
+//! RECV order. A tagged transport would run a timetable that breaks this; NCCL would hand
+//! microbatches to the wrong actions, so it is refused before the first step.
+
+use std::collections::BTreeMap;
+
+use pipewright_schedule::{Action, ActionKind, Timetable};
+
+use crate::error::RuntimeError;
+use crate::mesh::{Coord, GroupKind, Mesh};
+
+/// A directed pipeline link: messages from device `from` to device `to`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Link {
+    /// Sending device.
+    pub from: u32,
+    /// Receiving device.
+    pub to: u32,
+}
+
+/// A message's identity: the sending stage, whether it is an activation, the microbatch.
+type MessageId = (u32, bool, u32);
+
+/// The link and identity of a send or receive; `None` for other actions.
+fn message(tt: &Timetable, a: Action) -> Option<(Link, MessageId)> {
+    let other = a.counterpart()?;
+    let device = |stage: u32| tt.stage_device.get(stage as usize).copied();
+    let forward = matches!(a.kind, ActionKind::SendF | ActionKind::RecvF);
+    let (sender, receiver) = match a.kind {
+        ActionKind::SendF | ActionKind::SendB => (a.stage, other.stage),
+        _ => (other.stage, a.stage),
+    };
+    let link = Link {
+        from: device(sender)?,
+        to: device(receiver)?,
+    };
+    Some((link, (sender, forward, a.microbatch)))
+}
+
+/// Per link, the sends (or the receives) in row order, with the action that does each.
+fn per_link(tt: &Timetable, sends: bool) -> BTreeMap<Link, Vec<(MessageId, Action)>> {
+    let wanted = |k: ActionKind| match k {
+        ActionKind::SendF | ActionKind::SendB => sends,
+        ActionKind::RecvF | ActionKind::RecvB => !sends,
+        _ => false,
+    };
+    let mut out: BTreeMap<Link, Vec<(MessageId, Action)>> = BTreeMap::new();
+    for a in tt.devices.iter().flatten().filter(|a| wanted(a.kind)) {
+        if let Some((link, id)) = message(tt, *a) {
+            out.entry(link).or_default().push((id, *a));
+        }
+    }
+    out
+}
+
+/// Every directed link the lowered timetable sends over, sorted.
+pub fn links(tt: &Timetable) -> Vec<Link> {
+    per_link(tt, true).into_keys().collect()
+}
+
+/// Refuse a lowered timetable in which some link's receiver takes messages in another order
+/// than its sender sends them, naming the link and the first message that differs.
+pub fn check_link_order(tt: &Timetable) -> Result<(), RuntimeError> {
+    let (sends, recvs) = (per_link(tt, true), per_link(tt, false));
+    let mut all: Vec<Link> = sends.keys().chain(recvs.keys()).copied().collect();
+    all.sort();
+    all.dedup();
+    for link in all {
+        let s = sends.get(&link).map_or(&[][..], Vec::as_slice);
+        let r = recvs.get(&link).map_or(&[][..], Vec::as_slice);
+        let first_bad =
+            (0..s.len().max(r.len())).find(|&k| s.get(k).map(|x| x.0) != r.get(k).map(|x| x.0));
+        if let Some(k) = first_bad {
+            let show =
+                |x: Option<&(MessageId, Action)>| x.map_or("nothing".into(), |x| x.1.to_string());
+            return Err(RuntimeError::Timetable(format!(
+                "NCCL matches messages by order, but on the link from device {} to device {} \
+                 message {} is sent by {} and received by {} (their orders must be equal)",
+                link.from,
+                link.to,
+                k + 1,
+                show(s.get(k)),
+                show(r.get(k)),
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// One communicator of an NCCL run: a name that every rank derives alike, and its ranks in
+/// NCCL rank order (the first makes the unique id).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CommSpec {
+    /// Unique within the run, usable in a file name.
+    pub name: String,
+    /// Global ranks; position is the NCCL rank.
+    pub ranks: Vec<usize>,
+    /// What it carries.
+    pub role: CommRole,
+}
+
+/// What a communicator of an NCCL run carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CommRole {
+    /// A mesh group's collectives.
+    Group(GroupKind, usize),
+    /// The headers (tag and shape) of one directed pipeline link between two ranks.
+    Headers(Link),
+    /// The payloads of that link.
+    Payloads(Link),
+}
+
+/// Every communicator a run of `tt` on `mesh` needs, in one order that every rank computes
+/// alike: creating them in this order (each rank skipping those it is not in) cannot
+/// deadlock, since the first communicator not yet made always has all its ranks at it.
+/// Groups of one rank need none, except the world (so a one-GPU run still runs NCCL). A link gets two communicators per `(tp, dp)` pair of ranks,
+/// so a header can be received before its payload's size is known (see `comm::nccl`).
+pub fn nccl_plan(mesh: &Mesh, tt: &Timetable) -> Vec<CommSpec> {
+    let mut plan = Vec::new();
+    for kind in [
+        GroupKind::World,
+        GroupKind::Pp,
+        GroupKind::Dp,
+        GroupKind::Tp,
+    ] {
+        let mut seen = std::collections::BTreeSet::new();
+        for rank in 0..mesh.world_size() {
+            let Ok(g) = mesh.group(kind, rank) else {
+                continue;
+            };
+            let needed = g.size() > 1 || kind == GroupKind::World;
+            if needed && seen.insert(g.index) {
+                plan.push(CommSpec {
+                    name: format!("{kind:?}{}", g.index).to_lowercase(),
+                    ranks: g.ranks.clone(),
+                    role: CommRole::Group(kind, g.index),
+                });
+            }
+        }
+    }
+    for link in links(tt) {
+        for (tp, dp) in (0..mesh.tp).flat_map(|t| (0..mesh.dp).map(move |d| (t, d))) {
+            let rank = |pp: u32| {
+                mesh.rank(Coord {
+                    pp: pp as usize,
+                    tp,
+                    dp,
+                })
+            };
+            let ranks = vec![rank(link.from), rank(link.to)];
+            let name = format!("link{}to{}.tp{tp}.dp{dp}", link.from, link.to);
+            plan.push(CommSpec {
+                name: format!("{name}.headers"),
+                ranks: ranks.clone(),
+                role: CommRole::Headers(link),
+            });
+            plan.push(CommSpec {
+                name: format!("{name}.payloads"),
+                ranks,
+                role: CommRole::Payloads(link),
+            });
+        }
+    }
+    plan
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pipewright_schedule::{generate, lower, ScheduleKind, ScheduleSpec};
+
+    fn lowered(kind: ScheduleKind, p: u32, v: u32, m: u32) -> Timetable {
+        lower(&generate(&ScheduleSpec::new(kind, p, v, m, None).unwrap())).unwrap()
+    }
+
+    #[test]
+    fn generated_schedules_keep_link_order() {
+        for (kind, v) in [
+            (ScheduleKind::OneFOneB, 1),
+            (ScheduleKind::GPipe, 1),
+            (ScheduleKind::Interleaved1F1B, 2),
+        ] {
+            let tt = lowered(kind, 4, v, 8);
+            check_link_order(&tt).unwrap();
+            assert!(links(&tt).contains(&Link { from: 0, to: 1 }));
+            assert!(links(&tt).contains(&Link { from: 1, to: 0 }));
+        }
+    }
+
+    #[test]
+    fn swapped_sends_are_refused_naming_the_link() {
+        let mut tt = lowered(ScheduleKind::GPipe, 2, 1, 2);
+        let row = &mut tt.devices[0];
+        let pos = |row: &Vec<Action>, mb| {
+            row.iter()
+                .position(|a| a.kind == ActionKind::SendF && a.microbatch == mb)
+                .unwrap()
+        };
+        // Send microbatch 0's activation after microbatch 1's.
+        let send0 = row.remove(pos(row, 0));
+        let at = pos(row, 1) + 1;
+        row.insert(at, send0);
+        let e = check_link_order(&tt).unwrap_err().to_string();
+        assert!(e.contains("from device 0 to device 1"), "{e}");
+        assert!(
+            e.contains("message 1 is sent by 0SEND_F1 and received by 1RECV_F0"),
+            "{e}"
+        );
+        assert!(!e.contains('\n'));
+    }
+
+    #[test]
+    fn the_plan_is_the_same_everywhere_and_covers_groups_and_links() {
+        let mesh = Mesh::new(2, 2, 1).unwrap();
+        let tt = lowered(ScheduleKind::OneFOneB, 2, 1, 4);
+        let plan = nccl_plan(&mesh, &tt);
+        assert_eq!(plan, nccl_plan(&mesh, &tt));
+        let names: Vec<&str> = plan.iter().map(|c| c.name.as_str()).collect();
+        assert!(names.contains(&"tp0") && names.contains(&"tp1") && names.contains(&"world0"));
+        assert!(!names.iter().any(|n| n.starts_with("dp")), "{names:?}");
+        // Two directions x two TP ranks x (headers, payloads).
+        assert_eq!(names.iter().filter(|n| n.starts_with("link")).count(), 8);
+        let mut unique = names.clone();
+        unique.sort();
+        unique.dedup();
+        assert_eq!(unique.len(), names.len());
+    }
+}

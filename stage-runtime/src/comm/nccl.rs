@@ -1,0 +1,607 @@
+//! The NCCL communicator (feature `nccl`): one process (or at least one OS thread) per GPU,
+//! tensors staying on the device. Compile-checked in CI; see the README for what has run.
+//!
+//! Communicators: one per mesh group (world, pipeline, DP, TP) and two per directed pipeline
+//! link between two ranks, each from its own unique id ([`nccl_plan`], ids shared through a
+//! [`Rendezvous`]), each with its own stream. NCCL has no tags: the k-th receive on a
+//! communicator takes the k-th send, so the timetable's SEND and RECV orders must agree on
+//! every link ([`check_link_order`], refused at start otherwise).
+//!
+//! Point-to-point: the receiver does not know a message's shape, so a link has a header
+//! communicator (tag and shape, fixed size) and a payload communicator. Receives are posted
+//! early on the header stream in the executor's row order; a payload receive is posted once
+//! its header has arrived and every earlier payload receive of the link is posted, so payload
+//! receives stay in send order too. A link carries one direction only, so a receive posted
+//! on a stream can never sit in front of a send its peer waits for; no op waits for another
+//! op of the same rank, so none needs a `group_start`/`group_end` pair.
+//!
+//! Ordering: the compute stream (the rank's backend) records an event before each send or
+//! collective and the NCCL stream waits for it; a received payload or reduced tensor is
+//! ready on the compute stream once it waits for the NCCL stream's event. Buffers read by a
+//! send are kept until its event completes. Waits poll events on the host against the
+//! run's timeout, so a lost peer ends in an error, not a hang; collectives wait on the host
+//! (simple, and correct whatever the caller does next). NCCL's sums are its own, so results
+//! equal the CPU transports' within rounding, not to the bit.
+//!
+//! Known limits: `ncclCommInitRank` waits for every member without a timeout (the id
+//! rendezvous before it does time out); NCCL kernels of several communicators must fit on
+//! the GPU together, which they do for the handful of small kernels a rank has in flight.
+
+use std::cell::{Cell, RefCell};
+use std::collections::{HashMap, VecDeque};
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cudarc::driver::{CudaEvent, CudaSlice, CudaStream};
+use cudarc::nccl::{Comm, Id, ReduceOp as NcclOp};
+use pipewright_kernels::cuda::{CudaBackend, CudaTensor};
+use pipewright_schedule::Timetable;
+
+use super::links::{check_link_order, nccl_plan, CommRole};
+use super::rendezvous::{IdBytes, Rendezvous};
+use super::{share_len, CommError, Communicator, Direction, ReduceOp, Tag};
+use crate::mesh::{Group, GroupKind, Mesh};
+
+/// Most dimensions a point-to-point tensor may have (the header has a fixed size).
+const MAX_DIMS: usize = 8;
+/// Header: step, direction, stage, microbatch, number of dimensions, the dimensions.
+const HEADER: usize = 5 + MAX_DIMS;
+/// How long a waiting rank naps between polls once yielding alone found nothing.
+const NAP: Duration = Duration::from_micros(20);
+
+/// Why NCCL cannot be used here, or `None` if the driver, NVRTC, cuBLAS and NCCL libraries
+/// are all present. Call before anything else: cudarc panics on a missing library.
+pub fn missing_library() -> Option<String> {
+    if let Some(why) = pipewright_kernels::cuda::missing_library() {
+        return Some(why.to_string());
+    }
+    // SAFETY: this only tries to dlopen the library; no NCCL call is made.
+    if !unsafe { cudarc::nccl::sys::is_culib_present() } {
+        return Some(
+            "the NCCL library is not present: cudarc loads libnccl.so (or libnccl.so.13 ... .9); \
+             the NCCL pip wheel ships only libnccl.so.2, so a libnccl.so link to it on \
+             LD_LIBRARY_PATH may be needed"
+                .into(),
+        );
+    }
+    None
+}
+
+fn nccl_err(e: impl std::fmt::Debug) -> CommError {
+    CommError::Device(format!("NCCL: {e:?}"))
+}
+
+fn device_err(e: impl std::fmt::Debug) -> CommError {
+    CommError::Device(format!("{e:?}"))
+}
+
+fn new_id() -> Result<IdBytes, CommError> {
+    let id = Id::new().map_err(nccl_err)?;
+    Ok(id.internal().map(|c| c as u8))
+}
+
+fn id_from(bytes: IdBytes) -> Id {
+    Id::uninit(bytes.map(|b| b as std::ffi::c_char))
+}
+
+/// A point-to-point header: the full tag and the shape.
+fn encode_header(tag: Tag, shape: &[usize]) -> Result<[u64; HEADER], CommError> {
+    if shape.len() > MAX_DIMS {
+        return Err(CommError::Invalid(format!(
+            "{tag}: {} dimensions, NCCL messages carry at most {MAX_DIMS}",
+            shape.len()
+        )));
+    }
+    let mut h = [0u64; HEADER];
+    h[0] = tag.step;
+    h[1] = u64::from(tag.dir == Direction::Backward);
+    h[2] = u64::from(tag.stage);
+    h[3] = u64::from(tag.microbatch);
+    h[4] = shape.len() as u64;
+    for (slot, &d) in h[5..].iter_mut().zip(shape) {
+        *slot = d as u64;
+    }
+    Ok(h)
+}
+
+fn decode_header(h: &[u64]) -> Result<(Tag, Vec<usize>), CommError> {
+    let bad = || CommError::Invalid("malformed NCCL message header".into());
+    if h.len() != HEADER || h[1] > 1 || h[4] as usize > MAX_DIMS {
+        return Err(bad());
+    }
+    let tag = Tag {
+        step: h[0],
+        dir: if h[1] == 0 {
+            Direction::Forward
+        } else {
+            Direction::Backward
+        },
+        stage: u32::try_from(h[2]).map_err(|_| bad())?,
+        microbatch: u32::try_from(h[3]).map_err(|_| bad())?,
+    };
+    let shape = h[5..5 + h[4] as usize]
+        .iter()
+        .map(|&d| usize::try_from(d).map_err(|_| bad()))
+        .collect::<Result<_, _>>()?;
+    Ok((tag, shape))
+}
+
+/// Something a send reads, kept alive until the send's event completes.
+enum Keep {
+    Header(#[allow(dead_code)] CudaSlice<u64>),
+    Payload(#[allow(dead_code)] CudaTensor),
+}
+
+/// One end of a directed pipeline link between two ranks.
+struct LinkEnd {
+    /// The other end's NCCL rank in both communicators (the sender is 0, the receiver 1).
+    peer: i32,
+    headers: Comm,
+    payloads: Comm,
+    /// Receiving end: header receives posted, and payload receives posted, so far.
+    posted: Cell<u64>,
+    taken: Cell<u64>,
+    /// Sending end: what sends in flight read.
+    in_flight: RefCell<VecDeque<(Keep, CudaEvent)>>,
+}
+
+impl LinkEnd {
+    /// Free what finished sends no longer read.
+    fn reap(&self) -> Result<(), CommError> {
+        let mut q = self.in_flight.borrow_mut();
+        while let Some((_, done)) = q.front() {
+            if !done.try_is_complete().map_err(device_err)? {
+                break;
+            }
+            q.pop_front();
+        }
+        Ok(())
+    }
+
+    fn keep(&self, what: Keep, stream: &CudaStream) -> Result<(), CommError> {
+        let done = stream.record_event(None).map_err(device_err)?;
+        self.in_flight.borrow_mut().push_back((what, done));
+        Ok(())
+    }
+}
+
+/// A started NCCL all-reduce: the tensor and the event after the reduction (none when the
+/// group is this rank alone).
+pub struct NcclPending {
+    tensor: CudaTensor,
+    done: Option<CudaEvent>,
+}
+
+/// What [`NcclComm::new`] needs.
+pub struct NcclSetup<'a> {
+    /// The mesh.
+    pub mesh: Mesh,
+    /// The lowered timetable (its links and their order).
+    pub tt: &'a Timetable,
+    /// This process's rank in the mesh.
+    pub rank: usize,
+    /// The rank's GPU; its stream is the compute stream the transport orders against.
+    pub backend: Arc<CudaBackend>,
+    /// Longest wait for a message, a collective or an id.
+    pub timeout: Duration,
+}
+
+/// One rank's NCCL communicator. Not `Send` (NCCL's communicators are not): it lives on its
+/// GPU's executor thread.
+pub struct NcclComm {
+    rank: usize,
+    size: usize,
+    backend: Arc<CudaBackend>,
+    /// Host-to-device header copies and header reads, on a stream no NCCL op ever blocks.
+    staging: Arc<CudaStream>,
+    groups: RefCell<HashMap<(GroupKind, usize), Rc<Comm>>>,
+    outgoing: RefCell<HashMap<usize, Rc<LinkEnd>>>,
+    incoming: RefCell<HashMap<usize, Rc<LinkEnd>>>,
+    timeout: Duration,
+    aborted: RefCell<Option<String>>,
+}
+
+impl NcclComm {
+    /// Check the libraries and the timetable's link order, then create every communicator
+    /// this rank is in, in the plan's global order, with ids from `rendezvous`.
+    pub fn new(setup: NcclSetup<'_>, rendezvous: &mut dyn Rendezvous) -> Result<Self, CommError> {
+        if let Some(why) = missing_library() {
+            return Err(CommError::Device(why));
+        }
+        check_link_order(setup.tt).map_err(|e| CommError::Invalid(e.to_string()))?;
+        let ctx = Arc::clone(setup.backend.context());
+        let comm = NcclComm {
+            rank: setup.rank,
+            size: setup.mesh.world_size(),
+            staging: ctx.new_stream().map_err(device_err)?,
+            backend: setup.backend,
+            groups: RefCell::default(),
+            outgoing: RefCell::default(),
+            incoming: RefCell::default(),
+            timeout: setup.timeout,
+            aborted: RefCell::default(),
+        };
+        let mut headers: HashMap<usize, Comm> = HashMap::new();
+        for spec in nccl_plan(&setup.mesh, setup.tt) {
+            let Some(id) = rendezvous.share(&spec, setup.rank, &mut new_id)? else {
+                continue;
+            };
+            let pos = spec
+                .ranks
+                .iter()
+                .position(|&r| r == setup.rank)
+                .ok_or_else(|| CommError::Invalid(format!("not a member of {}", spec.name)))?;
+            let stream = ctx.new_stream().map_err(device_err)?;
+            let nccl =
+                Comm::from_rank(stream, pos, spec.ranks.len(), id_from(id)).map_err(nccl_err)?;
+            // Links list [sender, receiver]: the other end is the one this rank is not.
+            let other = spec.ranks[1 - pos.min(1)];
+            match spec.role {
+                CommRole::Group(kind, index) => {
+                    comm.groups
+                        .borrow_mut()
+                        .insert((kind, index), Rc::new(nccl));
+                }
+                CommRole::Headers(_) => {
+                    headers.insert(other, nccl);
+                }
+                CommRole::Payloads(_) => {
+                    let h = headers.remove(&other).ok_or_else(|| {
+                        CommError::Invalid(format!("{}: its headers are missing", spec.name))
+                    })?;
+                    comm.add_link(pos == 0, other, h, nccl);
+                }
+            }
+        }
+        Ok(comm)
+    }
+
+    fn add_link(&self, sending: bool, other: usize, headers: Comm, payloads: Comm) {
+        let end = Rc::new(LinkEnd {
+            peer: i32::from(sending),
+            headers,
+            payloads,
+            posted: Cell::new(0),
+            taken: Cell::new(0),
+            in_flight: RefCell::default(),
+        });
+        let map = if sending {
+            &self.outgoing
+        } else {
+            &self.incoming
+        };
+        map.borrow_mut().insert(other, end);
+    }
+
+    fn compute(&self) -> &Arc<CudaStream> {
+        self.backend.stream()
+    }
+
+    fn check_alive(&self) -> Result<(), CommError> {
+        match &*self.aborted.borrow() {
+            Some(reason) => Err(CommError::Aborted(reason.clone())),
+            None => Ok(()),
+        }
+    }
+
+    fn link(
+        &self,
+        map: &RefCell<HashMap<usize, Rc<LinkEnd>>>,
+        peer: usize,
+        way: &str,
+    ) -> Result<Rc<LinkEnd>, CommError> {
+        self.check_alive()?;
+        map.borrow().get(&peer).cloned().ok_or_else(|| {
+            CommError::Invalid(format!(
+                "no pipeline link {way} rank {peer} at rank {}",
+                self.rank
+            ))
+        })
+    }
+
+    /// The group's communicator; `None` for a group of this rank alone without one.
+    fn group_comm(&self, group: &Group) -> Result<Option<Rc<Comm>>, CommError> {
+        self.check_alive()?;
+        if group.position(self.rank).is_none() {
+            return Err(CommError::Invalid(format!(
+                "rank {} is not in group {:?} {:?}",
+                self.rank, group.kind, group.ranks
+            )));
+        }
+        match self.groups.borrow().get(&(group.kind, group.index)) {
+            Some(c) => Ok(Some(Rc::clone(c))),
+            None if group.size() == 1 => Ok(None),
+            None => Err(CommError::Invalid(format!(
+                "no NCCL communicator for group {:?} {:?}",
+                group.kind, group.ranks
+            ))),
+        }
+    }
+
+    /// Make `stream` wait for the work queued so far on the compute stream.
+    fn after_compute(&self, stream: &CudaStream) -> Result<(), CommError> {
+        let ev = self.compute().record_event(None).map_err(device_err)?;
+        stream.wait(&ev).map_err(device_err)
+    }
+
+    /// Wait on the host for `ev`, within the timeout.
+    fn wait_event(&self, ev: &CudaEvent, what: &dyn Fn() -> String) -> Result<(), CommError> {
+        let deadline = Instant::now() + self.timeout;
+        while !ev.try_is_complete().map_err(device_err)? {
+            self.check_alive()?;
+            if Instant::now() >= deadline {
+                return Err(self.timed_out(what()));
+            }
+            std::thread::sleep(NAP);
+        }
+        Ok(())
+    }
+
+    fn timed_out(&self, what: String) -> CommError {
+        CommError::Timeout {
+            what,
+            secs: self.timeout.as_secs_f64(),
+        }
+    }
+
+    /// A copy of `src` on the compute stream.
+    fn copy(&self, src: &CudaTensor) -> Result<CudaTensor, CommError> {
+        let data = self.compute().clone_dtod(src.slice()).map_err(device_err)?;
+        CudaTensor::from_slice(src.shape(), data).map_err(device_err)
+    }
+
+    /// Run a collective on `comm`'s stream after the compute stream's work, wait for it on
+    /// the host, and order the compute stream after it.
+    fn collective(
+        &self,
+        comm: &Comm,
+        what: &dyn Fn() -> String,
+        op: impl FnOnce(&Comm) -> Result<(), CommError>,
+    ) -> Result<(), CommError> {
+        let stream = comm.stream();
+        self.after_compute(&stream)?;
+        op(comm)?;
+        let done = stream.record_event(None).map_err(device_err)?;
+        self.wait_event(&done, what)?;
+        self.compute().wait(&done).map_err(device_err)
+    }
+
+    /// Receive the header of the next message on `link` and wait for it (and for every
+    /// earlier payload of the link to be posted).
+    async fn next_header(
+        &self,
+        link: &LinkEnd,
+        index: u64,
+        what: &dyn Fn() -> String,
+    ) -> Result<(Tag, Vec<usize>), CommError> {
+        let mut buf = self
+            .staging
+            .alloc_zeros::<u64>(HEADER)
+            .map_err(device_err)?;
+        let hs = link.headers.stream();
+        let staged = self.staging.record_event(None).map_err(device_err)?;
+        hs.wait(&staged).map_err(device_err)?;
+        link.headers.recv(&mut buf, link.peer).map_err(nccl_err)?;
+        let arrived = hs.record_event(None).map_err(device_err)?;
+        let deadline = Instant::now() + self.timeout;
+        let mut idle = 0u32;
+        while !(arrived.try_is_complete().map_err(device_err)? && link.taken.get() == index) {
+            self.check_alive()?;
+            if Instant::now() >= deadline {
+                return Err(self.timed_out(what()));
+            }
+            // Let the executor's other tasks run; nap once nothing else does.
+            tokio::task::yield_now().await;
+            idle += 1;
+            if idle > 64 {
+                std::thread::sleep(NAP);
+            }
+        }
+        self.staging.wait(&arrived).map_err(device_err)?;
+        let h = self.staging.clone_dtoh(&buf).map_err(device_err)?;
+        decode_header(&h)
+    }
+}
+
+impl Communicator for NcclComm {
+    type Tensor = CudaTensor;
+    type Pending = NcclPending;
+
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn world_size(&self) -> usize {
+        self.size
+    }
+
+    fn send(&self, dst: usize, tag: Tag, tensor: CudaTensor) -> Result<(), CommError> {
+        let link = self.link(&self.outgoing, dst, "to")?;
+        link.reap()?;
+        let header = encode_header(tag, tensor.shape())?;
+        let hbuf = self.staging.clone_htod(&header).map_err(device_err)?;
+        let staged = self.staging.record_event(None).map_err(device_err)?;
+        let hs = link.headers.stream();
+        hs.wait(&staged).map_err(device_err)?;
+        link.headers.send(&hbuf, link.peer).map_err(nccl_err)?;
+        link.keep(Keep::Header(hbuf), &hs)?;
+        let n = tensor.numel();
+        if n > 0 {
+            let ps = link.payloads.stream();
+            self.after_compute(&ps)?;
+            let view = tensor.slice().slice(0..n);
+            link.payloads.send(&view, link.peer).map_err(nccl_err)?;
+            link.keep(Keep::Payload(tensor), &ps)?;
+        }
+        Ok(())
+    }
+
+    async fn recv(&self, src: usize, tag: Tag) -> Result<CudaTensor, CommError> {
+        let link = self.link(&self.incoming, src, "from")?;
+        let index = link.posted.get();
+        link.posted.set(index + 1);
+        let what = || format!("{tag} from rank {src} over NCCL");
+        let (got, shape) = self.next_header(&link, index, &what).await?;
+        if got != tag {
+            return Err(CommError::Invalid(format!(
+                "NCCL link from rank {src}: expected the {tag}, got the {got} \
+                 (the sender's SEND order differs from this rank's RECV order)"
+            )));
+        }
+        let mut out = self.backend.zeros(&shape).map_err(device_err)?;
+        let n = out.numel();
+        if n > 0 {
+            let ps = link.payloads.stream();
+            self.after_compute(&ps)?;
+            let mut view = out.slice_mut().slice_mut(0..n);
+            link.payloads.recv(&mut view, link.peer).map_err(nccl_err)?;
+            let done = ps.record_event(None).map_err(device_err)?;
+            self.compute().wait(&done).map_err(device_err)?;
+        }
+        link.taken.set(index + 1);
+        Ok(out)
+    }
+
+    fn start_all_reduce(
+        &self,
+        group: &Group,
+        mut tensor: CudaTensor,
+        op: ReduceOp,
+    ) -> Result<NcclPending, CommError> {
+        let n = tensor.numel();
+        let comm = match self.group_comm(group)? {
+            Some(c) if n > 0 => c,
+            _ => return Ok(NcclPending { tensor, done: None }),
+        };
+        let stream = comm.stream();
+        self.after_compute(&stream)?;
+        let op = match op {
+            ReduceOp::Sum => NcclOp::Sum,
+            ReduceOp::Mean => NcclOp::Avg,
+        };
+        let mut view = tensor.slice_mut().slice_mut(0..n);
+        comm.all_reduce_in_place(&mut view, &op).map_err(nccl_err)?;
+        let done = stream.record_event(None).map_err(device_err)?;
+        Ok(NcclPending {
+            tensor,
+            done: Some(done),
+        })
+    }
+
+    fn wait_all_reduce(&self, p: NcclPending) -> Result<CudaTensor, CommError> {
+        if let Some(done) = &p.done {
+            self.wait_event(done, &|| "an NCCL all-reduce".into())?;
+            self.compute().wait(done).map_err(device_err)?;
+        }
+        Ok(p.tensor)
+    }
+
+    fn all_reduce(
+        &self,
+        group: &Group,
+        tensor: &mut CudaTensor,
+        op: ReduceOp,
+    ) -> Result<(), CommError> {
+        let placeholder = self.backend.zeros(&[0]).map_err(device_err)?;
+        let t = std::mem::replace(tensor, placeholder);
+        *tensor = self.wait_all_reduce(self.start_all_reduce(group, t, op)?)?;
+        Ok(())
+    }
+
+    /// NCCL gathers equal counts: every rank's tensor must have this rank's shape.
+    fn all_gather(&self, group: &Group, t: &CudaTensor) -> Result<Vec<CudaTensor>, CommError> {
+        let (n, len) = (group.size(), t.numel());
+        let comm = match self.group_comm(group)? {
+            Some(c) if len > 0 => c,
+            _ => return (0..n).map(|_| self.copy(t)).collect(),
+        };
+        let mut all = self.backend.zeros(&[n * len]).map_err(device_err)?;
+        self.collective(&comm, &|| "an NCCL all-gather".into(), |c| {
+            let mut dst = all.slice_mut().slice_mut(0..n * len);
+            c.all_gather(&t.slice().slice(0..len), &mut dst)
+                .map(drop)
+                .map_err(nccl_err)
+        })?;
+        (0..n)
+            .map(|i| {
+                let part = all.slice().slice(i * len..(i + 1) * len);
+                let data = self.compute().clone_dtod(&part).map_err(device_err)?;
+                CudaTensor::from_slice(t.shape(), data).map_err(device_err)
+            })
+            .collect()
+    }
+
+    fn reduce_scatter(
+        &self,
+        group: &Group,
+        t: &CudaTensor,
+        op: ReduceOp,
+    ) -> Result<CudaTensor, CommError> {
+        let len = share_len(t.numel(), group.size())?;
+        let comm = match self.group_comm(group)? {
+            Some(c) if len > 0 => c,
+            _ if len == 0 => return self.backend.zeros(&[0]).map_err(device_err),
+            _ => return self.copy(t),
+        };
+        let op = match op {
+            ReduceOp::Sum => NcclOp::Sum,
+            ReduceOp::Mean => NcclOp::Avg,
+        };
+        let mut out = self.backend.zeros(&[len]).map_err(device_err)?;
+        self.collective(&comm, &|| "an NCCL reduce-scatter".into(), |c| {
+            let mut dst = out.slice_mut().slice_mut(0..len);
+            let src = t.slice().slice(0..t.numel());
+            c.reduce_scatter(&src, &mut dst, &op)
+                .map(drop)
+                .map_err(nccl_err)
+        })?;
+        Ok(out)
+    }
+
+    fn barrier(&self, group: &Group) -> Result<(), CommError> {
+        let Some(comm) = self.group_comm(group)? else {
+            return Ok(());
+        };
+        let mut one = self.backend.zeros(&[1]).map_err(device_err)?;
+        self.collective(&comm, &|| "an NCCL barrier".into(), |c| {
+            c.all_reduce_in_place(one.slice_mut(), &NcclOp::Sum)
+                .map(drop)
+                .map_err(nccl_err)
+        })
+    }
+
+    /// Fail this rank's pending and later operations and abort its NCCL communicators
+    /// (dropping a cudarc `Comm` calls `ncclCommAbort`), which ends its kernels that wait
+    /// for peers. Peers notice through their own timeouts (NCCL cannot tell them).
+    fn abort(&self, reason: &str) {
+        self.aborted
+            .borrow_mut()
+            .get_or_insert_with(|| reason.to_string());
+        self.groups.borrow_mut().clear();
+        self.outgoing.borrow_mut().clear();
+        self.incoming.borrow_mut().clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn headers_round_trip_and_refuse_garbage() {
+        let tag = Tag {
+            step: 1 << 40,
+            dir: Direction::Backward,
+            stage: 3,
+            microbatch: 7,
+        };
+        let h = encode_header(tag, &[2, 16, 64]).unwrap();
+        assert_eq!(decode_header(&h).unwrap(), (tag, vec![2, 16, 64]));
+        assert!(encode_header(tag, &[1; MAX_DIMS + 1]).is_err());
+        let mut bad = h;
+        bad[4] = 99;
+        assert!(decode_header(&bad).is_err());
+        assert!(decode_header(&h[..4]).is_err());
+    }
+}

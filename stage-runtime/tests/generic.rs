@@ -1,0 +1,176 @@
+//! The runtime is generic over the tensor type: the reference GPT behind a tensor type of its
+//! own (`Boxed`, standing in for a device tensor), over the in-process transport with a data
+//! plane of its own (`BoxedOps`), trains to the same bits as the host run. This is the path a
+//! GPU stage takes (`CudaTensor`, `CudaOps`), exercised on the CPU.
+
+use pipewright_kernels::gpt::StageOutput;
+use pipewright_kernels::layers::{TpReduce, TpShard};
+use pipewright_kernels::optim::AdamWConfig;
+use pipewright_kernels::{KernelError, Tensor};
+use pipewright_runtime::comm::CommError;
+use pipewright_runtime::{
+    gpt_batch, run_local, train_gpt, Coord, GptModule, HostOps, LocalOps, Mesh, MicrobatchData,
+    ModuleError, ReduceOp, RunOptions, StageModule, TrainConfig,
+};
+use pipewright_schedule::{generate, ScheduleKind, ScheduleSpec};
+
+/// A tensor the runtime has never heard of.
+#[derive(Debug)]
+struct Boxed(Box<Tensor>);
+
+/// A message in transit (on a GPU: a tensor and its ready event).
+struct Parcel(Tensor);
+
+/// Moves `Boxed` tensors by delegating to the host data plane.
+#[derive(Default)]
+struct BoxedOps;
+
+fn refs<'a>(parts: &[&'a Parcel]) -> Vec<&'a Tensor> {
+    parts.iter().map(|p| &p.0).collect()
+}
+
+impl LocalOps for BoxedOps {
+    type Tensor = Boxed;
+    type Message = Parcel;
+
+    fn outgoing(&self, t: Boxed) -> Result<Parcel, CommError> {
+        Ok(Parcel(*t.0))
+    }
+
+    fn incoming(&self, m: Parcel) -> Result<Boxed, CommError> {
+        Ok(Boxed(Box::new(m.0)))
+    }
+
+    fn duplicate(&self, t: &Boxed) -> Result<Parcel, CommError> {
+        Ok(Parcel((*t.0).clone()))
+    }
+
+    fn reduce(&self, parts: &[&Parcel], op: ReduceOp) -> Result<Boxed, CommError> {
+        HostOps.reduce(&refs(parts), op).map(|t| Boxed(Box::new(t)))
+    }
+
+    fn gather(&self, parts: &[&Parcel]) -> Result<Vec<Boxed>, CommError> {
+        let all = HostOps.gather(&refs(parts))?;
+        Ok(all.into_iter().map(|t| Boxed(Box::new(t))).collect())
+    }
+
+    fn share(&self, whole: &Boxed, pos: usize, n: usize) -> Result<Boxed, CommError> {
+        HostOps.share(&whole.0, pos, n).map(|t| Boxed(Box::new(t)))
+    }
+
+    fn numel(&self, t: &Boxed) -> usize {
+        t.0.numel()
+    }
+
+    fn placeholder(&self) -> Result<Boxed, CommError> {
+        Ok(Boxed(Box::new(Tensor::zeros(&[0]))))
+    }
+}
+
+/// The TP all-reduce the host layers call, over the runtime's `Boxed` one.
+struct Unbox<'a>(&'a mut dyn TpReduce<Boxed>);
+
+impl TpReduce for Unbox<'_> {
+    fn all_reduce_sum(&mut self, t: &mut Tensor) -> Result<(), KernelError> {
+        let mut b = Boxed(Box::new(std::mem::replace(t, Tensor::zeros(&[0]))));
+        self.0.all_reduce_sum(&mut b)?;
+        *t = *b.0;
+        Ok(())
+    }
+}
+
+/// The reference GPT stage, speaking `Boxed`.
+struct BoxedGpt(GptModule);
+
+fn boxed(out: StageOutput) -> StageOutput<Boxed> {
+    match out {
+        StageOutput::Hidden(t) => StageOutput::Hidden(Boxed(Box::new(t))),
+        StageOutput::Loss(l) => StageOutput::Loss(l),
+    }
+}
+
+impl StageModule for BoxedGpt {
+    type Tensor = Boxed;
+    type Stash = <GptModule as StageModule>::Stash;
+    type WeightStash = <GptModule as StageModule>::WeightStash;
+
+    fn forward(
+        &mut self,
+        mb: &MicrobatchData<'_>,
+        input: Option<Boxed>,
+        tp: &mut dyn TpReduce<Boxed>,
+    ) -> Result<(StageOutput<Boxed>, Self::Stash), ModuleError> {
+        let (out, stash) = self.0.forward(mb, input.map(|b| *b.0), &mut Unbox(tp))?;
+        Ok((boxed(out), stash))
+    }
+
+    fn backward_input(
+        &mut self,
+        stash: Self::Stash,
+        grad_out: Option<Boxed>,
+        tp: &mut dyn TpReduce<Boxed>,
+    ) -> Result<(Option<Boxed>, Self::WeightStash), ModuleError> {
+        let (g, ws) = self
+            .0
+            .backward_input(stash, grad_out.map(|b| *b.0), &mut Unbox(tp))?;
+        Ok((g.map(|t| Boxed(Box::new(t))), ws))
+    }
+
+    fn backward_weight(&mut self, ws: Self::WeightStash) -> Result<(), ModuleError> {
+        self.0.backward_weight(ws)
+    }
+
+    fn flat_grads(&mut self) -> Result<Option<Boxed>, ModuleError> {
+        Ok(self.0.flat_grads()?.map(|t| Boxed(Box::new(t))))
+    }
+
+    fn set_flat_grads(&mut self, grads: Boxed) -> Result<(), ModuleError> {
+        self.0.set_flat_grads(*grads.0)
+    }
+
+    fn optimizer_step(&mut self, cfg: &AdamWConfig) -> Result<(), ModuleError> {
+        self.0.optimizer_step(cfg)
+    }
+
+    fn flat_params(&mut self) -> Result<Option<Vec<f32>>, ModuleError> {
+        self.0.flat_params()
+    }
+}
+
+#[test]
+fn a_tensor_type_of_its_own_trains_to_the_host_runs_bits() {
+    let mesh = Mesh::new(2, 2, 2).unwrap();
+    let cfg = TrainConfig {
+        mesh,
+        model: pipewright_kernels::gpt::GptConfig::new(16, 8, 16, 2, 4),
+        microbatch_size: 2,
+        seed: 5,
+        run: RunOptions {
+            steps: 3,
+            ..RunOptions::default()
+        },
+    };
+    let tt = generate(&ScheduleSpec::new(ScheduleKind::Interleaved1F1B, 2, 2, 4, None).unwrap());
+    let mut want = Vec::new();
+    let want_params = train_gpt(&cfg, &tt, |s| want.push(s.loss.map(f32::to_bits))).unwrap();
+
+    let stages = tt.num_stages() as usize;
+    let make = |c: Coord, stage: u32, _: &BoxedOps| -> Result<BoxedGpt, ModuleError> {
+        let shard = TpShard::new(c.tp, mesh.tp)?;
+        let m = GptModule::new(&cfg.model, cfg.seed, stage as usize, stages, shard)?;
+        Ok(BoxedGpt(m))
+    };
+    let mut got = Vec::new();
+    let got_params = run_local(
+        mesh,
+        &tt,
+        |_| Ok(BoxedOps),
+        make,
+        |step, dp| gpt_batch(&cfg, tt.microbatches, step, dp),
+        &cfg.run,
+        |s| got.push(s.loss.map(f32::to_bits)),
+    )
+    .unwrap();
+    assert_eq!(got, want);
+    assert_eq!(got_params, want_params);
+}
