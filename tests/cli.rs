@@ -456,3 +456,32 @@ fn transport_mpi_needs_the_feature_and_a_world_of_the_mesh_size() {
     assert_clean_error(&train, needle);
     assert_clean_error(&bench, needle);
 }
+
+#[test]
+fn device_cuda_needs_the_feature_and_a_gpu_and_a_known_name() {
+    let train = ["train", "--device", "cuda", "--stages", "2", "--steps", "1"];
+    // Without the feature: say how to get it. With it, on a machine without a GPU: say which
+    // library is missing (a machine with a GPU trains instead, so the check is skipped).
+    if !cfg!(feature = "cuda") {
+        assert_clean_error(
+            &train,
+            "rebuild with: cargo build --release --features cuda",
+        );
+    }
+    // A bad name is clap's usage error (exit 2), naming the flag and the choices.
+    let bad = pipewright(&["train", "--device", "gpu", "--steps", "1"]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(stderr(&bad).contains("`gpu` is not a device: use cpu, cuda or cuda:N"));
+    assert_clean_error(
+        &[
+            "train",
+            "--device",
+            "cuda",
+            "--transport",
+            "mpi",
+            "--steps",
+            "1",
+        ],
+        "--device cuda runs every rank on one GPU with --transport local",
+    );
+}

@@ -139,6 +139,28 @@ impl CostArgs {
     }
 }
 
+/// Where the model's tensors live.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Device {
+    /// Host memory, CPU kernels.
+    Cpu,
+    /// GPU `N` (feature `cuda`).
+    Cuda(usize),
+}
+
+/// `cpu`, `cuda` (GPU 0) or `cuda:N`.
+pub fn parse_device(s: &str) -> std::result::Result<Device, String> {
+    match s {
+        "cpu" => Ok(Device::Cpu),
+        "cuda" => Ok(Device::Cuda(0)),
+        _ => s
+            .strip_prefix("cuda:")
+            .and_then(|n| n.parse().ok())
+            .map(Device::Cuda)
+            .ok_or_else(|| format!("`{s}` is not a device: use cpu, cuda or cuda:N")),
+    }
+}
+
 /// How ranks talk to each other.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Transport {

@@ -16,7 +16,7 @@ use pipewright::runtime::{
 use pipewright::schedule::{simulate, Timeline, Timetable};
 use pipewright::viz::{bubble_chart, ChartOptions, ChartPanel, ImageFormat};
 
-use super::args::{mpi_universe, CostArgs, SourceArgs, Transport};
+use super::args::{mpi_universe, parse_device, CostArgs, Device, SourceArgs, Transport};
 use super::commands::ReportFormat;
 use super::io::write_atomic;
 use super::search::write_measured_costs;
@@ -31,6 +31,11 @@ pub struct TrainCmd {
     /// MPI world of pp*tp*dp processes (rank 0 prints and writes files).
     #[arg(long, value_enum, default_value_t = Transport::Local)]
     transport: Transport,
+    /// `cpu`, or `cuda` / `cuda:N` (build with `--features cuda`): every rank a thread with
+    /// its own stream on GPU N, tensors handed between ranks by device-to-device copies, so
+    /// activations, gradients and optimizer state stay on the GPU (with `--transport local`).
+    #[arg(long, default_value = "cpu", value_parser = parse_device)]
+    device: Device,
     /// Tensor-parallel ranks inside each pipeline stage (must divide --heads).
     #[arg(long, default_value_t = 1)]
     tp: usize,
@@ -113,6 +118,9 @@ impl TrainCmd {
             },
         };
         let tokens = (cfg.global_batch(tt.microbatches) * self.seq_len) as f64;
+        if self.transport == Transport::Mpi && self.device != Device::Cpu {
+            bail!("--device cuda runs every rank on one GPU with --transport local; GPUs across processes (NCCL) are not in the CLI yet")
+        }
         let universe = match self.transport {
             Transport::Mpi => Some(mpi_universe()?),
             Transport::Local => None,
@@ -147,7 +155,10 @@ impl TrainCmd {
         };
         let finished = match universe {
             Some(u) => train_mpi(u, &cfg, &tt, on_step)?,
-            None => Some(train_gpt(&cfg, &tt, on_step)?),
+            None => match self.device {
+                Device::Cpu => Some(train_gpt(&cfg, &tt, on_step)?),
+                Device::Cuda(n) => Some(train_cuda(&cfg, &tt, n, on_step)?),
+            },
         };
         bar.finish_and_clear();
         if finished.is_none() {
@@ -247,6 +258,28 @@ fn bench_mpi(
     _: impl FnMut(&StepRecord),
 ) -> Result<Option<FinalParams>> {
     match u {}
+}
+
+#[cfg(feature = "cuda")]
+fn train_cuda(
+    cfg: &TrainConfig,
+    tt: &Timetable,
+    ordinal: usize,
+    on_step: impl FnMut(&StepRecord),
+) -> Result<FinalParams> {
+    Ok(pipewright::runtime::train_gpt_cuda(
+        cfg, tt, ordinal, on_step,
+    )?)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn train_cuda(
+    _: &TrainConfig,
+    _: &Timetable,
+    _: usize,
+    _: impl FnMut(&StepRecord),
+) -> Result<FinalParams> {
+    bail!("--device cuda: this pipewright was built without CUDA; rebuild with: cargo build --release --features cuda")
 }
 
 fn timeout(secs: f64) -> Result<Duration> {

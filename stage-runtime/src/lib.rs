@@ -49,14 +49,16 @@ pub use comm::{CommError, Communicator, Direction, ReduceOp, Tag};
 pub use error::RuntimeError;
 pub use executor::{Executor, StepBatch, StepOutcome};
 pub use mesh::{Coord, Group, GroupKind, Mesh, MeshError};
-pub use module::{
-    GptModule, HostTraining, MicrobatchData, ModuleError, StageModule, SyntheticModule,
-};
+pub use module::{GptModule, MicrobatchData, ModuleError, StageModule, SyntheticModule};
 pub use run::{prepare, run, run_local, FinalParams, RunOptions, StepRecord};
 #[cfg(feature = "mpi")]
 pub use run_mpi::run_mpi;
 #[cfg(feature = "nccl")]
 pub use run_nccl::run_nccl_rank;
+#[cfg(feature = "cuda")]
+pub use train::train_gpt_cuda;
 #[cfg(feature = "mpi")]
 pub use train::train_gpt_mpi;
+#[cfg(feature = "nccl")]
+pub use train::train_gpt_nccl_rank;
 pub use train::{gpt_batch, train_gpt, TrainConfig};

@@ -1,14 +1,15 @@
 //! `StageModule`: what a user implements for one chunk of a model, and two implementations:
 //! the reference GPT ([`GptModule`]) and synthetic stages of exact durations ([`SyntheticModule`]).
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pipewright_kernels::gpt::{
     GptConfig, GptStage, Microbatch as GptMicrobatch, StageOutput, Stash, WeightStash,
 };
-use pipewright_kernels::layers::{Parameters, TpReduce, TpShard};
-use pipewright_kernels::optim::{AdamW, AdamWConfig};
-use pipewright_kernels::Tensor;
+use pipewright_kernels::layers::{TpReduce, TpShard};
+use pipewright_kernels::optim::{AdamWConfig, DeviceAdamW};
+use pipewright_kernels::{params, Backend, Cpu, Tensor};
 use pipewright_schedule::StageCost;
 
 /// A boxed error from user code.
@@ -103,50 +104,17 @@ pub trait StageModule {
     }
 }
 
-/// Gradient reduction and AdamW for a stage whose parameters are host tensors: what
-/// [`GptModule`] (and any CPU module with [`Parameters`]) plugs into the [`StageModule`]
-/// methods, exactly as the executor did before the methods existed.
-#[derive(Clone, Debug, Default)]
-pub struct HostTraining {
-    adamw: Option<AdamW>,
-}
-
-impl HostTraining {
-    /// The gradients of `p`, flat.
-    pub fn flat_grads(p: &dyn Parameters) -> Result<Tensor, ModuleError> {
-        let grads = p.flat_grads();
-        Ok(Tensor::new(&[grads.len()], grads)?)
-    }
-
-    /// Overwrite the gradients of `p` with `grads`.
-    pub fn set_flat_grads(p: &mut dyn Parameters, grads: &Tensor) -> Result<(), ModuleError> {
-        Ok(p.set_flat_grads(grads.data())?)
-    }
-
-    /// One AdamW step of `p` (state made on the first call), then zero its gradients.
-    pub fn step(&mut self, p: &mut dyn Parameters, cfg: &AdamWConfig) -> Result<(), ModuleError> {
-        let opt = self
-            .adamw
-            .get_or_insert_with(|| AdamW::new(p.num_params(), *cfg));
-        opt.step(p)?;
-        p.zero_grad();
-        Ok(())
-    }
-}
-
-/// One stage (and TP shard) of the reference GPT, on the CPU.
-///
-/// The GPU seam: a GPT stage on a device implements [`StageModule`] with
-/// `Tensor = CudaTensor` (the kernels' `GptStage` over `CudaBackend`), keeping its flat
-/// gradients and AdamW on the device; it runs under the CUDA-local or NCCL transport.
-pub struct GptModule {
+/// One stage (and TP shard) of the reference GPT on a backend: the CPU by default, a GPU with
+/// `B = CudaBackend` (feature `cuda`), where activations, gradients, the flat gradients of
+/// the data-parallel all-reduce and the AdamW moments all stay on the device.
+pub struct GptModule<B: Backend = Cpu> {
     /// The kernels' stage.
-    pub stage: GptStage,
-    training: HostTraining,
+    pub stage: GptStage<B>,
+    adamw: Option<DeviceAdamW<B>>,
 }
 
 impl GptModule {
-    /// Stage `stage` of `stages`, TP shard `tp`, initialised from `seed`.
+    /// Stage `stage` of `stages` on the CPU, TP shard `tp`, initialised from `seed`.
     pub fn new(
         cfg: &GptConfig,
         seed: u64,
@@ -154,24 +122,38 @@ impl GptModule {
         stages: usize,
         tp: TpShard,
     ) -> Result<Self, ModuleError> {
+        Self::on(&Arc::new(Cpu), cfg, seed, stage, stages, tp)
+    }
+}
+
+impl<B: Backend> GptModule<B> {
+    /// Stage `stage` of `stages` on `backend`, with the same weights as on the CPU.
+    pub fn on(
+        backend: &Arc<B>,
+        cfg: &GptConfig,
+        seed: u64,
+        stage: usize,
+        stages: usize,
+        tp: TpShard,
+    ) -> Result<Self, ModuleError> {
         Ok(GptModule {
-            stage: GptStage::new(cfg, seed, stage, stages, tp)?,
-            training: HostTraining::default(),
+            stage: GptStage::on(backend, cfg, seed, stage, stages, tp)?,
+            adamw: None,
         })
     }
 }
 
-impl StageModule for GptModule {
-    type Tensor = Tensor;
-    type Stash = Stash;
-    type WeightStash = WeightStash;
+impl<B: Backend> StageModule for GptModule<B> {
+    type Tensor = B::Storage;
+    type Stash = Stash<B>;
+    type WeightStash = WeightStash<B>;
 
     fn forward(
         &mut self,
         mb: &MicrobatchData<'_>,
-        input: Option<Tensor>,
-        tp: &mut dyn TpReduce,
-    ) -> Result<(Output, Stash), ModuleError> {
+        input: Option<B::Storage>,
+        tp: &mut dyn TpReduce<B::Storage>,
+    ) -> Result<(Output<B::Storage>, Stash<B>), ModuleError> {
         let gmb = GptMicrobatch {
             tokens: mb.tokens,
             targets: mb.targets,
@@ -183,31 +165,42 @@ impl StageModule for GptModule {
 
     fn backward_input(
         &mut self,
-        stash: Stash,
-        grad_out: Option<Tensor>,
-        tp: &mut dyn TpReduce,
-    ) -> Result<(Option<Tensor>, WeightStash), ModuleError> {
+        stash: Stash<B>,
+        grad_out: Option<B::Storage>,
+        tp: &mut dyn TpReduce<B::Storage>,
+    ) -> Result<(Option<B::Storage>, WeightStash<B>), ModuleError> {
         Ok(self.stage.backward_input(stash, grad_out, tp)?)
     }
 
-    fn backward_weight(&mut self, ws: WeightStash) -> Result<(), ModuleError> {
+    fn backward_weight(&mut self, ws: WeightStash<B>) -> Result<(), ModuleError> {
         Ok(self.stage.backward_weight(ws)?)
     }
 
-    fn flat_grads(&mut self) -> Result<Option<Tensor>, ModuleError> {
-        HostTraining::flat_grads(&self.stage).map(Some)
+    fn flat_grads(&mut self) -> Result<Option<B::Storage>, ModuleError> {
+        let be = Arc::clone(self.stage.backend());
+        Ok(Some(params::flat_grads(&*be, &self.stage)?))
     }
 
-    fn set_flat_grads(&mut self, grads: Tensor) -> Result<(), ModuleError> {
-        HostTraining::set_flat_grads(&mut self.stage, &grads)
+    fn set_flat_grads(&mut self, grads: B::Storage) -> Result<(), ModuleError> {
+        let be = Arc::clone(self.stage.backend());
+        Ok(params::set_flat_grads(&*be, &mut self.stage, &grads)?)
     }
 
+    /// AdamW with its moments beside the parameters ([`DeviceAdamW`], which on the CPU
+    /// matches the host `AdamW` to the bit), then zero the gradients.
     fn optimizer_step(&mut self, cfg: &AdamWConfig) -> Result<(), ModuleError> {
-        self.training.step(&mut self.stage, cfg)
+        let be = Arc::clone(self.stage.backend());
+        let opt = match &mut self.adamw {
+            Some(opt) => opt,
+            slot => slot.insert(DeviceAdamW::new(&*be, &self.stage, *cfg)?),
+        };
+        opt.step(&*be, &mut self.stage)?;
+        Ok(params::zero_grads(&*be, &mut self.stage)?)
     }
 
     fn flat_params(&mut self) -> Result<Option<Vec<f32>>, ModuleError> {
-        Ok(Some(self.stage.flat_params()))
+        let be = Arc::clone(self.stage.backend());
+        Ok(Some(params::flat_params_host(&*be, &self.stage)?))
     }
 }
 

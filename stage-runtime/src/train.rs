@@ -78,6 +78,60 @@ pub fn train_gpt(
     )
 }
 
+/// Train on GPU `ordinal` (feature `cuda`): every rank of the mesh is a thread of this
+/// process with its own stream on that one GPU, and the CUDA-local transport hands tensors
+/// over by device-to-device copies, so activations, gradients and optimizer state never
+/// leave the GPU. The whole GPU path (pipeline, TP and DP) runs on a single-GPU machine.
+#[cfg(feature = "cuda")]
+pub fn train_gpt_cuda(
+    cfg: &TrainConfig,
+    tt: &Timetable,
+    ordinal: usize,
+    on_step: impl FnMut(&StepRecord),
+) -> Result<FinalParams, RuntimeError> {
+    check(cfg, tt)?;
+    let stages = tt.num_stages() as usize;
+    let m = tt.microbatches;
+    crate::comm::cuda_local::run_cuda_local(
+        cfg.mesh,
+        tt,
+        ordinal,
+        |c, stage, be| module_on(be, cfg, c, stage, stages),
+        |step, dp| gpt_batch(cfg, m, step, dp),
+        &cfg.run,
+        on_step,
+    )
+}
+
+/// Train as rank `rank` of a run over NCCL (feature `nccl`), one process (or thread) per
+/// GPU: `backend` is this rank's GPU and `ids` shares the communicators' ids (over MPI, or
+/// files in a directory every rank sees). `on_outcome` sees this rank's steps. Returns this
+/// rank's final parameters.
+#[cfg(feature = "nccl")]
+pub fn train_gpt_nccl_rank(
+    cfg: &TrainConfig,
+    tt: &Timetable,
+    rank: usize,
+    backend: std::sync::Arc<pipewright_kernels::cuda::CudaBackend>,
+    ids: &mut dyn crate::comm::rendezvous::Rendezvous,
+    on_outcome: impl FnMut(u64, crate::executor::StepOutcome) -> Result<(), RuntimeError>,
+) -> Result<FinalParams, RuntimeError> {
+    check(cfg, tt)?;
+    let stages = tt.num_stages() as usize;
+    let m = tt.microbatches;
+    crate::run_nccl::run_nccl_rank(
+        cfg.mesh,
+        tt,
+        rank,
+        backend,
+        ids,
+        |c, stage, be| module_on(be, cfg, c, stage, stages),
+        |step, dp| gpt_batch(cfg, m, step, dp),
+        &cfg.run,
+        on_outcome,
+    )
+}
+
 /// Train with this process as one rank of an MPI world of `pp * tp * dp` processes (feature
 /// `mpi`). `on_step` runs on rank 0, which returns every stage's final parameters; the other
 /// ranks return `None`. Every rank must be given the same configuration and timetable: a
@@ -133,6 +187,23 @@ fn module(
     stage: u32,
     stages: usize,
 ) -> Result<GptModule, ModuleError> {
+    module_on(
+        &std::sync::Arc::new(pipewright_kernels::Cpu),
+        cfg,
+        c,
+        stage,
+        stages,
+    )
+}
+
+/// Stage `stage` of the run's GPT, TP shard of `c`, on `be`: the same weights on any backend.
+fn module_on<B: pipewright_kernels::Backend>(
+    be: &std::sync::Arc<B>,
+    cfg: &TrainConfig,
+    c: crate::mesh::Coord,
+    stage: u32,
+    stages: usize,
+) -> Result<GptModule<B>, ModuleError> {
     let shard = TpShard::new(c.tp, cfg.mesh.tp)?;
-    GptModule::new(&cfg.model, cfg.seed, stage as usize, stages, shard)
+    GptModule::on(be, &cfg.model, cfg.seed, stage as usize, stages, shard)
 }
