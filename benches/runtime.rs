@@ -10,7 +10,7 @@ use std::time::Duration;
 
 #[path = "common/gpt_steps.rs"]
 mod common;
-use common::gpt_steps;
+use common::{gpt_steps, gpt_timetable};
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use pipewright::runtime::{run, Coord, Mesh, RunOptions, StepBatch, SyntheticModule};
@@ -85,7 +85,8 @@ fn pipeline_speedup(c: &mut Criterion) {
         .measurement_time(Duration::from_secs(10));
     for pp in [1, 2] {
         group.bench_function(format!("pp={pp}"), |b| {
-            b.iter_custom(|iters| gpt_steps(pp, 0, iters))
+            let tt = gpt_timetable(ScheduleKind::OneFOneB, pp, 1);
+            b.iter_custom(|iters| gpt_steps(&tt, 0, iters))
         });
     }
     group.finish();
