@@ -482,6 +482,41 @@ fn device_cuda_needs_the_feature_and_a_gpu_and_a_known_name() {
             "--steps",
             "1",
         ],
-        "--device cuda runs every rank on one GPU with --transport local",
+        "--transport mpi moves CPU tensors: for GPUs across processes use --transport nccl",
+    );
+}
+
+#[test]
+fn transport_nccl_needs_both_features_and_a_world_of_the_mesh_size() {
+    let train = [
+        "train",
+        "--transport",
+        "nccl",
+        "--stages",
+        "2",
+        "--steps",
+        "1",
+    ];
+    // Without NCCL and MPI: say how to get both. With them, a launch without mpirun is a
+    // world of one, refused before any GPU is touched: say how to launch.
+    let needle = if cfg!(all(feature = "nccl", feature = "mpi")) {
+        "but the world has 1: launch 2 processes, e.g. mpirun -np 2"
+    } else {
+        r#"rebuild with: cargo build --release --features "nccl mpi""#
+    };
+    assert_clean_error(&train, needle);
+    // Whatever the build: flags that cannot mean anything over NCCL are refused first.
+    let with = |extra: &[&'static str]| [&train[..], extra].concat();
+    assert_clean_error(
+        &with(&["--device", "cpu"]),
+        "--transport nccl moves GPU tensors",
+    );
+    assert_clean_error(
+        &with(&["--device", "cuda:1"]),
+        "each rank on the GPU of its local rank",
+    );
+    assert_clean_error(
+        &["bench", "--transport", "nccl", "--steps", "1"],
+        "bench runs synthetic stages on host tensors",
     );
 }

@@ -169,16 +169,39 @@ pub enum Transport {
     /// One process per rank over MPI: launch with `mpirun -np <pp*tp*dp>` (build with
     /// `--features mpi`).
     Mpi,
+    /// One process per GPU, tensors over NCCL, control over MPI: launch with
+    /// `mpirun -np <pp*tp*dp>`, each rank on the GPU of its local rank (build with
+    /// `--features "nccl mpi"`).
+    Nccl,
+}
+
+/// An MPI universe in this build: the real one with MPI, else a type with no values.
+#[cfg(feature = "mpi")]
+pub type MpiUniverse = pipewright::runtime::comm::mpi::Universe;
+/// An MPI universe in this build: the real one with MPI, else a type with no values.
+#[cfg(not(feature = "mpi"))]
+pub type MpiUniverse = std::convert::Infallible;
+
+/// The MPI universe of an NCCL run, when this binary has both; one clear error when not.
+#[cfg(all(feature = "nccl", feature = "mpi"))]
+pub fn nccl_universe() -> Result<MpiUniverse> {
+    mpi_universe()
+}
+
+/// The MPI universe of an NCCL run, when this binary has both; one clear error when not.
+#[cfg(not(all(feature = "nccl", feature = "mpi")))]
+pub fn nccl_universe() -> Result<MpiUniverse> {
+    bail!("--transport nccl needs a pipewright built with NCCL and MPI; rebuild with: cargo build --release --features \"nccl mpi\" (needs OpenMPI; CUDA and NCCL are loaded at run time)")
 }
 
 /// The MPI universe, when this binary has MPI; one clear error when it does not.
 #[cfg(feature = "mpi")]
-pub fn mpi_universe() -> Result<pipewright::runtime::comm::mpi::Universe> {
+pub fn mpi_universe() -> Result<MpiUniverse> {
     Ok(pipewright::runtime::comm::mpi::init()?)
 }
 
 /// The MPI universe, when this binary has MPI; one clear error when it does not.
 #[cfg(not(feature = "mpi"))]
-pub fn mpi_universe() -> Result<std::convert::Infallible> {
+pub fn mpi_universe() -> Result<MpiUniverse> {
     bail!("--transport mpi: this pipewright was built without MPI; rebuild with MPI: cargo build --release --features mpi (needs OpenMPI)")
 }

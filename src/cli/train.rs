@@ -16,26 +16,31 @@ use pipewright::runtime::{
 use pipewright::schedule::{simulate, Timeline, Timetable};
 use pipewright::viz::{bubble_chart, ChartOptions, ChartPanel, ImageFormat};
 
-use super::args::{mpi_universe, parse_device, CostArgs, Device, SourceArgs, Transport};
+use super::args::{
+    mpi_universe, nccl_universe, parse_device, CostArgs, Device, MpiUniverse, SourceArgs, Transport,
+};
 use super::commands::ReportFormat;
 use super::io::write_atomic;
 use super::search::write_measured_costs;
 
 /// Train the reference GPT on in-process devices (one thread per rank), or one process per
-/// rank over MPI (`mpirun -np <pp*tp*dp> pipewright train --transport mpi ...`).
+/// rank over MPI (`mpirun -np <pp*tp*dp> pipewright train --transport mpi ...`), or one
+/// process per GPU over NCCL (`mpirun -np <pp*tp*dp> pipewright train --transport nccl ...`).
 #[derive(Args, Debug)]
 pub struct TrainCmd {
     #[command(flatten)]
     source: SourceArgs,
     /// `local`: every rank a thread of this process; `mpi`: this process is one rank of an
-    /// MPI world of pp*tp*dp processes (rank 0 prints and writes files).
+    /// MPI world of pp*tp*dp processes (rank 0 prints and writes files); `nccl`: as `mpi`,
+    /// with each rank on the GPU of its local rank and tensors moved by NCCL.
     #[arg(long, value_enum, default_value_t = Transport::Local)]
     transport: Transport,
     /// `cpu`, or `cuda` / `cuda:N` (build with `--features cuda`): every rank a thread with
     /// its own stream on GPU N, tensors handed between ranks by device-to-device copies, so
     /// activations, gradients and optimizer state stay on the GPU (with `--transport local`).
-    #[arg(long, default_value = "cpu", value_parser = parse_device)]
-    device: Device,
+    /// Default: `cpu`, or with `--transport nccl` the GPU of each rank's local rank.
+    #[arg(long, value_parser = parse_device)]
+    device: Option<Device>,
     /// Tensor-parallel ranks inside each pipeline stage (must divide --heads).
     #[arg(long, default_value_t = 1)]
     tp: usize,
@@ -118,11 +123,10 @@ impl TrainCmd {
             },
         };
         let tokens = (cfg.global_batch(tt.microbatches) * self.seq_len) as f64;
-        if self.transport == Transport::Mpi && self.device != Device::Cpu {
-            bail!("--device cuda runs every rank on one GPU with --transport local; GPUs across processes (NCCL) are not in the CLI yet")
-        }
+        let device = self.device()?;
         let universe = match self.transport {
             Transport::Mpi => Some(mpi_universe()?),
+            Transport::Nccl => Some(nccl_universe()?),
             Transport::Local => None,
         };
         let lead = universe.as_ref().map_or(true, is_rank_zero);
@@ -154,15 +158,16 @@ impl TrainCmd {
             last = Some(s.clone());
         };
         let finished = match universe {
+            Some(u) if self.transport == Transport::Nccl => train_nccl(u, &cfg, &tt, on_step)?,
             Some(u) => train_mpi(u, &cfg, &tt, on_step)?,
-            None => match self.device {
+            None => match device {
                 Device::Cpu => Some(train_gpt(&cfg, &tt, on_step)?),
                 Device::Cuda(n) => Some(train_cuda(&cfg, &tt, n, on_step)?),
             },
         };
         bar.finish_and_clear();
         if finished.is_none() {
-            return Ok(()); // an MPI rank other than 0: rank 0 reports
+            return Ok(()); // an MPI or NCCL rank other than 0: rank 0 reports
         }
         let Some(last) = last else {
             bail!("no step ran (--steps 0?)")
@@ -182,6 +187,27 @@ impl TrainCmd {
             self.trace.as_ref(),
             self.chart.as_ref().zip(chart_format),
         )
+    }
+}
+
+impl TrainCmd {
+    /// Where tensors live: `--device`, checked against the transport. Over NCCL each rank
+    /// takes the GPU of its local rank, so a device named on the command line (the same for
+    /// every rank) cannot be honoured.
+    fn device(&self) -> Result<Device> {
+        match (self.transport, self.device) {
+            (Transport::Nccl, None | Some(Device::Cuda(0))) => Ok(Device::Cuda(0)),
+            (Transport::Nccl, Some(Device::Cpu)) => {
+                bail!("--transport nccl moves GPU tensors: use --device cuda (or leave --device out), or --transport mpi for CPU ranks")
+            }
+            (Transport::Nccl, Some(Device::Cuda(_))) => {
+                bail!("--transport nccl puts each rank on the GPU of its local rank: use --device cuda, not cuda:N")
+            }
+            (Transport::Mpi, Some(Device::Cuda(_))) => {
+                bail!("--transport mpi moves CPU tensors: for GPUs across processes use --transport nccl")
+            }
+            (_, d) => Ok(d.unwrap_or(Device::Cpu)),
+        }
     }
 }
 
@@ -227,6 +253,28 @@ fn train_mpi(
     _: impl FnMut(&StepRecord),
 ) -> Result<Option<FinalParams>> {
     match u {}
+}
+
+#[cfg(all(feature = "nccl", feature = "mpi"))]
+fn train_nccl(
+    u: MpiUniverse,
+    cfg: &TrainConfig,
+    tt: &Timetable,
+    on_step: impl FnMut(&StepRecord),
+) -> Result<Option<FinalParams>> {
+    pipewright::runtime::train_gpt_nccl_mpi(u, cfg, tt, on_step).map_err(launch_hint)
+}
+
+/// Unreachable in practice (`nccl_universe` refuses first in such a build), but an error,
+/// not a panic, if it ever is reached.
+#[cfg(not(all(feature = "nccl", feature = "mpi")))]
+fn train_nccl(
+    _: MpiUniverse,
+    _: &TrainConfig,
+    _: &Timetable,
+    _: impl FnMut(&StepRecord),
+) -> Result<Option<FinalParams>> {
+    bail!("--transport nccl: this pipewright was built without NCCL and MPI")
 }
 
 #[cfg(feature = "mpi")]
@@ -370,6 +418,9 @@ impl BenchCmd {
         match self.transport {
             Transport::Local => {
                 run(mesh, &tt, make, batch, &opts, on_step)?;
+            }
+            Transport::Nccl => {
+                bail!("bench runs synthetic stages on host tensors: use --transport local or mpi")
             }
             Transport::Mpi => {
                 let describe = format!("{model:?}");

@@ -33,6 +33,7 @@ pub mod comm;
 pub mod data;
 pub mod error;
 pub mod executor;
+pub mod local_gpu;
 pub mod mesh;
 pub mod module;
 pub mod run;
@@ -40,6 +41,8 @@ pub mod run;
 pub mod run_mpi;
 #[cfg(feature = "nccl")]
 pub mod run_nccl;
+#[cfg(all(feature = "nccl", feature = "mpi"))]
+pub mod run_nccl_mpi;
 pub mod train;
 
 #[cfg(feature = "cuda")]
@@ -48,6 +51,7 @@ pub use comm::local::{HostOps, LocalComm, LocalOps, LocalWorld};
 pub use comm::{CommError, Communicator, Direction, ReduceOp, Tag};
 pub use error::RuntimeError;
 pub use executor::{Executor, StepBatch, StepOutcome};
+pub use local_gpu::{choose_gpu, GpuChoiceError};
 pub use mesh::{Coord, Group, GroupKind, Mesh, MeshError};
 pub use module::{GptModule, MicrobatchData, ModuleError, StageModule, SyntheticModule};
 pub use run::{prepare, run, run_local, FinalParams, RunOptions, StepRecord};
@@ -55,10 +59,14 @@ pub use run::{prepare, run, run_local, FinalParams, RunOptions, StepRecord};
 pub use run_mpi::run_mpi;
 #[cfg(feature = "nccl")]
 pub use run_nccl::run_nccl_rank;
+#[cfg(all(feature = "nccl", feature = "mpi"))]
+pub use run_nccl_mpi::run_nccl_mpi;
 #[cfg(feature = "cuda")]
 pub use train::train_gpt_cuda;
 #[cfg(feature = "mpi")]
 pub use train::train_gpt_mpi;
+#[cfg(all(feature = "nccl", feature = "mpi"))]
+pub use train::train_gpt_nccl_mpi;
 #[cfg(feature = "nccl")]
 pub use train::train_gpt_nccl_rank;
 pub use train::{gpt_batch, train_gpt, TrainConfig};

@@ -6,7 +6,6 @@
 //! fences the pipeline) and the final parameters. At start the ranks agree on a fingerprint
 //! of the run, and a shared epoch makes their events one timeline.
 
-use std::cell::Cell;
 use std::os::raw::c_int;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::rc::Rc;
@@ -52,6 +51,36 @@ where
     BF: Fn(u64, usize) -> StepBatch,
     CB: FnMut(&StepRecord),
 {
+    let (comm, tt) = start(universe, mesh, tt, opts, describe)?;
+    let ctx = RankContext {
+        mesh,
+        coord: mesh.coord(comm.rank())?,
+        tt: &tt,
+        opts,
+        epoch: time_zero(&comm),
+    };
+    let comm = Rc::new(comm);
+    let result = guarded(&comm, ctx.coord, || {
+        let mut gather = Gather::new(&comm, &ctx, on_step);
+        let params = run_rank(Rc::clone(&comm), &ctx, &make, &batch, |step, outcome| {
+            gather.outcome(step, outcome)
+        })?;
+        gather.finish(params)
+    });
+    end(comm, result)
+}
+
+/// The start-up every MPI-launched run shares, whatever carries its tensors: the world must
+/// be the mesh's size, the timetable is lowered and checked, and the ranks must agree on a
+/// fingerprint of the run. Returns this rank's MPI communicator (records, abort notices,
+/// liveness) and the prepared timetable.
+pub(crate) fn start(
+    universe: Universe,
+    mesh: Mesh,
+    tt: &Timetable,
+    opts: &RunOptions,
+    describe: &str,
+) -> Result<(MpiComm, Timetable), RuntimeError> {
     let world_size = universe.world().size() as usize;
     if world_size != mesh.world_size() {
         return Err(RuntimeError::Mesh(MeshError::WorldSize {
@@ -71,24 +100,26 @@ where
         opts.timeout,
     )
     .map_err(|e| RuntimeError::Transport(e.to_string()))?;
-    let rank = comm.rank();
-    let coord = mesh.coord(rank)?;
     check_fingerprint(&comm, fingerprint(&tt, &mesh, opts, describe))?;
-    // Leaving one barrier together gives every rank the same time zero, to within the
-    // barrier's skew (microseconds on one host).
+    Ok((comm, tt))
+}
+
+/// Every rank's time zero: leaving one barrier together aligns the ranks' clocks to within
+/// the barrier's skew (microseconds on one host), so their events make one timeline.
+pub(crate) fn time_zero(comm: &MpiComm) -> Instant {
     comm.world().barrier();
-    let ctx = RankContext {
-        mesh,
-        coord,
-        tt: &tt,
-        opts,
-        epoch: Instant::now(),
-    };
-    let comm = Rc::new(comm);
-    let result = catch_unwind(AssertUnwindSafe(|| {
-        drive(&comm, &ctx, &make, &batch, on_step)
-    }))
-    .unwrap_or_else(|_| {
+    Instant::now()
+}
+
+/// Runs `body`, turning a panic into this rank's error rather than a process that dies
+/// without telling the others.
+pub(crate) fn guarded<T>(
+    comm: &MpiComm,
+    coord: Coord,
+    body: impl FnOnce() -> Result<T, RuntimeError>,
+) -> Result<T, RuntimeError> {
+    catch_unwind(AssertUnwindSafe(body)).unwrap_or_else(|_| {
+        let rank = comm.rank();
         Err(RuntimeError::device(
             rank,
             coord,
@@ -96,7 +127,15 @@ where
             None,
             "rank panicked".into(),
         ))
-    });
+    })
+}
+
+/// The end of an MPI-launched rank: after a failure, tell every other rank (so they stop
+/// with this error rather than wait out their timeouts) and skip `MPI_Finalize`.
+pub(crate) fn end<T>(
+    comm: Rc<MpiComm>,
+    result: Result<T, RuntimeError>,
+) -> Result<T, RuntimeError> {
     if let Err(e) = &result {
         comm.abort(&e.to_string());
         // No MPI_Finalize after a failure: it waits for every rank, a dead one included, and
@@ -106,64 +145,93 @@ where
     result
 }
 
-/// This rank's run, then the gathering on rank 0.
-fn drive<M, MF, BF, CB>(
-    comm: &Rc<MpiComm>,
-    ctx: &RankContext<'_>,
-    make: &MF,
-    batch: &BF,
-    mut on_step: CB,
-) -> Result<Option<FinalParams>, RuntimeError>
-where
-    M: StageModule<Tensor = pipewright_kernels::Tensor>,
-    MF: Fn(Coord, u32) -> Result<M, ModuleError>,
-    BF: Fn(u64, usize) -> StepBatch,
-    CB: FnMut(&StepRecord),
-{
-    let (mesh, coord, rank) = (ctx.mesh, ctx.coord, comm.rank());
-    let fail =
-        |e: CommError| RuntimeError::device(rank, coord, ctx.opts.steps, None, e.to_string());
-    let mut assembler = Assembler::new(ctx.tt, mesh);
-    let emitted = Cell::new(0u64);
-    let mut gather = |step: u64, from: usize, outcome: StepOutcome| -> Result<(), RuntimeError> {
-        if let Some(record) = assembler.add(mesh.coord(from)?, step, outcome) {
-            on_step(&record);
-            emitted.set(emitted.get() + 1);
+/// Gathers step outcomes and final parameters on rank 0 over the MPI communicator's record
+/// channel, whatever transport carried the tensors. Other ranks send theirs as each step
+/// ends; rank 0 takes what has arrived without waiting, so gathering never fences the
+/// pipeline, and `on_step` sees each step once every rank's part of it is in.
+pub(crate) struct Gather<'a, CB> {
+    comm: &'a MpiComm,
+    mesh: Mesh,
+    coord: Coord,
+    steps: u64,
+    assembler: Assembler,
+    emitted: u64,
+    on_step: CB,
+}
+
+impl<'a, CB: FnMut(&StepRecord)> Gather<'a, CB> {
+    /// Gathering for this rank of `ctx`'s run.
+    pub(crate) fn new(comm: &'a MpiComm, ctx: &RankContext<'_>, on_step: CB) -> Self {
+        Gather {
+            comm,
+            mesh: ctx.mesh,
+            coord: ctx.coord,
+            steps: ctx.opts.steps,
+            assembler: Assembler::new(ctx.tt, ctx.mesh),
+            emitted: 0,
+            on_step,
         }
-        Ok(())
-    };
-    let params = run_rank(Rc::clone(comm), ctx, make, batch, |step, outcome| {
-        if rank != 0 {
-            return comm
+    }
+
+    /// How a record failure at `step` reads: this rank's error.
+    fn fail(&self, step: u64) -> impl Fn(CommError) -> RuntimeError {
+        let (rank, coord) = (self.comm.rank(), self.coord);
+        move |e| RuntimeError::device(rank, coord, step, None, e.to_string())
+    }
+
+    /// This rank's outcome of `step`: sent to rank 0, or (on rank 0) added with whatever
+    /// the other ranks have sent so far.
+    pub(crate) fn outcome(&mut self, step: u64, outcome: StepOutcome) -> Result<(), RuntimeError> {
+        if self.comm.rank() != 0 {
+            return self
+                .comm
                 .send_record(STEP_TAG, encode_outcome(step, &outcome))
-                .map_err(|e| RuntimeError::device(rank, coord, step, None, e.to_string()));
+                .map_err(self.fail(step));
         }
-        gather(step, 0, outcome)?;
-        // Take what has arrived without waiting: rank 0 must not fence the pipeline.
-        while let Some((src, bytes)) = comm.try_record(STEP_TAG).map_err(fail)? {
-            let (s, o) = decode_outcome(&bytes).map_err(fail)?;
-            gather(s, src, o)?;
+        self.add(step, 0, outcome)?;
+        while let Some((src, bytes)) = self.comm.try_record(STEP_TAG).map_err(self.fail(step))? {
+            let (s, o) = decode_outcome(&bytes).map_err(self.fail(step))?;
+            self.add(s, src, o)?;
         }
         Ok(())
-    })?;
-    if rank != 0 {
-        comm.send_record(PARAMS_TAG, encode_params(&params))
-            .map_err(fail)?;
-        comm.flush().map_err(fail)?;
-        return Ok(None);
     }
-    while emitted.get() < ctx.opts.steps {
-        let (src, bytes) = comm.record(STEP_TAG).map_err(fail)?;
-        let (s, o) = decode_outcome(&bytes).map_err(fail)?;
-        gather(s, src, o)?;
+
+    fn add(&mut self, step: u64, from: usize, outcome: StepOutcome) -> Result<(), RuntimeError> {
+        if let Some(record) = self.assembler.add(self.mesh.coord(from)?, step, outcome) {
+            (self.on_step)(&record);
+            self.emitted += 1;
+        }
+        Ok(())
     }
-    let mut all = params;
-    for _ in 1..mesh.world_size() {
-        let (_, bytes) = comm.record(PARAMS_TAG).map_err(fail)?;
-        all.extend(decode_params(&bytes).map_err(fail)?);
+
+    /// After this rank's last step: other ranks send their final parameters and return
+    /// `None`; rank 0 waits for every step record and every rank's parameters and returns
+    /// all of them.
+    pub(crate) fn finish(
+        mut self,
+        params: FinalParams,
+    ) -> Result<Option<FinalParams>, RuntimeError> {
+        let fail = self.fail(self.steps);
+        if self.comm.rank() != 0 {
+            self.comm
+                .send_record(PARAMS_TAG, encode_params(&params))
+                .map_err(&fail)?;
+            self.comm.flush().map_err(fail)?;
+            return Ok(None);
+        }
+        while self.emitted < self.steps {
+            let (src, bytes) = self.comm.record(STEP_TAG).map_err(&fail)?;
+            let (s, o) = decode_outcome(&bytes).map_err(&fail)?;
+            self.add(s, src, o)?;
+        }
+        let mut all = params;
+        for _ in 1..self.mesh.world_size() {
+            let (_, bytes) = self.comm.record(PARAMS_TAG).map_err(&fail)?;
+            all.extend(decode_params(&bytes).map_err(&fail)?);
+        }
+        self.comm.flush().map_err(fail)?;
+        Ok(Some(all))
     }
-    comm.flush().map_err(fail)?;
-    Ok(Some(all))
 }
 
 /// FNV-1a of everything the ranks must agree on: the lowered timetable, the mesh, the run

@@ -46,29 +46,69 @@ where
     BF: Fn(u64, usize) -> StepBatch,
     OF: FnMut(u64, StepOutcome) -> Result<(), RuntimeError>,
 {
-    let tt = prepare(tt, &mesh)?;
-    let coord = mesh.coord(rank)?;
-    let setup = NcclSetup {
+    let rank = NcclRank {
         mesh,
-        tt: &tt,
         rank,
-        backend: Arc::clone(&backend),
-        timeout: opts.timeout,
-    };
-    let comm = Rc::new(
-        NcclComm::new(setup, rendezvous).map_err(|e| RuntimeError::Transport(e.to_string()))?,
-    );
-    let ctx = RankContext {
-        mesh,
-        coord,
-        tt: &tt,
+        backend,
         opts,
-        epoch: Instant::now(),
+        time_zero: &Instant::now,
     };
-    let make = |c: Coord, s: u32| make(c, s, &backend);
-    let result = run_rank(Rc::clone(&comm), &ctx, &make, &batch, on_outcome);
-    if let Err(e) = &result {
-        comm.abort(&e.to_string());
+    rank.run(tt, rendezvous, make, batch, on_outcome)
+}
+
+/// One rank of an NCCL run, before its communicators exist.
+pub(crate) struct NcclRank<'a> {
+    pub(crate) mesh: Mesh,
+    pub(crate) rank: usize,
+    pub(crate) backend: Arc<CudaBackend>,
+    pub(crate) opts: &'a RunOptions,
+    /// Called once the communicators exist, before the first step: this rank's time zero.
+    /// A launcher that can (MPI) makes it a barrier, so every rank's events share one clock.
+    pub(crate) time_zero: &'a dyn Fn() -> Instant,
+}
+
+impl NcclRank<'_> {
+    /// Connect (every communicator of the run, ids through `rendezvous`) and run every step.
+    pub(crate) fn run<M, MF, BF, OF>(
+        self,
+        tt: &Timetable,
+        rendezvous: &mut dyn Rendezvous,
+        make: MF,
+        batch: BF,
+        on_outcome: OF,
+    ) -> Result<FinalParams, RuntimeError>
+    where
+        M: StageModule<Tensor = CudaTensor>,
+        MF: Fn(Coord, u32, &Arc<CudaBackend>) -> Result<M, ModuleError>,
+        BF: Fn(u64, usize) -> StepBatch,
+        OF: FnMut(u64, StepOutcome) -> Result<(), RuntimeError>,
+    {
+        let (mesh, rank, opts) = (self.mesh, self.rank, self.opts);
+        let tt = prepare(tt, &mesh)?;
+        let coord = mesh.coord(rank)?;
+        let setup = NcclSetup {
+            mesh,
+            tt: &tt,
+            rank,
+            backend: Arc::clone(&self.backend),
+            timeout: opts.timeout,
+        };
+        let comm = Rc::new(
+            NcclComm::new(setup, rendezvous).map_err(|e| RuntimeError::Transport(e.to_string()))?,
+        );
+        let ctx = RankContext {
+            mesh,
+            coord,
+            tt: &tt,
+            opts,
+            epoch: (self.time_zero)(),
+        };
+        let backend = self.backend;
+        let make = |c: Coord, s: u32| make(c, s, &backend);
+        let result = run_rank(Rc::clone(&comm), &ctx, &make, &batch, on_outcome);
+        if let Err(e) = &result {
+            comm.abort(&e.to_string());
+        }
+        result
     }
-    result
 }

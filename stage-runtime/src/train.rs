@@ -146,10 +146,6 @@ pub fn train_gpt_mpi(
     check(cfg, tt)?;
     let stages = tt.num_stages() as usize;
     let m = tt.microbatches;
-    let describe = format!(
-        "{:?} seed {} microbatch size {}",
-        cfg.model, cfg.seed, cfg.microbatch_size
-    );
     crate::run_mpi::run_mpi(
         universe,
         cfg.mesh,
@@ -157,8 +153,43 @@ pub fn train_gpt_mpi(
         |c, stage| module(cfg, c, stage, stages),
         |step, dp| gpt_batch(cfg, m, step, dp),
         &cfg.run,
-        &describe,
+        &describe(cfg),
         on_step,
+    )
+}
+
+/// Train with this process as one rank of an MPI world of `pp * tp * dp` processes, one per
+/// GPU (features `nccl` and `mpi`): each rank on the GPU of its local rank, tensors moved by
+/// NCCL, everything else as [`train_gpt_mpi`] (start-up checks, records gathered on rank 0,
+/// which returns every stage's final parameters).
+#[cfg(all(feature = "nccl", feature = "mpi"))]
+pub fn train_gpt_nccl_mpi(
+    universe: mpi::environment::Universe,
+    cfg: &TrainConfig,
+    tt: &Timetable,
+    on_step: impl FnMut(&StepRecord),
+) -> Result<Option<FinalParams>, RuntimeError> {
+    check(cfg, tt)?;
+    let stages = tt.num_stages() as usize;
+    let m = tt.microbatches;
+    crate::run_nccl_mpi::run_nccl_mpi(
+        universe,
+        cfg.mesh,
+        tt,
+        |c, stage, be| module_on(be, cfg, c, stage, stages),
+        |step, dp| gpt_batch(cfg, m, step, dp),
+        &cfg.run,
+        &describe(cfg),
+        on_step,
+    )
+}
+
+/// What every rank of a multi-process run must agree on beyond the timetable and mesh.
+#[cfg(feature = "mpi")]
+fn describe(cfg: &TrainConfig) -> String {
+    format!(
+        "{:?} seed {} microbatch size {}",
+        cfg.model, cfg.seed, cfg.microbatch_size
     )
 }
 
