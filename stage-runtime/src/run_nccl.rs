@@ -105,7 +105,13 @@ impl NcclRank<'_> {
         };
         let backend = self.backend;
         let make = |c: Coord, s: u32| make(c, s, &backend);
-        let result = run_rank(Rc::clone(&comm), &ctx, &make, &batch, on_outcome);
+        let result =
+            run_rank(Rc::clone(&comm), &ctx, &make, &batch, on_outcome).and_then(|params| {
+                // Dropping the communicators aborts them: let the last sends land first.
+                comm.finish()
+                    .map_err(|e| RuntimeError::Transport(e.to_string()))?;
+                Ok(params)
+            });
         if let Err(e) = &result {
             comm.abort(&e.to_string());
         }

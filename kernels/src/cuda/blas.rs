@@ -15,6 +15,13 @@ fn dim(n: usize) -> Result<c_int> {
     c_int::try_from(n).map_err(|_| KernelError::Cuda(format!("dimension {n} exceeds cuBLAS's int")))
 }
 
+/// cuBLAS checks its arguments before it returns early on an empty product, so a zero
+/// dimension (a leading dimension of 0) would be `CUBLAS_STATUS_INVALID_VALUE`. An empty
+/// product changes nothing: outputs are already zero, and `acc += 0` is `acc`.
+fn empty(dims: &[c_int]) -> bool {
+    dims.contains(&0)
+}
+
 /// `out = x @ w` (`x [m, k]`, `w [k, n]`): column-major `out^T = w^T x^T`.
 pub(super) fn matmul(
     blas: &CudaBlas,
@@ -23,6 +30,9 @@ pub(super) fn matmul(
     out: &mut CudaTensor,
 ) -> Result<()> {
     let (m, k, n) = (dim(x.rows())?, dim(x.cols())?, dim(w.cols())?);
+    if empty(&[m, k, n]) {
+        return Ok(()); // `out` is zero, as the caller allocated it
+    }
     let cfg = GemmConfig {
         transa: CUBLAS_OP_N,
         transb: CUBLAS_OP_N,
@@ -48,6 +58,9 @@ pub(super) fn matmul_nt(
     out: &mut CudaTensor,
 ) -> Result<()> {
     let (m, n, k) = (dim(dy.rows())?, dim(dy.cols())?, dim(w.shape[0])?);
+    if empty(&[m, n, k]) {
+        return Ok(()); // `out` is zero, as the caller allocated it
+    }
     let cfg = GemmConfig {
         transa: CUBLAS_OP_T,
         transb: CUBLAS_OP_N,
@@ -72,6 +85,9 @@ pub(super) fn matmul_tn_acc(
     acc: &mut CudaTensor,
 ) -> Result<()> {
     let (m, k, n) = (dim(x.rows())?, dim(x.cols())?, dim(dy.cols())?);
+    if empty(&[m, k, n]) {
+        return Ok(()); // nothing to add
+    }
     let cfg = GemmConfig {
         transa: CUBLAS_OP_N,
         transb: CUBLAS_OP_T,

@@ -152,13 +152,13 @@ impl LocalOps for CudaOps {
     }
 
     fn reduce(&self, parts: &[&CudaMessage], op: ReduceOp) -> Result<CudaTensor, CommError> {
-        let sum = self.sum(parts)?;
-        let out = match op {
-            ReduceOp::Sum => sum,
-            ReduceOp::Mean => self.mean(sum, parts.len())?,
-        };
+        let out = self.sum(parts).and_then(|sum| match op {
+            ReduceOp::Sum => Ok(sum),
+            ReduceOp::Mean => self.mean(sum, parts.len()),
+        });
+        // Settle on failure too: reads of the parts queued before it may still be running.
         self.settle()?;
-        Ok(out)
+        out
     }
 
     fn gather(&self, parts: &[&CudaMessage]) -> Result<Vec<CudaTensor>, CommError> {
@@ -168,9 +168,9 @@ impl LocalOps for CudaOps {
                 self.wait_for(p)?;
                 self.copy(&p.tensor)
             })
-            .collect::<Result<Vec<_>, _>>()?;
-        self.settle()?;
-        Ok(out)
+            .collect::<Result<Vec<_>, _>>();
+        self.settle()?; // on failure too, as in `reduce`
+        out
     }
 
     fn share(&self, whole: &CudaTensor, pos: usize, n: usize) -> Result<CudaTensor, CommError> {

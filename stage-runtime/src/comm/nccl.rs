@@ -338,6 +338,23 @@ impl NcclComm {
         Ok(())
     }
 
+    /// Wait (within the timeout) until every send this rank has started is complete, so its
+    /// communicators can be dropped. Call after the rank's last step, before the drop:
+    /// cudarc drops a `Comm` with `ncclCommAbort`, and a send still in flight then (the last
+    /// step's last sends: the peer posts their receives, and the sender moves on, without
+    /// waiting for the data) would be cut off, leaving the peer's compute stream waiting for a
+    /// receive that never completes, and its next host wait hanging.
+    pub fn finish(&self) -> Result<(), CommError> {
+        for (peer, link) in self.outgoing.borrow().iter() {
+            let mut in_flight = link.in_flight.borrow_mut();
+            for (_, done) in in_flight.iter() {
+                self.wait_event(done, &|| format!("the last sends to rank {peer} over NCCL"))?;
+            }
+            in_flight.clear();
+        }
+        Ok(())
+    }
+
     fn timed_out(&self, what: String) -> CommError {
         CommError::Timeout {
             what,
