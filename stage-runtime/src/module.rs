@@ -177,8 +177,10 @@ impl<B: Backend> StageModule for GptModule<B> {
     }
 
     fn flat_grads(&mut self) -> Result<Option<B::Storage>, ModuleError> {
-        let be = Arc::clone(self.stage.backend());
-        Ok(Some(params::flat_grads(&*be, &self.stage)?))
+        Ok(Some(params::flat_grads(
+            &**self.stage.backend(),
+            &self.stage,
+        )?))
     }
 
     fn set_flat_grads(&mut self, grads: B::Storage) -> Result<(), ModuleError> {
@@ -199,8 +201,10 @@ impl<B: Backend> StageModule for GptModule<B> {
     }
 
     fn flat_params(&mut self) -> Result<Option<Vec<f32>>, ModuleError> {
-        let be = Arc::clone(self.stage.backend());
-        Ok(Some(params::flat_params_host(&*be, &self.stage)?))
+        Ok(Some(params::flat_params_host(
+            &**self.stage.backend(),
+            &self.stage,
+        )?))
     }
 }
 

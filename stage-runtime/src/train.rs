@@ -1,13 +1,16 @@
 //! Train the reference GPT over a mesh with any valid timetable.
 
+use std::sync::Arc;
+
 use pipewright_kernels::gpt::GptConfig;
 use pipewright_kernels::layers::TpShard;
+use pipewright_kernels::{Backend, Cpu};
 use pipewright_schedule::Timetable;
 
 use crate::data::progression_batch;
 use crate::error::RuntimeError;
 use crate::executor::StepBatch;
-use crate::mesh::Mesh;
+use crate::mesh::{Coord, Mesh};
 use crate::module::{GptModule, ModuleError};
 use crate::run::{run, FinalParams, RunOptions, StepRecord};
 
@@ -65,14 +68,12 @@ pub fn train_gpt(
     tt: &Timetable,
     on_step: impl FnMut(&StepRecord),
 ) -> Result<FinalParams, RuntimeError> {
-    check(cfg, tt)?;
-    let stages = tt.num_stages() as usize;
-    let m = tt.microbatches;
+    let g = GptRun::new(cfg, tt)?;
     run(
         cfg.mesh,
         tt,
-        |c, stage| module(cfg, c, stage, stages),
-        |step, dp| gpt_batch(cfg, m, step, dp),
+        |c, stage| g.module(&Arc::new(Cpu), c, stage),
+        |step, dp| g.batch(step, dp),
         &cfg.run,
         on_step,
     )
@@ -89,15 +90,13 @@ pub fn train_gpt_cuda(
     ordinal: usize,
     on_step: impl FnMut(&StepRecord),
 ) -> Result<FinalParams, RuntimeError> {
-    check(cfg, tt)?;
-    let stages = tt.num_stages() as usize;
-    let m = tt.microbatches;
+    let g = GptRun::new(cfg, tt)?;
     crate::comm::cuda_local::run_cuda_local(
         cfg.mesh,
         tt,
         ordinal,
-        |c, stage, be| module_on(be, cfg, c, stage, stages),
-        |step, dp| gpt_batch(cfg, m, step, dp),
+        |c, stage, be| g.module(be, c, stage),
+        |step, dp| g.batch(step, dp),
         &cfg.run,
         on_step,
     )
@@ -112,21 +111,19 @@ pub fn train_gpt_nccl_rank(
     cfg: &TrainConfig,
     tt: &Timetable,
     rank: usize,
-    backend: std::sync::Arc<pipewright_kernels::cuda::CudaBackend>,
+    backend: Arc<pipewright_kernels::cuda::CudaBackend>,
     ids: &mut dyn crate::comm::rendezvous::Rendezvous,
     on_outcome: impl FnMut(u64, crate::executor::StepOutcome) -> Result<(), RuntimeError>,
 ) -> Result<FinalParams, RuntimeError> {
-    check(cfg, tt)?;
-    let stages = tt.num_stages() as usize;
-    let m = tt.microbatches;
+    let g = GptRun::new(cfg, tt)?;
     crate::run_nccl::run_nccl_rank(
         cfg.mesh,
         tt,
         rank,
         backend,
         ids,
-        |c, stage, be| module_on(be, cfg, c, stage, stages),
-        |step, dp| gpt_batch(cfg, m, step, dp),
+        |c, stage, be| g.module(be, c, stage),
+        |step, dp| g.batch(step, dp),
         &cfg.run,
         on_outcome,
     )
@@ -143,15 +140,13 @@ pub fn train_gpt_mpi(
     tt: &Timetable,
     on_step: impl FnMut(&StepRecord),
 ) -> Result<Option<FinalParams>, RuntimeError> {
-    check(cfg, tt)?;
-    let stages = tt.num_stages() as usize;
-    let m = tt.microbatches;
+    let g = GptRun::new(cfg, tt)?;
     crate::run_mpi::run_mpi(
         universe,
         cfg.mesh,
         tt,
-        |c, stage| module(cfg, c, stage, stages),
-        |step, dp| gpt_batch(cfg, m, step, dp),
+        |c, stage| g.module(&Arc::new(Cpu), c, stage),
+        |step, dp| g.batch(step, dp),
         &cfg.run,
         &describe(cfg),
         on_step,
@@ -169,15 +164,13 @@ pub fn train_gpt_nccl_mpi(
     tt: &Timetable,
     on_step: impl FnMut(&StepRecord),
 ) -> Result<Option<FinalParams>, RuntimeError> {
-    check(cfg, tt)?;
-    let stages = tt.num_stages() as usize;
-    let m = tt.microbatches;
+    let g = GptRun::new(cfg, tt)?;
     crate::run_nccl_mpi::run_nccl_mpi(
         universe,
         cfg.mesh,
         tt,
-        |c, stage, be| module_on(be, cfg, c, stage, stages),
-        |step, dp| gpt_batch(cfg, m, step, dp),
+        |c, stage, be| g.module(be, c, stage),
+        |step, dp| g.batch(step, dp),
         &cfg.run,
         &describe(cfg),
         on_step,
@@ -193,48 +186,52 @@ fn describe(cfg: &TrainConfig) -> String {
     )
 }
 
-fn check(cfg: &TrainConfig, tt: &Timetable) -> Result<(), RuntimeError> {
-    cfg.model
-        .validate(cfg.mesh.tp)
-        .map_err(|e| RuntimeError::Model(e.to_string()))?;
-    let stages = tt.num_stages() as usize;
-    if stages > cfg.model.n_layers {
-        return Err(RuntimeError::Model(format!(
-            "{stages} stages need at least {stages} layers (the model has {})",
-            cfg.model.n_layers
-        )));
-    }
-    if cfg.microbatch_size == 0 {
-        return Err(RuntimeError::Model(
-            "--microbatch-size must be at least 1".into(),
-        ));
-    }
-    Ok(())
+/// A checked GPT run: what every transport needs to build a rank's stages and batches.
+struct GptRun<'a> {
+    cfg: &'a TrainConfig,
+    stages: usize,
+    microbatches: u32,
 }
 
-fn module(
-    cfg: &TrainConfig,
-    c: crate::mesh::Coord,
-    stage: u32,
-    stages: usize,
-) -> Result<GptModule, ModuleError> {
-    module_on(
-        &std::sync::Arc::new(pipewright_kernels::Cpu),
-        cfg,
-        c,
-        stage,
-        stages,
-    )
-}
+impl<'a> GptRun<'a> {
+    /// Errors when the model does not fit the mesh or the timetable.
+    fn new(cfg: &'a TrainConfig, tt: &Timetable) -> Result<Self, RuntimeError> {
+        cfg.model
+            .validate(cfg.mesh.tp)
+            .map_err(|e| RuntimeError::Model(e.to_string()))?;
+        let stages = tt.num_stages() as usize;
+        if stages > cfg.model.n_layers {
+            return Err(RuntimeError::Model(format!(
+                "{stages} stages need at least {stages} layers (the model has {})",
+                cfg.model.n_layers
+            )));
+        }
+        if cfg.microbatch_size == 0 {
+            return Err(RuntimeError::Model(
+                "--microbatch-size must be at least 1".into(),
+            ));
+        }
+        Ok(GptRun {
+            cfg,
+            stages,
+            microbatches: tt.microbatches,
+        })
+    }
 
-/// Stage `stage` of the run's GPT, TP shard of `c`, on `be`: the same weights on any backend.
-fn module_on<B: pipewright_kernels::Backend>(
-    be: &std::sync::Arc<B>,
-    cfg: &TrainConfig,
-    c: crate::mesh::Coord,
-    stage: u32,
-    stages: usize,
-) -> Result<GptModule<B>, ModuleError> {
-    let shard = TpShard::new(c.tp, cfg.mesh.tp)?;
-    GptModule::on(be, &cfg.model, cfg.seed, stage as usize, stages, shard)
+    /// Stage `stage`, TP shard of `c`, on `be`: the same weights on any backend.
+    fn module<B: Backend>(
+        &self,
+        be: &Arc<B>,
+        c: Coord,
+        stage: u32,
+    ) -> Result<GptModule<B>, ModuleError> {
+        let cfg = self.cfg;
+        let shard = TpShard::new(c.tp, cfg.mesh.tp)?;
+        GptModule::on(be, &cfg.model, cfg.seed, stage as usize, self.stages, shard)
+    }
+
+    /// What data-parallel rank `dp` trains on at `step`.
+    fn batch(&self, step: u64, dp: usize) -> StepBatch {
+        gpt_batch(self.cfg, self.microbatches, step, dp)
+    }
 }
