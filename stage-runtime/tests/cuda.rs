@@ -5,25 +5,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use pipewright_kernels::cuda::{CudaBackend, CudaTensor};
-use pipewright_kernels::{Backend, KernelError, Tensor};
+use pipewright_kernels::cuda::{gpu_for_tests, CudaBackend, CudaTensor};
+use pipewright_kernels::{Backend, Tensor};
 use pipewright_runtime::comm::cuda_local::{CudaLocalWorld, CudaOps};
 use pipewright_runtime::{Communicator, Direction, GroupKind, LocalWorld, Mesh, ReduceOp, Tag};
 
 const RANKS: usize = 4;
-
-/// GPU 0, or `None` (skip) where CUDA is absent; a backend that fails to build on a
-/// present GPU (an NVRTC or cuBLAS error) fails the test instead of skipping it.
-fn gpu() -> Option<CudaBackend> {
-    match CudaBackend::new(0) {
-        Ok(b) => Some(b),
-        Err(e @ KernelError::CudaUnavailable(_)) => {
-            println!("skipped: {e}");
-            None
-        }
-        Err(e) => panic!("CUDA is present but its backend failed: {e}"),
-    }
-}
 
 /// Values whose sum depends on the order it is taken in.
 fn values(rank: usize) -> Vec<f32> {
@@ -80,7 +67,7 @@ fn on_threads<T: Send>(f: impl Fn(usize) -> T + Sync) -> Vec<T> {
 
 #[test]
 fn cuda_local_equals_the_cpu_transport_to_the_bit() {
-    let Some(base) = gpu() else { return };
+    let Some(base) = gpu_for_tests(0) else { return };
     let host = LocalWorld::new(RANKS, Duration::from_secs(30));
     let want = on_threads(|r| exercise(&host.comm(r), &|t| t.clone(), &|t| t.data().to_vec()));
     let world = CudaLocalWorld::with_payload(RANKS, Duration::from_secs(30));

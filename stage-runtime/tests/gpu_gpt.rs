@@ -7,27 +7,13 @@
 //! (cuBLAS) and fused multiply-adds round differently from the CPU's, so the bar is closeness,
 //! not bits. Without a GPU (or its libraries) each test prints `skipped: <why>` and passes.
 
-use pipewright_kernels::cuda::CudaBackend;
+use pipewright_kernels::cuda::gpu_for_tests;
 use pipewright_kernels::gpt::GptConfig;
 use pipewright_kernels::optim::AdamWConfig;
-use pipewright_kernels::KernelError;
 use pipewright_runtime::{train_gpt, train_gpt_cuda, FinalParams, Mesh, RunOptions, TrainConfig};
 use pipewright_schedule::{generate, ScheduleKind, ScheduleSpec, Timetable};
 
 const STEPS: u64 = 4;
-
-/// Whether to skip: CUDA is absent. A backend that fails to build on a present GPU (an
-/// NVRTC or cuBLAS error) fails the test instead.
-fn gpu_missing() -> bool {
-    match CudaBackend::new(0) {
-        Ok(_) => false,
-        Err(e @ KernelError::CudaUnavailable(_)) => {
-            println!("skipped: {e}");
-            true
-        }
-        Err(e) => panic!("CUDA is present but its backend failed: {e}"),
-    }
-}
 
 fn config(mesh: Mesh) -> TrainConfig {
     TrainConfig {
@@ -89,7 +75,7 @@ fn cpu_run(cfg: &TrainConfig, tt: &Timetable) -> (Vec<f32>, FinalParams) {
 }
 
 fn check_cuda_local(mesh: Mesh, tt: &Timetable) {
-    if gpu_missing() {
+    if gpu_for_tests(0).is_none() {
         return;
     }
     let cfg = config(mesh);
@@ -133,13 +119,8 @@ fn one_rank_nccl_matches_cpu() {
         println!("skipped: {why}");
         return;
     }
-    let backend = match CudaBackend::new(0) {
-        Ok(b) => Arc::new(b),
-        Err(e @ KernelError::CudaUnavailable(_)) => {
-            println!("skipped: {e}");
-            return;
-        }
-        Err(e) => panic!("CUDA is present but its backend failed: {e}"),
+    let Some(backend) = gpu_for_tests(0).map(Arc::new) else {
+        return;
     };
     let cfg = config(Mesh::new(1, 1, 1).unwrap());
     let tt = timetable(ScheduleKind::OneFOneB, 1, 1, 4);

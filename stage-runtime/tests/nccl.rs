@@ -5,8 +5,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use pipewright_kernels::cuda::CudaBackend;
-use pipewright_kernels::{Backend, KernelError, Tensor};
+use pipewright_kernels::cuda::gpu_for_tests;
+use pipewright_kernels::{Backend, Tensor};
 use pipewright_runtime::comm::nccl::{missing_library, NcclComm, NcclSetup};
 use pipewright_runtime::comm::rendezvous::FileRendezvous;
 use pipewright_runtime::{Communicator, GroupKind, Mesh, ReduceOp};
@@ -18,13 +18,8 @@ fn one_rank_all_reduce_through_nccl() {
         println!("skipped: {why}");
         return;
     }
-    let backend = match CudaBackend::new(0) {
-        Ok(b) => Arc::new(b),
-        Err(e @ KernelError::CudaUnavailable(_)) => {
-            println!("skipped: {e}");
-            return;
-        }
-        Err(e) => panic!("CUDA is present but its backend failed: {e}"),
+    let Some(backend) = gpu_for_tests(0).map(Arc::new) else {
+        return;
     };
     let mesh = Mesh::new(1, 1, 1).unwrap();
     let spec = ScheduleSpec::new(ScheduleKind::OneFOneB, 1, 1, 2, None).unwrap();

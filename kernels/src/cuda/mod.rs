@@ -88,6 +88,23 @@ pub fn missing_library() -> Option<&'static str> {
     None
 }
 
+/// GPU `ordinal` for a test, or `None` after printing `skipped: <why>` where CUDA is absent
+/// (no library, no device): the one skip rule every GPU test follows.
+///
+/// # Panics
+/// Where CUDA is present but the backend fails to build (an NVRTC compile, a cuBLAS handle):
+/// a broken GPU path must fail its tests, not skip them.
+pub fn gpu_for_tests(ordinal: usize) -> Option<CudaBackend> {
+    match CudaBackend::new(ordinal) {
+        Ok(gpu) => Some(gpu),
+        Err(e @ KernelError::CudaUnavailable(_)) => {
+            println!("skipped: {e}");
+            None
+        }
+        Err(e) => panic!("CUDA is present but its backend failed: {e}"),
+    }
+}
+
 fn cuda_err(e: impl std::fmt::Debug) -> KernelError {
     KernelError::Cuda(format!("{e:?}"))
 }
