@@ -108,6 +108,10 @@ where
     let report = simulate(&generate(&spec), &model)
         .map_err(|e| e.to_string())?
         .report;
+    if report.makespan <= 0.0 {
+        // Throughput and bubble over no time are undefined, not 0.
+        return Err("the step takes no time (every cost is 0): throughput and bubble are undefined; give costs above 0".into());
+    }
     let peak_bytes = report.peak_activation_bytes();
     Ok(SweepRow {
         schedule: kind.name().to_string(),
@@ -115,11 +119,7 @@ where
         microbatches: m,
         makespan: Some(report.makespan),
         bubble_fraction: Some(report.bubble_fraction),
-        throughput: Some(if report.makespan > 0.0 {
-            f64::from(m) / report.makespan
-        } else {
-            0.0
-        }),
+        throughput: Some(f64::from(m) / report.makespan),
         peak_activations: Some(report.peak_activations()),
         peak_activation_bytes: Some(peak_bytes),
         fits: cap.map(|c| peak_bytes <= c),

@@ -61,3 +61,39 @@ proptest! {
         prop_assert!(spec_json.contains(spec.kind().name()));
     }
 }
+
+/// Per-device (peak count, peak bytes) of a simulation under uniform costs `f, b`.
+fn peaks(tt: &Timetable, devices: u32, f: f64, b: f64) -> Vec<(u32, u64)> {
+    let mut cost = pipewright_schedule::StageCost::new(f, b, None).unwrap();
+    cost.activation_bytes = 1000;
+    let model = pipewright_schedule::CostModel::uniform(tt.num_stages(), cost.split(1));
+    let sim = pipewright_schedule::simulate(tt, &model).unwrap();
+    assert_eq!(sim.report.devices.len(), devices as usize);
+    sim.report
+        .devices
+        .iter()
+        .map(|d| (d.peak_activations, d.peak_activation_bytes))
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    /// A device runs its actions in order, so its peak cannot depend on how long they take:
+    /// zero costs (every action at time 0) peak exactly as tiny and ordinary ones do, and as
+    /// the search's untimed count in action order.
+    #[test]
+    fn memory_peaks_follow_action_order_whatever_the_costs(spec in spec()) {
+        let tt = generate(&spec);
+        let zero = peaks(&tt, spec.devices(), 0.0, 0.0);
+        prop_assert_eq!(&zero, &peaks(&tt, spec.devices(), 1e-9, 2e-9));
+        prop_assert_eq!(&zero, &peaks(&tt, spec.devices(), 1.0, 2.0));
+        let ones = vec![1.0; tt.num_stages() as usize];
+        let counted = pipewright_schedule::search::peak_units(&tt, &ones);
+        for (d, (&(count, bytes), units)) in zero.iter().zip(counted).enumerate() {
+            prop_assert_eq!(f64::from(count), units, "device {}", d);
+            prop_assert_eq!(bytes, u64::from(count) * 1000, "device {}", d);
+            prop_assert!(count >= 1, "device {} holds no activation at all", d);
+        }
+    }
+}

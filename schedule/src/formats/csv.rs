@@ -1,7 +1,9 @@
 //! PyTorch pipelining's CSV form: one row per rank, one action per cell (`0F0`, `1SEND_F0`).
 //!
 //! Empty cells (PyTorch's idle slots) are skipped. The stage-to-device map is read off the
-//! rows: a stage lives on the device whose row names it.
+//! rows: a stage lives on the device whose row names it. A UTF-8 byte-order mark and trailing
+//! blank lines are accepted; a blank row between rows is refused, since it would be a device
+//! with no work (most often a row deleted by mistake).
 
 use crate::action::{Action, ParseActionError};
 use crate::spec::MAX_ACTIONS;
@@ -48,6 +50,12 @@ pub enum CsvError {
         /// What is wrong with it.
         source: ParseActionError,
     },
+    /// A blank row before the last row: it would be a device with no work.
+    #[error("line {line} is blank: every line is one device's row of actions (remove the blank line, or give that device its actions)")]
+    BlankRow {
+        /// 1-based line.
+        line: usize,
+    },
     /// No action at all.
     #[error("no actions: expected one row of actions (like `0F0,0F1,0B0`) per device")]
     Empty,
@@ -88,6 +96,7 @@ pub enum CsvError {
 /// Read a CSV timetable (compute-only or lowered). The result is parsed, not validated:
 /// run [`validate`](crate::validate()) on it, and map errors to lines with [`CsvSource`].
 pub fn from_csv(text: &str) -> Result<(Timetable, CsvSource), CsvError> {
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let rows: Vec<&str> = text.trim_end().lines().collect();
     let mut devices = Vec::with_capacity(rows.len());
     let mut cells = Vec::with_capacity(rows.len());
@@ -112,6 +121,9 @@ pub fn from_csv(text: &str) -> Result<(Timetable, CsvSource), CsvError> {
             }
             actions.push(a);
             places.push((line, column));
+        }
+        if actions.is_empty() {
+            return Err(CsvError::BlankRow { line });
         }
         devices.push(actions);
         cells.push(places);
@@ -207,6 +219,17 @@ mod tests {
             ),
             "{err}"
         );
+    }
+
+    #[test]
+    fn blank_rows_are_refused_with_their_line_but_trailing_newlines_and_bom_are_fine() {
+        let err = from_csv("0F0,0B0\n\n1F0,1B0\n").unwrap_err();
+        assert_eq!(err, CsvError::BlankRow { line: 2 });
+        let err = from_csv("0F0,0B0\n , ,\n1F0,1B0\n").unwrap_err();
+        assert_eq!(err, CsvError::BlankRow { line: 2 });
+        let (tt, src) = from_csv("\u{feff}0F0,0B0\n1F0,1B0\n\n\n").unwrap();
+        assert_eq!(tt.num_devices(), 2);
+        assert_eq!(src.line_col(0, 1), Some((1, 5)));
     }
 
     #[test]

@@ -23,20 +23,29 @@ pub enum MemoryCap {
 
 /// Why a cap could not be read.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("memory cap `{0}`: expected a number of microbatches (e.g. 8 or 2.5) or bytes with a unit (e.g. 512MiB, 24GB, 4096B)")]
-pub struct CapError(pub String);
+pub enum CapError {
+    /// Neither a number of microbatches nor bytes with a known unit.
+    #[error("memory cap `{0}`: expected a number of microbatches (e.g. 8 or 2.5) or bytes with a unit (e.g. 512MiB, 24GB, 4096B; units B, kB, MB, GB, KiB, MiB, GiB, TiB)")]
+    Unreadable(String),
+    /// Zero or negative: no schedule can run without stashing an activation.
+    #[error("memory cap `{0}`: a device must stash at least some activations to run any schedule; give a positive cap, e.g. 1 (one microbatch, the least 1F1B's last device needs) or 512MiB")]
+    NotPositive(String),
+}
 
 impl FromStr for MemoryCap {
     type Err = CapError;
 
     fn from_str(text: &str) -> Result<Self, CapError> {
         let t = text.trim();
-        let bad = || CapError(text.to_string());
+        let bad = || CapError::Unreadable(text.to_string());
         let split = t.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(t.len());
         let (num, unit) = t.split_at(split);
         let value: f64 = num.trim().parse().map_err(|_| bad())?;
-        if !(value.is_finite() && value > 0.0) {
+        if !value.is_finite() {
             return Err(bad());
+        }
+        if value <= 0.0 {
+            return Err(CapError::NotPositive(text.to_string()));
         }
         let scale: f64 = match unit.trim().to_ascii_lowercase().as_str() {
             "" => return Ok(MemoryCap::Microbatches(value)),
@@ -50,7 +59,14 @@ impl FromStr for MemoryCap {
             "tib" => 1024f64.powi(4),
             _ => return Err(bad()),
         };
-        Ok(MemoryCap::Bytes((value * scale).round() as u64))
+        let bytes = (value * scale).round();
+        if bytes < 1.0 {
+            return Err(CapError::NotPositive(text.to_string()));
+        }
+        if bytes >= u64::MAX as f64 {
+            return Err(bad());
+        }
+        Ok(MemoryCap::Bytes(bytes as u64))
     }
 }
 
@@ -121,8 +137,20 @@ mod tests {
         assert_eq!("512MiB".parse(), Ok(MemoryCap::Bytes(512 << 20)));
         assert_eq!("24GB".parse(), Ok(MemoryCap::Bytes(24_000_000_000)));
         assert_eq!("4096 B".parse(), Ok(MemoryCap::Bytes(4096)));
-        for bad in ["", "-1", "0", "x", "3 parsecs", "nan"] {
-            assert!(bad.parse::<MemoryCap>().is_err(), "{bad}");
+        for bad in ["", "x", "3 parsecs", "nan", "inf", "1e30TiB"] {
+            assert_eq!(
+                bad.parse::<MemoryCap>(),
+                Err(CapError::Unreadable(bad.into())),
+                "{bad}"
+            );
+        }
+        for zero in ["-1", "0", "0GiB", "0.1B"] {
+            let err = zero.parse::<MemoryCap>().unwrap_err();
+            assert_eq!(err, CapError::NotPositive(zero.into()));
+            assert!(
+                err.to_string().contains("at least some activations"),
+                "{err}"
+            );
         }
     }
 }

@@ -235,6 +235,20 @@ impl RawStageCost {
             (None, Some(i), Some(w)) => (i + w, i, w),
             _ => return Err(missing("b, or i and w")),
         };
+        // A part larger than the whole would make the other part negative: say which.
+        for (part, value) in [("w", self.w), ("i", self.i)] {
+            match (value, self.b) {
+                (Some(x), Some(b)) if x > b && (self.i.is_none() || self.w.is_none()) => {
+                    return Err(CostError::PartOverWhole {
+                        place: place.to_string(),
+                        part,
+                        value: x,
+                        b,
+                    })
+                }
+                _ => {}
+            }
+        }
         let overlap = self.overlap.unwrap_or(0.0);
         for (what, v) in [("f", f), ("b", b), ("i", i), ("w", w), ("overlap", overlap)] {
             check(what, v).map_err(|_| CostError::Invalid {
@@ -363,6 +377,18 @@ pub enum CostError {
         what: String,
         /// The value.
         value: f64,
+    },
+    /// W (or I) given larger than the full backward B it is part of.
+    #[error("{place}: {part} = {value} is larger than b = {b}, but b is the whole backward and {part} a part of it (i + w = b): give {part} <= b")]
+    PartOverWhole {
+        /// Which stage or flag.
+        place: String,
+        /// `w` or `i`.
+        part: &'static str,
+        /// The part's value.
+        value: f64,
+        /// The full backward.
+        b: f64,
     },
     /// Bandwidth must be positive.
     #[error("bandwidth must be a finite number > 0 bytes per time unit (got {0})")]

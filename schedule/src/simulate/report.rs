@@ -43,22 +43,25 @@ impl Report {
     ///
     /// A stage-microbatch holds its activations from the start of its F to the end of its
     /// backward: the end of B, or of W when the backward is split (W still needs them).
+    /// Peaks follow the order of a device's actions, so zero-length actions (zero costs)
+    /// peak exactly as short ones do. Bubble fractions over a zero makespan are undefined:
+    /// NaN here, `null` in JSON.
     pub fn new(timeline: &Timeline, costs: &CostModel) -> Report {
         let makespan = timeline.makespan() - timeline.start();
         let busy = timeline.busy_per_device();
         let ideal = busy.iter().copied().fold(0.0, f64::max);
-        let memory = memory_tracks(timeline, costs);
+        let tracks = memory_tracks(timeline, costs);
         let devices = busy
             .iter()
-            .zip(memory)
+            .zip(tracks)
             .enumerate()
-            .map(|(d, (&busy, memory))| DeviceReport {
+            .map(|(d, (&busy, track))| DeviceReport {
                 device: d as u32,
                 busy,
                 bubble_fraction: fraction_idle(busy, makespan),
-                peak_activations: memory.iter().map(|s| s.count).max().unwrap_or(0),
-                peak_activation_bytes: memory.iter().map(|s| s.bytes).max().unwrap_or(0),
-                memory,
+                peak_activations: track.peak_count,
+                peak_activation_bytes: track.peak_bytes,
+                memory: track.samples,
             })
             .collect();
         Report {
@@ -93,19 +96,49 @@ fn fraction_idle(busy: f64, span: f64) -> f64 {
     if span > 0.0 {
         (1.0 - busy / span).max(0.0)
     } else {
-        0.0
+        f64::NAN
     }
 }
 
-/// Step functions of stashed activations per device, from F starts and backward ends.
-pub(crate) fn memory_tracks(timeline: &Timeline, costs: &CostModel) -> Vec<Vec<MemorySample>> {
+/// One device's stashed activations: the step function and its peaks.
+pub(crate) struct MemoryTrack {
+    /// Amount from each time on; changes at one instant are merged into the last.
+    pub samples: Vec<MemorySample>,
+    /// Most microbatch-stages held at once, in the order the actions run.
+    pub peak_count: u32,
+    /// Most bytes held at once.
+    pub peak_bytes: u64,
+}
+
+/// Stashed activations per device, from F starts and backward ends.
+///
+/// Changes are ordered by time, then by the position of their action in the device's order
+/// (and a start before its own end): a device runs one action at a time, so this is the order
+/// in which they happen, even when actions take no time at all.
+pub(crate) fn memory_tracks(timeline: &Timeline, costs: &CostModel) -> Vec<MemoryTrack> {
     let n = timeline.meta.devices as usize;
-    // (time, +1 or -1, bytes) per device; releases sort before allocations at equal times.
-    let mut deltas: Vec<Vec<(f64, i8, u64)>> = vec![Vec::new(); n];
+    let mut per_device: Vec<Vec<&crate::timeline::Event>> = vec![Vec::new(); n];
     for e in timeline.compute_events() {
-        let Some(list) = deltas.get_mut(e.device as usize) else {
-            continue;
-        };
+        if let Some(list) = per_device.get_mut(e.device as usize) {
+            list.push(e);
+        }
+    }
+    per_device
+        .into_iter()
+        .map(|mut events| {
+            // Stable: events recorded in running order keep it when their starts tie.
+            events.sort_by(|a, b| a.start.total_cmp(&b.start));
+            track(&events, costs)
+        })
+        .collect()
+}
+
+/// (time, action position, 0 at its start or 1 at its end, +1 or -1, bytes).
+type Delta = (f64, usize, u8, i8, u64);
+
+fn track(events: &[&crate::timeline::Event], costs: &CostModel) -> MemoryTrack {
+    let mut deltas: Vec<Delta> = Vec::with_capacity(events.len());
+    for (pos, e) in events.iter().enumerate() {
         // An overlap is its F (stashes at the start) and its B (frees at the end).
         for part in e.action.parts() {
             let bytes = costs
@@ -113,36 +146,39 @@ pub(crate) fn memory_tracks(timeline: &Timeline, costs: &CostModel) -> Vec<Vec<M
                 .get(part.stage as usize)
                 .map_or(0, |c| c.activation_bytes);
             match part.kind {
-                ActionKind::F => list.push((e.start, 1, bytes)),
-                ActionKind::B | ActionKind::W => list.push((e.end, -1, bytes)),
+                ActionKind::F => deltas.push((e.start, pos, 0, 1, bytes)),
+                ActionKind::B | ActionKind::W => deltas.push((e.end, pos, 1, -1, bytes)),
                 _ => {}
             }
         }
     }
-    deltas.into_iter().map(samples).collect()
-}
-
-fn samples(mut deltas: Vec<(f64, i8, u64)>) -> Vec<MemorySample> {
-    deltas.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+    deltas.sort_by(|a, b| a.0.total_cmp(&b.0).then((a.1, a.2).cmp(&(b.1, b.2))));
     let (mut count, mut bytes) = (0i64, 0i128);
-    let mut out: Vec<MemorySample> = Vec::with_capacity(deltas.len() + 1);
-    out.push(MemorySample {
+    let (mut peak_count, mut peak_bytes) = (0u32, 0u64);
+    let mut samples: Vec<MemorySample> = Vec::with_capacity(deltas.len() + 1);
+    samples.push(MemorySample {
         time: 0.0,
         count: 0,
         bytes: 0,
     });
-    for (time, sign, b) in deltas {
+    for (time, _, _, sign, b) in deltas {
         count += i64::from(sign);
         bytes += i128::from(sign) * i128::from(b);
         let sample = MemorySample {
             time,
-            count: count.max(0) as u32,
-            bytes: bytes.max(0) as u64,
+            count: count.clamp(0, i64::from(u32::MAX)) as u32,
+            bytes: bytes.clamp(0, i128::from(u64::MAX)) as u64,
         };
-        match out.last_mut() {
+        peak_count = peak_count.max(sample.count);
+        peak_bytes = peak_bytes.max(sample.bytes);
+        match samples.last_mut() {
             Some(last) if last.time == time => *last = sample,
-            _ => out.push(sample),
+            _ => samples.push(sample),
         }
     }
-    out
+    MemoryTrack {
+        samples,
+        peak_count,
+        peak_bytes,
+    }
 }
