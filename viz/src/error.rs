@@ -36,6 +36,9 @@ pub enum VizError {
     /// A timeline holds a time that is not a finite number.
     #[error("timeline `{0}` has an event with a start or end that is not a finite number")]
     NonFiniteTime(String),
+    /// Every event has zero length, so there is no time axis to draw on.
+    #[error("timeline `{0}` takes no time (every event has zero length, e.g. all costs 0): nothing to draw on a time axis; give costs above 0")]
+    ZeroSpan(String),
     /// The embedded font could not be loaded (a build problem, not a user one).
     #[error("the embedded DejaVu Sans font could not be registered with plotters")]
     Font,

@@ -51,6 +51,7 @@ impl<'a> PanelData<'a> {
         {
             return Err(VizError::NonFiniteTime(tl.meta.schedule.clone()));
         }
+        crate::drawable(tl)?;
         let start = if tl.events.is_empty() {
             0.0
         } else {

@@ -150,6 +150,16 @@ impl<'a> ChartPanel<'a> {
     }
 }
 
+/// Whether a timeline can be drawn on a time axis: an empty one can (an empty chart), one
+/// whose events all take no time cannot ([`VizError::ZeroSpan`]), since every box would be
+/// zero pixels wide and the chart would look like an idle step.
+pub fn drawable(tl: &Timeline) -> Result<(), VizError> {
+    if !tl.events.is_empty() && tl.makespan() - tl.start() <= 0.0 {
+        return Err(VizError::ZeroSpan(tl.meta.schedule.clone()));
+    }
+    Ok(())
+}
+
 /// Draw a bubble chart: one panel is a single chart, several are stacked on one shared time
 /// axis (each aligned at its own start) for comparison. Returns the image's bytes.
 ///

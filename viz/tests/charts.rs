@@ -306,6 +306,20 @@ fn bad_input_gives_one_line_errors() {
     )
     .unwrap_err();
     assert!(matches!(e, VizError::NonFiniteTime(_)));
+
+    // Zero costs: every box zero wide would read as an idle step, so it is refused.
+    let mut flat = tl.clone();
+    for ev in &mut flat.events {
+        (ev.start, ev.end) = (0.0, 0.0);
+    }
+    let e = bubble_chart(
+        &[ChartPanel::new(&flat)],
+        &ChartOptions::default(),
+        ImageFormat::Svg,
+    )
+    .unwrap_err();
+    assert!(matches!(e, VizError::ZeroSpan(_)), "{e}");
+    assert!(e.to_string().contains("takes no time"), "{e}");
 }
 
 #[test]
