@@ -39,8 +39,35 @@ enum Command {
     Bench(BenchCmd),
 }
 
+/// Clap's refusal as one line (its first, which names the flag, and any tip), exit 2;
+/// help and version print as clap prints them.
+fn usage_error(e: clap::Error) -> ExitCode {
+    use clap::error::ErrorKind::{
+        DisplayHelp, DisplayHelpOnMissingArgumentOrSubcommand, DisplayVersion,
+    };
+    if matches!(
+        e.kind(),
+        DisplayHelp | DisplayVersion | DisplayHelpOnMissingArgumentOrSubcommand
+    ) {
+        e.exit();
+    }
+    let text = e.render().to_string();
+    let mut lines = text.lines().map(str::trim).filter(|l| !l.is_empty());
+    let first = lines.next().unwrap_or("error: bad arguments");
+    let tips: Vec<&str> = lines.filter(|l| l.starts_with("tip:")).collect();
+    let mut line = first.to_string();
+    for tip in tips {
+        line += &format!("; {tip}");
+    }
+    let _ = std::io::stderr().write_all(format!("{line} (see --help)\n").as_bytes());
+    ExitCode::from(2)
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return usage_error(e),
+    };
     let result = match &cli.command {
         Command::Schedule(c) => c.run(),
         Command::Validate(c) => c.run(),

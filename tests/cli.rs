@@ -243,7 +243,7 @@ fn failed_write_leaves_the_old_file_whole() {
         dir.path().join("no/such/dir.csv").to_str().unwrap(),
     ]);
     assert!(
-        !o.status.success() && stderr(&o).contains("cannot write"),
+        !o.status.success() && stderr(&o).contains("does not exist; create it first"),
         "{}",
         stderr(&o)
     );
@@ -422,7 +422,7 @@ fn train_rejects_meshes_and_models_that_do_not_fit() {
     );
     assert_clean_error(
         &["train", "--stages", "2", "--dp", "0", "--steps", "1"],
-        "mesh degree dp must be at least 1",
+        "--dp 0: must be at least 1",
     );
 }
 

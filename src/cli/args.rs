@@ -2,9 +2,14 @@
 
 use std::path::PathBuf;
 
-use anyhow::{bail, Context, Result};
-use clap::{Args, ValueEnum};
-use pipewright::schedule::{generate, CostModel, RawSpec, ScheduleSpec, StageCost, Timetable};
+use std::path::Path;
+
+use anyhow::{bail, Result};
+use clap::parser::ValueSource;
+use clap::{ArgMatches, Args, FromArgMatches, ValueEnum};
+use pipewright::schedule::{
+    generate, CostModel, RawSpec, ScheduleKind, ScheduleSpec, StageCost, Timetable,
+};
 
 /// Which schedule to generate.
 #[derive(Args, Debug, Clone)]
@@ -41,25 +46,151 @@ impl SpecArgs {
 }
 
 /// Where a timetable comes from: generated from flags, or read from a file.
-#[derive(Args, Debug, Clone)]
+///
+/// Beside a file, a schedule flag given on the command line must agree with the file (it is
+/// then harmless) and one the file cannot honour is refused: a silently ignored `--stages 4`
+/// would run a 2-device file on 2 devices. Defaults never count as given.
+#[derive(Debug, Clone)]
 pub struct SourceArgs {
-    #[command(flatten)]
     pub spec: SpecArgs,
     /// Use this timetable (PyTorch CSV or pipewright JSON) instead of generating one.
-    #[arg(long, value_name = "FILE")]
     pub timetable: Option<PathBuf>,
+    /// Ids of the schedule flags given on the command line.
+    given: Vec<&'static str>,
+}
+
+/// The flags of [`SourceArgs`] as clap derives them; the wrapper adds which were given.
+#[derive(Args, Debug, Clone)]
+struct SourceFlags {
+    #[command(flatten)]
+    spec: SpecArgs,
+    /// Use this timetable (PyTorch CSV or pipewright JSON) instead of generating one; schedule
+    /// flags beside it must agree with it.
+    #[arg(long, value_name = "FILE")]
+    timetable: Option<PathBuf>,
+}
+
+/// Clap ids of the schedule flags, with their command-line spelling.
+const SPEC_FLAGS: [(&str, &str); 5] = [
+    ("schedule", "--schedule"),
+    ("stages", "--stages"),
+    ("virtual_stages", "--virtual"),
+    ("microbatches", "--microbatches"),
+    ("group_size", "--group-size"),
+];
+
+impl FromArgMatches for SourceArgs {
+    fn from_arg_matches(m: &ArgMatches) -> std::result::Result<Self, clap::Error> {
+        let flags = SourceFlags::from_arg_matches(m)?;
+        let given = SPEC_FLAGS
+            .iter()
+            .map(|&(id, _)| id)
+            .filter(|id| m.value_source(id) == Some(ValueSource::CommandLine))
+            .collect();
+        Ok(SourceArgs {
+            spec: flags.spec,
+            timetable: flags.timetable,
+            given,
+        })
+    }
+
+    fn update_from_arg_matches(&mut self, m: &ArgMatches) -> std::result::Result<(), clap::Error> {
+        *self = Self::from_arg_matches(m)?;
+        Ok(())
+    }
+}
+
+impl Args for SourceArgs {
+    fn augment_args(cmd: clap::Command) -> clap::Command {
+        SourceFlags::augment_args(cmd)
+    }
+
+    fn augment_args_for_update(cmd: clap::Command) -> clap::Command {
+        SourceFlags::augment_args_for_update(cmd)
+    }
+}
+
+/// What a file fixes about a step, to check flags against.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FileShape {
+    /// Devices p.
+    pub devices: u32,
+    /// Stages S.
+    pub stages: u32,
+    /// Microbatches m.
+    pub microbatches: u32,
+    /// Schedule name (`custom` when the file does not say).
+    pub schedule: String,
+}
+
+impl FileShape {
+    /// The shape of a timetable.
+    pub fn of(tt: &Timetable) -> Self {
+        FileShape {
+            devices: tt.num_devices(),
+            stages: tt.num_stages(),
+            microbatches: tt.microbatches,
+            schedule: tt.name.clone(),
+        }
+    }
 }
 
 impl SourceArgs {
+    /// Whether schedule flag `id` (its clap id, e.g. `stages`) was given on the command line.
+    pub fn given(&self, id: &str) -> bool {
+        self.given.contains(&id)
+    }
+
     /// The timetable, and for a generated one its spec.
     pub fn timetable(&self) -> Result<(Timetable, Option<ScheduleSpec>)> {
         match &self.timetable {
-            Some(path) => Ok((crate::cli::io::load_timetable(path)?, None)),
+            Some(path) => {
+                let tt = crate::cli::io::load_timetable(path)?;
+                self.agree_with(path, &FileShape::of(&tt))?;
+                Ok((tt, None))
+            }
             None => {
                 let spec = self.spec.spec()?;
                 Ok((generate(&spec), Some(spec)))
             }
         }
+    }
+
+    /// Refuse a schedule flag given beside `path` that contradicts it or that it cannot
+    /// honour, in one line naming both values.
+    pub fn agree_with(&self, path: &Path, file: &FileShape) -> Result<()> {
+        let name = path.display();
+        let s = &self.spec;
+        let v = (file.devices > 0 && file.stages % file.devices == 0)
+            .then(|| file.stages / file.devices);
+        let schedule_agrees = s
+            .schedule
+            .parse::<ScheduleKind>()
+            .is_ok_and(|k| k.name() == file.schedule);
+        for (id, flag) in SPEC_FLAGS.iter().filter(|(id, _)| self.given(id)) {
+            let (ours, theirs) = match *id {
+                "stages" if s.stages != file.devices => {
+                    (s.stages.to_string(), format!("{} devices", file.devices))
+                }
+                "virtual_stages" if Some(s.virtual_stages) != v => (
+                    s.virtual_stages.to_string(),
+                    format!("{} stages on {} devices", file.stages, file.devices),
+                ),
+                "microbatches" if s.microbatches != file.microbatches => (
+                    s.microbatches.to_string(),
+                    format!("{} microbatches", file.microbatches),
+                ),
+                "schedule" if !schedule_agrees => {
+                    (s.schedule.clone(), format!("schedule `{}`", file.schedule))
+                }
+                "group_size" => bail!(
+                    "{flag} does not apply to {name}: the file fixes the order of its actions; leave {flag} out"
+                ),
+                _ => continue,
+            };
+            bail!("{flag} {ours} contradicts {name}, which has {theirs}: leave {flag} out or change the file");
+        }
+        Ok(())
     }
 }
 
@@ -73,7 +204,8 @@ pub struct CostArgs {
         long,
         default_value = "1,2",
         value_name = "F,B[,W]",
-        conflicts_with = "cost_file"
+        conflicts_with = "cost_file",
+        allow_hyphen_values = true
     )]
     pub cost: String,
     /// JSON cost file with per-stage costs: {"default": {"f":..,"b":..,"w":..,
@@ -82,16 +214,26 @@ pub struct CostArgs {
     #[arg(long, value_name = "FILE")]
     pub cost_file: Option<PathBuf>,
     /// Fixed time of each point-to-point transfer, in cost units (overrides the cost file).
-    #[arg(long, value_name = "T")]
+    #[arg(long, value_name = "T", allow_negative_numbers = true)]
     pub p2p_latency: Option<f64>,
     /// Link bandwidth in bytes per cost unit (default: infinite; overrides the cost file).
-    #[arg(long, value_name = "BYTES")]
+    #[arg(long, value_name = "BYTES", allow_negative_numbers = true)]
     pub bandwidth: Option<f64>,
     /// Activation bytes one device's share stashes per microbatch (split over v chunks).
-    #[arg(long, default_value_t = 0, value_name = "BYTES")]
+    #[arg(
+        long,
+        default_value_t = 0,
+        value_name = "BYTES",
+        conflicts_with = "cost_file"
+    )]
     pub activation_bytes: u64,
     /// Bytes sent at each stage boundary per microbatch (activation or its gradient).
-    #[arg(long, default_value_t = 0, value_name = "BYTES")]
+    #[arg(
+        long,
+        default_value_t = 0,
+        value_name = "BYTES",
+        conflicts_with = "cost_file"
+    )]
     pub p2p_bytes: u64,
 }
 
@@ -99,11 +241,7 @@ impl CostArgs {
     /// The cost model for a timetable of `stages` stages over `devices` devices.
     pub fn model(&self, stages: u32, devices: u32) -> Result<CostModel> {
         let model = match &self.cost_file {
-            Some(path) => {
-                let text = std::fs::read_to_string(path)
-                    .with_context(|| format!("cannot read {}", path.display()))?;
-                CostModel::from_json(&text, stages).with_context(|| path.display().to_string())?
-            }
+            Some(path) => crate::cli::io::load_cost_file(path, stages)?,
             None => {
                 let mut cost = self.uniform()?;
                 cost.activation_bytes = self.activation_bytes;
@@ -126,13 +264,14 @@ impl CostArgs {
             .cost
             .split(',')
             .map(|x| x.trim().parse::<f64>())
+            .map(|x| x.ok().filter(|x| x.is_finite()).ok_or(()))
             .collect::<Result<Vec<_>, _>>()
             .ok();
         match parts.as_deref() {
             Some(&[f, b]) => Ok(StageCost::new(f, b, None)?),
             Some(&[f, b, w]) => Ok(StageCost::new(f, b, Some(w))?),
             _ => bail!(
-                "--cost `{}`: expected two or three numbers F,B[,W], e.g. 1,2 or 1,2,1",
+                "--cost `{}`: expected two or three finite numbers F,B[,W], e.g. 1,2 or 1,2,1",
                 self.cost
             ),
         }

@@ -5,16 +5,18 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
+use pipewright::schedule::search::{unit_bytes, MemoryCap};
 use pipewright::schedule::{
     best, generate, parse_counts, simulate, sweep, Report, ScheduleKind, ScheduleSpec, SweepGrid,
     SweepRow, Timeline,
 };
 use pipewright::viz::{
-    bubble_chart, sweep_plot, terminal_chart, ChartOptions, ChartPanel, ImageFormat, SweepPoint,
-    SweepSeries,
+    bubble_chart, drawable, sweep_plot, terminal_chart, ChartOptions, ChartPanel, ImageFormat,
+    SweepPoint, SweepSeries,
 };
 
-use super::args::{CostArgs, SourceArgs};
+use super::args::{CostArgs, FileShape, SourceArgs};
+use super::checks::{check_outputs, Kind, Output};
 use super::commands::simulation;
 use super::io::write_atomic;
 
@@ -84,7 +86,14 @@ pub struct VizCmd {
 
 impl VizCmd {
     pub fn run(&self) -> Result<()> {
+        check_outputs([Output::new("-o", self.output.as_ref(), Kind::Image)])?;
+        if self.compare.is_some() && self.source.given("schedule") {
+            bail!("--schedule does not apply with --compare, which names the schedules: leave --schedule out");
+        }
         let runs = self.timelines()?;
+        for (tl, _) in &runs {
+            drawable(tl)?;
+        }
         let to_term = match (self.format, &self.output) {
             (Some(VizFormat::Term), _) | (None, None) => true,
             (Some(VizFormat::Image), None) => bail!("--format image needs -o FILE.svg or FILE.png"),
@@ -123,6 +132,14 @@ impl VizCmd {
     fn timelines(&self) -> Result<Vec<(Timeline, Report)>> {
         if let Some(path) = &self.from {
             let tl = read_timeline(path)?;
+            let meta = &tl.meta;
+            let shape = FileShape {
+                devices: meta.devices,
+                stages: meta.stages,
+                microbatches: meta.microbatches,
+                schedule: meta.schedule.clone(),
+            };
+            self.source.agree_with(path, &shape)?;
             let model = self.costs.model(tl.meta.stages, tl.meta.devices)?;
             let report = Report::new(&tl, &model);
             return Ok(vec![(tl, report)]);
@@ -163,10 +180,7 @@ fn memory_of(r: &Report) -> Vec<Vec<pipewright::schedule::MemorySample>> {
 }
 
 fn read_timeline(path: &Path) -> Result<Timeline> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
-    serde_json::from_str(&text)
-        .with_context(|| format!("{} is not a timeline JSON", path.display()))
+    super::io::load_timeline(path)
 }
 
 /// Output of a sweep.
@@ -204,9 +218,11 @@ pub struct SweepCmd {
     /// Microbatch counts: a list (4,8,16) or ranges (4..64:x2, 1..16, 2..32:+2).
     #[arg(long, short = 'm', default_value = "4..64:x2", value_name = "LIST")]
     microbatches: String,
-    /// Most stashed activation bytes a device may hold; the best combination that fits is named.
-    #[arg(long, value_name = "BYTES")]
-    memory_cap: Option<u64>,
+    /// Most stashed activations a device may hold, as in `search`: microbatches of one
+    /// device's share of the model (e.g. 4) or bytes with a unit (e.g. 512MiB, 24GB); both
+    /// need activation sizes. The best combination that fits is named.
+    #[arg(long, value_name = "CAP", allow_hyphen_values = true)]
+    memory_cap: Option<String>,
     #[command(flatten)]
     costs: CostArgs,
     /// Output form.
@@ -221,13 +237,8 @@ pub struct SweepCmd {
 
 impl SweepCmd {
     pub fn run(&self) -> Result<()> {
+        check_outputs([Output::new("-o", self.output.as_ref(), Kind::Image)])?;
         let grid = self.grid()?;
-        if grid.memory_cap.is_some()
-            && self.costs.cost_file.is_none()
-            && self.costs.activation_bytes == 0
-        {
-            bail!("--memory-cap needs activation sizes: give --activation-bytes or a --cost-file with activation_bytes");
-        }
         let rows = sweep(&grid, |stages, devices| {
             self.costs
                 .model(stages, devices)
@@ -239,6 +250,12 @@ impl SweepCmd {
             SweepFormat::Table => print!("{}", table(&rows, grid.memory_cap)),
         }
         if let Some(path) = &self.output {
+            if rows.iter().all(|r| r.error.is_some()) {
+                bail!(
+                    "-o {}: nothing to plot, no combination ran (see the table)",
+                    path.display()
+                );
+            }
             let fmt = ImageFormat::from_path(path)?;
             let bytes = sweep_plot(&series(&rows), &self.image.options(grid.memory_cap), fmt)?;
             write_atomic(path, &bytes)?;
@@ -265,8 +282,25 @@ impl SweepCmd {
             devices: self.stages,
             virtual_stages: vs,
             microbatches: ms,
-            memory_cap: self.memory_cap,
+            memory_cap: self.cap_bytes()?,
         })
+    }
+
+    /// The cap in bytes: read by the one cap parser `search` uses; microbatch units are
+    /// one microbatch's activation bytes of one device's share of the model.
+    fn cap_bytes(&self) -> Result<Option<u64>> {
+        let Some(text) = &self.memory_cap else {
+            return Ok(None);
+        };
+        let cap: MemoryCap = text.parse()?;
+        let model = self.costs.model(self.stages, self.stages)?;
+        let Some(unit) = unit_bytes(&model, self.stages) else {
+            bail!("--memory-cap needs activation sizes: give --activation-bytes or a --cost-file with activation_bytes");
+        };
+        Ok(Some(match cap {
+            MemoryCap::Bytes(b) => b,
+            MemoryCap::Microbatches(x) => (x * unit).round() as u64,
+        }))
     }
 }
 

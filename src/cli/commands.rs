@@ -3,13 +3,14 @@
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
-use anyhow::Result;
+use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
 use pipewright::schedule::{
     chrome_trace, lower, simulate, to_csv, validate, validate_with, Report, Semantics, Simulation,
 };
 
 use super::args::{CostArgs, SourceArgs, SpecArgs};
+use super::checks::{check_outputs, extension, Kind, Output};
 use super::io::{load_timetable, write_atomic};
 
 /// How `schedule` prints a timetable.
@@ -37,9 +38,10 @@ pub enum ReportFormat {
 pub struct ScheduleCmd {
     #[command(flatten)]
     spec: SpecArgs,
-    /// Output form.
-    #[arg(long, value_enum, default_value_t = TimetableFormat::Grid)]
-    format: TimetableFormat,
+    /// Output form (default: grid, or with -o the form its extension names: .csv, .json,
+    /// .txt for the grid).
+    #[arg(long, value_enum)]
+    format: Option<TimetableFormat>,
     /// Add the sends and receives between devices (SEND_F, RECV_F, SEND_B, RECV_B).
     #[arg(long)]
     lower: bool,
@@ -50,18 +52,59 @@ pub struct ScheduleCmd {
 
 impl ScheduleCmd {
     pub fn run(&self) -> Result<()> {
+        let format = self.format()?;
         let spec = self.spec.spec()?;
         let mut tt = pipewright::schedule::generate(&spec);
         if self.lower {
             tt = lower(&tt)?;
         }
         validate(&tt)?;
-        let text = match self.format {
+        let text = match format {
             TimetableFormat::Grid => format!("{spec}\n{}", tt.grid(None)),
             TimetableFormat::Csv => to_csv(&tt),
             TimetableFormat::Json => serde_json::to_string_pretty(&tt)? + "\n",
         };
         emit(self.output.as_ref(), &text)
+    }
+}
+
+impl ScheduleCmd {
+    /// The output form: --format, else -o's extension; a file's extension must name the
+    /// form written into it, so that what is written can be read back.
+    fn format(&self) -> Result<TimetableFormat> {
+        let Some(path) = &self.output else {
+            return Ok(self.format.unwrap_or(TimetableFormat::Grid));
+        };
+        let by_ext = match extension(path).as_deref() {
+            Some("csv") => Some(TimetableFormat::Csv),
+            Some("json") => Some(TimetableFormat::Json),
+            Some("txt") => Some(TimetableFormat::Grid),
+            _ => None,
+        };
+        let format = match (self.format, by_ext) {
+            (Some(f), Some(e)) if f != e => bail!(
+                "-o {} holds {:?} but --format {:?} was asked for: use a .{} file name or leave --format out",
+                path.display(),
+                e,
+                f,
+                match f {
+                    TimetableFormat::Csv => "csv",
+                    TimetableFormat::Json => "json",
+                    TimetableFormat::Grid => "txt",
+                }
+            ),
+            (_, Some(e)) => e,
+            (Some(_), None) | (None, None) => bail!(
+                "-o {}: use a .csv (PyTorch's form), .json or .txt (the grid) file name",
+                path.display()
+            ),
+        };
+        let kind = match format {
+            TimetableFormat::Grid => Kind::Text,
+            _ => Kind::Timetable,
+        };
+        check_outputs([Output::new("-o", Some(path), kind)])?;
+        Ok(format)
     }
 }
 
@@ -139,6 +182,10 @@ pub struct SimulateCmd {
 
 impl SimulateCmd {
     pub fn run(&self) -> Result<()> {
+        check_outputs([
+            Output::new("--timeline", self.timeline.as_ref(), Kind::Json),
+            Output::new("--trace", self.trace.as_ref(), Kind::Json),
+        ])?;
         let sim = self.simulation()?;
         if let Some(path) = &self.timeline {
             write_atomic(path, serde_json::to_string(&sim.timeline)?.as_bytes())?;
@@ -187,10 +234,10 @@ pub fn table(title: &str, r: &Report) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{title}: makespan {:.3}, ideal {:.3}, bubble {:.2}%",
+        "{title}: makespan {:.3}, ideal {:.3}, bubble {}",
         r.makespan,
         r.ideal,
-        100.0 * r.bubble_fraction
+        percent(r.bubble_fraction)
     );
     let _ = writeln!(
         out,
@@ -200,15 +247,28 @@ pub fn table(title: &str, r: &Report) -> String {
     for d in &r.devices {
         let _ = writeln!(
             out,
-            "{:>6} {:>12.3} {:>7.2}% {:>10} {:>14}",
+            "{:>6} {:>12.3} {:>8} {:>10} {:>14}",
             d.device,
             d.busy,
-            100.0 * d.bubble_fraction,
+            if d.bubble_fraction.is_finite() {
+                percent(d.bubble_fraction)
+            } else {
+                "undefined".into()
+            },
             d.peak_activations,
             d.peak_activation_bytes
         );
     }
     out
+}
+
+/// A fraction as a percentage; a bubble over a step of no time is undefined, not 0%.
+fn percent(x: f64) -> String {
+    if x.is_finite() {
+        format!("{:.2}%", 100.0 * x)
+    } else {
+        "undefined (the step takes no time)".into()
+    }
 }
 
 fn emit(output: Option<&PathBuf>, text: &str) -> Result<()> {

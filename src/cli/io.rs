@@ -3,8 +3,8 @@
 use std::io::Write;
 use std::path::Path;
 
-use anyhow::{anyhow, Context, Result};
-use pipewright::schedule::{from_csv, validate, Timetable};
+use anyhow::{anyhow, bail, Context, Result};
+use pipewright::schedule::{from_csv, validate, CostModel, Timeline, Timetable};
 
 /// Write `bytes` to `path` atomically: a temporary file beside it, then a rename.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
@@ -41,12 +41,115 @@ fn keep_permissions(tmp: &std::fs::File, path: &Path) -> std::io::Result<()> {
     tmp.set_permissions(perms)
 }
 
+/// What a file is, judged from its content, so that a file given where another kind is
+/// wanted is named for what it is ("this is a cost file, not a timetable").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FileKind {
+    /// A pipewright timetable (JSON).
+    Timetable,
+    /// A timeline (`simulate --timeline`, `train --trace`).
+    Timeline,
+    /// A cost file (`--cost-file`, `--costs-out`).
+    CostFile,
+    /// JSON of another kind.
+    OtherJson,
+    /// Not JSON: a PyTorch CSV timetable, or something else.
+    Text,
+}
+
+impl FileKind {
+    /// What the file is, with the flag that reads it.
+    fn describe(self) -> &'static str {
+        match self {
+            FileKind::Timetable => "a timetable (give it as --timetable)",
+            FileKind::Timeline => "a timeline (draw it with viz --from)",
+            FileKind::CostFile => "a cost file (give it as --cost-file)",
+            FileKind::OtherJson => "JSON of no kind pipewright reads",
+            FileKind::Text => "not JSON",
+        }
+    }
+
+    /// Judge JSON text by its top-level keys.
+    pub fn of(text: &str) -> FileKind {
+        let Ok(serde_json::Value::Object(map)) = serde_json::from_str(text) else {
+            return if text.trim_start().starts_with(['{', '[']) {
+                FileKind::OtherJson
+            } else {
+                FileKind::Text
+            };
+        };
+        let has = |k: &str| map.contains_key(k);
+        if has("devices") && (has("stage_device") || has("microbatches")) {
+            FileKind::Timetable
+        } else if has("events") || has("meta") {
+            FileKind::Timeline
+        } else if ["default", "stages", "p2p_latency", "bandwidth", "time_unit"]
+            .iter()
+            .any(|k| has(k))
+        {
+            FileKind::CostFile
+        } else {
+            FileKind::OtherJson
+        }
+    }
+}
+
+/// A text file's content without a UTF-8 byte-order mark; one line naming the file when it
+/// cannot be read or is not text.
+pub fn read_text(path: &Path) -> Result<String> {
+    let name = path.display();
+    let bytes = std::fs::read(path).with_context(|| format!("cannot read {name}"))?;
+    let text = String::from_utf8(bytes).map_err(|e| {
+        anyhow!(
+            "{name} is not a text file (not UTF-8 at byte {})",
+            e.utf8_error().valid_up_to()
+        )
+    })?;
+    Ok(match text.strip_prefix('\u{feff}') {
+        Some(rest) => rest.to_string(),
+        None => text,
+    })
+}
+
+/// Refuse JSON text of another kind than `want`, naming what it is.
+fn expect_kind(path: &Path, text: &str, want: FileKind) -> Result<()> {
+    match FileKind::of(text) {
+        k if k == want || k == FileKind::OtherJson || k == FileKind::Text => Ok(()),
+        k => bail!(
+            "{} is {}, not {}",
+            path.display(),
+            k.describe(),
+            match want {
+                FileKind::Timetable => "a timetable",
+                FileKind::Timeline => "a timeline",
+                _ => "a cost file",
+            }
+        ),
+    }
+}
+
+/// Read a cost file for a timetable of `stages` stages.
+pub fn load_cost_file(path: &Path, stages: u32) -> Result<CostModel> {
+    let text = read_text(path)?;
+    expect_kind(path, &text, FileKind::CostFile)?;
+    CostModel::from_json(&text, stages).with_context(|| path.display().to_string())
+}
+
+/// Read a timeline JSON (`simulate --timeline`, `train --trace`).
+pub fn load_timeline(path: &Path) -> Result<Timeline> {
+    let text = read_text(path)?;
+    expect_kind(path, &text, FileKind::Timeline)?;
+    serde_json::from_str(&text)
+        .with_context(|| format!("{} is not a timeline JSON", path.display()))
+}
+
 /// Read a timetable file (PyTorch CSV, or pipewright JSON when it starts with `{`) and
 /// validate it; errors name the file and, for CSV, the line and column.
 pub fn load_timetable(path: &Path) -> Result<Timetable> {
     let name = path.display();
-    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {name}"))?;
-    let (tt, source) = if text.trim_start().starts_with('{') {
+    let text = read_text(path)?;
+    let (tt, source) = if text.trim_start().starts_with(['{', '[']) {
+        expect_kind(path, &text, FileKind::Timetable)?;
         let tt: Timetable = serde_json::from_str(&text).map_err(|e| anyhow!("{name}: {e}"))?;
         (tt, None)
     } else {

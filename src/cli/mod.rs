@@ -2,6 +2,7 @@
 
 pub mod args;
 pub mod charts;
+pub mod checks;
 pub mod commands;
 pub mod io;
 pub mod search;

@@ -14,6 +14,7 @@ use pipewright::viz::{
 };
 
 use super::args::CostArgs;
+use super::checks::{check_outputs, Kind, Output};
 use super::commands::ReportFormat;
 use super::io::write_atomic;
 
@@ -29,7 +30,7 @@ pub struct SearchCmd {
     /// Stashed activations a device may hold: a number of microbatches of one device's share
     /// of the model (1F1B needs p, GPipe m), or bytes with a unit (512MiB, 24GB; needs
     /// --activation-bytes or activation sizes in the cost file).
-    #[arg(long, value_name = "CAP")]
+    #[arg(long, value_name = "CAP", allow_hyphen_values = true)]
     memory_cap: String,
     #[command(flatten)]
     costs: CostArgs,
@@ -65,6 +66,15 @@ pub struct SearchCmd {
 
 impl SearchCmd {
     pub fn run(&self) -> Result<()> {
+        check_outputs([
+            Output::new("-o", self.output.as_ref(), Kind::Image),
+            Output::new("--chart", self.chart.as_ref(), Kind::Image),
+            Output::new(
+                "--timetable-out",
+                self.timetable_out.as_ref(),
+                Kind::Timetable,
+            ),
+        ])?;
         let cap: MemoryCap = self.memory_cap.parse()?;
         // Catch bad output names before the work, not after.
         let plot_fmt = self

@@ -19,6 +19,7 @@ use pipewright::viz::{bubble_chart, ChartOptions, ChartPanel, ImageFormat};
 use super::args::{
     mpi_universe, nccl_universe, parse_device, CostArgs, Device, MpiUniverse, SourceArgs, Transport,
 };
+use super::checks::{at_least, check_outputs, in_range, Kind, Output};
 use super::commands::ReportFormat;
 use super::io::write_atomic;
 use super::search::write_measured_costs;
@@ -71,11 +72,11 @@ pub struct TrainCmd {
     /// Vocabulary size of the generated task (arithmetic progressions modulo the vocabulary).
     #[arg(long, default_value_t = 64)]
     vocab: usize,
-    /// AdamW learning rate.
-    #[arg(long, default_value_t = 3e-3)]
+    /// AdamW learning rate (above 0, at most 1).
+    #[arg(long, default_value_t = 3e-3, allow_negative_numbers = true)]
     lr: f32,
     /// Seconds a receive or collective may wait before the run fails.
-    #[arg(long, default_value_t = 60.0)]
+    #[arg(long, default_value_t = 60.0, allow_negative_numbers = true)]
     timeout: f64,
     /// Write the last step's measured timeline (JSON, for `pipewright viz --from`).
     #[arg(long, value_name = "FILE")]
@@ -94,12 +95,26 @@ pub struct TrainCmd {
 
 impl TrainCmd {
     pub fn run(&self) -> Result<()> {
+        check_outputs([
+            Output::new("--trace", self.trace.as_ref(), Kind::Json),
+            Output::new("--chart", self.chart.as_ref(), Kind::Image),
+            Output::new("--costs-out", self.costs_out.as_ref(), Kind::Json),
+        ])?;
+        self.check_numbers()?;
         let chart_format = self
             .chart
             .as_deref()
             .map(ImageFormat::from_path)
             .transpose()?;
         let (tt, _) = self.source.timetable()?;
+        if self.layers < tt.num_stages() as usize {
+            bail!(
+                "--layers {}: {} stages need at least {} layers (one or more per stage)",
+                self.layers,
+                tt.num_stages(),
+                tt.num_stages()
+            );
+        }
         let mesh = Mesh::new(tt.num_devices() as usize, self.tp, self.dp)?;
         let model = GptConfig::new(
             self.vocab,
@@ -191,6 +206,52 @@ impl TrainCmd {
 }
 
 impl TrainCmd {
+    /// Hyperparameters and sizes, checked before any work so that a bad one fails in one
+    /// line instead of inside step 0 or as a NaN loss.
+    fn check_numbers(&self) -> Result<()> {
+        in_range(
+            "--lr",
+            self.lr,
+            0.0,
+            1.0,
+            "AdamW's learning rate; the default is 3e-3",
+        )?;
+        in_range(
+            "--timeout",
+            self.timeout,
+            0.0,
+            1e6,
+            "seconds a receive may wait",
+        )?;
+        at_least(
+            "--vocab",
+            self.vocab,
+            2,
+            "a next-token task needs two tokens or more",
+        )?;
+        at_least("--seq-len", self.seq_len, 1, "tokens per sequence")?;
+        at_least(
+            "--microbatch-size",
+            self.microbatch_size,
+            1,
+            "sequences per microbatch",
+        )?;
+        at_least("--heads", self.heads, 1, "attention heads")?;
+        at_least("--d-model", self.d_model, 1, "width of the residual stream")?;
+        at_least("--tp", self.tp, 1, "tensor-parallel ranks")?;
+        at_least("--dp", self.dp, 1, "data-parallel replicas")?;
+        at_least("--steps", self.steps as usize, 1, "training steps")?;
+        GptConfig::new(
+            self.vocab,
+            self.seq_len,
+            self.d_model,
+            self.heads,
+            self.layers,
+        )
+        .validate(self.tp)?;
+        Ok(())
+    }
+
     /// Where tensors live: `--device`, checked against the transport. Over NCCL each rank
     /// takes the GPU of its local rank, so a device named on the command line (the same for
     /// every rank) cannot be honoured.
@@ -396,6 +457,11 @@ pub struct BenchCmd {
 
 impl BenchCmd {
     pub fn run(&self) -> Result<()> {
+        check_outputs([
+            Output::new("--trace", self.trace.as_ref(), Kind::Json),
+            Output::new("--chart", self.chart.as_ref(), Kind::Image),
+            Output::new("--costs-out", self.costs_out.as_ref(), Kind::Json),
+        ])?;
         let (tt, _) = self.source.timetable()?;
         let model = self.costs.model(tt.num_stages(), tt.num_devices())?;
         let sim = simulate(&tt, &model)?;
