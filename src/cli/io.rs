@@ -139,8 +139,28 @@ pub fn load_cost_file(path: &Path, stages: u32) -> Result<CostModel> {
 pub fn load_timeline(path: &Path) -> Result<Timeline> {
     let text = read_text(path)?;
     expect_kind(path, &text, FileKind::Timeline)?;
-    serde_json::from_str(&text)
-        .with_context(|| format!("{} is not a timeline JSON", path.display()))
+    let tl: Timeline = serde_json::from_str(&text)
+        .with_context(|| format!("{} is not a timeline JSON", path.display()))?;
+    // Per-device figures allocate by `meta.devices`: a corrupt count must not exhaust memory.
+    const MAX_DEVICES: u32 = 1 << 16;
+    let meta = &tl.meta;
+    if meta.devices == 0 || meta.devices > MAX_DEVICES || meta.stages > MAX_DEVICES * 64 {
+        bail!(
+            "{}: meta says {} devices and {} stages; expected 1 to {MAX_DEVICES} devices",
+            path.display(),
+            meta.devices,
+            meta.stages
+        );
+    }
+    if let Some(e) = tl.events.iter().find(|e| e.device >= meta.devices) {
+        bail!(
+            "{}: an event runs on device {}, but meta says {} devices",
+            path.display(),
+            e.device,
+            meta.devices
+        );
+    }
+    Ok(tl)
 }
 
 /// Read a timetable file (PyTorch CSV, or pipewright JSON when it starts with `{`) and
