@@ -144,7 +144,7 @@ pub fn at_least(flag: &str, value: usize, min: usize, why: &str) -> Result<()> {
 mod tests {
     use super::*;
 
-    fn out(flag: &'static str, p: &Path, kind: Kind) -> Option<Output<'_>> {
+    fn out<'a>(flag: &'static str, p: &'a Path, kind: Kind) -> Option<Output<'a>> {
         Some(Output {
             flag,
             path: p,
