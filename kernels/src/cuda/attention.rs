@@ -113,6 +113,7 @@ pub(super) fn names() -> Vec<String> {
 }
 
 /// The compiled attention kernels.
+#[derive(Clone)]
 pub(super) struct AttnKernels {
     /// Per tile of [`TILES`]: forward, dQ, dK/dV.
     per_tile: Vec<[CudaFunction; 3]>,

@@ -69,6 +69,7 @@ pub(super) const NAMES: &[&str] = &[
     "adamw",
 ];
 
+#[derive(Clone)]
 pub(super) struct Kernels {
     gelu_fwd: CudaFunction,
     gelu_bwd: CudaFunction,

@@ -6,13 +6,26 @@ use super::cuda_err;
 use crate::error::Result;
 use cudarc::driver::{CudaContext, CudaFunction};
 use cudarc::nvrtc::Ptx;
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// Compiles `src` to PTX with the options every module of the backend uses
 /// (NVRTC's defaults: its default virtual architecture, IEEE `expf`, `sqrtf`
 /// and division; no fast math).
+///
+/// Once per source and process: the attention source alone takes NVRTC
+/// seconds, and every backend (each test's, each rank's) loads every module.
 pub(super) fn ptx(src: &str) -> Result<Ptx> {
-    cudarc::nvrtc::compile_ptx(src).map_err(cuda_err)
+    static DONE: OnceLock<Mutex<HashMap<String, Ptx>>> = OnceLock::new();
+    let done = DONE.get_or_init(Default::default);
+    // A panic elsewhere while holding the lock leaves the map intact.
+    let mut done = done.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(ptx) = done.get(src) {
+        return Ok(ptx.clone());
+    }
+    let ptx = cudarc::nvrtc::compile_ptx(src).map_err(cuda_err)?;
+    done.insert(src.to_string(), ptx.clone());
+    Ok(ptx)
 }
 
 /// Compiles `src`, loads it on `ctx` and returns its kernels `names`, in order.

@@ -41,6 +41,7 @@ const MAX_CHUNKS: usize = 128;
 /// At least this many rows per chunk, so small inputs take one chunk.
 const MIN_CHUNK: usize = 32;
 
+#[derive(Clone)]
 pub(super) struct RowKernels {
     ln_fwd: CudaFunction,
     ln_bwd_input: CudaFunction,
