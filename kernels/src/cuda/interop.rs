@@ -15,7 +15,8 @@ use std::sync::Arc;
 
 impl CudaTensor {
     /// A tensor of `shape` over `data`, which must hold at least `max(numel, 1)` values (an
-    /// empty tensor keeps one placeholder element, see [`CudaTensor`]).
+    /// empty tensor keeps one placeholder element, see [`CudaTensor`]) and start 16-byte
+    /// aligned, as every cudarc allocation does: the row kernels read rows as float4.
     pub fn from_slice(shape: &[usize], data: CudaSlice<f32>) -> Result<Self> {
         let numel: usize = shape.iter().product();
         if data.len() < numel.max(1) {
