@@ -45,6 +45,11 @@ pub trait Backend {
     /// What a LayerNorm forward saves for its backward (normalised input and
     /// per-row reciprocal standard deviation), kept on the device.
     type NormStash: std::fmt::Debug;
+    /// What a causal attention forward saves for its backward besides its
+    /// input and output: the probabilities on the CPU (`[batch, heads, seq, seq]`),
+    /// the per-row logsumexp on a GPU (`[batch, heads, seq]`, recomputing the
+    /// probabilities tile by tile in the backward).
+    type AttnStash: std::fmt::Debug;
 
     /// Short name for messages (`"cpu"`, `"cuda:0"`).
     fn name(&self) -> String;
@@ -164,17 +169,19 @@ pub trait Backend {
         dwte: &mut Self::Storage,
         dwpe: &mut Self::Storage,
     ) -> Result<()>;
-    /// See [`cpu::causal_attention`]: output and attention probabilities.
+    /// See [`cpu::causal_attention`]: the output and what the backward needs.
     fn causal_attention(
         &self,
         qkv: &Self::Storage,
         sh: AttnShape,
-    ) -> Result<(Self::Storage, Self::Storage)>;
-    /// See [`cpu::causal_attention_backward`]: the gradient of the fused qkv.
+    ) -> Result<(Self::Storage, Self::AttnStash)>;
+    /// See [`cpu::causal_attention_backward`]: the gradient of the fused qkv
+    /// from the forward's input `qkv`, its output `out` and its stash.
     fn causal_attention_backward(
         &self,
         qkv: &Self::Storage,
-        probs: &Self::Storage,
+        out: &Self::Storage,
+        stash: &Self::AttnStash,
         dout: &Self::Storage,
         sh: AttnShape,
     ) -> Result<Self::Storage>;
@@ -187,6 +194,8 @@ pub struct Cpu;
 impl Backend for Cpu {
     type Storage = Tensor;
     type NormStash = cpu::LayerNormStash;
+    /// The attention probabilities.
+    type AttnStash = Tensor;
 
     fn name(&self) -> String {
         "cpu".into()
@@ -316,6 +325,7 @@ impl Backend for Cpu {
     fn causal_attention_backward(
         &self,
         qkv: &Tensor,
+        _out: &Tensor,
         probs: &Tensor,
         dout: &Tensor,
         sh: AttnShape,

@@ -171,6 +171,23 @@ fn check_bias<B: Backend>(be: &B) {
     assert!(be
         .add_bias(&mut xd, &be.upload(&Tensor::zeros(&[5])).unwrap())
         .is_err());
+    // Rows for several of the GPU's row chunks, columns off its 32-wide blocks.
+    let dy = randn(&[300, 37], "bias-dy");
+    let acc0 = randn(&[37], "bias-acc");
+    let mut acc = be.upload(&acc0).unwrap();
+    be.bias_grad_acc(&be.upload(&dy).unwrap(), &mut acc)
+        .unwrap();
+    let want: Vec<f64> = (0..37)
+        .map(|j| {
+            acc0.data()[j] as f64 + (0..300).map(|r| dy.data()[r * 37 + j] as f64).sum::<f64>()
+        })
+        .collect();
+    assert_close(
+        "bias_grad_acc [300, 37]",
+        &be.download(&acc).unwrap(),
+        &want,
+        1e-5,
+    );
 }
 
 fn gelu64(v: f64) -> f64 {
@@ -243,13 +260,22 @@ fn randn_affine(shape: &[usize], tag: &str, scale: f32, shift: f32) -> Tensor {
 }
 
 fn check_layer_norm<B: Backend>(be: &B) {
-    let name = be.name();
+    // Widths below, at and off the kernels' float4 path (multiples of 4) and
+    // beyond one pass of a 256-thread block; rows enough for several
+    // row chunks of the GPU's column sums.
+    for (rows, n) in [(6, 7), (5, 64), (3, 1028), (2, 1030), (300, 12)] {
+        check_layer_norm_shape(be, rows, n);
+    }
+}
+
+fn check_layer_norm_shape<B: Backend>(be: &B, rows: usize, n: usize) {
+    let name = format!("{} [{rows}, {n}]", be.name());
     // A large mean checks that statistics keep their precision.
-    let x = randn_affine(&[2, 3, 7], "ln-x", 2.0, 5.0);
+    let x = randn_affine(&[rows, n], "ln-x", 2.0, 5.0);
     let (gamma, beta, dy) = (
-        randn(&[7], "ln-g"),
-        randn(&[7], "ln-b"),
-        randn(&[2, 3, 7], "ln-dy"),
+        randn(&[n], "ln-g"),
+        randn(&[n], "ln-b"),
+        randn(&[rows, n], "ln-dy"),
     );
     let (y, stash) = cpu::layer_norm(&x, &gamma, &beta, 1e-5).unwrap();
     let (xd, gd, bd, dyd) = (
@@ -270,7 +296,7 @@ fn check_layer_norm<B: Backend>(be: &B) {
     assert_close(&format!("{name} layer_norm dx"), &got, &f64s(&dx), TOL);
 
     // Gradients accumulate into what is there.
-    let (mut dg, mut db) = (randn(&[7], "ln-dg"), randn(&[7], "ln-db"));
+    let (mut dg, mut db) = (randn(&[n], "ln-dg"), randn(&[n], "ln-db"));
     let (mut dgd, mut dbd) = (be.upload(&dg).unwrap(), be.upload(&db).unwrap());
     cpu::layer_norm_backward_weight(&dy, &stash.xhat, &mut dg, &mut db).unwrap();
     be.layer_norm_backward_weight(&dyd, &sd, &mut dgd, &mut dbd)
@@ -280,12 +306,17 @@ fn check_layer_norm<B: Backend>(be: &B) {
     let what = format!("{name} layer_norm dbeta");
     assert_close(&what, &be.download(&dbd).unwrap(), &f64s(&db), TOL);
 
-    let g6 = be.upload(&Tensor::zeros(&[6])).unwrap();
-    assert!(be.layer_norm(&xd, &g6, &bd, 1e-5).is_err());
-    assert!(be.layer_norm_backward_input(&dyd, &g6, &sd).is_err());
+    let g1 = be.upload(&Tensor::zeros(&[n + 1])).unwrap();
+    assert!(be.layer_norm(&xd, &g1, &bd, 1e-5).is_err());
+    assert!(be.layer_norm_backward_input(&dyd, &g1, &sd).is_err());
 }
 
 fn check_cross_entropy<B: Backend>(be: &B) {
+    // The model's vocabulary (a float4 path of 8 quads per thread) and
+    // widths off the float4 path.
+    for (rows, v) in [(3, 8192), (4, 8195), (2, 300)] {
+        check_cross_entropy_shape(be, rows, v);
+    }
     let name = be.name();
     let logits = randn_affine(&[2, 5, 11], "ce-z", 3.0, 0.0);
     let targets: Vec<u32> = (0..10).map(|i| (i * 7 + 3) % 11).collect();
@@ -320,6 +351,28 @@ fn check_cross_entropy<B: Backend>(be: &B) {
     assert!(be.cross_entropy(&zd, &targets[1..], 1.0).is_err());
 }
 
+fn check_cross_entropy_shape<B: Backend>(be: &B, rows: usize, v: usize) {
+    let name = format!("{} [{rows}, {v}]", be.name());
+    let logits = randn_affine(&[rows, v], "ce-zv", 3.0, 0.0);
+    let targets: Vec<u32> = (0..rows).map(|i| ((i * 7919 + 3) % v) as u32).collect();
+    let (loss, probs) = cpu::cross_entropy(&logits, &targets, 1.0).unwrap();
+    let (got_loss, pd) = be
+        .cross_entropy(&be.upload(&logits).unwrap(), &targets, 1.0)
+        .unwrap();
+    assert!(
+        (got_loss as f64 - loss as f64).abs() <= TOL * (1.0 + loss.abs() as f64),
+        "{name} cross_entropy loss: {got_loss} vs {loss}"
+    );
+    let what = format!("{name} cross_entropy probs");
+    assert_close(&what, &be.download(&pd).unwrap(), &f64s(&probs), TOL);
+    let grad = cpu::cross_entropy_backward(probs, &targets, 1.0).unwrap();
+    let got = be
+        .download(&be.cross_entropy_backward(pd, &targets, 1.0).unwrap())
+        .unwrap();
+    let what = format!("{name} cross_entropy grad");
+    assert_close(&what, &got, &f64s(&grad), TOL);
+}
+
 fn check_embedding<B: Backend>(be: &B) {
     let name = be.name();
     let (wte, wpe) = (randn(&[13, 6], "emb-wte"), randn(&[8, 6], "emb-wpe"));
@@ -339,10 +392,12 @@ fn check_embedding<B: Backend>(be: &B) {
     cpu::embedding_backward_weight(&ids, 5, &dy, &mut dwte, &mut dwpe).unwrap();
     be.embedding_backward_weight(&ids, 5, &be.upload(&dy).unwrap(), &mut dted, &mut dped)
         .unwrap();
+    // Every backend adds a row's gradient in the CPU's order: same bits.
+    let bits = |t: &Tensor| t.data().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
     let what = format!("{name} embedding dwte");
-    assert_close(&what, &be.download(&dted).unwrap(), &f64s(&dwte), TOL);
+    assert_eq!(bits(&be.download(&dted).unwrap()), bits(&dwte), "{what}");
     let what = format!("{name} embedding dwpe");
-    assert_close(&what, &be.download(&dped).unwrap(), &f64s(&dwpe), TOL);
+    assert_eq!(bits(&be.download(&dped).unwrap()), bits(&dwpe), "{what}");
 
     assert!(
         be.embedding(&[0, 13], 2, &ted, &ped).is_err(),
@@ -356,44 +411,79 @@ fn check_embedding<B: Backend>(be: &B) {
 }
 
 fn check_attention<B: Backend>(be: &B) {
-    let name = be.name();
     // Odd sizes, several sequences and heads: index mistakes between heads
-    // or sequences show up as mismatches.
-    let sh = AttnShape {
-        batch: 2,
-        seq: 5,
-        heads: 3,
-        head_dim: 4,
-    };
-    let qkv = randn(&[10, 36], "attn-qkv");
+    // or sequences show up as mismatches. Sequences off every GPU tile
+    // (8, 16, 32 rows), one head, and each padded head width.
+    let shapes = [
+        (2, 5, 3, 4),
+        (1, 37, 1, 16),
+        (2, 33, 2, 32),
+        (1, 70, 2, 64),
+        (1, 41, 1, 128),
+        (1, 19, 2, 100),
+    ];
+    for (batch, seq, heads, head_dim) in shapes {
+        let sh = AttnShape {
+            batch,
+            seq,
+            heads,
+            head_dim,
+        };
+        check_attention_shape(be, sh);
+    }
+}
+
+fn check_attention_shape<B: Backend>(be: &B, sh: AttnShape) {
+    let name = format!("{} {sh:?}", be.name());
+    let (rows, w) = (sh.batch * sh.seq, sh.width());
+    let qkv = randn(&[rows, 3 * w], "attn-qkv");
     let (out, probs) = cpu::causal_attention(&qkv, sh).unwrap();
     let qd = be.upload(&qkv).unwrap();
-    let (od, pd) = be.causal_attention(&qd, sh).unwrap();
-    let (got_out, got_probs) = (be.download(&od).unwrap(), be.download(&pd).unwrap());
-    assert_eq!(got_out.shape(), &[2, 5, 12]);
-    assert_eq!(got_probs.shape(), &[2, 3, 5, 5]);
+    let (od, stash) = be.causal_attention(&qd, sh).unwrap();
+    let got_out = be.download(&od).unwrap();
+    assert_eq!(got_out.shape(), &[sh.batch, sh.seq, w]);
     assert_close(&format!("{name} attention out"), &got_out, &f64s(&out), TOL);
-    let what = format!("{name} attention probs");
-    assert_close(&what, &got_probs, &f64s(&probs), TOL);
-    for (r, row) in got_probs.data().chunks(5).enumerate() {
-        assert!(
-            row[r % 5 + 1..].iter().all(|&p| p == 0.0),
-            "{name}: masked probabilities of row {r} are not 0: {row:?}"
-        );
-    }
 
-    let dout = randn(&[2, 5, 12], "attn-dout");
+    let dout = randn(&[sh.batch, sh.seq, w], "attn-dout");
     let dqkv = cpu::causal_attention_backward(&qkv, &probs, &dout, sh).unwrap();
     let dod = be.upload(&dout).unwrap();
     let got = be
-        .download(&be.causal_attention_backward(&qd, &pd, &dod, sh).unwrap())
+        .download(
+            &be.causal_attention_backward(&qd, &od, &stash, &dod, sh)
+                .unwrap(),
+        )
         .unwrap();
     assert_eq!(got.shape(), qkv.shape());
     assert_close(&format!("{name} attention dqkv"), &got, &f64s(&dqkv), TOL);
 
-    let bad = AttnShape { heads: 2, ..sh };
+    let bad = AttnShape {
+        heads: sh.heads + 1,
+        ..sh
+    };
     assert!(be.causal_attention(&qd, bad).is_err());
-    assert!(be.causal_attention_backward(&qd, &od, &dod, sh).is_err());
+    let short = be.upload(&Tensor::zeros(&[rows, w + 1])).unwrap();
+    assert!(be
+        .causal_attention_backward(&qd, &od, &stash, &short, sh)
+        .is_err());
+}
+
+/// The GPU kernels pad heads to at most 128 columns; wider heads are refused
+/// with a message naming the limit, before any launch.
+#[cfg(feature = "cuda")]
+#[test]
+fn cuda_attention_refuses_heads_wider_than_128() {
+    let Some(gpu) = pipewright_kernels::cuda::gpu_for_tests(0) else {
+        return;
+    };
+    let sh = AttnShape {
+        batch: 1,
+        seq: 2,
+        heads: 1,
+        head_dim: 129,
+    };
+    let qkv = gpu.upload(&randn(&[2, 3 * 129], "wide")).unwrap();
+    let err = gpu.causal_attention(&qkv, sh).unwrap_err().to_string();
+    assert!(err.contains("head_dim above the GPU kernels' 128"), "{err}");
 }
 
 #[test]

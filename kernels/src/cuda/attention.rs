@@ -1,404 +1,298 @@
-//! Causal multi-head attention core on the GPU: cuBLAS strided-batched GEMMs
-//! for the products (batched over the heads of one sequence) and the NVRTC
-//! causal softmax and softmax backward of `rowops.rs` in between.
+//! Fused causal multi-head attention on the GPU, FlashAttention-2 style
+//! (`attention.cu`): the forward streams key/value tiles through shared
+//! memory with an online softmax and keeps only the output and each row's
+//! logsumexp; the backward recomputes the probabilities tile by tile from
+//! Q, K and the logsumexp. Nothing of size seq x seq is ever allocated.
+//!
+//! The backward is deterministic: dQ in one kernel (blocks over query rows),
+//! dK and dV in another (blocks over keys), each summing in a fixed order,
+//! instead of FlashAttention-2's atomic dQ.
 //!
 //! Layouts are the CPU op's (`cpu::attention`): `qkv` is
 //! `[batch * seq, 3 * w]` with `w = heads * head_dim`, each row
 //! `[Q_0 .. Q_{h-1} | K_0 .. | V_0 ..]`; the output `[batch, seq, w]`; the
-//! probabilities `[batch, heads, seq, seq]`. Head `h` of sequence `b` is a
-//! strided view (row stride `3w`, or `w` for the output) at column `h * dh`,
-//! so consecutive heads are `dh` floats apart and one strided-batched GEMM
-//! covers all heads of a sequence; sequences differ in stride, so they loop.
-//!
-//! As in `blas.rs`, a row-major `r x c` matrix with row stride `ld` is the
-//! column-major `c x r` matrix of its transpose with leading dimension
-//! `ld`, so each row-major product `C = op(X) op(Y)` runs as the
-//! column-major `C^T = op(Y)^T op(X)^T`: `a` below is always the right-hand
-//! row-major factor and `b` the left-hand one.
+//! logsumexp `[batch, heads, seq]`. Supported: `head_dim <= 128` (the
+//! kernels pad it to the next of 16, 32, 64, 128), `batch * heads <= 65535`;
+//! anything else is refused with a shape error.
 
-use super::rowops::RowKernels;
+use super::rowops::int;
 use super::{cuda_err, CudaTensor};
 use crate::cpu::AttnShape;
-use crate::error::{KernelError, Result};
-use cudarc::cublas::sys::cublasOperation_t::{self, CUBLAS_OP_N, CUBLAS_OP_T};
-use cudarc::cublas::{CudaBlas, Gemm, GemmConfig, StridedBatchedConfig};
-use cudarc::driver::{CudaStream, CudaView, CudaViewMut};
-use std::os::raw::{c_int, c_longlong};
+use crate::error::{shape_err, KernelError, Result};
+use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
 use std::sync::Arc;
 
-fn dim(n: usize) -> Result<c_int> {
-    c_int::try_from(n).map_err(|_| KernelError::Cuda(format!("dimension {n} exceeds cuBLAS's int")))
+const TEMPLATES: &str = include_str!("attention.cu");
+
+/// Threads per block (`THREADS` of the source: 4 warps).
+const THREADS: u32 = 128;
+/// Warps per block (`WARPS`).
+const WARPS: usize = 4;
+
+/// One instantiation: padded head width `d` and the rows (queries, or keys
+/// for dK/dV) each warp owns in each kernel. Shared memory per block stays
+/// under 48 KB (static_assert in the source): at most about 43 KB, with
+/// `d = 128`.
+struct Tile {
+    d: usize,
+    fwd: usize,
+    dq: usize,
+    dkv: usize,
 }
 
-fn stride(n: usize) -> Result<c_longlong> {
-    c_longlong::try_from(n).map_err(|_| KernelError::Cuda(format!("stride {n} exceeds cuBLAS's")))
+const TILES: [Tile; 4] = [
+    Tile {
+        d: 16,
+        fwd: 8,
+        dq: 8,
+        dkv: 8,
+    },
+    Tile {
+        d: 32,
+        fwd: 8,
+        dq: 8,
+        dkv: 8,
+    },
+    Tile {
+        d: 64,
+        fwd: 8,
+        dq: 8,
+        dkv: 8,
+    },
+    Tile {
+        d: 128,
+        fwd: 4,
+        dq: 2,
+        dkv: 2,
+    },
+];
+
+/// The templates and one `extern "C"` kernel per instantiation of [`TILES`].
+pub(super) fn source() -> String {
+    let mut src = TEMPLATES.to_string();
+    let bwd = "(float* dqkv, const float* qkv, const float* dout, const float* lse, \
+               const float* delta, int T, int H, int dh, float scale)";
+    let bwd_args = "(dqkv, qkv, dout, lse, delta, T, H, dh, scale)";
+    for t in &TILES {
+        let d = t.d;
+        src += &format!(
+            "\nextern \"C\" __global__ void __launch_bounds__(THREADS) attn_fwd_{d}\
+             (float* out, float* lse, const float* qkv, int T, int H, int dh, float scale) \
+             {{ attn_fwd<{d}, {}>(out, lse, qkv, T, H, dh, scale); }}\n",
+            t.fwd
+        );
+        src += &format!(
+            "extern \"C\" __global__ void __launch_bounds__(THREADS) attn_bwd_dq_{d}{bwd} \
+             {{ attn_bwd_dq<{d}, {}>{bwd_args}; }}\n",
+            t.dq
+        );
+        src += &format!(
+            "extern \"C\" __global__ void __launch_bounds__(THREADS) attn_bwd_dkv_{d}{bwd} \
+             {{ attn_bwd_dkv<{d}, {}>{bwd_args}; }}\n",
+            t.dkv
+        );
+    }
+    src
 }
 
-/// One column-major strided-batched GEMM, `C_i = alpha op(A_i) op(B_i)` for
-/// `i < batch`, with `A_i = a + i * sa` (and so on), overwriting `C_i`.
-pub(super) struct Batched {
-    ta: cublasOperation_t,
-    tb: cublasOperation_t,
-    m: usize,
-    n: usize,
-    k: usize,
-    alpha: f32,
-    lda: usize,
-    ldb: usize,
-    ldc: usize,
-    sa: usize,
-    sb: usize,
-    sc: usize,
-    batch: usize,
+/// Every kernel of [`source`]: per tile forward, dQ, dK/dV; then `attn_delta`.
+pub(super) fn names() -> Vec<String> {
+    let mut names: Vec<String> = TILES
+        .iter()
+        .flat_map(|t| {
+            let d = t.d;
+            [
+                format!("attn_fwd_{d}"),
+                format!("attn_bwd_dq_{d}"),
+                format!("attn_bwd_dkv_{d}"),
+            ]
+        })
+        .collect();
+    names.push("attn_delta".into());
+    names
 }
 
-/// What the attention passes need from a device: the GEMMs, on buffers
-/// given with an element offset, and the two softmax kernels. The GPU runs
-/// them through cuBLAS and NVRTC; the tests below emulate them on the host,
-/// so the GEMM plans (the error-prone part) are checked without a GPU.
-pub(super) trait Exec {
-    /// A device buffer of f32.
-    type Buf;
-    /// `g` with `A`, `B`, `C` starting `a.1`, `b.1`, `c.1` elements in.
-    fn gemm(
-        &mut self,
-        g: &Batched,
-        a: (&Self::Buf, usize),
-        b: (&Self::Buf, usize),
-        c: (&mut Self::Buf, usize),
-    ) -> Result<()>;
-    /// Causal softmax in place over rows of `t x t` blocks.
-    fn causal_softmax(&mut self, probs: &mut Self::Buf, t: usize) -> Result<()>;
-    /// `ds = p * (ds - rowsum(p * ds))` in place, rows of `t`.
-    fn softmax_backward(&mut self, ds: &mut Self::Buf, probs: &Self::Buf, t: usize) -> Result<()>;
+/// The compiled attention kernels.
+#[derive(Clone)]
+pub(super) struct AttnKernels {
+    /// Per tile of [`TILES`]: forward, dQ, dK/dV.
+    per_tile: Vec<[CudaFunction; 3]>,
+    delta: CudaFunction,
 }
 
-/// The GPU: cuBLAS for the GEMMs, NVRTC kernels for the softmaxes.
-pub(super) struct Gpu<'a> {
-    pub(super) blas: &'a CudaBlas,
-    pub(super) rows: &'a RowKernels,
-    pub(super) stream: &'a Arc<CudaStream>,
+/// The tile serving `head_dim`, or the shape error naming the limit.
+fn tile(op: &'static str, sh: AttnShape) -> Result<usize> {
+    if sh.batch * sh.heads > 65535 {
+        return Err(shape_err(
+            op,
+            format!("{sh:?}: batch * heads above the GPU kernels' 65535"),
+        ));
+    }
+    TILES
+        .iter()
+        .position(|t| sh.head_dim <= t.d)
+        .ok_or_else(|| shape_err(op, format!("{sh:?}: head_dim above the GPU kernels' 128")))
 }
 
-impl Exec for Gpu<'_> {
-    type Buf = CudaTensor;
+/// `ceil(n / rows_per_block) x batch * heads` blocks of [`THREADS`].
+fn grid(sh: AttnShape, rows_per_warp: usize) -> Result<LaunchConfig> {
+    let dim = |n: usize| {
+        u32::try_from(n).map_err(|_| KernelError::Cuda(format!("{n} blocks exceed a grid")))
+    };
+    Ok(LaunchConfig {
+        grid_dim: (
+            dim(sh.seq.div_ceil(WARPS * rows_per_warp))?,
+            dim(sh.batch * sh.heads)?,
+            1,
+        ),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    })
+}
 
-    fn gemm(
-        &mut self,
-        g: &Batched,
-        a: (&CudaTensor, usize),
-        b: (&CudaTensor, usize),
-        c: (&mut CudaTensor, usize),
-    ) -> Result<()> {
-        g.run(
-            self.blas,
-            &a.0.data.slice(a.1..),
-            &b.0.data.slice(b.1..),
-            &mut c.0.data.slice_mut(c.1..),
-        )
+/// Sizes as the kernels' ints: `T`, `H`, `dh`, and the softmax scale.
+fn dims(sh: AttnShape) -> Result<(i32, i32, i32, f32)> {
+    let scale = 1.0 / (sh.head_dim as f32).sqrt();
+    Ok((int(sh.seq)?, int(sh.heads)?, int(sh.head_dim)?, scale))
+}
+
+/// Nothing to compute (and no block to launch) for an empty shape.
+fn empty(sh: AttnShape) -> bool {
+    sh.batch * sh.seq * sh.width() == 0
+}
+
+impl AttnKernels {
+    pub(super) fn compile(ctx: &Arc<CudaContext>) -> Result<Self> {
+        let names = names();
+        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+        let mut f = super::nvrtc::load(ctx, &source(), &refs)?.into_iter();
+        let mut next = || f.next().expect("one function per name");
+        let per_tile = TILES.iter().map(|_| [next(), next(), next()]).collect();
+        Ok(Self {
+            per_tile,
+            delta: next(),
+        })
     }
 
-    fn causal_softmax(&mut self, probs: &mut CudaTensor, t: usize) -> Result<()> {
-        self.rows.causal_softmax(self.stream, probs, t)
+    /// Checks `sh` against what the kernels support (before any allocation).
+    pub(super) fn check(&self, op: &'static str, sh: AttnShape) -> Result<()> {
+        tile(op, sh).map(drop)
     }
 
-    fn softmax_backward(
-        &mut self,
-        ds: &mut CudaTensor,
-        probs: &CudaTensor,
-        t: usize,
-    ) -> Result<()> {
-        self.rows.softmax_backward(self.stream, ds, probs, t)
-    }
-}
-
-impl Batched {
-    fn run(
+    /// Fills `out` (`[batch, seq, w]`) and `lse` (`[batch, heads, seq]`)
+    /// from `qkv`; shapes checked by the caller.
+    pub(super) fn forward(
         &self,
-        blas: &CudaBlas,
-        a: &CudaView<'_, f32>,
-        b: &CudaView<'_, f32>,
-        c: &mut CudaViewMut<'_, f32>,
+        s: &Arc<CudaStream>,
+        qkv: &CudaTensor,
+        sh: AttnShape,
+        out: &mut CudaTensor,
+        lse: &mut CudaTensor,
     ) -> Result<()> {
-        let cfg = StridedBatchedConfig {
-            gemm: GemmConfig {
-                transa: self.ta,
-                transb: self.tb,
-                m: dim(self.m)?,
-                n: dim(self.n)?,
-                k: dim(self.k)?,
-                alpha: self.alpha,
-                // cuBLAS wants leading dimensions of at least 1 even when
-                // a dimension is 0 and nothing is read.
-                lda: dim(self.lda.max(1))?,
-                ldb: dim(self.ldb.max(1))?,
-                beta: 0.0,
-                ldc: dim(self.ldc.max(1))?,
-            },
-            batch_size: dim(self.batch)?,
-            stride_a: stride(self.sa)?,
-            stride_b: stride(self.sb)?,
-            stride_c: stride(self.sc)?,
+        let i = tile("causal_attention", sh)?;
+        if empty(sh) {
+            return Ok(());
+        }
+        let (t, h, dh, scale) = dims(sh)?;
+        let mut b = s.launch_builder(&self.per_tile[i][0]);
+        b.arg(&mut out.data).arg(&mut lse.data).arg(&qkv.data);
+        b.arg(&t).arg(&h).arg(&dh).arg(&scale);
+        // SAFETY: qkv is [batch * seq, 3w], out [batch * seq, w] and lse
+        // [batch * heads * seq] (checked by the caller); blocks cover
+        // batch * heads heads and seq rows, every index guarded by t < T.
+        unsafe { b.launch(grid(sh, TILES[i].fwd)?) }
+            .map(drop)
+            .map_err(cuda_err)
+    }
+
+    /// Fills `dqkv` (shape of `qkv`, every element) from the forward's
+    /// `qkv`, `out`, `lse` and the output gradient `dout`.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn backward(
+        &self,
+        s: &Arc<CudaStream>,
+        qkv: &CudaTensor,
+        out: &CudaTensor,
+        lse: &CudaTensor,
+        dout: &CudaTensor,
+        sh: AttnShape,
+        dqkv: &mut CudaTensor,
+    ) -> Result<()> {
+        let i = tile("causal_attention_backward", sh)?;
+        if empty(sh) {
+            return Ok(());
+        }
+        let (t, h, dh, scale) = dims(sh)?;
+        let mut delta = s.alloc_zeros::<f32>(lse.numel()).map_err(cuda_err)?;
+        let rows = int(sh.batch * sh.seq)?;
+        let warps = sh.batch * sh.seq * sh.heads;
+        let blocks = u32::try_from(warps.div_ceil(WARPS))
+            .map_err(|_| KernelError::Cuda(format!("{warps} warps exceed a grid")))?;
+        let mut b = s.launch_builder(&self.delta);
+        b.arg(&mut delta).arg(&out.data).arg(&dout.data);
+        b.arg(&rows).arg(&t).arg(&h).arg(&dh);
+        let cfg = LaunchConfig {
+            grid_dim: (blocks, 1, 1),
+            block_dim: (THREADS, 1, 1),
+            shared_mem_bytes: 0,
         };
-        // SAFETY: the callers below derive every dimension, leading dimension
-        // and stride from one checked `AttnShape`, and each view starts at
-        // the first head of one sequence, so the last head's last element
-        // stays inside that sequence's rows of the buffer.
-        unsafe { blas.gemm_strided_batched(cfg, a, b, c) }.map_err(cuda_err)
-    }
-}
-
-/// Shorthands for one call's sizes: `t` tokens, `dh` head width, `w` the
-/// output row width, `w3` the qkv row width, `tt` one score block.
-struct Dims {
-    t: usize,
-    dh: usize,
-    w: usize,
-    w3: usize,
-    tt: usize,
-    heads: usize,
-    scale: f32,
-}
-
-impl Dims {
-    fn new(sh: AttnShape) -> Self {
-        let w = sh.width();
-        Self {
-            t: sh.seq,
-            dh: sh.head_dim,
-            w,
-            w3: 3 * w,
-            tt: sh.seq * sh.seq,
-            heads: sh.heads,
-            scale: 1.0 / (sh.head_dim as f32).sqrt(),
+        // SAFETY: out and dout hold batch * seq * w floats, delta
+        // batch * heads * seq; warps past batch * seq * heads return.
+        unsafe { b.launch(cfg) }.map_err(cuda_err)?;
+        for (k, rows_per_warp) in [(1, TILES[i].dq), (2, TILES[i].dkv)] {
+            let mut b = s.launch_builder(&self.per_tile[i][k]);
+            b.arg(&mut dqkv.data).arg(&qkv.data).arg(&dout.data);
+            b.arg(&lse.data)
+                .arg(&delta)
+                .arg(&t)
+                .arg(&h)
+                .arg(&dh)
+                .arg(&scale);
+            // SAFETY: as the forward; dQ writes Q's columns, dK/dV K's and
+            // V's, each (row, column) once, guarded by t < T and d < dh.
+            unsafe { b.launch(grid(sh, rows_per_warp)?) }.map_err(cuda_err)?;
         }
+        Ok(())
     }
-
-    /// `C[t x t] = alpha X[t x dh] Y[t x dh]^T`, with X, Y rows `ldx`/`ldy`
-    /// apart: column-major `C^T = alpha Y X^T` (Y as A, transposed).
-    fn nt_square(&self, alpha: f32, ldx: usize, sx: usize, ldy: usize, sy: usize) -> Batched {
-        Batched {
-            ta: CUBLAS_OP_T,
-            tb: CUBLAS_OP_N,
-            m: self.t,
-            n: self.t,
-            k: self.dh,
-            alpha,
-            lda: ldy,
-            ldb: ldx,
-            ldc: self.t,
-            sa: sy,
-            sb: sx,
-            sc: self.tt,
-            batch: self.heads,
-        }
-    }
-
-    /// `C[t x dh] = alpha op(P)[t x t] Y[t x dh]` with `P` a dense score
-    /// block (transposed when `p_t`), Y rows `ldy` apart, C rows `ldc`
-    /// apart: column-major `C^T = alpha Y^T op(P)^T` (Y as A, untransposed;
-    /// P as B, transposed in cuBLAS's terms exactly when it is not in ours).
-    fn square_n(&self, alpha: f32, p_t: bool, ldy: usize, ldc: usize) -> Batched {
-        Batched {
-            ta: CUBLAS_OP_N,
-            tb: if p_t { CUBLAS_OP_T } else { CUBLAS_OP_N },
-            m: self.dh,
-            n: self.t,
-            k: self.t,
-            alpha,
-            lda: ldy,
-            ldb: self.t,
-            ldc,
-            sa: self.dh,
-            sb: self.tt,
-            sc: self.dh,
-            batch: self.heads,
-        }
-    }
-}
-
-/// Forward: fills `out` (`[batch, seq, w]`) and `probs`
-/// (`[batch, heads, seq, seq]`) from `qkv`; all shapes checked by the caller.
-pub(super) fn forward<E: Exec>(
-    e: &mut E,
-    qkv: &E::Buf,
-    sh: AttnShape,
-    out: &mut E::Buf,
-    probs: &mut E::Buf,
-) -> Result<()> {
-    if sh.batch * sh.seq * sh.heads == 0 {
-        return Ok(());
-    }
-    let d = Dims::new(sh);
-    // S = scale Q K^T into the probability buffer, then softmax in place.
-    let scores = d.nt_square(d.scale, d.w3, d.dh, d.w3, d.dh);
-    for b in 0..sh.batch {
-        let base = b * d.t * d.w3;
-        let pbase = b * d.heads * d.tt;
-        e.gemm(&scores, (qkv, base + d.w), (qkv, base), (probs, pbase))?;
-    }
-    e.causal_softmax(probs, d.t)?;
-    // O = P V, each head into its columns of the output rows.
-    let pv = d.square_n(1.0, false, d.w3, d.w);
-    for b in 0..sh.batch {
-        let (base, obase, pbase) = (b * d.t * d.w3, b * d.t * d.w, b * d.heads * d.tt);
-        e.gemm(&pv, (qkv, base + 2 * d.w), (probs, pbase), (out, obase))?;
-    }
-    Ok(())
-}
-
-/// Backward: fills `dqkv` (shape of `qkv`) from the forward's `qkv` and
-/// `probs` and the output gradient `dout`; `ds` is scratch of the shape of
-/// `probs`. Same formulas as the CPU op:
-/// `dV = P^T dO`, `dP = dO V^T`, `dS = P * (dP - rowsum(P * dP))`,
-/// `dQ = scale dS K`, `dK = scale dS^T Q`. Every element of `dqkv` and `ds`
-/// is overwritten (GEMMs with beta = 0), so neither needs zeroing.
-pub(super) fn backward<E: Exec>(
-    e: &mut E,
-    qkv: &E::Buf,
-    probs: &E::Buf,
-    dout: &E::Buf,
-    sh: AttnShape,
-    ds: &mut E::Buf,
-    dqkv: &mut E::Buf,
-) -> Result<()> {
-    if sh.batch * sh.seq * sh.heads == 0 {
-        return Ok(());
-    }
-    let d = Dims::new(sh);
-    // dV = P^T dO: Y = dO (rows w apart), into V's columns of dqkv.
-    let dv = d.square_n(1.0, true, d.w, d.w3);
-    // dP = dO V^T: X = dO (rows w apart), Y = V (rows 3w apart).
-    let dp = d.nt_square(1.0, d.w, d.dh, d.w3, d.dh);
-    for b in 0..sh.batch {
-        let (base, obase, pbase) = (b * d.t * d.w3, b * d.t * d.w, b * d.heads * d.tt);
-        e.gemm(&dv, (dout, obase), (probs, pbase), (dqkv, base + 2 * d.w))?;
-        e.gemm(&dp, (qkv, base + 2 * d.w), (dout, obase), (ds, pbase))?;
-    }
-    e.softmax_backward(ds, probs, d.t)?;
-    // dQ = scale dS K into Q's columns; dK = scale dS^T Q into K's.
-    let dq = d.square_n(d.scale, false, d.w3, d.w3);
-    let dk = d.square_n(d.scale, true, d.w3, d.w3);
-    for b in 0..sh.batch {
-        let (base, pbase) = (b * d.t * d.w3, b * d.heads * d.tt);
-        e.gemm(&dq, (qkv, base + d.w), (ds, pbase), (dqkv, base))?;
-        e.gemm(&dk, (qkv, base), (ds, pbase), (dqkv, base + d.w))?;
-    }
-    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
-    //! The GEMM plans above, run on a host emulation of cuBLAS's
-    //! column-major strided-batched sgemm (argument checks included) and of
-    //! the softmax kernels, against the CPU op: checks every transpose flag,
-    //! leading dimension, stride and offset without a GPU.
-
     use super::*;
-    use crate::cpu;
-    use crate::init::normal_tensor;
 
-    struct Host;
-
-    impl Exec for Host {
-        type Buf = Vec<f32>;
-
-        fn gemm(
-            &mut self,
-            g: &Batched,
-            (a, ao): (&Vec<f32>, usize),
-            (b, bo): (&Vec<f32>, usize),
-            (c, co): (&mut Vec<f32>, usize),
-        ) -> Result<()> {
-            let (ta, tb) = (g.ta == CUBLAS_OP_T, g.tb == CUBLAS_OP_T);
-            // cuBLAS rejects leading dimensions below the stored rows.
-            assert!(g.lda.max(1) >= if ta { g.k } else { g.m }.max(1), "lda");
-            assert!(g.ldb.max(1) >= if tb { g.n } else { g.k }.max(1), "ldb");
-            assert!(g.ldc.max(1) >= g.m.max(1), "ldc");
-            for i in 0..g.batch {
-                let (ai, bi, ci) = (ao + i * g.sa, bo + i * g.sb, co + i * g.sc);
-                for col in 0..g.n {
-                    for row in 0..g.m {
-                        let mut s = 0.0f64;
-                        for p in 0..g.k {
-                            let av = if ta {
-                                a[ai + p + row * g.lda]
-                            } else {
-                                a[ai + row + p * g.lda]
-                            };
-                            let bv = if tb {
-                                b[bi + col + p * g.ldb]
-                            } else {
-                                b[bi + p + col * g.ldb]
-                            };
-                            s += av as f64 * bv as f64;
-                        }
-                        c[ci + row + col * g.ldc] = g.alpha * s as f32;
-                    }
-                }
-            }
-            Ok(())
+    #[test]
+    fn every_head_width_up_to_128_has_a_tile() {
+        let sh = |head_dim| AttnShape {
+            batch: 2,
+            seq: 3,
+            heads: 4,
+            head_dim,
+        };
+        for (dh, d) in [
+            (1, 16),
+            (16, 16),
+            (17, 32),
+            (48, 64),
+            (64, 64),
+            (100, 128),
+            (128, 128),
+        ] {
+            assert_eq!(TILES[tile("t", sh(dh)).unwrap()].d, d, "head_dim {dh}");
         }
-
-        fn causal_softmax(&mut self, probs: &mut Vec<f32>, t: usize) -> Result<()> {
-            for (r, row) in probs.chunks_exact_mut(t).enumerate() {
-                let q = r % t;
-                let max = row[..=q].iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                row[..=q].iter_mut().for_each(|v| *v = (*v - max).exp());
-                let sum: f32 = row[..=q].iter().sum();
-                row[..=q].iter_mut().for_each(|v| *v /= sum);
-                row[q + 1..].iter_mut().for_each(|v| *v = 0.0);
-            }
-            Ok(())
-        }
-
-        fn softmax_backward(&mut self, ds: &mut Vec<f32>, p: &Vec<f32>, t: usize) -> Result<()> {
-            for (d, p) in ds.chunks_exact_mut(t).zip(p.chunks_exact(t)) {
-                let dot: f32 = d.iter().zip(p).map(|(a, b)| a * b).sum();
-                d.iter_mut().zip(p).for_each(|(d, p)| *d = p * (*d - dot));
-            }
-            Ok(())
-        }
-    }
-
-    fn close(what: &str, got: &[f32], want: &[f32]) {
-        assert_eq!(got.len(), want.len(), "{what}: length");
-        for (i, (g, w)) in got.iter().zip(want).enumerate() {
-            assert!(
-                (g - w).abs() <= 1e-5 * (1.0 + w.abs()),
-                "{what}[{i}]: {g} vs {w}"
-            );
-        }
+        let err = tile("t", sh(129)).unwrap_err().to_string();
+        assert!(err.contains("head_dim above the GPU kernels' 128"), "{err}");
+        let wide = AttnShape {
+            batch: 65536,
+            ..sh(8)
+        };
+        assert!(tile("t", wide).is_err());
     }
 
     #[test]
-    fn gemm_plans_match_the_cpu_op() {
-        let shapes = [(2, 5, 3, 4), (1, 1, 1, 1), (3, 7, 1, 8), (2, 4, 4, 2)];
-        for (batch, seq, heads, head_dim) in shapes {
-            let sh = AttnShape {
-                batch,
-                seq,
-                heads,
-                head_dim,
-            };
-            let tag = format!("{sh:?}");
-            let qkv = normal_tensor(&[batch * seq, 3 * sh.width()], 1.0, 5, &tag);
-            let dout = normal_tensor(&[batch, seq, sh.width()], 1.0, 6, &tag);
-            let (out, probs) = cpu::causal_attention(&qkv, sh).unwrap();
-            let dqkv = cpu::causal_attention_backward(&qkv, &probs, &dout, sh).unwrap();
-
-            // NaN everywhere the plans must overwrite.
-            let (q, go) = (qkv.data().to_vec(), dout.data().to_vec());
-            let mut o = vec![f32::NAN; out.numel()];
-            let mut p = vec![f32::NAN; probs.numel()];
-            forward(&mut Host, &q, sh, &mut o, &mut p).unwrap();
-            close(&format!("{tag} out"), &o, out.data());
-            close(&format!("{tag} probs"), &p, probs.data());
-
-            let mut ds = vec![f32::NAN; probs.numel()];
-            let mut dq = vec![f32::NAN; qkv.numel()];
-            backward(&mut Host, &q, &p, &go, sh, &mut ds, &mut dq).unwrap();
-            close(&format!("{tag} dqkv"), &dq, dqkv.data());
+    fn the_source_instantiates_every_named_kernel() {
+        let src = source();
+        for name in names() {
+            assert!(src.contains(&format!("{name}(")), "{name}");
         }
     }
 }

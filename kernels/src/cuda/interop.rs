@@ -8,14 +8,15 @@
 /// The driver types these accessors speak in, for crates that order work with events.
 pub use cudarc::driver::{CudaContext, CudaEvent, CudaSlice, CudaStream, DriverError};
 
-use super::{cuda_err, kernels, rowops, CudaBackend, CudaTensor};
+use super::{cuda_err, CudaBackend, CudaTensor};
 use crate::error::{shape_err, Result};
 use cudarc::cublas::CudaBlas;
 use std::sync::Arc;
 
 impl CudaTensor {
     /// A tensor of `shape` over `data`, which must hold at least `max(numel, 1)` values (an
-    /// empty tensor keeps one placeholder element, see [`CudaTensor`]).
+    /// empty tensor keeps one placeholder element, see [`CudaTensor`]) and start 16-byte
+    /// aligned, as every cudarc allocation does: the row kernels read rows as float4.
     pub fn from_slice(shape: &[usize], data: CudaSlice<f32>) -> Result<Self> {
         let numel: usize = shape.iter().product();
         if data.len() < numel.max(1) {
@@ -62,17 +63,18 @@ impl CudaBackend {
         self.ordinal
     }
 
-    /// A backend on a new stream of the same GPU and context (its own cuBLAS handle and
-    /// kernels), so several ranks can share one GPU with their work ordered independently.
-    /// Creating a second stream turns on cudarc's per-slice event tracking for the context.
+    /// A backend on a new stream of the same GPU and context (its own cuBLAS handle; the
+    /// kernels, loaded in that context, are shared), so several ranks can share one GPU with
+    /// their work ordered independently. Creating a second stream turns on cudarc's
+    /// per-slice event tracking for the context.
     pub fn on_new_stream(&self) -> Result<Self> {
         let stream = self.context().new_stream().map_err(cuda_err)?;
-        let ctx = Arc::clone(stream.context());
         Ok(Self {
             ordinal: self.ordinal,
             blas: CudaBlas::new(stream.clone()).map_err(cuda_err)?,
-            kernels: kernels::Kernels::compile(&ctx)?,
-            rows: rowops::RowKernels::compile(&ctx)?,
+            kernels: self.kernels.clone(),
+            rows: self.rows.clone(),
+            attn: self.attn.clone(),
             stream,
         })
     }

@@ -7,7 +7,7 @@ use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKe
 use std::sync::Arc;
 
 /// Same formulas as the CPU ops (GeLU in its tanh form).
-const SOURCE: &str = r#"
+pub(super) const SOURCE: &str = r#"
 #define GELU_C 0.7978845608f
 #define GELU_A 0.044715f
 extern "C" __global__ void gelu_fwd(float* out, const float* x, int n) {
@@ -56,23 +56,25 @@ extern "C" __global__ void adamw(float* x, const float* g, float* m, float* v, i
     float xi = x[i] * shrink;
     x[i] = xi - lr * (mi / bc1) / (sqrtf(vi / bc2) + eps);
 }
-// One thread per column, summing down the rows: coalesced across threads.
-extern "C" __global__ void bias_grad(float* acc, const float* dy, int rows, int cols) {
-    int j = blockIdx.x * blockDim.x + threadIdx.x;
-    if (j < cols) {
-        float s = 0.0f;
-        for (int r = 0; r < rows; ++r) s += dy[r * cols + j];
-        acc[j] += s;
-    }
-}
 "#;
 
+/// The kernels loaded from [`SOURCE`], in [`Kernels`]' field order.
+pub(super) const NAMES: &[&str] = &[
+    "gelu_fwd",
+    "gelu_bwd",
+    "add",
+    "add_bias",
+    "add_assign",
+    "scale",
+    "adamw",
+];
+
+#[derive(Clone)]
 pub(super) struct Kernels {
     gelu_fwd: CudaFunction,
     gelu_bwd: CudaFunction,
     add: CudaFunction,
     add_bias: CudaFunction,
-    bias_grad: CudaFunction,
     add_assign: CudaFunction,
     scale: CudaFunction,
     adamw: CudaFunction,
@@ -88,18 +90,16 @@ fn grid(n: usize) -> LaunchConfig {
 
 impl Kernels {
     pub(super) fn compile(ctx: &Arc<CudaContext>) -> Result<Self> {
-        let ptx = cudarc::nvrtc::compile_ptx(SOURCE).map_err(cuda_err)?;
-        let module = ctx.load_module(ptx).map_err(cuda_err)?;
-        let f = |name: &str| module.load_function(name).map_err(cuda_err);
+        let mut f = super::nvrtc::load(ctx, SOURCE, NAMES)?.into_iter();
+        let mut next = || f.next().expect("one function per name");
         Ok(Self {
-            gelu_fwd: f("gelu_fwd")?,
-            gelu_bwd: f("gelu_bwd")?,
-            add: f("add")?,
-            add_bias: f("add_bias")?,
-            bias_grad: f("bias_grad")?,
-            add_assign: f("add_assign")?,
-            scale: f("scale")?,
-            adamw: f("adamw")?,
+            gelu_fwd: next(),
+            gelu_bwd: next(),
+            add: next(),
+            add_bias: next(),
+            add_assign: next(),
+            scale: next(),
+            adamw: next(),
         })
     }
 
@@ -162,21 +162,6 @@ impl Kernels {
         b.arg(&mut x.data).arg(&bias.data).arg(&n).arg(&cols);
         // SAFETY: bias holds cols floats (checked), x holds n; guarded by i < n.
         unsafe { b.launch(grid(numel)) }.map(drop).map_err(cuda_err)
-    }
-
-    pub(super) fn bias_grad_acc(
-        &self,
-        s: &Arc<CudaStream>,
-        dy: &CudaTensor,
-        acc: &mut CudaTensor,
-    ) -> Result<()> {
-        let (rows, cols) = (len(dy.rows())?, len(dy.cols())?);
-        let mut b = s.launch_builder(&self.bias_grad);
-        b.arg(&mut acc.data).arg(&dy.data).arg(&rows).arg(&cols);
-        // SAFETY: acc holds cols floats (checked), dy rows*cols; guarded by j < cols.
-        unsafe { b.launch(grid(dy.cols())) }
-            .map(drop)
-            .map_err(cuda_err)
     }
 
     pub(super) fn add_assign(

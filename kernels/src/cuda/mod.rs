@@ -1,7 +1,7 @@
 //! The CUDA backend (cargo feature `cuda`): device tensors, explicit copies,
 //! cuBLAS matmuls, NVRTC-compiled elementwise and row kernels (LayerNorm,
-//! cross-entropy, embedding) and attention from cuBLAS strided-batched GEMMs
-//! around an NVRTC causal softmax.
+//! cross-entropy, column sums, embedding) and fused flash-style causal
+//! attention (`attention.rs`).
 //!
 //! cudarc loads the CUDA libraries at run time and panics if one is missing,
 //! so [`CudaBackend::new`] first checks that the driver, NVRTC and cuBLAS
@@ -12,6 +12,7 @@ mod attention;
 mod blas;
 pub mod interop;
 mod kernels;
+mod nvrtc;
 mod rowops;
 
 use crate::backend::{check_range, Backend, Shaped};
@@ -71,6 +72,15 @@ pub struct CudaNormStash {
     pub rstd: CudaTensor,
 }
 
+/// What a causal attention forward on the GPU saves for its backward (with
+/// its input and output): each row's logsumexp, from which the backward
+/// recomputes the probabilities.
+#[derive(Debug)]
+pub struct CudaAttnStash {
+    /// `log(sum_j exp(s_ij))` of the scaled, masked scores, `[batch, heads, seq]`.
+    pub lse: CudaTensor,
+}
+
 /// Why CUDA cannot be used here, or `None` if its libraries are present.
 pub fn missing_library() -> Option<&'static str> {
     // SAFETY: these only try to dlopen the libraries; no CUDA call is made.
@@ -117,6 +127,7 @@ pub struct CudaBackend {
     blas: CudaBlas,
     kernels: kernels::Kernels,
     rows: rowops::RowKernels,
+    attn: attention::AttnKernels,
 }
 
 impl std::fmt::Debug for CudaBackend {
@@ -144,12 +155,14 @@ impl CudaBackend {
         let blas = CudaBlas::new(stream.clone()).map_err(cuda_err)?;
         let kernels = kernels::Kernels::compile(&ctx)?;
         let rows = rowops::RowKernels::compile(&ctx)?;
+        let attn = attention::AttnKernels::compile(&ctx)?;
         Ok(Self {
             ordinal,
             stream,
             blas,
             kernels,
             rows,
+            attn,
         })
     }
 
@@ -172,15 +185,6 @@ impl CudaBackend {
             return self.stream.alloc_zeros::<u32>(1).map_err(cuda_err);
         }
         self.stream.clone_htod(ids).map_err(cuda_err)
-    }
-
-    /// The attention passes' view of this GPU.
-    fn gpu(&self) -> attention::Gpu<'_> {
-        attention::Gpu {
-            blas: &self.blas,
-            rows: &self.rows,
-            stream: &self.stream,
-        }
     }
 
     /// Waits for all queued work.
@@ -221,6 +225,7 @@ fn param_shape(op: &'static str, x: &CudaTensor, p: &CudaTensor) -> Result<()> {
 impl Backend for CudaBackend {
     type Storage = CudaTensor;
     type NormStash = CudaNormStash;
+    type AttnStash = CudaAttnStash;
 
     fn name(&self) -> String {
         format!("cuda:{}", self.ordinal)
@@ -358,7 +363,7 @@ impl Backend for CudaBackend {
 
     fn bias_grad_acc(&self, dy: &CudaTensor, acc: &mut CudaTensor) -> Result<()> {
         bias_shape("bias_grad_acc", dy, acc)?;
-        self.kernels.bias_grad_acc(&self.stream, dy, acc)
+        self.rows.bias_grad_acc(&self.stream, dy, acc)
     }
 
     fn gelu(&self, x: &CudaTensor) -> Result<CudaTensor> {
@@ -460,14 +465,14 @@ impl Backend for CudaBackend {
         let mut probs = self.zeros(&logits.shape)?;
         let mut row_loss = self
             .stream
-            .alloc_zeros::<f64>(targets.len().max(1))
+            .alloc_zeros::<f32>(targets.len().max(1))
             .map_err(cuda_err)?;
         self.rows
             .cross_entropy(&self.stream, logits, &ids, &mut probs, &mut row_loss)?;
         let row_loss = self.stream.clone_dtoh(&row_loss).map_err(cuda_err)?;
         self.synchronize()?;
-        // Summed in row order in f64, then scaled, exactly as the CPU op.
-        let total: f64 = row_loss[..targets.len()].iter().sum();
+        // Summed in row order in f64, then scaled, as the CPU op.
+        let total: f64 = row_loss[..targets.len()].iter().map(|&l| l as f64).sum();
         let n = targets.len().max(1) as f64;
         Ok(((total / n * scale as f64) as f32, probs))
     }
@@ -518,35 +523,51 @@ impl Backend for CudaBackend {
                 format!("gradient {:?} for {} ids of width {d}", dy.shape, ids.len()),
             ));
         }
-        let dev_ids = self.upload_ids(ids)?;
         self.rows
-            .embedding_backward_weight(&self.stream, &dev_ids, seq, dy, dwte, dwpe)
+            .embedding_backward_weight(&self.stream, ids, seq, dy, dwte, dwpe)
     }
 
     fn causal_attention(
         &self,
         qkv: &CudaTensor,
         sh: AttnShape,
-    ) -> Result<(CudaTensor, CudaTensor)> {
+    ) -> Result<(CudaTensor, CudaAttnStash)> {
         sh.check("causal_attention", &qkv.shape)?;
+        self.attn.check("causal_attention", sh)?;
         let mut out = self.zeros(&[sh.batch, sh.seq, sh.width()])?;
-        let mut probs = self.zeros(&[sh.batch, sh.heads, sh.seq, sh.seq])?;
-        attention::forward(&mut self.gpu(), qkv, sh, &mut out, &mut probs)?;
-        Ok((out, probs))
+        let mut lse = self.zeros(&[sh.batch, sh.heads, sh.seq])?;
+        self.attn
+            .forward(&self.stream, qkv, sh, &mut out, &mut lse)?;
+        Ok((out, CudaAttnStash { lse }))
     }
 
     fn causal_attention_backward(
         &self,
         qkv: &CudaTensor,
-        probs: &CudaTensor,
+        out: &CudaTensor,
+        stash: &CudaAttnStash,
         dout: &CudaTensor,
         sh: AttnShape,
     ) -> Result<CudaTensor> {
-        sh.check("causal_attention_backward", &qkv.shape)?;
-        sh.check_backward(&probs.shape, &dout.shape)?;
-        let mut ds = self.zeros(&probs.shape)?;
+        const OP: &str = "causal_attention_backward";
+        sh.check(OP, &qkv.shape)?;
+        self.attn.check(OP, sh)?;
+        let rows = sh.batch * sh.seq * sh.width();
+        if out.numel() != rows
+            || dout.numel() != rows
+            || stash.lse.shape != [sh.batch, sh.heads, sh.seq]
+        {
+            return Err(shape_err(
+                OP,
+                format!(
+                    "out {:?}, lse {:?}, dout {:?} for {sh:?}",
+                    out.shape, stash.lse.shape, dout.shape
+                ),
+            ));
+        }
         let mut dqkv = self.zeros(&qkv.shape)?;
-        attention::backward(&mut self.gpu(), qkv, probs, dout, sh, &mut ds, &mut dqkv)?;
+        self.attn
+            .backward(&self.stream, qkv, out, &stash.lse, dout, sh, &mut dqkv)?;
         Ok(dqkv)
     }
 }

@@ -1,10 +1,12 @@
-//! Row-wise and gather/scatter kernels, compiled once per backend with NVRTC:
-//! LayerNorm, softmax cross-entropy, embedding and the causal softmax of
-//! attention (whose products run on cuBLAS, see `attention.rs`).
+//! Row-wise and gather/scatter kernels, compiled once per backend with NVRTC
+//! (source: `rowops.cu`, each kernel's grid and block mapping stated there):
+//! LayerNorm, softmax cross-entropy, column sums (LayerNorm weights, biases)
+//! and embedding.
 //!
-//! Kernels are deliberately simple (one thread per row, or per column for
-//! the weight gradients) and follow the CPU ops' formulas and accumulation
-//! precision (f64 where the CPU uses f64), so results agree to rounding.
+//! A row is one block of `ROW_THREADS` threads, reduced with warp shuffles
+//! and shared memory, read as float4 where the row length allows, in f32.
+//! Every reduction has a fixed order (no float atomics), so a run repeats to
+//! the bit; the embedding gradient even adds in the CPU's order (same bits).
 //! Callers check every shape before launching: the kernels trust them.
 
 use super::{cuda_err, CudaTensor};
@@ -14,183 +16,43 @@ use cudarc::driver::{
 };
 use std::sync::Arc;
 
-const SOURCE: &str = r#"
-// NVRTC compiles without headers, so -inf comes from its bit pattern.
-#define NEG_INF __int_as_float(0xff800000)
+pub(super) const SOURCE: &str = include_str!("rowops.cu");
 
-// LayerNorm forward, one thread per row; mean and variance in double as on
-// the CPU (biased variance).
-extern "C" __global__ void ln_fwd(float* y, float* xhat, float* rstd, const float* x,
-                                  const float* gamma, const float* beta,
-                                  int rows, int n, float eps) {
-    int r = blockIdx.x * blockDim.x + threadIdx.x;
-    if (r >= rows) return;
-    long long off = (long long)r * n;
-    const float* xr = x + off;
-    float* xh = xhat + off;
-    float* yr = y + off;
-    double sum = 0.0;
-    for (int j = 0; j < n; ++j) sum += (double)xr[j];
-    double mean = sum / (double)n;
-    double var = 0.0;
-    for (int j = 0; j < n; ++j) {
-        double d = (double)xr[j] - mean;
-        var += d * d;
-    }
-    var /= (double)n;
-    float rs = (float)(1.0 / sqrt(var + (double)eps));
-    float m = (float)mean;
-    for (int j = 0; j < n; ++j) {
-        float h = (xr[j] - m) * rs;
-        xh[j] = h;
-        yr[j] = h * gamma[j] + beta[j];
-    }
-    rstd[r] = rs;
-}
+/// The kernels loaded from [`SOURCE`], in [`RowKernels`]' field order.
+pub(super) const NAMES: &[&str] = &[
+    "ln_fwd",
+    "ln_bwd_input",
+    "col_part2",
+    "col_part1",
+    "col_finish",
+    "ce_fwd",
+    "ce_bwd",
+    "emb_fwd",
+    "emb_bwd_tok",
+    "emb_bwd_pos",
+];
 
-// LayerNorm input gradient, one thread per row:
-// dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * gamma.
-extern "C" __global__ void ln_bwd_input(float* dx, const float* dy, const float* gamma,
-                                        const float* xhat, const float* rstd,
-                                        int rows, int n) {
-    int r = blockIdx.x * blockDim.x + threadIdx.x;
-    if (r >= rows) return;
-    long long off = (long long)r * n;
-    const float* dyr = dy + off;
-    const float* xh = xhat + off;
-    float* dxr = dx + off;
-    double sg = 0.0, sgx = 0.0;
-    for (int j = 0; j < n; ++j) {
-        double g = (double)(dyr[j] * gamma[j]);
-        sg += g;
-        sgx += g * (double)xh[j];
-    }
-    float mg = (float)(sg / (double)n);
-    float mgx = (float)(sgx / (double)n);
-    float rs = rstd[r];
-    for (int j = 0; j < n; ++j) dxr[j] = rs * (dyr[j] * gamma[j] - mg - xh[j] * mgx);
-}
+/// `ROW_THREADS` of the source.
+const ROW_THREADS: u32 = 256;
+/// `COL_X`, `COL_Y` of the source.
+const COL: (u32, u32) = (32, 8);
+/// At most this many row chunks in a column sum (partials: chunks x cols).
+const MAX_CHUNKS: usize = 128;
+/// At least this many rows per chunk, so small inputs take one chunk.
+const MIN_CHUNK: usize = 32;
 
-// LayerNorm weight gradients, one thread per column, accumulating into the
-// existing gradients row by row in the CPU's order.
-extern "C" __global__ void ln_bwd_weight(float* dgamma, float* dbeta, const float* dy,
-                                         const float* xhat, int rows, int n) {
-    int j = blockIdx.x * blockDim.x + threadIdx.x;
-    if (j >= n) return;
-    float g = dgamma[j];
-    float b = dbeta[j];
-    for (int r = 0; r < rows; ++r) {
-        long long i = (long long)r * n + j;
-        g += dy[i] * xhat[i];
-        b += dy[i];
-    }
-    dgamma[j] = g;
-    dbeta[j] = b;
-}
-
-// Softmax cross-entropy forward, one thread per row: probabilities in
-// place of the CPU's, and each row's loss in log-sum-exp form (in double,
-// summed on the host as the CPU does).
-extern "C" __global__ void ce_fwd(float* probs, double* row_loss, const float* logits,
-                                  const unsigned int* targets, int rows, int v) {
-    int r = blockIdx.x * blockDim.x + threadIdx.x;
-    if (r >= rows) return;
-    long long off = (long long)r * v;
-    const float* z = logits + off;
-    float* p = probs + off;
-    float mx = NEG_INF;
-    for (int j = 0; j < v; ++j) mx = fmaxf(mx, z[j]);
-    double sum = 0.0;
-    for (int j = 0; j < v; ++j) {
-        float e = expf(z[j] - mx);
-        p[j] = e;
-        sum += (double)e;
-    }
-    float inv = (float)(1.0 / sum);
-    for (int j = 0; j < v; ++j) p[j] *= inv;
-    row_loss[r] = log(sum) + (double)(mx - z[targets[r]]);
-}
-
-// Cross-entropy backward in place over probs: k * (p - onehot(target)).
-extern "C" __global__ void ce_bwd(float* g, const unsigned int* targets, int n, int v, float k) {
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
-    int r = i / v;
-    int j = i - r * v;
-    float x = g[i];
-    if ((unsigned int)j == targets[r]) x -= 1.0f;
-    g[i] = x * k;
-}
-
-// Embedding forward, one thread per output element of the [rows, d] result:
-// out[r] = wte[ids[r]] + wpe[r % seq].
-extern "C" __global__ void emb_fwd(float* out, const unsigned int* ids, const float* wte,
-                                   const float* wpe, int n, int d, int seq) {
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
-    int r = i / d;
-    int j = i - r * d;
-    out[i] = wte[(long long)ids[r] * d + j] + wpe[(long long)(r % seq) * d + j];
-}
-
-// Embedding weight gradient: a scatter-add, atomic because several rows may
-// share a token (and every sequence shares the positions).
-extern "C" __global__ void emb_bwd(float* dwte, float* dwpe, const unsigned int* ids,
-                                   const float* dy, int n, int d, int seq) {
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
-    int r = i / d;
-    int j = i - r * d;
-    float g = dy[i];
-    atomicAdd(&dwte[(long long)ids[r] * d + j], g);
-    atomicAdd(&dwpe[(long long)(r % seq) * d + j], g);
-}
-
-// Causal softmax in place over rows of t x t score blocks, one thread per
-// row; row r is query r % t, which sees keys 0..=r % t. Masked entries
-// become exactly 0, as on the CPU.
-extern "C" __global__ void causal_softmax(float* s, int rows, int t) {
-    int r = blockIdx.x * blockDim.x + threadIdx.x;
-    if (r >= rows) return;
-    float* row = s + (long long)r * t;
-    int q = r % t;
-    float mx = NEG_INF;
-    for (int j = 0; j <= q; ++j) mx = fmaxf(mx, row[j]);
-    float sum = 0.0f;
-    for (int j = 0; j <= q; ++j) {
-        float e = expf(row[j] - mx);
-        row[j] = e;
-        sum += e;
-    }
-    float inv = 1.0f / sum;
-    for (int j = 0; j <= q; ++j) row[j] *= inv;
-    for (int j = q + 1; j < t; ++j) row[j] = 0.0f;
-}
-
-// Softmax backward in place over dP, one thread per row:
-// dS = P * (dP - rowsum(P * dP)); masked entries have P == 0, so dS == 0.
-extern "C" __global__ void softmax_bwd(float* ds, const float* p, int rows, int t) {
-    int r = blockIdx.x * blockDim.x + threadIdx.x;
-    if (r >= rows) return;
-    long long off = (long long)r * t;
-    const float* pr = p + off;
-    float* dr = ds + off;
-    float dot = 0.0f;
-    for (int j = 0; j < t; ++j) dot += pr[j] * dr[j];
-    for (int j = 0; j < t; ++j) dr[j] = pr[j] * (dr[j] - dot);
-}
-"#;
-
+#[derive(Clone)]
 pub(super) struct RowKernels {
     ln_fwd: CudaFunction,
     ln_bwd_input: CudaFunction,
-    ln_bwd_weight: CudaFunction,
+    col_part2: CudaFunction,
+    col_part1: CudaFunction,
+    col_finish: CudaFunction,
     ce_fwd: CudaFunction,
     ce_bwd: CudaFunction,
     emb_fwd: CudaFunction,
-    emb_bwd: CudaFunction,
-    causal_softmax: CudaFunction,
-    softmax_bwd: CudaFunction,
+    emb_bwd_tok: CudaFunction,
+    emb_bwd_pos: CudaFunction,
 }
 
 /// A count as the kernels' `int`.
@@ -198,39 +60,73 @@ pub(super) fn int(n: usize) -> Result<i32> {
     i32::try_from(n).map_err(|_| KernelError::Cuda(format!("{n} exceeds a kernel's int")))
 }
 
-/// Enough 1024-thread blocks for `n` threads (at least one block).
-fn grid(n: usize) -> Result<LaunchConfig> {
-    let n = u32::try_from(n.max(1))
-        .map_err(|_| KernelError::Cuda(format!("{n} threads exceed a grid")))?;
-    Ok(LaunchConfig::for_num_elems(n))
+fn dim(n: usize) -> Result<u32> {
+    u32::try_from(n).map_err(|_| KernelError::Cuda(format!("{n} blocks exceed a grid")))
 }
 
-/// Launches with one thread per `threads` item.
+/// One block of `ROW_THREADS` per row (`rows` > 0).
+fn per_row(rows: usize) -> Result<LaunchConfig> {
+    Ok(LaunchConfig {
+        grid_dim: (dim(rows)?, 1, 1),
+        block_dim: (ROW_THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    })
+}
+
+/// Enough 1024-thread blocks for `n` threads (at least one block).
+fn per_elem(n: usize) -> Result<LaunchConfig> {
+    Ok(LaunchConfig::for_num_elems(dim(n.max(1))?))
+}
+
+/// Launches `b` with `cfg`.
 ///
 /// # Safety
 /// The arguments pushed on `b` must match the kernel's signature, and every
-/// buffer must hold what the kernel indexes for `threads` threads.
-unsafe fn launch(mut b: LaunchArgs<'_>, threads: usize) -> Result<()> {
-    let cfg = grid(threads)?;
+/// buffer must hold what the kernel indexes under `cfg`.
+unsafe fn launch(mut b: LaunchArgs<'_>, cfg: LaunchConfig) -> Result<()> {
     // SAFETY: forwarded to the caller.
     unsafe { b.launch(cfg) }.map(drop).map_err(cuda_err)
 }
 
+/// Row chunks of a column sum over `rows`: (chunks, rows per chunk).
+fn chunking(rows: usize) -> (usize, usize) {
+    let chunks = rows.div_ceil(MIN_CHUNK).clamp(1, MAX_CHUNKS);
+    (chunks, rows.div_ceil(chunks))
+}
+
+/// Distinct tokens of `ids` with the rows holding each, ascending: token
+/// list, CSR offsets (one more than tokens) and rows, for `emb_bwd_tok`.
+fn rows_by_token(ids: &[u32]) -> (Vec<u32>, Vec<u32>, Vec<u32>) {
+    let mut order: Vec<u32> = (0..ids.len() as u32).collect();
+    // Stable: rows of one token stay ascending, the CPU's order.
+    order.sort_by_key(|&r| ids[r as usize]);
+    let (mut tok, mut start) = (Vec::new(), Vec::new());
+    for (k, &r) in order.iter().enumerate() {
+        let id = ids[r as usize];
+        if tok.last() != Some(&id) {
+            tok.push(id);
+            start.push(k as u32);
+        }
+    }
+    start.push(order.len() as u32);
+    (tok, start, order)
+}
+
 impl RowKernels {
     pub(super) fn compile(ctx: &Arc<CudaContext>) -> Result<Self> {
-        let ptx = cudarc::nvrtc::compile_ptx(SOURCE).map_err(cuda_err)?;
-        let module = ctx.load_module(ptx).map_err(cuda_err)?;
-        let f = |name: &str| module.load_function(name).map_err(cuda_err);
+        let mut f = super::nvrtc::load(ctx, SOURCE, NAMES)?.into_iter();
+        let mut next = || f.next().expect("one function per name");
         Ok(Self {
-            ln_fwd: f("ln_fwd")?,
-            ln_bwd_input: f("ln_bwd_input")?,
-            ln_bwd_weight: f("ln_bwd_weight")?,
-            ce_fwd: f("ce_fwd")?,
-            ce_bwd: f("ce_bwd")?,
-            emb_fwd: f("emb_fwd")?,
-            emb_bwd: f("emb_bwd")?,
-            causal_softmax: f("causal_softmax")?,
-            softmax_bwd: f("softmax_bwd")?,
+            ln_fwd: next(),
+            ln_bwd_input: next(),
+            col_part2: next(),
+            col_part1: next(),
+            col_finish: next(),
+            ce_fwd: next(),
+            ce_bwd: next(),
+            emb_fwd: next(),
+            emb_bwd_tok: next(),
+            emb_bwd_pos: next(),
         })
     }
 
@@ -247,13 +143,16 @@ impl RowKernels {
         xhat: &mut CudaTensor,
         rstd: &mut CudaTensor,
     ) -> Result<()> {
-        let (rows, n) = (int(x.rows())?, int(x.cols())?);
+        if x.rows() == 0 || x.cols() == 0 {
+            return Ok(());
+        }
+        let n = int(x.cols())?;
         let mut b = s.launch_builder(&self.ln_fwd);
         b.arg(&mut y.data).arg(&mut xhat.data).arg(&mut rstd.data);
         b.arg(&x.data).arg(&gamma.data).arg(&beta.data);
-        b.arg(&rows).arg(&n).arg(&eps);
-        // SAFETY: shapes checked by the caller; thread r touches row r only.
-        unsafe { launch(b, x.rows()) }
+        b.arg(&n).arg(&eps);
+        // SAFETY: shapes checked by the caller; block r touches row r only.
+        unsafe { launch(b, per_row(x.rows())?) }
     }
 
     /// `dy`, `xhat`, `dx` are `[rows, n]`; `gamma` `[n]`; `rstd` `[rows]`.
@@ -266,12 +165,15 @@ impl RowKernels {
         rstd: &CudaTensor,
         dx: &mut CudaTensor,
     ) -> Result<()> {
-        let (rows, n) = (int(dy.rows())?, int(dy.cols())?);
+        if dy.rows() == 0 || dy.cols() == 0 {
+            return Ok(());
+        }
+        let n = int(dy.cols())?;
         let mut b = s.launch_builder(&self.ln_bwd_input);
         b.arg(&mut dx.data).arg(&dy.data).arg(&gamma.data);
-        b.arg(&xhat.data).arg(&rstd.data).arg(&rows).arg(&n);
-        // SAFETY: shapes checked by the caller; thread r touches row r only.
-        unsafe { launch(b, dy.rows()) }
+        b.arg(&xhat.data).arg(&rstd.data).arg(&n);
+        // SAFETY: shapes checked by the caller; block r touches row r only.
+        unsafe { launch(b, per_row(dy.rows())?) }
     }
 
     /// `dy`, `xhat` are `[rows, n]`; `dgamma`, `dbeta` `[n]` (accumulated).
@@ -283,12 +185,62 @@ impl RowKernels {
         dgamma: &mut CudaTensor,
         dbeta: &mut CudaTensor,
     ) -> Result<()> {
-        let (rows, n) = (int(dy.rows())?, int(dy.cols())?);
-        let mut b = s.launch_builder(&self.ln_bwd_weight);
-        b.arg(&mut dgamma.data).arg(&mut dbeta.data);
-        b.arg(&dy.data).arg(&xhat.data).arg(&rows).arg(&n);
-        // SAFETY: shapes checked by the caller; thread j touches column j only.
-        unsafe { launch(b, dy.cols()) }
+        let (rows, n) = (dy.rows(), dy.cols());
+        if rows == 0 || n == 0 {
+            return Ok(());
+        }
+        let (chunks, chunk) = chunking(rows);
+        let mut part_p = s.alloc_zeros::<f32>(chunks * n).map_err(cuda_err)?;
+        let mut part_s = s.alloc_zeros::<f32>(chunks * n).map_err(cuda_err)?;
+        let (ri, ni, ci) = (int(rows)?, int(n)?, int(chunk)?);
+        let mut b = s.launch_builder(&self.col_part2);
+        b.arg(&mut part_p)
+            .arg(&mut part_s)
+            .arg(&dy.data)
+            .arg(&xhat.data);
+        b.arg(&ri).arg(&ni).arg(&ci);
+        // SAFETY: dy and xhat hold rows * n floats (checked by the caller),
+        // the partials chunks * n; rows beyond `rows` and columns beyond `n`
+        // are guarded in the kernel.
+        unsafe { launch(b, col_grid(n, chunks)?) }?;
+        self.col_finish(s, dgamma, &part_p, chunks, n)?;
+        self.col_finish(s, dbeta, &part_s, chunks, n)
+    }
+
+    /// `acc += column sums of dy` (`[rows, n]`, `acc` `[n]`), the bias gradient.
+    pub(super) fn bias_grad_acc(
+        &self,
+        s: &Arc<CudaStream>,
+        dy: &CudaTensor,
+        acc: &mut CudaTensor,
+    ) -> Result<()> {
+        let (rows, n) = (dy.rows(), dy.cols());
+        if rows == 0 || n == 0 {
+            return Ok(());
+        }
+        let (chunks, chunk) = chunking(rows);
+        let mut part = s.alloc_zeros::<f32>(chunks * n).map_err(cuda_err)?;
+        let (ri, ni, ci) = (int(rows)?, int(n)?, int(chunk)?);
+        let mut b = s.launch_builder(&self.col_part1);
+        b.arg(&mut part).arg(&dy.data).arg(&ri).arg(&ni).arg(&ci);
+        // SAFETY: as in `layer_norm_backward_weight`.
+        unsafe { launch(b, col_grid(n, chunks)?) }?;
+        self.col_finish(s, acc, &part, chunks, n)
+    }
+
+    fn col_finish(
+        &self,
+        s: &Arc<CudaStream>,
+        acc: &mut CudaTensor,
+        part: &CudaSlice<f32>,
+        chunks: usize,
+        n: usize,
+    ) -> Result<()> {
+        let (ci, ni) = (int(chunks)?, int(n)?);
+        let mut b = s.launch_builder(&self.col_finish);
+        b.arg(&mut acc.data).arg(part).arg(&ci).arg(&ni);
+        // SAFETY: acc holds n floats, part chunks * n; guarded by j < n.
+        unsafe { launch(b, per_elem(n)?) }
     }
 
     /// `logits`, `probs` are `[rows, v]`; `targets` and `row_loss` `[rows]`,
@@ -299,15 +251,18 @@ impl RowKernels {
         logits: &CudaTensor,
         targets: &CudaSlice<u32>,
         probs: &mut CudaTensor,
-        row_loss: &mut CudaSlice<f64>,
+        row_loss: &mut CudaSlice<f32>,
     ) -> Result<()> {
-        let (rows, v) = (int(logits.rows())?, int(logits.cols())?);
+        if logits.rows() == 0 || logits.cols() == 0 {
+            return Ok(());
+        }
+        let v = int(logits.cols())?;
         let mut b = s.launch_builder(&self.ce_fwd);
         b.arg(&mut probs.data).arg(row_loss).arg(&logits.data);
-        b.arg(targets).arg(&rows).arg(&v);
-        // SAFETY: shapes and target range checked by the caller; thread r
+        b.arg(targets).arg(&v);
+        // SAFETY: shapes and target range checked by the caller; block r
         // touches row r only.
-        unsafe { launch(b, logits.rows()) }
+        unsafe { launch(b, per_row(logits.rows())?) }
     }
 
     /// `probs` is `[rows, v]` and becomes the gradient; `targets` `[rows]`.
@@ -318,13 +273,15 @@ impl RowKernels {
         targets: &CudaSlice<u32>,
         k: f32,
     ) -> Result<()> {
-        let (numel, v) = (probs.numel(), int(probs.cols())?);
-        let n = int(numel)?;
+        if probs.rows() == 0 || probs.cols() == 0 {
+            return Ok(());
+        }
+        let v = int(probs.cols())?;
+        let rows = probs.rows();
         let mut b = s.launch_builder(&self.ce_bwd);
-        b.arg(&mut probs.data).arg(targets).arg(&n).arg(&v).arg(&k);
-        // SAFETY: shapes checked by the caller; guarded by i < n, and
-        // i / v < rows whenever i < rows * v.
-        unsafe { launch(b, numel) }
+        b.arg(&mut probs.data).arg(targets).arg(&v).arg(&k);
+        // SAFETY: shapes checked by the caller; block r touches row r only.
+        unsafe { launch(b, per_row(rows)?) }
     }
 
     /// `ids` `[rows]` (each below the vocabulary, checked by the caller),
@@ -344,60 +301,79 @@ impl RowKernels {
         b.arg(&mut out.data).arg(ids).arg(&wte.data).arg(&wpe.data);
         b.arg(&n).arg(&d).arg(&seq);
         // SAFETY: shapes and ids checked by the caller; guarded by i < n.
-        unsafe { launch(b, numel) }
+        unsafe { launch(b, per_elem(numel)?) }
     }
 
-    /// The scatter-add of `dy` (`[rows, d]`) into `dwte` and `dwpe`.
+    /// Adds `dy` (`[rows, d]`, rows in whole sequences of `seq`) into the
+    /// rows of `dwte` named by `ids` and into `dwpe`'s first `seq` rows.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn embedding_backward_weight(
         &self,
         s: &Arc<CudaStream>,
-        ids: &CudaSlice<u32>,
+        ids: &[u32],
         seq: usize,
         dy: &CudaTensor,
         dwte: &mut CudaTensor,
         dwpe: &mut CudaTensor,
     ) -> Result<()> {
-        let (numel, d, seq) = (dy.numel(), int(dwte.cols())?, int(seq)?);
-        let n = int(numel)?;
-        let mut b = s.launch_builder(&self.emb_bwd);
-        b.arg(&mut dwte.data)
-            .arg(&mut dwpe.data)
-            .arg(ids)
-            .arg(&dy.data);
-        b.arg(&n).arg(&d).arg(&seq);
-        // SAFETY: shapes and ids checked by the caller; guarded by i < n.
-        unsafe { launch(b, numel) }
+        let d = dwte.cols();
+        if ids.is_empty() || d == 0 {
+            return Ok(());
+        }
+        let (tok, start, rows_of) = rows_by_token(ids);
+        let up = |v: &[u32]| s.clone_htod(v).map_err(cuda_err);
+        let (tok_d, start_d, rows_d) = (up(&tok)?, up(&start)?, up(&rows_of)?);
+        let di = int(d)?;
+        let mut b = s.launch_builder(&self.emb_bwd_tok);
+        b.arg(&mut dwte.data).arg(&dy.data).arg(&tok_d);
+        b.arg(&start_d).arg(&rows_d).arg(&di);
+        // SAFETY: ids checked below the vocabulary and dy of ids.len() rows
+        // by the caller; block u reads start[u], start[u + 1] (tok.len() + 1
+        // entries) and writes row tok[u] only, each token once.
+        unsafe { launch(b, per_row(tok.len())?) }?;
+        let (nseq, seqi) = (int(ids.len() / seq)?, int(seq)?);
+        let mut b = s.launch_builder(&self.emb_bwd_pos);
+        b.arg(&mut dwpe.data)
+            .arg(&dy.data)
+            .arg(&nseq)
+            .arg(&seqi)
+            .arg(&di);
+        // SAFETY: seq <= positions (checked by the caller); block t writes
+        // row t of dwpe only and reads rows b * seq + t < ids.len() of dy.
+        unsafe { launch(b, per_row(seq)?) }
+    }
+}
+
+/// `ceil(n / 32) x chunks` blocks of `COL`.
+fn col_grid(n: usize, chunks: usize) -> Result<LaunchConfig> {
+    Ok(LaunchConfig {
+        grid_dim: (dim(n.div_ceil(COL.0 as usize))?, dim(chunks)?, 1),
+        block_dim: (COL.0, COL.1, 1),
+        shared_mem_bytes: 0,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_by_token_keeps_each_tokens_rows_ascending() {
+        let (tok, start, rows) = rows_by_token(&[3, 1, 3, 0, 1, 3]);
+        assert_eq!(tok, [0, 1, 3]);
+        assert_eq!(start, [0, 1, 3, 6]);
+        assert_eq!(rows, [3, 1, 4, 0, 2, 5]);
     }
 
-    /// Causal softmax in place over `probs` (`[.., t, t]` blocks).
-    pub(super) fn causal_softmax(
-        &self,
-        s: &Arc<CudaStream>,
-        probs: &mut CudaTensor,
-        t: usize,
-    ) -> Result<()> {
-        let rows = probs.numel() / t.max(1);
-        let (r, ti) = (int(rows)?, int(t)?);
-        let mut b = s.launch_builder(&self.causal_softmax);
-        b.arg(&mut probs.data).arg(&r).arg(&ti);
-        // SAFETY: probs holds rows * t floats; thread r touches row r only.
-        unsafe { launch(b, rows) }
-    }
-
-    /// Softmax backward in place over `ds` (holding dP), with the saved `probs`.
-    pub(super) fn softmax_backward(
-        &self,
-        s: &Arc<CudaStream>,
-        ds: &mut CudaTensor,
-        probs: &CudaTensor,
-        t: usize,
-    ) -> Result<()> {
-        let rows = probs.numel() / t.max(1);
-        let (r, ti) = (int(rows)?, int(t)?);
-        let mut b = s.launch_builder(&self.softmax_bwd);
-        b.arg(&mut ds.data).arg(&probs.data).arg(&r).arg(&ti);
-        // SAFETY: both hold rows * t floats (same shape, checked by the
-        // caller); thread r touches row r only.
-        unsafe { launch(b, rows) }
+    #[test]
+    fn chunks_cover_every_row() {
+        for rows in [1, 31, 32, 33, 1000, 16384, 100_000] {
+            let (chunks, chunk) = chunking(rows);
+            assert!((1..=MAX_CHUNKS).contains(&chunks));
+            assert!(
+                chunks * chunk >= rows && (chunks - 1) * chunk < rows,
+                "{rows}"
+            );
+        }
     }
 }

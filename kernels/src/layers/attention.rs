@@ -39,7 +39,9 @@ super::clone_if_tensors_clone!(Attention {
 pub struct AttentionStash<B: Backend = Cpu> {
     x: B::Storage,
     qkv: B::Storage,
-    probs: B::Storage,
+    /// The backend's own record of the attention core (probabilities on the
+    /// CPU, logsumexp on a GPU).
+    core: B::AttnStash,
     ctx: B::Storage,
     shape: AttnShape,
 }
@@ -47,7 +49,7 @@ pub struct AttentionStash<B: Backend = Cpu> {
 super::clone_if_tensors_clone!(AttentionStash {
     x,
     qkv,
-    probs,
+    core,
     ctx,
     shape
 });
@@ -134,12 +136,12 @@ impl<B: Backend> Attention<B> {
     pub fn forward_partial(&self, x: B::Storage) -> Result<(B::Storage, AttentionStash<B>)> {
         let shape = self.shape_of(&x)?;
         let qkv = self.qkv.local.forward(&x)?;
-        let (ctx, probs) = self.qkv.local.backend().causal_attention(&qkv, shape)?;
+        let (ctx, core) = self.qkv.local.backend().causal_attention(&qkv, shape)?;
         let y = self.proj.forward_partial(&ctx)?;
         let stash = AttentionStash {
             x,
             qkv,
-            probs,
+            core,
             ctx,
             shape,
         };
@@ -166,7 +168,8 @@ impl<B: Backend> Attention<B> {
     ) -> Result<(B::Storage, AttentionWeightStash<B>)> {
         let dctx = self.proj.local.backward_input(&dy)?;
         let be = self.qkv.local.backend();
-        let dqkv = be.causal_attention_backward(&stash.qkv, &stash.probs, &dctx, stash.shape)?;
+        let dqkv =
+            be.causal_attention_backward(&stash.qkv, &stash.ctx, &stash.core, &dctx, stash.shape)?;
         let dx = self.qkv.local.backward_input(&dqkv)?;
         let ws = AttentionWeightStash {
             x: stash.x,

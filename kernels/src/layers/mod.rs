@@ -23,6 +23,7 @@ macro_rules! clone_if_tensors_clone {
         where
             B::Storage: Clone,
             B::NormStash: Clone,
+            B::AttnStash: Clone,
         {
             fn clone(&self) -> Self {
                 Self { $($field: self.$field.clone()),* }
