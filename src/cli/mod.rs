@@ -5,4 +5,5 @@ pub mod charts;
 pub mod commands;
 pub mod io;
 pub mod search;
+pub mod steady;
 pub mod train;

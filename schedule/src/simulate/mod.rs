@@ -19,8 +19,8 @@ pub use cost::{CostError, CostModel, RawCostFile, RawStageCost, StageCost};
 pub use measure::measured_costs;
 pub use report::{DeviceReport, Report};
 pub use steady::{
-    largest_span, simulate_steps, split_steps, steady_period, step_starts, Bubbles, SteadyError,
-    SteadyReport, SteadyState,
+    largest_span, period_of_starts, simulate_steps, split_steps, steady_period, step_starts,
+    Bubbles, SteadyError, SteadyReport, SteadyState,
 };
 
 use crate::action::{Action, ActionKind};

@@ -132,7 +132,8 @@ pub fn simulate_steps(
     };
     let per_step = split_steps(&timeline, m);
     let step_makespans = per_step.iter().map(step_makespan).collect();
-    let device_periods = device_periods(&per_step);
+    let starts: Vec<_> = per_step.iter().map(step_starts).collect();
+    let device_periods = device_periods(&starts);
     let period = device_periods.iter().copied().fold(0.0, f64::max);
     let ideal = single.report.ideal;
     let makespan = single.report.makespan;
@@ -253,21 +254,27 @@ pub fn step_starts(timeline: &Timeline) -> Vec<Option<f64>> {
 ///
 /// The simulator and the runtime's measurement both call this, so "period" means one thing.
 pub fn steady_period(steps: &[Timeline]) -> Option<f64> {
-    if steps.len() < 2 {
+    let starts: Vec<_> = steps.iter().map(step_starts).collect();
+    period_of_starts(&starts)
+}
+
+/// [`steady_period`] from each step's [`step_starts`] (on one clock), for a caller that keeps
+/// only the starts of a long run, not its timelines.
+pub fn period_of_starts(starts: &[Vec<Option<f64>>]) -> Option<f64> {
+    if starts.len() < 2 {
         return None;
     }
-    let periods = device_periods(steps);
+    let periods = device_periods(starts);
     (!periods.is_empty()).then(|| periods.iter().copied().fold(0.0, f64::max))
 }
 
 /// Each device's median step-to-step advance (0 for a device with no compute).
-fn device_periods(steps: &[Timeline]) -> Vec<f64> {
-    let starts: Vec<Vec<Option<f64>>> = steps.iter().map(step_starts).collect();
+fn device_periods(starts: &[Vec<Option<f64>>]) -> Vec<f64> {
     let devices = starts.iter().map(Vec::len).max().unwrap_or(0);
-    let from = usize::from(steps.len() >= 3);
+    let from = usize::from(starts.len() >= 3);
     (0..devices)
         .map(|d| {
-            let mut diffs: Vec<f64> = (from..steps.len().saturating_sub(1))
+            let mut diffs: Vec<f64> = (from..starts.len().saturating_sub(1))
                 .filter_map(|k| Some(starts[k + 1].get(d).copied()?? - starts[k].get(d).copied()??))
                 .collect();
             median(&mut diffs).unwrap_or(0.0)
