@@ -56,8 +56,9 @@ impl SweepRow {
     }
 }
 
-/// Steps simulated back to back for each row's period: a warm-up and three steady ones.
-pub const SWEEP_STEPS: u32 = 4;
+/// Steps simulated back to back for each row's period: a warm-up step, then two whose
+/// start-to-start advance is the period (see `search::PERIOD_STEPS`).
+pub const SWEEP_STEPS: u32 = 3;
 
 /// What to sweep.
 #[derive(Clone, Debug, PartialEq, Eq)]

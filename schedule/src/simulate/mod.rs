@@ -53,6 +53,21 @@ pub enum SimError {
 
 /// Validate, lower if needed, and simulate one step of `tt` under `costs`.
 pub fn simulate(tt: &Timetable, costs: &CostModel) -> Result<Simulation, SimError> {
+    let tt = prepare(tt, costs)?;
+    let events = Engine::new(&tt, costs, None).run();
+    let timeline = Timeline {
+        meta: meta(&tt),
+        events,
+    };
+    let report = Report::new(&timeline, costs);
+    Ok(Simulation { timeline, report })
+}
+
+/// Check that `costs` cover `tt`, validate it, and lower it if needed.
+fn prepare<'t>(
+    tt: &'t Timetable,
+    costs: &CostModel,
+) -> Result<std::borrow::Cow<'t, Timetable>, SimError> {
     let stages = tt.num_stages();
     if costs.stages.len() < stages as usize {
         return Err(CostError::ModelStages {
@@ -62,27 +77,23 @@ pub fn simulate(tt: &Timetable, costs: &CostModel) -> Result<Simulation, SimErro
         .into());
     }
     let checked = validate(tt)?;
-    let lowered;
-    let tt = if checked.lowered {
-        tt
+    Ok(if checked.lowered {
+        std::borrow::Cow::Borrowed(tt)
     } else {
-        lowered = lower(tt)?;
-        &lowered
-    };
-    let events = Engine::new(tt, costs, None).run();
-    let timeline = Timeline {
-        meta: TimelineMeta {
-            schedule: tt.name.clone(),
-            devices: tt.num_devices(),
-            stages,
-            microbatches: tt.microbatches,
-            source: TimelineSource::Simulated,
-            time_unit: "units".to_string(),
-        },
-        events,
-    };
-    let report = Report::new(&timeline, costs);
-    Ok(Simulation { timeline, report })
+        std::borrow::Cow::Owned(lower(tt)?)
+    })
+}
+
+/// What a simulated timeline of `tt` is of.
+fn meta(tt: &Timetable) -> TimelineMeta {
+    TimelineMeta {
+        schedule: tt.name.clone(),
+        devices: tt.num_devices(),
+        stages: tt.num_stages(),
+        microbatches: tt.microbatches,
+        source: TimelineSource::Simulated,
+        time_unit: "units".to_string(),
+    }
 }
 
 const UNKNOWN: f64 = f64::NAN;

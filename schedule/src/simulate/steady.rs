@@ -32,10 +32,10 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{simulate, CostModel, Engine, SimError};
+use super::{meta, prepare, CostModel, Engine, Report, SimError, Simulation};
 use crate::action::{Action, ActionKind};
 use crate::timeline::{Event, Timeline, TimelineMeta};
-use crate::timetable::{lower, Timetable};
+use crate::timetable::Timetable;
 
 /// Why a multi-step simulation could not run.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
@@ -114,23 +114,22 @@ pub fn simulate_steps(
     if steps < 2 || m.checked_mul(steps).is_none() {
         return Err(bad);
     }
-    let single = simulate(tt, costs)?;
-    let lowered = if tt.is_lowered() {
-        tt.clone()
-    } else {
-        lower(tt).map_err(SimError::from)?
-    };
+    let lowered = prepare(tt, costs)?;
     let many = repeat(&lowered, steps);
     let bounds = Boundaries::new(&lowered, costs);
     let events = Engine::new(&many, costs, Some(bounds)).run();
     let timeline = Timeline {
-        meta: TimelineMeta {
-            microbatches: many.microbatches,
-            ..single.timeline.meta.clone()
-        },
+        meta: meta(&many),
         events,
     };
     let per_step = split_steps(&timeline, m);
+    // Step 0 is the single step exactly: on every device and comm stream it runs before any
+    // later step's action, and from time 0 like a step on its own.
+    let single = {
+        let timeline = per_step[0].clone();
+        let report = Report::new(&timeline, costs);
+        Simulation { timeline, report }
+    };
     let step_makespans = per_step.iter().map(step_makespan).collect();
     let starts: Vec<_> = per_step.iter().map(step_starts).collect();
     let device_periods = device_periods(&starts);

@@ -1,4 +1,5 @@
 use super::*;
+use crate::simulate::simulate;
 use crate::{generate, ScheduleKind, ScheduleSpec, StageCost};
 
 fn model(stages: u32, f: f64, b: f64, w: f64, c: f64) -> CostModel {
@@ -110,4 +111,30 @@ fn steps_split_back_into_the_single_steps_microbatches() {
     }
     let e = simulate_steps(&tt, &costs, 1).unwrap_err().to_string();
     assert!(e.starts_with("steps must be at least 2"), "{e}");
+}
+
+#[test]
+fn the_first_of_many_steps_is_the_single_step() {
+    let costs = model(8, 1.0, 2.0, 0.7, 0.15);
+    for kind in [
+        ScheduleKind::ZbH2,
+        ScheduleKind::Interleaved1F1B,
+        ScheduleKind::Zbv,
+    ] {
+        let v = kind
+            .fixed_virtual()
+            .unwrap_or(if kind.supports_virtual() { 2 } else { 1 });
+        let spec = ScheduleSpec::new(kind, 4, v, 8, None).unwrap();
+        let tt = generate(&spec);
+        let c = costs.resample(spec.stages()).unwrap();
+        let one = simulate(&tt, &c).unwrap();
+        let many = simulate_steps(&tt, &c, 3).unwrap();
+        assert_eq!(many.single.report, one.report, "{kind:?}");
+        let key = |e: &Event| (e.device, format!("{}", e.action), e.start.to_bits());
+        let mut a = one.timeline.events.clone();
+        let mut b = many.single.timeline.events.clone();
+        a.sort_by_key(key);
+        b.sort_by_key(key);
+        assert_eq!(a, b, "{kind:?}");
+    }
 }
