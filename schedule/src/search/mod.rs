@@ -528,6 +528,7 @@ fn list_jobs(
             backward_first: true,
             depth_first: true,
             cap,
+            lookahead: false,
         };
         let Some(shape) = &shapes[v as usize] else {
             skipped.push(Skipped {
@@ -563,6 +564,10 @@ fn list_jobs(
                 }
             }
         }
+        jobs.push(Job::List(Knobs {
+            lookahead: true,
+            ..knobs
+        }));
         for level in cap_levels(need, cap) {
             jobs.push(Job::List(Knobs {
                 cap: level,
