@@ -168,3 +168,54 @@ fn search_objective_is_period_or_makespan_and_nothing_else() {
     assert!(!o.status.success());
     assert!(err.contains("expected `period`"), "{err}");
 }
+
+/// Synthetic stages sleep their exact durations, so a measured period can exceed the
+/// simulated one (overhead) but not fall short of it by more than timer noise.
+#[test]
+fn bench_and_train_report_the_measured_period() {
+    let out = ok(&[
+        "bench",
+        "--schedule",
+        "zbv",
+        "-v",
+        "2",
+        "-p",
+        "2",
+        "-m",
+        "4",
+        "--cost",
+        "1,2",
+        "--steps",
+        "5",
+        "--format",
+        "json",
+    ]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let s = &v["steady_state"];
+    let simulated = s["simulated_period_ms"].as_f64().unwrap();
+    let measured = s["measured_period_ms"].as_f64().unwrap();
+    assert!(simulated > 0.0 && measured >= 0.97 * simulated, "{s}");
+    assert!((s["ratio"].as_f64().unwrap() - measured / simulated).abs() < 1e-12);
+    let out = ok(&[
+        "train",
+        "--schedule",
+        "1f1b",
+        "--stages",
+        "2",
+        "--microbatches",
+        "4",
+        "--steps",
+        "3",
+        "--format",
+        "json",
+    ]);
+    let periods: Vec<serde_json::Value> = out
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["steady_state_period_ms"].clone()
+        })
+        .collect();
+    assert_eq!(periods.len(), 3);
+    assert!(periods[0].is_null(), "one step has no period");
+    assert!(periods[1].as_f64().unwrap() > 0.0 && periods[2].as_f64().unwrap() > 0.0);
+}
