@@ -345,17 +345,26 @@ fn sweep_json_and_csv_carry_the_same_rows_and_the_closed_form() {
     assert_eq!(lines.len(), rows.len());
     let mut last = f64::INFINITY;
     for (row, line) in rows.iter().zip(&lines) {
-        let cells: Vec<&str> = line.splitn(10, ',').collect();
+        let cells: Vec<&str> = line.splitn(12, ',').collect();
         assert_eq!(cells[0], row["schedule"]);
         assert_eq!(cells[2], row["microbatches"].to_string());
         match row["bubble_fraction"].as_f64() {
-            Some(b) => assert_eq!(cells[4].parse::<f64>().unwrap(), b),
-            None => assert!(cells[9].contains("needs at least p=4"), "{line}"),
+            Some(b) => {
+                assert_eq!(cells[4].parse::<f64>().unwrap(), b);
+                let steady = row["bubble"]["steady_state"].as_f64().unwrap();
+                assert_eq!(cells[6].parse::<f64>().unwrap(), steady);
+                assert_eq!(row["bubble"]["single_step"].as_f64().unwrap(), b);
+                assert!(steady <= b + 1e-12);
+            }
+            None => assert!(cells[11].contains("needs at least p=4"), "{line}"),
         }
         if row["schedule"] == "1f1b" {
             let m = row["microbatches"].as_f64().unwrap();
             let b = row["bubble_fraction"].as_f64().unwrap();
             assert!((b - 3.0 / (m + 3.0)).abs() < 1e-12 && b < last);
+            // Unfenced 1F1B steps repeat every makespan: both bubbles agree.
+            let steady = row["bubble"]["steady_state"].as_f64().unwrap();
+            assert!((steady - b).abs() < 1e-12, "{row}");
             last = b;
         }
     }

@@ -131,9 +131,15 @@ fn search_json_reports_a_best_that_fits_and_is_never_slower_than_the_fixed_famil
     let best = &v["best"];
     assert!(best["fits"].as_bool().unwrap());
     assert!(best["peak_microbatches"].as_f64().unwrap() <= 4.0);
-    let fixed = v["best_fixed"]["makespan"].as_f64().unwrap();
-    assert!(best["makespan"].as_f64().unwrap() <= fixed);
-    // 1F1B fits a cap of p; its makespan (m + p - 1) * 3 = 33 bounds the answer.
+    // Ranked by the steady-state period by default.
+    assert_eq!(v["objective"], "period");
+    let fixed = v["best_fixed"]["period"].as_f64().unwrap();
+    assert!(best["period"].as_f64().unwrap() <= fixed);
+    assert!(
+        best["bubble"]["steady_state"].as_f64().unwrap()
+            <= best["bubble"]["single_step"].as_f64().unwrap() + 1e-12
+    );
+    // 1F1B fits a cap of p; its period, its makespan (m + p - 1) * 3 = 33, bounds the answer.
     assert!(fixed <= 33.0);
 }
 

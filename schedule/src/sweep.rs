@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::generators::generate;
-use crate::simulate::{simulate, CostModel};
+use crate::simulate::{simulate_steps, Bubbles, CostModel};
 use crate::spec::{ScheduleKind, ScheduleSpec};
 
 /// One combination's outcome. Combinations that cannot run carry `error` and no figures.
@@ -18,8 +18,13 @@ pub struct SweepRow {
     pub microbatches: u32,
     /// Step time.
     pub makespan: Option<f64>,
-    /// `1 - ideal / makespan`.
+    /// `1 - ideal / makespan`: the single-step bubble.
     pub bubble_fraction: Option<f64>,
+    /// Steady-state period: time per step of unfenced steps ([`SWEEP_STEPS`] simulated).
+    pub period: Option<f64>,
+    /// The bubble against the makespan (`single_step`), the period (`steady_state`) and the
+    /// largest per-device span (`largest_span`).
+    pub bubble: Option<Bubbles>,
     /// Microbatches per time unit: `m / makespan`.
     pub throughput: Option<f64>,
     /// Most stashed stage-microbatches on any device.
@@ -40,6 +45,8 @@ impl SweepRow {
             microbatches: m,
             makespan: None,
             bubble_fraction: None,
+            period: None,
+            bubble: None,
             throughput: None,
             peak_activations: None,
             peak_activation_bytes: None,
@@ -48,6 +55,10 @@ impl SweepRow {
         }
     }
 }
+
+/// Steps simulated back to back for each row's period: a warm-up step, then two whose
+/// start-to-start advance is the period (see `search::PERIOD_STEPS`).
+pub const SWEEP_STEPS: u32 = 3;
 
 /// What to sweep.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -105,9 +116,9 @@ where
 {
     let spec = ScheduleSpec::new(kind, p, v, m, None).map_err(|e| e.to_string())?;
     let model = costs(spec.stages(), p)?;
-    let report = simulate(&generate(&spec), &model)
-        .map_err(|e| e.to_string())?
-        .report;
+    let steady =
+        simulate_steps(&generate(&spec), &model, SWEEP_STEPS).map_err(|e| e.to_string())?;
+    let report = steady.single.report;
     if report.makespan <= 0.0 {
         // Throughput and bubble over no time are undefined, not 0.
         return Err("the step takes no time (every cost is 0): throughput and bubble are undefined; give costs above 0".into());
@@ -119,6 +130,8 @@ where
         microbatches: m,
         makespan: Some(report.makespan),
         bubble_fraction: Some(report.bubble_fraction),
+        period: Some(steady.report.period),
+        bubble: Some(steady.report.bubble),
         throughput: Some(f64::from(m) / report.makespan),
         peak_activations: Some(report.peak_activations()),
         peak_activation_bytes: Some(peak_bytes),

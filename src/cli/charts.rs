@@ -80,6 +80,10 @@ pub struct VizCmd {
     /// Width of the terminal chart in columns.
     #[arg(long, default_value_t = 100)]
     columns: usize,
+    /// Draw K consecutive unfenced steps on one time axis (as `simulate --steps K` runs
+    /// them): how each step's start overlaps the previous step's end.
+    #[arg(long, default_value_t = 1, value_name = "K", conflicts_with = "from")]
+    steps: u32,
     #[command(flatten)]
     image: ImageArgs,
 }
@@ -90,6 +94,7 @@ impl VizCmd {
         if self.compare.is_some() && self.source.given("schedule") {
             bail!("--schedule does not apply with --compare, which names the schedules: leave --schedule out");
         }
+        super::steady::check_steps(self.steps)?;
         let runs = self.timelines()?;
         for (tl, _) in &runs {
             drawable(tl)?;
@@ -145,6 +150,10 @@ impl VizCmd {
             return Ok(vec![(tl, report)]);
         }
         let Some(list) = &self.compare else {
+            if self.steps > 1 {
+                let (tt, _) = self.source.timetable()?;
+                return Ok(vec![self.steady(&tt)?]);
+            }
             let sim = simulation(&self.source, &self.costs)?;
             return Ok(vec![(sim.timeline, sim.report)]);
         };
@@ -164,6 +173,10 @@ impl VizCmd {
             };
             let spec = ScheduleSpec::new(kind, s.stages, v, s.microbatches, group)
                 .with_context(|| format!("--compare {name}"))?;
+            if self.steps > 1 {
+                out.push(self.steady(&generate(&spec))?);
+                continue;
+            }
             let model = self.costs.model(spec.stages(), spec.devices())?;
             let sim = simulate(&generate(&spec), &model)?;
             out.push((sim.timeline, sim.report));
@@ -172,6 +185,15 @@ impl VizCmd {
             bail!("--compare `{list}` names no schedule");
         }
         Ok(out)
+    }
+}
+
+impl VizCmd {
+    /// `--steps K` of one timetable: its K-step timeline and a report over all of it.
+    fn steady(&self, tt: &pipewright::schedule::Timetable) -> Result<(Timeline, Report)> {
+        let model = self.costs.model(tt.num_stages(), tt.num_devices())?;
+        let s = pipewright::schedule::simulate::simulate_steps(tt, &model, self.steps)?;
+        Ok(super::steady::steady_chart(s, &model))
     }
 }
 
@@ -308,12 +330,14 @@ fn table(rows: &[SweepRow], cap: Option<u64>) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:<18} {:>3} {:>5} {:>10} {:>8} {:>11} {:>9} {:>12}{}",
+        "{:<18} {:>3} {:>5} {:>10} {:>8} {:>10} {:>8} {:>11} {:>9} {:>12}{}",
         "schedule",
         "v",
         "m",
         "makespan",
         "bubble",
+        "period",
+        "steady",
         "throughput",
         "peak act",
         "peak bytes",
@@ -329,8 +353,10 @@ fn table(rows: &[SweepRow], cap: Option<u64>) -> String {
             (None, Some(mk), Some(b), Some(t)) => {
                 let _ = write!(
                     out,
-                    "{mk:>10.3} {:>7.2}% {t:>11.4} {:>9} {:>12}",
+                    "{mk:>10.3} {:>7.2}% {:>10.3} {:>7.2}% {t:>11.4} {:>9} {:>12}",
                     100.0 * b,
+                    r.period.unwrap_or(f64::NAN),
+                    100.0 * r.bubble.map_or(f64::NAN, |b| b.steady_state),
                     r.peak_activations.unwrap_or(0),
                     r.peak_activation_bytes.unwrap_or(0)
                 );
@@ -366,7 +392,7 @@ fn table(rows: &[SweepRow], cap: Option<u64>) -> String {
 
 fn csv_rows(rows: &[SweepRow]) -> String {
     let mut out = String::from(
-        "schedule,virtual_stages,microbatches,makespan,bubble_fraction,throughput,peak_activations,peak_activation_bytes,fits,error\n",
+        "schedule,virtual_stages,microbatches,makespan,bubble_fraction,period,steady_state_bubble,throughput,peak_activations,peak_activation_bytes,fits,error\n",
     );
     let opt = |x: Option<String>| x.unwrap_or_default();
     for r in rows {
@@ -377,12 +403,14 @@ fn csv_rows(rows: &[SweepRow]) -> String {
             .unwrap_or_default();
         let _ = writeln!(
             out,
-            "{},{},{},{},{},{},{},{},{},{}",
+            "{},{},{},{},{},{},{},{},{},{},{},{}",
             r.schedule,
             r.virtual_stages,
             r.microbatches,
             opt(r.makespan.map(|x| x.to_string())),
             opt(r.bubble_fraction.map(|x| x.to_string())),
+            opt(r.period.map(|x| x.to_string())),
+            opt(r.bubble.map(|b| b.steady_state.to_string())),
             opt(r.throughput.map(|x| x.to_string())),
             opt(r.peak_activations.map(|x| x.to_string())),
             opt(r.peak_activation_bytes.map(|x| x.to_string())),

@@ -178,6 +178,12 @@ pub struct SimulateCmd {
     /// Also write a Chrome trace (open in Perfetto or chrome://tracing) to this file.
     #[arg(long, value_name = "FILE")]
     trace: Option<PathBuf>,
+    /// Simulate K steps back to back, unfenced as the runtime trains (each device starts its
+    /// next step after its own last action and optimizer step): per-step makespans, the
+    /// steady-state period, and the bubble both ways (`single_step`, `steady_state`).
+    /// --timeline and --trace then hold all K steps.
+    #[arg(long, default_value_t = 1, value_name = "K")]
+    steps: u32,
 }
 
 impl SimulateCmd {
@@ -186,19 +192,40 @@ impl SimulateCmd {
             Output::new("--timeline", self.timeline.as_ref(), Kind::Json),
             Output::new("--trace", self.trace.as_ref(), Kind::Json),
         ])?;
+        super::steady::check_steps(self.steps)?;
+        if self.steps > 1 {
+            return self.run_steady();
+        }
         let sim = self.simulation()?;
+        self.write_timeline(&sim.timeline)?;
+        match self.format {
+            ReportFormat::Json => println!("{}", serde_json::to_string_pretty(&sim.report)?),
+            ReportFormat::Table => print!("{}", table(&title(&self.source, &sim), &sim.report)),
+        }
+        Ok(())
+    }
+
+    /// `--steps K` with K > 1: the steady-state report.
+    fn run_steady(&self) -> Result<()> {
+        use super::steady::{steady_json, steady_simulation, steady_table};
+        let s = steady_simulation(&self.source, &self.costs, self.steps)?;
+        self.write_timeline(&s.timeline)?;
+        match self.format {
+            ReportFormat::Json => println!("{}", serde_json::to_string_pretty(&steady_json(&s))?),
+            ReportFormat::Table => print!("{}", steady_table(&title(&self.source, &s.single), &s)),
+        }
+        Ok(())
+    }
+
+    fn write_timeline(&self, timeline: &pipewright::schedule::Timeline) -> Result<()> {
         if let Some(path) = &self.timeline {
-            write_atomic(path, serde_json::to_string(&sim.timeline)?.as_bytes())?;
+            write_atomic(path, serde_json::to_string(timeline)?.as_bytes())?;
         }
         if let Some(path) = &self.trace {
             write_atomic(
                 path,
-                serde_json::to_string(&chrome_trace(&sim.timeline))?.as_bytes(),
+                serde_json::to_string(&chrome_trace(timeline))?.as_bytes(),
             )?;
-        }
-        match self.format {
-            ReportFormat::Json => println!("{}", serde_json::to_string_pretty(&sim.report)?),
-            ReportFormat::Table => print!("{}", table(&title(&self.source, &sim), &sim.report)),
         }
         Ok(())
     }

@@ -6,4 +6,5 @@ pub mod checks;
 pub mod commands;
 pub mod io;
 pub mod search;
+pub mod steady;
 pub mod train;

@@ -6,7 +6,7 @@ use std::time::Instant;
 use anyhow::{bail, Result};
 use clap::Args;
 use pipewright::schedule::search::{
-    fmt_units, search, Candidate, MemoryCap, SearchOutcome, SearchSpec,
+    fmt_units, search, Candidate, MemoryCap, Objective, SearchOutcome, SearchSpec,
 };
 use pipewright::schedule::{lower, measured_costs, to_csv, ScheduleKind, Timeline};
 use pipewright::viz::{
@@ -56,6 +56,11 @@ pub struct SearchCmd {
     /// Draw the best timetable's simulated bubble chart to FILE.svg or FILE.png.
     #[arg(long, value_name = "FILE")]
     chart: Option<PathBuf>,
+    /// What to minimise: `period`, the steady-state time per step of unfenced training (what
+    /// the runtime does, and what throughput follows), or `makespan`, one step on its own
+    /// (for runs fenced by a global barrier every step).
+    #[arg(long, default_value = "period", value_name = "period|makespan", value_parser = parse_objective)]
+    objective: Objective,
     /// Candidates listed in the table, fastest first.
     #[arg(long, default_value_t = 10, value_name = "N")]
     top: usize,
@@ -97,6 +102,7 @@ impl SearchCmd {
         spec.max_virtual = self.max_virtual;
         spec.list_scheduler = !self.no_list;
         spec.improve_budget = self.improve;
+        spec.objective = self.objective;
         if let Some(list) = &self.schedules {
             spec.families = list
                 .split(',')
@@ -158,7 +164,8 @@ impl SearchCmd {
         match found.best_fixed {
             Some(i) if i == found.best => out += "the best is a fixed family\n",
             Some(i) => {
-                let gain = 100.0 * (1.0 - best.makespan / c[i].makespan.max(f64::MIN_POSITIVE));
+                let obj = found.objective;
+                let gain = 100.0 * (1.0 - obj.of(best) / obj.of(&c[i]).max(f64::MIN_POSITIVE));
                 out += &format!(
                     "best fixed family: {} (the best is {gain:.1}% faster)\n",
                     line(&c[i])
@@ -166,29 +173,37 @@ impl SearchCmd {
             }
             None => out += "no fixed family fits the cap\n",
         }
+        let obj = found.objective;
         let mut order: Vec<&Candidate> = c.iter().filter(|x| x.fits).collect();
-        order.sort_by(|a, b| a.makespan.total_cmp(&b.makespan));
+        order.sort_by(|a, b| obj.of(a).total_cmp(&obj.of(b)));
         out += &format!(
-            "\n{:<48} {:>12} {:>8} {:>8}\n",
-            "fitting candidates, fastest first", "makespan", "bubble", "peak"
+            "\n{:<48} {:>12} {:>8} {:>12} {:>8} {:>8}\n",
+            format!("fitting candidates, by {}", objective_name(obj)),
+            "makespan",
+            "bubble",
+            "period",
+            "steady",
+            "peak"
         );
         for x in order.iter().take(self.top) {
             out += &format!(
-                "{:<48} {:>12.4} {:>7.2}% {:>8}\n",
+                "{:<48} {:>12.4} {:>7.2}% {:>12.4} {:>7.2}% {:>8}\n",
                 x.label,
                 x.makespan,
-                100.0 * x.bubble_fraction,
+                100.0 * x.bubble.single_step,
+                x.period,
+                100.0 * x.bubble.steady_state,
                 fmt_units(x.peak_microbatches)
             );
         }
-        out += "\nPareto front (peak memory -> makespan):\n";
+        out += &format!("\nPareto front (peak memory -> {}):\n", objective_name(obj));
         for &i in &found.front {
             let x = &c[i];
             let fit = if x.fits { "" } else { "  (over the cap)" };
             out += &format!(
                 "  {:>8}  {:>12.4}  {}{fit}\n",
                 fmt_units(x.peak_microbatches),
-                x.makespan,
+                obj.of(x),
                 x.label
             );
         }
@@ -213,12 +228,25 @@ fn timetable_form(path: &std::path::Path) -> Result<bool> {
     }
 }
 
+fn parse_objective(s: &str) -> Result<Objective, String> {
+    s.parse()
+}
+
+fn objective_name(o: Objective) -> &'static str {
+    match o {
+        Objective::Period => "steady-state period",
+        Objective::Makespan => "single-step makespan",
+    }
+}
+
 fn line(c: &Candidate) -> String {
     format!(
-        "{}: makespan {:.4}, bubble {:.2}%, peak {} microbatches{}",
+        "{}: period {:.4} (steady-state bubble {:.2}%), makespan {:.4} (single-step bubble {:.2}%), peak {} microbatches{}",
         c.label,
+        c.period,
+        100.0 * c.bubble.steady_state,
         c.makespan,
-        100.0 * c.bubble_fraction,
+        100.0 * c.bubble.single_step,
         fmt_units(c.peak_microbatches),
         c.peak_bytes
             .map_or(String::new(), |b| format!(" ({b} bytes)"))
@@ -233,7 +261,10 @@ fn points(found: &SearchOutcome) -> Vec<ParetoPoint> {
         .map(|(i, c)| ParetoPoint {
             label: c.label.clone(),
             peak: c.peak_microbatches,
-            bubble_fraction: c.bubble_fraction,
+            bubble_fraction: match found.objective {
+                Objective::Period => c.bubble.steady_state,
+                Objective::Makespan => c.bubble.single_step,
+            },
             on_front: found.front.contains(&i),
             best: i == found.best,
         })
@@ -243,6 +274,7 @@ fn points(found: &SearchOutcome) -> Vec<ParetoPoint> {
 fn json_report(found: &SearchOutcome, secs: f64) -> serde_json::Value {
     serde_json::json!({
         "seconds": secs,
+        "objective": found.objective,
         "cap_microbatches": found.cap_microbatches,
         "unit_bytes": found.unit_bytes,
         "best": found.candidates[found.best],

@@ -23,6 +23,7 @@ use super::checks::{at_least, check_outputs, in_range, Kind, Output};
 use super::commands::ReportFormat;
 use super::io::write_atomic;
 use super::search::write_measured_costs;
+use super::steady::{bench_periods, period_compare, period_json, period_line, MeasuredPeriod};
 
 /// Train the reference GPT on in-process devices (one thread per rank), or one process per
 /// rank over MPI (`mpirun -np <pp*tp*dp> pipewright train --transport mpi ...`), or one
@@ -149,10 +150,13 @@ impl TrainCmd {
         let mut last: Option<StepRecord> = None;
         let mut first_loss = None;
         let mut timelines = Vec::new();
+        let mut period = MeasuredPeriod::default();
         let on_step = |s: &StepRecord| {
             if self.costs_out.is_some() {
                 timelines.push(s.timeline.clone());
             }
+            period.add(s);
+            let period_ms = period.period_ms();
             let loss = s.loss.unwrap_or(f32::NAN);
             first_loss.get_or_insert(loss);
             let tps = tokens / s.seconds.max(1e-9);
@@ -160,12 +164,14 @@ impl TrainCmd {
                 ReportFormat::Json => println!(
                     "{}",
                     serde_json::json!({"step": s.step, "loss": loss, "tokens_per_second": tps,
-                        "seconds": s.seconds, "bubble_fraction": s.bubble_fraction(), "peak_stash": s.peak_stash})
+                        "seconds": s.seconds, "bubble_fraction": s.bubble_fraction(), "peak_stash": s.peak_stash,
+                        "steady_state_period_ms": period_ms})
                 ),
                 ReportFormat::Table => {
                     bar.set_message(format!(
-                        "loss {loss:.4}  {tps:.0} tok/s  bubble {:.1}%",
-                        100.0 * s.bubble_fraction()
+                        "loss {loss:.4}  {tps:.0} tok/s  bubble {:.1}%{}",
+                        100.0 * s.bubble_fraction(),
+                        period_ms.map_or(String::new(), |p| format!("  period {p:.1} ms"))
                     ));
                     bar.inc(1);
                 }
@@ -184,14 +190,16 @@ impl TrainCmd {
         if finished.is_none() {
             return Ok(()); // an MPI or NCCL rank other than 0: rank 0 reports
         }
+        let period_ms = period.period_ms();
         let Some(last) = last else {
             bail!("no step ran (--steps 0?)")
         };
         if self.format == ReportFormat::Table {
             println!(
-                "{} on pp={} tp={} dp={}: {} steps, loss {:.4} -> {:.4}, last step {:.1} ms, {:.0} tokens/s, measured bubble {:.1}%",
+                "{} on pp={} tp={} dp={}: {} steps, loss {:.4} -> {:.4}, last step {:.1} ms, {:.0} tokens/s, measured bubble {:.1}%{}",
                 tt.name, mesh.pp, mesh.tp, mesh.dp, self.steps, first_loss.unwrap_or(f32::NAN),
-                last.loss.unwrap_or(f32::NAN), last.seconds * 1e3, tokens / last.seconds.max(1e-9), 100.0 * last.bubble_fraction()
+                last.loss.unwrap_or(f32::NAN), last.seconds * 1e3, tokens / last.seconds.max(1e-9), 100.0 * last.bubble_fraction(),
+                period_line(period_ms, tokens)
             );
         }
         if let Some(path) = &self.costs_out {
@@ -506,6 +514,7 @@ impl BenchCmd {
                 }
             }
         }
+        let (measured_period, simulated_period) = bench_periods(&tt, &model, &steps)?;
         steps.sort_by(|a, b| a.seconds.total_cmp(&b.seconds));
         let median = &steps[steps.len() / 2];
         let measured = median.seconds * 1e3;
@@ -517,7 +526,8 @@ impl BenchCmd {
                 "{}",
                 serde_json::json!({"measured_ms": measured, "simulated_ms": predicted, "ratio": (predicted > 0.0).then(|| measured / predicted),
                     "compute_actions": actions, "overhead_us_per_action": overhead_us,
-                    "measured_bubble": median.bubble_fraction(), "simulated_bubble": sim.report.bubble_fraction})
+                    "measured_bubble": median.bubble_fraction(), "simulated_bubble": sim.report.bubble_fraction,
+                    "steady_state": period_json(measured_period, simulated_period)})
             ),
             ReportFormat::Table => println!(
                 "{}: measured {measured:.3} ms, simulated {predicted:.3} ms ({}), {actions} compute actions, {overhead_us:.2} us overhead per action; bubble measured {:.2}% vs simulated {:.2}%",
@@ -526,6 +536,9 @@ impl BenchCmd {
                 100.0 * median.bubble_fraction(),
                 100.0 * sim.report.bubble_fraction
             ),
+        }
+        if self.format == ReportFormat::Table {
+            println!("{}", period_compare(measured_period, simulated_period));
         }
         if let Some(path) = &self.trace {
             write_atomic(path, serde_json::to_string(&median.timeline)?.as_bytes())?;

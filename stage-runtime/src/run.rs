@@ -54,6 +54,9 @@ pub struct StepRecord {
     pub timeline: Timeline,
     /// Most stage-microbatches each pipeline device stashed at once.
     pub peak_stash: Vec<u32>,
+    /// Where the step's time zero (its first compute) lies on the run's clock, in ms since
+    /// the run began: steps overlap, so their timelines line up only with this added.
+    pub origin_ms: f64,
 }
 
 impl StepRecord {
@@ -390,6 +393,7 @@ impl Assembler {
             seconds,
             timeline,
             peak_stash,
+            origin_ms: t0,
         })
     }
 }

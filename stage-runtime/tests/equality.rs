@@ -197,6 +197,8 @@ fn the_searchs_list_schedules_equal_one_device() {
                 backward_first: true,
                 depth_first: true,
                 cap,
+                // The lookahead reorders work; training must not notice.
+                lookahead: split,
             };
             let tt = list_schedule(p, M, &costs, &stage_weights(&costs, p), knobs).unwrap();
             let what = format!("{} p={p} tp={tp} dp={dp}", knobs.label());

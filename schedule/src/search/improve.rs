@@ -2,14 +2,20 @@
 //!
 //! A W waits on nothing but its own I, so where a device idles waiting for an input, a later W
 //! of that device can run instead. Each move is tried on a copy, checked against the cap,
-//! validated and simulated; it is kept only if the step gets shorter (or as short, with every
-//! device done sooner). Nothing unchecked survives, so the result is never worse than the start.
+//! validated and simulated; it is kept only if the objective gets smaller (or as small, with
+//! every device done sooner). Nothing unchecked survives, so the result is never worse than
+//! the start.
+//!
+//! Under the period objective a gap counts wherever it lies inside a device's span (first to
+//! last action of its step): those gaps are what unfenced steps pay for, so W work pulled
+//! forward into them shortens the busiest span, and the score is the multi-step period.
 
 use crate::action::{Action, ActionKind};
-use crate::simulate::{simulate, CostModel, Simulation};
+use crate::simulate::{simulate_steps, CostModel, SteadyState};
 use crate::timetable::Timetable;
 
 use super::memory::peak_units;
+use super::{Objective, PERIOD_STEPS};
 
 /// What to improve, under which costs and cap, with how many simulations at most.
 pub struct Improve<'a> {
@@ -21,18 +27,17 @@ pub struct Improve<'a> {
     pub cap: f64,
     /// Most simulations to spend.
     pub budget: usize,
+    /// What to minimise.
+    pub objective: Objective,
 }
 
 /// A better timetable than `tt`, if moves into gaps found one.
-pub fn improve(
-    tt: &Timetable,
-    sim: &Simulation,
-    how: &Improve<'_>,
-) -> Option<(Timetable, Simulation)> {
-    let mut best: Option<(Timetable, Simulation)> = None;
-    let mut spent = 0;
+pub fn improve(tt: &Timetable, how: &Improve<'_>) -> Option<(Timetable, SteadyState)> {
+    let start = simulate_steps(tt, how.costs, PERIOD_STEPS).ok()?;
+    let mut best: Option<(Timetable, SteadyState)> = None;
+    let mut spent = 1;
     loop {
-        let (cur_tt, cur_sim) = best.as_ref().map_or((tt, sim), |(t, s)| (t, s));
+        let (cur_tt, cur_sim) = best.as_ref().map_or((tt, &start), |(t, s)| (t, s));
         let mut moved = None;
         for (d, from, to) in gap_moves(cur_tt, cur_sim) {
             if spent >= how.budget {
@@ -48,10 +53,10 @@ pub fn improve(
             if peak > how.cap + 1e-9 {
                 continue;
             }
-            let Ok(s) = simulate(&next, how.costs) else {
+            let Ok(s) = simulate_steps(&next, how.costs, PERIOD_STEPS) else {
                 continue;
             };
-            if score(&s) < score(cur_sim) {
+            if score(&s, how.objective) < score(cur_sim, how.objective) {
                 moved = Some((next, s));
                 break;
             }
@@ -63,20 +68,27 @@ pub fn improve(
     }
 }
 
-/// Makespan, then the sum of the devices' finishing times: smaller is better.
-fn score(s: &Simulation) -> (f64, f64) {
-    let mut ends = vec![0.0f64; s.timeline.meta.devices as usize];
-    for e in s.timeline.compute_events() {
+/// The objective, then the other measure, then the sum of the devices' finishing times:
+/// smaller is better.
+fn score(s: &SteadyState, objective: Objective) -> (f64, f64, f64) {
+    let one = &s.single;
+    let mut ends = vec![0.0f64; one.timeline.meta.devices as usize];
+    for e in one.timeline.compute_events() {
         if let Some(x) = ends.get_mut(e.device as usize) {
             *x = x.max(e.end);
         }
     }
     let total: f64 = ends.iter().sum();
-    (s.report.makespan, total)
+    let (period, makespan) = (s.report.period, one.report.makespan);
+    match objective {
+        Objective::Period => (period, makespan, total),
+        Objective::Makespan => (makespan, period, total),
+    }
 }
 
 /// Moves `(device, from, to)` that put a later W into an idle gap, biggest gaps first.
-fn gap_moves(tt: &Timetable, sim: &Simulation) -> Vec<(usize, usize, usize)> {
+fn gap_moves(tt: &Timetable, steady: &SteadyState) -> Vec<(usize, usize, usize)> {
+    let sim = &steady.single;
     let mut gaps: Vec<(f64, usize, usize)> = Vec::new();
     let mut prev_end = vec![sim.timeline.start(); tt.devices.len()];
     let mut index = vec![0usize; tt.devices.len()];

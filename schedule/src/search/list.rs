@@ -32,6 +32,11 @@ pub struct Knobs {
     pub depth_first: bool,
     /// Memory the scheduler may use per device, in units (at most the user's cap).
     pub cap: f64,
+    /// Wait for an input backward that arrives before a forward or W would end, instead of
+    /// starting that work: the backward chain back to device 0 then never queues behind
+    /// other work, which shortens device 0's wait for its first backward (a gap inside its
+    /// span, so in the steady-state period).
+    pub lookahead: bool,
 }
 
 impl Knobs {
@@ -48,8 +53,9 @@ impl Knobs {
             (false, true) => ", forward first",
             (false, false) => ", forward first, oldest first",
         };
+        let look = if self.lookahead { ", lookahead" } else { "" };
         format!(
-            "list v={} {place}, {back}, cap {}{order}",
+            "list v={} {place}, {back}, cap {}{order}{look}",
             self.v,
             fmt_units(self.cap)
         )
@@ -198,6 +204,9 @@ impl<'a> State<'a> {
 
     fn choose(&mut self, d: u32, t: f64) -> Option<Action> {
         let back = self.ready_backward(d, t);
+        if back.is_none() && self.knobs.lookahead && self.backward_soon(d, t) {
+            return None;
+        }
         if self.knobs.backward_first {
             if let Some(b) = back {
                 return Some(self.take_backward_at(d, b));
@@ -212,6 +221,27 @@ impl<'a> State<'a> {
         }
         let (stage, mb) = self.weight_grads[d as usize].pop_front()?;
         Some(Action::new(stage, ActionKind::W, mb))
+    }
+
+    /// Whether an input backward arrives before the shortest other work would end.
+    fn backward_soon(&self, d: u32, t: f64) -> bool {
+        let di = d as usize;
+        let soonest = self.backwards[di]
+            .iter()
+            .map(|p| p.ready)
+            .filter(|&r| r > t)
+            .fold(f64::INFINITY, f64::min);
+        let shortest = self.forwards[di]
+            .iter()
+            .filter(|p| p.ready <= t)
+            .map(|p| self.costs.stages[p.stage as usize].f)
+            .chain(
+                self.weight_grads[di]
+                    .front()
+                    .map(|&(s, _)| self.costs.stages[s as usize].w),
+            )
+            .fold(f64::INFINITY, f64::min);
+        soonest < t + shortest
     }
 
     /// Index of the ready backward to run next: the oldest microbatch, then the deepest stage.

@@ -24,6 +24,18 @@ pub struct StageCost {
     /// this stage's `f` and the backward stage's `b` (no gain from overlapping).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub overlap: Option<f64>,
+    /// Time of the stage's optimizer step, once per training step after its last backward
+    /// (only multi-step simulations see it: it delays the device's next step).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub optimizer: f64,
+    /// Time of the data-parallel all-reduce of the stage's gradients, started after its last
+    /// backward of a step and awaited before the device's optimizer step (multi-step only).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub dp_allreduce: f64,
+}
+
+fn is_zero(x: &f64) -> bool {
+    *x == 0.0
 }
 
 impl StageCost {
@@ -49,8 +61,9 @@ impl StageCost {
         }
     }
 
-    /// The same costs divided over `v` chunks: time and activations scale by `1/v`,
-    /// hand-off size does not (every chunk boundary carries a whole activation).
+    /// The same costs divided over `v` chunks: time and activations scale by `1/v` (so do the
+    /// optimizer and all-reduce, which follow the parameters), hand-off size does not (every
+    /// chunk boundary carries a whole activation).
     pub fn split(&self, v: u32) -> StageCost {
         let k = f64::from(v.max(1));
         StageCost {
@@ -61,6 +74,8 @@ impl StageCost {
             activation_bytes: self.activation_bytes / u64::from(v.max(1)),
             p2p_bytes: self.p2p_bytes,
             overlap: self.overlap.map(|t| t / k),
+            optimizer: self.optimizer / k,
+            dp_allreduce: self.dp_allreduce / k,
         }
     }
 }
@@ -173,6 +188,8 @@ fn join(parts: &[StageCost]) -> StageCost {
         activation_bytes: parts.iter().map(|c| c.activation_bytes).sum(),
         p2p_bytes: parts.last().map_or(0, |c| c.p2p_bytes),
         overlap,
+        optimizer: sum(|c| c.optimizer),
+        dp_allreduce: sum(|c| c.dp_allreduce),
     }
 }
 
@@ -201,6 +218,12 @@ pub struct RawStageCost {
     /// Time of an F&B overlap whose forward is this stage's (default: F plus the B's time).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub overlap: Option<f64>,
+    /// Optimizer step time per training step (default 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub optimizer: Option<f64>,
+    /// Data-parallel gradient all-reduce time per training step (default 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dp_allreduce: Option<f64>,
 }
 
 impl RawStageCost {
@@ -218,6 +241,8 @@ impl RawStageCost {
             activation_bytes: self.activation_bytes.or(d.activation_bytes),
             p2p_bytes: self.p2p_bytes.or(d.p2p_bytes),
             overlap: self.overlap.or(d.overlap),
+            optimizer: self.optimizer.or(d.optimizer),
+            dp_allreduce: self.dp_allreduce.or(d.dp_allreduce),
         }
     }
 
@@ -250,7 +275,18 @@ impl RawStageCost {
             }
         }
         let overlap = self.overlap.unwrap_or(0.0);
-        for (what, v) in [("f", f), ("b", b), ("i", i), ("w", w), ("overlap", overlap)] {
+        let optimizer = self.optimizer.unwrap_or(0.0);
+        let dp_allreduce = self.dp_allreduce.unwrap_or(0.0);
+        let all = [
+            ("f", f),
+            ("b", b),
+            ("i", i),
+            ("w", w),
+            ("overlap", overlap),
+            ("optimizer", optimizer),
+            ("dp_allreduce", dp_allreduce),
+        ];
+        for (what, v) in all {
             check(what, v).map_err(|_| CostError::Invalid {
                 what: format!("{place}: {what}"),
                 value: v,
@@ -264,6 +300,8 @@ impl RawStageCost {
             activation_bytes: self.activation_bytes.unwrap_or(0),
             p2p_bytes: self.p2p_bytes.unwrap_or(0),
             overlap: self.overlap,
+            optimizer,
+            dp_allreduce,
         })
     }
 }
@@ -274,7 +312,7 @@ impl RawStageCost {
 ///
 /// ```json
 /// { "default": { "f": 1.0, "b": 2.0, "w": 1.0, "activation_bytes": 4096, "p2p_bytes": 1024,
-///                "overlap": 2.5 },
+///                "overlap": 2.5, "optimizer": 0.5, "dp_allreduce": 0.2 },
 ///   "stages": [ {}, {}, {}, { "f": 1.5, "b": 3.0 } ],
 ///   "p2p_latency": 0.05, "bandwidth": 1e6 }
 /// ```

@@ -13,10 +13,15 @@
 mod cost;
 mod measure;
 mod report;
+mod steady;
 
 pub use cost::{CostError, CostModel, RawCostFile, RawStageCost, StageCost};
 pub use measure::measured_costs;
 pub use report::{DeviceReport, Report};
+pub use steady::{
+    largest_span, period_of_starts, simulate_steps, split_steps, steady_period, step_starts,
+    Bubbles, SteadyError, SteadyReport, SteadyState,
+};
 
 use crate::action::{Action, ActionKind};
 use crate::timeline::{Event, Timeline, TimelineMeta, TimelineSource};
@@ -48,6 +53,21 @@ pub enum SimError {
 
 /// Validate, lower if needed, and simulate one step of `tt` under `costs`.
 pub fn simulate(tt: &Timetable, costs: &CostModel) -> Result<Simulation, SimError> {
+    let tt = prepare(tt, costs)?;
+    let events = Engine::new(&tt, costs, None).run();
+    let timeline = Timeline {
+        meta: meta(&tt),
+        events,
+    };
+    let report = Report::new(&timeline, costs);
+    Ok(Simulation { timeline, report })
+}
+
+/// Check that `costs` cover `tt`, validate it, and lower it if needed.
+fn prepare<'t>(
+    tt: &'t Timetable,
+    costs: &CostModel,
+) -> Result<std::borrow::Cow<'t, Timetable>, SimError> {
     let stages = tt.num_stages();
     if costs.stages.len() < stages as usize {
         return Err(CostError::ModelStages {
@@ -57,27 +77,23 @@ pub fn simulate(tt: &Timetable, costs: &CostModel) -> Result<Simulation, SimErro
         .into());
     }
     let checked = validate(tt)?;
-    let lowered;
-    let tt = if checked.lowered {
-        tt
+    Ok(if checked.lowered {
+        std::borrow::Cow::Borrowed(tt)
     } else {
-        lowered = lower(tt)?;
-        &lowered
-    };
-    let events = Engine::new(tt, costs).run();
-    let timeline = Timeline {
-        meta: TimelineMeta {
-            schedule: tt.name.clone(),
-            devices: tt.num_devices(),
-            stages,
-            microbatches: tt.microbatches,
-            source: TimelineSource::Simulated,
-            time_unit: "units".to_string(),
-        },
-        events,
-    };
-    let report = Report::new(&timeline, costs);
-    Ok(Simulation { timeline, report })
+        std::borrow::Cow::Owned(lower(tt)?)
+    })
+}
+
+/// What a simulated timeline of `tt` is of.
+fn meta(tt: &Timetable) -> TimelineMeta {
+    TimelineMeta {
+        schedule: tt.name.clone(),
+        devices: tt.num_devices(),
+        stages: tt.num_stages(),
+        microbatches: tt.microbatches,
+        source: TimelineSource::Simulated,
+        time_unit: "units".to_string(),
+    }
 }
 
 const UNKNOWN: f64 = f64::NAN;
@@ -96,6 +112,8 @@ struct Engine<'a> {
     in_b: Vec<f64>,
     compute_free: Vec<f64>,
     comm_free: Vec<f64>,
+    /// Step boundaries of a multi-step run (see `steady.rs`).
+    steps: Option<steady::Boundaries>,
     pc: Vec<usize>,
     queued: Vec<bool>,
     queue: Vec<u32>,
@@ -103,7 +121,7 @@ struct Engine<'a> {
 }
 
 impl<'a> Engine<'a> {
-    fn new(tt: &'a Timetable, costs: &'a CostModel) -> Self {
+    fn new(tt: &'a Timetable, costs: &'a CostModel, steps: Option<steady::Boundaries>) -> Self {
         let keys = tt.num_stages() as usize * tt.microbatches as usize;
         let n = tt.devices.len();
         Engine {
@@ -116,6 +134,7 @@ impl<'a> Engine<'a> {
             in_b: vec![UNKNOWN; keys],
             compute_free: vec![0.0; n],
             comm_free: vec![0.0; n],
+            steps,
             pc: vec![0; n],
             queued: vec![true; n],
             queue: (0..n as u32).rev().collect(),
@@ -135,8 +154,15 @@ impl<'a> Engine<'a> {
         while let Some(d) = self.queue.pop() {
             self.queued[d as usize] = false;
             while let Some(&a) = self.tt.devices[d as usize].get(self.pc[d as usize]) {
+                let (di, pc) = (d as usize, self.pc[d as usize]);
+                if let Some(b) = self.steps.as_mut() {
+                    b.enter(di, pc, &mut self.compute_free[di]);
+                }
                 if !self.step(d, a) {
                     break;
+                }
+                if let (Some(b), Some(e)) = (self.steps.as_mut(), self.events.last()) {
+                    b.done(di, pc, e, self.costs);
                 }
                 self.pc[d as usize] += 1;
             }
