@@ -29,6 +29,7 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod batch;
 pub mod comm;
 pub mod data;
 pub mod error;
@@ -45,15 +46,17 @@ pub mod run_nccl;
 pub mod run_nccl_mpi;
 pub mod train;
 
+pub use batch::{MicrobatchId, StepBatch};
 #[cfg(feature = "cuda")]
 pub use comm::cuda_local::run_cuda_local;
 pub use comm::local::{HostOps, LocalComm, LocalOps, LocalWorld};
 pub use comm::{CommError, Communicator, Direction, ReduceOp, Tag};
+pub use data::TokenBatch;
 pub use error::RuntimeError;
-pub use executor::{Executor, StepBatch, StepOutcome};
+pub use executor::{Executor, StepOutcome};
 pub use local_gpu::{choose_gpu, GpuChoiceError};
 pub use mesh::{Coord, Group, GroupKind, Mesh, MeshError};
-pub use module::{GptModule, MicrobatchData, ModuleError, StageModule, SyntheticModule};
+pub use module::{GptModule, MicrobatchData, ModuleError, Output, StageModule, SyntheticModule};
 pub use run::{prepare, run, run_local, FinalParams, RunOptions, StepRecord};
 #[cfg(feature = "mpi")]
 pub use run_mpi::run_mpi;
@@ -69,4 +72,4 @@ pub use train::train_gpt_mpi;
 pub use train::train_gpt_nccl_mpi;
 #[cfg(feature = "nccl")]
 pub use train::train_gpt_nccl_rank;
-pub use train::{gpt_batch, train_gpt, TrainConfig};
+pub use train::{gpt_data, train_gpt, TrainConfig};
