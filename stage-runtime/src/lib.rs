@@ -34,6 +34,7 @@ pub mod comm;
 pub mod data;
 pub mod error;
 pub mod executor;
+pub mod host;
 pub mod local_gpu;
 pub mod mesh;
 pub mod module;
