@@ -45,6 +45,7 @@ pub mod run_mpi;
 pub mod run_nccl;
 #[cfg(all(feature = "nccl", feature = "mpi"))]
 pub mod run_nccl_mpi;
+pub mod split;
 pub mod train;
 
 pub use batch::{MicrobatchId, StepBatch};
