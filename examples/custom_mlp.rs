@@ -1,16 +1,17 @@
 //! Bring your own model: an MLP regression the runtime has never heard of (f32 features in,
-//! one f32 out, mean squared error), cut into 4 stages and trained with interleaved 1F1B on
-//! 2 pipeline devices, then checked against the same model trained on one device.
+//! one f32 out, mean squared error), written as a list of layers, cut into 4 stages by
+//! parameter count and trained with interleaved 1F1B on 2 pipeline devices, then checked
+//! against the same model trained on one device.
 //!
 //! `cargo run --release --example custom_mlp` prints both runs' losses and exits non-zero if
 //! they differ by more than 1e-5 (relative). `tests/custom_mlp.rs` reuses this model under
 //! more meshes and schedules.
 
 use pipewright::kernels::init::normal_tensor;
-use pipewright::kernels::layers::{Linear, NoTp, TpReduce};
+use pipewright::kernels::layers::{Linear, NoTp, Param, Parameters};
 use pipewright::kernels::optim::AdamWConfig;
 use pipewright::kernels::Tensor;
-use pipewright::runtime::host::{self, HostAdamW};
+use pipewright::runtime::split::{split, Balance, Layer, LayerStage, LayerStash};
 use pipewright::runtime::{run, MicrobatchData, MicrobatchId, ModuleError, Output, StageModule};
 
 // ---- The user's model: everything up to "Training it" is what a user writes. ----
@@ -37,124 +38,95 @@ pub fn rows(id: MicrobatchId) -> Result<Rows, ModuleError> {
     Ok(Rows { x, y })
 }
 
-/// A contiguous share of an MLP's linear layers, ReLU after all but the model's last.
-pub struct Mlp {
-    layers: Vec<Linear>,
-    last: bool,
-    opt: HostAdamW,
+/// Mean squared error of the predictions, times the runtime's loss scale; and its gradient.
+fn mse(pred: &Tensor, rows: &Rows, scale: f32) -> Result<(f32, Tensor), ModuleError> {
+    let s = scale / ROWS as f32;
+    let err: Vec<f32> = pred
+        .data()
+        .iter()
+        .zip(&rows.y)
+        .map(|(p, t)| p - t)
+        .collect();
+    let grad = Tensor::new(&[ROWS, 1], err.iter().map(|e| 2.0 * s * e).collect())?;
+    Ok((s * err.iter().map(|e| e * e).sum::<f32>(), grad))
 }
 
-impl Mlp {
-    /// Stage `stage` of `stages` of a model of `n` layers, weights seeded per layer (so the
-    /// whole model and its stages hold the same numbers).
-    pub fn stage(stage: usize, stages: usize, n: usize) -> Result<Self, ModuleError> {
-        let range = stage * n / stages..(stage + 1) * n / stages;
-        let last = range.end == n;
-        let dims = |k: usize| {
-            (
-                if k == 0 { IN } else { WIDTH },
-                if k + 1 == n { 1 } else { WIDTH },
-            )
-        };
-        let layer = |k: usize| {
-            let (i, o) = dims(k);
-            let w = normal_tensor(&[i, o], (2.0 / i as f32).sqrt(), 7, &format!("w{k}"));
-            Linear::new(&format!("l{k}"), w, Some(Tensor::zeros(&[o])))
-        };
-        let layers = range.map(layer).collect::<Result<_, _>>()?;
-        Ok(Mlp {
-            layers,
-            last,
-            opt: HostAdamW::default(),
-        })
-    }
+/// A linear layer, then a ReLU unless it is the model's last.
+struct Dense {
+    lin: Linear,
+    relu: bool,
+}
 
-    fn relu(&self, k: usize) -> bool {
-        !(self.last && k + 1 == self.layers.len())
+impl Parameters for Dense {
+    fn visit(&self, f: &mut dyn FnMut(&Param)) {
+        self.lin.visit(f)
+    }
+    fn visit_mut(&mut self, f: &mut dyn FnMut(&mut Param)) {
+        self.lin.visit_mut(f)
     }
 }
 
-impl StageModule for Mlp {
-    type Tensor = Tensor;
-    type Data = Rows;
-    /// Each layer's input and output; on the last stage, the loss gradient.
-    type Stash = (Vec<(Tensor, Tensor)>, Option<Tensor>);
-    /// Each layer's input and output gradient, last layer first.
-    type WeightStash = Vec<(Tensor, Tensor)>;
-
-    fn forward(
-        &mut self,
-        mb: &MicrobatchData<'_, Rows>,
-        input: Option<Tensor>,
-        _: &mut dyn TpReduce,
-    ) -> Result<(Output, Self::Stash), ModuleError> {
-        let mut x = input.unwrap_or_else(|| mb.data.x.clone());
-        let mut saved = Vec::new();
-        for k in 0..self.layers.len() {
-            let mut y = self.layers[k].forward(&x)?;
-            if self.relu(k) {
-                y.data_mut().iter_mut().for_each(|v| *v = v.max(0.0));
-            }
-            saved.push((std::mem::replace(&mut x, y.clone()), y));
+impl Layer for Dense {
+    fn forward(&mut self, x: &Tensor) -> Result<(Tensor, LayerStash), ModuleError> {
+        let mut y = self.lin.forward(x)?;
+        if self.relu {
+            y.data_mut().iter_mut().for_each(|v| *v = v.max(0.0));
         }
-        if !self.last {
-            return Ok((Output::Hidden(x), (saved, None)));
-        }
-        // Mean squared error, times the runtime's loss scale.
-        let s = mb.loss_scale / ROWS as f32;
-        let err: Vec<f32> = x
-            .data()
-            .iter()
-            .zip(&mb.data.y)
-            .map(|(p, t)| p - t)
-            .collect();
-        let loss = s * err.iter().map(|e| e * e).sum::<f32>();
-        let grad = Tensor::new(&[ROWS, 1], err.iter().map(|e| 2.0 * s * e).collect())?;
-        Ok((Output::Loss(loss), (saved, Some(grad))))
+        Ok((y.clone(), Box::new((x.clone(), y))))
     }
 
     fn backward_input(
         &mut self,
-        (saved, loss_grad): Self::Stash,
-        grad_out: Option<Tensor>,
-        _: &mut dyn TpReduce,
-    ) -> Result<(Option<Tensor>, Self::WeightStash), ModuleError> {
-        let mut dy = grad_out.or(loss_grad).ok_or("no output gradient")?;
-        let mut ws = Vec::new();
-        for (k, (x, y)) in saved.into_iter().enumerate().rev() {
-            if self.relu(k) {
-                dy.data_mut()
-                    .iter_mut()
-                    .zip(y.data())
-                    .for_each(|(d, &y)| *d *= f32::from(y > 0.0));
-            }
-            let dx = self.layers[k].backward_input(&dy)?;
-            ws.push((x, std::mem::replace(&mut dy, dx)));
+        stash: LayerStash,
+        dy: &Tensor,
+    ) -> Result<(Tensor, LayerStash), ModuleError> {
+        let (x, y) = *stash
+            .downcast::<(Tensor, Tensor)>()
+            .map_err(|_| "not my stash")?;
+        let mut dy = dy.clone();
+        if self.relu {
+            dy.data_mut()
+                .iter_mut()
+                .zip(y.data())
+                .for_each(|(d, &y)| *d *= f32::from(y > 0.0));
         }
-        Ok((Some(dy), ws))
+        Ok((self.lin.backward_input(&dy)?, Box::new((x, dy))))
     }
 
-    fn backward_weight(&mut self, ws: Self::WeightStash) -> Result<(), ModuleError> {
-        let layers = self.layers.iter_mut().rev();
-        layers
-            .zip(&ws)
-            .try_for_each(|(l, (x, dy))| l.backward_weight(x, dy))?;
-        Ok(())
+    fn backward_weight(&mut self, stash: LayerStash) -> Result<(), ModuleError> {
+        let (x, dy) = *stash
+            .downcast::<(Tensor, Tensor)>()
+            .map_err(|_| "not my stash")?;
+        Ok(self.lin.backward_weight(&x, &dy)?)
     }
+}
 
-    // Gradients, optimizer and parameters: the library's host helpers over the layers.
-    fn flat_grads(&mut self) -> Result<Option<Tensor>, ModuleError> {
-        host::flat_grads(&self.layers)
-    }
-    fn set_flat_grads(&mut self, grads: Tensor) -> Result<(), ModuleError> {
-        host::set_flat_grads(&mut self.layers, grads)
-    }
-    fn optimizer_step(&mut self, cfg: &AdamWConfig) -> Result<(), ModuleError> {
-        self.opt.step(&mut self.layers, cfg)
-    }
-    fn flat_params(&mut self) -> Result<Option<Vec<f32>>, ModuleError> {
-        host::flat_params(&self.layers)
-    }
+/// Layer `k` of `n`, seeded by its index (so the whole model and its stages hold the same
+/// weights).
+pub fn layer(k: usize, n: usize) -> Box<dyn Layer> {
+    let (i, o) = (
+        if k == 0 { IN } else { WIDTH },
+        if k + 1 == n { 1 } else { WIDTH },
+    );
+    let w = normal_tensor(&[i, o], (2.0 / i as f32).sqrt(), 7, &format!("w{k}"));
+    let lin = Linear::new(&format!("l{k}"), w, Some(Tensor::zeros(&[o]))).expect("valid shapes");
+    Box::new(Dense {
+        lin,
+        relu: k + 1 < n,
+    })
+}
+
+/// The stage of layers `range` of `n`: the first reads the features, the last ends in the loss.
+pub fn stage(range: std::ops::Range<usize>, n: usize) -> LayerStage<Rows> {
+    let input = (range.start == 0).then(|| Box::new(|r: &Rows| r.x.clone()) as Box<_>);
+    let loss = (range.end == n).then(|| Box::new(mse) as Box<_>);
+    LayerStage::new(range.map(|k| layer(k, n)).collect(), input, loss)
+}
+
+/// Cut `n` layers into `stages` stages by parameter count.
+pub fn partition(n: usize, stages: usize) -> Result<Vec<std::ops::Range<usize>>, ModuleError> {
+    let mut layers: Vec<_> = (0..n).map(|k| layer(k, n)).collect();
+    Ok(split(&mut layers, stages, Balance::Parameters, None)?.stages)
 }
 
 // ---- Training it, on 2 pipeline devices and on one. ----
@@ -167,7 +139,7 @@ pub fn one_device(
     steps: u64,
     cfg: &AdamWConfig,
 ) -> Result<Vec<f32>, ModuleError> {
-    let mut whole = Mlp::stage(0, 1, layers)?;
+    let mut whole = stage(0..layers, layers);
     let mut losses = Vec::new();
     for step in 0..steps {
         let mut total = 0.0;
@@ -206,7 +178,7 @@ fn main() -> Result<(), ModuleError> {
     use pipewright::runtime::{Mesh, RunOptions};
     use pipewright::schedule::{generate, ScheduleKind, ScheduleSpec};
 
-    let (layers, steps) = (4, 30);
+    let (layers, steps) = (6, 30);
     let tt = generate(&ScheduleSpec::new(
         ScheduleKind::Interleaved1F1B,
         2,
@@ -214,7 +186,8 @@ fn main() -> Result<(), ModuleError> {
         4,
         None,
     )?);
-    let stages = tt.num_stages() as usize;
+    let cuts = partition(layers, tt.num_stages() as usize)?;
+    println!("{} stages of {layers} layers: {cuts:?}", cuts.len());
     let opts = RunOptions {
         steps,
         adamw: AdamWConfig {
@@ -227,7 +200,7 @@ fn main() -> Result<(), ModuleError> {
     run(
         Mesh::new(2, 1, 1)?,
         &tt,
-        |_, stage| Mlp::stage(stage as usize, stages, layers),
+        |_, s| Ok(stage(cuts[s as usize].clone(), layers)),
         rows,
         &opts,
         |s| piped.push(s.loss.unwrap_or(f32::NAN)),

@@ -6,7 +6,7 @@
 #[path = "../examples/custom_mlp.rs"]
 mod custom_mlp;
 
-use custom_mlp::{close, one_device, rows, Mlp};
+use custom_mlp::{close, one_device, partition, rows, stage};
 use pipewright::kernels::optim::AdamWConfig;
 use pipewright::runtime::{run, Mesh, RunOptions};
 use pipewright::schedule::{generate, ScheduleKind, ScheduleSpec};
@@ -21,7 +21,7 @@ fn check(kind: ScheduleKind, v: u32, pp: usize, dp: usize) {
         4
     };
     let tt = generate(&ScheduleSpec::new(kind, pp as u32, v, m, None).unwrap());
-    let stages = tt.num_stages() as usize;
+    let cuts = partition(LAYERS, tt.num_stages() as usize).unwrap();
     let opts = RunOptions {
         steps: STEPS,
         adamw: AdamWConfig {
@@ -35,7 +35,7 @@ fn check(kind: ScheduleKind, v: u32, pp: usize, dp: usize) {
     run(
         Mesh::new(pp, 1, dp).unwrap(),
         &tt,
-        |_, stage| Mlp::stage(stage as usize, stages, LAYERS),
+        |_, s| Ok(stage(cuts[s as usize].clone(), LAYERS)),
         rows,
         &opts,
         |s| got.push(s.loss.unwrap()),
