@@ -9,7 +9,7 @@
 //!
 //! Any model cut into stages trains through it: a user implements [`StageModule`] for a
 //! stage (forward, and a backward split into input and weight parts, or only a full one) with
-//! its own microbatch type [`StageModule::Data`], and gives [`run`] a function building a
+//! its own microbatch type [`StageModule::Data`], and gives [`run()`] a function building a
 //! stage's module and one building a microbatch (on each rank, never sent). Here a model of
 //! two scalar weights, `y = w1 * w0 * x`, learns `y = 2x` on two pipeline devices:
 //!
