@@ -13,7 +13,7 @@ mod common;
 use common::{gpt_steps, gpt_timetable};
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use pipewright::runtime::{run, Coord, Mesh, RunOptions, StepBatch, SyntheticModule};
+use pipewright::runtime::{run, Coord, Mesh, RunOptions, SyntheticModule};
 use pipewright::schedule::{
     generate, simulate, CostModel, ScheduleKind, ScheduleSpec, StageCost, Timetable,
 };
@@ -29,15 +29,14 @@ fn synthetic_steps(tt: &Timetable, f_ms: f64, b_ms: f64, steps: u64) -> Duration
     let cost = StageCost::new(f_ms, b_ms, None).expect("costs").split(v);
     let last = tt.num_stages() - 1;
     let make = |_: Coord, s: u32| Ok(SyntheticModule::from_cost_ms(&cost, s == last));
-    let m = tt.microbatches as usize;
-    let batch = |_, _| StepBatch::synthetic(m);
+    let data = |_| Ok(());
     let opts = RunOptions {
         steps,
         ..RunOptions::default()
     };
     let mesh = Mesh::new(tt.num_devices() as usize, 1, 1).expect("mesh");
     let mut total = 0.0;
-    run(mesh, tt, make, batch, &opts, |s| total += s.seconds).expect("run");
+    run(mesh, tt, make, data, &opts, |s| total += s.seconds).expect("run");
     Duration::from_secs_f64(total)
 }
 

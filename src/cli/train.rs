@@ -10,8 +10,8 @@ use indicatif::{ProgressBar, ProgressStyle};
 use pipewright::kernels::gpt::GptConfig;
 use pipewright::kernels::optim::AdamWConfig;
 use pipewright::runtime::{
-    run, train_gpt, Coord, FinalParams, Mesh, RunOptions, StepBatch, StepRecord, SyntheticModule,
-    TrainConfig,
+    run, train_gpt, Coord, FinalParams, Mesh, MicrobatchId, ModuleError, RunOptions, StepRecord,
+    SyntheticModule, TrainConfig,
 };
 use pipewright::schedule::{simulate, Timeline, Timetable};
 use pipewright::viz::{bubble_chart, ChartOptions, ChartPanel, ImageFormat};
@@ -353,12 +353,12 @@ fn bench_mpi(
     mesh: Mesh,
     tt: &Timetable,
     make: impl Fn(Coord, u32) -> Result<SyntheticModule, pipewright::runtime::ModuleError>,
-    batch: impl Fn(u64, usize) -> StepBatch,
+    data: impl Fn(MicrobatchId) -> Result<(), ModuleError>,
     opts: &RunOptions,
     describe: &str,
     on_step: impl FnMut(&StepRecord),
 ) -> Result<Option<FinalParams>> {
-    pipewright::runtime::run_mpi(u, mesh, tt, make, batch, opts, describe, on_step)
+    pipewright::runtime::run_mpi(u, mesh, tt, make, data, opts, describe, on_step)
         .map_err(launch_hint)
 }
 
@@ -369,7 +369,7 @@ fn bench_mpi(
     _: Mesh,
     _: &Timetable,
     _: impl Fn(Coord, u32) -> Result<SyntheticModule, pipewright::runtime::ModuleError>,
-    _: impl Fn(u64, usize) -> StepBatch,
+    _: impl Fn(MicrobatchId) -> Result<(), ModuleError>,
     _: &RunOptions,
     _: &str,
     _: impl FnMut(&StepRecord),
@@ -481,8 +481,8 @@ impl BenchCmd {
                 s == last,
             ))
         };
-        let m = tt.microbatches as usize;
-        let batch = |_, _| StepBatch::synthetic(m);
+        // Synthetic stages read no data.
+        let data = |_| Ok(());
         let opts = RunOptions {
             steps: self.steps.max(1),
             ..RunOptions::default()
@@ -491,7 +491,7 @@ impl BenchCmd {
         let on_step = |s: &StepRecord| steps.push(s.clone());
         match self.transport {
             Transport::Local => {
-                run(mesh, &tt, make, batch, &opts, on_step)?;
+                run(mesh, &tt, make, data, &opts, on_step)?;
             }
             Transport::Nccl => {
                 bail!("bench runs synthetic stages on host tensors: use --transport local or mpi")
@@ -503,7 +503,7 @@ impl BenchCmd {
                     mesh,
                     &tt,
                     make,
-                    batch,
+                    data,
                     &opts,
                     &describe,
                     on_step,

@@ -4,6 +4,16 @@
 //! rest is determined, so a small GPT learns it in a few dozen steps and the loss falls far
 //! below its starting `ln(vocab)`. Every sequence is a pure function of (seed, step, index).
 
+/// One microbatch of the reference GPT's data: the GPT module's
+/// [`Data`](crate::StageModule::Data).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TokenBatch {
+    /// Input token ids (`batch * seq`), read by the first stage.
+    pub tokens: Vec<u32>,
+    /// Target ids, read by the last stage.
+    pub targets: Vec<u32>,
+}
+
 /// Deterministic 64-bit mixer (SplitMix64).
 fn mix(mut x: u64) -> u64 {
     x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);

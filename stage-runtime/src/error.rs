@@ -43,6 +43,16 @@ pub enum RuntimeError {
     /// The transport could not start.
     #[error("transport: {0}")]
     Transport(String),
+    /// The timetable splits a backward that a stage's module computes only whole.
+    #[error("schedule {schedule} splits the backward into input and weight parts (action {action}), but stage {stage}'s module has only a full backward: use a schedule without I/W actions (gpipe, 1f1b, interleaved-1f1b, looped-bfs)")]
+    NoSplitBackward {
+        /// The timetable's name.
+        schedule: String,
+        /// The stage whose module cannot split.
+        stage: u32,
+        /// The first I or W action of that stage on its device.
+        action: Action,
+    },
     /// A stage the timetable puts on a device has no module there.
     #[error("no module for stage {0} on this device")]
     MissingStage(u32),

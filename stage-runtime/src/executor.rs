@@ -17,34 +17,12 @@ use pipewright_kernels::KernelError;
 use pipewright_schedule::{Action, ActionKind, Event, Timetable};
 use tokio::task::JoinHandle;
 
+use crate::batch::StepBatch;
 use crate::comm::{CommError, Communicator, Direction, ReduceOp, Tag};
 use crate::error::RuntimeError;
 use crate::mesh::{Coord, Group, GroupKind, Mesh};
 use crate::module::{MicrobatchData, ModuleError, Output, StageModule};
 use crate::run::RunOptions;
-
-/// The microbatches one data-parallel rank trains on in one step.
-#[derive(Clone, Debug, Default)]
-pub struct StepBatch {
-    /// (tokens, targets) per microbatch, `batch * seq` ids each.
-    pub microbatches: Vec<(Vec<u32>, Vec<u32>)>,
-    /// Tokens per sequence.
-    pub seq: usize,
-    /// Loss scale of every microbatch (1 / microbatches in the global batch).
-    pub loss_scale: f32,
-}
-
-impl StepBatch {
-    /// `microbatches` empty microbatches of scale 1, for modules that read no data
-    /// (synthetic stages).
-    pub fn synthetic(microbatches: usize) -> Self {
-        StepBatch {
-            microbatches: vec![(Vec::new(), Vec::new()); microbatches],
-            seq: 1,
-            loss_scale: 1.0,
-        }
-    }
-}
 
 /// What one device did in one step.
 #[derive(Clone, Debug, Default)]
@@ -148,6 +126,7 @@ where
     ) -> Result<Self, RuntimeError> {
         let (adamw, timeout) = (opts.adamw, opts.timeout);
         let rank = mesh.rank(coord);
+        check_backward_split(&tt, coord.pp, &modules)?;
         Ok(Executor {
             comm,
             mesh,
@@ -193,7 +172,7 @@ where
     pub async fn run_step(
         &mut self,
         step: u64,
-        batch: &StepBatch,
+        batch: &StepBatch<M::Data>,
     ) -> Result<StepOutcome, RuntimeError> {
         let row: Vec<Action> = self.tt.devices[self.coord.pp].clone();
         let last_backward = last_backward_per_stage(&row);
@@ -334,7 +313,7 @@ where
         &mut self,
         step: u64,
         a: Action,
-        batch: &StepBatch,
+        batch: &StepBatch<M::Data>,
         st: &mut StateOf<M>,
     ) -> Result<(), RuntimeError> {
         let key = (a.stage, a.microbatch);
@@ -346,9 +325,7 @@ where
             .ok_or_else(|| self.fail(step, Some(a), "no data for this microbatch"))?;
         let data = MicrobatchData {
             index: a.microbatch,
-            tokens: &mb.0,
-            targets: &mb.1,
-            seq: batch.seq,
+            data: mb,
             loss_scale: batch.loss_scale,
         };
         let Self {
@@ -480,6 +457,28 @@ where
             })?;
         }
         Ok(())
+    }
+}
+
+/// Refuse a row asking a module with only a full backward for an I or W action, naming
+/// the schedule, the stage and the first such action.
+fn check_backward_split<M: StageModule>(
+    tt: &Timetable,
+    device: usize,
+    modules: &HashMap<u32, M>,
+) -> Result<(), RuntimeError> {
+    let split = tt.devices[device]
+        .iter()
+        .flat_map(|a| a.parts())
+        .filter(|p| matches!(p.kind, ActionKind::I | ActionKind::W))
+        .find(|p| modules.get(&p.stage).is_some_and(|m| !m.splits_backward()));
+    match split {
+        Some(action) => Err(RuntimeError::NoSplitBackward {
+            schedule: tt.name.clone(),
+            stage: action.stage,
+            action,
+        }),
+        None => Ok(()),
     }
 }
 

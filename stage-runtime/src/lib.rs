@@ -7,6 +7,83 @@
 //! an OS thread with a current-thread tokio runtime; the in-process [`LocalWorld`] connects
 //! them. A failure anywhere stops every rank with one error naming rank, action and microbatch.
 //!
+//! Any model cut into stages trains through it: a user implements [`StageModule`] for a
+//! stage (forward, and a backward split into input and weight parts, or only a full one) with
+//! its own microbatch type [`StageModule::Data`], and gives [`run()`] a function building a
+//! stage's module and one building a microbatch (on each rank, never sent). Here a model of
+//! two scalar weights, `y = w1 * w0 * x`, learns `y = 2x` on two pipeline devices:
+//!
+//! ```
+//! use pipewright_kernels::layers::TpReduce;
+//! use pipewright_kernels::optim::AdamWConfig;
+//! use pipewright_kernels::Tensor;
+//! use pipewright_runtime::{run, Mesh, MicrobatchData, MicrobatchId, ModuleError, Output, RunOptions, StageModule};
+//! use pipewright_schedule::{generate, ScheduleKind, ScheduleSpec};
+//!
+//! /// One stage: `y = w * x`; the last one's loss is the mean squared error.
+//! struct Scale { w: f32, grad: f32, last: bool }
+//!
+//! impl StageModule for Scale {
+//!     type Tensor = Tensor;
+//!     type Data = (Vec<f32>, Vec<f32>); // inputs, targets
+//!     type Stash = (Tensor, Option<Tensor>); // input, loss gradient
+//!     type WeightStash = (Tensor, Tensor); // input, output gradient
+//!
+//!     fn forward(&mut self, mb: &MicrobatchData<'_, Self::Data>, input: Option<Tensor>, _: &mut dyn TpReduce)
+//!         -> Result<(Output, Self::Stash), ModuleError> {
+//!         let x = input.unwrap_or(Tensor::new(&[mb.data.0.len()], mb.data.0.clone())?);
+//!         let y: Vec<f32> = x.data().iter().map(|v| self.w * v).collect();
+//!         if !self.last {
+//!             return Ok((Output::Hidden(Tensor::new(&[y.len()], y)?), (x, None)));
+//!         }
+//!         let s = mb.loss_scale / y.len() as f32;
+//!         let err: Vec<f32> = y.iter().zip(&mb.data.1).map(|(y, t)| y - t).collect();
+//!         let loss = s * err.iter().map(|e| e * e).sum::<f32>();
+//!         let grad = Tensor::new(&[y.len()], err.iter().map(|e| 2.0 * s * e).collect())?;
+//!         Ok((Output::Loss(loss), (x, Some(grad))))
+//!     }
+//!
+//!     fn backward_input(&mut self, (x, dloss): Self::Stash, dy: Option<Tensor>, _: &mut dyn TpReduce)
+//!         -> Result<(Option<Tensor>, Self::WeightStash), ModuleError> {
+//!         let dy = dy.or(dloss).ok_or("no gradient")?;
+//!         let dx: Vec<f32> = dy.data().iter().map(|d| self.w * d).collect();
+//!         Ok((Some(Tensor::new(&[dx.len()], dx)?), (x, dy)))
+//!     }
+//!
+//!     fn backward_weight(&mut self, (x, dy): Self::WeightStash) -> Result<(), ModuleError> {
+//!         self.grad += x.data().iter().zip(dy.data()).map(|(x, d)| x * d).sum::<f32>();
+//!         Ok(())
+//!     }
+//!
+//!     fn optimizer_step(&mut self, cfg: &AdamWConfig) -> Result<(), ModuleError> {
+//!         self.w -= cfg.lr * self.grad; // plain SGD: the module owns its optimizer
+//!         self.grad = 0.0;
+//!         Ok(())
+//!     }
+//! }
+//!
+//! // Microbatch `id` of each step: 4 points of y = 2x, built on every rank that needs it.
+//! let data = |id: MicrobatchId| -> Result<_, ModuleError> {
+//!     let x: Vec<f32> = (0..4).map(|i| (id.global() + i) as f32 / 8.0).collect();
+//!     Ok((x.clone(), x.iter().map(|x| 2.0 * x).collect()))
+//! };
+//! let tt = generate(&ScheduleSpec::new(ScheduleKind::OneFOneB, 2, 1, 4, None)?);
+//! let opts = RunOptions { steps: 20, adamw: AdamWConfig { lr: 0.5, ..Default::default() }, ..Default::default() };
+//! let mut losses = Vec::new();
+//! run(
+//!     Mesh::new(2, 1, 1)?,
+//!     &tt,
+//!     |_coord, stage| Ok(Scale { w: 0.5, grad: 0.0, last: stage == 1 }),
+//!     data,
+//!     &opts,
+//!     |step| losses.push(step.loss.unwrap()),
+//! )?;
+//! assert!(losses[19] < losses[0] / 100.0, "{losses:?}");
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! The reference GPT is one such user ([`GptModule`], [`train_gpt`]):
+//!
 //! ```
 //! use pipewright_kernels::gpt::GptConfig;
 //! use pipewright_runtime::{train_gpt, Mesh, RunOptions, TrainConfig};
@@ -29,10 +106,12 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod batch;
 pub mod comm;
 pub mod data;
 pub mod error;
 pub mod executor;
+pub mod host;
 pub mod local_gpu;
 pub mod mesh;
 pub mod module;
@@ -43,17 +122,20 @@ pub mod run_mpi;
 pub mod run_nccl;
 #[cfg(all(feature = "nccl", feature = "mpi"))]
 pub mod run_nccl_mpi;
+pub mod split;
 pub mod train;
 
+pub use batch::{MicrobatchId, StepBatch};
 #[cfg(feature = "cuda")]
 pub use comm::cuda_local::run_cuda_local;
 pub use comm::local::{HostOps, LocalComm, LocalOps, LocalWorld};
 pub use comm::{CommError, Communicator, Direction, ReduceOp, Tag};
+pub use data::TokenBatch;
 pub use error::RuntimeError;
-pub use executor::{Executor, StepBatch, StepOutcome};
+pub use executor::{Executor, StepOutcome};
 pub use local_gpu::{choose_gpu, GpuChoiceError};
 pub use mesh::{Coord, Group, GroupKind, Mesh, MeshError};
-pub use module::{GptModule, MicrobatchData, ModuleError, StageModule, SyntheticModule};
+pub use module::{GptModule, MicrobatchData, ModuleError, Output, StageModule, SyntheticModule};
 pub use run::{prepare, run, run_local, FinalParams, RunOptions, StepRecord};
 #[cfg(feature = "mpi")]
 pub use run_mpi::run_mpi;
@@ -69,4 +151,4 @@ pub use train::train_gpt_mpi;
 pub use train::train_gpt_nccl_mpi;
 #[cfg(feature = "nccl")]
 pub use train::train_gpt_nccl_rank;
-pub use train::{gpt_batch, train_gpt, TrainConfig};
+pub use train::{gpt_data, train_gpt, TrainConfig};

@@ -12,23 +12,36 @@ use pipewright_kernels::optim::{AdamWConfig, DeviceAdamW};
 use pipewright_kernels::{params, Backend, Cpu, Tensor};
 use pipewright_schedule::StageCost;
 
+use crate::data::TokenBatch;
+
 /// A boxed error from user code.
 pub type ModuleError = Box<dyn std::error::Error + Send + Sync>;
 
-/// The data of one microbatch, as every stage sees it.
-#[derive(Clone, Copy, Debug)]
-pub struct MicrobatchData<'a> {
+/// One microbatch as every stage sees it: the user's own data `D` (the module's
+/// [`StageModule::Data`], built on this rank by the run's data function) and the runtime's
+/// loss scale.
+#[derive(Debug)]
+pub struct MicrobatchData<'a, D = ()> {
     /// Microbatch index within the step.
     pub index: u32,
-    /// Input token ids (`batch * seq`), read by the first stage.
-    pub tokens: &'a [u32],
-    /// Target ids, read by the last stage.
-    pub targets: &'a [u32],
-    /// Tokens per sequence.
-    pub seq: usize,
-    /// Multiplies the loss and its gradient (1 / microbatches in the global batch).
+    /// The user's data of this microbatch (inputs for the first stage, targets for the last).
+    pub data: &'a D,
+    /// Multiplies the loss and its gradient: `1 / (dp * m)`, the microbatches of the global
+    /// batch, so summed losses and gradients are those of the global batch's mean.
     pub loss_scale: f32,
 }
+
+// Not derived: a reference is `Copy` whatever `D` is.
+impl<D> Clone for MicrobatchData<'_, D> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<D> Copy for MicrobatchData<'_, D> {}
+
+const NO_SPLIT: &str =
+    "this stage has only a full backward (B), not an input (I) and weight (W) part";
 
 /// What a stage's forward produces.
 pub type Output<T = Tensor> = StageOutput<T>;
@@ -38,9 +51,17 @@ pub type Output<T = Tensor> = StageOutput<T>;
 /// steps. The module owns where its tensors live: `Tensor` is a host [`Tensor`] for a CPU
 /// stage and a device tensor for a GPU one, and the gradient and optimizer methods let a GPU
 /// stage keep its flat gradients and its optimizer state on the device.
+///
+/// A module whose framework computes the backward in one piece (most autograd frameworks)
+/// implements [`backward`](Self::backward), says so with
+/// [`splits_backward`](Self::splits_backward), and leaves the I and W methods alone: runs
+/// of timetables with I or W actions are then refused before the first step.
 pub trait StageModule {
     /// The tensors it takes and returns (the communicator's).
     type Tensor;
+    /// One microbatch of the user's data (`()` for modules that read none): built on every
+    /// rank by the run's data function, never sent between ranks.
+    type Data;
     /// What forward keeps for the input backward.
     type Stash;
     /// What the input backward keeps for the weight backward.
@@ -49,10 +70,16 @@ pub trait StageModule {
     /// Forward of one microbatch; `input` is `None` on the first stage.
     fn forward(
         &mut self,
-        mb: &MicrobatchData<'_>,
+        mb: &MicrobatchData<'_, Self::Data>,
         input: Option<Self::Tensor>,
         tp: &mut dyn TpReduce<Self::Tensor>,
     ) -> Result<(Output<Self::Tensor>, Self::Stash), ModuleError>;
+
+    /// Whether the module has separate input (I) and weight (W) backwards; `false` for a
+    /// module with only a full backward (B), which the runtime then never asks for I or W.
+    fn splits_backward(&self) -> bool {
+        true
+    }
 
     /// Input-gradient backward (I); `grad_out` is `None` on the last stage. Returns the
     /// gradient for the previous stage (`None` on the first).
@@ -61,12 +88,18 @@ pub trait StageModule {
         stash: Self::Stash,
         grad_out: Option<Self::Tensor>,
         tp: &mut dyn TpReduce<Self::Tensor>,
-    ) -> Result<(Option<Self::Tensor>, Self::WeightStash), ModuleError>;
+    ) -> Result<(Option<Self::Tensor>, Self::WeightStash), ModuleError> {
+        let _ = (stash, grad_out, tp);
+        Err(NO_SPLIT.into())
+    }
 
     /// Weight-gradient backward (W): accumulate into the gradients.
-    fn backward_weight(&mut self, stash: Self::WeightStash) -> Result<(), ModuleError>;
+    fn backward_weight(&mut self, stash: Self::WeightStash) -> Result<(), ModuleError> {
+        let _ = stash;
+        Err(NO_SPLIT.into())
+    }
 
-    /// Full backward (B): I then W.
+    /// Full backward (B): I then W. A module with only a full backward implements this.
     fn backward(
         &mut self,
         stash: Self::Stash,
@@ -145,19 +178,20 @@ impl<B: Backend> GptModule<B> {
 
 impl<B: Backend> StageModule for GptModule<B> {
     type Tensor = B::Storage;
+    type Data = TokenBatch;
     type Stash = Stash<B>;
     type WeightStash = WeightStash<B>;
 
     fn forward(
         &mut self,
-        mb: &MicrobatchData<'_>,
+        mb: &MicrobatchData<'_, TokenBatch>,
         input: Option<B::Storage>,
         tp: &mut dyn TpReduce<B::Storage>,
     ) -> Result<(Output<B::Storage>, Stash<B>), ModuleError> {
         let gmb = GptMicrobatch {
-            tokens: mb.tokens,
-            targets: mb.targets,
-            seq: mb.seq,
+            tokens: &mb.data.tokens,
+            targets: &mb.data.targets,
+            seq: self.stage.config().seq_len,
             loss_scale: mb.loss_scale,
         };
         Ok(self.stage.forward(&gmb, input, tp)?)
@@ -271,6 +305,7 @@ pub(crate) fn precise_sleeps() {
 
 impl StageModule for SyntheticModule {
     type Tensor = Tensor;
+    type Data = ();
     type Stash = ();
     type WeightStash = ();
 

@@ -13,10 +13,11 @@ use pipewright_kernels::optim::AdamWConfig;
 use pipewright_kernels::Tensor;
 use pipewright_schedule::{lower, validate, Timeline, TimelineMeta, TimelineSource, Timetable};
 
+use crate::batch::{MicrobatchId, StepBatch};
 use crate::comm::local::{HostOps, LocalOps, LocalWorld};
 use crate::comm::Communicator;
 use crate::error::RuntimeError;
-use crate::executor::{Executor, StepBatch, StepOutcome};
+use crate::executor::{Executor, StepOutcome};
 use crate::mesh::{Coord, Mesh};
 use crate::module::{ModuleError, StageModule};
 
@@ -88,36 +89,37 @@ pub fn prepare(tt: &Timetable, mesh: &Mesh) -> Result<Timetable, RuntimeError> {
 }
 
 /// Run `opts.steps` steps of `tt` over `mesh`. `make(coord, stage)` builds a rank's module
-/// for a stage; `batch(step, dp)` gives a data-parallel rank its microbatches. `on_step` sees
+/// for a stage; `data(id)` builds one microbatch of the user's data on every rank that needs
+/// it (see [`MicrobatchId`]; the runtime adds the loss scale). `on_step` sees
 /// each step as soon as every rank has finished it. On any failure every rank stops and the
 /// error of the rank that failed first is returned.
-pub fn run<M, MF, BF, CB>(
+pub fn run<M, MF, DF, CB>(
     mesh: Mesh,
     tt: &Timetable,
     make: MF,
-    batch: BF,
+    data: DF,
     opts: &RunOptions,
     on_step: CB,
 ) -> Result<FinalParams, RuntimeError>
 where
     M: StageModule<Tensor = Tensor>,
     MF: Fn(Coord, u32) -> Result<M, ModuleError> + Sync,
-    BF: Fn(u64, usize) -> StepBatch + Sync,
+    DF: Fn(MicrobatchId) -> Result<M::Data, ModuleError> + Sync,
     CB: FnMut(&StepRecord),
 {
     let make = |c: Coord, s: u32, _: &HostOps| make(c, s);
-    run_local(mesh, tt, |_| Ok(HostOps), make, batch, opts, on_step)
+    run_local(mesh, tt, |_| Ok(HostOps), make, data, opts, on_step)
 }
 
 /// [`run`] over any in-process data plane: `ops(rank)` builds a rank's [`LocalOps`] on that
 /// rank's thread (a GPU stream, say) and `make(coord, stage, ops)` its modules, which may
 /// share it. The CUDA-local transport runs through here.
-pub fn run_local<K, M, OF, MF, BF, CB>(
+pub fn run_local<K, M, OF, MF, DF, CB>(
     mesh: Mesh,
     tt: &Timetable,
     ops: OF,
     make: MF,
-    batch: BF,
+    data: DF,
     opts: &RunOptions,
     mut on_step: CB,
 ) -> Result<FinalParams, RuntimeError>
@@ -127,7 +129,7 @@ where
     M: StageModule<Tensor = K::Tensor>,
     OF: Fn(usize) -> Result<K, ModuleError> + Sync,
     MF: Fn(Coord, u32, &K) -> Result<M, ModuleError> + Sync,
-    BF: Fn(u64, usize) -> StepBatch + Sync,
+    DF: Fn(MicrobatchId) -> Result<M::Data, ModuleError> + Sync,
     CB: FnMut(&StepRecord),
 {
     let tt = prepare(tt, &mesh)?;
@@ -138,14 +140,14 @@ where
         let handles: Vec<_> = (0..mesh.world_size())
             .map(|rank| {
                 let (tx, world, tt) = (tx.clone(), &world, &tt);
-                let (ops, make, batch) = (&ops, &make, &batch);
+                let (ops, make, data) = (&ops, &make, &data);
                 scope.spawn(move || {
                     let coord = mesh.coord(rank)?;
                     let threads = Threads {
                         world,
                         ops,
                         make,
-                        batch,
+                        data,
                         tx: &tx,
                     };
                     let body = || rank_main(&threads, mesh, coord, tt, opts, epoch);
@@ -196,16 +198,16 @@ where
 }
 
 /// What every rank thread of an in-process run shares.
-struct Threads<'a, K: LocalOps, OF, MF, BF> {
+struct Threads<'a, K: LocalOps, OF, MF, DF> {
     world: &'a Arc<LocalWorld<K::Message>>,
     ops: &'a OF,
     make: &'a MF,
-    batch: &'a BF,
+    data: &'a DF,
     tx: &'a mpsc::Sender<(Coord, u64, StepOutcome)>,
 }
 
-fn rank_main<K, M, OF, MF, BF>(
-    th: &Threads<'_, K, OF, MF, BF>,
+fn rank_main<K, M, OF, MF, DF>(
+    th: &Threads<'_, K, OF, MF, DF>,
     mesh: Mesh,
     coord: Coord,
     tt: &Timetable,
@@ -218,7 +220,7 @@ where
     M: StageModule<Tensor = K::Tensor>,
     OF: Fn(usize) -> Result<K, ModuleError>,
     MF: Fn(Coord, u32, &K) -> Result<M, ModuleError>,
-    BF: Fn(u64, usize) -> StepBatch,
+    DF: Fn(MicrobatchId) -> Result<M::Data, ModuleError>,
 {
     let rank = mesh.rank(coord);
     let ops = (th.ops)(rank).map_err(|e| {
@@ -234,7 +236,7 @@ where
         epoch,
     };
     // The driver may have stopped listening after an error elsewhere; that is fine.
-    run_rank(Rc::clone(&comm), &ctx, &make, th.batch, |step, outcome| {
+    run_rank(Rc::clone(&comm), &ctx, &make, th.data, |step, outcome| {
         let _ = th.tx.send((coord, step, outcome));
         Ok(())
     })
@@ -254,11 +256,11 @@ pub(crate) struct RankContext<'a> {
 /// One rank's whole run over any [`Communicator`]: build its stages, run every step on a
 /// current-thread tokio runtime (receives are local tasks), hand each step's outcome to
 /// `on_outcome`, and return its final parameters (DP 0 ranks only; others return none).
-pub(crate) fn run_rank<C, M, MF, BF, OF>(
+pub(crate) fn run_rank<C, M, MF, DF, OF>(
     comm: Rc<C>,
     ctx: &RankContext<'_>,
     make: &MF,
-    batch: &BF,
+    data: &DF,
     mut on_outcome: OF,
 ) -> Result<FinalParams, RuntimeError>
 where
@@ -266,7 +268,7 @@ where
     C::Tensor: 'static,
     M: StageModule<Tensor = C::Tensor>,
     MF: Fn(Coord, u32) -> Result<M, ModuleError>,
-    BF: Fn(u64, usize) -> StepBatch,
+    DF: Fn(MicrobatchId) -> Result<M::Data, ModuleError>,
     OF: FnMut(u64, StepOutcome) -> Result<(), RuntimeError>,
 {
     let (mesh, coord, tt) = (ctx.mesh, ctx.coord, ctx.tt);
@@ -280,6 +282,7 @@ where
             make(coord, stage).map_err(|e| fail(format!("building stage {stage}: {e}")))?,
         );
     }
+    let m = tt.microbatches;
     let tt = Rc::new(tt.clone());
     let mut exec = Executor::new(comm, mesh, coord, tt, modules, ctx.opts, ctx.epoch)?;
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -289,7 +292,8 @@ where
     let local = tokio::task::LocalSet::new();
     local.block_on(&rt, async {
         for step in 0..ctx.opts.steps {
-            let b = batch(step, coord.dp);
+            let b = StepBatch::build(step, (coord.dp, mesh.dp), m, data)
+                .map_err(|e| RuntimeError::device(rank, coord, step, None, format!("data: {e}")))?;
             let outcome = exec.run_step(step, &b).await?;
             on_outcome(step, outcome)?;
         }

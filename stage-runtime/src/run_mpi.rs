@@ -16,10 +16,11 @@ use mpi::environment::Universe;
 use mpi::topology::Communicator as _;
 use pipewright_schedule::{Event, Timetable};
 
+use crate::batch::MicrobatchId;
 use crate::comm::mpi::MpiComm;
 use crate::comm::{CommError, Communicator};
 use crate::error::RuntimeError;
-use crate::executor::{StepBatch, StepOutcome};
+use crate::executor::StepOutcome;
 use crate::mesh::{Coord, Mesh, MeshError};
 use crate::module::{ModuleError, StageModule};
 use crate::run::{prepare, run_rank, Assembler, FinalParams, RankContext, RunOptions, StepRecord};
@@ -35,12 +36,12 @@ const PARAMS_TAG: c_int = 2;
 /// stopped it.
 // The in-process `run`'s arguments plus the universe and the description.
 #[allow(clippy::too_many_arguments)]
-pub fn run_mpi<M, MF, BF, CB>(
+pub fn run_mpi<M, MF, DF, CB>(
     universe: Universe,
     mesh: Mesh,
     tt: &Timetable,
     make: MF,
-    batch: BF,
+    data: DF,
     opts: &RunOptions,
     describe: &str,
     on_step: CB,
@@ -48,7 +49,7 @@ pub fn run_mpi<M, MF, BF, CB>(
 where
     M: StageModule<Tensor = pipewright_kernels::Tensor>,
     MF: Fn(Coord, u32) -> Result<M, ModuleError>,
-    BF: Fn(u64, usize) -> StepBatch,
+    DF: Fn(MicrobatchId) -> Result<M::Data, ModuleError>,
     CB: FnMut(&StepRecord),
 {
     let (comm, tt) = start(universe, mesh, tt, opts, describe)?;
@@ -62,7 +63,7 @@ where
     let comm = Rc::new(comm);
     let result = guarded(&comm, ctx.coord, || {
         let mut gather = Gather::new(&comm, &ctx, on_step);
-        let params = run_rank(Rc::clone(&comm), &ctx, &make, &batch, |step, outcome| {
+        let params = run_rank(Rc::clone(&comm), &ctx, &make, &data, |step, outcome| {
             gather.outcome(step, outcome)
         })?;
         gather.finish(params)

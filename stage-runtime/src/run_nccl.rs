@@ -13,11 +13,12 @@ use std::time::Instant;
 use pipewright_kernels::cuda::{CudaBackend, CudaTensor};
 use pipewright_schedule::Timetable;
 
+use crate::batch::MicrobatchId;
 use crate::comm::nccl::{NcclComm, NcclSetup};
 use crate::comm::rendezvous::Rendezvous;
 use crate::comm::Communicator;
 use crate::error::RuntimeError;
-use crate::executor::{StepBatch, StepOutcome};
+use crate::executor::StepOutcome;
 use crate::mesh::{Coord, Mesh};
 use crate::module::{ModuleError, StageModule};
 use crate::run::{prepare, run_rank, FinalParams, RankContext, RunOptions};
@@ -29,21 +30,21 @@ use crate::run::{prepare, run_rank, FinalParams, RankContext, RunOptions};
 /// library is missing, the ids cannot be shared, or the timetable's SEND and RECV orders
 /// differ on a link.
 #[allow(clippy::too_many_arguments)]
-pub fn run_nccl_rank<M, MF, BF, OF>(
+pub fn run_nccl_rank<M, MF, DF, OF>(
     mesh: Mesh,
     tt: &Timetable,
     rank: usize,
     backend: Arc<CudaBackend>,
     rendezvous: &mut dyn Rendezvous,
     make: MF,
-    batch: BF,
+    data: DF,
     opts: &RunOptions,
     on_outcome: OF,
 ) -> Result<FinalParams, RuntimeError>
 where
     M: StageModule<Tensor = CudaTensor>,
     MF: Fn(Coord, u32, &Arc<CudaBackend>) -> Result<M, ModuleError>,
-    BF: Fn(u64, usize) -> StepBatch,
+    DF: Fn(MicrobatchId) -> Result<M::Data, ModuleError>,
     OF: FnMut(u64, StepOutcome) -> Result<(), RuntimeError>,
 {
     let rank = NcclRank {
@@ -53,7 +54,7 @@ where
         opts,
         time_zero: &Instant::now,
     };
-    rank.run(tt, rendezvous, make, batch, on_outcome)
+    rank.run(tt, rendezvous, make, data, on_outcome)
 }
 
 /// One rank of an NCCL run, before its communicators exist.
@@ -69,18 +70,18 @@ pub(crate) struct NcclRank<'a> {
 
 impl NcclRank<'_> {
     /// Connect (every communicator of the run, ids through `rendezvous`) and run every step.
-    pub(crate) fn run<M, MF, BF, OF>(
+    pub(crate) fn run<M, MF, DF, OF>(
         self,
         tt: &Timetable,
         rendezvous: &mut dyn Rendezvous,
         make: MF,
-        batch: BF,
+        data: DF,
         on_outcome: OF,
     ) -> Result<FinalParams, RuntimeError>
     where
         M: StageModule<Tensor = CudaTensor>,
         MF: Fn(Coord, u32, &Arc<CudaBackend>) -> Result<M, ModuleError>,
-        BF: Fn(u64, usize) -> StepBatch,
+        DF: Fn(MicrobatchId) -> Result<M::Data, ModuleError>,
         OF: FnMut(u64, StepOutcome) -> Result<(), RuntimeError>,
     {
         let (mesh, rank, opts) = (self.mesh, self.rank, self.opts);
@@ -106,7 +107,7 @@ impl NcclRank<'_> {
         let backend = self.backend;
         let make = |c: Coord, s: u32| make(c, s, &backend);
         let result =
-            run_rank(Rc::clone(&comm), &ctx, &make, &batch, on_outcome).and_then(|params| {
+            run_rank(Rc::clone(&comm), &ctx, &make, &data, on_outcome).and_then(|params| {
                 // Dropping the communicators aborts them: let the last sends land first.
                 comm.finish()
                     .map_err(|e| RuntimeError::Transport(e.to_string()))?;

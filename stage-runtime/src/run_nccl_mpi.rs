@@ -22,11 +22,11 @@ use mpi::environment::Universe;
 use pipewright_kernels::cuda::{CudaBackend, CudaTensor};
 use pipewright_schedule::Timetable;
 
+use crate::batch::MicrobatchId;
 use crate::comm::mpi::MpiComm;
 use crate::comm::rendezvous::MpiRendezvous;
 use crate::comm::Communicator as _;
 use crate::error::RuntimeError;
-use crate::executor::StepBatch;
 use crate::local_gpu::{choose_gpu, LOCAL_RANK_VAR};
 use crate::mesh::{Coord, Mesh};
 use crate::module::{ModuleError, StageModule};
@@ -43,12 +43,12 @@ use crate::run_nccl::NcclRank;
 /// without a GPU fails at start with a line saying what is missing, and every other rank
 /// fails with it.
 #[allow(clippy::too_many_arguments)]
-pub fn run_nccl_mpi<M, MF, BF, CB>(
+pub fn run_nccl_mpi<M, MF, DF, CB>(
     universe: Universe,
     mesh: Mesh,
     tt: &Timetable,
     make: MF,
-    batch: BF,
+    data: DF,
     opts: &RunOptions,
     describe: &str,
     on_step: CB,
@@ -56,7 +56,7 @@ pub fn run_nccl_mpi<M, MF, BF, CB>(
 where
     M: StageModule<Tensor = CudaTensor>,
     MF: Fn(Coord, u32, &Arc<CudaBackend>) -> Result<M, ModuleError>,
-    BF: Fn(u64, usize) -> StepBatch,
+    DF: Fn(MicrobatchId) -> Result<M::Data, ModuleError>,
     CB: FnMut(&StepRecord),
 {
     // A CPU rank and a GPU rank of otherwise equal runs must not meet.
@@ -85,7 +85,7 @@ where
             opts,
             time_zero: &zero,
         };
-        let params = nccl.run(&tt, &mut ids, make, batch, |step, outcome| {
+        let params = nccl.run(&tt, &mut ids, make, data, |step, outcome| {
             gather.outcome(step, outcome)
         })?;
         gather.finish(params)

@@ -7,9 +7,9 @@ use pipewright_kernels::layers::TpShard;
 use pipewright_kernels::{Backend, Cpu};
 use pipewright_schedule::Timetable;
 
-use crate::data::progression_batch;
+use crate::batch::MicrobatchId;
+use crate::data::{progression_batch, TokenBatch};
 use crate::error::RuntimeError;
-use crate::executor::StepBatch;
 use crate::mesh::{Coord, Mesh};
 use crate::module::{GptModule, ModuleError};
 use crate::run::{run, FinalParams, RunOptions, StepRecord};
@@ -36,29 +36,19 @@ impl TrainConfig {
     }
 }
 
-/// The microbatches data-parallel rank `dp` trains on at `step`: global microbatch
-/// `dp * m + j` for `j` in `0..m`, each scaled by `1 / (dp_size * m)` so the summed losses
-/// and gradients are those of the mean over the global batch.
-pub fn gpt_batch(cfg: &TrainConfig, m: u32, step: u64, dp: usize) -> StepBatch {
-    let seq = cfg.model.seq_len;
-    let microbatches = (0..m as u64)
-        .map(|j| {
-            let index = dp as u64 * u64::from(m) + j;
-            progression_batch(
-                cfg.seed,
-                step,
-                index,
-                cfg.microbatch_size,
-                seq,
-                cfg.model.vocab,
-            )
-        })
-        .collect();
-    StepBatch {
-        microbatches,
-        seq,
-        loss_scale: 1.0 / (cfg.mesh.dp as f32 * m as f32),
-    }
+/// Microbatch `id` of the reference GPT's data: global microbatch `id.global()` of the
+/// step (so data-parallel ranks train on disjoint parts of the global batch, and one device
+/// going through all of them sees the same data).
+pub fn gpt_data(cfg: &TrainConfig, id: MicrobatchId) -> TokenBatch {
+    let (tokens, targets) = progression_batch(
+        cfg.seed,
+        id.step,
+        id.global(),
+        cfg.microbatch_size,
+        cfg.model.seq_len,
+        cfg.model.vocab,
+    );
+    TokenBatch { tokens, targets }
 }
 
 /// Train; `on_step` sees every step (loss, timeline) as it completes. Returns the final
@@ -73,7 +63,7 @@ pub fn train_gpt(
         cfg.mesh,
         tt,
         |c, stage| g.module(&Arc::new(Cpu), c, stage),
-        |step, dp| g.batch(step, dp),
+        |id| Ok(gpt_data(g.cfg, id)),
         &cfg.run,
         on_step,
     )
@@ -96,7 +86,7 @@ pub fn train_gpt_cuda(
         tt,
         ordinal,
         |c, stage, be| g.module(be, c, stage),
-        |step, dp| g.batch(step, dp),
+        |id| Ok(gpt_data(g.cfg, id)),
         &cfg.run,
         on_step,
     )
@@ -123,7 +113,7 @@ pub fn train_gpt_nccl_rank(
         backend,
         ids,
         |c, stage, be| g.module(be, c, stage),
-        |step, dp| g.batch(step, dp),
+        |id| Ok(gpt_data(g.cfg, id)),
         &cfg.run,
         on_outcome,
     )
@@ -146,7 +136,7 @@ pub fn train_gpt_mpi(
         cfg.mesh,
         tt,
         |c, stage| g.module(&Arc::new(Cpu), c, stage),
-        |step, dp| g.batch(step, dp),
+        |id| Ok(gpt_data(g.cfg, id)),
         &cfg.run,
         &describe(cfg),
         on_step,
@@ -170,7 +160,7 @@ pub fn train_gpt_nccl_mpi(
         cfg.mesh,
         tt,
         |c, stage, be| g.module(be, c, stage),
-        |step, dp| g.batch(step, dp),
+        |id| Ok(gpt_data(g.cfg, id)),
         &cfg.run,
         &describe(cfg),
         on_step,
@@ -190,7 +180,6 @@ fn describe(cfg: &TrainConfig) -> String {
 struct GptRun<'a> {
     cfg: &'a TrainConfig,
     stages: usize,
-    microbatches: u32,
 }
 
 impl<'a> GptRun<'a> {
@@ -211,11 +200,7 @@ impl<'a> GptRun<'a> {
                 "--microbatch-size must be at least 1".into(),
             ));
         }
-        Ok(GptRun {
-            cfg,
-            stages,
-            microbatches: tt.microbatches,
-        })
+        Ok(GptRun { cfg, stages })
     }
 
     /// Stage `stage`, TP shard of `c`, on `be`: the same weights on any backend.
@@ -228,10 +213,5 @@ impl<'a> GptRun<'a> {
         let cfg = self.cfg;
         let shard = TpShard::new(c.tp, cfg.mesh.tp)?;
         GptModule::on(be, &cfg.model, cfg.seed, stage as usize, self.stages, shard)
-    }
-
-    /// What data-parallel rank `dp` trains on at `step`.
-    fn batch(&self, step: u64, dp: usize) -> StepBatch {
-        gpt_batch(self.cfg, self.microbatches, step, dp)
     }
 }

@@ -6,7 +6,7 @@ use pipewright_kernels::layers::TpReduce;
 use pipewright_kernels::Tensor;
 use pipewright_runtime::{
     run, Coord, Mesh, MicrobatchData, ModuleError, RunOptions, RuntimeError, StageModule,
-    StepBatch, SyntheticModule,
+    SyntheticModule,
 };
 use pipewright_schedule::{generate, ScheduleKind, ScheduleSpec};
 
@@ -25,6 +25,7 @@ struct Faulty {
 
 impl StageModule for Faulty {
     type Tensor = Tensor;
+    type Data = ();
     type Stash = ();
     type WeightStash = ();
 
@@ -74,11 +75,7 @@ fn run_with(stage: u32, fault: Fault, timeout: Duration) -> (RuntimeError, usize
             fault: (s == stage).then_some((2, fault)),
         })
     };
-    let batch = |_, _| StepBatch {
-        microbatches: vec![(vec![], vec![]); 4],
-        seq: 1,
-        loss_scale: 0.25,
-    };
+    let data = |_| Ok(());
     let opts = RunOptions {
         steps: 2,
         timeout,
@@ -90,7 +87,7 @@ fn run_with(stage: u32, fault: Fault, timeout: Duration) -> (RuntimeError, usize
         Mesh::new(4, 1, 1).unwrap(),
         &generate(&spec),
         make,
-        batch,
+        data,
         &opts,
         |_| finished += 1,
     )

@@ -9,8 +9,8 @@ use pipewright_kernels::optim::AdamWConfig;
 use pipewright_kernels::{KernelError, Tensor};
 use pipewright_runtime::comm::CommError;
 use pipewright_runtime::{
-    gpt_batch, run_local, train_gpt, Coord, GptModule, HostOps, LocalOps, Mesh, MicrobatchData,
-    ModuleError, ReduceOp, RunOptions, StageModule, TrainConfig,
+    gpt_data, run_local, train_gpt, Coord, GptModule, HostOps, LocalOps, Mesh, MicrobatchData,
+    ModuleError, ReduceOp, RunOptions, StageModule, TokenBatch, TrainConfig,
 };
 use pipewright_schedule::{generate, ScheduleKind, ScheduleSpec};
 
@@ -91,12 +91,13 @@ fn boxed(out: StageOutput) -> StageOutput<Boxed> {
 
 impl StageModule for BoxedGpt {
     type Tensor = Boxed;
+    type Data = TokenBatch;
     type Stash = <GptModule as StageModule>::Stash;
     type WeightStash = <GptModule as StageModule>::WeightStash;
 
     fn forward(
         &mut self,
-        mb: &MicrobatchData<'_>,
+        mb: &MicrobatchData<'_, TokenBatch>,
         input: Option<Boxed>,
         tp: &mut dyn TpReduce<Boxed>,
     ) -> Result<(StageOutput<Boxed>, Self::Stash), ModuleError> {
@@ -166,7 +167,7 @@ fn a_tensor_type_of_its_own_trains_to_the_host_runs_bits() {
         &tt,
         |_| Ok(BoxedOps),
         make,
-        |step, dp| gpt_batch(&cfg, tt.microbatches, step, dp),
+        |id| Ok(gpt_data(&cfg, id)),
         &cfg.run,
         |s| got.push(s.loss.map(f32::to_bits)),
     )

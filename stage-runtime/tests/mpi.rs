@@ -12,11 +12,16 @@ use std::time::{Duration, Instant};
 use pipewright_kernels::gpt::GptConfig;
 use pipewright_kernels::Tensor;
 use pipewright_runtime::comm::mpi::{self, MpiComm};
+use pipewright_runtime::split::uniform;
 use pipewright_runtime::{
-    train_gpt, train_gpt_mpi, Communicator, FinalParams, GroupKind, LocalWorld, Mesh, ReduceOp,
-    RunOptions, TrainConfig,
+    run, run_mpi, train_gpt, train_gpt_mpi, Communicator, Coord, FinalParams, GroupKind,
+    LocalWorld, Mesh, ReduceOp, RunOptions, TrainConfig,
 };
 use pipewright_schedule::{generate, ScheduleKind, ScheduleSpec, Timetable};
+
+#[allow(dead_code)]
+#[path = "common/user_mlp.rs"]
+mod user_mlp;
 
 const CHILD: &str = "PIPEWRIGHT_MPI_CHILD";
 
@@ -135,6 +140,61 @@ fn mpi_interleaved_pp2_tp2_dp2_equals_in_process() {
         return equality_child(ScheduleKind::Interleaved1F1B, 2);
     }
     check_equal("mpi_interleaved_pp2_tp2_dp2_equals_in_process");
+}
+
+/// Rank program: a user's own model (a layer list with its own data type) over MPI; rank 0
+/// then trains it in-process and compares losses and parameters to the bit.
+fn user_model_child() {
+    let universe = mpi::init().expect("MPI starts");
+    let (mesh, n) = (Mesh::new(2, 1, 2).unwrap(), 6);
+    let tt = timetable(ScheduleKind::Interleaved1F1B, 2);
+    let cuts = uniform(n, tt.num_stages() as usize).unwrap();
+    let opts = RunOptions {
+        steps: 3,
+        ..RunOptions::default()
+    };
+    let make = |_: Coord, s: u32| Ok(user_mlp::stage(cuts[s as usize].clone(), n));
+    let bits = |s: &pipewright_runtime::StepRecord| s.loss.map(f32::to_bits);
+    let mut losses = Vec::new();
+    let got = run_mpi(
+        universe,
+        mesh,
+        &tt,
+        make,
+        user_mlp::rows,
+        &opts,
+        "user mlp",
+        |s| losses.push(bits(s)),
+    )
+    .unwrap_or_else(|e| panic!("MPI run: {e}"));
+    let Some(params) = got else { return };
+    let mut want = Vec::new();
+    let local = run(mesh, &tt, make, user_mlp::rows, &opts, |s| {
+        want.push(bits(s))
+    })
+    .expect("local run");
+    assert_eq!(losses, want, "MPI losses differ from in-process");
+    assert_eq!(params, local, "MPI parameters differ from in-process");
+    let losses: Vec<f32> = losses.into_iter().flatten().map(f32::from_bits).collect();
+    println!("MPI-USER-EQUAL {} losses {losses:?}", tt.name);
+}
+
+#[test]
+fn mpi_user_model_pp2_dp2_equals_in_process_to_the_bit() {
+    let name = "mpi_user_model_pp2_dp2_equals_in_process_to_the_bit";
+    if std::env::var_os(CHILD).is_some() {
+        return user_model_child();
+    }
+    let out = run_to_end(mpirun(4, name, &[]));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "mpirun failed:\n{stdout}\n{stderr}");
+    let line = stdout.lines().find(|l| l.starts_with("MPI-USER-EQUAL"));
+    assert!(
+        line.is_some(),
+        "rank 0 did not compare:\n{stdout}\n{stderr}"
+    );
+    eprintln!("{}", line.unwrap_or_default());
 }
 
 /// What every rank computes with the collectives, as bits: sums and means over 4 ranks of

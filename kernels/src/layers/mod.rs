@@ -172,6 +172,16 @@ pub trait Parameters<S: Shaped = Tensor> {
     }
 }
 
+/// A list of parameter owners (a stack of layers) visits each in order.
+impl<S: Shaped, P: Parameters<S>> Parameters<S> for Vec<P> {
+    fn visit(&self, f: &mut dyn FnMut(&Param<S>)) {
+        self.iter().for_each(|p| p.visit(f));
+    }
+    fn visit_mut(&mut self, f: &mut dyn FnMut(&mut Param<S>)) {
+        self.iter_mut().for_each(|p| p.visit_mut(f));
+    }
+}
+
 /// A host tensor seen as itself (names the `Borrow` meant, which inference
 /// could not pick between `Borrow<Tensor>` and `Borrow<S>`).
 fn host<S: Borrow<Tensor>>(s: &S) -> &Tensor {

@@ -25,8 +25,8 @@ use pipewright_schedule::Timetable;
 
 use super::local::{LocalComm, LocalOps, LocalWorld};
 use super::{share_len, CommError, ReduceOp};
+use crate::batch::MicrobatchId;
 use crate::error::RuntimeError;
-use crate::executor::StepBatch;
 use crate::mesh::{Coord, Mesh};
 use crate::module::{ModuleError, StageModule};
 use crate::run::{run_local, FinalParams, RunOptions, StepRecord};
@@ -196,19 +196,19 @@ impl LocalOps for CudaOps {
 /// of its own (the CUDA-local transport). `make(coord, stage, backend)` builds a rank's
 /// module on that rank's backend, so its kernels and its messages share one stream. The rest
 /// is [`run`](crate::run()).
-pub fn run_cuda_local<M, MF, BF, CB>(
+pub fn run_cuda_local<M, MF, DF, CB>(
     mesh: Mesh,
     tt: &Timetable,
     ordinal: usize,
     make: MF,
-    batch: BF,
+    data: DF,
     opts: &RunOptions,
     on_step: CB,
 ) -> Result<FinalParams, RuntimeError>
 where
     M: StageModule<Tensor = CudaTensor>,
     MF: Fn(Coord, u32, &Arc<CudaBackend>) -> Result<M, ModuleError> + Sync,
-    BF: Fn(u64, usize) -> StepBatch + Sync,
+    DF: Fn(MicrobatchId) -> Result<M::Data, ModuleError> + Sync,
     CB: FnMut(&StepRecord),
 {
     let base = CudaBackend::new(ordinal).map_err(|e| RuntimeError::Transport(e.to_string()))?;
@@ -216,5 +216,5 @@ where
         Ok(CudaOps::new(Arc::new(base.on_new_stream()?)))
     };
     let make = |c: Coord, s: u32, ops: &CudaOps| make(c, s, ops.backend());
-    run_local(mesh, tt, ops, make, batch, opts, on_step)
+    run_local(mesh, tt, ops, make, data, opts, on_step)
 }

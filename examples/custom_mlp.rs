@@ -1,0 +1,226 @@
+//! Bring your own model: an MLP regression the runtime has never heard of (f32 features in,
+//! one f32 out, mean squared error), written as a list of layers, cut into 4 stages by
+//! parameter count and trained with interleaved 1F1B on 2 pipeline devices, then checked
+//! against the same model trained on one device.
+//!
+//! `cargo run --release --example custom_mlp` prints both runs' losses and exits non-zero if
+//! they differ by more than 1e-5 (relative). `tests/custom_mlp.rs` reuses this model under
+//! more meshes and schedules.
+
+use pipewright::kernels::init::normal_tensor;
+use pipewright::kernels::layers::{Linear, NoTp, Param, Parameters};
+use pipewright::kernels::optim::AdamWConfig;
+use pipewright::kernels::Tensor;
+use pipewright::runtime::split::{split, Balance, Layer, LayerStage, LayerStash};
+use pipewright::runtime::{run, MicrobatchData, MicrobatchId, ModuleError, Output, StageModule};
+
+// ---- The user's model: everything up to "Training it" is what a user writes. ----
+
+const IN: usize = 8; // features per row
+const WIDTH: usize = 32; // hidden width
+const ROWS: usize = 16; // rows per microbatch
+
+/// One microbatch: features and targets, built on every rank that needs them.
+pub struct Rows {
+    x: Tensor,
+    y: Vec<f32>,
+}
+
+/// Microbatch `id`: random features, target `sum(sin(x))`; a pure function of the step and
+/// the microbatch's place in the global batch.
+pub fn rows(id: MicrobatchId) -> Result<Rows, ModuleError> {
+    let x = normal_tensor(&[ROWS, IN], 1.0, id.step, &format!("x{}", id.global()));
+    let y = x
+        .data()
+        .chunks(IN)
+        .map(|r| r.iter().map(|v| v.sin()).sum())
+        .collect();
+    Ok(Rows { x, y })
+}
+
+/// Mean squared error of the predictions, times the runtime's loss scale; and its gradient.
+fn mse(pred: &Tensor, rows: &Rows, scale: f32) -> Result<(f32, Tensor), ModuleError> {
+    let s = scale / ROWS as f32;
+    let err: Vec<f32> = pred
+        .data()
+        .iter()
+        .zip(&rows.y)
+        .map(|(p, t)| p - t)
+        .collect();
+    let grad = Tensor::new(&[ROWS, 1], err.iter().map(|e| 2.0 * s * e).collect())?;
+    Ok((s * err.iter().map(|e| e * e).sum::<f32>(), grad))
+}
+
+/// A linear layer, then a ReLU unless it is the model's last.
+struct Dense {
+    lin: Linear,
+    relu: bool,
+}
+
+impl Parameters for Dense {
+    fn visit(&self, f: &mut dyn FnMut(&Param)) {
+        self.lin.visit(f)
+    }
+    fn visit_mut(&mut self, f: &mut dyn FnMut(&mut Param)) {
+        self.lin.visit_mut(f)
+    }
+}
+
+impl Layer for Dense {
+    fn forward(&mut self, x: &Tensor) -> Result<(Tensor, LayerStash), ModuleError> {
+        let mut y = self.lin.forward(x)?;
+        if self.relu {
+            y.data_mut().iter_mut().for_each(|v| *v = v.max(0.0));
+        }
+        Ok((y.clone(), Box::new((x.clone(), y))))
+    }
+
+    fn backward_input(
+        &mut self,
+        stash: LayerStash,
+        dy: &Tensor,
+    ) -> Result<(Tensor, LayerStash), ModuleError> {
+        let (x, y) = *stash
+            .downcast::<(Tensor, Tensor)>()
+            .map_err(|_| "not my stash")?;
+        let mut dy = dy.clone();
+        if self.relu {
+            dy.data_mut()
+                .iter_mut()
+                .zip(y.data())
+                .for_each(|(d, &y)| *d *= f32::from(y > 0.0));
+        }
+        Ok((self.lin.backward_input(&dy)?, Box::new((x, dy))))
+    }
+
+    fn backward_weight(&mut self, stash: LayerStash) -> Result<(), ModuleError> {
+        let (x, dy) = *stash
+            .downcast::<(Tensor, Tensor)>()
+            .map_err(|_| "not my stash")?;
+        Ok(self.lin.backward_weight(&x, &dy)?)
+    }
+}
+
+/// Layer `k` of `n`, seeded by its index (so the whole model and its stages hold the same
+/// weights).
+pub fn layer(k: usize, n: usize) -> Box<dyn Layer> {
+    let (i, o) = (
+        if k == 0 { IN } else { WIDTH },
+        if k + 1 == n { 1 } else { WIDTH },
+    );
+    let w = normal_tensor(&[i, o], (2.0 / i as f32).sqrt(), 7, &format!("w{k}"));
+    let lin = Linear::new(&format!("l{k}"), w, Some(Tensor::zeros(&[o]))).expect("valid shapes");
+    Box::new(Dense {
+        lin,
+        relu: k + 1 < n,
+    })
+}
+
+/// The stage of layers `range` of `n`: the first reads the features, the last ends in the loss.
+pub fn stage(range: std::ops::Range<usize>, n: usize) -> LayerStage<Rows> {
+    let input = (range.start == 0).then(|| Box::new(|r: &Rows| r.x.clone()) as Box<_>);
+    let loss = (range.end == n).then(|| Box::new(mse) as Box<_>);
+    LayerStage::new(range.map(|k| layer(k, n)).collect(), input, loss)
+}
+
+/// Cut `n` layers into `stages` stages by parameter count.
+pub fn partition(n: usize, stages: usize) -> Result<Vec<std::ops::Range<usize>>, ModuleError> {
+    let mut layers: Vec<_> = (0..n).map(|k| layer(k, n)).collect();
+    Ok(split(&mut layers, stages, Balance::Parameters, None)?.stages)
+}
+
+// ---- Training it, on 2 pipeline devices and on one. ----
+
+/// The losses of `steps` steps of the whole model on one device, over the same global batch
+/// of `microbatches` microbatches per step.
+pub fn one_device(
+    layers: usize,
+    microbatches: u32,
+    steps: u64,
+    cfg: &AdamWConfig,
+) -> Result<Vec<f32>, ModuleError> {
+    let mut whole = stage(0..layers, layers);
+    let mut losses = Vec::new();
+    for step in 0..steps {
+        let mut total = 0.0;
+        for microbatch in 0..microbatches {
+            let id = MicrobatchId {
+                step,
+                dp: 0,
+                microbatch,
+                microbatches,
+            };
+            let data = rows(id)?;
+            let mb = MicrobatchData {
+                index: microbatch,
+                data: &data,
+                loss_scale: 1.0 / microbatches as f32,
+            };
+            let (out, stash) = whole.forward(&mb, None, &mut NoTp)?;
+            if let Output::Loss(l) = out {
+                total += l;
+            }
+            whole.backward(stash, None, &mut NoTp)?;
+        }
+        whole.optimizer_step(cfg)?;
+        losses.push(total);
+    }
+    Ok(losses)
+}
+
+/// Whether two losses agree within 1e-5, relative.
+pub fn close(a: f32, b: f32) -> bool {
+    (a - b).abs() <= 1e-5 * a.abs().max(b.abs()).max(1.0)
+}
+
+#[allow(dead_code)]
+fn main() -> Result<(), ModuleError> {
+    use pipewright::runtime::{Mesh, RunOptions};
+    use pipewright::schedule::{generate, ScheduleKind, ScheduleSpec};
+
+    let (layers, steps) = (6, 30);
+    let tt = generate(&ScheduleSpec::new(
+        ScheduleKind::Interleaved1F1B,
+        2,
+        2,
+        4,
+        None,
+    )?);
+    let cuts = partition(layers, tt.num_stages() as usize)?;
+    println!("{} stages of {layers} layers: {cuts:?}", cuts.len());
+    let opts = RunOptions {
+        steps,
+        adamw: AdamWConfig {
+            lr: 1e-2,
+            ..AdamWConfig::default()
+        },
+        ..RunOptions::default()
+    };
+    let mut piped = Vec::new();
+    run(
+        Mesh::new(2, 1, 1)?,
+        &tt,
+        |_, s| Ok(stage(cuts[s as usize].clone(), layers)),
+        rows,
+        &opts,
+        |s| piped.push(s.loss.unwrap_or(f32::NAN)),
+    )?;
+    let single = one_device(layers, tt.microbatches, steps, &opts.adamw)?;
+    for (step, (a, b)) in piped.iter().zip(&single).enumerate().step_by(5) {
+        println!("step {step:2}: 2 devices {a:.6}  one device {b:.6}");
+    }
+    let equal =
+        piped.len() == single.len() && piped.iter().zip(&single).all(|(a, b)| close(*a, *b));
+    if !equal || single[single.len() - 1] >= single[0] {
+        eprintln!(
+            "error: {} on 2 devices does not match one device (or does not train)",
+            tt.name
+        );
+        std::process::exit(1);
+    }
+    println!(
+        "ok: {} on 2 devices equals one device for {steps} steps",
+        tt.name
+    );
+    Ok(())
+}

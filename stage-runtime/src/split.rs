@@ -1,0 +1,394 @@
+//! A model as an ordered list of layers, cut into pipeline stages (DeepSpeed's
+//! `PipelineModule` with its `partition_method`): [`Layer`] is what a user implements per
+//! layer, [`split`] cuts `p * v` contiguous stages by count, by parameters or by measured
+//! time (a short profiling pass, [`profile`]), and [`LayerStage`] runs a stage's layers as a
+//! [`StageModule`]. A profile becomes a cost file for `pipewright search --costs`
+//! ([`cost_file`]).
+
+use std::any::Any;
+use std::fmt;
+use std::ops::Range;
+use std::time::Instant;
+
+use pipewright_kernels::layers::{Param, Parameters, TpReduce};
+use pipewright_kernels::optim::AdamWConfig;
+use pipewright_kernels::Tensor;
+use pipewright_schedule::{RawCostFile, RawStageCost};
+
+use crate::host::{self, HostAdamW};
+use crate::module::{MicrobatchData, ModuleError, Output, StageModule};
+
+/// What a layer keeps from one pass to the next (its own type, behind `Any`).
+pub type LayerStash = Box<dyn Any>;
+
+/// One layer of a user's model on host tensors, with a split backward; its parameters are
+/// the kernels' [`Parameters`].
+pub trait Layer: Parameters {
+    /// Forward: the output and what the input backward needs.
+    fn forward(&mut self, x: &Tensor) -> Result<(Tensor, LayerStash), ModuleError>;
+    /// Input backward (I): the input gradient and what the weight backward needs.
+    fn backward_input(
+        &mut self,
+        stash: LayerStash,
+        dy: &Tensor,
+    ) -> Result<(Tensor, LayerStash), ModuleError>;
+    /// Weight backward (W): accumulate the parameters' gradients.
+    fn backward_weight(&mut self, stash: LayerStash) -> Result<(), ModuleError>;
+}
+
+/// How [`split`] balances the stages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Balance {
+    /// Equal layer counts (differing by at most one).
+    Uniform,
+    /// Equal parameter counts, as near as contiguous cuts allow.
+    Parameters,
+    /// Equal forward + backward time, measured by [`profile`] with this many repeats.
+    Time {
+        /// Passes per layer; the median is kept.
+        repeats: usize,
+    },
+}
+
+/// Why a list of layers cannot be split or profiled.
+#[derive(Debug, thiserror::Error)]
+pub enum SplitError {
+    /// Fewer layers than stages (every stage needs one).
+    #[error("cannot cut {layers} layers into {stages} stages: every stage needs a layer")]
+    TooFewLayers {
+        /// Layers given.
+        layers: usize,
+        /// Stages asked for.
+        stages: usize,
+    },
+    /// A layer failed during the profiling pass.
+    #[error("profiling layer {layer}: {message}")]
+    Profile {
+        /// The layer's index in the list.
+        layer: usize,
+        /// What it said.
+        message: String,
+    },
+    /// Balancing by time needs a sample input.
+    #[error("balancing by time needs a sample input for the profiling pass")]
+    NoSample,
+}
+
+/// Median milliseconds of one layer's forward, input backward and weight backward.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct LayerCost {
+    /// Forward.
+    pub f: f64,
+    /// Input backward (I).
+    pub i: f64,
+    /// Weight backward (W).
+    pub w: f64,
+}
+
+/// Where the cuts are: stage `k` holds layers `stages[k]`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Partition {
+    /// Contiguous layer ranges, one per stage, covering every layer in order.
+    pub stages: Vec<Range<usize>>,
+    /// The weight of each layer that was balanced (1 each, parameters, or milliseconds).
+    pub weights: Vec<f64>,
+    /// How.
+    pub balance: Balance,
+}
+
+impl Partition {
+    /// The summed weight of each stage.
+    pub fn loads(&self) -> Vec<f64> {
+        self.stages
+            .iter()
+            .map(|r| self.weights[r.clone()].iter().sum())
+            .collect()
+    }
+}
+
+impl fmt::Display for Partition {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let unit = match self.balance {
+            Balance::Uniform => "layers",
+            Balance::Parameters => "parameters",
+            Balance::Time { .. } => "ms",
+        };
+        for (k, (r, load)) in self.stages.iter().zip(self.loads()).enumerate() {
+            writeln!(
+                f,
+                "stage {k}: layers {}..{} ({load:.4} {unit})",
+                r.start, r.end
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// Cut `layers` into `stages` contiguous stages balanced by `balance`. Balancing by time
+/// runs [`profile`] on `sample` (the first layer's input) and leaves the gradients zero.
+pub fn split(
+    layers: &mut [Box<dyn Layer>],
+    stages: usize,
+    balance: Balance,
+    sample: Option<&Tensor>,
+) -> Result<Partition, SplitError> {
+    let weights: Vec<f64> = match balance {
+        Balance::Uniform => vec![1.0; layers.len()],
+        Balance::Parameters => layers.iter().map(|l| l.num_params() as f64).collect(),
+        Balance::Time { repeats } => profile(layers, sample.ok_or(SplitError::NoSample)?, repeats)?
+            .iter()
+            .map(|c| c.f + c.i + c.w)
+            .collect(),
+    };
+    let ranges = if balance == Balance::Uniform {
+        uniform(layers.len(), stages)?
+    } else {
+        balanced(&weights, stages)?
+    };
+    Ok(Partition {
+        stages: ranges,
+        weights,
+        balance,
+    })
+}
+
+/// `n` layers in `stages` ranges whose sizes differ by at most one.
+pub fn uniform(n: usize, stages: usize) -> Result<Vec<Range<usize>>, SplitError> {
+    check_counts(n, stages)?;
+    Ok((0..stages)
+        .map(|k| k * n / stages..(k + 1) * n / stages)
+        .collect())
+}
+
+/// Contiguous non-empty ranges of `weights` whose largest sum is the least possible (exact,
+/// by dynamic programming over cut points: `stages * n^2` steps, for lists of layers).
+pub fn balanced(weights: &[f64], stages: usize) -> Result<Vec<Range<usize>>, SplitError> {
+    let n = weights.len();
+    check_counts(n, stages)?;
+    let mut prefix = vec![0.0; n + 1];
+    for (i, w) in weights.iter().enumerate() {
+        prefix[i + 1] = prefix[i] + w.max(0.0);
+    }
+    // best[j][i]: least largest load of the first i layers in j + 1 stages; cut[j][i]: where
+    // the last of those stages starts.
+    let mut best = vec![vec![f64::INFINITY; n + 1]; stages];
+    let mut cut = vec![vec![0; n + 1]; stages];
+    best[0][1..].copy_from_slice(&prefix[1..]);
+    for j in 1..stages {
+        for i in j + 1..=n {
+            for t in j..i {
+                let load = best[j - 1][t].max(prefix[i] - prefix[t]);
+                if load < best[j][i] {
+                    (best[j][i], cut[j][i]) = (load, t);
+                }
+            }
+        }
+    }
+    let mut ranges = vec![0..0; stages];
+    let mut end = n;
+    for j in (0..stages).rev() {
+        let start = if j == 0 { 0 } else { cut[j][end] };
+        ranges[j] = start..end;
+        end = start;
+    }
+    Ok(ranges)
+}
+
+fn check_counts(layers: usize, stages: usize) -> Result<(), SplitError> {
+    if stages == 0 || layers < stages {
+        return Err(SplitError::TooFewLayers { layers, stages });
+    }
+    Ok(())
+}
+
+/// Time every layer's forward, input backward and weight backward on `sample` (the first
+/// layer's input; each layer gets the previous one's output), `repeats` times (at least
+/// once), keeping the medians; the gradients this accumulates are zeroed.
+pub fn profile(
+    layers: &mut [Box<dyn Layer>],
+    sample: &Tensor,
+    repeats: usize,
+) -> Result<Vec<LayerCost>, SplitError> {
+    let mut runs = vec![Vec::new(); layers.len()];
+    for _ in 0..repeats.max(1) {
+        let mut x = sample.clone();
+        for (k, layer) in layers.iter_mut().enumerate() {
+            let bad = |e: ModuleError| SplitError::Profile {
+                layer: k,
+                message: e.to_string(),
+            };
+            let t0 = Instant::now();
+            let (y, stash) = layer.forward(&x).map_err(bad)?;
+            let t1 = Instant::now();
+            let dy = Tensor::new(y.shape(), vec![1.0; y.numel()]).map_err(|e| bad(e.into()))?;
+            let t2 = Instant::now();
+            let (_, ws) = layer.backward_input(stash, &dy).map_err(bad)?;
+            let t3 = Instant::now();
+            layer.backward_weight(ws).map_err(bad)?;
+            let ms = |a: Instant, b: Instant| (b - a).as_secs_f64() * 1e3;
+            runs[k].push(LayerCost {
+                f: ms(t0, t1),
+                i: ms(t2, t3),
+                w: ms(t3, Instant::now()),
+            });
+            x = y;
+        }
+    }
+    layers.iter_mut().for_each(|l| l.zero_grad());
+    Ok(runs.iter().map(|r| median(r)).collect())
+}
+
+fn median(runs: &[LayerCost]) -> LayerCost {
+    let mid = |pick: fn(&LayerCost) -> f64| {
+        let mut v: Vec<f64> = runs.iter().map(pick).collect();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    LayerCost {
+        f: mid(|c| c.f),
+        i: mid(|c| c.i),
+        w: mid(|c| c.w),
+    }
+}
+
+/// A cost file of the partition's stages (each the sum of its layers' profiled times, in
+/// ms) for `pipewright search --costs` or `simulate --costs`.
+pub fn cost_file(profile: &[LayerCost], partition: &[Range<usize>]) -> RawCostFile {
+    let stages = partition
+        .iter()
+        .map(|r| {
+            let sum = |pick: fn(&LayerCost) -> f64| profile[r.clone()].iter().map(pick).sum();
+            let (i, w): (f64, f64) = (sum(|c| c.i), sum(|c| c.w));
+            RawStageCost {
+                f: Some(sum(|c| c.f)),
+                b: Some(i + w),
+                i: Some(i),
+                w: Some(w),
+                ..RawStageCost::default()
+            }
+        })
+        .collect();
+    RawCostFile {
+        stages: Some(stages),
+        time_unit: Some("ms".into()),
+        source: Some("pipewright_runtime::split::profile".into()),
+        ..RawCostFile::default()
+    }
+}
+
+/// The loss of a model's last layer's output against a microbatch's data, times the loss
+/// scale: the loss and its gradient.
+pub type LossFn<D> = dyn Fn(&Tensor, &D, f32) -> Result<(f32, Tensor), ModuleError>;
+
+/// The first stage's input from a microbatch's data.
+pub type InputFn<D> = dyn Fn(&D) -> Tensor;
+
+/// A stage's layers, in order, with their parameters visited in that order.
+struct Stack(Vec<Box<dyn Layer>>);
+
+impl Parameters for Stack {
+    fn visit(&self, f: &mut dyn FnMut(&Param)) {
+        self.0.iter().for_each(|l| l.visit(f));
+    }
+    fn visit_mut(&mut self, f: &mut dyn FnMut(&mut Param)) {
+        self.0.iter_mut().for_each(|l| l.visit_mut(f));
+    }
+}
+
+/// One stage of a layer-list model: its layers, the model's input function on the first
+/// stage and its loss on the last, AdamW over its parameters.
+pub struct LayerStage<D> {
+    layers: Stack,
+    input: Option<Box<InputFn<D>>>,
+    loss: Option<Box<LossFn<D>>>,
+    opt: HostAdamW,
+}
+
+impl<D> LayerStage<D> {
+    /// A stage of `layers`; `input` for the first stage, `loss` for the last (both for a
+    /// model of one stage).
+    pub fn new(
+        layers: Vec<Box<dyn Layer>>,
+        input: Option<Box<InputFn<D>>>,
+        loss: Option<Box<LossFn<D>>>,
+    ) -> Self {
+        LayerStage {
+            layers: Stack(layers),
+            input,
+            loss,
+            opt: HostAdamW::default(),
+        }
+    }
+}
+
+impl<D> StageModule for LayerStage<D> {
+    type Tensor = Tensor;
+    type Data = D;
+    type Stash = (Vec<LayerStash>, Option<Tensor>);
+    type WeightStash = Vec<LayerStash>;
+
+    fn forward(
+        &mut self,
+        mb: &MicrobatchData<'_, D>,
+        input: Option<Tensor>,
+        _: &mut dyn TpReduce,
+    ) -> Result<(Output, Self::Stash), ModuleError> {
+        let mut x = match (input, &self.input) {
+            (Some(x), _) => x,
+            (None, Some(f)) => f(mb.data),
+            (None, None) => return Err("a first stage needs an input function".into()),
+        };
+        let mut stashes = Vec::with_capacity(self.layers.0.len());
+        for layer in &mut self.layers.0 {
+            let (y, s) = layer.forward(&x)?;
+            stashes.push(s);
+            x = y;
+        }
+        match &self.loss {
+            Some(loss) => {
+                let (l, grad) = loss(&x, mb.data, mb.loss_scale)?;
+                Ok((Output::Loss(l), (stashes, Some(grad))))
+            }
+            None => Ok((Output::Hidden(x), (stashes, None))),
+        }
+    }
+
+    fn backward_input(
+        &mut self,
+        (stashes, loss_grad): Self::Stash,
+        grad_out: Option<Tensor>,
+        _: &mut dyn TpReduce,
+    ) -> Result<(Option<Tensor>, Self::WeightStash), ModuleError> {
+        let mut dy = grad_out.or(loss_grad).ok_or("no output gradient")?;
+        let mut ws = Vec::with_capacity(stashes.len());
+        for (layer, s) in self.layers.0.iter_mut().zip(stashes).rev() {
+            let (dx, w) = layer.backward_input(s, &dy)?;
+            ws.push(w);
+            dy = dx;
+        }
+        Ok((Some(dy), ws))
+    }
+
+    fn backward_weight(&mut self, ws: Self::WeightStash) -> Result<(), ModuleError> {
+        let layers = self.layers.0.iter_mut().rev();
+        layers
+            .zip(ws)
+            .try_for_each(|(layer, w)| layer.backward_weight(w))
+    }
+
+    fn flat_grads(&mut self) -> Result<Option<Tensor>, ModuleError> {
+        host::flat_grads(&self.layers)
+    }
+
+    fn set_flat_grads(&mut self, grads: Tensor) -> Result<(), ModuleError> {
+        host::set_flat_grads(&mut self.layers, grads)
+    }
+
+    fn optimizer_step(&mut self, cfg: &AdamWConfig) -> Result<(), ModuleError> {
+        self.opt.step(&mut self.layers, cfg)
+    }
+
+    fn flat_params(&mut self) -> Result<Option<Vec<f32>>, ModuleError> {
+        host::flat_params(&self.layers)
+    }
+}

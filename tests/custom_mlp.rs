@@ -1,0 +1,67 @@
+//! A user's own model (examples/custom_mlp.rs: an MLP regression on f32 features, no tokens)
+//! trains under every schedule family over pp x dp meshes with the losses of one device
+//! (1e-5, relative).
+
+#[allow(dead_code)]
+#[path = "../examples/custom_mlp.rs"]
+mod custom_mlp;
+
+use custom_mlp::{close, one_device, partition, rows, stage};
+use pipewright::kernels::optim::AdamWConfig;
+use pipewright::runtime::{run, Mesh, RunOptions};
+use pipewright::schedule::{generate, ScheduleKind, ScheduleSpec};
+
+const LAYERS: usize = 8;
+const STEPS: u64 = 3;
+
+fn check(kind: ScheduleKind, v: u32, pp: usize, dp: usize) {
+    let m = if kind == ScheduleKind::DualPipeV {
+        2 * pp as u32
+    } else {
+        4
+    };
+    let tt = generate(&ScheduleSpec::new(kind, pp as u32, v, m, None).unwrap());
+    let cuts = partition(LAYERS, tt.num_stages() as usize).unwrap();
+    let opts = RunOptions {
+        steps: STEPS,
+        adamw: AdamWConfig {
+            lr: 1e-2,
+            ..AdamWConfig::default()
+        },
+        ..RunOptions::default()
+    };
+    let what = format!("{} pp={pp} v={v} dp={dp}", tt.name);
+    let mut got = Vec::new();
+    run(
+        Mesh::new(pp, 1, dp).unwrap(),
+        &tt,
+        |_, s| Ok(stage(cuts[s as usize].clone(), LAYERS)),
+        rows,
+        &opts,
+        |s| got.push(s.loss.unwrap()),
+    )
+    .unwrap_or_else(|e| panic!("{what}: {e}"));
+    let want = one_device(LAYERS, dp as u32 * m, STEPS, &opts.adamw).unwrap();
+    assert_eq!(got.len(), want.len(), "{what}");
+    for (step, (a, b)) in got.iter().zip(&want).enumerate() {
+        assert!(close(*a, *b), "{what}: step {step}: {a} vs one device {b}");
+    }
+}
+
+#[test]
+fn a_user_mlp_equals_one_device_under_every_schedule_family_and_mesh() {
+    for (pp, dp) in [(2, 1), (4, 1), (2, 2)] {
+        for (kind, v) in [
+            (ScheduleKind::GPipe, 1),
+            (ScheduleKind::OneFOneB, 1),
+            (ScheduleKind::Interleaved1F1B, 2),
+            (ScheduleKind::LoopedBfs, 2),
+            (ScheduleKind::ZbH1, 1),
+            (ScheduleKind::ZbH2, 1),
+            (ScheduleKind::Zbv, 2),
+            (ScheduleKind::DualPipeV, 2),
+        ] {
+            check(kind, v, pp, dp);
+        }
+    }
+}
