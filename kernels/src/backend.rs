@@ -7,6 +7,7 @@
 
 use crate::cpu::{self, AttnShape};
 use crate::error::{shape_err, Result};
+use crate::footprint::Footprint;
 use crate::optim::{adamw_update, AdamWUpdate};
 use crate::tensor::Tensor;
 
@@ -41,15 +42,15 @@ pub(crate) fn check_range(op: &'static str, offset: usize, len: usize, total: us
 /// Ops with the semantics of their [`cpu`] namesakes, on a device's storage.
 pub trait Backend {
     /// A tensor living on this backend.
-    type Storage: Shaped + std::fmt::Debug;
+    type Storage: Shaped + Footprint + std::fmt::Debug;
     /// What a LayerNorm forward saves for its backward (normalised input and
     /// per-row reciprocal standard deviation), kept on the device.
-    type NormStash: std::fmt::Debug;
+    type NormStash: Footprint + std::fmt::Debug;
     /// What a causal attention forward saves for its backward besides its
     /// input and output: the probabilities on the CPU (`[batch, heads, seq, seq]`),
     /// the per-row logsumexp on a GPU (`[batch, heads, seq]`, recomputing the
     /// probabilities tile by tile in the backward).
-    type AttnStash: std::fmt::Debug;
+    type AttnStash: Footprint + std::fmt::Debug;
 
     /// Short name for messages (`"cpu"`, `"cuda:0"`).
     fn name(&self) -> String;

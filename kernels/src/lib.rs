@@ -66,6 +66,7 @@ pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod error;
+pub mod footprint;
 pub mod gpt;
 pub mod init;
 pub mod layers;
@@ -75,4 +76,5 @@ pub mod tensor;
 
 pub use backend::{Backend, Cpu, Shaped};
 pub use error::{KernelError, Result};
+pub use footprint::Footprint;
 pub use tensor::{DType, Tensor};

@@ -19,6 +19,7 @@ pub use config::{partition, GptConfig};
 
 use crate::backend::{Backend, Cpu, Shaped};
 use crate::error::{shape_err, KernelError, Result};
+use crate::footprint::Footprint;
 use crate::init::normal_tensor;
 use crate::layers::{
     cpu_backend, Attention, Block, BlockStash, BlockWeightStash, Embedding, HeadStash,
@@ -56,12 +57,54 @@ pub enum StageOutput<T = Tensor> {
 /// Token ids of a microbatch and its sequence length.
 type Ids = (Vec<u32>, usize);
 
+/// What a stage's forward keeps of a microbatch until its input backward:
+/// the recomputation policies of Korthikanti et al. (2022).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Keep {
+    /// Everything the backward needs.
+    #[default]
+    All,
+    /// Everything but the attention probabilities, which
+    /// [`GptStage::recompute`] rebuilds from the kept `qkv` (selective).
+    NoAttentionCore,
+    /// Only the stage's input (token ids on the first stage); the forward
+    /// is run again by [`GptStage::recompute`] (full).
+    Input,
+}
+
 /// Per-microbatch state from forward to input backward.
 #[derive(Debug)]
 pub struct Stash<B: Backend = Cpu> {
     ids: Option<Ids>,
     blocks: Vec<BlockStash<B>>,
     head: Option<HeadStash<B>>,
+    /// A copy of the stage's input activations, kept under [`Keep::Input`] only.
+    input: Option<B::Storage>,
+    keep: Keep,
+}
+
+impl<B: Backend> Stash<B> {
+    /// What this stash keeps: [`Keep::All`] once recomputed.
+    pub fn keep(&self) -> Keep {
+        self.keep
+    }
+}
+
+impl<B: Backend> Footprint for Stash<B> {
+    fn bytes(&self) -> usize {
+        let ids = self.ids.as_ref().map_or(0, |(ids, _)| ids.bytes());
+        ids + self.blocks.bytes() + self.head.bytes() + self.input.bytes()
+    }
+}
+
+impl<B: Backend> Footprint for WeightStash<B> {
+    fn bytes(&self) -> usize {
+        let embed = self
+            .embed
+            .as_ref()
+            .map_or(0, |(ids, _, dy)| ids.bytes() + dy.bytes());
+        embed + self.blocks.bytes() + self.head.bytes()
+    }
 }
 
 /// Per-microbatch state from input backward to weight backward.
@@ -279,11 +322,35 @@ impl<B: Backend> GptStage<B> {
         input: Option<B::Storage>,
         tp: &mut dyn TpReduce<B::Storage>,
     ) -> Result<(StageOutput<B::Storage>, Stash<B>)> {
+        self.forward_keeping(mb, input, tp, Keep::All)
+    }
+
+    /// [`GptStage::forward`] keeping only what `keep` says; the output is
+    /// the same. Each block's dropped state is freed as soon as the block is
+    /// done, so the forward itself never holds more than one block's worth.
+    pub fn forward_keeping(
+        &self,
+        mb: &Microbatch<'_>,
+        input: Option<B::Storage>,
+        tp: &mut dyn TpReduce<B::Storage>,
+        keep: Keep,
+    ) -> Result<(StageOutput<B::Storage>, Stash<B>)> {
+        let kept_input = match (&input, keep) {
+            (Some(x), Keep::Input) => Some(self.be.copy(x)?),
+            _ => None,
+        };
         let (mut x, ids) = self.stage_input(mb, input)?;
         let mut blocks = Vec::with_capacity(self.blocks.len());
         for b in &self.blocks {
-            let (y, s) = b.forward(x, tp)?;
-            blocks.push(s);
+            let (y, mut s) = b.forward(x, tp)?;
+            match keep {
+                Keep::All => blocks.push(s),
+                Keep::NoAttentionCore => {
+                    s.drop_attention_core();
+                    blocks.push(s);
+                }
+                Keep::Input => {}
+            }
             x = y;
         }
         let Some(head) = &self.head else {
@@ -291,6 +358,8 @@ impl<B: Backend> GptStage<B> {
                 ids,
                 blocks,
                 head: None,
+                input: kept_input,
+                keep,
             };
             return Ok((StageOutput::Hidden(x), stash));
         };
@@ -305,9 +374,39 @@ impl<B: Backend> GptStage<B> {
         let stash = Stash {
             ids,
             blocks,
-            head: Some(hs),
+            head: (keep != Keep::Input).then_some(hs),
+            input: kept_input,
+            keep,
         };
         Ok((StageOutput::Loss(loss), stash))
+    }
+
+    /// Rebuilds everything a [`GptStage::forward_keeping`] stash dropped, so
+    /// that the input backward can run: the attention probabilities from the
+    /// kept `qkv` (selective), or the whole forward from the kept input (full;
+    /// `mb` must be the microbatch's own data, and with `tp > 1` every TP rank
+    /// recomputes together, since the forward all-reduces). The computation
+    /// is the forward's own, so the rebuilt stash holds the same bits.
+    pub fn recompute(
+        &self,
+        mb: &Microbatch<'_>,
+        mut stash: Stash<B>,
+        tp: &mut dyn TpReduce<B::Storage>,
+    ) -> Result<Stash<B>> {
+        match stash.keep {
+            Keep::All => Ok(stash),
+            Keep::NoAttentionCore => {
+                if stash.blocks.len() != self.blocks.len() {
+                    return Err(self.err("stash from a different stage"));
+                }
+                for (b, s) in self.blocks.iter().zip(&mut stash.blocks) {
+                    b.recompute_attention_core(s)?;
+                }
+                stash.keep = Keep::All;
+                Ok(stash)
+            }
+            Keep::Input => Ok(self.forward_keeping(mb, stash.input, tp, Keep::All)?.1),
+        }
     }
 
     /// Checks and produces the activations entering the first block.
@@ -353,6 +452,9 @@ impl<B: Backend> GptStage<B> {
         grad_out: Option<B::Storage>,
         tp: &mut dyn TpReduce<B::Storage>,
     ) -> Result<(Option<B::Storage>, WeightStash<B>)> {
+        if stash.keep != Keep::All {
+            return Err(self.err("the stash was not recomputed before the backward"));
+        }
         let (mut dy, head) = match (&self.head, stash.head, grad_out) {
             (Some(h), Some(hs), None) => {
                 let (dx, ws) = h.backward_input(hs)?;

@@ -40,8 +40,9 @@ pub struct AttentionStash<B: Backend = Cpu> {
     x: B::Storage,
     qkv: B::Storage,
     /// The backend's own record of the attention core (probabilities on the
-    /// CPU, logsumexp on a GPU).
-    core: B::AttnStash,
+    /// CPU, logsumexp on a GPU); `None` once dropped for selective
+    /// recomputation, until [`Attention::recompute_core`] rebuilds it.
+    core: Option<B::AttnStash>,
     ctx: B::Storage,
     shape: AttnShape,
 }
@@ -53,6 +54,15 @@ super::clone_if_tensors_clone!(AttentionStash {
     ctx,
     shape
 });
+super::footprint_of!(AttentionStash { x, qkv, core, ctx });
+
+impl<B: Backend> AttentionStash<B> {
+    /// Drops the attention core's record (the `[batch, heads, seq, seq]`
+    /// probabilities on the CPU): selective recomputation keeps the rest.
+    pub fn drop_core(&mut self) {
+        self.core = None;
+    }
+}
 
 /// What the attention weight backward needs.
 #[derive(Debug)]
@@ -64,6 +74,7 @@ pub struct AttentionWeightStash<B: Backend = Cpu> {
 }
 
 super::clone_if_tensors_clone!(AttentionWeightStash { x, dqkv, ctx, dy });
+super::footprint_of!(AttentionWeightStash { x, dqkv, ctx, dy });
 
 impl Attention {
     /// This rank's share of attention with `heads` heads in total and full
@@ -141,11 +152,23 @@ impl<B: Backend> Attention<B> {
         let stash = AttentionStash {
             x,
             qkv,
-            core,
+            core: Some(core),
             ctx,
             shape,
         };
         Ok((y, stash))
+    }
+
+    /// Rebuilds a dropped attention core from the stashed `qkv` (the
+    /// forward's own computation, so the same bits); the context the forward
+    /// kept is left as it was. A stash that still has its core is unchanged.
+    pub fn recompute_core(&self, stash: &mut AttentionStash<B>) -> Result<()> {
+        if stash.core.is_none() {
+            let be = self.qkv.local.backend();
+            let (_, core) = be.causal_attention(&stash.qkv, stash.shape)?;
+            stash.core = Some(core);
+        }
+        Ok(())
     }
 
     /// Full forward: partial sum, all-reduce, output bias.
@@ -166,10 +189,13 @@ impl<B: Backend> Attention<B> {
         stash: AttentionStash<B>,
         dy: B::Storage,
     ) -> Result<(B::Storage, AttentionWeightStash<B>)> {
+        let core = stash.core.as_ref().ok_or_else(|| {
+            KernelError::Config("the attention core was dropped and not recomputed".into())
+        })?;
         let dctx = self.proj.local.backward_input(&dy)?;
         let be = self.qkv.local.backend();
         let dqkv =
-            be.causal_attention_backward(&stash.qkv, &stash.ctx, &stash.core, &dctx, stash.shape)?;
+            be.causal_attention_backward(&stash.qkv, &stash.ctx, core, &dctx, stash.shape)?;
         let dx = self.qkv.local.backward_input(&dqkv)?;
         let ws = AttentionWeightStash {
             x: stash.x,

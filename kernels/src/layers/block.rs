@@ -44,6 +44,19 @@ super::clone_if_tensors_clone!(BlockStash {
     ln2,
     mlp
 });
+super::footprint_of!(BlockStash {
+    ln1,
+    attn,
+    ln2,
+    mlp
+});
+
+impl<B: Backend> BlockStash<B> {
+    /// Drops the attention probabilities (selective recomputation).
+    pub fn drop_attention_core(&mut self) {
+        self.attn.drop_core();
+    }
+}
 
 /// What the block's weight backward needs: each norm's forward stash and
 /// output gradient, and the attention's and MLP's weight stashes.
@@ -56,6 +69,12 @@ pub struct BlockWeightStash<B: Backend = Cpu> {
 }
 
 super::clone_if_tensors_clone!(BlockWeightStash {
+    ln1,
+    attn,
+    ln2,
+    mlp
+});
+super::footprint_of!(BlockWeightStash {
     ln1,
     attn,
     ln2,
@@ -109,6 +128,11 @@ impl<B: Backend> Block<B> {
             mlp,
         };
         Ok((dx, ws))
+    }
+
+    /// Rebuilds the attention probabilities a selective stash dropped.
+    pub fn recompute_attention_core(&self, stash: &mut BlockStash<B>) -> Result<()> {
+        self.attn.recompute_core(&mut stash.attn)
     }
 
     /// Weight backward (W) of all four parts.

@@ -36,6 +36,12 @@ super::clone_if_tensors_clone!(HeadStash {
     targets,
     scale
 });
+super::footprint_of!(HeadStash {
+    ln,
+    n,
+    probs,
+    targets
+});
 
 /// What the head's weight backward needs.
 #[derive(Debug)]
@@ -47,6 +53,7 @@ pub struct HeadWeightStash<B: Backend = Cpu> {
 }
 
 super::clone_if_tensors_clone!(HeadWeightStash { ln, dn, n, dlogits });
+super::footprint_of!(HeadWeightStash { ln, dn, n, dlogits });
 
 impl<B: Backend> LmHead<B> {
     /// Loss `scale * mean CE(head(x), targets)` (see

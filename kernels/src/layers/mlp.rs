@@ -32,6 +32,7 @@ pub struct MlpStash<B: Backend = Cpu> {
 }
 
 super::clone_if_tensors_clone!(MlpStash { x, h, a });
+super::footprint_of!(MlpStash { x, h, a });
 
 /// What the MLP's weight backward needs.
 #[derive(Debug)]
@@ -43,6 +44,7 @@ pub struct MlpWeightStash<B: Backend = Cpu> {
 }
 
 super::clone_if_tensors_clone!(MlpWeightStash { x, dh, a, dy });
+super::footprint_of!(MlpWeightStash { x, dh, a, dy });
 
 impl Mlp {
     /// This rank's shard of the MLP with full weights `w1 [d, d_ff]`,

@@ -33,6 +33,18 @@ macro_rules! clone_if_tensors_clone {
 }
 pub(crate) use clone_if_tensors_clone;
 
+/// [`Footprint`](crate::footprint::Footprint) of a stash: the sum of the listed fields' bytes.
+macro_rules! footprint_of {
+    ($ty:ident { $($field:ident),* $(,)? }) => {
+        impl<B: $crate::backend::Backend> $crate::footprint::Footprint for $ty<B> {
+            fn bytes(&self) -> usize {
+                0 $(+ $crate::footprint::Footprint::bytes(&self.$field))*
+            }
+        }
+    };
+}
+pub(crate) use footprint_of;
+
 pub mod attention;
 pub mod block;
 pub mod head;
