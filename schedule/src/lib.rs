@@ -31,6 +31,7 @@
 pub mod action;
 pub mod formats;
 pub mod generators;
+pub mod recompute;
 pub mod search;
 pub mod simulate;
 pub mod spec;
@@ -42,6 +43,7 @@ pub mod validate;
 pub use action::{Action, ActionKind, ParseActionError};
 pub use formats::{chrome_trace, from_csv, to_csv, CsvError, CsvSource};
 pub use generators::generate;
+pub use recompute::{Recompute, RecomputeError, RecomputePlan};
 pub use simulate::{
     measured_costs, simulate, CostError, CostModel, DeviceReport, RawCostFile, RawStageCost,
     Report, SimError, Simulation, StageCost,
