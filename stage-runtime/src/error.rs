@@ -53,6 +53,16 @@ pub enum RuntimeError {
         /// The first I or W action of that stage on its device.
         action: Action,
     },
+    /// Recomputation was asked of a stage whose module does not offer it.
+    #[error("stage {stage} cannot recompute ({policy}): {reason}")]
+    NoRecompute {
+        /// The stage.
+        stage: u32,
+        /// The policy asked for.
+        policy: pipewright_schedule::Recompute,
+        /// The module's reason.
+        reason: String,
+    },
     /// A stage the timetable puts on a device has no module there.
     #[error("no module for stage {0} on this device")]
     MissingStage(u32),

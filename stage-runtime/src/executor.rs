@@ -6,7 +6,7 @@
 //! memory. A stage's gradients start their data-parallel all-reduce right after its last
 //! backward of the step and are waited on only at the end, before the optimizer step.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use pipewright_kernels::layers::TpReduce;
 use pipewright_kernels::optim::AdamWConfig;
 use pipewright_kernels::KernelError;
-use pipewright_schedule::{Action, ActionKind, Event, Timetable};
+use pipewright_schedule::{Action, ActionKind, Event, Recompute, RecomputePlan, Timetable};
 use tokio::task::JoinHandle;
 
 use crate::batch::StepBatch;
@@ -33,6 +33,11 @@ pub struct StepOutcome {
     pub events: Vec<Event>,
     /// Most stage-microbatches stashed at once.
     pub peak_stash: u32,
+    /// Most bytes kept in stashes at once (forward stashes, a recomputed one included, and
+    /// weight stashes), as the modules count them.
+    pub peak_stash_bytes: u64,
+    /// The most bytes one forward's stash kept (after its recompute policy).
+    pub kept_per_microbatch: u64,
 }
 
 /// Executes one device's row for every step of a run. The communicator and the stage
@@ -48,6 +53,8 @@ pub struct Executor<C: Communicator, M: StageModule<Tensor = C::Tensor>> {
     dp_group: Group,
     timeout: Duration,
     epoch: Instant,
+    /// Stages that recompute, and how.
+    recompute: HashMap<u32, Recompute>,
 }
 
 /// The TP all-reduce the kernels call in the middle of a layer.
@@ -79,6 +86,12 @@ struct StepState<T, S, W> {
     wstash: HashMap<(u32, u32), W>,
     live: u32,
     peak: u32,
+    /// Bytes kept in stashes now, their peak, and the largest one forward's stash.
+    bytes: u64,
+    peak_bytes: u64,
+    kept: u64,
+    /// Microbatches whose stash an `R` action already rebuilt.
+    rebuilt: HashSet<(u32, u32)>,
     loss: Option<f32>,
 }
 
@@ -92,8 +105,23 @@ impl<T, S, W> StepState<T, S, W> {
             wstash: HashMap::new(),
             live: 0,
             peak: 0,
+            bytes: 0,
+            peak_bytes: 0,
+            kept: 0,
+            rebuilt: HashSet::new(),
             loss: None,
         }
+    }
+
+    /// Count `n` more bytes kept.
+    fn keep_bytes(&mut self, n: usize) {
+        self.bytes += n as u64;
+        self.peak_bytes = self.peak_bytes.max(self.bytes);
+    }
+
+    /// Count `n` bytes released.
+    fn free_bytes(&mut self, n: usize) {
+        self.bytes = self.bytes.saturating_sub(n as u64);
     }
 }
 
@@ -120,13 +148,14 @@ where
         mesh: Mesh,
         coord: Coord,
         tt: Rc<Timetable>,
-        modules: HashMap<u32, M>,
+        mut modules: HashMap<u32, M>,
         opts: &RunOptions,
         epoch: Instant,
     ) -> Result<Self, RuntimeError> {
         let (adamw, timeout) = (opts.adamw, opts.timeout);
         let rank = mesh.rank(coord);
         check_backward_split(&tt, coord.pp, &modules)?;
+        let recompute = set_recompute(&tt, &opts.recompute, &mut modules)?;
         Ok(Executor {
             comm,
             mesh,
@@ -138,6 +167,7 @@ where
             adamw,
             timeout,
             epoch,
+            recompute,
         })
     }
 
@@ -212,6 +242,8 @@ where
             loss: st.loss,
             events,
             peak_stash: st.peak,
+            peak_stash_bytes: st.peak_bytes,
+            kept_per_microbatch: st.kept,
         })
     }
 
@@ -333,6 +365,7 @@ where
             tp_group,
             modules,
             tt,
+            recompute,
             ..
         } = self;
         let module = modules
@@ -353,6 +386,9 @@ where
                     st.live += 1;
                     st.peak = st.peak.max(st.live);
                     let (out, stash) = module.forward(&data, input, &mut tp)?;
+                    let kept = module.stash_bytes(&stash);
+                    st.keep_bytes(kept);
+                    st.kept = st.kept.max(kept as u64);
                     st.stash.insert(key, stash);
                     match out {
                         Output::Loss(l) => *st.loss.get_or_insert(0.0) += l,
@@ -374,13 +410,19 @@ where
                     } else {
                         Some(take(&mut st.bwd_in, key, "output gradient")?)
                     };
-                    let stash = take(&mut st.stash, key, "stash (its forward)")?;
+                    let mut stash = take(&mut st.stash, key, "stash (its forward)")?;
+                    // The first backward rebuilds what the policy dropped, unless an R did.
+                    if recompute.contains_key(&a.stage) && !st.rebuilt.remove(&key) {
+                        stash = rebuild(module, &data, stash, &mut tp, st)?;
+                    }
+                    st.free_bytes(module.stash_bytes(&stash));
                     let grad_in = if a.kind == ActionKind::B {
                         let g = module.backward(stash, grad_out, &mut tp)?;
                         st.live -= 1;
                         g
                     } else {
                         let (g, ws) = module.backward_input(stash, grad_out, &mut tp)?;
+                        st.keep_bytes(module.weight_stash_bytes(&ws));
                         st.wstash.insert(key, ws);
                         g
                     };
@@ -394,6 +436,7 @@ where
                 }
                 ActionKind::W => {
                     let ws = take(&mut st.wstash, key, "weight stash (its I)")?;
+                    st.free_bytes(module.weight_stash_bytes(&ws));
                     module.backward_weight(ws)?;
                     st.live -= 1;
                 }
@@ -480,6 +523,47 @@ fn check_backward_split<M: StageModule>(
         }),
         None => Ok(()),
     }
+}
+
+/// Rebuild a stash its policy left slim, counting the bytes it grows by.
+fn rebuild<M: StageModule>(
+    module: &mut M,
+    data: &MicrobatchData<'_, M::Data>,
+    stash: M::Stash,
+    tp: &mut dyn TpReduce<M::Tensor>,
+    st: &mut StateOf<M>,
+) -> Result<M::Stash, ModuleError> {
+    let before = module.stash_bytes(&stash);
+    let full = module.recompute(data, stash, tp)?;
+    st.free_bytes(before);
+    st.keep_bytes(module.stash_bytes(&full));
+    Ok(full)
+}
+
+/// Tell each of this device's modules its recompute policy (only those that recompute are
+/// asked), refusing in one line naming the stage a module that cannot. Returns the stages
+/// that recompute.
+fn set_recompute<M: StageModule>(
+    tt: &Timetable,
+    plan: &RecomputePlan,
+    modules: &mut HashMap<u32, M>,
+) -> Result<HashMap<u32, Recompute>, RuntimeError> {
+    plan.check(tt.num_stages())
+        .map_err(|e| RuntimeError::Timetable(e.to_string()))?;
+    let mut out = HashMap::new();
+    for (&stage, module) in modules.iter_mut() {
+        let policy = plan.of(stage);
+        if policy == Recompute::None {
+            continue;
+        }
+        guard(|| module.set_recompute(policy)).map_err(|e| RuntimeError::NoRecompute {
+            stage,
+            policy,
+            reason: e.to_string(),
+        })?;
+        out.insert(stage, policy);
+    }
+    Ok(out)
 }
 
 /// Index in `row` of each stage's last backward (B or W): where its gradients are final.

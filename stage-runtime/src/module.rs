@@ -5,12 +5,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pipewright_kernels::gpt::{
-    GptConfig, GptStage, Microbatch as GptMicrobatch, StageOutput, Stash, WeightStash,
+    GptConfig, GptStage, Keep, Microbatch as GptMicrobatch, StageOutput, Stash, WeightStash,
 };
 use pipewright_kernels::layers::{TpReduce, TpShard};
 use pipewright_kernels::optim::{AdamWConfig, DeviceAdamW};
-use pipewright_kernels::{params, Backend, Cpu, Tensor};
-use pipewright_schedule::StageCost;
+use pipewright_kernels::{params, Backend, Cpu, Footprint, Tensor};
+use pipewright_schedule::{Recompute, StageCost};
 
 use crate::data::TokenBatch;
 
@@ -111,6 +111,41 @@ pub trait StageModule {
         Ok(g)
     }
 
+    /// Keep only what `policy` says in the stashes of later forwards. The runtime calls this
+    /// once per stage, before the first step, for every stage asked to recompute
+    /// ([`Recompute::None`] is never asked); an error refuses the run, in one line naming the
+    /// stage. The default offers no recomputation.
+    fn set_recompute(&mut self, policy: Recompute) -> Result<(), ModuleError> {
+        Err(format!("its module offers no {policy} recomputation").into())
+    }
+
+    /// Rebuild what a stash left out under the policy of
+    /// [`set_recompute`](Self::set_recompute), so the backward can run: the runtime calls it
+    /// once per microbatch, just before its first backward (B or I) or at the timetable's
+    /// `R` action. With `tp > 1` every TP rank of the stage recomputes together (a full
+    /// recompute reruns the forward's all-reduces). Only called after `set_recompute`.
+    fn recompute(
+        &mut self,
+        mb: &MicrobatchData<'_, Self::Data>,
+        stash: Self::Stash,
+        tp: &mut dyn TpReduce<Self::Tensor>,
+    ) -> Result<Self::Stash, ModuleError> {
+        let _ = (mb, tp);
+        Ok(stash)
+    }
+
+    /// Bytes a forward's stash keeps alive, for the runtime's stash peaks (0 when unknown).
+    fn stash_bytes(&self, stash: &Self::Stash) -> usize {
+        let _ = stash;
+        0
+    }
+
+    /// Bytes an input backward's weight stash keeps alive until its W (0 when unknown).
+    fn weight_stash_bytes(&self, stash: &Self::WeightStash) -> usize {
+        let _ = stash;
+        0
+    }
+
     /// The accumulated gradients as one flat tensor in a fixed order, for the data-parallel
     /// all-reduce; `None` when the stage has no parameters (then there is nothing to reduce).
     fn flat_grads(&mut self) -> Result<Option<Self::Tensor>, ModuleError> {
@@ -144,6 +179,7 @@ pub struct GptModule<B: Backend = Cpu> {
     /// The kernels' stage.
     pub stage: GptStage<B>,
     adamw: Option<DeviceAdamW<B>>,
+    keep: Keep,
 }
 
 impl GptModule {
@@ -172,7 +208,19 @@ impl<B: Backend> GptModule<B> {
         Ok(GptModule {
             stage: GptStage::on(backend, cfg, seed, stage, stages, tp)?,
             adamw: None,
+            keep: Keep::All,
         })
+    }
+}
+
+impl<B: Backend> GptModule<B> {
+    fn microbatch<'a>(&self, mb: &MicrobatchData<'a, TokenBatch>) -> GptMicrobatch<'a> {
+        GptMicrobatch {
+            tokens: &mb.data.tokens,
+            targets: &mb.data.targets,
+            seq: self.stage.config().seq_len,
+            loss_scale: mb.loss_scale,
+        }
     }
 }
 
@@ -188,13 +236,36 @@ impl<B: Backend> StageModule for GptModule<B> {
         input: Option<B::Storage>,
         tp: &mut dyn TpReduce<B::Storage>,
     ) -> Result<(Output<B::Storage>, Stash<B>), ModuleError> {
-        let gmb = GptMicrobatch {
-            tokens: &mb.data.tokens,
-            targets: &mb.data.targets,
-            seq: self.stage.config().seq_len,
-            loss_scale: mb.loss_scale,
+        let gmb = self.microbatch(mb);
+        Ok(self.stage.forward_keeping(&gmb, input, tp, self.keep)?)
+    }
+
+    /// Full keeps the stage input, selective all but the attention probabilities.
+    fn set_recompute(&mut self, policy: Recompute) -> Result<(), ModuleError> {
+        self.keep = match policy {
+            Recompute::None => Keep::All,
+            Recompute::Full => Keep::Input,
+            Recompute::Selective => Keep::NoAttentionCore,
         };
-        Ok(self.stage.forward(&gmb, input, tp)?)
+        Ok(())
+    }
+
+    fn recompute(
+        &mut self,
+        mb: &MicrobatchData<'_, TokenBatch>,
+        stash: Stash<B>,
+        tp: &mut dyn TpReduce<B::Storage>,
+    ) -> Result<Stash<B>, ModuleError> {
+        let gmb = self.microbatch(mb);
+        Ok(self.stage.recompute(&gmb, stash, tp)?)
+    }
+
+    fn stash_bytes(&self, stash: &Stash<B>) -> usize {
+        stash.bytes()
+    }
+
+    fn weight_stash_bytes(&self, stash: &WeightStash<B>) -> usize {
+        stash.bytes()
     }
 
     fn backward_input(

@@ -11,7 +11,9 @@ use std::time::{Duration, Instant};
 
 use pipewright_kernels::optim::AdamWConfig;
 use pipewright_kernels::Tensor;
-use pipewright_schedule::{lower, validate, Timeline, TimelineMeta, TimelineSource, Timetable};
+use pipewright_schedule::{
+    lower, validate, RecomputePlan, Timeline, TimelineMeta, TimelineSource, Timetable,
+};
 
 use crate::batch::{MicrobatchId, StepBatch};
 use crate::comm::local::{HostOps, LocalOps, LocalWorld};
@@ -30,6 +32,9 @@ pub struct RunOptions {
     pub timeout: Duration,
     /// Optimizer settings (every stage gets its own AdamW).
     pub adamw: AdamWConfig,
+    /// What each stage keeps from a forward until its backward; a stage with `R` actions in
+    /// the timetable and no policy here recomputes fully.
+    pub recompute: RecomputePlan,
 }
 
 impl Default for RunOptions {
@@ -38,6 +43,7 @@ impl Default for RunOptions {
             steps: 1,
             timeout: Duration::from_secs(60),
             adamw: AdamWConfig::default(),
+            recompute: RecomputePlan::default(),
         }
     }
 }
@@ -55,6 +61,13 @@ pub struct StepRecord {
     pub timeline: Timeline,
     /// Most stage-microbatches each pipeline device stashed at once.
     pub peak_stash: Vec<u32>,
+    /// Most bytes each pipeline device kept in stashes at once (forward stashes, including
+    /// one rebuilt by recomputation, and weight stashes between I and W), as its modules
+    /// count them ([`StageModule::stash_bytes`]).
+    pub peak_stash_bytes: Vec<u64>,
+    /// The most bytes one forward's stash kept on each pipeline device (per microbatch, after
+    /// the recompute policy dropped what it drops).
+    pub kept_per_microbatch: Vec<u64>,
     /// Where the step's time zero (its first compute) lies on the run's clock, in ms since
     /// the run began: steps overlap, so their timelines line up only with this added.
     pub origin_ms: f64,
@@ -383,8 +396,12 @@ impl Assembler {
             e.end = (e.end - t0).max(e.start);
         }
         let mut peak_stash = vec![0; self.mesh.pp];
+        let mut peak_stash_bytes = vec![0; self.mesh.pp];
+        let mut kept_per_microbatch = vec![0; self.mesh.pp];
         for (c, o) in &lead {
             peak_stash[c.pp] = o.peak_stash;
+            peak_stash_bytes[c.pp] = o.peak_stash_bytes;
+            kept_per_microbatch[c.pp] = o.kept_per_microbatch;
         }
         let timeline = Timeline {
             meta: self.meta.clone(),
@@ -397,6 +414,8 @@ impl Assembler {
             seconds,
             timeline,
             peak_stash,
+            peak_stash_bytes,
+            kept_per_microbatch,
             origin_ms: t0,
         })
     }

@@ -273,6 +273,8 @@ fn encode_outcome(step: u64, o: &StepOutcome) -> Vec<u8> {
         "step": step,
         "loss": o.loss.map(f32::to_bits),
         "peak": o.peak_stash,
+        "peak_bytes": o.peak_stash_bytes,
+        "kept": o.kept_per_microbatch,
         "events": o.events,
     });
     v.to_string().into_bytes()
@@ -293,6 +295,7 @@ fn decode_outcome(bytes: &[u8]) -> Result<(u64, StepOutcome), CommError> {
         .as_u64()
         .and_then(|p| u32::try_from(p).ok())
         .ok_or_else(|| bad("step"))?;
+    let bytes = |key: &str| v[key].as_u64().ok_or_else(|| bad("step"));
     let events: Vec<Event> =
         serde_json::from_value(v["events"].clone()).map_err(|_| bad("step"))?;
     Ok((
@@ -301,6 +304,8 @@ fn decode_outcome(bytes: &[u8]) -> Result<(u64, StepOutcome), CommError> {
             loss,
             events,
             peak_stash,
+            peak_stash_bytes: bytes("peak_bytes")?,
+            kept_per_microbatch: bytes("kept")?,
         },
     ))
 }
@@ -364,11 +369,17 @@ mod tests {
                 end: 2.25,
             }],
             peak_stash: 4,
+            peak_stash_bytes: 1 << 40,
+            kept_per_microbatch: 96,
         };
         let (step, back) = decode_outcome(&encode_outcome(7, &o)).unwrap();
         assert_eq!(step, 7);
         assert_eq!(back.loss.map(f32::to_bits), o.loss.map(f32::to_bits));
         assert_eq!(back.events, o.events);
         assert_eq!(back.peak_stash, 4);
+        assert_eq!(
+            (back.peak_stash_bytes, back.kept_per_microbatch),
+            (1 << 40, 96)
+        );
     }
 }
