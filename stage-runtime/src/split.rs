@@ -13,7 +13,7 @@ use std::time::Instant;
 use pipewright_kernels::layers::{Param, Parameters, TpReduce};
 use pipewright_kernels::optim::AdamWConfig;
 use pipewright_kernels::Tensor;
-use pipewright_schedule::{RawCostFile, RawStageCost};
+use pipewright_schedule::{RawCostFile, RawStageCost, Recompute};
 
 use crate::host::{self, HostAdamW};
 use crate::module::{MicrobatchData, ModuleError, Output, StageModule};
@@ -296,12 +296,26 @@ impl Parameters for Stack {
 }
 
 /// One stage of a layer-list model: its layers, the model's input function on the first
-/// stage and its loss on the last, AdamW over its parameters.
+/// stage and its loss on the last, AdamW over its parameters. It offers full recomputation
+/// (its layers' forwards run again from the kept stage input, so they must give the same
+/// result twice, as a forward without dropout or other hidden state does); a layer's stash
+/// is its own opaque type, so selective recomputation is not offered.
 pub struct LayerStage<D> {
     layers: Stack,
     input: Option<Box<InputFn<D>>>,
     loss: Option<Box<LossFn<D>>>,
     opt: HostAdamW,
+    full_recompute: bool,
+}
+
+/// What a [`LayerStage`]'s forward keeps for its backward.
+pub struct LayerStageStash {
+    layers: Vec<LayerStash>,
+    loss_grad: Option<Tensor>,
+    /// The stage's input, kept alone under full recomputation (`None` on the first stage,
+    /// whose input the data rebuilds).
+    input: Option<Tensor>,
+    slim: bool,
 }
 
 impl<D> LayerStage<D> {
@@ -317,6 +331,43 @@ impl<D> LayerStage<D> {
             input,
             loss,
             opt: HostAdamW::default(),
+            full_recompute: false,
+        }
+    }
+
+    /// The forward, keeping every layer's stash (`keep`) or none of them.
+    fn run_forward(
+        &mut self,
+        mb: &MicrobatchData<'_, D>,
+        input: Option<Tensor>,
+        keep: bool,
+    ) -> Result<(Output, LayerStageStash), ModuleError> {
+        let mut x = match (input, &self.input) {
+            (Some(x), _) => x,
+            (None, Some(f)) => f(mb.data),
+            (None, None) => return Err("a first stage needs an input function".into()),
+        };
+        let mut layers = Vec::with_capacity(self.layers.0.len());
+        for layer in &mut self.layers.0 {
+            let (y, s) = layer.forward(&x)?;
+            if keep {
+                layers.push(s);
+            }
+            x = y;
+        }
+        let mut stash = LayerStageStash {
+            layers,
+            loss_grad: None,
+            input: None,
+            slim: !keep,
+        };
+        match &self.loss {
+            Some(loss) => {
+                let (l, grad) = loss(&x, mb.data, mb.loss_scale)?;
+                stash.loss_grad = keep.then_some(grad);
+                Ok((Output::Loss(l), stash))
+            }
+            None => Ok((Output::Hidden(x), stash)),
         }
     }
 }
@@ -324,7 +375,7 @@ impl<D> LayerStage<D> {
 impl<D> StageModule for LayerStage<D> {
     type Tensor = Tensor;
     type Data = D;
-    type Stash = (Vec<LayerStash>, Option<Tensor>);
+    type Stash = LayerStageStash;
     type WeightStash = Vec<LayerStash>;
 
     fn forward(
@@ -333,33 +384,50 @@ impl<D> StageModule for LayerStage<D> {
         input: Option<Tensor>,
         _: &mut dyn TpReduce,
     ) -> Result<(Output, Self::Stash), ModuleError> {
-        let mut x = match (input, &self.input) {
-            (Some(x), _) => x,
-            (None, Some(f)) => f(mb.data),
-            (None, None) => return Err("a first stage needs an input function".into()),
-        };
-        let mut stashes = Vec::with_capacity(self.layers.0.len());
-        for layer in &mut self.layers.0 {
-            let (y, s) = layer.forward(&x)?;
-            stashes.push(s);
-            x = y;
+        if !self.full_recompute {
+            return self.run_forward(mb, input, true);
         }
-        match &self.loss {
-            Some(loss) => {
-                let (l, grad) = loss(&x, mb.data, mb.loss_scale)?;
-                Ok((Output::Loss(l), (stashes, Some(grad))))
+        let kept = input.clone();
+        let (out, mut stash) = self.run_forward(mb, input, false)?;
+        stash.input = kept;
+        Ok((out, stash))
+    }
+
+    fn set_recompute(&mut self, policy: Recompute) -> Result<(), ModuleError> {
+        match policy {
+            Recompute::None | Recompute::Full => {
+                self.full_recompute = policy == Recompute::Full;
+                Ok(())
             }
-            None => Ok((Output::Hidden(x), (stashes, None))),
+            Recompute::Selective => Err(
+                "a layer-list stage recomputes only fully (its layers' stashes are opaque)".into(),
+            ),
         }
+    }
+
+    fn recompute(
+        &mut self,
+        mb: &MicrobatchData<'_, D>,
+        stash: LayerStageStash,
+        _: &mut dyn TpReduce,
+    ) -> Result<LayerStageStash, ModuleError> {
+        if !stash.slim {
+            return Ok(stash);
+        }
+        Ok(self.run_forward(mb, stash.input, true)?.1)
     }
 
     fn backward_input(
         &mut self,
-        (stashes, loss_grad): Self::Stash,
+        stash: Self::Stash,
         grad_out: Option<Tensor>,
         _: &mut dyn TpReduce,
     ) -> Result<(Option<Tensor>, Self::WeightStash), ModuleError> {
-        let mut dy = grad_out.or(loss_grad).ok_or("no output gradient")?;
+        if stash.slim {
+            return Err("the stash was not recomputed before the backward".into());
+        }
+        let stashes = stash.layers;
+        let mut dy = grad_out.or(stash.loss_grad).ok_or("no output gradient")?;
         let mut ws = Vec::with_capacity(stashes.len());
         for (layer, s) in self.layers.0.iter_mut().zip(stashes).rev() {
             let (dx, w) = layer.backward_input(s, &dy)?;

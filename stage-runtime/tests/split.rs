@@ -180,17 +180,26 @@ fn a_layer_list_cut_into_stages_trains_to_the_losses_of_one_device() {
         let tt = generate(&ScheduleSpec::new(kind, 2, v, m, None).unwrap());
         let stages = tt.num_stages() as usize;
         let p = split(&mut model(n), stages, Balance::Parameters, None).unwrap();
-        let opts = RunOptions {
-            steps,
-            adamw,
-            ..RunOptions::default()
+        let train = |recompute: &str| {
+            let opts = RunOptions {
+                steps,
+                adamw,
+                recompute: recompute.parse().unwrap(),
+                ..RunOptions::default()
+            };
+            let mut got = Vec::new();
+            let make = |_, s: u32| Ok(stage(p.stages[s as usize].clone(), n));
+            let params = run(Mesh::new(2, 1, 2).unwrap(), &tt, make, rows, &opts, |s| {
+                got.push(s.loss.unwrap())
+            })
+            .unwrap();
+            (got, params)
         };
-        let mut got = Vec::new();
-        let make = |_, s: u32| Ok(stage(p.stages[s as usize].clone(), n));
-        run(Mesh::new(2, 1, 2).unwrap(), &tt, make, rows, &opts, |s| {
-            got.push(s.loss.unwrap())
-        })
-        .unwrap();
+        let (got, params) = train("none");
+        // Full recomputation reruns the layers' forwards: the same bits.
+        let (again, params_again) = train("full");
+        assert_eq!(again, got, "{} with full recomputation", tt.name);
+        assert_eq!(params_again, params, "{} with full recomputation", tt.name);
         for (a, b) in got.iter().zip(&want) {
             assert!(
                 (a - b).abs() <= 1e-5 * a.abs().max(1.0),
