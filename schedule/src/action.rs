@@ -17,6 +17,10 @@ pub enum ActionKind {
     I,
     /// Backward for the stage's weight gradients only; needs the matching `I` first.
     W,
+    /// Recompute of one stage on one microbatch: rebuild what its forward did not keep
+    /// (see [`Recompute`](crate::Recompute)), after that F and before its backward, on
+    /// the stage's device. Text form `2R3`.
+    R,
     /// Send a stage's forward output to the next stage's device.
     #[serde(rename = "SEND_F")]
     SendF,
@@ -44,7 +48,7 @@ pub enum ActionKind {
 
 impl ActionKind {
     /// All kinds, in the order their text forms must be tried when parsing (longest first).
-    pub const ALL: [ActionKind; 8] = [
+    pub const ALL: [ActionKind; 9] = [
         ActionKind::SendF,
         ActionKind::RecvF,
         ActionKind::SendB,
@@ -53,6 +57,7 @@ impl ActionKind {
         ActionKind::B,
         ActionKind::I,
         ActionKind::W,
+        ActionKind::R,
     ];
 
     /// The text PyTorch's pipelining uses for this kind.
@@ -62,6 +67,7 @@ impl ActionKind {
             ActionKind::B => "B",
             ActionKind::I => "I",
             ActionKind::W => "W",
+            ActionKind::R => "R",
             ActionKind::SendF => "SEND_F",
             ActionKind::RecvF => "RECV_F",
             ActionKind::SendB => "SEND_B",
@@ -70,7 +76,7 @@ impl ActionKind {
         }
     }
 
-    /// True for F, B, I, W and the F&B overlap.
+    /// True for F, B, I, W, R and the F&B overlap.
     pub const fn is_compute(self) -> bool {
         matches!(
             self,
@@ -78,6 +84,7 @@ impl ActionKind {
                 | ActionKind::B
                 | ActionKind::I
                 | ActionKind::W
+                | ActionKind::R
                 | ActionKind::Overlap { .. }
         )
     }
@@ -105,6 +112,7 @@ impl ActionKind {
             ActionKind::RecvF => 5,
             ActionKind::SendB => 6,
             ActionKind::RecvB => 7,
+            ActionKind::R => 8,
         }
     }
 }

@@ -1,12 +1,18 @@
 //! Activation recomputation as a per-stage policy: what a stage keeps of a microbatch from
 //! its forward until its backward. Stages differ in memory (the first stage of 1F1B holds p
 //! microbatches, the last holds one), so the policy is a property of a stage, not of a model.
+//! [`insert`] writes the recomputation into a timetable as `R` actions, which the validator,
+//! the simulator and the runtime all understand.
 
 use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
+
+mod insert;
+
+pub use insert::{insert, recomputed};
 
 /// What one stage keeps of a microbatch until its backward (Korthikanti et al., 2022).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]

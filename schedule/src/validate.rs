@@ -3,8 +3,9 @@
 //! Checks run from cheap and local to global, so the first error found is the most specific:
 //! 1. every action names a real stage and microbatch, on the device holding that stage;
 //! 2. each (stage, microbatch) has one F and one backward (B, or I and W), nothing twice;
-//! 3. on each device, F comes before its backward, I before W, and a stage's local
-//!    predecessor (same device) before it;
+//! 3. on each device, F comes before its backward, I before W, a recompute `R` (optional,
+//!    at most one) between its F and its backward, and a stage's local predecessor (same
+//!    device) before it;
 //! 4. in a lowered timetable, every cross-device hand-off has its send after the producer and
 //!    its receive before the consumer;
 //! 5. executing every device in order, with blocking receives (and, with
@@ -131,6 +132,22 @@ pub enum Problem {
         i: Action,
         /// Its step.
         i_step: u32,
+    },
+    /// A recompute before its forward has run.
+    #[error("recompute before its forward {forward} (step {forward_step})")]
+    RecomputeBeforeForward {
+        /// The forward.
+        forward: Action,
+        /// Its step.
+        forward_step: u32,
+    },
+    /// A recompute after the backward that needs it.
+    #[error("recompute after its backward {backward} (step {backward_step}): it must come between its F and its backward")]
+    RecomputeAfterBackward {
+        /// The backward (B or I).
+        backward: Action,
+        /// Its step.
+        backward_step: u32,
     },
     /// A same-device dependency comes later.
     #[error("needs {dep} first, but it comes later on this device (step {dep_step})")]
@@ -275,7 +292,7 @@ const NONE: u32 = u32::MAX;
 /// Step of each action kind for each (stage, microbatch), `NONE` where absent.
 pub(crate) struct Positions {
     m: u32,
-    pos: Vec<[u32; 8]>,
+    pos: Vec<[u32; 9]>,
 }
 
 impl Positions {
@@ -352,7 +369,7 @@ fn index_actions(tt: &Timetable) -> Result<Positions, ValidationError> {
     let (stages, m) = (tt.num_stages(), tt.microbatches);
     let mut p = Positions {
         m,
-        pos: vec![[NONE; 8]; stages as usize * m as usize],
+        pos: vec![[NONE; 9]; stages as usize * m as usize],
     };
     for (d, actions) in tt.devices.iter().enumerate() {
         let d = d as u32;
@@ -486,6 +503,9 @@ fn check_local_order(tt: &Timetable, p: &Positions) -> Result<(), ValidationErro
                 };
                 return Err(ValidationError::at(d, back, act(back_kind), problem));
             }
+            if let Some(r) = p.get(R, stage, mb) {
+                check_recompute(d, act, (f, r, back, back_kind))?;
+            }
             if let (Some(i), Some(w)) = (p.get(I, stage, mb), p.get(W, stage, mb)) {
                 if w < i {
                     return Err(ValidationError::at(
@@ -521,6 +541,30 @@ fn check_local_order(tt: &Timetable, p: &Positions) -> Result<(), ValidationErro
                 }
             }
         }
+    }
+    Ok(())
+}
+
+/// An `R` runs strictly after its F and strictly before its backward (B or I), on the
+/// stage's device (which `index_one` has checked).
+fn check_recompute(
+    d: u32,
+    act: impl Fn(ActionKind) -> Action,
+    (f, r, back, back_kind): (u32, u32, u32, ActionKind),
+) -> Result<(), ValidationError> {
+    if r <= f {
+        let problem = Problem::RecomputeBeforeForward {
+            forward: act(ActionKind::F),
+            forward_step: f,
+        };
+        return Err(ValidationError::at(d, r, act(ActionKind::R), problem));
+    }
+    if r >= back {
+        let problem = Problem::RecomputeAfterBackward {
+            backward: act(back_kind),
+            backward_step: back,
+        };
+        return Err(ValidationError::at(d, r, act(ActionKind::R), problem));
     }
     Ok(())
 }

@@ -258,7 +258,13 @@ fn legend_items(panels: &[PanelData<'_>], left: f64, right: f64) -> Vec<LegendIt
             .any(|p| p.tl.events.iter().any(|e| e.action.kind == k))
     };
     let mut items: Vec<(Vec<Rgb>, String)> = Vec::new();
-    for k in [ActionKind::F, ActionKind::B, ActionKind::I, ActionKind::W] {
+    for k in [
+        ActionKind::F,
+        ActionKind::B,
+        ActionKind::I,
+        ActionKind::W,
+        ActionKind::R,
+    ] {
         // F and B are always listed so an empty chart still explains its colours.
         if has(k) || matches!(k, ActionKind::F | ActionKind::B) {
             items.push((vec![kind_color(k)], format!("{k} {}", kind_name(k))));

@@ -86,12 +86,13 @@ fn slot(kind: ActionKind, chunk: u32) -> usize {
         ActionKind::F => 0,
         ActionKind::B => 1,
         ActionKind::I => 2,
+        ActionKind::R => 4,
         _ => 3,
     };
     k * 2 + (chunk % 2) as usize
 }
 
-const GLYPHS: [char; 8] = ['F', 'f', 'B', 'b', 'I', 'i', 'W', 'w'];
+const GLYPHS: [char; 10] = ['F', 'f', 'B', 'b', 'I', 'i', 'W', 'w', 'R', 'r'];
 
 /// Characters of one device line: for each of `n` buckets the slot covering most of it, or
 /// `.` when compute covers less than half of it.
@@ -107,7 +108,7 @@ fn buckets(
         return ".".repeat(n);
     }
     let bw = span / n as f64;
-    let mut tally = vec![[0.0f64; 8]; n];
+    let mut tally = vec![[0.0f64; GLYPHS.len()]; n];
     for e in events {
         let chunk = e.action.stage.checked_div(devices).unwrap_or(0).min(chunks);
         let s = slot(e.action.kind, chunk);

@@ -32,6 +32,15 @@ pub struct StageCost {
     /// backward of a step and awaited before the device's optimizer step (multi-step only).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub dp_allreduce: f64,
+    /// Time of a recompute (`R`) of this stage; `None` for the forward's time `f` (full
+    /// recomputation reruns the forward).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub r: Option<f64>,
+    /// Bytes a recomputed microbatch keeps from its F until its R (full recomputation: the
+    /// stage's input); `None` for the hand-off into the stage, the previous stage's
+    /// `p2p_bytes` (0 on the first stage, whose input is token ids).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kept_bytes: Option<u64>,
 }
 
 fn is_zero(x: &f64) -> bool {
@@ -57,6 +66,7 @@ impl StageCost {
             ActionKind::B => self.b,
             ActionKind::I => self.i,
             ActionKind::W => self.w,
+            ActionKind::R => self.r.unwrap_or(self.f),
             _ => 0.0,
         }
     }
@@ -76,6 +86,8 @@ impl StageCost {
             overlap: self.overlap.map(|t| t / k),
             optimizer: self.optimizer / k,
             dp_allreduce: self.dp_allreduce / k,
+            r: self.r.map(|t| t / k),
+            kept_bytes: self.kept_bytes,
         }
     }
 }
@@ -110,6 +122,17 @@ impl CostModel {
                 .overlap
                 .unwrap_or_else(|| stage(a.stage).f + stage(b_stage).b),
             kind => stage(a.stage).of(kind),
+        }
+    }
+
+    /// Bytes a recomputed microbatch of `stage` keeps between its F and its R: the stage's
+    /// `kept_bytes`, or else its input, the previous stage's hand-off.
+    pub fn kept_bytes(&self, stage: u32) -> u64 {
+        let s = stage as usize;
+        let input = s.checked_sub(1).and_then(|p| self.stages.get(p));
+        match self.stages.get(s).and_then(|c| c.kept_bytes) {
+            Some(b) => b,
+            None => input.map_or(0, |c| c.p2p_bytes),
         }
     }
 
@@ -180,6 +203,7 @@ impl CostModel {
 fn join(parts: &[StageCost]) -> StageCost {
     let sum = |f: fn(&StageCost) -> f64| parts.iter().map(f).sum::<f64>();
     let overlap = parts.iter().map(|c| c.overlap).sum::<Option<f64>>();
+    let r = parts.iter().any(|c| c.r.is_some());
     StageCost {
         f: sum(|c| c.f),
         b: sum(|c| c.b),
@@ -190,6 +214,9 @@ fn join(parts: &[StageCost]) -> StageCost {
         overlap,
         optimizer: sum(|c| c.optimizer),
         dp_allreduce: sum(|c| c.dp_allreduce),
+        r: r.then(|| sum(|c| c.of(ActionKind::R))),
+        // The joined stage's input is its first piece's.
+        kept_bytes: parts.first().and_then(|c| c.kept_bytes),
     }
 }
 
@@ -224,6 +251,13 @@ pub struct RawStageCost {
     /// Data-parallel gradient all-reduce time per training step (default 0).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dp_allreduce: Option<f64>,
+    /// Recompute (`R`) time (default: `f`, a full recompute reruns the forward).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub r: Option<f64>,
+    /// Bytes a recomputed microbatch keeps from F to R (default: the previous stage's
+    /// `p2p_bytes`, the stage's input).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kept_bytes: Option<u64>,
 }
 
 impl RawStageCost {
@@ -243,6 +277,8 @@ impl RawStageCost {
             overlap: self.overlap.or(d.overlap),
             optimizer: self.optimizer.or(d.optimizer),
             dp_allreduce: self.dp_allreduce.or(d.dp_allreduce),
+            r: self.r.or(d.r),
+            kept_bytes: self.kept_bytes.or(d.kept_bytes),
         }
     }
 
@@ -285,6 +321,7 @@ impl RawStageCost {
             ("overlap", overlap),
             ("optimizer", optimizer),
             ("dp_allreduce", dp_allreduce),
+            ("r", self.r.unwrap_or(0.0)),
         ];
         for (what, v) in all {
             check(what, v).map_err(|_| CostError::Invalid {
@@ -302,6 +339,8 @@ impl RawStageCost {
             overlap: self.overlap,
             optimizer,
             dp_allreduce,
+            r: self.r,
+            kept_bytes: self.kept_bytes,
         })
     }
 }

@@ -11,7 +11,9 @@ use super::cost::{CostError, RawCostFile, RawStageCost};
 ///
 /// A stage that ran full backwards gets `b` (the file's reader splits it `w = b/2` unless
 /// told); one that ran I and W gets both, so a run of a split schedule (zb-h1, zbv) measures
-/// the split. F&B overlaps are not used: their two halves cannot be told apart.
+/// the split. F&B overlaps are not used: their two halves cannot be told apart. Explicit
+/// recomputes (`R` actions) give `r`; a recompute the runtime ran inside a backward is part
+/// of that backward's time.
 pub fn measured_costs(timelines: &[&Timeline]) -> Result<RawCostFile, CostError> {
     let Some(first) = timelines.first() else {
         return Err(CostError::Missing {
@@ -20,8 +22,8 @@ pub fn measured_costs(timelines: &[&Timeline]) -> Result<RawCostFile, CostError>
         });
     };
     let stages = first.meta.stages as usize;
-    // Durations per stage, per kind: F, B, I, W.
-    let mut seen: Vec<[Vec<f64>; 4]> = vec![Default::default(); stages];
+    // Durations per stage, per kind: F, B, I, W, R.
+    let mut seen: Vec<[Vec<f64>; 5]> = vec![Default::default(); stages];
     for tl in timelines {
         for e in tl.compute_events() {
             let slot = match e.action.kind {
@@ -29,6 +31,7 @@ pub fn measured_costs(timelines: &[&Timeline]) -> Result<RawCostFile, CostError>
                 ActionKind::B => 1,
                 ActionKind::I => 2,
                 ActionKind::W => 3,
+                ActionKind::R => 4,
                 _ => continue,
             };
             if let Some(s) = seen.get_mut(e.action.stage as usize) {
@@ -58,8 +61,8 @@ pub fn measured_costs(timelines: &[&Timeline]) -> Result<RawCostFile, CostError>
     })
 }
 
-fn stage_cost(stage: usize, kinds: &mut [Vec<f64>; 4]) -> Result<RawStageCost, CostError> {
-    let [f, b, i, w] = kinds.each_mut().map(|d| median(d));
+fn stage_cost(stage: usize, kinds: &mut [Vec<f64>; 5]) -> Result<RawStageCost, CostError> {
+    let [f, b, i, w, r] = kinds.each_mut().map(|d| median(d));
     let missing = |what| CostError::Missing {
         place: format!("measured stage {stage}"),
         what,
@@ -75,6 +78,7 @@ fn stage_cost(stage: usize, kinds: &mut [Vec<f64>; 4]) -> Result<RawStageCost, C
         b,
         i,
         w,
+        r,
         ..RawStageCost::default()
     })
 }

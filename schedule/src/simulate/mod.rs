@@ -182,7 +182,7 @@ impl<'a> Engine<'a> {
         use ActionKind::*;
         let k = self.key(a.stage, a.microbatch);
         match a.kind {
-            F | B | I | W | Overlap { .. } => self.compute(d, a),
+            F | B | I | W | R | Overlap { .. } => self.compute(d, a),
             SendF => {
                 let (ready, to) = (self.f_end[k], self.key(a.stage + 1, a.microbatch));
                 let end = self.send(d, a, ready);
@@ -245,6 +245,8 @@ impl<'a> Engine<'a> {
             F if self.dev(s - 1) == d => self.f_end[self.key(s - 1, mb)],
             F => self.in_f[k],
             W => self.back_end[k],
+            // A recompute needs only its own forward, done earlier on this device.
+            R => self.f_end[k],
             _ if last => self.f_end[k],
             _ if self.dev(s + 1) == d => self.back_end[self.key(s + 1, mb)].max(self.f_end[k]),
             _ => self.in_b[k].max(self.f_end[k]),

@@ -1,5 +1,7 @@
 //! The figures of a step: makespan, bubbles, stashed activations over time.
 
+use std::collections::HashSet;
+
 use serde::{Deserialize, Serialize};
 
 use super::CostModel;
@@ -133,21 +135,35 @@ pub(crate) fn memory_tracks(timeline: &Timeline, costs: &CostModel) -> Vec<Memor
         .collect()
 }
 
-/// (time, action position, 0 at its start or 1 at its end, +1 or -1, bytes).
-type Delta = (f64, usize, u8, i8, u64);
+/// (time, action position, 0 at its start or 1 at its end, count change, bytes change).
+type Delta = (f64, usize, u8, i8, i128);
 
+/// A microbatch with an `R` keeps only [`CostModel::kept_bytes`] from the start of its F to
+/// the start of its R, and its whole stash from then until its backward frees it.
 fn track(events: &[&crate::timeline::Event], costs: &CostModel) -> MemoryTrack {
+    let recomputed: HashSet<(u32, u32)> = events
+        .iter()
+        .filter(|e| e.action.kind == ActionKind::R)
+        .map(|e| (e.action.stage, e.action.microbatch))
+        .collect();
     let mut deltas: Vec<Delta> = Vec::with_capacity(events.len());
     for (pos, e) in events.iter().enumerate() {
         // An overlap is its F (stashes at the start) and its B (frees at the end).
         for part in e.action.parts() {
-            let bytes = costs
+            let full = costs
                 .stages
                 .get(part.stage as usize)
                 .map_or(0, |c| c.activation_bytes);
+            let kept = if recomputed.contains(&(part.stage, part.microbatch)) {
+                costs.kept_bytes(part.stage).min(full)
+            } else {
+                full
+            };
+            let (full, kept) = (i128::from(full), i128::from(kept));
             match part.kind {
-                ActionKind::F => deltas.push((e.start, pos, 0, 1, bytes)),
-                ActionKind::B | ActionKind::W => deltas.push((e.end, pos, 1, -1, bytes)),
+                ActionKind::F => deltas.push((e.start, pos, 0, 1, kept)),
+                ActionKind::R => deltas.push((e.start, pos, 0, 0, full - kept)),
+                ActionKind::B | ActionKind::W => deltas.push((e.end, pos, 1, -1, -full)),
                 _ => {}
             }
         }
@@ -163,7 +179,7 @@ fn track(events: &[&crate::timeline::Event], costs: &CostModel) -> MemoryTrack {
     });
     for (time, _, _, sign, b) in deltas {
         count += i64::from(sign);
-        bytes += i128::from(sign) * i128::from(b);
+        bytes += b;
         let sample = MemorySample {
             time,
             count: count.clamp(0, i64::from(u32::MAX)) as u32,

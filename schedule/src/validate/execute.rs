@@ -166,7 +166,7 @@ impl Exec<'_> {
                 self.set(s, mb, SENT_B);
                 self.wake(self.dev(s - 1));
             }
-            W | RecvF | RecvB | Overlap { .. } => {}
+            W | R | RecvF | RecvB | Overlap { .. } => {}
         }
     }
 
