@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use pipewright_kernels::layers::TpReduce;
 use pipewright_kernels::optim::AdamWConfig;
 use pipewright_kernels::KernelError;
+use pipewright_schedule::recompute::recomputed;
 use pipewright_schedule::{Action, ActionKind, Event, Recompute, RecomputePlan, Timetable};
 use tokio::task::JoinHandle;
 
@@ -434,6 +435,12 @@ where
                         }
                     }
                 }
+                ActionKind::R => {
+                    let stash = take(&mut st.stash, key, "stash (its forward)")?;
+                    let full = rebuild(module, &data, stash, &mut tp, st)?;
+                    st.stash.insert(key, full);
+                    st.rebuilt.insert(key);
+                }
                 ActionKind::W => {
                     let ws = take(&mut st.wstash, key, "weight stash (its I)")?;
                     st.free_bytes(module.weight_stash_bytes(&ws));
@@ -541,8 +548,9 @@ fn rebuild<M: StageModule>(
 }
 
 /// Tell each of this device's modules its recompute policy (only those that recompute are
-/// asked), refusing in one line naming the stage a module that cannot. Returns the stages
-/// that recompute.
+/// asked), refusing in one line naming the stage a module that cannot. A stage with `R`
+/// actions in the timetable and no policy recomputes fully. Returns the stages that
+/// recompute.
 fn set_recompute<M: StageModule>(
     tt: &Timetable,
     plan: &RecomputePlan,
@@ -550,9 +558,13 @@ fn set_recompute<M: StageModule>(
 ) -> Result<HashMap<u32, Recompute>, RuntimeError> {
     plan.check(tt.num_stages())
         .map_err(|e| RuntimeError::Timetable(e.to_string()))?;
+    let explicit = recomputed(tt);
     let mut out = HashMap::new();
     for (&stage, module) in modules.iter_mut() {
-        let policy = plan.of(stage);
+        let policy = match plan.of(stage) {
+            Recompute::None if explicit.contains(&stage) => Recompute::Full,
+            policy => policy,
+        };
         if policy == Recompute::None {
             continue;
         }

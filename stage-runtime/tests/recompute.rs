@@ -155,3 +155,39 @@ fn a_module_without_recomputation_is_refused_naming_its_stage_only_when_asked() 
     );
     assert_eq!(RecomputePlan::default().of(0), Recompute::None);
 }
+
+fn train_timetable(tt: &pipewright_schedule::Timetable, plan: &str) -> (Vec<u32>, FinalParams) {
+    let mut losses = Vec::new();
+    let cfg = config(Mesh::new(tt.num_devices() as usize, 1, 1).unwrap(), plan);
+    let params = train_gpt(&cfg, tt, |s| losses.push(s.loss.unwrap().to_bits())).unwrap();
+    (losses, params)
+}
+
+#[test]
+fn explicit_r_actions_run_where_the_timetable_puts_them_with_the_same_bits() {
+    use pipewright_schedule::recompute::insert;
+    use pipewright_schedule::{validate, Action, ActionKind};
+    let tt = generate(&ScheduleSpec::new(ScheduleKind::ZbH1, 2, 1, M, None).unwrap());
+    let (losses, params) = train_timetable(&tt, "none");
+    // R right before each backward; no policy given, so the stages recompute fully.
+    let before_backward = insert(&tt, &"full".parse().unwrap());
+    let got = train_timetable(&before_backward, "none");
+    assert_eq!((got.0, bits(&got.1)), (losses.clone(), bits(&params)));
+    // Selective with explicit R; and R as early as it may go, right after its F.
+    let got = train_timetable(&before_backward, "selective");
+    assert_eq!((got.0, bits(&got.1)), (losses.clone(), bits(&params)));
+    let mut early = tt.clone();
+    for row in &mut early.devices {
+        let mut out = Vec::new();
+        for &a in row.iter() {
+            out.push(a);
+            if a.kind == ActionKind::F {
+                out.push(Action::new(a.stage, ActionKind::R, a.microbatch));
+            }
+        }
+        *row = out;
+    }
+    validate(&early).unwrap();
+    let got = train_timetable(&early, "none");
+    assert_eq!((got.0, bits(&got.1)), (losses, bits(&params)));
+}
