@@ -8,7 +8,8 @@ use anyhow::{bail, Result};
 use clap::parser::ValueSource;
 use clap::{ArgMatches, Args, FromArgMatches, ValueEnum};
 use pipewright::schedule::{
-    generate, CostModel, RawSpec, ScheduleKind, ScheduleSpec, StageCost, Timetable,
+    generate, recompute, CostModel, RawSpec, RecomputeError, RecomputePlan, ScheduleKind,
+    ScheduleSpec, StageCost, Timetable,
 };
 
 /// Which schedule to generate.
@@ -55,6 +56,8 @@ pub struct SourceArgs {
     pub spec: SpecArgs,
     /// Use this timetable (PyTorch CSV or pipewright JSON) instead of generating one.
     pub timetable: Option<PathBuf>,
+    /// Recomputation per stage, written into the timetable as `R` actions.
+    pub recompute: RecomputePlan,
     /// Ids of the schedule flags given on the command line.
     given: Vec<&'static str>,
 }
@@ -68,6 +71,19 @@ struct SourceFlags {
     /// flags beside it must agree with it.
     #[arg(long, value_name = "FILE")]
     timetable: Option<PathBuf>,
+    /// Activation recomputation: `none`, `full` (keep only each stage's input and run its
+    /// forward again), `selective` (keep all but the attention probabilities), or per stage
+    /// (`0:full,1:selective`, the rest none). Adds an `R` action right before each backward
+    /// of the stages named (a timetable's own `R`s stay where they are); the simulator
+    /// charges each R the stage's `r` cost (default: its forward) and counts only the input
+    /// (`kept_bytes`) as stashed until then.
+    #[arg(long, default_value = "none", value_name = "POLICY", value_parser = parse_recompute)]
+    recompute: RecomputePlan,
+}
+
+/// `--recompute`, read by the schedule crate's parser (its error is the line clap shows).
+pub fn parse_recompute(s: &str) -> std::result::Result<RecomputePlan, String> {
+    s.parse().map_err(|e: RecomputeError| e.to_string())
 }
 
 /// Clap ids of the schedule flags, with their command-line spelling.
@@ -90,6 +106,7 @@ impl FromArgMatches for SourceArgs {
         Ok(SourceArgs {
             spec: flags.spec,
             timetable: flags.timetable,
+            recompute: flags.recompute,
             given,
         })
     }
@@ -141,19 +158,26 @@ impl SourceArgs {
         self.given.contains(&id)
     }
 
-    /// The timetable, and for a generated one its spec.
+    /// The timetable, and for a generated one its spec; with `--recompute`, with its `R`s.
     pub fn timetable(&self) -> Result<(Timetable, Option<ScheduleSpec>)> {
-        match &self.timetable {
+        let (tt, spec) = match &self.timetable {
             Some(path) => {
                 let tt = crate::cli::io::load_timetable(path)?;
                 self.agree_with(path, &FileShape::of(&tt))?;
-                Ok((tt, None))
+                (tt, None)
             }
             None => {
                 let spec = self.spec.spec()?;
-                Ok((generate(&spec), Some(spec)))
+                (generate(&spec), Some(spec))
             }
+        };
+        if self.recompute.is_none() {
+            return Ok((tt, spec));
         }
+        self.recompute
+            .check(tt.num_stages())
+            .map_err(|e| anyhow::anyhow!("--recompute: {e}"))?;
+        Ok((recompute::insert(&tt, &self.recompute), spec))
     }
 
     /// Refuse a schedule flag given beside `path` that contradicts it or that it cannot

@@ -45,6 +45,10 @@ pub struct ScheduleCmd {
     /// Add the sends and receives between devices (SEND_F, RECV_F, SEND_B, RECV_B).
     #[arg(long)]
     lower: bool,
+    /// Add a recompute `R` right before each backward of the stages named: `none`, `full`,
+    /// `selective`, or per stage (`0:full,1:selective`).
+    #[arg(long, default_value = "none", value_name = "POLICY", value_parser = super::args::parse_recompute)]
+    recompute: pipewright::schedule::RecomputePlan,
     /// Write to this file (atomically) instead of standard output.
     #[arg(long, short = 'o', value_name = "FILE")]
     output: Option<PathBuf>,
@@ -55,6 +59,12 @@ impl ScheduleCmd {
         let format = self.format()?;
         let spec = self.spec.spec()?;
         let mut tt = pipewright::schedule::generate(&spec);
+        if !self.recompute.is_none() {
+            self.recompute
+                .check(tt.num_stages())
+                .map_err(|e| anyhow::anyhow!("--recompute: {e}"))?;
+            tt = pipewright::schedule::recompute::insert(&tt, &self.recompute);
+        }
         if self.lower {
             tt = lower(&tt)?;
         }

@@ -13,7 +13,7 @@ use pipewright::runtime::{
     run, train_gpt, Coord, FinalParams, Mesh, MicrobatchId, ModuleError, RunOptions, StepRecord,
     SyntheticModule, TrainConfig,
 };
-use pipewright::schedule::{simulate, RecomputePlan, Timeline, Timetable};
+use pipewright::schedule::{simulate, Timeline, Timetable};
 use pipewright::viz::{bubble_chart, ChartOptions, ChartPanel, ImageFormat};
 
 use super::args::{
@@ -73,12 +73,6 @@ pub struct TrainCmd {
     /// Vocabulary size of the generated task (arithmetic progressions modulo the vocabulary).
     #[arg(long, default_value_t = 64)]
     vocab: usize,
-    /// Activation recomputation: `none`, `full` (keep only each stage's input, rerun the
-    /// forward before the backward), `selective` (keep all but the attention probabilities),
-    /// or per stage, `0:full,1:selective` (stages not named: none). Losses and parameters
-    /// are the same bits; stashes are smaller (see `peak_stash_bytes` in `--format json`).
-    #[arg(long, default_value = "none", value_name = "POLICY", value_parser = parse_recompute)]
-    recompute: RecomputePlan,
     /// AdamW learning rate (above 0, at most 1).
     #[arg(long, default_value_t = 3e-3, allow_negative_numbers = true)]
     lr: f32,
@@ -142,7 +136,8 @@ impl TrainCmd {
                     lr: self.lr,
                     ..AdamWConfig::default()
                 },
-                recompute: self.recompute.clone(),
+                // The timetable carries the R actions; the plan says what each stage keeps.
+                recompute: self.source.recompute.clone(),
             },
         };
         let tokens = (cfg.global_batch(tt.microbatches) * self.seq_len) as f64;
@@ -219,12 +214,6 @@ impl TrainCmd {
             self.chart.as_ref().zip(chart_format),
         )
     }
-}
-
-/// `--recompute`, read by the schedule crate's parser (its error is the one line clap shows).
-fn parse_recompute(s: &str) -> Result<RecomputePlan, String> {
-    s.parse()
-        .map_err(|e: pipewright::schedule::RecomputeError| e.to_string())
 }
 
 impl TrainCmd {

@@ -409,4 +409,22 @@ impl StageModule for SyntheticModule {
         occupy(self.w);
         Ok(())
     }
+
+    /// Full recomputation reruns the forward: it takes the forward's time again.
+    fn set_recompute(&mut self, policy: Recompute) -> Result<(), ModuleError> {
+        match policy {
+            Recompute::Selective => Err("a synthetic stage has no attention to recompute".into()),
+            _ => Ok(()),
+        }
+    }
+
+    fn recompute(
+        &mut self,
+        _: &MicrobatchData<'_>,
+        _: (),
+        _: &mut dyn TpReduce,
+    ) -> Result<(), ModuleError> {
+        occupy(self.f);
+        Ok(())
+    }
 }

@@ -3,8 +3,11 @@
 //! and W included), while the stashes keep exactly the bytes the policy says.
 
 use pipewright_kernels::gpt::GptConfig;
+use pipewright_kernels::layers::TpReduce;
+use pipewright_kernels::Tensor;
 use pipewright_runtime::{
-    run, train_gpt, FinalParams, Mesh, RunOptions, RuntimeError, SyntheticModule, TrainConfig,
+    run, train_gpt, FinalParams, Mesh, MicrobatchData, ModuleError, Output, RunOptions,
+    RuntimeError, StageModule, SyntheticModule, TrainConfig,
 };
 use pipewright_schedule::{generate, Recompute, RecomputePlan, ScheduleKind, ScheduleSpec};
 
@@ -117,7 +120,7 @@ fn a_middle_stage_keeps_exactly_the_closed_form_bytes_per_microbatch() {
 }
 
 #[test]
-fn a_module_without_recomputation_is_refused_naming_its_stage_only_when_asked() {
+fn a_synthetic_stage_refuses_selective_naming_its_stage_and_a_plan_past_the_stages_is_refused() {
     let tt = generate(&ScheduleSpec::new(ScheduleKind::OneFOneB, 2, 1, 2, None).unwrap());
     let module = |s: u32| SyntheticModule {
         f: Default::default(),
@@ -146,7 +149,7 @@ fn a_module_without_recomputation_is_refused_naming_its_stage_only_when_asked() 
     ));
     assert_eq!(
         e.to_string(),
-        "stage 1 cannot recompute (selective): its module offers no selective recomputation"
+        "stage 1 cannot recompute (selective): a synthetic stage has no attention to recompute"
     );
     let e = go("3:full").unwrap_err().to_string();
     assert_eq!(
@@ -154,6 +157,70 @@ fn a_module_without_recomputation_is_refused_naming_its_stage_only_when_asked() 
         "timetable: recompute names stage 3, but the timetable has 2 stages"
     );
     assert_eq!(RecomputePlan::default().of(0), Recompute::None);
+}
+
+/// A user's module that implements only the required methods.
+struct Plain(SyntheticModule);
+
+impl StageModule for Plain {
+    type Tensor = Tensor;
+    type Data = ();
+    type Stash = ();
+    type WeightStash = ();
+
+    fn forward(
+        &mut self,
+        mb: &MicrobatchData<'_>,
+        x: Option<Tensor>,
+        tp: &mut dyn TpReduce,
+    ) -> Result<(Output, ()), ModuleError> {
+        self.0.forward(mb, x, tp)
+    }
+    fn backward_input(
+        &mut self,
+        s: (),
+        g: Option<Tensor>,
+        tp: &mut dyn TpReduce,
+    ) -> Result<(Option<Tensor>, ()), ModuleError> {
+        self.0.backward_input(s, g, tp)
+    }
+    fn backward_weight(&mut self, s: ()) -> Result<(), ModuleError> {
+        self.0.backward_weight(s)
+    }
+}
+
+#[test]
+fn a_module_that_offers_nothing_runs_without_recomputation_and_is_refused_with_it() {
+    let tt = generate(&ScheduleSpec::new(ScheduleKind::OneFOneB, 2, 1, 2, None).unwrap());
+    let go = |plan: &str| {
+        let opts = RunOptions {
+            recompute: plan.parse().unwrap(),
+            ..RunOptions::default()
+        };
+        let make = |_, s: u32| {
+            Ok(Plain(SyntheticModule {
+                f: Default::default(),
+                i: Default::default(),
+                w: Default::default(),
+                activation: 1,
+                last: s == 1,
+            }))
+        };
+        run(
+            Mesh::new(2, 1, 1).unwrap(),
+            &tt,
+            make,
+            |_| Ok(()),
+            &opts,
+            |_| {},
+        )
+    };
+    assert!(go("none").is_ok());
+    let e = go("0:full").unwrap_err().to_string();
+    assert_eq!(
+        e,
+        "stage 0 cannot recompute (full): its module offers no full recomputation"
+    );
 }
 
 fn train_timetable(tt: &pipewright_schedule::Timetable, plan: &str) -> (Vec<u32>, FinalParams) {

@@ -1,0 +1,129 @@
+//! `--recompute` on the command line: `schedule` writes the R actions, `simulate` charges
+//! them, `train` runs them with the same losses and smaller stashes, bad values are one line.
+
+use std::process::{Command, Output};
+
+fn run(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_pipewright"))
+        .args(args)
+        .output()
+        .expect("binary runs")
+}
+
+fn ok(args: &[&str]) -> String {
+    let o = run(args);
+    assert!(
+        o.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn refused(args: &[&str], code: i32, needle: &str) {
+    let o = run(args);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(code), "{args:?}: {err}");
+    assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+    assert!(err.contains(needle), "{args:?}: `{needle}` not in {err}");
+}
+
+#[test]
+fn bad_policies_are_refused_in_one_line() {
+    refused(
+        &["simulate", "--recompute", "most"],
+        2,
+        "unknown recompute policy 'most'",
+    );
+    refused(&["schedule", "--recompute", "x:full"], 2, "'x:full'");
+    refused(
+        &["simulate", "-p", "2", "--recompute", "5:full"],
+        1,
+        "--recompute: recompute names stage 5, but the timetable has 2 stages",
+    );
+}
+
+#[test]
+fn schedule_writes_r_before_each_backward_of_the_named_stages() {
+    let csv = ok(&[
+        "schedule",
+        "-p",
+        "2",
+        "-m",
+        "2",
+        "--recompute",
+        "1:full",
+        "--format",
+        "csv",
+    ]);
+    assert_eq!(csv.lines().nth(1), Some("1F0,1R0,1B0,1F1,1R1,1B1"), "{csv}");
+    assert!(!csv.lines().next().unwrap().contains('R'), "{csv}");
+}
+
+fn sim(policy: &str) -> serde_json::Value {
+    let args = [
+        "simulate",
+        "-p",
+        "4",
+        "-m",
+        "8",
+        "--activation-bytes",
+        "1000",
+        "--p2p-bytes",
+        "10",
+        "--recompute",
+        policy,
+        "--format",
+        "json",
+    ];
+    serde_json::from_str(&ok(&args)).unwrap()
+}
+
+#[test]
+fn simulate_charges_each_r_a_forward_and_stashes_only_inputs_until_then() {
+    let (none, full) = (sim("none"), sim("full"));
+    // 1F1B, uniform F=1, B=2: (m+p-1)(f+b) without, plus m*f with.
+    assert_eq!(none["makespan"], 33.0);
+    assert_eq!(full["makespan"], 41.0);
+    let peak = |v: &serde_json::Value, d: usize| v["devices"][d]["peak_activation_bytes"].clone();
+    assert_eq!((peak(&none, 0), peak(&full, 0)), (4000.into(), 1000.into()));
+    assert_eq!((peak(&none, 1), peak(&full, 1)), (3000.into(), 1020.into()));
+}
+
+fn train(policy: &str) -> Vec<serde_json::Value> {
+    let args = [
+        "train",
+        "-p",
+        "2",
+        "-m",
+        "4",
+        "--steps",
+        "2",
+        "--schedule",
+        "zb-h1",
+        "--recompute",
+        policy,
+        "--format",
+        "json",
+    ];
+    ok(&args)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+#[test]
+fn train_recomputes_with_the_same_losses_and_smaller_stashes() {
+    let none = train("none");
+    for policy in ["full", "selective", "0:full"] {
+        let got = train(policy);
+        for (a, b) in got.iter().zip(&none) {
+            assert_eq!(a["loss"], b["loss"], "{policy}");
+            let (ka, kb) = (&a["kept_per_microbatch"][0], &b["kept_per_microbatch"][0]);
+            assert!(
+                ka.as_u64().unwrap() < kb.as_u64().unwrap(),
+                "{policy}: {ka} {kb}"
+            );
+        }
+    }
+}
