@@ -25,22 +25,31 @@ pub enum Recompute {
     Full,
     /// Everything but the attention probabilities; the attention core runs again.
     Selective,
+    /// `every:N`, Megatron's block method: the stage's first `N` layers run again from the
+    /// kept stage input (their stashes are dropped), the rest keep everything; `N` at or
+    /// above the stage's layer count recomputes every layer. A dial between none and full
+    /// whose cost is N layers' forward.
+    Every(u32),
 }
 
 impl Recompute {
-    /// The policy's name, as written on the command line.
+    /// The policy's name, without `every`'s count.
     pub const fn as_str(self) -> &'static str {
         match self {
             Recompute::None => "none",
             Recompute::Full => "full",
             Recompute::Selective => "selective",
+            Recompute::Every(_) => "every",
         }
     }
 }
 
 impl fmt::Display for Recompute {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+        match self {
+            Recompute::Every(n) => write!(f, "every:{n}"),
+            other => f.write_str(other.as_str()),
+        }
     }
 }
 
@@ -48,7 +57,7 @@ impl fmt::Display for Recompute {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum RecomputeError {
     /// A policy name that is not one of ours.
-    #[error("unknown recompute policy '{0}' (none, full, selective, or per stage as 0:full,1:selective)")]
+    #[error("unknown recompute policy '{0}' (none, full, selective, every:N, or per stage as 0:full,1:selective)")]
     Unknown(String),
     /// A `stage:policy` pair whose stage is not a number.
     #[error("recompute '{0}': the stage before ':' must be a number")]
@@ -73,7 +82,10 @@ impl FromStr for Recompute {
             "none" => Ok(Recompute::None),
             "full" => Ok(Recompute::Full),
             "selective" => Ok(Recompute::Selective),
-            other => Err(RecomputeError::Unknown(other.to_string())),
+            other => match other.strip_prefix("every:").map(str::parse::<u32>) {
+                Some(Ok(n)) if n > 0 => Ok(Recompute::Every(n)),
+                _ => Err(RecomputeError::Unknown(other.to_string())),
+            },
         }
     }
 }
@@ -119,8 +131,11 @@ impl RecomputePlan {
 impl FromStr for RecomputePlan {
     type Err = RecomputeError;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        if !s.contains(':') {
-            return Ok(RecomputePlan::uniform(s.parse()?));
+        if let Ok(policy) = s.parse() {
+            return Ok(RecomputePlan::uniform(policy));
+        }
+        if !s.contains(':') || s.trim().starts_with("every") {
+            return Err(RecomputeError::Unknown(s.trim().to_string()));
         }
         let mut plan = RecomputePlan::default();
         for pair in s.split(',') {
@@ -177,5 +192,15 @@ mod tests {
         let e = "0:full,0:none".parse::<RecomputePlan>().unwrap_err();
         assert_eq!(e, RecomputeError::Twice(0));
         assert!("0:sometimes".parse::<RecomputePlan>().is_err());
+        let p: RecomputePlan = "every:2".parse().unwrap();
+        assert_eq!(
+            (p.of(3), p.to_string()),
+            (Recompute::Every(2), "every:2".into())
+        );
+        let p: RecomputePlan = "0:every:1,1:full".parse().unwrap();
+        assert_eq!((p.of(0), p.of(1)), (Recompute::Every(1), Recompute::Full));
+        for bad in ["every:0", "every:x", "every", "1:every:-1"] {
+            assert!(bad.parse::<RecomputePlan>().is_err(), "{bad}");
+        }
     }
 }

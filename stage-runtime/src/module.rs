@@ -246,6 +246,7 @@ impl<B: Backend> StageModule for GptModule<B> {
             Recompute::None => Keep::All,
             Recompute::Full => Keep::Input,
             Recompute::Selective => Keep::NoAttentionCore,
+            Recompute::Every(n) => Keep::FirstBlocksFrom(n as usize),
         };
         Ok(())
     }
@@ -413,8 +414,8 @@ impl StageModule for SyntheticModule {
     /// Full recomputation reruns the forward: it takes the forward's time again.
     fn set_recompute(&mut self, policy: Recompute) -> Result<(), ModuleError> {
         match policy {
-            Recompute::Selective => Err("a synthetic stage has no attention to recompute".into()),
-            _ => Ok(()),
+            Recompute::None | Recompute::Full => Ok(()),
+            _ => Err("a synthetic stage recomputes only fully (it has no layers)".into()),
         }
     }
 

@@ -399,7 +399,7 @@ impl<D> StageModule for LayerStage<D> {
                 self.full_recompute = policy == Recompute::Full;
                 Ok(())
             }
-            Recompute::Selective => Err(
+            Recompute::Selective | Recompute::Every(_) => Err(
                 "a layer-list stage recomputes only fully (its layers' stashes are opaque)".into(),
             ),
         }

@@ -69,7 +69,7 @@ fn every_policy_trains_bit_identically_under_every_schedule_family() {
     ] {
         let mesh = Mesh::new(2, 1, 1).unwrap();
         let base = train(kind, v, mesh, "none");
-        for plan in ["full", "selective", "0:full,1:selective"] {
+        for plan in ["full", "selective", "every:1", "0:full,1:selective"] {
             let got = train(kind, v, mesh, plan);
             assert_eq!(got.losses, base.losses, "{kind:?} {plan}: losses");
             assert_eq!(bits(&got.params), bits(&base.params), "{kind:?} {plan}");
@@ -94,12 +94,14 @@ fn every_policy_trains_bit_identically_under_every_schedule_family() {
 }
 
 #[test]
-fn full_recomputation_with_tensor_and_data_parallelism_is_bit_identical() {
+fn recomputation_with_tensor_and_data_parallelism_is_bit_identical() {
     let mesh = Mesh::new(2, 2, 2).unwrap();
     let base = train(ScheduleKind::ZbH1, 1, mesh, "none");
-    let got = train(ScheduleKind::ZbH1, 1, mesh, "full");
-    assert_eq!(got.losses, base.losses);
-    assert_eq!(bits(&got.params), bits(&base.params));
+    for plan in ["full", "selective", "every:1"] {
+        let got = train(ScheduleKind::ZbH1, 1, mesh, plan);
+        assert_eq!(got.losses, base.losses, "{plan}");
+        assert_eq!(bits(&got.params), bits(&base.params), "{plan}");
+    }
 }
 
 #[test]
@@ -117,6 +119,9 @@ fn a_middle_stage_keeps_exactly_the_closed_form_bytes_per_microbatch() {
     assert_eq!(kept("none"), none);
     assert_eq!(kept("selective"), selective);
     assert_eq!(kept("full"), 4 * sbh);
+    // every:1 reruns the first of the two layers: the input and the second layer's stash.
+    assert_eq!(kept("every:1"), 4 * sbh + none / 2);
+    assert_eq!(kept("every:2"), 4 * sbh);
 }
 
 #[test]
@@ -149,7 +154,7 @@ fn a_synthetic_stage_refuses_selective_naming_its_stage_and_a_plan_past_the_stag
     ));
     assert_eq!(
         e.to_string(),
-        "stage 1 cannot recompute (selective): a synthetic stage has no attention to recompute"
+        "stage 1 cannot recompute (selective): a synthetic stage recomputes only fully (it has no layers)"
     );
     let e = go("3:full").unwrap_err().to_string();
     assert_eq!(

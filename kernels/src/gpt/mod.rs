@@ -70,6 +70,9 @@ pub enum Keep {
     /// Only the stage's input (token ids on the first stage); the forward
     /// is run again by [`GptStage::recompute`] (full).
     Input,
+    /// The stage's input and the stashes of all but its first `n` blocks,
+    /// which [`GptStage::recompute`] runs again (Megatron's block method).
+    FirstBlocksFrom(usize),
 }
 
 /// Per-microbatch state from forward to input backward.
@@ -336,12 +339,12 @@ impl<B: Backend> GptStage<B> {
         keep: Keep,
     ) -> Result<(StageOutput<B::Storage>, Stash<B>)> {
         let kept_input = match (&input, keep) {
-            (Some(x), Keep::Input) => Some(self.be.copy(x)?),
+            (Some(x), Keep::Input | Keep::FirstBlocksFrom(_)) => Some(self.be.copy(x)?),
             _ => None,
         };
         let (mut x, ids) = self.stage_input(mb, input)?;
         let mut blocks = Vec::with_capacity(self.blocks.len());
-        for b in &self.blocks {
+        for (i, b) in self.blocks.iter().enumerate() {
             let (y, mut s) = b.forward(x, tp)?;
             match keep {
                 Keep::All => blocks.push(s),
@@ -349,7 +352,8 @@ impl<B: Backend> GptStage<B> {
                     s.drop_attention_core();
                     blocks.push(s);
                 }
-                Keep::Input => {}
+                Keep::FirstBlocksFrom(n) if i >= n => blocks.push(s),
+                Keep::Input | Keep::FirstBlocksFrom(_) => {}
             }
             x = y;
         }
@@ -406,6 +410,23 @@ impl<B: Backend> GptStage<B> {
                 Ok(stash)
             }
             Keep::Input => Ok(self.forward_keeping(mb, stash.input, tp, Keep::All)?.1),
+            Keep::FirstBlocksFrom(n) => {
+                let n = n.min(self.blocks.len());
+                if stash.blocks.len() + n != self.blocks.len() {
+                    return Err(self.err("stash from a different stage"));
+                }
+                let (mut x, _) = self.stage_input(mb, stash.input.take())?;
+                let mut blocks = Vec::with_capacity(self.blocks.len());
+                for b in &self.blocks[..n] {
+                    let (y, s) = b.forward(x, tp)?;
+                    blocks.push(s);
+                    x = y;
+                }
+                blocks.append(&mut stash.blocks);
+                stash.blocks = blocks;
+                stash.keep = Keep::All;
+                Ok(stash)
+            }
         }
     }
 
