@@ -8,7 +8,7 @@
 /// The driver types these accessors speak in, for crates that order work with events.
 pub use cudarc::driver::{CudaContext, CudaEvent, CudaSlice, CudaStream, DriverError};
 
-use super::{cuda_err, kernels, rowops, CudaBackend, CudaTensor};
+use super::{cuda_err, kernels, mixed, rowops, CudaBackend, CudaTensor};
 use crate::error::{shape_err, Result};
 use cudarc::cublas::CudaBlas;
 use std::sync::Arc;
@@ -73,6 +73,8 @@ impl CudaBackend {
             blas: CudaBlas::new(stream.clone()).map_err(cuda_err)?,
             kernels: kernels::Kernels::compile(&ctx)?,
             rows: rowops::RowKernels::compile(&ctx)?,
+            mixed: mixed::MixedKernels::compile(&ctx)?,
+            precision: self.precision,
             stream,
         })
     }

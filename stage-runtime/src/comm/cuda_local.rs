@@ -211,7 +211,9 @@ where
     BF: Fn(u64, usize) -> StepBatch + Sync,
     CB: FnMut(&StepRecord),
 {
-    let base = CudaBackend::new(ordinal).map_err(|e| RuntimeError::Transport(e.to_string()))?;
+    let base = CudaBackend::new(ordinal)
+        .map_err(|e| RuntimeError::Transport(e.to_string()))?
+        .with_precision(opts.precision);
     let ops = |_rank: usize| -> Result<CudaOps, ModuleError> {
         Ok(CudaOps::new(Arc::new(base.on_new_stream()?)))
     };
