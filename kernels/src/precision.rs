@@ -140,6 +140,48 @@ mod tests {
         assert_eq!(x, [1.0 + 2f32.powi(-7), 3.0]);
     }
 
+    /// f32 runs on the tensors themselves (bit-identical to before precisions existed); a
+    /// reduced precision is exactly the f32 product of rounded inputs.
+    #[test]
+    fn the_host_backend_rounds_only_what_its_precision_says() {
+        use crate::backend::{Backend, Cpu};
+        use crate::{cpu, Tensor};
+        let x = Tensor::new(&[2, 3], (0..6).map(|i| 1.0 + 0.0123 * i as f32).collect()).unwrap();
+        let w = Tensor::new(&[3, 2], (0..6).map(|i| 0.3 - 0.0456 * i as f32).collect()).unwrap();
+        let f32_cpu = Cpu::new(Precision::F32);
+        assert_eq!(
+            f32_cpu.matmul(&x, &w).unwrap(),
+            cpu::matmul(&x, &w).unwrap()
+        );
+        let mut h = x.clone();
+        f32_cpu.round_activation(&mut h).unwrap();
+        assert_eq!(h, x);
+        for p in [Precision::Tf32, Precision::Bf16] {
+            let round = |t: &Tensor| {
+                let mut t = t.clone();
+                p.round_matmul_input(t.data_mut());
+                t
+            };
+            let got = Cpu::new(p).matmul(&x, &w).unwrap();
+            assert_eq!(got, cpu::matmul(&round(&x), &round(&w)).unwrap(), "{p}");
+            assert_ne!(got, cpu::matmul(&x, &w).unwrap(), "{p} rounds");
+            let mut acc = Tensor::zeros(&[3, 3]);
+            Cpu::new(p).matmul_tn_acc(&x, &x, &mut acc).unwrap();
+            let mut want = Tensor::zeros(&[3, 3]);
+            cpu::matmul_tn_acc(&round(&x), &round(&x), &mut want).unwrap();
+            assert_eq!(acc, want, "{p}: f32 accumulator");
+        }
+        let mut h = x.clone();
+        Cpu::new(Precision::Bf16).round_activation(&mut h).unwrap();
+        assert_eq!(h, round_all(&x));
+    }
+
+    fn round_all(t: &crate::Tensor) -> crate::Tensor {
+        let mut t = t.clone();
+        round_bf16(t.data_mut());
+        t
+    }
+
     #[test]
     fn names_round_trip_and_unknown_names_are_refused() {
         for p in Precision::ALL {

@@ -10,7 +10,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use pipewright_kernels::gpt::GptConfig;
-use pipewright_kernels::Tensor;
+use pipewright_kernels::{Precision, Tensor};
 use pipewright_runtime::comm::mpi::{self, MpiComm};
 use pipewright_runtime::{
     train_gpt, train_gpt_mpi, Communicator, FinalParams, GroupKind, LocalWorld, Mesh, ReduceOp,
@@ -86,9 +86,10 @@ fn compare_params(mpi: &FinalParams, local: &FinalParams) -> Result<f32, String>
 }
 
 /// Rank program: train over MPI; rank 0 then trains in-process and compares.
-fn equality_child(kind: ScheduleKind, v: u32) {
+fn equality_child(kind: ScheduleKind, v: u32, precision: Precision) {
     let universe = mpi::init().expect("MPI starts");
-    let cfg = config(Mesh::new(2, 2, 2).unwrap(), 3, Duration::from_secs(60));
+    let mut cfg = config(Mesh::new(2, 2, 2).unwrap(), 3, Duration::from_secs(60));
+    cfg.run.precision = precision;
     let tt = timetable(kind, v);
     let mut losses = Vec::new();
     let got = train_gpt_mpi(universe, &cfg, &tt, |s| losses.push(s.loss.unwrap()))
@@ -124,15 +125,25 @@ fn check_equal(test: &str) {
 #[test]
 fn mpi_1f1b_pp2_tp2_dp2_equals_in_process() {
     if std::env::var_os(CHILD).is_some() {
-        return equality_child(ScheduleKind::OneFOneB, 1);
+        return equality_child(ScheduleKind::OneFOneB, 1, Precision::F32);
     }
     check_equal("mpi_1f1b_pp2_tp2_dp2_equals_in_process");
+}
+
+/// bf16: pipeline payloads cross MPI as bf16 bytes (half of f32's), and the run still equals
+/// the in-process one, which hands over the same bf16-rounded values as f32s.
+#[test]
+fn mpi_bf16_pp2_tp2_dp2_equals_in_process() {
+    if std::env::var_os(CHILD).is_some() {
+        return equality_child(ScheduleKind::OneFOneB, 1, Precision::Bf16);
+    }
+    check_equal("mpi_bf16_pp2_tp2_dp2_equals_in_process");
 }
 
 #[test]
 fn mpi_interleaved_pp2_tp2_dp2_equals_in_process() {
     if std::env::var_os(CHILD).is_some() {
-        return equality_child(ScheduleKind::Interleaved1F1B, 2);
+        return equality_child(ScheduleKind::Interleaved1F1B, 2, Precision::F32);
     }
     check_equal("mpi_interleaved_pp2_tp2_dp2_equals_in_process");
 }
