@@ -80,10 +80,10 @@ pub fn train_gpt(
     )
 }
 
-/// Train on GPU `ordinal` (feature `cuda`) in `cfg.run.precision`: every rank of the mesh is a thread of this
-/// process with its own stream on that one GPU, and the CUDA-local transport hands tensors
-/// over by device-to-device copies, so activations, gradients and optimizer state never
-/// leave the GPU. The whole GPU path (pipeline, TP and DP) runs on a single-GPU machine.
+/// Train on GPU `ordinal` (feature `cuda`) in `cfg.run.precision`: every rank of the mesh is
+/// a thread of this process with its own stream on that one GPU, and the CUDA-local transport
+/// hands tensors over by device-to-device copies, so activations, gradients and optimizer
+/// state never leave the GPU. The whole GPU path (pipeline, TP and DP) runs on a single-GPU machine.
 #[cfg(feature = "cuda")]
 pub fn train_gpt_cuda(
     cfg: &TrainConfig,
@@ -104,8 +104,8 @@ pub fn train_gpt_cuda(
 }
 
 /// Train as rank `rank` of a run over NCCL (feature `nccl`), one process (or thread) per
-/// GPU: `backend` is this rank's GPU (in `cfg.run.precision`, else an error) and `ids` shares the communicators' ids (over MPI, or
-/// files in a directory every rank sees). `on_outcome` sees this rank's steps. Returns this
+/// GPU: `backend` is this rank's GPU (in `cfg.run.precision`, else an error) and `ids`
+/// shares the communicators' ids (over MPI, or files in a directory every rank sees). `on_outcome` sees this rank's steps. Returns this
 /// rank's final parameters.
 #[cfg(feature = "nccl")]
 pub fn train_gpt_nccl_rank(
