@@ -222,6 +222,65 @@ fn mpi_collectives_equal_the_local_transport_to_the_bit() {
     println!("COLLECTIVES-EQUAL rank {}", comm.rank());
 }
 
+/// Polls `f` until it is ready (MPI receives poll and yield; nothing needs waking).
+fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    use std::task::{Context, Poll, RawWaker, RawWakerVTable, Waker};
+    fn raw() -> RawWaker {
+        RawWaker::new(std::ptr::null(), &VTABLE)
+    }
+    static VTABLE: RawWakerVTable = RawWakerVTable::new(|_| raw(), |_| {}, |_| {}, |_| {});
+    // SAFETY: the vtable's functions do nothing with the (null) data pointer.
+    let waker = unsafe { Waker::from_raw(raw()) };
+    let mut cx = Context::from_waker(&waker);
+    let mut f = std::pin::pin!(f);
+    loop {
+        if let Poll::Ready(v) = f.as_mut().poll(&mut cx) {
+            return v;
+        }
+    }
+}
+
+/// A bf16 wire carries bf16 bytes: what arrives is the sent tensor rounded to bf16 (an f32
+/// wire would deliver it unrounded), and the receiver takes exactly 2 bytes per element.
+#[test]
+fn mpi_bf16_wire_delivers_bf16_values() {
+    let test = "mpi_bf16_wire_delivers_bf16_values";
+    if std::env::var_os(CHILD).is_none() {
+        let out = run_to_end(mpirun(2, test, &[]));
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "mpirun failed:\n{stdout}\n{stderr}");
+        assert!(stdout.contains("BF16-WIRE-OK"), "{stdout}\n{stderr}");
+        return;
+    }
+    let mesh = Mesh::new(2, 1, 1).unwrap();
+    let comm = MpiComm::new(mpi::init().unwrap(), mesh, 2, 1, Duration::from_secs(30))
+        .unwrap()
+        .with_wire(pipewright_kernels::DType::BF16);
+    let sent = Tensor::new(&[3, 4], (0..12).map(|i| 1.0 + 0.001 * i as f32).collect()).unwrap();
+    let tag = pipewright_runtime::Tag {
+        step: 0,
+        dir: pipewright_runtime::Direction::Forward,
+        stage: 0,
+        microbatch: 0,
+    };
+    if comm.rank() == 0 {
+        comm.send(1, tag, sent).unwrap();
+        // Sends complete as the receiver takes them; keep the communicator until then.
+        comm.barrier(&mesh.group(GroupKind::World, comm.rank()).unwrap())
+            .unwrap();
+        return;
+    }
+    let got = block_on(comm.recv(0, tag)).unwrap();
+    let mut want = sent.clone();
+    Precision::Bf16.round_activation(want.data_mut());
+    assert_ne!(want, sent);
+    assert_eq!(got, want);
+    comm.barrier(&mesh.group(GroupKind::World, comm.rank()).unwrap())
+        .unwrap();
+    println!("BF16-WIRE-OK");
+}
+
 /// Rank program: announce its pid, then train for far longer than the test waits.
 fn doomed_child(dir: &Path) {
     let universe = mpi::init().expect("MPI starts");
