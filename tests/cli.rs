@@ -466,6 +466,64 @@ fn transport_mpi_needs_the_feature_and_a_world_of_the_mesh_size() {
     assert_clean_error(&bench, needle);
 }
 
+fn json_losses(o: &Output) -> Vec<f64> {
+    stdout(o)
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["loss"]
+                .as_f64()
+                .unwrap()
+        })
+        .collect()
+}
+
+#[test]
+fn precision_trains_in_bf16_and_refuses_unknown_names() {
+    let run = |p: &str| {
+        let o = pipewright(&[
+            "train",
+            "--stages",
+            "2",
+            "--microbatches",
+            "4",
+            "--steps",
+            "12",
+            "--format",
+            "json",
+            "--precision",
+            p,
+        ]);
+        assert!(o.status.success(), "{p}: {}", stderr(&o));
+        json_losses(&o)
+    };
+    let (f32_run, default, bf16) = (
+        run("f32"),
+        json_losses(&pipewright(&[
+            "train",
+            "--stages",
+            "2",
+            "--microbatches",
+            "4",
+            "--steps",
+            "12",
+            "--format",
+            "json",
+        ])),
+        run("bf16"),
+    );
+    assert_eq!(default, f32_run, "f32 is the default");
+    assert_ne!(bf16, f32_run, "bf16 rounds");
+    assert!(bf16[11] < 0.8 * bf16[0], "bf16 learns: {bf16:?}");
+    let bad = pipewright(&["train", "--precision", "fp16", "--steps", "1"]);
+    assert_eq!(bad.status.code(), Some(2));
+    let err = stderr(&bad);
+    assert!(
+        err.contains("invalid value 'fp16' for '--precision")
+            && err.contains("[possible values: f32, tf32, bf16]"),
+        "{err}"
+    );
+}
+
 #[test]
 fn device_cuda_needs_the_feature_and_a_gpu_and_a_known_name() {
     let train = ["train", "--device", "cuda", "--stages", "2", "--steps", "1"];
@@ -476,6 +534,12 @@ fn device_cuda_needs_the_feature_and_a_gpu_and_a_known_name() {
             &train,
             "rebuild with: cargo build --release --features cuda",
         );
+    }
+    // Any build with CUDA (an NCCL build included: issue 12) takes --device cuda: it trains
+    // on a GPU, or names what is missing.
+    if cfg!(feature = "cuda") {
+        let o = pipewright(&train);
+        assert!(!stderr(&o).contains("built without CUDA"), "{}", stderr(&o));
     }
     // A bad name is clap's usage error (exit 2), naming the flag and the choices.
     let bad = pipewright(&["train", "--device", "gpu", "--steps", "1"]);

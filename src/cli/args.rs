@@ -300,6 +300,28 @@ pub fn parse_device(s: &str) -> std::result::Result<Device, String> {
     }
 }
 
+/// What the matmuls read and the activations are stored as (`train --precision`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum PrecisionArg {
+    /// Everything in f32.
+    F32,
+    /// Matmul inputs rounded to TF32 (10 mantissa bits), f32 accumulation.
+    Tf32,
+    /// Matmul inputs in bf16 with f32 accumulation, activations and pipeline hand-offs in
+    /// bf16; f32 master weights, gradients and AdamW moments.
+    Bf16,
+}
+
+impl From<PrecisionArg> for pipewright::kernels::Precision {
+    fn from(p: PrecisionArg) -> Self {
+        match p {
+            PrecisionArg::F32 => Self::F32,
+            PrecisionArg::Tf32 => Self::Tf32,
+            PrecisionArg::Bf16 => Self::Bf16,
+        }
+    }
+}
+
 /// How ranks talk to each other.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Transport {

@@ -17,7 +17,8 @@ use pipewright::schedule::{simulate, Timeline, Timetable};
 use pipewright::viz::{bubble_chart, ChartOptions, ChartPanel, ImageFormat};
 
 use super::args::{
-    mpi_universe, nccl_universe, parse_device, CostArgs, Device, MpiUniverse, SourceArgs, Transport,
+    mpi_universe, nccl_universe, parse_device, CostArgs, Device, MpiUniverse, PrecisionArg,
+    SourceArgs, Transport,
 };
 use super::checks::{at_least, check_outputs, in_range, Kind, Output};
 use super::commands::ReportFormat;
@@ -43,6 +44,12 @@ pub struct TrainCmd {
     /// Default: `cpu`, or with `--transport nccl` the GPU of each rank's local rank.
     #[arg(long, value_parser = parse_device)]
     device: Option<Device>,
+    /// Matmul inputs and stored activations: `f32`; `tf32` (matmul inputs rounded to TF32);
+    /// `bf16` (bf16 matmul inputs with f32 accumulation, bf16 activations and pipeline
+    /// hand-offs, f32 master weights, gradients and AdamW moments). On the CPU the reduced
+    /// formats are emulated by rounding, so they train the same numbers, not faster.
+    #[arg(long, value_enum, default_value_t = PrecisionArg::F32)]
+    precision: PrecisionArg,
     /// Tensor-parallel ranks inside each pipeline stage (must divide --heads).
     #[arg(long, default_value_t = 1)]
     tp: usize,
@@ -136,6 +143,7 @@ impl TrainCmd {
                     lr: self.lr,
                     ..AdamWConfig::default()
                 },
+                precision: self.precision.into(),
             },
         };
         let tokens = (cfg.global_batch(tt.microbatches) * self.seq_len) as f64;

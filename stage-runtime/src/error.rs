@@ -31,7 +31,7 @@ pub enum RuntimeError {
         message: String,
     },
     /// The ranks disagree about the run: their timetables, meshes, models or seeds differ.
-    #[error("rank {rank} disagrees with rank 0 about the run (timetable, mesh, model, seed or steps differ): its fingerprint is {theirs:016x}, rank 0's {ours:016x}")]
+    #[error("rank {rank} disagrees with rank 0 about the run (timetable, mesh, model, seed, steps or precision differ): its fingerprint is {theirs:016x}, rank 0's {ours:016x}")]
     Disagree {
         /// The first rank that differs from rank 0.
         rank: usize,

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pipewright_kernels::optim::AdamWConfig;
-use pipewright_kernels::Tensor;
+use pipewright_kernels::{Precision, Tensor};
 use pipewright_schedule::{lower, validate, Timeline, TimelineMeta, TimelineSource, Timetable};
 
 use crate::batch::{MicrobatchId, StepBatch};
@@ -30,6 +30,10 @@ pub struct RunOptions {
     pub timeout: Duration,
     /// Optimizer settings (every stage gets its own AdamW).
     pub adamw: AdamWConfig,
+    /// What the stages' backends compute in, and so what the pipeline hand-offs carry: bf16
+    /// in a bf16 run (on MPI, bf16 bytes on the wire). Master weights, gradients and
+    /// optimizer state are f32 in every precision.
+    pub precision: Precision,
 }
 
 impl Default for RunOptions {
@@ -38,6 +42,7 @@ impl Default for RunOptions {
             steps: 1,
             timeout: Duration::from_secs(60),
             adamw: AdamWConfig::default(),
+            precision: Precision::F32,
         }
     }
 }

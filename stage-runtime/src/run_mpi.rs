@@ -100,7 +100,8 @@ pub(crate) fn start(
         tt.microbatches,
         opts.timeout,
     )
-    .map_err(|e| RuntimeError::Transport(e.to_string()))?;
+    .map_err(|e| RuntimeError::Transport(e.to_string()))?
+    .with_wire(opts.precision.activation_dtype());
     check_fingerprint(&comm, fingerprint(&tt, &mesh, opts, describe))?;
     Ok((comm, tt))
 }
@@ -239,10 +240,11 @@ impl<'a, CB: FnMut(&StepRecord)> Gather<'a, CB> {
 /// options that shape the work, and the caller's description (model, seed).
 fn fingerprint(tt: &Timetable, mesh: &Mesh, opts: &RunOptions, describe: &str) -> u64 {
     let text = format!(
-        "{}|{mesh:?}|steps {}|{:?}|{describe}",
+        "{}|{mesh:?}|steps {}|{:?}|{}|{describe}",
         serde_json::to_string(tt).unwrap_or_default(),
         opts.steps,
-        opts.adamw
+        opts.adamw,
+        opts.precision
     );
     text.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
         (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)

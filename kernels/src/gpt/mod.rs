@@ -280,6 +280,8 @@ impl<B: Backend> GptStage<B> {
         tp: &mut dyn TpReduce<B::Storage>,
     ) -> Result<(StageOutput<B::Storage>, Stash<B>)> {
         let (mut x, ids) = self.stage_input(mb, input)?;
+        // The embedding starts the residual stream, stored like the blocks' outputs.
+        self.backend().round_activation(&mut x)?;
         let mut blocks = Vec::with_capacity(self.blocks.len());
         for b in &self.blocks {
             let (y, s) = b.forward(x, tp)?;

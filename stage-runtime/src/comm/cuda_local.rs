@@ -211,7 +211,9 @@ where
     DF: Fn(MicrobatchId) -> Result<M::Data, ModuleError> + Sync,
     CB: FnMut(&StepRecord),
 {
-    let base = CudaBackend::new(ordinal).map_err(|e| RuntimeError::Transport(e.to_string()))?;
+    let base = CudaBackend::new(ordinal)
+        .map_err(|e| RuntimeError::Transport(e.to_string()))?
+        .with_precision(opts.precision);
     let ops = |_rank: usize| -> Result<CudaOps, ModuleError> {
         Ok(CudaOps::new(Arc::new(base.on_new_stream()?)))
     };

@@ -33,7 +33,7 @@ pub use mpi::environment::Universe;
 use mpi::raw::AsRaw;
 use mpi::topology::{Color, Communicator as _, SimpleCommunicator};
 use mpi::Threading;
-use pipewright_kernels::Tensor;
+use pipewright_kernels::{DType, Tensor};
 
 use self::peers::{host_id, process_alive, sigterm, Peer};
 use self::raw::{Flight, Matched};
@@ -151,6 +151,8 @@ pub struct MpiComm {
     groups: HashMap<(GroupKind, usize), (SimpleCommunicator, Vec<usize>)>,
     /// Tensors between pipeline stages.
     p2p: SimpleCommunicator,
+    /// What a pipeline payload travels as ([`MpiComm::with_wire`]).
+    wire: DType,
     /// Abort notices.
     ctl: SimpleCommunicator,
     /// Records for rank 0 (step outcomes, final parameters): kept apart from tensors.
@@ -169,6 +171,14 @@ pub struct MpiPending {
 }
 
 impl MpiComm {
+    /// Pipeline payloads (not collectives, which sum in f32) travel as `dtype`: `BF16` in a
+    /// bf16 run, half the bytes of f32. Both ends of every link must agree (`run_mpi`'s
+    /// fingerprint holds the precision); f16 is not a wire format and sends f32.
+    pub fn with_wire(mut self, dtype: DType) -> Self {
+        self.wire = dtype;
+        self
+    }
+
     /// The communicator of this process for `mesh`, whose size must be the MPI world's;
     /// `stages` and `microbatches` bound the tags. Collective over the world: every rank
     /// creates its communicator at start, in the same order.
@@ -234,6 +244,7 @@ impl MpiComm {
             mailbox: RefCell::new(HashMap::new()),
             groups,
             p2p: world.duplicate(),
+            wire: DType::F32,
             ctl: world.duplicate(),
             rec: world.duplicate(),
             world,
@@ -550,10 +561,23 @@ impl Communicator for MpiComm {
             dst as c_int,
             head,
         )?;
-        let d = raw::isend(self.p2p.as_raw(), tensor.into_data(), dst as c_int, body)?;
+        let d: Box<dyn Finish> = match self.wire {
+            // bf16 bytes (rounded to nearest even): half the bytes, and exact for what a
+            // bf16 run hands over, since its stages round to bf16 already.
+            DType::BF16 => {
+                let bytes = tensor.to_bytes(DType::BF16);
+                Box::new(raw::isend(self.p2p.as_raw(), bytes, dst as c_int, body)?)
+            }
+            _ => Box::new(raw::isend(
+                self.p2p.as_raw(),
+                tensor.into_data(),
+                dst as c_int,
+                body,
+            )?),
+        };
         let mut sends = self.sends.borrow_mut();
         sends.push(Box::new(h));
-        sends.push(Box::new(d));
+        sends.push(d);
         Ok(())
     }
 
@@ -569,7 +593,14 @@ impl Communicator for MpiComm {
         let h = self.wait_async(raw::imrecv::<u64>(m)?).await?.into_vec();
         let shape = parse_header(&h, tag, src)?;
         let m = self.matched(src, body).await?;
-        let data = self.wait_async(raw::imrecv::<f32>(m)?).await?.into_vec();
+        let data = match self.wire {
+            DType::BF16 => {
+                let bytes = self.wait_async(raw::imrecv::<u8>(m)?).await?.into_vec();
+                return Tensor::from_bytes(&shape, DType::BF16, &bytes)
+                    .map_err(|e| CommError::Invalid(format!("from rank {src}: {e}")));
+            }
+            _ => self.wait_async(raw::imrecv::<f32>(m)?).await?.into_vec(),
+        };
         tensor(&shape, data)
     }
 

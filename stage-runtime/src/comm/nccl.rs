@@ -227,30 +227,33 @@ impl NcclComm {
             let Some(id) = rendezvous.share(&spec, setup.rank, &mut new_id)? else {
                 continue;
             };
-            let pos = spec
-                .ranks
-                .iter()
-                .position(|&r| r == setup.rank)
-                .ok_or_else(|| CommError::Invalid(format!("not a member of {}", spec.name)))?;
+            // Checked before any NCCL call: a link's other end exists only on links.
+            let member = spec
+                .membership(setup.rank)
+                .map_err(|e| CommError::Invalid(e.to_string()))?;
             let stream = ctx.new_stream().map_err(device_err)?;
-            let nccl =
-                Comm::from_rank(stream, pos, spec.ranks.len(), id_from(id)).map_err(nccl_err)?;
-            // Links list [sender, receiver]: the other end is the one this rank is not.
-            let other = spec.ranks[1 - pos.min(1)];
-            match spec.role {
-                CommRole::Group(kind, index) => {
+            let nccl = Comm::from_rank(stream, member.position, spec.ranks.len(), id_from(id))
+                .map_err(nccl_err)?;
+            match (spec.role, member.link_end) {
+                (CommRole::Group(kind, index), _) => {
                     comm.groups
                         .borrow_mut()
                         .insert((kind, index), Rc::new(nccl));
                 }
-                CommRole::Headers(_) => {
+                (CommRole::Headers(_), Some((_, other))) => {
                     headers.insert(other, nccl);
                 }
-                CommRole::Payloads(_) => {
+                (CommRole::Payloads(_), Some((sending, other))) => {
                     let h = headers.remove(&other).ok_or_else(|| {
                         CommError::Invalid(format!("{}: its headers are missing", spec.name))
                     })?;
-                    comm.add_link(pos == 0, other, h, nccl);
+                    comm.add_link(sending, other, h, nccl);
+                }
+                (_, None) => {
+                    return Err(CommError::Invalid(format!(
+                        "{}: a link without another end",
+                        spec.name
+                    )))
                 }
             }
         }
