@@ -12,8 +12,8 @@ mod attention;
 mod blas;
 pub mod interop;
 mod kernels;
-mod nvrtc;
 mod mixed;
+mod nvrtc;
 mod rowops;
 
 use crate::backend::{check_range, Backend, Shaped};
