@@ -57,8 +57,15 @@ proptest! {
         p in 1u32..=5, m in 1u32..=10, f in 0.5f64..2.0, b in 0.5f64..3.0,
         w_frac in 0.1f64..0.9, latency in prop_oneof![Just(0.0), 0.0f64..0.3],
         cap in 0.5f64..12.0, by_period in any::<bool>(),
+        // Quarters, so held bytes of 1 to 4 chunks are whole (no rounding between units and bytes).
+        w_memory in prop_oneof![Just(1.0), (0u32..4).prop_map(|k| f64::from(k) / 4.0)],
     ) {
-        let model = costs(p, f, b, b * w_frac, latency);
+        let mut model = costs(p, f, b, b * w_frac, latency);
+        // A pending W holding only part of its stage's activations (the zero-bubble paper's
+        // accounting): caps, peaks and the families' simulated bytes all follow it.
+        for s in &mut model.stages {
+            s.w_memory = w_memory;
+        }
         let mut spec = SearchSpec::new(p, m, model.clone(), MemoryCap::Microbatches(cap));
         let objective = if by_period { Objective::Period } else { Objective::Makespan };
         spec.objective = objective;
