@@ -223,11 +223,14 @@ fn on_the_papers_row_the_period_search_beats_every_family_and_meets_the_v1_bound
     assert!(list <= 0.0838, "{list}");
 }
 
+/// p, m, F, I, W, c, h, a, ZB-2p's bubble.
+type PaperRow = (u32, u32, f64, f64, f64, f64, f64, f64, f64);
+
 /// The zero-bubble paper's p=8 rows (Qi et al., ICLR 2024, Table 5 and its settings in the
 /// authors' repository): p, m, F, I, W, c (ms), hidden size h, heads a, and ZB-2p's
 /// published bubble rate. Its memory accounting: M_B = sb(34h + 5as) from F to I, of which
 /// M_W = 32sbh stays until W; its cap 2p M_B.
-const PAPER_ROWS: [(u32, u32, f64, f64, f64, f64, f64, f64, f64); 6] = [
+const PAPER_ROWS: [PaperRow; 6] = [
     (8, 24, 18.522, 18.086, 9.337, 0.601, 2304.0, 24.0, 0.0433),
     (8, 32, 18.513, 18.086, 9.331, 0.626, 2304.0, 24.0, 0.0039),
     (8, 64, 18.546, 18.097, 9.321, 0.762, 2304.0, 24.0, 0.0026),

@@ -184,7 +184,8 @@ mod tests {
         // Qi et al., section 2.3: worker i (from 1) peaks at (p-i+1) M_B + (i-1) M_W under
         // ZB-H1 and (2p-2i+1) M_B + (2i-2) M_W under ZB-H2.
         let (p, m, r) = (6, 18, 0.375);
-        let cases: [(ScheduleKind, fn(f64) -> f64); 2] = [
+        type ClosedForm = fn(f64) -> f64;
+        let cases: [(ScheduleKind, ClosedForm); 2] = [
             (ScheduleKind::ZbH1, |i| (6.0 - i + 1.0) + (i - 1.0) * 0.375),
             (ScheduleKind::ZbH2, |i| {
                 (12.0 - 2.0 * i + 1.0) + (2.0 * i - 2.0) * 0.375

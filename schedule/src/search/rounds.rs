@@ -273,8 +273,8 @@ impl<'a> Plan<'a> {
         for d in (0..n.saturating_sub(1)).rev() {
             take[d] = take[d] && take[d + 1];
         }
-        for d in 0..n {
-            if !take[d] {
+        for (d, &takes) in take.iter().enumerate() {
+            if !takes {
                 continue;
             }
             while self.mem[d] + self.weights[d] > self.cap + 1e-9 {
