@@ -400,6 +400,23 @@ fn class6_cost_flags_say_what_is_wrong() {
         &["w = 5 is larger than b = 2"],
     );
     refused(d, &["simulate", "--cost", "1,x"], 1, &["--cost `1,x`"]);
+    refused(
+        d,
+        &["search", "--memory-cap", "8", "--w-memory", "1.5"],
+        1,
+        &["--w-memory: w_memory = 1.5 is not a fraction in [0, 1]"],
+    );
+    std::fs::write(
+        d.join("c.json"),
+        r#"{"default": {"f": 1, "b": 2, "w_memory": -0.5}}"#,
+    )
+    .unwrap();
+    refused(
+        d,
+        &["simulate", "--cost-file", "c.json"],
+        1,
+        &["stage 0: w_memory = -0.5 is not a fraction"],
+    );
     refused(d, &["simulate", "--cost", "nan,1"], 1, &["--cost `nan,1`"]);
     refused(
         d,

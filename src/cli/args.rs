@@ -8,7 +8,7 @@ use anyhow::{bail, Result};
 use clap::parser::ValueSource;
 use clap::{ArgMatches, Args, FromArgMatches, ValueEnum};
 use pipewright::schedule::{
-    generate, CostModel, RawSpec, ScheduleKind, ScheduleSpec, StageCost, Timetable,
+    generate, CostError, CostModel, RawSpec, ScheduleKind, ScheduleSpec, StageCost, Timetable,
 };
 
 /// Which schedule to generate.
@@ -227,6 +227,12 @@ pub struct CostArgs {
         conflicts_with = "cost_file"
     )]
     pub activation_bytes: u64,
+    /// Fraction of a stage's activations still held after its input backward (I) until its
+    /// weight backward (W), in [0, 1]; the rest is freed when I ends (overrides the cost
+    /// file). Default 1: W holds all of them. The zero-bubble paper's transformer layer keeps
+    /// M_W/M_B = 32h/(34h+5as), e.g. 0.366 for h=2304, a=24, s=1024.
+    #[arg(long, value_name = "FRACTION", allow_negative_numbers = true)]
+    pub w_memory: Option<f64>,
     /// Bytes sent at each stage boundary per microbatch (activation or its gradient).
     #[arg(
         long,
@@ -254,6 +260,18 @@ impl CostArgs {
                 CostModel::uniform(stages, cost.split(v))
             }
         };
+        let mut model = model;
+        if let Some(fraction) = self.w_memory {
+            if !(0.0..=1.0).contains(&fraction) {
+                bail!(CostError::WMemory {
+                    place: "--w-memory".into(),
+                    value: fraction,
+                });
+            }
+            for stage in &mut model.stages {
+                stage.w_memory = fraction;
+            }
+        }
         let latency = self.p2p_latency.unwrap_or(model.p2p_latency);
         let bandwidth = self.bandwidth.or(model.bandwidth);
         Ok(model.with_link(latency, bandwidth)?)

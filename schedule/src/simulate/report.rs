@@ -42,7 +42,9 @@ impl Report {
     /// Summarise a timeline; activation sizes come from `costs`.
     ///
     /// A stage-microbatch holds its activations from the start of its F to the end of its
-    /// backward: the end of B, or of W when the backward is split (W still needs them).
+    /// backward: the end of B, or of W when the backward is split (W still needs them). With
+    /// a split, the end of I frees all but the stage's `w_memory` fraction, which W frees
+    /// (by default W holds all of them). Counts follow the microbatch-stage until its W.
     /// Peaks follow the order of a device's actions, so zero-length actions (zero costs)
     /// peak exactly as short ones do. Bubble fractions over a zero makespan are undefined:
     /// NaN here, `null` in JSON.
@@ -133,21 +135,27 @@ pub(crate) fn memory_tracks(timeline: &Timeline, costs: &CostModel) -> Vec<Memor
         .collect()
 }
 
-/// (time, action position, 0 at its start or 1 at its end, +1 or -1, bytes).
-type Delta = (f64, usize, u8, i8, u64);
+/// (time, action position, 0 at its start or 1 at its end, change of count, change of bytes).
+type Delta = (f64, usize, u8, i8, i128);
 
 fn track(events: &[&crate::timeline::Event], costs: &CostModel) -> MemoryTrack {
     let mut deltas: Vec<Delta> = Vec::with_capacity(events.len());
     for (pos, e) in events.iter().enumerate() {
         // An overlap is its F (stashes at the start) and its B (frees at the end).
         for part in e.action.parts() {
-            let bytes = costs
-                .stages
-                .get(part.stage as usize)
-                .map_or(0, |c| c.activation_bytes);
+            let (bytes, held) = costs.stages.get(part.stage as usize).map_or((0, 0), |c| {
+                (
+                    c.activation_bytes,
+                    c.w_activation_bytes().min(c.activation_bytes),
+                )
+            });
+            let (bytes, held) = (i128::from(bytes), i128::from(held));
             match part.kind {
                 ActionKind::F => deltas.push((e.start, pos, 0, 1, bytes)),
-                ActionKind::B | ActionKind::W => deltas.push((e.end, pos, 1, -1, bytes)),
+                ActionKind::B => deltas.push((e.end, pos, 1, -1, -bytes)),
+                // I frees what W does not need; the microbatch-stage still counts until W.
+                ActionKind::I if held < bytes => deltas.push((e.end, pos, 1, 0, held - bytes)),
+                ActionKind::W => deltas.push((e.end, pos, 1, -1, -held)),
                 _ => {}
             }
         }
@@ -163,7 +171,7 @@ fn track(events: &[&crate::timeline::Event], costs: &CostModel) -> MemoryTrack {
     });
     for (time, _, _, sign, b) in deltas {
         count += i64::from(sign);
-        bytes += i128::from(sign) * i128::from(b);
+        bytes += b;
         let sample = MemorySample {
             time,
             count: count.clamp(0, i64::from(u32::MAX)) as u32,
