@@ -20,6 +20,7 @@ use crate::error::RuntimeError;
 use crate::executor::{Executor, StepOutcome};
 use crate::mesh::{Coord, Mesh};
 use crate::module::{ModuleError, StageModule};
+use crate::zero::Zero;
 
 /// How to run.
 #[derive(Clone, Debug)]
@@ -30,6 +31,8 @@ pub struct RunOptions {
     pub timeout: Duration,
     /// Optimizer settings (every stage gets its own AdamW).
     pub adamw: AdamWConfig,
+    /// ZeRO level of the data-parallel optimizer ([`Zero::One`]: sharded AdamW state).
+    pub zero: Zero,
 }
 
 impl Default for RunOptions {
@@ -38,6 +41,7 @@ impl Default for RunOptions {
             steps: 1,
             timeout: Duration::from_secs(60),
             adamw: AdamWConfig::default(),
+            zero: Zero::Off,
         }
     }
 }
@@ -55,6 +59,9 @@ pub struct StepRecord {
     pub timeline: Timeline,
     /// Most stage-microbatches each pipeline device stashed at once.
     pub peak_stash: Vec<u32>,
+    /// Bytes of optimizer state each rank held after the step, by global rank (a ZeRO-1
+    /// replica holds about `1 / dp` of its stage's).
+    pub optimizer_state_bytes: Vec<u64>,
     /// Where the step's time zero (its first compute) lies on the run's clock, in ms since
     /// the run began: steps overlap, so their timelines line up only with this added.
     pub origin_ms: f64,
@@ -382,6 +389,10 @@ impl Assembler {
             e.start = (e.start - t0).max(0.0);
             e.end = (e.end - t0).max(e.start);
         }
+        let mut optimizer_state_bytes = vec![0; self.mesh.world_size()];
+        for (c, o) in &list {
+            optimizer_state_bytes[self.mesh.rank(*c)] = o.optimizer_state_bytes;
+        }
         let mut peak_stash = vec![0; self.mesh.pp];
         for (c, o) in &lead {
             peak_stash[c.pp] = o.peak_stash;
@@ -397,6 +408,7 @@ impl Assembler {
             seconds,
             timeline,
             peak_stash,
+            optimizer_state_bytes,
             origin_ms: t0,
         })
     }
