@@ -36,6 +36,7 @@ use std::time::{Duration, Instant};
 use cudarc::driver::{CudaEvent, CudaSlice, CudaStream};
 use cudarc::nccl::{Comm, Id, ReduceOp as NcclOp};
 use pipewright_kernels::cuda::{CudaBackend, CudaTensor};
+use pipewright_kernels::Backend;
 use pipewright_schedule::Timetable;
 
 use super::links::{check_link_order, nccl_plan, CommRole};
