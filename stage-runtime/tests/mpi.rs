@@ -271,7 +271,11 @@ fn collectives<C: Communicator<Tensor = Tensor>>(c: &C, mesh: Mesh) -> Vec<u32> 
         out.extend(t.data().iter().map(|v| v.to_bits()));
     }
     let rs = c
-        .reduce_scatter(&g, &Tensor::new(&[64], values.clone()).unwrap(), ReduceOp::Sum)
+        .reduce_scatter(
+            &g,
+            &Tensor::new(&[64], values.clone()).unwrap(),
+            ReduceOp::Sum,
+        )
         .unwrap();
     out.extend(rs.data().iter().map(|v| v.to_bits()));
     let odd = Tensor::new(&[63], values[..63].to_vec()).unwrap();
