@@ -79,11 +79,10 @@ fn each_replica_holds_one_dp_th_of_the_optimizer_state() {
         let mesh = Mesh::new(2, 1, dp).unwrap();
         let (_, _, zero0) = train(mesh, Zero::Off, &tt);
         let (_, _, zero1) = train(mesh, Zero::One, &tt);
-        for pp in 0..2 {
+        for (pp, &whole) in full.iter().enumerate() {
             let ranks: Vec<usize> = (0..dp)
                 .map(|d| mesh.rank(pipewright_runtime::Coord { pp, tp: 0, dp: d }))
                 .collect();
-            let whole = full[pp];
             let held: Vec<u64> = ranks.iter().map(|&r| zero1[r]).collect();
             assert_eq!(held.iter().sum::<u64>(), whole, "dp {dp}, device {pp}");
             let share = whole as f64 / dp as f64;
