@@ -237,6 +237,27 @@ fn class2_hyperparameters_are_checked_before_any_step() {
         1,
         &["n_heads (3) must divide d_model (64)"],
     );
+    for level in ["2", "3"] {
+        refused(
+            d,
+            &[
+                "train", "--stages", "2", "--dp", "2", "--zero", level, "--steps", "1",
+            ],
+            1,
+            &[
+                &format!("--zero {level}"),
+                "pp = 2",
+                "accumulates",
+                "use ZeRO-1",
+            ],
+        );
+    }
+    refused(
+        d,
+        &["train", "--stages", "1", "--zero", "2", "--steps", "1"],
+        1,
+        &["--zero 2", "levels 0 and 1"],
+    );
 }
 
 #[test]

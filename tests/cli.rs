@@ -419,6 +419,56 @@ fn readme_training_run_halves_its_loss_and_draws_its_chart() {
     assert_eq!(&std::fs::read(&chart).unwrap()[..4], b"\x89PNG");
 }
 
+/// `train --zero 1` prints the losses of `--zero 0` exactly (JSON prints f32s exactly), and
+/// each of its 4 ranks (pp 2 x dp 2) reports half the optimizer state of `--zero 0`'s.
+#[test]
+fn train_zero1_prints_zero0s_losses_with_half_the_optimizer_state_per_rank() {
+    let run = |zero: &str| {
+        let args = [
+            "train",
+            "--stages",
+            "2",
+            "--dp",
+            "2",
+            "--microbatches",
+            "4",
+            "--steps",
+            "3",
+            "--format",
+            "json",
+            "--zero",
+            zero,
+        ];
+        let o = pipewright(&args);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let rows: Vec<serde_json::Value> = stdout(&o)
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        let losses: Vec<String> = rows.iter().map(|r| r["loss"].to_string()).collect();
+        let bytes: Vec<u64> = rows[2]["optimizer_state_bytes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| b.as_u64().unwrap())
+            .collect();
+        (losses, bytes)
+    };
+    let (want, full) = run("0");
+    let (got, half) = run("1");
+    assert_eq!(got, want);
+    assert_eq!(full.len(), 4);
+    for (h, f) in half.iter().zip(&full) {
+        assert!(
+            *h > 0 && (*h as f64 - *f as f64 / 2.0).abs() <= 8.0,
+            "{half:?} vs {full:?}"
+        );
+    }
+    let o = pipewright(&["train", "--stages", "2", "--zero", "1", "--steps", "1"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("warning: --zero 1 with --dp 1 changes nothing"));
+}
+
 #[test]
 fn train_rejects_meshes_and_models_that_do_not_fit() {
     assert_clean_error(

@@ -4,14 +4,14 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{bail, Result};
+use anyhow::{anyhow, bail, Result};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use pipewright::kernels::gpt::GptConfig;
 use pipewright::kernels::optim::AdamWConfig;
 use pipewright::runtime::{
     run, train_gpt, Coord, FinalParams, Mesh, MicrobatchId, ModuleError, RunOptions, StepRecord,
-    SyntheticModule, TrainConfig,
+    SyntheticModule, TrainConfig, Zero,
 };
 use pipewright::schedule::{simulate, Timeline, Timetable};
 use pipewright::viz::{bubble_chart, ChartOptions, ChartPanel, ImageFormat};
@@ -56,6 +56,11 @@ pub struct TrainCmd {
     /// Data-parallel replicas of the whole pipeline.
     #[arg(long, default_value_t = 1)]
     dp: usize,
+    /// ZeRO level: 0 all-reduces gradients and keeps AdamW's state whole on every replica;
+    /// 1 reduce-scatters them and keeps 1/dp of the state per replica (same losses).
+    /// 2 and 3 are refused with a pipeline, which accumulates gradients across microbatches.
+    #[arg(long, default_value_t = 0, value_name = "LEVEL")]
+    zero: u32,
     /// Sequences per microbatch.
     #[arg(long, default_value_t = 4, value_name = "B")]
     microbatch_size: usize,
@@ -124,6 +129,11 @@ impl TrainCmd {
             );
         }
         let mesh = Mesh::new(tt.num_devices() as usize, self.tp, self.dp)?;
+        let zero = Zero::from_level(self.zero, mesh.pp)
+            .map_err(|e| anyhow!("--zero {}: {e}", self.zero))?;
+        if zero == Zero::One && mesh.dp == 1 {
+            eprintln!("warning: --zero 1 with --dp 1 changes nothing: the one replica holds all the optimizer state");
+        }
         let model = GptConfig::new(
             self.vocab,
             self.seq_len,
@@ -144,6 +154,7 @@ impl TrainCmd {
                     ..AdamWConfig::default()
                 },
                 precision: self.precision.into(),
+                zero,
             },
         };
         let tokens = (cfg.global_batch(tt.microbatches) * self.seq_len) as f64;
@@ -173,6 +184,7 @@ impl TrainCmd {
                     "{}",
                     serde_json::json!({"step": s.step, "loss": loss, "tokens_per_second": tps,
                         "seconds": s.seconds, "bubble_fraction": s.bubble_fraction(), "peak_stash": s.peak_stash,
+                        "optimizer_state_bytes": s.optimizer_state_bytes,
                         "steady_state_period_ms": period_ms})
                 ),
                 ReportFormat::Table => {

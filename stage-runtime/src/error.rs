@@ -53,6 +53,14 @@ pub enum RuntimeError {
         /// The first I or W action of that stage on its device.
         action: Action,
     },
+    /// ZeRO-1 over several replicas, and a stage whose module cannot shard its optimizer.
+    #[error("ZeRO-1 shards the optimizer over the {dp} data-parallel replicas, but stage {stage}'s module does not implement optimizer_step_shard and set_flat_params: run without ZeRO")]
+    NoShardedOptimizer {
+        /// The stage.
+        stage: u32,
+        /// Data-parallel replicas.
+        dp: usize,
+    },
     /// A stage the timetable puts on a device has no module there.
     #[error("no module for stage {0} on this device")]
     MissingStage(u32),

@@ -20,6 +20,7 @@ use crate::error::RuntimeError;
 use crate::executor::{Executor, StepOutcome};
 use crate::mesh::{Coord, Mesh};
 use crate::module::{ModuleError, StageModule};
+use crate::zero::Zero;
 
 /// How to run.
 #[derive(Clone, Debug)]
@@ -34,6 +35,8 @@ pub struct RunOptions {
     /// in a bf16 run (on MPI, bf16 bytes on the wire). Master weights, gradients and
     /// optimizer state are f32 in every precision.
     pub precision: Precision,
+    /// ZeRO level of the data-parallel optimizer ([`Zero::One`]: sharded AdamW state).
+    pub zero: Zero,
 }
 
 impl Default for RunOptions {
@@ -43,6 +46,7 @@ impl Default for RunOptions {
             timeout: Duration::from_secs(60),
             adamw: AdamWConfig::default(),
             precision: Precision::F32,
+            zero: Zero::Off,
         }
     }
 }
@@ -60,6 +64,9 @@ pub struct StepRecord {
     pub timeline: Timeline,
     /// Most stage-microbatches each pipeline device stashed at once.
     pub peak_stash: Vec<u32>,
+    /// Bytes of optimizer state each rank held after the step, by global rank (a ZeRO-1
+    /// replica holds about `1 / dp` of its stage's).
+    pub optimizer_state_bytes: Vec<u64>,
     /// Where the step's time zero (its first compute) lies on the run's clock, in ms since
     /// the run began: steps overlap, so their timelines line up only with this added.
     pub origin_ms: f64,
@@ -387,6 +394,10 @@ impl Assembler {
             e.start = (e.start - t0).max(0.0);
             e.end = (e.end - t0).max(e.start);
         }
+        let mut optimizer_state_bytes = vec![0; self.mesh.world_size()];
+        for (c, o) in &list {
+            optimizer_state_bytes[self.mesh.rank(*c)] = o.optimizer_state_bytes;
+        }
         let mut peak_stash = vec![0; self.mesh.pp];
         for (c, o) in &lead {
             peak_stash[c.pp] = o.peak_stash;
@@ -402,6 +413,7 @@ impl Assembler {
             seconds,
             timeline,
             peak_stash,
+            optimizer_state_bytes,
             origin_ms: t0,
         })
     }

@@ -240,11 +240,12 @@ impl<'a, CB: FnMut(&StepRecord)> Gather<'a, CB> {
 /// options that shape the work, and the caller's description (model, seed).
 fn fingerprint(tt: &Timetable, mesh: &Mesh, opts: &RunOptions, describe: &str) -> u64 {
     let text = format!(
-        "{}|{mesh:?}|steps {}|{:?}|{}|{describe}",
+        "{}|{mesh:?}|steps {}|{:?}|{}|zero {}|{describe}",
         serde_json::to_string(tt).unwrap_or_default(),
         opts.steps,
         opts.adamw,
-        opts.precision
+        opts.precision,
+        opts.zero.level()
     );
     text.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
         (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
@@ -275,6 +276,7 @@ fn encode_outcome(step: u64, o: &StepOutcome) -> Vec<u8> {
         "step": step,
         "loss": o.loss.map(f32::to_bits),
         "peak": o.peak_stash,
+        "optimizer_bytes": o.optimizer_state_bytes,
         "events": o.events,
     });
     v.to_string().into_bytes()
@@ -295,6 +297,7 @@ fn decode_outcome(bytes: &[u8]) -> Result<(u64, StepOutcome), CommError> {
         .as_u64()
         .and_then(|p| u32::try_from(p).ok())
         .ok_or_else(|| bad("step"))?;
+    let optimizer_state_bytes = v["optimizer_bytes"].as_u64().ok_or_else(|| bad("step"))?;
     let events: Vec<Event> =
         serde_json::from_value(v["events"].clone()).map_err(|_| bad("step"))?;
     Ok((
@@ -303,6 +306,7 @@ fn decode_outcome(bytes: &[u8]) -> Result<(u64, StepOutcome), CommError> {
             loss,
             events,
             peak_stash,
+            optimizer_state_bytes,
         },
     ))
 }
@@ -366,11 +370,13 @@ mod tests {
                 end: 2.25,
             }],
             peak_stash: 4,
+            optimizer_state_bytes: 1 << 40,
         };
         let (step, back) = decode_outcome(&encode_outcome(7, &o)).unwrap();
         assert_eq!(step, 7);
         assert_eq!(back.loss.map(f32::to_bits), o.loss.map(f32::to_bits));
         assert_eq!(back.events, o.events);
         assert_eq!(back.peak_stash, 4);
+        assert_eq!(back.optimizer_state_bytes, 1 << 40);
     }
 }

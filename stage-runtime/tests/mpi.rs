@@ -14,8 +14,8 @@ use pipewright_kernels::{Precision, Tensor};
 use pipewright_runtime::comm::mpi::{self, MpiComm};
 use pipewright_runtime::split::uniform;
 use pipewright_runtime::{
-    run, run_mpi, train_gpt, train_gpt_mpi, Communicator, Coord, FinalParams, GroupKind,
-    LocalWorld, Mesh, ReduceOp, RunOptions, TrainConfig,
+    run, run_mpi, shard_range, train_gpt, train_gpt_mpi, Communicator, Coord, FinalParams,
+    GroupKind, LocalWorld, Mesh, ReduceOp, RunOptions, TrainConfig, Zero,
 };
 use pipewright_schedule::{generate, ScheduleKind, ScheduleSpec, Timetable};
 
@@ -153,6 +153,54 @@ fn mpi_interleaved_pp2_tp2_dp2_equals_in_process() {
     check_equal("mpi_interleaved_pp2_tp2_dp2_equals_in_process");
 }
 
+/// Rank program: ZeRO-1 over MPI (an all-to-all reduce-scatter, sharded AdamW, an
+/// all-gather of shards); rank 0 then trains without ZeRO in-process and compares losses
+/// and parameters to the bit.
+fn zero_child(kind: ScheduleKind, v: u32) {
+    let universe = mpi::init().expect("MPI starts");
+    let mut cfg = config(Mesh::new(2, 2, 2).unwrap(), 3, Duration::from_secs(60));
+    cfg.run.zero = Zero::One;
+    let tt = timetable(kind, v);
+    let mut losses = Vec::new();
+    let got = train_gpt_mpi(universe, &cfg, &tt, |s| {
+        losses.push(s.loss.map(f32::to_bits))
+    })
+    .unwrap_or_else(|e| panic!("MPI run: {e}"));
+    let Some(params) = got else { return };
+    cfg.run.zero = Zero::Off;
+    let mut want = Vec::new();
+    let local = train_gpt(&cfg, &tt, |s| want.push(s.loss.map(f32::to_bits))).expect("local run");
+    assert_eq!(
+        losses, want,
+        "ZeRO-1 over MPI: losses differ from ZeRO-0 in-process"
+    );
+    assert_eq!(
+        params, local,
+        "ZeRO-1 over MPI: parameters differ from ZeRO-0 in-process"
+    );
+    println!(
+        "MPI-EQUAL {} ZeRO-1 to the bit, {} parameter sets",
+        tt.name,
+        params.len()
+    );
+}
+
+#[test]
+fn mpi_zero1_1f1b_pp2_tp2_dp2_equals_zero0_in_process_to_the_bit() {
+    if std::env::var_os(CHILD).is_some() {
+        return zero_child(ScheduleKind::OneFOneB, 1);
+    }
+    check_equal("mpi_zero1_1f1b_pp2_tp2_dp2_equals_zero0_in_process_to_the_bit");
+}
+
+#[test]
+fn mpi_zero1_interleaved_pp2_tp2_dp2_equals_zero0_in_process_to_the_bit() {
+    if std::env::var_os(CHILD).is_some() {
+        return zero_child(ScheduleKind::Interleaved1F1B, 2);
+    }
+    check_equal("mpi_zero1_interleaved_pp2_tp2_dp2_equals_zero0_in_process_to_the_bit");
+}
+
 /// Rank program: a user's own model (a layer list with its own data type) over MPI; rank 0
 /// then trains it in-process and compares losses and parameters to the bit.
 fn user_model_child() {
@@ -210,7 +258,8 @@ fn mpi_user_model_pp2_dp2_equals_in_process_to_the_bit() {
 
 /// What every rank computes with the collectives, as bits: sums and means over 4 ranks of
 /// values whose sum depends on the order of addition, an empty all-reduce, an all-gather of
-/// different shapes, a reduce-scatter and a barrier.
+/// different shapes, a reduce-scatter, an uneven reduce-scatter (63 values over 4) whose
+/// shards gather back into the all-reduce's bits, and a barrier.
 fn collectives<C: Communicator<Tensor = Tensor>>(c: &C, mesh: Mesh) -> Vec<u32> {
     let rank = c.rank();
     let g = mesh.group(GroupKind::Tp, rank).unwrap();
@@ -233,9 +282,23 @@ fn collectives<C: Communicator<Tensor = Tensor>>(c: &C, mesh: Mesh) -> Vec<u32> 
         out.extend(t.data().iter().map(|v| v.to_bits()));
     }
     let rs = c
-        .reduce_scatter(&g, &Tensor::new(&[64], values).unwrap(), ReduceOp::Sum)
+        .reduce_scatter(
+            &g,
+            &Tensor::new(&[64], values.clone()).unwrap(),
+            ReduceOp::Sum,
+        )
         .unwrap();
     out.extend(rs.data().iter().map(|v| v.to_bits()));
+    let odd = Tensor::new(&[63], values[..63].to_vec()).unwrap();
+    let mut whole = odd.clone();
+    c.all_reduce(&g, &mut whole, ReduceOp::Sum).unwrap();
+    let p = c.start_reduce_scatter(&g, odd, ReduceOp::Sum).unwrap();
+    let shard = c.wait_reduce_scatter(p).unwrap();
+    let r = shard_range(63, 4, g.position(rank).unwrap());
+    assert_eq!(shard.data(), &whole.data()[r]);
+    let back = c.all_gather_shards(&g, shard, 63).unwrap();
+    assert_eq!(back.data(), whole.data());
+    out.extend(back.data().iter().map(|v| v.to_bits()));
     c.barrier(&g).unwrap();
     out
 }
