@@ -54,7 +54,10 @@ fn usage_error(e: clap::Error) -> ExitCode {
     let text = e.render().to_string();
     let mut lines = text.lines().map(str::trim).filter(|l| !l.is_empty());
     let first = lines.next().unwrap_or("error: bad arguments");
-    let tips: Vec<&str> = lines.filter(|l| l.starts_with("tip:")).collect();
+    // What the user can write instead is worth keeping: the possible values and the tips.
+    let tips: Vec<&str> = lines
+        .filter(|l| l.starts_with("tip:") || l.starts_with("[possible values"))
+        .collect();
     let mut line = first.to_string();
     for tip in tips {
         line += &format!("; {tip}");

@@ -237,6 +237,27 @@ fn class2_hyperparameters_are_checked_before_any_step() {
         1,
         &["n_heads (3) must divide d_model (64)"],
     );
+    for level in ["2", "3"] {
+        refused(
+            d,
+            &[
+                "train", "--stages", "2", "--dp", "2", "--zero", level, "--steps", "1",
+            ],
+            1,
+            &[
+                &format!("--zero {level}"),
+                "pp = 2",
+                "accumulates",
+                "use ZeRO-1",
+            ],
+        );
+    }
+    refused(
+        d,
+        &["train", "--stages", "1", "--zero", "2", "--steps", "1"],
+        1,
+        &["--zero 2", "levels 0 and 1"],
+    );
 }
 
 #[test]
@@ -400,6 +421,23 @@ fn class6_cost_flags_say_what_is_wrong() {
         &["w = 5 is larger than b = 2"],
     );
     refused(d, &["simulate", "--cost", "1,x"], 1, &["--cost `1,x`"]);
+    refused(
+        d,
+        &["search", "--memory-cap", "8", "--w-memory", "1.5"],
+        1,
+        &["--w-memory: w_memory = 1.5 is not a fraction in [0, 1]"],
+    );
+    std::fs::write(
+        d.join("c.json"),
+        r#"{"default": {"f": 1, "b": 2, "w_memory": -0.5}}"#,
+    )
+    .unwrap();
+    refused(
+        d,
+        &["simulate", "--cost-file", "c.json"],
+        1,
+        &["stage 0: w_memory = -0.5 is not a fraction"],
+    );
     refused(d, &["simulate", "--cost", "nan,1"], 1, &["--cost `nan,1`"]);
     refused(
         d,

@@ -419,6 +419,56 @@ fn readme_training_run_halves_its_loss_and_draws_its_chart() {
     assert_eq!(&std::fs::read(&chart).unwrap()[..4], b"\x89PNG");
 }
 
+/// `train --zero 1` prints the losses of `--zero 0` exactly (JSON prints f32s exactly), and
+/// each of its 4 ranks (pp 2 x dp 2) reports half the optimizer state of `--zero 0`'s.
+#[test]
+fn train_zero1_prints_zero0s_losses_with_half_the_optimizer_state_per_rank() {
+    let run = |zero: &str| {
+        let args = [
+            "train",
+            "--stages",
+            "2",
+            "--dp",
+            "2",
+            "--microbatches",
+            "4",
+            "--steps",
+            "3",
+            "--format",
+            "json",
+            "--zero",
+            zero,
+        ];
+        let o = pipewright(&args);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let rows: Vec<serde_json::Value> = stdout(&o)
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        let losses: Vec<String> = rows.iter().map(|r| r["loss"].to_string()).collect();
+        let bytes: Vec<u64> = rows[2]["optimizer_state_bytes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| b.as_u64().unwrap())
+            .collect();
+        (losses, bytes)
+    };
+    let (want, full) = run("0");
+    let (got, half) = run("1");
+    assert_eq!(got, want);
+    assert_eq!(full.len(), 4);
+    for (h, f) in half.iter().zip(&full) {
+        assert!(
+            *h > 0 && (*h as f64 - *f as f64 / 2.0).abs() <= 8.0,
+            "{half:?} vs {full:?}"
+        );
+    }
+    let o = pipewright(&["train", "--stages", "2", "--zero", "1", "--steps", "1"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("warning: --zero 1 with --dp 1 changes nothing"));
+}
+
 #[test]
 fn train_rejects_meshes_and_models_that_do_not_fit() {
     assert_clean_error(
@@ -466,6 +516,64 @@ fn transport_mpi_needs_the_feature_and_a_world_of_the_mesh_size() {
     assert_clean_error(&bench, needle);
 }
 
+fn json_losses(o: &Output) -> Vec<f64> {
+    stdout(o)
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["loss"]
+                .as_f64()
+                .unwrap()
+        })
+        .collect()
+}
+
+#[test]
+fn precision_trains_in_bf16_and_refuses_unknown_names() {
+    let run = |p: &str| {
+        let o = pipewright(&[
+            "train",
+            "--stages",
+            "2",
+            "--microbatches",
+            "4",
+            "--steps",
+            "12",
+            "--format",
+            "json",
+            "--precision",
+            p,
+        ]);
+        assert!(o.status.success(), "{p}: {}", stderr(&o));
+        json_losses(&o)
+    };
+    let (f32_run, default, bf16) = (
+        run("f32"),
+        json_losses(&pipewright(&[
+            "train",
+            "--stages",
+            "2",
+            "--microbatches",
+            "4",
+            "--steps",
+            "12",
+            "--format",
+            "json",
+        ])),
+        run("bf16"),
+    );
+    assert_eq!(default, f32_run, "f32 is the default");
+    assert_ne!(bf16, f32_run, "bf16 rounds");
+    assert!(bf16[11] < 0.8 * bf16[0], "bf16 learns: {bf16:?}");
+    let bad = pipewright(&["train", "--precision", "fp16", "--steps", "1"]);
+    assert_eq!(bad.status.code(), Some(2));
+    let err = stderr(&bad);
+    assert!(
+        err.contains("invalid value 'fp16' for '--precision")
+            && err.contains("[possible values: f32, tf32, bf16]"),
+        "{err}"
+    );
+}
+
 #[test]
 fn device_cuda_needs_the_feature_and_a_gpu_and_a_known_name() {
     let train = ["train", "--device", "cuda", "--stages", "2", "--steps", "1"];
@@ -476,6 +584,12 @@ fn device_cuda_needs_the_feature_and_a_gpu_and_a_known_name() {
             &train,
             "rebuild with: cargo build --release --features cuda",
         );
+    }
+    // Any build with CUDA (an NCCL build included: issue 12) takes --device cuda: it trains
+    // on a GPU, or names what is missing.
+    if cfg!(feature = "cuda") {
+        let o = pipewright(&train);
+        assert!(!stderr(&o).contains("built without CUDA"), "{}", stderr(&o));
     }
     // A bad name is clap's usage error (exit 2), naming the flag and the choices.
     let bad = pipewright(&["train", "--device", "gpu", "--steps", "1"]);

@@ -9,6 +9,7 @@ use crate::cpu::{self, AttnShape};
 use crate::error::{shape_err, Result};
 use crate::footprint::Footprint;
 use crate::optim::{adamw_update, AdamWUpdate};
+use crate::precision::Precision;
 use crate::tensor::Tensor;
 
 /// What any backend's tensor tells without touching its data, so shapes
@@ -54,6 +55,13 @@ pub trait Backend {
 
     /// Short name for messages (`"cpu"`, `"cuda:0"`).
     fn name(&self) -> String;
+    /// What the matmuls read and what stored activations are ([`Precision`]); master
+    /// weights, gradients and optimizer state are f32 whatever it is.
+    fn precision(&self) -> Precision;
+    /// Rounds `t` in place to the stored-activation format of [`Self::precision`] (bf16 in
+    /// a bf16 run; nothing otherwise): the residual stream between blocks, so every
+    /// pipeline hand-off carries values a bf16 wire holds exactly.
+    fn round_activation(&self, t: &mut Self::Storage) -> Result<()>;
     /// Copies a host tensor to the device.
     fn upload(&self, t: &Tensor) -> Result<Self::Storage>;
     /// Copies a device tensor to the host (waits for pending work).
@@ -188,9 +196,39 @@ pub trait Backend {
     ) -> Result<Self::Storage>;
 }
 
-/// The host backend: storage is a [`Tensor`], ops are [`cpu`]'s.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Cpu;
+/// The host backend: storage is a [`Tensor`], ops are [`cpu`]'s. In a reduced
+/// [`Precision`] it emulates the GPU: matmul inputs are rounded (RNE) to bf16 or TF32 and
+/// accumulated in f32, stored activations rounded to bf16; in f32 nothing is rounded.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Cpu {
+    precision: Precision,
+}
+
+/// The f32 host backend, as a value: `Cpu` was a unit struct before it had a precision, and
+/// this keeps every `Arc::new(Cpu)` meaning what it meant.
+#[allow(non_upper_case_globals)]
+pub const Cpu: Cpu = Cpu::new(Precision::F32);
+
+impl Cpu {
+    /// The host backend computing in `precision`.
+    pub const fn new(precision: Precision) -> Self {
+        Cpu { precision }
+    }
+
+    /// Copies of `a` and `b` rounded to what a matmul reads, or `None` in f32 (so f32
+    /// matmuls run on the tensors themselves, bit-identical to before precisions existed).
+    fn rounded(&self, a: &Tensor, b: &Tensor) -> Option<(Tensor, Tensor)> {
+        if self.precision == Precision::F32 {
+            return None;
+        }
+        let round = |t: &Tensor| {
+            let mut t = t.clone();
+            self.precision.round_matmul_input(t.data_mut());
+            t
+        };
+        Some((round(a), round(b)))
+    }
+}
 
 impl Backend for Cpu {
     type Storage = Tensor;
@@ -200,6 +238,13 @@ impl Backend for Cpu {
 
     fn name(&self) -> String {
         "cpu".into()
+    }
+    fn precision(&self) -> Precision {
+        self.precision
+    }
+    fn round_activation(&self, t: &mut Tensor) -> Result<()> {
+        self.precision.round_activation(t.data_mut());
+        Ok(())
     }
     fn upload(&self, t: &Tensor) -> Result<Tensor> {
         Ok(t.clone())
@@ -252,13 +297,23 @@ impl Backend for Cpu {
         Ok(())
     }
     fn matmul(&self, x: &Tensor, w: &Tensor) -> Result<Tensor> {
-        cpu::matmul(x, w)
+        match self.rounded(x, w) {
+            Some((x, w)) => cpu::matmul(&x, &w),
+            None => cpu::matmul(x, w),
+        }
     }
     fn matmul_nt(&self, dy: &Tensor, w: &Tensor) -> Result<Tensor> {
-        cpu::matmul_nt(dy, w)
+        match self.rounded(dy, w) {
+            Some((dy, w)) => cpu::matmul_nt(&dy, &w),
+            None => cpu::matmul_nt(dy, w),
+        }
     }
     fn matmul_tn_acc(&self, x: &Tensor, dy: &Tensor, acc: &mut Tensor) -> Result<()> {
-        cpu::matmul_tn_acc(x, dy, acc)
+        // The accumulator (a weight gradient) stays f32 in every precision.
+        match self.rounded(x, dy) {
+            Some((x, dy)) => cpu::matmul_tn_acc(&x, &dy, acc),
+            None => cpu::matmul_tn_acc(x, dy, acc),
+        }
     }
     fn add_bias(&self, x: &mut Tensor, b: &Tensor) -> Result<()> {
         cpu::add_bias(x, b)

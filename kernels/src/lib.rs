@@ -20,6 +20,8 @@
 //!   and [`optim::DeviceAdamW`], AdamW on any backend's tensors.
 //! - [`params`]: flat gradients, their reset and host copies of parameters
 //!   on any backend (what a runtime needs around the optimizer step).
+//! - [`Precision`]: f32, TF32 or bf16 matmul inputs (f32 accumulation) and bf16 stored
+//!   activations, a property of a backend; the host backend emulates the reduced ones.
 //! - [`Backend`]: the ops the layers run on; layers and
 //!   [`gpt::GptStage`] are generic over it ([`Cpu`] by default).
 //! - `cuda` (cargo feature `cuda`): the same ops on a GPU through cuBLAS and
@@ -72,9 +74,11 @@ pub mod init;
 pub mod layers;
 pub mod optim;
 pub mod params;
+pub mod precision;
 pub mod tensor;
 
 pub use backend::{Backend, Cpu, Shaped};
 pub use error::{KernelError, Result};
 pub use footprint::Footprint;
+pub use precision::Precision;
 pub use tensor::{DType, Tensor};

@@ -5,6 +5,10 @@
 //! and each occupies the next `numel` slots. Updates are elementwise and in
 //! a fixed order, so they are deterministic and the same on every replica.
 
+pub mod shard;
+
+pub use shard::ShardedAdamW;
+
 use crate::backend::{Backend, Shaped};
 use crate::error::{shape_err, KernelError, Result};
 use crate::layers::{Param, Parameters};
@@ -122,6 +126,11 @@ impl AdamW {
         self.step
     }
 
+    /// Values of optimizer state held (both moments of every parameter).
+    pub fn state_len(&self) -> usize {
+        self.m.len() + self.v.len()
+    }
+
     /// One update from the accumulated gradients (which it leaves alone).
     pub fn step(&mut self, model: &mut dyn Parameters) -> Result<()> {
         self.step += 1;
@@ -234,6 +243,14 @@ impl<B: Backend> DeviceAdamW<B> {
     /// Steps taken so far.
     pub fn steps(&self) -> u32 {
         self.step
+    }
+
+    /// Values of optimizer state held (both moments of every parameter).
+    pub fn state_len(&self) -> usize {
+        self.moments
+            .iter()
+            .map(|(m, v)| m.numel() + v.numel())
+            .sum()
     }
 
     /// One update from the accumulated gradients (which it leaves alone);

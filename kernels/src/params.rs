@@ -60,6 +60,28 @@ pub fn set_flat_grads<B: Backend, P: Parameters<B::Storage> + ?Sized>(
     done(err)
 }
 
+/// Overwrites every parameter value of `m` from a flat tensor in visit order (e.g. after
+/// the ZeRO-1 all-gather of updated shards); errors on a length mismatch.
+pub fn set_flat_params<B: Backend, P: Parameters<B::Storage> + ?Sized>(
+    be: &B,
+    m: &mut P,
+    flat: &B::Storage,
+) -> Result<()> {
+    let n = m.num_params();
+    if flat.numel() != n {
+        return Err(shape_err(
+            "set_flat_params",
+            format!("{} values for {n} parameters", flat.numel()),
+        ));
+    }
+    let (mut off, mut err) = (0, None);
+    m.visit_mut(&mut |p| {
+        first_err(&mut err, be.copy_from_offset(flat, off, &mut p.value));
+        off += p.value.numel();
+    });
+    done(err)
+}
+
 /// Sets every gradient of `m` to zero, on the device.
 pub fn zero_grads<B: Backend, P: Parameters<B::Storage> + ?Sized>(be: &B, m: &mut P) -> Result<()> {
     let mut err = None;

@@ -8,8 +8,8 @@ use anyhow::{bail, Result};
 use clap::parser::ValueSource;
 use clap::{ArgMatches, Args, FromArgMatches, ValueEnum};
 use pipewright::schedule::{
-    generate, recompute, CostModel, RawSpec, RecomputeError, RecomputePlan, ScheduleKind,
-    ScheduleSpec, StageCost, Timetable,
+    generate, recompute, CostError, CostModel, RawSpec, RecomputeError, RecomputePlan,
+    ScheduleKind, ScheduleSpec, StageCost, Timetable,
 };
 
 /// Which schedule to generate.
@@ -251,6 +251,12 @@ pub struct CostArgs {
         conflicts_with = "cost_file"
     )]
     pub activation_bytes: u64,
+    /// Fraction of a stage's activations still held after its input backward (I) until its
+    /// weight backward (W), in [0, 1]; the rest is freed when I ends (overrides the cost
+    /// file). Default 1: W holds all of them. The zero-bubble paper's transformer layer keeps
+    /// M_W/M_B = 32h/(34h+5as), e.g. 0.366 for h=2304, a=24, s=1024.
+    #[arg(long, value_name = "FRACTION", allow_negative_numbers = true)]
+    pub w_memory: Option<f64>,
     /// Bytes sent at each stage boundary per microbatch (activation or its gradient).
     #[arg(
         long,
@@ -278,6 +284,18 @@ impl CostArgs {
                 CostModel::uniform(stages, cost.split(v))
             }
         };
+        let mut model = model;
+        if let Some(fraction) = self.w_memory {
+            if !(0.0..=1.0).contains(&fraction) {
+                bail!(CostError::WMemory {
+                    place: "--w-memory".into(),
+                    value: fraction,
+                });
+            }
+            for stage in &mut model.stages {
+                stage.w_memory = fraction;
+            }
+        }
         let latency = self.p2p_latency.unwrap_or(model.p2p_latency);
         let bandwidth = self.bandwidth.or(model.bandwidth);
         Ok(model.with_link(latency, bandwidth)?)
@@ -321,6 +339,28 @@ pub fn parse_device(s: &str) -> std::result::Result<Device, String> {
             .and_then(|n| n.parse().ok())
             .map(Device::Cuda)
             .ok_or_else(|| format!("`{s}` is not a device: use cpu, cuda or cuda:N")),
+    }
+}
+
+/// What the matmuls read and the activations are stored as (`train --precision`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum PrecisionArg {
+    /// Everything in f32.
+    F32,
+    /// Matmul inputs rounded to TF32 (10 mantissa bits), f32 accumulation.
+    Tf32,
+    /// Matmul inputs in bf16 with f32 accumulation, activations and pipeline hand-offs in
+    /// bf16; f32 master weights, gradients and AdamW moments.
+    Bf16,
+}
+
+impl From<PrecisionArg> for pipewright::kernels::Precision {
+    fn from(p: PrecisionArg) -> Self {
+        match p {
+            PrecisionArg::F32 => Self::F32,
+            PrecisionArg::Tf32 => Self::Tf32,
+            PrecisionArg::Bf16 => Self::Bf16,
+        }
     }
 }
 

@@ -4,20 +4,21 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{bail, Result};
+use anyhow::{anyhow, bail, Result};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use pipewright::kernels::gpt::GptConfig;
 use pipewright::kernels::optim::AdamWConfig;
 use pipewright::runtime::{
     run, train_gpt, Coord, FinalParams, Mesh, MicrobatchId, ModuleError, RunOptions, StepRecord,
-    SyntheticModule, TrainConfig,
+    SyntheticModule, TrainConfig, Zero,
 };
 use pipewright::schedule::{simulate, Timeline, Timetable};
 use pipewright::viz::{bubble_chart, ChartOptions, ChartPanel, ImageFormat};
 
 use super::args::{
-    mpi_universe, nccl_universe, parse_device, CostArgs, Device, MpiUniverse, SourceArgs, Transport,
+    mpi_universe, nccl_universe, parse_device, CostArgs, Device, MpiUniverse, PrecisionArg,
+    SourceArgs, Transport,
 };
 use super::checks::{at_least, check_outputs, in_range, Kind, Output};
 use super::commands::ReportFormat;
@@ -43,12 +44,23 @@ pub struct TrainCmd {
     /// Default: `cpu`, or with `--transport nccl` the GPU of each rank's local rank.
     #[arg(long, value_parser = parse_device)]
     device: Option<Device>,
+    /// Matmul inputs and stored activations: `f32`; `tf32` (matmul inputs rounded to TF32);
+    /// `bf16` (bf16 matmul inputs with f32 accumulation, bf16 activations and pipeline
+    /// hand-offs, f32 master weights, gradients and AdamW moments). On the CPU the reduced
+    /// formats are emulated by rounding, so they train the same numbers, not faster.
+    #[arg(long, value_enum, default_value_t = PrecisionArg::F32)]
+    precision: PrecisionArg,
     /// Tensor-parallel ranks inside each pipeline stage (must divide --heads).
     #[arg(long, default_value_t = 1)]
     tp: usize,
     /// Data-parallel replicas of the whole pipeline.
     #[arg(long, default_value_t = 1)]
     dp: usize,
+    /// ZeRO level: 0 all-reduces gradients and keeps AdamW's state whole on every replica;
+    /// 1 reduce-scatters them and keeps 1/dp of the state per replica (same losses).
+    /// 2 and 3 are refused with a pipeline, which accumulates gradients across microbatches.
+    #[arg(long, default_value_t = 0, value_name = "LEVEL")]
+    zero: u32,
     /// Sequences per microbatch.
     #[arg(long, default_value_t = 4, value_name = "B")]
     microbatch_size: usize,
@@ -117,6 +129,11 @@ impl TrainCmd {
             );
         }
         let mesh = Mesh::new(tt.num_devices() as usize, self.tp, self.dp)?;
+        let zero = Zero::from_level(self.zero, mesh.pp)
+            .map_err(|e| anyhow!("--zero {}: {e}", self.zero))?;
+        if zero == Zero::One && mesh.dp == 1 {
+            eprintln!("warning: --zero 1 with --dp 1 changes nothing: the one replica holds all the optimizer state");
+        }
         let model = GptConfig::new(
             self.vocab,
             self.seq_len,
@@ -138,6 +155,8 @@ impl TrainCmd {
                 },
                 // The timetable carries the R actions; the plan says what each stage keeps.
                 recompute: self.source.recompute.clone(),
+                precision: self.precision.into(),
+                zero,
             },
         };
         let tokens = (cfg.global_batch(tt.microbatches) * self.seq_len) as f64;
@@ -168,6 +187,7 @@ impl TrainCmd {
                     serde_json::json!({"step": s.step, "loss": loss, "tokens_per_second": tps,
                         "seconds": s.seconds, "bubble_fraction": s.bubble_fraction(), "peak_stash": s.peak_stash,
                         "peak_stash_bytes": s.peak_stash_bytes, "kept_per_microbatch": s.kept_per_microbatch,
+                        "optimizer_state_bytes": s.optimizer_state_bytes,
                         "steady_state_period_ms": period_ms})
                 ),
                 ReportFormat::Table => {

@@ -31,7 +31,7 @@ pub enum RuntimeError {
         message: String,
     },
     /// The ranks disagree about the run: their timetables, meshes, models or seeds differ.
-    #[error("rank {rank} disagrees with rank 0 about the run (timetable, mesh, model, seed or steps differ): its fingerprint is {theirs:016x}, rank 0's {ours:016x}")]
+    #[error("rank {rank} disagrees with rank 0 about the run (timetable, mesh, model, seed, steps or precision differ): its fingerprint is {theirs:016x}, rank 0's {ours:016x}")]
     Disagree {
         /// The first rank that differs from rank 0.
         rank: usize,
@@ -62,6 +62,14 @@ pub enum RuntimeError {
         policy: pipewright_schedule::Recompute,
         /// The module's reason.
         reason: String,
+    },
+    /// ZeRO-1 over several replicas, and a stage whose module cannot shard its optimizer.
+    #[error("ZeRO-1 shards the optimizer over the {dp} data-parallel replicas, but stage {stage}'s module does not implement optimizer_step_shard and set_flat_params: run without ZeRO")]
+    NoShardedOptimizer {
+        /// The stage.
+        stage: u32,
+        /// Data-parallel replicas.
+        dp: usize,
     },
     /// A stage the timetable puts on a device has no module there.
     #[error("no module for stage {0} on this device")]

@@ -4,7 +4,9 @@
 //! where the row needs them; sends return at once. Activations are stashed per (stage,
 //! microbatch) from F to the backward; hand-offs between two stages of one device stay in
 //! memory. A stage's gradients start their data-parallel all-reduce right after its last
-//! backward of the step and are waited on only at the end, before the optimizer step.
+//! backward of the step and are waited on only at the end, before the optimizer step. Under
+//! ZeRO-1 ([`crate::zero`]) that reduction is a reduce-scatter, the optimizer steps the
+//! rank's shard, and the updated shards are all-gathered.
 
 use std::collections::{HashMap, HashSet};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -19,11 +21,12 @@ use pipewright_schedule::{Action, ActionKind, Event, Recompute, RecomputePlan, T
 use tokio::task::JoinHandle;
 
 use crate::batch::StepBatch;
-use crate::comm::{CommError, Communicator, Direction, ReduceOp, Tag};
+use crate::comm::{shard_range, CommError, Communicator, Direction, ReduceOp, Tag};
 use crate::error::RuntimeError;
 use crate::mesh::{Coord, Group, GroupKind, Mesh};
 use crate::module::{MicrobatchData, ModuleError, Output, StageModule};
 use crate::run::RunOptions;
+use crate::zero::Zero;
 
 /// What one device did in one step.
 #[derive(Clone, Debug, Default)]
@@ -39,6 +42,8 @@ pub struct StepOutcome {
     pub peak_stash_bytes: u64,
     /// The most bytes one forward's stash kept (after its recompute policy).
     pub kept_per_microbatch: u64,
+    /// Bytes of optimizer state this rank's modules hold after the step.
+    pub optimizer_state_bytes: u64,
 }
 
 /// Executes one device's row for every step of a run. The communicator and the stage
@@ -52,10 +57,21 @@ pub struct Executor<C: Communicator, M: StageModule<Tensor = C::Tensor>> {
     adamw: AdamWConfig,
     tp_group: Group,
     dp_group: Group,
+    /// Whether gradients are reduce-scattered and the optimizer sharded (ZeRO-1 over
+    /// several replicas).
+    sharded: bool,
     timeout: Duration,
     epoch: Instant,
     /// Stages that recompute, and how.
     recompute: HashMap<u32, Recompute>,
+}
+
+/// A stage's gradient reduction in flight: a DP all-reduce, or under ZeRO-1 a
+/// reduce-scatter of `numel` flat values.
+struct Reduction<P> {
+    stage: u32,
+    numel: usize,
+    pending: P,
 }
 
 /// The TP all-reduce the kernels call in the middle of a layer.
@@ -157,12 +173,20 @@ where
         let rank = mesh.rank(coord);
         check_backward_split(&tt, coord.pp, &modules)?;
         let recompute = set_recompute(&tt, &opts.recompute, &mut modules)?;
+        let sharded = opts.zero == Zero::One && mesh.dp > 1;
+        if let Some((&stage, _)) = modules
+            .iter()
+            .find(|(_, m)| sharded && !m.shards_optimizer())
+        {
+            return Err(RuntimeError::NoShardedOptimizer { stage, dp: mesh.dp });
+        }
         Ok(Executor {
             comm,
             mesh,
             coord,
             tp_group: mesh.group(GroupKind::Tp, rank)?,
             dp_group: mesh.group(GroupKind::Dp, rank)?,
+            sharded,
             tt,
             modules,
             adamw,
@@ -226,8 +250,8 @@ where
             }
             for part in a.parts() {
                 if last_backward.get(&part.stage) == Some(&i) && self.dp_group.size() > 1 {
-                    if let Some(p) = self.start_grad_reduce(step, part)? {
-                        pending.push((part.stage, p));
+                    if let Some(r) = self.start_grad_reduce(step, part)? {
+                        pending.push(r);
                     }
                 }
             }
@@ -239,12 +263,18 @@ where
             });
         }
         self.finish_step(step, pending)?;
+        let optimizer_state_bytes = self
+            .modules
+            .values()
+            .map(|m| m.optimizer_state_bytes() as u64)
+            .sum();
         Ok(StepOutcome {
             loss: st.loss,
             events,
             peak_stash: st.peak,
             peak_stash_bytes: st.peak_bytes,
             kept_per_microbatch: st.kept,
+            optimizer_state_bytes,
         })
     }
 
@@ -455,12 +485,13 @@ where
         result.map_err(|e| self.fail(step, Some(a), e))
     }
 
-    /// Start the data-parallel all-reduce of a stage's gradients; `None` when it has none.
+    /// Start the data-parallel reduction of a stage's gradients (an all-reduce, or under
+    /// ZeRO-1 a reduce-scatter); `None` when it has none.
     fn start_grad_reduce(
         &mut self,
         step: u64,
         a: Action,
-    ) -> Result<Option<C::Pending>, RuntimeError> {
+    ) -> Result<Option<Reduction<C::Pending>>, RuntimeError> {
         let module = self
             .modules
             .get_mut(&a.stage)
@@ -469,33 +500,45 @@ where
         else {
             return Ok(None);
         };
-        self.comm
-            .start_all_reduce(&self.dp_group, grads, ReduceOp::Sum)
-            .map(Some)
-            .map_err(|e| self.fail(step, Some(a), e))
+        let (comm, group) = (&self.comm, &self.dp_group);
+        let numel = comm.numel(&grads);
+        let pending = if self.sharded {
+            comm.start_reduce_scatter(group, grads, ReduceOp::Sum)
+        } else {
+            comm.start_all_reduce(group, grads, ReduceOp::Sum)
+        };
+        let pending = pending.map_err(|e| self.fail(step, Some(a), e))?;
+        Ok(Some(Reduction {
+            stage: a.stage,
+            numel,
+            pending,
+        }))
     }
 
-    /// Wait for gradient reductions, then step every stage's optimizer.
+    /// Wait for gradient reductions, then step every stage's optimizer (under ZeRO-1, the
+    /// reduced stages' shards, whose updated values are then all-gathered).
     fn finish_step(
         &mut self,
         step: u64,
-        pending: Vec<(u32, C::Pending)>,
+        pending: Vec<Reduction<C::Pending>>,
     ) -> Result<(), RuntimeError> {
-        for (stage, p) in pending {
-            let what = format!("gradient all-reduce of stage {stage}");
-            let t = self
-                .comm
-                .wait_all_reduce(p)
-                .map_err(|e| self.fail(step, None, format!("{what}: {e}")))?;
-            let module = self
-                .modules
-                .get_mut(&stage)
-                .ok_or_else(|| RuntimeError::missing_stage(stage))?;
-            let r = guard(|| module.set_flat_grads(t));
-            r.map_err(|e| self.fail(step, None, format!("{what}: {e}")))?;
-        }
         let cfg = self.adamw;
+        let mut stepped = Vec::new();
+        for r in pending {
+            let stage = r.stage;
+            let (what, done) = if self.sharded {
+                stepped.push(stage);
+                let what = "ZeRO-1 reduce-scatter, optimizer step and all-gather";
+                (what, self.sharded_step(r, &cfg))
+            } else {
+                ("gradient all-reduce", self.reduced_grads(r))
+            };
+            done.map_err(|e| self.fail(step, None, format!("{what} of stage {stage}: {e}")))?;
+        }
         for (stage, module) in self.modules.iter_mut() {
+            if stepped.contains(stage) {
+                continue;
+            }
             guard(|| module.optimizer_step(&cfg)).map_err(|e| {
                 RuntimeError::device(
                     self.mesh.rank(self.coord),
@@ -507,6 +550,38 @@ where
             })?;
         }
         Ok(())
+    }
+
+    /// A stage's all-reduced gradients, waited for and set back.
+    fn reduced_grads(&mut self, r: Reduction<C::Pending>) -> Result<(), ModuleError> {
+        let t = self.comm.wait_all_reduce(r.pending)?;
+        let module = self
+            .modules
+            .get_mut(&r.stage)
+            .ok_or_else(|| RuntimeError::missing_stage(r.stage))?;
+        guard(|| module.set_flat_grads(t))
+    }
+
+    /// ZeRO-1 for one stage: this rank's shard of the reduced gradients, AdamW on that
+    /// shard, every replica's updated shard gathered into the stage's parameters.
+    fn sharded_step(
+        &mut self,
+        r: Reduction<C::Pending>,
+        cfg: &AdamWConfig,
+    ) -> Result<(), ModuleError> {
+        let (comm, group) = (&self.comm, &self.dp_group);
+        let grads = comm.wait_reduce_scatter(r.pending)?;
+        let pos = group
+            .position(self.mesh.rank(self.coord))
+            .ok_or("this rank is not in its data-parallel group")?;
+        let range = shard_range(r.numel, group.size(), pos);
+        let module = self
+            .modules
+            .get_mut(&r.stage)
+            .ok_or_else(|| RuntimeError::missing_stage(r.stage))?;
+        let shard = guard(|| module.optimizer_step_shard(cfg, range, grads))?;
+        let values = comm.all_gather_shards(group, shard, r.numel)?;
+        guard(|| module.set_flat_params(values))
     }
 }
 

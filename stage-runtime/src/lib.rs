@@ -124,12 +124,13 @@ pub mod run_nccl;
 pub mod run_nccl_mpi;
 pub mod split;
 pub mod train;
+pub mod zero;
 
 pub use batch::{MicrobatchId, StepBatch};
 #[cfg(feature = "cuda")]
 pub use comm::cuda_local::run_cuda_local;
 pub use comm::local::{HostOps, LocalComm, LocalOps, LocalWorld};
-pub use comm::{CommError, Communicator, Direction, ReduceOp, Tag};
+pub use comm::{shard_range, CommError, Communicator, Direction, ReduceOp, Tag};
 pub use data::TokenBatch;
 pub use error::RuntimeError;
 pub use executor::{Executor, StepOutcome};
@@ -152,3 +153,4 @@ pub use train::train_gpt_nccl_mpi;
 #[cfg(feature = "nccl")]
 pub use train::train_gpt_nccl_rank;
 pub use train::{gpt_data, train_gpt, TrainConfig};
+pub use zero::{Zero, ZeroError};

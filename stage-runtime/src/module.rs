@@ -1,6 +1,7 @@
 //! `StageModule`: what a user implements for one chunk of a model, and two implementations:
 //! the reference GPT ([`GptModule`]) and synthetic stages of exact durations ([`SyntheticModule`]).
 
+use std::ops::Range;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -8,7 +9,7 @@ use pipewright_kernels::gpt::{
     GptConfig, GptStage, Keep, Microbatch as GptMicrobatch, StageOutput, Stash, WeightStash,
 };
 use pipewright_kernels::layers::{TpReduce, TpShard};
-use pipewright_kernels::optim::{AdamWConfig, DeviceAdamW};
+use pipewright_kernels::optim::{AdamWConfig, DeviceAdamW, ShardedAdamW};
 use pipewright_kernels::{params, Backend, Cpu, Footprint, Tensor};
 use pipewright_schedule::{Recompute, StageCost};
 
@@ -39,6 +40,9 @@ impl<D> Clone for MicrobatchData<'_, D> {
 }
 
 impl<D> Copy for MicrobatchData<'_, D> {}
+
+const NO_SHARD: &str = "this stage cannot shard its optimizer (ZeRO-1): it implements neither \
+     optimizer_step_shard nor set_flat_params";
 
 const NO_SPLIT: &str =
     "this stage has only a full backward (B), not an input (I) and weight (W) part";
@@ -170,6 +174,43 @@ pub trait StageModule {
     fn flat_params(&mut self) -> Result<Option<Vec<f32>>, ModuleError> {
         Ok(None)
     }
+
+    /// Whether the module implements ZeRO-1's two methods,
+    /// [`optimizer_step_shard`](Self::optimizer_step_shard) and
+    /// [`set_flat_params`](Self::set_flat_params). Runs with ZeRO-1 over more than one
+    /// data-parallel replica refuse a module that does not, before the first step.
+    fn shards_optimizer(&self) -> bool {
+        false
+    }
+
+    /// ZeRO-1's optimizer step: AdamW on `range` of the flat parameters (the layout of
+    /// [`flat_grads`](Self::flat_grads)) from `grads`, the reduced gradients of that range
+    /// alone (`range.len()` values). The module keeps optimizer state for its range only,
+    /// made from `cfg` on the first step (the range is the same every step of a run), returns
+    /// the range's updated values (flat) and zeroes its gradients. Its parameters change only
+    /// through [`set_flat_params`](Self::set_flat_params), with every replica's ranges.
+    fn optimizer_step_shard(
+        &mut self,
+        cfg: &AdamWConfig,
+        range: Range<usize>,
+        grads: Self::Tensor,
+    ) -> Result<Self::Tensor, ModuleError> {
+        let _ = (cfg, range, grads);
+        Err(NO_SHARD.into())
+    }
+
+    /// Replace every parameter value with `params`, flat in the order of
+    /// [`flat_params`](Self::flat_params) (ZeRO-1's all-gathered shards).
+    fn set_flat_params(&mut self, params: Self::Tensor) -> Result<(), ModuleError> {
+        let _ = params;
+        Err(NO_SHARD.into())
+    }
+
+    /// Bytes of optimizer state (moments, master weights) the module holds now, for reports:
+    /// 0 for a module that does not say.
+    fn optimizer_state_bytes(&self) -> usize {
+        0
+    }
 }
 
 /// One stage (and TP shard) of the reference GPT on a backend: the CPU by default, a GPU with
@@ -180,6 +221,8 @@ pub struct GptModule<B: Backend = Cpu> {
     pub stage: GptStage<B>,
     adamw: Option<DeviceAdamW<B>>,
     keep: Keep,
+    /// ZeRO-1: the moments of this replica's range only.
+    shard: Option<ShardedAdamW<B>>,
 }
 
 impl GptModule {
@@ -209,6 +252,7 @@ impl<B: Backend> GptModule<B> {
             stage: GptStage::on(backend, cfg, seed, stage, stages, tp)?,
             adamw: None,
             keep: Keep::All,
+            shard: None,
         })
     }
 }
@@ -311,6 +355,44 @@ impl<B: Backend> StageModule for GptModule<B> {
             &**self.stage.backend(),
             &self.stage,
         )?))
+    }
+
+    fn shards_optimizer(&self) -> bool {
+        true
+    }
+
+    /// [`ShardedAdamW`]: the update of [`DeviceAdamW`] value for value, so a ZeRO-1 run's
+    /// parameters are the unsharded run's to the bit.
+    fn optimizer_step_shard(
+        &mut self,
+        cfg: &AdamWConfig,
+        range: Range<usize>,
+        grads: B::Storage,
+    ) -> Result<B::Storage, ModuleError> {
+        let be = Arc::clone(self.stage.backend());
+        let opt = match &mut self.shard {
+            Some(opt) if opt.range() == range => opt,
+            Some(opt) => {
+                let had = opt.range();
+                return Err(format!("optimizer shard moved from {had:?} to {range:?}").into());
+            }
+            slot => slot.insert(ShardedAdamW::new(&*be, &self.stage, range, *cfg)?),
+        };
+        let out = opt.step(&*be, &self.stage, &grads)?;
+        params::zero_grads(&*be, &mut self.stage)?;
+        Ok(out)
+    }
+
+    fn set_flat_params(&mut self, flat: B::Storage) -> Result<(), ModuleError> {
+        let be = Arc::clone(self.stage.backend());
+        Ok(params::set_flat_params(&*be, &mut self.stage, &flat)?)
+    }
+
+    /// The f32 moments held: the whole stage's, or its ZeRO-1 range's.
+    fn optimizer_state_bytes(&self) -> usize {
+        let whole = self.adamw.as_ref().map_or(0, DeviceAdamW::state_len);
+        let shard = self.shard.as_ref().map_or(0, ShardedAdamW::state_len);
+        4 * (whole + shard)
     }
 }
 

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pipewright_kernels::optim::AdamWConfig;
-use pipewright_kernels::Tensor;
+use pipewright_kernels::{Precision, Tensor};
 use pipewright_schedule::{
     lower, validate, RecomputePlan, Timeline, TimelineMeta, TimelineSource, Timetable,
 };
@@ -22,6 +22,7 @@ use crate::error::RuntimeError;
 use crate::executor::{Executor, StepOutcome};
 use crate::mesh::{Coord, Mesh};
 use crate::module::{ModuleError, StageModule};
+use crate::zero::Zero;
 
 /// How to run.
 #[derive(Clone, Debug)]
@@ -35,6 +36,12 @@ pub struct RunOptions {
     /// What each stage keeps from a forward until its backward; a stage with `R` actions in
     /// the timetable and no policy here recomputes fully.
     pub recompute: RecomputePlan,
+    /// What the stages' backends compute in, and so what the pipeline hand-offs carry: bf16
+    /// in a bf16 run (on MPI, bf16 bytes on the wire). Master weights, gradients and
+    /// optimizer state are f32 in every precision.
+    pub precision: Precision,
+    /// ZeRO level of the data-parallel optimizer ([`Zero::One`]: sharded AdamW state).
+    pub zero: Zero,
 }
 
 impl Default for RunOptions {
@@ -44,6 +51,8 @@ impl Default for RunOptions {
             timeout: Duration::from_secs(60),
             adamw: AdamWConfig::default(),
             recompute: RecomputePlan::default(),
+            precision: Precision::F32,
+            zero: Zero::Off,
         }
     }
 }
@@ -68,6 +77,9 @@ pub struct StepRecord {
     /// The most bytes one forward's stash kept on each pipeline device (per microbatch, after
     /// the recompute policy dropped what it drops).
     pub kept_per_microbatch: Vec<u64>,
+    /// Bytes of optimizer state each rank held after the step, by global rank (a ZeRO-1
+    /// replica holds about `1 / dp` of its stage's).
+    pub optimizer_state_bytes: Vec<u64>,
     /// Where the step's time zero (its first compute) lies on the run's clock, in ms since
     /// the run began: steps overlap, so their timelines line up only with this added.
     pub origin_ms: f64,
@@ -395,6 +407,10 @@ impl Assembler {
             e.start = (e.start - t0).max(0.0);
             e.end = (e.end - t0).max(e.start);
         }
+        let mut optimizer_state_bytes = vec![0; self.mesh.world_size()];
+        for (c, o) in &list {
+            optimizer_state_bytes[self.mesh.rank(*c)] = o.optimizer_state_bytes;
+        }
         let mut peak_stash = vec![0; self.mesh.pp];
         let mut peak_stash_bytes = vec![0; self.mesh.pp];
         let mut kept_per_microbatch = vec![0; self.mesh.pp];
@@ -416,6 +432,7 @@ impl Assembler {
             peak_stash,
             peak_stash_bytes,
             kept_per_microbatch,
+            optimizer_state_bytes,
             origin_ms: t0,
         })
     }

@@ -100,7 +100,8 @@ pub(crate) fn start(
         tt.microbatches,
         opts.timeout,
     )
-    .map_err(|e| RuntimeError::Transport(e.to_string()))?;
+    .map_err(|e| RuntimeError::Transport(e.to_string()))?
+    .with_wire(opts.precision.activation_dtype());
     check_fingerprint(&comm, fingerprint(&tt, &mesh, opts, describe))?;
     Ok((comm, tt))
 }
@@ -239,10 +240,12 @@ impl<'a, CB: FnMut(&StepRecord)> Gather<'a, CB> {
 /// options that shape the work, and the caller's description (model, seed).
 fn fingerprint(tt: &Timetable, mesh: &Mesh, opts: &RunOptions, describe: &str) -> u64 {
     let text = format!(
-        "{}|{mesh:?}|steps {}|{:?}|{describe}",
+        "{}|{mesh:?}|steps {}|{:?}|{}|zero {}|{describe}",
         serde_json::to_string(tt).unwrap_or_default(),
         opts.steps,
-        opts.adamw
+        opts.adamw,
+        opts.precision,
+        opts.zero.level()
     );
     text.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
         (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
@@ -275,6 +278,7 @@ fn encode_outcome(step: u64, o: &StepOutcome) -> Vec<u8> {
         "peak": o.peak_stash,
         "peak_bytes": o.peak_stash_bytes,
         "kept": o.kept_per_microbatch,
+        "optimizer_bytes": o.optimizer_state_bytes,
         "events": o.events,
     });
     v.to_string().into_bytes()
@@ -296,6 +300,7 @@ fn decode_outcome(bytes: &[u8]) -> Result<(u64, StepOutcome), CommError> {
         .and_then(|p| u32::try_from(p).ok())
         .ok_or_else(|| bad("step"))?;
     let bytes = |key: &str| v[key].as_u64().ok_or_else(|| bad("step"));
+    let optimizer_state_bytes = v["optimizer_bytes"].as_u64().ok_or_else(|| bad("step"))?;
     let events: Vec<Event> =
         serde_json::from_value(v["events"].clone()).map_err(|_| bad("step"))?;
     Ok((
@@ -306,6 +311,7 @@ fn decode_outcome(bytes: &[u8]) -> Result<(u64, StepOutcome), CommError> {
             peak_stash,
             peak_stash_bytes: bytes("peak_bytes")?,
             kept_per_microbatch: bytes("kept")?,
+            optimizer_state_bytes,
         },
     ))
 }
@@ -371,6 +377,7 @@ mod tests {
             peak_stash: 4,
             peak_stash_bytes: 1 << 40,
             kept_per_microbatch: 96,
+            optimizer_state_bytes: 1 << 40,
         };
         let (step, back) = decode_outcome(&encode_outcome(7, &o)).unwrap();
         assert_eq!(step, 7);
@@ -381,5 +388,6 @@ mod tests {
             (back.peak_stash_bytes, back.kept_per_microbatch),
             (1 << 40, 96)
         );
+        assert_eq!(back.optimizer_state_bytes, 1 << 40);
     }
 }

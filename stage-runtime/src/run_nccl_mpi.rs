@@ -20,6 +20,7 @@ use std::time::Instant;
 use mpi::collective::CommunicatorCollectives;
 use mpi::environment::Universe;
 use pipewright_kernels::cuda::{CudaBackend, CudaTensor};
+use pipewright_kernels::Precision;
 use pipewright_schedule::Timetable;
 
 use crate::batch::MicrobatchId;
@@ -64,7 +65,7 @@ where
     let (comm, tt) = start(universe, mesh, tt, opts, &describe)?;
     let rank = comm.rank();
     let coord = mesh.coord(rank)?;
-    let backend = agree(&comm, open_gpu(rank))?;
+    let backend = agree(&comm, open_gpu(rank, opts.precision))?;
     let comm = Rc::new(comm);
     let result = guarded(&comm, coord, || {
         // Gathering reads the mesh, the timetable and the steps; the epoch it carries is unused.
@@ -95,7 +96,7 @@ where
 
 /// This rank's GPU, or one line saying what is missing. The libraries are checked first:
 /// cudarc panics on a call into a library that is not there.
-fn open_gpu(rank: usize) -> Result<Arc<CudaBackend>, String> {
+fn open_gpu(rank: usize, precision: Precision) -> Result<Arc<CudaBackend>, String> {
     if let Some(why) = crate::comm::nccl::missing_library() {
         return Err(why);
     }
@@ -105,7 +106,7 @@ fn open_gpu(rank: usize) -> Result<Arc<CudaBackend>, String> {
     let gpu =
         choose_gpu(local.as_deref(), rank, devices.max(0) as usize).map_err(|e| e.to_string())?;
     CudaBackend::new(gpu)
-        .map(Arc::new)
+        .map(|b| Arc::new(b.with_precision(precision)))
         .map_err(|e| format!("GPU {gpu}: {e}"))
 }
 

@@ -459,4 +459,25 @@ impl<D> StageModule for LayerStage<D> {
     fn flat_params(&mut self) -> Result<Option<Vec<f32>>, ModuleError> {
         host::flat_params(&self.layers)
     }
+
+    fn shards_optimizer(&self) -> bool {
+        true
+    }
+
+    fn optimizer_step_shard(
+        &mut self,
+        cfg: &AdamWConfig,
+        range: Range<usize>,
+        grads: Tensor,
+    ) -> Result<Tensor, ModuleError> {
+        self.opt.step_shard(&mut self.layers, cfg, range, grads)
+    }
+
+    fn set_flat_params(&mut self, values: Tensor) -> Result<(), ModuleError> {
+        host::set_flat_params(&mut self.layers, values)
+    }
+
+    fn optimizer_state_bytes(&self) -> usize {
+        self.opt.state_bytes()
+    }
 }

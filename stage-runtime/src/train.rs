@@ -59,20 +59,21 @@ pub fn train_gpt(
     on_step: impl FnMut(&StepRecord),
 ) -> Result<FinalParams, RuntimeError> {
     let g = GptRun::new(cfg, tt)?;
+    let cpu = Arc::new(Cpu::new(cfg.run.precision));
     run(
         cfg.mesh,
         tt,
-        |c, stage| g.module(&Arc::new(Cpu), c, stage),
+        |c, stage| g.module(&cpu, c, stage),
         |id| Ok(gpt_data(g.cfg, id)),
         &cfg.run,
         on_step,
     )
 }
 
-/// Train on GPU `ordinal` (feature `cuda`): every rank of the mesh is a thread of this
-/// process with its own stream on that one GPU, and the CUDA-local transport hands tensors
-/// over by device-to-device copies, so activations, gradients and optimizer state never
-/// leave the GPU. The whole GPU path (pipeline, TP and DP) runs on a single-GPU machine.
+/// Train on GPU `ordinal` (feature `cuda`) in `cfg.run.precision`: every rank of the mesh is
+/// a thread of this process with its own stream on that one GPU, and the CUDA-local transport
+/// hands tensors over by device-to-device copies, so activations, gradients and optimizer
+/// state never leave the GPU. The whole GPU path (pipeline, TP and DP) runs on a single-GPU machine.
 #[cfg(feature = "cuda")]
 pub fn train_gpt_cuda(
     cfg: &TrainConfig,
@@ -93,8 +94,8 @@ pub fn train_gpt_cuda(
 }
 
 /// Train as rank `rank` of a run over NCCL (feature `nccl`), one process (or thread) per
-/// GPU: `backend` is this rank's GPU and `ids` shares the communicators' ids (over MPI, or
-/// files in a directory every rank sees). `on_outcome` sees this rank's steps. Returns this
+/// GPU: `backend` is this rank's GPU (in `cfg.run.precision`, else an error) and `ids`
+/// shares the communicators' ids (over MPI, or files in a directory every rank sees). `on_outcome` sees this rank's steps. Returns this
 /// rank's final parameters.
 #[cfg(feature = "nccl")]
 pub fn train_gpt_nccl_rank(
@@ -131,11 +132,12 @@ pub fn train_gpt_mpi(
     on_step: impl FnMut(&StepRecord),
 ) -> Result<Option<FinalParams>, RuntimeError> {
     let g = GptRun::new(cfg, tt)?;
+    let cpu = Arc::new(Cpu::new(cfg.run.precision));
     crate::run_mpi::run_mpi(
         universe,
         cfg.mesh,
         tt,
-        |c, stage| g.module(&Arc::new(Cpu), c, stage),
+        |c, stage| g.module(&cpu, c, stage),
         |id| Ok(gpt_data(g.cfg, id)),
         &cfg.run,
         &describe(cfg),
@@ -211,6 +213,17 @@ impl<'a> GptRun<'a> {
         stage: u32,
     ) -> Result<GptModule<B>, ModuleError> {
         let cfg = self.cfg;
+        // The transports build the backends; a backend in another precision than the run's
+        // would train, silently, in the wrong one.
+        if be.precision() != cfg.run.precision {
+            return Err(format!(
+                "the {} backend computes in {}, the run asks for {}",
+                be.name(),
+                be.precision(),
+                cfg.run.precision
+            )
+            .into());
+        }
         let shard = TpShard::new(c.tp, cfg.mesh.tp)?;
         GptModule::on(be, &cfg.model, cfg.seed, stage as usize, self.stages, shard)
     }

@@ -199,6 +199,7 @@ fn the_searchs_list_schedules_equal_one_device() {
                 cap,
                 // The lookahead reorders work; training must not notice.
                 lookahead: split,
+                w_in_gaps: split,
             };
             let tt = list_schedule(p, M, &costs, &stage_weights(&costs, p), knobs).unwrap();
             let what = format!("{} p={p} tp={tp} dp={dp}", knobs.label());

@@ -10,7 +10,7 @@ use pipewright_kernels::{KernelError, Tensor};
 use pipewright_runtime::comm::CommError;
 use pipewright_runtime::{
     gpt_data, run_local, train_gpt, Coord, GptModule, HostOps, LocalOps, Mesh, MicrobatchData,
-    ModuleError, ReduceOp, RunOptions, StageModule, TokenBatch, TrainConfig,
+    ModuleError, ReduceOp, RunOptions, StageModule, TokenBatch, TrainConfig, Zero,
 };
 use pipewright_schedule::{generate, ScheduleKind, ScheduleSpec};
 
@@ -56,6 +56,12 @@ impl LocalOps for BoxedOps {
 
     fn share(&self, whole: &Boxed, pos: usize, n: usize) -> Result<Boxed, CommError> {
         HostOps.share(&whole.0, pos, n).map(|t| Boxed(Box::new(t)))
+    }
+
+    fn concat(&self, parts: &[&Parcel], numel: usize) -> Result<Boxed, CommError> {
+        HostOps
+            .concat(&refs(parts), numel)
+            .map(|t| Boxed(Box::new(t)))
     }
 
     fn numel(&self, t: &Boxed) -> usize {
@@ -136,8 +142,28 @@ impl StageModule for BoxedGpt {
     fn flat_params(&mut self) -> Result<Option<Vec<f32>>, ModuleError> {
         self.0.flat_params()
     }
+
+    fn shards_optimizer(&self) -> bool {
+        true
+    }
+
+    fn optimizer_step_shard(
+        &mut self,
+        cfg: &AdamWConfig,
+        range: std::ops::Range<usize>,
+        grads: Boxed,
+    ) -> Result<Boxed, ModuleError> {
+        let t = self.0.optimizer_step_shard(cfg, range, *grads.0)?;
+        Ok(Boxed(Box::new(t)))
+    }
+
+    fn set_flat_params(&mut self, values: Boxed) -> Result<(), ModuleError> {
+        self.0.set_flat_params(*values.0)
+    }
 }
 
+/// Under ZeRO-1 too (its reduce-scatter, sharded step and all-gather of shards through the
+/// user's data plane): the bits of the host run without ZeRO.
 #[test]
 fn a_tensor_type_of_its_own_trains_to_the_host_runs_bits() {
     let mesh = Mesh::new(2, 2, 2).unwrap();
@@ -161,17 +187,23 @@ fn a_tensor_type_of_its_own_trains_to_the_host_runs_bits() {
         let m = GptModule::new(&cfg.model, cfg.seed, stage as usize, stages, shard)?;
         Ok(BoxedGpt(m))
     };
-    let mut got = Vec::new();
-    let got_params = run_local(
-        mesh,
-        &tt,
-        |_| Ok(BoxedOps),
-        make,
-        |id| Ok(gpt_data(&cfg, id)),
-        &cfg.run,
-        |s| got.push(s.loss.map(f32::to_bits)),
-    )
-    .unwrap();
-    assert_eq!(got, want);
-    assert_eq!(got_params, want_params);
+    for zero in [Zero::Off, Zero::One] {
+        let opts = RunOptions {
+            zero,
+            ..cfg.run.clone()
+        };
+        let mut got = Vec::new();
+        let got_params = run_local(
+            mesh,
+            &tt,
+            |_| Ok(BoxedOps),
+            make,
+            |id| Ok(gpt_data(&cfg, id)),
+            &opts,
+            |s| got.push(s.loss.map(f32::to_bits)),
+        )
+        .unwrap();
+        assert_eq!(got, want, "{zero:?}");
+        assert_eq!(got_params, want_params, "{zero:?}");
+    }
 }

@@ -10,12 +10,12 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use pipewright_kernels::gpt::GptConfig;
-use pipewright_kernels::Tensor;
+use pipewright_kernels::{Precision, Tensor};
 use pipewright_runtime::comm::mpi::{self, MpiComm};
 use pipewright_runtime::split::uniform;
 use pipewright_runtime::{
-    run, run_mpi, train_gpt, train_gpt_mpi, Communicator, Coord, FinalParams, GroupKind,
-    LocalWorld, Mesh, ReduceOp, RunOptions, TrainConfig,
+    run, run_mpi, shard_range, train_gpt, train_gpt_mpi, Communicator, Coord, FinalParams,
+    GroupKind, LocalWorld, Mesh, ReduceOp, RunOptions, TrainConfig, Zero,
 };
 use pipewright_schedule::{generate, ScheduleKind, ScheduleSpec, Timetable};
 
@@ -91,9 +91,10 @@ fn compare_params(mpi: &FinalParams, local: &FinalParams) -> Result<f32, String>
 }
 
 /// Rank program: train over MPI; rank 0 then trains in-process and compares.
-fn equality_child(kind: ScheduleKind, v: u32) {
+fn equality_child(kind: ScheduleKind, v: u32, precision: Precision) {
     let universe = mpi::init().expect("MPI starts");
-    let cfg = config(Mesh::new(2, 2, 2).unwrap(), 3, Duration::from_secs(60));
+    let mut cfg = config(Mesh::new(2, 2, 2).unwrap(), 3, Duration::from_secs(60));
+    cfg.run.precision = precision;
     let tt = timetable(kind, v);
     let mut losses = Vec::new();
     let got = train_gpt_mpi(universe, &cfg, &tt, |s| losses.push(s.loss.unwrap()))
@@ -129,17 +130,75 @@ fn check_equal(test: &str) {
 #[test]
 fn mpi_1f1b_pp2_tp2_dp2_equals_in_process() {
     if std::env::var_os(CHILD).is_some() {
-        return equality_child(ScheduleKind::OneFOneB, 1);
+        return equality_child(ScheduleKind::OneFOneB, 1, Precision::F32);
     }
     check_equal("mpi_1f1b_pp2_tp2_dp2_equals_in_process");
+}
+
+/// bf16: pipeline payloads cross MPI as bf16 bytes (half of f32's), and the run still equals
+/// the in-process one, which hands over the same bf16-rounded values as f32s.
+#[test]
+fn mpi_bf16_pp2_tp2_dp2_equals_in_process() {
+    if std::env::var_os(CHILD).is_some() {
+        return equality_child(ScheduleKind::OneFOneB, 1, Precision::Bf16);
+    }
+    check_equal("mpi_bf16_pp2_tp2_dp2_equals_in_process");
 }
 
 #[test]
 fn mpi_interleaved_pp2_tp2_dp2_equals_in_process() {
     if std::env::var_os(CHILD).is_some() {
-        return equality_child(ScheduleKind::Interleaved1F1B, 2);
+        return equality_child(ScheduleKind::Interleaved1F1B, 2, Precision::F32);
     }
     check_equal("mpi_interleaved_pp2_tp2_dp2_equals_in_process");
+}
+
+/// Rank program: ZeRO-1 over MPI (an all-to-all reduce-scatter, sharded AdamW, an
+/// all-gather of shards); rank 0 then trains without ZeRO in-process and compares losses
+/// and parameters to the bit.
+fn zero_child(kind: ScheduleKind, v: u32) {
+    let universe = mpi::init().expect("MPI starts");
+    let mut cfg = config(Mesh::new(2, 2, 2).unwrap(), 3, Duration::from_secs(60));
+    cfg.run.zero = Zero::One;
+    let tt = timetable(kind, v);
+    let mut losses = Vec::new();
+    let got = train_gpt_mpi(universe, &cfg, &tt, |s| {
+        losses.push(s.loss.map(f32::to_bits))
+    })
+    .unwrap_or_else(|e| panic!("MPI run: {e}"));
+    let Some(params) = got else { return };
+    cfg.run.zero = Zero::Off;
+    let mut want = Vec::new();
+    let local = train_gpt(&cfg, &tt, |s| want.push(s.loss.map(f32::to_bits))).expect("local run");
+    assert_eq!(
+        losses, want,
+        "ZeRO-1 over MPI: losses differ from ZeRO-0 in-process"
+    );
+    assert_eq!(
+        params, local,
+        "ZeRO-1 over MPI: parameters differ from ZeRO-0 in-process"
+    );
+    println!(
+        "MPI-EQUAL {} ZeRO-1 to the bit, {} parameter sets",
+        tt.name,
+        params.len()
+    );
+}
+
+#[test]
+fn mpi_zero1_1f1b_pp2_tp2_dp2_equals_zero0_in_process_to_the_bit() {
+    if std::env::var_os(CHILD).is_some() {
+        return zero_child(ScheduleKind::OneFOneB, 1);
+    }
+    check_equal("mpi_zero1_1f1b_pp2_tp2_dp2_equals_zero0_in_process_to_the_bit");
+}
+
+#[test]
+fn mpi_zero1_interleaved_pp2_tp2_dp2_equals_zero0_in_process_to_the_bit() {
+    if std::env::var_os(CHILD).is_some() {
+        return zero_child(ScheduleKind::Interleaved1F1B, 2);
+    }
+    check_equal("mpi_zero1_interleaved_pp2_tp2_dp2_equals_zero0_in_process_to_the_bit");
 }
 
 /// Rank program: a user's own model (a layer list with its own data type) over MPI; rank 0
@@ -199,7 +258,8 @@ fn mpi_user_model_pp2_dp2_equals_in_process_to_the_bit() {
 
 /// What every rank computes with the collectives, as bits: sums and means over 4 ranks of
 /// values whose sum depends on the order of addition, an empty all-reduce, an all-gather of
-/// different shapes, a reduce-scatter and a barrier.
+/// different shapes, a reduce-scatter, an uneven reduce-scatter (63 values over 4) whose
+/// shards gather back into the all-reduce's bits, and a barrier.
 fn collectives<C: Communicator<Tensor = Tensor>>(c: &C, mesh: Mesh) -> Vec<u32> {
     let rank = c.rank();
     let g = mesh.group(GroupKind::Tp, rank).unwrap();
@@ -222,9 +282,23 @@ fn collectives<C: Communicator<Tensor = Tensor>>(c: &C, mesh: Mesh) -> Vec<u32> 
         out.extend(t.data().iter().map(|v| v.to_bits()));
     }
     let rs = c
-        .reduce_scatter(&g, &Tensor::new(&[64], values).unwrap(), ReduceOp::Sum)
+        .reduce_scatter(
+            &g,
+            &Tensor::new(&[64], values.clone()).unwrap(),
+            ReduceOp::Sum,
+        )
         .unwrap();
     out.extend(rs.data().iter().map(|v| v.to_bits()));
+    let odd = Tensor::new(&[63], values[..63].to_vec()).unwrap();
+    let mut whole = odd.clone();
+    c.all_reduce(&g, &mut whole, ReduceOp::Sum).unwrap();
+    let p = c.start_reduce_scatter(&g, odd, ReduceOp::Sum).unwrap();
+    let shard = c.wait_reduce_scatter(p).unwrap();
+    let r = shard_range(63, 4, g.position(rank).unwrap());
+    assert_eq!(shard.data(), &whole.data()[r]);
+    let back = c.all_gather_shards(&g, shard, 63).unwrap();
+    assert_eq!(back.data(), whole.data());
+    out.extend(back.data().iter().map(|v| v.to_bits()));
     c.barrier(&g).unwrap();
     out
 }
@@ -269,6 +343,65 @@ fn mpi_collectives_equal_the_local_transport_to_the_bit() {
         comm.rank()
     );
     println!("COLLECTIVES-EQUAL rank {}", comm.rank());
+}
+
+/// Polls `f` until it is ready (MPI receives poll and yield; nothing needs waking).
+fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    use std::task::{Context, Poll, RawWaker, RawWakerVTable, Waker};
+    fn raw() -> RawWaker {
+        RawWaker::new(std::ptr::null(), &VTABLE)
+    }
+    static VTABLE: RawWakerVTable = RawWakerVTable::new(|_| raw(), |_| {}, |_| {}, |_| {});
+    // SAFETY: the vtable's functions do nothing with the (null) data pointer.
+    let waker = unsafe { Waker::from_raw(raw()) };
+    let mut cx = Context::from_waker(&waker);
+    let mut f = std::pin::pin!(f);
+    loop {
+        if let Poll::Ready(v) = f.as_mut().poll(&mut cx) {
+            return v;
+        }
+    }
+}
+
+/// A bf16 wire carries bf16 bytes: what arrives is the sent tensor rounded to bf16 (an f32
+/// wire would deliver it unrounded), and the receiver takes exactly 2 bytes per element.
+#[test]
+fn mpi_bf16_wire_delivers_bf16_values() {
+    let test = "mpi_bf16_wire_delivers_bf16_values";
+    if std::env::var_os(CHILD).is_none() {
+        let out = run_to_end(mpirun(2, test, &[]));
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "mpirun failed:\n{stdout}\n{stderr}");
+        assert!(stdout.contains("BF16-WIRE-OK"), "{stdout}\n{stderr}");
+        return;
+    }
+    let mesh = Mesh::new(2, 1, 1).unwrap();
+    let comm = MpiComm::new(mpi::init().unwrap(), mesh, 2, 1, Duration::from_secs(30))
+        .unwrap()
+        .with_wire(pipewright_kernels::DType::BF16);
+    let sent = Tensor::new(&[3, 4], (0..12).map(|i| 1.0 + 0.001 * i as f32).collect()).unwrap();
+    let tag = pipewright_runtime::Tag {
+        step: 0,
+        dir: pipewright_runtime::Direction::Forward,
+        stage: 0,
+        microbatch: 0,
+    };
+    if comm.rank() == 0 {
+        comm.send(1, tag, sent).unwrap();
+        // Sends complete as the receiver takes them; keep the communicator until then.
+        comm.barrier(&mesh.group(GroupKind::World, comm.rank()).unwrap())
+            .unwrap();
+        return;
+    }
+    let got = block_on(comm.recv(0, tag)).unwrap();
+    let mut want = sent.clone();
+    Precision::Bf16.round_activation(want.data_mut());
+    assert_ne!(want, sent);
+    assert_eq!(got, want);
+    comm.barrier(&mesh.group(GroupKind::World, comm.rank()).unwrap())
+        .unwrap();
+    println!("BF16-WIRE-OK");
 }
 
 /// Rank program: announce its pid, then train for far longer than the test waits.

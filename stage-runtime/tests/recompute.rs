@@ -105,6 +105,26 @@ fn recomputation_with_tensor_and_data_parallelism_is_bit_identical() {
 }
 
 #[test]
+fn recomputation_in_bf16_and_under_zero_1_is_bit_identical_too() {
+    use pipewright_kernels::Precision;
+    use pipewright_runtime::Zero;
+    let spec = ScheduleSpec::new(ScheduleKind::Interleaved1F1B, 2, 2, M, None).unwrap();
+    let tt = generate(&spec);
+    let go = |plan: &str| {
+        let mut cfg = config(Mesh::new(2, 1, 2).unwrap(), plan);
+        cfg.run.precision = Precision::Bf16;
+        cfg.run.zero = Zero::One;
+        let mut losses = Vec::new();
+        let params = train_gpt(&cfg, &tt, |s| losses.push(s.loss.unwrap().to_bits())).unwrap();
+        (losses, bits(&params))
+    };
+    let base = go("none");
+    for plan in ["full", "selective", "every:1"] {
+        assert_eq!(go(plan), base, "{plan}");
+    }
+}
+
+#[test]
 fn a_middle_stage_keeps_exactly_the_closed_form_bytes_per_microbatch() {
     // ZBV over 2 devices, 4 stages of 2 layers in a V: device 1 holds stages 1 and 2, both
     // in the middle (no embedding, no head), so a forward keeps per layer, in f32:

@@ -4,12 +4,104 @@
 //! matrix of its transpose. So the row-major product `C = A B` is computed
 //! as the column-major `C^T = B^T A^T`, with no copies: each call below just
 //! swaps operands and picks transpose flags and leading dimensions.
+//!
+//! Each product reads its operands as [`Reads`] says: the f32 tensors themselves (plain
+//! SGEMM, or TF32 tensor-core math), or bf16 copies of them; the output and the accumulation
+//! are f32 in every case. In every call below cuBLAS's `A` is the second tensor argument and
+//! `B` the first.
 
 use super::{cuda_err, CudaTensor};
 use crate::error::{KernelError, Result};
 use cudarc::cublas::sys::cublasOperation_t::{CUBLAS_OP_N, CUBLAS_OP_T};
-use cudarc::cublas::{CudaBlas, Gemm, GemmConfig};
-use std::os::raw::c_int;
+use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cudaDataType_t};
+use cudarc::cublas::{result as blas_result, CudaBlas, Gemm, GemmConfig};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
+use half::bf16;
+use std::os::raw::{c_int, c_void};
+
+/// What a product reads: `F32` is cuBLAS's SGEMM (bit-identical to the backend before
+/// precisions existed); `Tf32` the same f32 buffers with TF32 tensor-core math; `Bf16` bf16
+/// copies of the call's two tensors, in argument order.
+pub(super) enum Reads<'a> {
+    F32,
+    Tf32,
+    Bf16(&'a CudaSlice<bf16>, &'a CudaSlice<bf16>),
+}
+
+/// `c = alpha * op(A) op(B) + beta * c` with `A` the second tensor and `B` the first, read
+/// as `reads` says, accumulated and written in f32.
+fn gemm(
+    blas: &CudaBlas,
+    stream: &CudaStream,
+    cfg: GemmConfig<f32>,
+    (first, second): (&CudaTensor, &CudaTensor),
+    reads: &Reads<'_>,
+    c: &mut CudaSlice<f32>,
+) -> Result<()> {
+    let (a_ty, b_ty, compute, a, b) = match reads {
+        // SAFETY (all three): the caller checked the shapes against `cfg`.
+        Reads::F32 => {
+            return unsafe { blas.gemm(cfg, &second.data, &first.data, c) }.map_err(cuda_err)
+        }
+        Reads::Tf32 => {
+            let (a, _ra) = second.data.device_ptr(stream);
+            let (b, _rb) = first.data.device_ptr(stream);
+            let f32_ty = cudaDataType_t::CUDA_R_32F;
+            let math = cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32;
+            return unsafe { gemm_ex(blas, stream, &cfg, (a, f32_ty), (b, f32_ty), math, c) };
+        }
+        Reads::Bf16(first16, second16) => (
+            cudaDataType_t::CUDA_R_16BF,
+            cudaDataType_t::CUDA_R_16BF,
+            cublasComputeType_t::CUBLAS_COMPUTE_32F,
+            *second16,
+            *first16,
+        ),
+    };
+    let (a, _ra) = a.device_ptr(stream);
+    let (b, _rb) = b.device_ptr(stream);
+    // SAFETY: the bf16 copies have the f32 tensors' element counts, so `cfg` fits them.
+    unsafe { gemm_ex(blas, stream, &cfg, (a, a_ty), (b, b_ty), compute, c) }
+}
+
+/// `cublasGemmEx` with f32 `alpha`, `beta` and output, on device pointers the caller keeps
+/// alive and ordered on `stream`.
+///
+/// # Safety
+/// `a` and `b` must point to matrices of the types given that fit `cfg`.
+unsafe fn gemm_ex(
+    blas: &CudaBlas,
+    stream: &CudaStream,
+    cfg: &GemmConfig<f32>,
+    (a, a_ty): (u64, cudaDataType_t),
+    (b, b_ty): (u64, cudaDataType_t),
+    compute: cublasComputeType_t,
+    c: &mut CudaSlice<f32>,
+) -> Result<()> {
+    let (c, _rc) = c.device_ptr_mut(stream);
+    blas_result::gemm_ex(
+        *blas.handle(),
+        cfg.transa,
+        cfg.transb,
+        cfg.m,
+        cfg.n,
+        cfg.k,
+        (&cfg.alpha) as *const f32 as *const c_void,
+        a as *const c_void,
+        a_ty,
+        cfg.lda,
+        b as *const c_void,
+        b_ty,
+        cfg.ldb,
+        (&cfg.beta) as *const f32 as *const c_void,
+        c as *mut c_void,
+        cudaDataType_t::CUDA_R_32F,
+        cfg.ldc,
+        compute,
+        cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+    )
+    .map_err(cuda_err)
+}
 
 fn dim(n: usize) -> Result<c_int> {
     c_int::try_from(n).map_err(|_| KernelError::Cuda(format!("dimension {n} exceeds cuBLAS's int")))
@@ -25,8 +117,9 @@ fn empty(dims: &[c_int]) -> bool {
 /// `out = x @ w` (`x [m, k]`, `w [k, n]`): column-major `out^T = w^T x^T`.
 pub(super) fn matmul(
     blas: &CudaBlas,
-    x: &CudaTensor,
-    w: &CudaTensor,
+    stream: &CudaStream,
+    (x, w): (&CudaTensor, &CudaTensor),
+    reads: &Reads<'_>,
     out: &mut CudaTensor,
 ) -> Result<()> {
     let (m, k, n) = (dim(x.rows())?, dim(x.cols())?, dim(w.cols())?);
@@ -45,16 +138,17 @@ pub(super) fn matmul(
         beta: 0.0,
         ldc: n,
     };
-    // SAFETY: shapes were checked by the caller; every leading dimension
-    // matches the row-major layout of its buffer.
-    unsafe { blas.gemm(cfg, &w.data, &x.data, &mut out.data) }.map_err(cuda_err)
+    // Shapes were checked by the caller; every leading dimension matches the row-major
+    // layout of its buffer.
+    gemm(blas, stream, cfg, (x, w), reads, &mut out.data)
 }
 
 /// `out = dy @ w^T` (`dy [m, n]`, `w [k, n]`): column-major `out^T = w dy^T`.
 pub(super) fn matmul_nt(
     blas: &CudaBlas,
-    dy: &CudaTensor,
-    w: &CudaTensor,
+    stream: &CudaStream,
+    (dy, w): (&CudaTensor, &CudaTensor),
+    reads: &Reads<'_>,
     out: &mut CudaTensor,
 ) -> Result<()> {
     let (m, n, k) = (dim(dy.rows())?, dim(dy.cols())?, dim(w.shape[0])?);
@@ -73,15 +167,15 @@ pub(super) fn matmul_nt(
         beta: 0.0,
         ldc: k,
     };
-    // SAFETY: as in `matmul`.
-    unsafe { blas.gemm(cfg, &w.data, &dy.data, &mut out.data) }.map_err(cuda_err)
+    gemm(blas, stream, cfg, (dy, w), reads, &mut out.data)
 }
 
 /// `acc += x^T @ dy` (`x [m, k]`, `dy [m, n]`): column-major `acc^T += dy^T x`.
 pub(super) fn matmul_tn_acc(
     blas: &CudaBlas,
-    x: &CudaTensor,
-    dy: &CudaTensor,
+    stream: &CudaStream,
+    (x, dy): (&CudaTensor, &CudaTensor),
+    reads: &Reads<'_>,
     acc: &mut CudaTensor,
 ) -> Result<()> {
     let (m, k, n) = (dim(x.rows())?, dim(x.cols())?, dim(dy.cols())?);
@@ -100,6 +194,5 @@ pub(super) fn matmul_tn_acc(
         beta: 1.0,
         ldc: n,
     };
-    // SAFETY: as in `matmul`.
-    unsafe { blas.gemm(cfg, &dy.data, &x.data, &mut acc.data) }.map_err(cuda_err)
+    gemm(blas, stream, cfg, (x, dy), reads, &mut acc.data)
 }

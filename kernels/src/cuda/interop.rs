@@ -75,6 +75,8 @@ impl CudaBackend {
             kernels: self.kernels.clone(),
             rows: self.rows.clone(),
             attn: self.attn.clone(),
+            mixed: self.mixed.clone(),
+            precision: self.precision,
             stream,
         })
     }

@@ -12,6 +12,7 @@ mod attention;
 mod blas;
 pub mod interop;
 mod kernels;
+mod mixed;
 mod nvrtc;
 mod rowops;
 
@@ -19,6 +20,7 @@ use crate::backend::{check_range, Backend, Shaped};
 use crate::cpu::{self, AttnShape};
 use crate::error::{shape_err, KernelError, Result};
 use crate::optim::AdamWUpdate;
+use crate::precision::Precision;
 use crate::tensor::Tensor;
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
@@ -128,6 +130,9 @@ pub struct CudaBackend {
     kernels: kernels::Kernels,
     rows: rowops::RowKernels,
     attn: attention::AttnKernels,
+    /// f32 to bf16 conversions for reduced-precision matmuls and activations.
+    mixed: mixed::MixedKernels,
+    precision: Precision,
 }
 
 impl std::fmt::Debug for CudaBackend {
@@ -163,7 +168,39 @@ impl CudaBackend {
             kernels,
             rows,
             attn,
+            mixed: mixed::MixedKernels::compile(&ctx)?,
+            precision: Precision::F32,
         })
+    }
+
+    /// This backend computing in `precision` (f32 by default): TF32 tensor-core math on the
+    /// f32 operands, or bf16 copies of them (f32 accumulation and output either way), and
+    /// bf16-rounded activations in a bf16 run. Activations keep f32 storage: the values
+    /// are bf16, the memory is not halved.
+    pub fn with_precision(mut self, precision: Precision) -> Self {
+        self.precision = precision;
+        self
+    }
+
+    /// Runs a product of `first` and `second` (the matmul's two tensor arguments, in
+    /// order) with the operands this backend's precision reads.
+    fn with_reads<T>(
+        &self,
+        first: &CudaTensor,
+        second: &CudaTensor,
+        product: impl FnOnce(&blas::Reads<'_>) -> Result<T>,
+    ) -> Result<T> {
+        match self.precision {
+            Precision::F32 => product(&blas::Reads::F32),
+            Precision::Tf32 => product(&blas::Reads::Tf32),
+            Precision::Bf16 => {
+                // Freed after the product is queued: the allocator orders the frees on
+                // the stream, behind the GEMM that reads them.
+                let a = self.mixed.to_bf16(&self.stream, first)?;
+                let b = self.mixed.to_bf16(&self.stream, second)?;
+                product(&blas::Reads::Bf16(&a, &b))
+            }
+        }
     }
 
     /// A zero tensor on the device.
@@ -229,6 +266,17 @@ impl Backend for CudaBackend {
 
     fn name(&self) -> String {
         format!("cuda:{}", self.ordinal)
+    }
+
+    fn precision(&self) -> Precision {
+        self.precision
+    }
+
+    fn round_activation(&self, t: &mut CudaTensor) -> Result<()> {
+        match self.precision {
+            Precision::Bf16 => self.mixed.round_bf16(&self.stream, t),
+            Precision::F32 | Precision::Tf32 => Ok(()),
+        }
     }
 
     fn upload(&self, t: &Tensor) -> Result<CudaTensor> {
@@ -328,7 +376,9 @@ impl Backend for CudaBackend {
         let mut shape = x.shape.clone();
         *shape.last_mut().expect("x has a dim") = w.cols();
         let mut out = self.zeros(&shape)?;
-        blas::matmul(&self.blas, x, w, &mut out)?;
+        self.with_reads(x, w, |r| {
+            blas::matmul(&self.blas, &self.stream, (x, w), r, &mut out)
+        })?;
         Ok(out)
     }
 
@@ -342,7 +392,9 @@ impl Backend for CudaBackend {
         let mut shape = dy.shape.clone();
         *shape.last_mut().expect("dy has a dim") = w.shape[0];
         let mut out = self.zeros(&shape)?;
-        blas::matmul_nt(&self.blas, dy, w, &mut out)?;
+        self.with_reads(dy, w, |r| {
+            blas::matmul_nt(&self.blas, &self.stream, (dy, w), r, &mut out)
+        })?;
         Ok(out)
     }
 
@@ -353,7 +405,9 @@ impl Backend for CudaBackend {
                 format!("{:?}^T @ {:?} into {:?}", x.shape, dy.shape, acc.shape),
             ));
         }
-        blas::matmul_tn_acc(&self.blas, x, dy, acc)
+        self.with_reads(x, dy, |r| {
+            blas::matmul_tn_acc(&self.blas, &self.stream, (x, dy), r, acc)
+        })
     }
 
     fn add_bias(&self, x: &mut CudaTensor, b: &CudaTensor) -> Result<()> {

@@ -56,6 +56,11 @@ mod tests {
                 owned(super::super::rowops::NAMES),
             ),
             (
+                "mixed",
+                super::super::mixed::SOURCE.to_string(),
+                owned(super::super::mixed::NAMES),
+            ),
+            (
                 "attention",
                 super::super::attention::source(),
                 super::super::attention::names(),

@@ -342,7 +342,7 @@ impl<B: Backend> GptStage<B> {
             (Some(x), Keep::Input | Keep::FirstBlocksFrom(_)) => Some(self.be.copy(x)?),
             _ => None,
         };
-        let (mut x, ids) = self.stage_input(mb, input)?;
+        let (mut x, ids) = self.residual_input(mb, input)?;
         let mut blocks = Vec::with_capacity(self.blocks.len());
         for (i, b) in self.blocks.iter().enumerate() {
             let (y, mut s) = b.forward(x, tp)?;
@@ -415,7 +415,7 @@ impl<B: Backend> GptStage<B> {
                 if stash.blocks.len() + n != self.blocks.len() {
                     return Err(self.err("stash from a different stage"));
                 }
-                let (mut x, _) = self.stage_input(mb, stash.input.take())?;
+                let (mut x, _) = self.residual_input(mb, stash.input.take())?;
                 let mut blocks = Vec::with_capacity(self.blocks.len());
                 for b in &self.blocks[..n] {
                     let (y, s) = b.forward(x, tp)?;
@@ -428,6 +428,19 @@ impl<B: Backend> GptStage<B> {
                 Ok(stash)
             }
         }
+    }
+
+    /// The residual stream entering the first block: the stage input, rounded as the
+    /// blocks' outputs are stored (the one start of the stream for forward and recompute).
+    fn residual_input(
+        &self,
+        mb: &Microbatch<'_>,
+        input: Option<B::Storage>,
+    ) -> Result<(B::Storage, Option<Ids>)> {
+        let (mut x, ids) = self.stage_input(mb, input)?;
+        // The embedding starts the residual stream, stored like the blocks' outputs.
+        self.backend().round_activation(&mut x)?;
+        Ok((x, ids))
     }
 
     /// Checks and produces the activations entering the first block.

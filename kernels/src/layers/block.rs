@@ -96,6 +96,9 @@ impl<B: Backend> Block<B> {
         let (n2, ln2) = self.ln2.forward(&h)?;
         let (m, mlp) = self.mlp.forward(n2, tp)?;
         be.add_assign(&mut h, &m)?;
+        // The residual stream is stored in the activation precision (bf16 in a bf16 run),
+        // so a pipeline boundary between blocks rounds nothing a single device does not.
+        be.round_activation(&mut h)?;
         let stash = BlockStash {
             ln1,
             attn,
@@ -121,6 +124,7 @@ impl<B: Backend> Block<B> {
         let (dn1, attn) = self.attn.backward_input(stash.attn, be.copy(&dh)?, tp)?;
         let mut dx = dh;
         be.add_assign(&mut dx, &self.ln1.backward_input(&dn1, &stash.ln1)?)?;
+        be.round_activation(&mut dx)?;
         let ws = BlockWeightStash {
             ln1: (stash.ln1, dn1),
             attn,

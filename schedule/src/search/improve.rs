@@ -14,7 +14,7 @@ use crate::action::{Action, ActionKind};
 use crate::simulate::{simulate_steps, CostModel, SteadyState};
 use crate::timetable::Timetable;
 
-use super::memory::peak_units;
+use super::memory::peak_units_held;
 use super::{Objective, PERIOD_STEPS};
 
 /// What to improve, under which costs and cap, with how many simulations at most.
@@ -23,6 +23,8 @@ pub struct Improve<'a> {
     pub costs: &'a CostModel,
     /// Memory weight per stage, in units.
     pub weights: &'a [f64],
+    /// Units each stage still holds after its I until its W.
+    pub held: &'a [f64],
     /// Cap per device, in units.
     pub cap: f64,
     /// Most simulations to spend.
@@ -47,7 +49,7 @@ pub fn improve(tt: &Timetable, how: &Improve<'_>) -> Option<(Timetable, SteadySt
             let mut next = cur_tt.clone();
             let a = next.devices[d].remove(from);
             next.devices[d].insert(to, a);
-            let peak = peak_units(&next, how.weights)
+            let peak = peak_units_held(&next, how.weights, how.held)
                 .into_iter()
                 .fold(0.0, f64::max);
             if peak > how.cap + 1e-9 {

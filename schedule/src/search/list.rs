@@ -12,6 +12,7 @@
 use std::cmp::{Ordering, Reverse};
 use std::collections::{BinaryHeap, VecDeque};
 
+use super::memory::held_weights;
 use crate::action::{Action, ActionKind};
 use crate::simulate::CostModel;
 use crate::spec::Placement;
@@ -37,6 +38,12 @@ pub struct Knobs {
     /// other work, which shortens device 0's wait for its first backward (a gap inside its
     /// span, so in the steady-state period).
     pub lookahead: bool,
+    /// Start a W only where it cannot delay critical work: when it ends before the next
+    /// input backward or fitting forward arrives, or when memory keeps every forward out and
+    /// no input backward is due before it would end. A W started in a short wait delays the
+    /// backward (or the last device's forward) behind it, and every earlier device in turn;
+    /// W's kept back fill the devices' tails instead, which are gaps in the span otherwise.
+    pub w_in_gaps: bool,
 }
 
 impl Knobs {
@@ -54,8 +61,9 @@ impl Knobs {
             (false, false) => ", forward first, oldest first",
         };
         let look = if self.lookahead { ", lookahead" } else { "" };
+        let gaps = if self.w_in_gaps { ", W in gaps" } else { "" };
         format!(
-            "list v={} {place}, {back}, cap {}{order}{look}",
+            "list v={} {place}, {back}, cap {}{order}{look}{gaps}",
             self.v,
             fmt_units(self.cap)
         )
@@ -116,6 +124,8 @@ struct State<'a> {
     m: u32,
     /// Units a microbatch entering each device will need there over all its chunks.
     need: Vec<f64>,
+    /// Units each stage still holds after its I until its W.
+    held: Vec<f64>,
     /// First (lowest) stage of each device: where a microbatch enters it.
     first: Vec<u32>,
     free: Vec<f64>,
@@ -143,6 +153,7 @@ impl<'a> State<'a> {
         let mut s = State {
             m,
             need,
+            held: held_weights(costs, weights),
             first,
             free: vec![0.0; p],
             mem: vec![0.0; p],
@@ -219,8 +230,31 @@ impl<'a> State<'a> {
         if let Some(b) = back {
             return Some(self.take_backward_at(d, b));
         }
-        let (stage, mb) = self.weight_grads[d as usize].pop_front()?;
+        let &(stage, mb) = self.weight_grads[d as usize].front()?;
+        if self.knobs.w_in_gaps && !self.w_fits(d, t, self.costs.stages[stage as usize].w) {
+            return None;
+        }
+        self.weight_grads[d as usize].pop_front();
         Some(Action::new(stage, ActionKind::W, mb))
+    }
+
+    /// Whether a W of duration `w` started at `t` delays no critical work on `d`: no input
+    /// backward arrives before it would end, and no forward that fits memory either (a
+    /// forward that does not fit needs the memory W frees, so it does not count).
+    fn w_fits(&self, d: u32, t: f64, w: f64) -> bool {
+        let di = d as usize;
+        let end = t + w - 1e-9;
+        let backward_due = self.backwards[di].iter().any(|p| p.ready < end);
+        let forward_due = self.forwards[di]
+            .iter()
+            .any(|p| p.ready > t && p.ready < end && self.fits(di, p));
+        !backward_due && !forward_due
+    }
+
+    /// Whether forward `p` fits device `di`'s memory now.
+    fn fits(&self, di: usize, p: &Pending) -> bool {
+        let room = self.knobs.cap + 1e-9 - self.mem[di] - self.reserved[di];
+        p.stage != self.first[di] || self.need[di] <= room
     }
 
     /// Whether an input backward arrives before the shortest other work would end.
@@ -267,12 +301,10 @@ impl<'a> State<'a> {
     /// Index of the ready forward that fits in memory and comes first by the knobs.
     fn best_forward(&self, d: u32, t: f64) -> Option<usize> {
         let di = d as usize;
-        let room = self.knobs.cap + 1e-9 - self.mem[di] - self.reserved[di];
-        let fits = |p: &Pending| p.stage != self.first[di] || self.need[di] <= room;
         let ready = self.forwards[di]
             .iter()
             .enumerate()
-            .filter(|(_, p)| p.ready <= t && fits(p));
+            .filter(|(_, p)| p.ready <= t && self.fits(di, p));
         if self.knobs.depth_first {
             ready.min_by_key(|(_, p)| (Reverse(p.stage), p.mb))
         } else {
@@ -296,6 +328,7 @@ impl<'a> State<'a> {
                 if a.kind == ActionKind::B {
                     self.mem[di] -= w;
                 } else {
+                    self.mem[di] -= w - self.held[s as usize];
                     self.weight_grads[di].push_back((s, mb));
                 }
                 if s > 0 {
@@ -303,7 +336,7 @@ impl<'a> State<'a> {
                     self.push(true, s - 1, mb, ready);
                 }
             }
-            ActionKind::W => self.mem[di] -= w,
+            ActionKind::W => self.mem[di] -= self.held[s as usize],
             _ => {}
         }
     }

@@ -100,23 +100,50 @@ pub fn stage_weights(costs: &CostModel, devices: u32) -> Vec<f64> {
     }
 }
 
-/// Most units each device holds at once when it runs its actions in order. A device runs one
-/// action at a time, so this is the timed peak too: F stashes at its start, B (or W, which
-/// still needs the activations) frees at its end, and an F&B overlap holds both at once.
+/// Units each stage still holds after its input backward (I) until its W: its weight times
+/// its `w_memory` fraction (the whole weight by default).
+pub fn held_weights(costs: &CostModel, weights: &[f64]) -> Vec<f64> {
+    weights
+        .iter()
+        .enumerate()
+        .map(|(s, &w)| {
+            let fraction = costs.stages.get(s).map_or(1.0, |c| c.w_memory);
+            if fraction >= 1.0 {
+                w
+            } else {
+                w * fraction
+            }
+        })
+        .collect()
+}
+
+/// Most units each device holds at once when it runs its actions in order, a pending W
+/// holding its stage's whole weight. See [`peak_units_held`].
 pub fn peak_units(tt: &Timetable, weights: &[f64]) -> Vec<f64> {
+    peak_units_held(tt, weights, weights)
+}
+
+/// Most units each device holds at once when it runs its actions in order. A device runs one
+/// action at a time, so this is the timed peak too: F stashes its stage's weight at its start,
+/// B frees it at its end; a split backward's I frees all but `held` (what W still needs) at
+/// its end and W frees the rest at its end; an F&B overlap holds both at once.
+pub fn peak_units_held(tt: &Timetable, weights: &[f64], held: &[f64]) -> Vec<f64> {
     tt.devices
         .iter()
         .map(|actions| {
             let (mut now, mut peak) = (0.0f64, 0.0f64);
             for a in actions {
                 let w = |s: u32| weights.get(s as usize).copied().unwrap_or(0.0);
+                let h = |s: u32| held.get(s as usize).copied().unwrap_or(0.0);
                 for part in a.parts() {
                     match part.kind {
                         ActionKind::F => {
                             now += w(part.stage);
                             peak = peak.max(now);
                         }
-                        ActionKind::B | ActionKind::W => now -= w(part.stage),
+                        ActionKind::B => now -= w(part.stage),
+                        ActionKind::I => now -= w(part.stage) - h(part.stage),
+                        ActionKind::W => now -= h(part.stage),
                         _ => {}
                     }
                 }
@@ -129,6 +156,61 @@ pub fn peak_units(tt: &Timetable, weights: &[f64]) -> Vec<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::simulate::{simulate, StageCost};
+    use crate::spec::{ScheduleKind, ScheduleSpec};
+
+    /// Per-device peaks of a family on `p` devices, `m` microbatches, one unit per stage and
+    /// `r` of it held after I until W, counted in units and by the simulator in bytes.
+    fn peaks(kind: ScheduleKind, p: u32, m: u32, r: f64) -> (Vec<f64>, Vec<f64>) {
+        let tt = crate::generate(&ScheduleSpec::new(kind, p, 1, m, None).unwrap());
+        let mut c = StageCost::new(1.0, 2.0, Some(1.0)).unwrap();
+        c.activation_bytes = 1000;
+        c.w_memory = r;
+        let costs = CostModel::uniform(p, c);
+        let weights = stage_weights(&costs, p);
+        let units = peak_units_held(&tt, &weights, &held_weights(&costs, &weights));
+        let sim = simulate(&tt, &costs).unwrap();
+        let bytes = sim.report.devices.iter();
+        (
+            units,
+            bytes
+                .map(|d| d.peak_activation_bytes as f64 / 1000.0)
+                .collect(),
+        )
+    }
+
+    #[test]
+    fn zb_peaks_with_the_split_follow_the_papers_closed_forms() {
+        // Qi et al., section 2.3: worker i (from 1) peaks at (p-i+1) M_B + (i-1) M_W under
+        // ZB-H1 and (2p-2i+1) M_B + (2i-2) M_W under ZB-H2.
+        let (p, m, r) = (6, 18, 0.375);
+        type ClosedForm = fn(f64) -> f64;
+        let cases: [(ScheduleKind, ClosedForm); 2] = [
+            (ScheduleKind::ZbH1, |i| (6.0 - i + 1.0) + (i - 1.0) * 0.375),
+            (ScheduleKind::ZbH2, |i| {
+                (12.0 - 2.0 * i + 1.0) + (2.0 * i - 2.0) * 0.375
+            }),
+        ];
+        for (kind, closed) in cases {
+            let (units, bytes) = peaks(kind, p, m, r);
+            for d in 0..p as usize {
+                let want = closed(d as f64 + 1.0);
+                assert!((units[d] - want).abs() < 1e-9, "{kind:?} {d}: {units:?}");
+                assert!((bytes[d] - want).abs() < 1e-9, "{kind:?} {d}: {bytes:?}");
+            }
+        }
+        // The default (W holds it all) is today's count: 1F1B-like p and 2p-1 on device 0.
+        let (units, bytes) = peaks(ScheduleKind::ZbH2, p, m, 1.0);
+        assert_eq!(units, bytes);
+        assert_eq!(units[0], 11.0);
+        assert_eq!(
+            units,
+            peak_units(
+                &crate::generate(&ScheduleSpec::new(ScheduleKind::ZbH2, p, 1, m, None).unwrap()),
+                &[1.0; 6]
+            )
+        );
+    }
 
     #[test]
     fn caps_parse_as_microbatches_or_bytes() {

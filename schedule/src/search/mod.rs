@@ -32,11 +32,15 @@
 mod improve;
 mod list;
 mod memory;
+mod rounds;
 
 use serde::Serialize;
 
 pub use list::{list_schedule, Knobs};
-pub use memory::{peak_units, stage_weights, unit_bytes, CapError, MemoryCap};
+pub use memory::{
+    held_weights, peak_units, peak_units_held, stage_weights, unit_bytes, CapError, MemoryCap,
+};
+pub use rounds::{round_schedule, RoundKnobs};
 
 use crate::generators::generate;
 use crate::simulate::{
@@ -225,6 +229,8 @@ pub enum SearchError {
 enum Job {
     Fixed(ScheduleSpec),
     List(Knobs),
+    /// The zero-bubble paper's round heuristic (one chunk per device) under a cap in units.
+    Rounds(RoundKnobs, f64),
 }
 
 impl Job {
@@ -232,6 +238,7 @@ impl Job {
         match self {
             Job::Fixed(s) => s.virtual_stages(),
             Job::List(k) => k.v,
+            Job::Rounds(..) => 1,
         }
     }
 }
@@ -240,6 +247,8 @@ impl Job {
 struct Shape {
     costs: CostModel,
     weights: Vec<f64>,
+    /// Units each stage still holds after its I until its W.
+    held: Vec<f64>,
 }
 
 /// Find the fastest timetable that fits `spec.cap`.
@@ -258,7 +267,12 @@ pub fn search(spec: &SearchSpec) -> Result<SearchOutcome, SearchError> {
         .map(|v| {
             let costs = spec.costs.resample(p * v.max(1)).ok()?;
             let weights = stage_weights(&costs, p);
-            Some(Shape { costs, weights })
+            let held = held_weights(&costs, &weights);
+            Some(Shape {
+                costs,
+                weights,
+                held,
+            })
         })
         .collect();
     let (jobs, mut skipped) = jobs(spec, cap, &shapes);
@@ -298,6 +312,7 @@ pub fn search(spec: &SearchSpec) -> Result<SearchOutcome, SearchError> {
         let how = Improve {
             costs: &shape.costs,
             weights: &shape.weights,
+            held: &shape.held,
             cap,
             budget: spec.improve_budget,
             objective: spec.objective,
@@ -308,7 +323,7 @@ pub fn search(spec: &SearchSpec) -> Result<SearchOutcome, SearchError> {
             let label = format!("{} + gap filling", base.label);
             let family = base.family.clone();
             let v = base.virtual_stages;
-            let cand = describe((label, family, v), &tt, sim, &shape.weights, unit, spec.cap);
+            let cand = describe((label, family, v), &tt, sim, shape, unit, spec.cap);
             if cand.fits {
                 best_index = candidates.len();
                 candidates.push(cand);
@@ -529,6 +544,7 @@ fn list_jobs(
             depth_first: true,
             cap,
             lookahead: false,
+            w_in_gaps: false,
         };
         let Some(shape) = &shapes[v as usize] else {
             skipped.push(Skipped {
@@ -564,10 +580,16 @@ fn list_jobs(
                 }
             }
         }
-        jobs.push(Job::List(Knobs {
-            lookahead: true,
-            ..knobs
-        }));
+        for (lookahead, w_in_gaps) in [(true, false), (false, true), (true, true)] {
+            jobs.push(Job::List(Knobs {
+                lookahead,
+                w_in_gaps,
+                ..knobs
+            }));
+        }
+        if v == 1 {
+            jobs.extend(RoundKnobs::ALL.iter().map(|&k| Job::Rounds(k, cap)));
+        }
         for level in cap_levels(need, cap) {
             jobs.push(Job::List(Knobs {
                 cap: level,
@@ -676,17 +698,17 @@ fn evaluate(
             Some(tt) => (k.label(), "list".to_string(), tt),
             None => return Err((k.label(), "the cap stops every device at once".into())),
         },
+        Job::Rounds(k, cap) => {
+            let (costs, weights, held) = (&shape.costs, &shape.weights, &shape.held);
+            match round_schedule(p, m, costs, weights, held, *cap, *k) {
+                Some(tt) => (k.label(*cap), "list".to_string(), tt),
+                None => return Err((k.label(*cap), "a forward does not fit the cap".into())),
+            }
+        }
     };
     let sim = simulate_steps(&tt, &shape.costs, PERIOD_STEPS)
         .map_err(|e| (label.clone(), steady_reason(e)))?;
-    let cand = describe(
-        (label, family, job.v()),
-        &tt,
-        &sim,
-        &shape.weights,
-        unit,
-        spec.cap,
-    );
+    let cand = describe((label, family, job.v()), &tt, &sim, shape, unit, spec.cap);
     let fits = cand.fits;
     let kept = fits.then_some((tt, sim.single));
     Ok((cand, kept))
@@ -705,12 +727,14 @@ fn describe(
     (label, family, virtual_stages): (String, String, u32),
     tt: &Timetable,
     steady: &SteadyState,
-    weights: &[f64],
+    shape: &Shape,
     unit: Option<f64>,
     cap: MemoryCap,
 ) -> Candidate {
     let sim = &steady.single;
-    let peak = peak_units(tt, weights).into_iter().fold(0.0, f64::max);
+    let peak = peak_units_held(tt, &shape.weights, &shape.held)
+        .into_iter()
+        .fold(0.0, f64::max);
     let peak_bytes = unit.map(|_| sim.report.peak_activation_bytes());
     let fits = match cap {
         MemoryCap::Microbatches(x) => peak <= x + 1e-9,

@@ -18,6 +18,12 @@ pub struct StageCost {
     pub w: f64,
     /// Bytes of activations stashed from F until the backward is done.
     pub activation_bytes: u64,
+    /// Fraction of the stashed activations still held after the input backward (I) until the
+    /// weight backward (W) ends; the rest is freed when I ends. 1 (the default) holds all of
+    /// them until W. The zero-bubble paper's transformer layer keeps `M_W / M_B` =
+    /// `32h / (34h + 5as)` (hidden size h, heads a, sequence s): about 0.37 to 0.43.
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub w_memory: f64,
     /// Bytes of the stage's output (and of its gradient) sent to the next stage.
     pub p2p_bytes: u64,
     /// Time of DualPipe's F&B overlap whose forward is this stage's; `None` for the sum of
@@ -47,6 +53,14 @@ fn is_zero(x: &f64) -> bool {
     *x == 0.0
 }
 
+fn one() -> f64 {
+    1.0
+}
+
+fn is_one(x: &f64) -> bool {
+    *x == 1.0
+}
+
 impl StageCost {
     /// Forward `f`, full backward `b`, and weight part `w` (default `b/2`); `i = b - w`.
     pub fn new(f: f64, b: f64, w: Option<f64>) -> Result<Self, CostError> {
@@ -57,6 +71,16 @@ impl StageCost {
             ..Default::default()
         }
         .resolve("--cost")
+    }
+
+    /// Bytes still held after the input backward until W: `activation_bytes * w_memory`,
+    /// rounded (all of them by default).
+    pub fn w_activation_bytes(&self) -> u64 {
+        if self.w_memory >= 1.0 {
+            self.activation_bytes
+        } else {
+            (self.activation_bytes as f64 * self.w_memory).round() as u64
+        }
     }
 
     /// Time of a compute kind; zero for communication kinds.
@@ -82,6 +106,7 @@ impl StageCost {
             i: self.i / k,
             w: self.w / k,
             activation_bytes: self.activation_bytes / u64::from(v.max(1)),
+            w_memory: self.w_memory,
             p2p_bytes: self.p2p_bytes,
             overlap: self.overlap.map(|t| t / k),
             optimizer: self.optimizer / k,
@@ -199,17 +224,28 @@ impl CostModel {
     }
 }
 
-/// Neighbouring stages as one: times and activations add up; the hand-off is the last one's.
+/// Neighbouring stages as one: times and activations add up; the hand-off is the last one's;
+/// the fraction held for W is the parts' average weighted by their activations (plain
+/// average when they carry no sizes), so the joined stage holds what its parts held.
 fn join(parts: &[StageCost]) -> StageCost {
     let sum = |f: fn(&StageCost) -> f64| parts.iter().map(f).sum::<f64>();
     let overlap = parts.iter().map(|c| c.overlap).sum::<Option<f64>>();
     let r = parts.iter().any(|c| c.r.is_some());
+    let bytes: u64 = parts.iter().map(|c| c.activation_bytes).sum();
+    let w_memory = if parts.iter().all(|c| c.w_memory == 1.0) {
+        1.0
+    } else if bytes > 0 {
+        sum(|c| c.activation_bytes as f64 * c.w_memory) / bytes as f64
+    } else {
+        sum(|c| c.w_memory) / parts.len().max(1) as f64
+    };
     StageCost {
         f: sum(|c| c.f),
         b: sum(|c| c.b),
         i: sum(|c| c.i),
         w: sum(|c| c.w),
-        activation_bytes: parts.iter().map(|c| c.activation_bytes).sum(),
+        activation_bytes: bytes,
+        w_memory,
         p2p_bytes: parts.last().map_or(0, |c| c.p2p_bytes),
         overlap,
         optimizer: sum(|c| c.optimizer),
@@ -239,6 +275,9 @@ pub struct RawStageCost {
     /// Stashed activation bytes (default 0).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub activation_bytes: Option<u64>,
+    /// Fraction of the activations held after I until W, in [0, 1] (default 1: all).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub w_memory: Option<f64>,
     /// Bytes sent to the next stage (default 0).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub p2p_bytes: Option<u64>,
@@ -273,6 +312,7 @@ impl RawStageCost {
             i: self.i.or(d.i),
             w: self.w.or(d.w),
             activation_bytes: self.activation_bytes.or(d.activation_bytes),
+            w_memory: self.w_memory.or(d.w_memory),
             p2p_bytes: self.p2p_bytes.or(d.p2p_bytes),
             overlap: self.overlap.or(d.overlap),
             optimizer: self.optimizer.or(d.optimizer),
@@ -310,6 +350,13 @@ impl RawStageCost {
                 _ => {}
             }
         }
+        let w_memory = self.w_memory.unwrap_or(1.0);
+        if !(0.0..=1.0).contains(&w_memory) {
+            return Err(CostError::WMemory {
+                place: place.to_string(),
+                value: w_memory,
+            });
+        }
         let overlap = self.overlap.unwrap_or(0.0);
         let optimizer = self.optimizer.unwrap_or(0.0);
         let dp_allreduce = self.dp_allreduce.unwrap_or(0.0);
@@ -335,6 +382,7 @@ impl RawStageCost {
             i,
             w,
             activation_bytes: self.activation_bytes.unwrap_or(0),
+            w_memory,
             p2p_bytes: self.p2p_bytes.unwrap_or(0),
             overlap: self.overlap,
             optimizer,
@@ -350,8 +398,8 @@ impl RawStageCost {
 /// [`CostModel::resample`]): costs of a 4-device pipeline serve one of 4 devices with 2 chunks.
 ///
 /// ```json
-/// { "default": { "f": 1.0, "b": 2.0, "w": 1.0, "activation_bytes": 4096, "p2p_bytes": 1024,
-///                "overlap": 2.5, "optimizer": 0.5, "dp_allreduce": 0.2 },
+/// { "default": { "f": 1.0, "b": 2.0, "w": 1.0, "activation_bytes": 4096, "w_memory": 0.4,
+///                "p2p_bytes": 1024, "overlap": 2.5, "optimizer": 0.5, "dp_allreduce": 0.2 },
 ///   "stages": [ {}, {}, {}, { "f": 1.5, "b": 3.0 } ],
 ///   "p2p_latency": 0.05, "bandwidth": 1e6 }
 /// ```
@@ -466,6 +514,14 @@ pub enum CostError {
         value: f64,
         /// The full backward.
         b: f64,
+    },
+    /// A held-for-W fraction outside [0, 1].
+    #[error("{place}: w_memory = {value} is not a fraction in [0, 1] (the part of a stage's activations still held after I until W: 1 = all, the default; the zero-bubble paper's transformer layer: 32h/(34h+5as), about 0.4)")]
+    WMemory {
+        /// Which stage or flag.
+        place: String,
+        /// The value given.
+        value: f64,
     },
     /// Bandwidth must be positive.
     #[error("bandwidth must be a finite number > 0 bytes per time unit (got {0})")]

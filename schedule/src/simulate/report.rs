@@ -44,7 +44,9 @@ impl Report {
     /// Summarise a timeline; activation sizes come from `costs`.
     ///
     /// A stage-microbatch holds its activations from the start of its F to the end of its
-    /// backward: the end of B, or of W when the backward is split (W still needs them).
+    /// backward: the end of B, or of W when the backward is split (W still needs them). With
+    /// a split, the end of I frees all but the stage's `w_memory` fraction, which W frees
+    /// (by default W holds all of them). Counts follow the microbatch-stage until its W.
     /// Peaks follow the order of a device's actions, so zero-length actions (zero costs)
     /// peak exactly as short ones do. Bubble fractions over a zero makespan are undefined:
     /// NaN here, `null` in JSON.
@@ -135,7 +137,7 @@ pub(crate) fn memory_tracks(timeline: &Timeline, costs: &CostModel) -> Vec<Memor
         .collect()
 }
 
-/// (time, action position, 0 at its start or 1 at its end, count change, bytes change).
+/// (time, action position, 0 at its start or 1 at its end, change of count, change of bytes).
 type Delta = (f64, usize, u8, i8, i128);
 
 /// A microbatch with an `R` keeps only [`CostModel::kept_bytes`] from the start of its F to
@@ -150,20 +152,25 @@ fn track(events: &[&crate::timeline::Event], costs: &CostModel) -> MemoryTrack {
     for (pos, e) in events.iter().enumerate() {
         // An overlap is its F (stashes at the start) and its B (frees at the end).
         for part in e.action.parts() {
-            let full = costs
-                .stages
-                .get(part.stage as usize)
-                .map_or(0, |c| c.activation_bytes);
+            let (bytes, held) = costs.stages.get(part.stage as usize).map_or((0, 0), |c| {
+                (
+                    c.activation_bytes,
+                    c.w_activation_bytes().min(c.activation_bytes),
+                )
+            });
             let kept = if recomputed.contains(&(part.stage, part.microbatch)) {
-                costs.kept_bytes(part.stage).min(full)
+                costs.kept_bytes(part.stage).min(bytes)
             } else {
-                full
+                bytes
             };
-            let (full, kept) = (i128::from(full), i128::from(kept));
+            let (bytes, held, kept) = (i128::from(bytes), i128::from(held), i128::from(kept));
             match part.kind {
                 ActionKind::F => deltas.push((e.start, pos, 0, 1, kept)),
-                ActionKind::R => deltas.push((e.start, pos, 0, 0, full - kept)),
-                ActionKind::B | ActionKind::W => deltas.push((e.end, pos, 1, -1, -full)),
+                ActionKind::R => deltas.push((e.start, pos, 0, 0, bytes - kept)),
+                ActionKind::B => deltas.push((e.end, pos, 1, -1, -bytes)),
+                // I frees what W does not need; the microbatch-stage still counts until W.
+                ActionKind::I if held < bytes => deltas.push((e.end, pos, 1, 0, held - bytes)),
+                ActionKind::W => deltas.push((e.end, pos, 1, -1, -held)),
                 _ => {}
             }
         }

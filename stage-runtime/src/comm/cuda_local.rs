@@ -24,7 +24,7 @@ use pipewright_kernels::{Backend, Tensor};
 use pipewright_schedule::Timetable;
 
 use super::local::{LocalComm, LocalOps, LocalWorld};
-use super::{share_len, CommError, ReduceOp};
+use super::{check_shard, shard_range, CommError, ReduceOp};
 use crate::batch::MicrobatchId;
 use crate::error::RuntimeError;
 use crate::mesh::{Coord, Mesh};
@@ -174,13 +174,37 @@ impl LocalOps for CudaOps {
     }
 
     fn share(&self, whole: &CudaTensor, pos: usize, n: usize) -> Result<CudaTensor, CommError> {
-        let len = share_len(whole.numel(), n)?;
-        if len == 0 {
+        let r = shard_range(whole.numel(), n, pos);
+        if r.is_empty() {
             return self.placeholder();
         }
-        let view = whole.slice().slice(pos * len..(pos + 1) * len);
+        let len = r.len();
+        let view = whole.slice().slice(r);
         let data = self.stream().clone_dtod(&view).map_err(device_err)?;
         CudaTensor::from_slice(&[len], data).map_err(device_err)
+    }
+
+    fn concat(&self, parts: &[&CudaMessage], numel: usize) -> Result<CudaTensor, CommError> {
+        let out = self
+            .backend
+            .zeros(&[numel])
+            .map_err(device_err)
+            .and_then(|mut out| {
+                let mut off = 0;
+                for (pos, p) in parts.iter().enumerate() {
+                    check_shard(p.tensor.numel(), numel, parts.len(), pos)?;
+                    self.wait_for(p)?;
+                    if p.tensor.numel() > 0 {
+                        self.backend
+                            .copy_to_offset(&p.tensor, &mut out, off)
+                            .map_err(device_err)?;
+                    }
+                    off += p.tensor.numel();
+                }
+                Ok(out)
+            });
+        self.settle()?; // on failure too, as in `reduce`
+        out
     }
 
     fn numel(&self, t: &CudaTensor) -> usize {
@@ -211,7 +235,9 @@ where
     DF: Fn(MicrobatchId) -> Result<M::Data, ModuleError> + Sync,
     CB: FnMut(&StepRecord),
 {
-    let base = CudaBackend::new(ordinal).map_err(|e| RuntimeError::Transport(e.to_string()))?;
+    let base = CudaBackend::new(ordinal)
+        .map_err(|e| RuntimeError::Transport(e.to_string()))?
+        .with_precision(opts.precision);
     let ops = |_rank: usize| -> Result<CudaOps, ModuleError> {
         Ok(CudaOps::new(Arc::new(base.on_new_stream()?)))
     };

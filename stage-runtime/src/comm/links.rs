@@ -105,6 +105,41 @@ pub struct CommSpec {
     pub role: CommRole,
 }
 
+/// What one rank does in a communicator of the plan: its NCCL rank and, on a link, which
+/// end it is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Membership {
+    /// This rank's position in [`CommSpec::ranks`] (its NCCL rank).
+    pub position: usize,
+    /// On a link: whether this rank sends, and the global rank at the other end. `None` for
+    /// a group, whose size may be one (a one-rank world has no other end).
+    pub link_end: Option<(bool, usize)>,
+}
+
+impl CommSpec {
+    /// Where `rank` sits in this communicator; errors if it is not a member, or if a link
+    /// does not join exactly two distinct ranks (so no rank count can index out of bounds).
+    pub fn membership(&self, rank: usize) -> Result<Membership, RuntimeError> {
+        let bad = |why: &str| RuntimeError::Timetable(format!("NCCL plan: {}: {why}", self.name));
+        let position = self
+            .ranks
+            .iter()
+            .position(|&r| r == rank)
+            .ok_or_else(|| bad(&format!("rank {rank} is not a member")))?;
+        let link_end = match self.role {
+            CommRole::Group(..) => None,
+            CommRole::Headers(_) | CommRole::Payloads(_) => match self.ranks[..] {
+                // Links list [sender, receiver].
+                [from, to] if from != to => {
+                    Some((position == 0, if position == 0 { to } else { from }))
+                }
+                _ => return Err(bad("a link must join two distinct ranks")),
+            },
+        };
+        Ok(Membership { position, link_end })
+    }
+}
+
 /// What a communicator of an NCCL run carries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CommRole {
@@ -213,6 +248,66 @@ mod tests {
             "{e}"
         );
         assert!(!e.contains('\n'));
+    }
+
+    /// Every spec of the plan of every mesh up to 8 ranks, for each of its members: the
+    /// rank counts the role needs (a group at least one rank, a link two distinct ones), so
+    /// setting up communicators cannot index past a one-rank group (the bug of issue 12).
+    #[test]
+    fn every_mesh_plan_has_the_ranks_each_role_needs() {
+        for (pp, tp, dp) in [
+            (1, 1, 1),
+            (1, 2, 1),
+            (1, 1, 2),
+            (2, 1, 1),
+            (2, 2, 2),
+            (4, 1, 2),
+        ] {
+            let mesh = Mesh::new(pp, tp, dp).unwrap();
+            let tt = lowered(ScheduleKind::OneFOneB, pp as u32, 1, 4);
+            let plan = nccl_plan(&mesh, &tt);
+            assert!(plan
+                .iter()
+                .any(|c| matches!(c.role, CommRole::Group(GroupKind::World, 0))));
+            for spec in &plan {
+                assert!(!spec.ranks.is_empty(), "{spec:?}");
+                for &rank in &spec.ranks {
+                    let m = spec.membership(rank).unwrap();
+                    assert_eq!(spec.ranks[m.position], rank);
+                    match spec.role {
+                        CommRole::Group(..) => assert_eq!(m.link_end, None),
+                        _ => {
+                            let (sending, other) = m.link_end.unwrap();
+                            assert_eq!(spec.ranks.len(), 2, "{spec:?}");
+                            assert_ne!(other, rank);
+                            assert_eq!(sending, spec.ranks[0] == rank);
+                        }
+                    }
+                }
+            }
+        }
+        // The one-rank world is one one-rank communicator, and its member is rank 0.
+        let plan = nccl_plan(
+            &Mesh::new(1, 1, 1).unwrap(),
+            &lowered(ScheduleKind::OneFOneB, 1, 1, 2),
+        );
+        assert_eq!(plan.len(), 1);
+        assert_eq!(plan[0].membership(0).unwrap().position, 0);
+    }
+
+    #[test]
+    fn a_malformed_link_or_a_stranger_is_an_error_not_a_panic() {
+        let link = Link { from: 0, to: 1 };
+        let spec = |ranks: Vec<usize>| CommSpec {
+            name: "link0to1.tp0.dp0.headers".into(),
+            ranks,
+            role: CommRole::Headers(link),
+        };
+        let e = spec(vec![3]).membership(3).unwrap_err().to_string();
+        assert!(e.contains("a link must join two distinct ranks"), "{e}");
+        assert!(spec(vec![3, 3]).membership(3).is_err());
+        let e = spec(vec![0, 1]).membership(5).unwrap_err().to_string();
+        assert!(e.contains("rank 5 is not a member"), "{e}");
     }
 
     #[test]

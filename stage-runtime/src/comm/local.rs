@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use async_channel::{Receiver, Sender};
 use pipewright_kernels::Tensor;
 
-use super::{reduce_in_order, share_len, share_of, CommError, Communicator, ReduceOp, Tag};
+use super::{concat_shards, reduce_in_order, share_of, CommError, Communicator, ReduceOp, Tag};
 use crate::mesh::{Group, GroupKind};
 
 /// The data plane of the in-process transport, as one rank sees it: how a tensor leaves this
@@ -43,8 +43,11 @@ pub trait LocalOps {
     fn reduce(&self, parts: &[&Self::Message], op: ReduceOp) -> Result<Self::Tensor, CommError>;
     /// Copies of the parts of a round, in group order.
     fn gather(&self, parts: &[&Self::Message]) -> Result<Vec<Self::Tensor>, CommError>;
-    /// Position `pos`'s equal share of `whole` over `n` ranks, flat.
+    /// Position `pos`'s shard of `whole` over `n` ranks, flat ([`super::shard_range`]).
     fn share(&self, whole: &Self::Tensor, pos: usize, n: usize) -> Result<Self::Tensor, CommError>;
+    /// The shards of a round (group order) concatenated into one flat tensor of `numel`
+    /// values, each checked against [`super::shard_range`].
+    fn concat(&self, parts: &[&Self::Message], numel: usize) -> Result<Self::Tensor, CommError>;
     /// Number of values in `t`.
     fn numel(&self, t: &Self::Tensor) -> usize;
     /// A cheap empty tensor, to stand in for one moved out of a `&mut`.
@@ -81,6 +84,10 @@ impl LocalOps for HostOps {
 
     fn share(&self, whole: &Tensor, pos: usize, n: usize) -> Result<Tensor, CommError> {
         share_of(whole, pos, n)
+    }
+
+    fn concat(&self, parts: &[&Tensor], numel: usize) -> Result<Tensor, CommError> {
+        concat_shards(parts.iter().copied(), numel)
     }
 
     fn numel(&self, t: &Tensor) -> usize {
@@ -233,12 +240,14 @@ pub struct LocalComm<K: LocalOps = HostOps> {
     ops: K,
 }
 
-/// A started local all-reduce.
+/// A started local all-reduce or reduce-scatter.
 pub struct LocalPending<M = Tensor> {
     rounds: Arc<Rounds<M>>,
     seq: u64,
     size: usize,
     op: ReduceOp,
+    /// For a reduce-scatter: this rank's position in the group (it keeps that shard).
+    scatter: Option<usize>,
 }
 
 impl<K: LocalOps> LocalComm<K> {
@@ -390,13 +399,52 @@ impl<K: LocalOps> Communicator for LocalComm<K> {
             seq,
             size: group.size(),
             op,
+            scatter: None,
         })
     }
 
+    /// Waits for either collective: both sum the whole round in group order, so a
+    /// reduce-scatter's shard holds exactly the bits of the all-reduce's same values.
     fn wait_all_reduce(&self, p: Self::Pending) -> Result<K::Tensor, CommError> {
-        self.collect(&p.rounds, p.seq, p.size, |parts| {
+        let whole = self.collect(&p.rounds, p.seq, p.size, |parts| {
             self.ops.reduce(parts, p.op)
+        })??;
+        match p.scatter {
+            Some(pos) => self.ops.share(&whole, pos, p.size),
+            None => Ok(whole),
+        }
+    }
+
+    fn start_reduce_scatter(
+        &self,
+        group: &Group,
+        tensor: K::Tensor,
+        op: ReduceOp,
+    ) -> Result<Self::Pending, CommError> {
+        let pos = self.check(group)?;
+        let mut p = self.start_all_reduce(group, tensor, op)?;
+        p.scatter = Some(pos);
+        Ok(p)
+    }
+
+    fn wait_reduce_scatter(&self, p: Self::Pending) -> Result<K::Tensor, CommError> {
+        self.wait_all_reduce(p)
+    }
+
+    fn all_gather_shards(
+        &self,
+        group: &Group,
+        shard: K::Tensor,
+        numel: usize,
+    ) -> Result<K::Tensor, CommError> {
+        let (rounds, seq) = self.deposit(group, Some(self.ops.outgoing(shard)?))?;
+        self.collect(&rounds, seq, group.size(), |parts| {
+            self.ops.concat(parts, numel)
         })?
+    }
+
+    fn numel(&self, t: &K::Tensor) -> usize {
+        self.ops.numel(t)
     }
 
     fn all_reduce(
@@ -421,12 +469,15 @@ impl<K: LocalOps> Communicator for LocalComm<K> {
         tensor: &K::Tensor,
         op: ReduceOp,
     ) -> Result<K::Tensor, CommError> {
-        let n = group.size();
         let pos = self.check(group)?;
-        share_len(self.ops.numel(tensor), n)?; // refuse an uneven split before anyone reduces
         let (rounds, seq) = self.deposit(group, Some(self.ops.duplicate(tensor)?))?;
-        let whole = self.collect(&rounds, seq, n, |parts| self.ops.reduce(parts, op))??;
-        self.ops.share(&whole, pos, n)
+        self.wait_reduce_scatter(LocalPending {
+            rounds,
+            seq,
+            size: group.size(),
+            op,
+            scatter: Some(pos),
+        })
     }
 
     fn barrier(&self, group: &Group) -> Result<(), CommError> {

@@ -17,6 +17,7 @@ pub mod nccl;
 pub mod rendezvous;
 
 use std::fmt;
+use std::ops::Range;
 
 use pipewright_kernels::Tensor;
 
@@ -122,22 +123,47 @@ pub(crate) fn reduce_in_order<'a>(
     Ok(acc)
 }
 
-/// The length of each of `n` equal shares of `numel` values (reduce-scatter), or why there
-/// is none.
-pub(crate) fn share_len(numel: usize, n: usize) -> Result<usize, CommError> {
-    if n == 0 || numel % n != 0 {
-        return Err(CommError::Invalid(format!(
-            "reduce-scatter of {numel} values over {n} ranks"
-        )));
-    }
-    Ok(numel / n)
+/// Where position `pos` of a group of `n` keeps its shard of a flat tensor of `numel` values
+/// (reduce-scatter, all-gather of shards, ZeRO-1): contiguous shards of `ceil(numel / n)`
+/// values in group order, the last ones shorter (or empty) when `n` does not divide `numel`.
+/// Every transport and every module cuts with this one function.
+pub fn shard_range(numel: usize, n: usize, pos: usize) -> Range<usize> {
+    let chunk = numel.div_ceil(n.max(1));
+    let lo = (pos * chunk).min(numel);
+    lo..(lo + chunk).min(numel)
 }
 
-/// Position `pos`'s equal share of a reduced tensor of a group of `n` (reduce-scatter).
+/// Position `pos`'s shard ([`shard_range`]) of a reduced tensor of a group of `n`.
 pub(crate) fn share_of(whole: &Tensor, pos: usize, n: usize) -> Result<Tensor, CommError> {
-    let share = share_len(whole.numel(), n)?;
-    let part = whole.data()[pos * share..(pos + 1) * share].to_vec();
-    Tensor::new(&[share], part).map_err(|e| CommError::Invalid(e.to_string()))
+    let r = shard_range(whole.numel(), n, pos);
+    let part = whole.data()[r.clone()].to_vec();
+    Tensor::new(&[r.len()], part).map_err(|e| CommError::Invalid(e.to_string()))
+}
+
+/// Shards in group order, concatenated into one flat tensor of `numel` values, each checked
+/// against [`shard_range`] (an all-gather of shards).
+pub(crate) fn concat_shards<'a>(
+    parts: impl IntoIterator<Item = &'a Tensor>,
+    numel: usize,
+) -> Result<Tensor, CommError> {
+    let parts: Vec<&Tensor> = parts.into_iter().collect();
+    let mut out = Vec::with_capacity(numel);
+    for (pos, t) in parts.iter().enumerate() {
+        check_shard(t.numel(), numel, parts.len(), pos)?;
+        out.extend_from_slice(t.data());
+    }
+    Tensor::new(&[numel], out).map_err(|e| CommError::Invalid(e.to_string()))
+}
+
+/// Refuse a shard whose length is not the one [`shard_range`] gives its position.
+pub(crate) fn check_shard(len: usize, numel: usize, n: usize, pos: usize) -> Result<(), CommError> {
+    let want = shard_range(numel, n, pos).len();
+    if len != want {
+        return Err(CommError::Invalid(format!(
+            "shard {pos} of {n} of {numel} values holds {len} values, not {want}"
+        )));
+    }
+    Ok(())
 }
 
 /// What every transport provides to one rank.
@@ -183,13 +209,35 @@ pub trait Communicator {
         group: &Group,
         tensor: &Self::Tensor,
     ) -> Result<Vec<Self::Tensor>, CommError>;
-    /// Reduce over the group, then keep this rank's equal share of the flat result.
+    /// Reduce over the group, then keep this rank's shard ([`shard_range`]) of the flat
+    /// result.
     fn reduce_scatter(
         &self,
         group: &Group,
         tensor: &Self::Tensor,
         op: ReduceOp,
     ) -> Result<Self::Tensor, CommError>;
+    /// Start a reduce-scatter of `tensor` (flat) over `group`: the ZeRO-1 gradient reduction,
+    /// overlapped with the rest of the step like [`start_all_reduce`](Self::start_all_reduce).
+    /// The sums are those of an all-reduce (the same order), cut by [`shard_range`].
+    fn start_reduce_scatter(
+        &self,
+        group: &Group,
+        tensor: Self::Tensor,
+        op: ReduceOp,
+    ) -> Result<Self::Pending, CommError>;
+    /// Finish a started reduce-scatter: this rank's shard of the reduced tensor.
+    fn wait_reduce_scatter(&self, pending: Self::Pending) -> Result<Self::Tensor, CommError>;
+    /// Every rank's shard of a flat tensor of `numel` values (cut by [`shard_range`]),
+    /// concatenated in group order: the ZeRO-1 parameter all-gather.
+    fn all_gather_shards(
+        &self,
+        group: &Group,
+        shard: Self::Tensor,
+        numel: usize,
+    ) -> Result<Self::Tensor, CommError>;
+    /// Number of values in `t` (the runtime cuts shards without knowing the tensor type).
+    fn numel(&self, t: &Self::Tensor) -> usize;
     /// Wait until every rank of the group is here.
     fn barrier(&self, group: &Group) -> Result<(), CommError>;
     /// Stop every rank: pending and future operations fail with [`CommError::Aborted`].

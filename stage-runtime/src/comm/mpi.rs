@@ -33,11 +33,13 @@ pub use mpi::environment::Universe;
 use mpi::raw::AsRaw;
 use mpi::topology::{Color, Communicator as _, SimpleCommunicator};
 use mpi::Threading;
-use pipewright_kernels::Tensor;
+use pipewright_kernels::{DType, Tensor};
 
 use self::peers::{host_id, process_alive, sigterm, Peer};
 use self::raw::{Flight, Matched};
-use super::{reduce_in_order, share_of, CommError, Communicator, Direction, ReduceOp, Tag};
+use super::{
+    check_shard, reduce_in_order, shard_range, CommError, Communicator, Direction, ReduceOp, Tag,
+};
 use crate::mesh::{Group, GroupKind, Mesh};
 
 /// Tag of abort notices on the control communicator.
@@ -151,6 +153,8 @@ pub struct MpiComm {
     groups: HashMap<(GroupKind, usize), (SimpleCommunicator, Vec<usize>)>,
     /// Tensors between pipeline stages.
     p2p: SimpleCommunicator,
+    /// What a pipeline payload travels as ([`MpiComm::with_wire`]).
+    wire: DType,
     /// Abort notices.
     ctl: SimpleCommunicator,
     /// Records for rank 0 (step outcomes, final parameters): kept apart from tensors.
@@ -160,15 +164,25 @@ pub struct MpiComm {
     _universe: Universe,
 }
 
-/// A started all-reduce.
+/// A started all-reduce or reduce-scatter: the parts arrive as blocks of `stride` values,
+/// one per rank in group order, of which the first `shape`'s worth are summed.
 pub struct MpiPending {
     flight: raw::Gathered<f32>,
     shape: Vec<usize>,
+    stride: usize,
     op: ReduceOp,
     members: Vec<usize>,
 }
 
 impl MpiComm {
+    /// Pipeline payloads (not collectives, which sum in f32) travel as `dtype`: `BF16` in a
+    /// bf16 run, half the bytes of f32. Both ends of every link must agree (`run_mpi`'s
+    /// fingerprint holds the precision); f16 is not a wire format and sends f32.
+    pub fn with_wire(mut self, dtype: DType) -> Self {
+        self.wire = dtype;
+        self
+    }
+
     /// The communicator of this process for `mesh`, whose size must be the MPI world's;
     /// `stages` and `microbatches` bound the tags. Collective over the world: every rank
     /// creates its communicator at start, in the same order.
@@ -234,6 +248,7 @@ impl MpiComm {
             mailbox: RefCell::new(HashMap::new()),
             groups,
             p2p: world.duplicate(),
+            wire: DType::F32,
             ctl: world.duplicate(),
             rec: world.duplicate(),
             world,
@@ -439,6 +454,15 @@ impl MpiComm {
         }
     }
 
+    fn position(&self, group: &Group) -> Result<usize, CommError> {
+        group.position(self.rank).ok_or_else(|| {
+            CommError::Invalid(format!(
+                "rank {} is not in group {:?}",
+                self.rank, group.ranks
+            ))
+        })
+    }
+
     fn group_comm(&self, group: &Group) -> Result<&SimpleCommunicator, CommError> {
         self.check_abort()?;
         match self.groups.get(&(group.kind, group.index)) {
@@ -550,10 +574,23 @@ impl Communicator for MpiComm {
             dst as c_int,
             head,
         )?;
-        let d = raw::isend(self.p2p.as_raw(), tensor.into_data(), dst as c_int, body)?;
+        let d: Box<dyn Finish> = match self.wire {
+            // bf16 bytes (rounded to nearest even): half the bytes, and exact for what a
+            // bf16 run hands over, since its stages round to bf16 already.
+            DType::BF16 => {
+                let bytes = tensor.to_bytes(DType::BF16);
+                Box::new(raw::isend(self.p2p.as_raw(), bytes, dst as c_int, body)?)
+            }
+            _ => Box::new(raw::isend(
+                self.p2p.as_raw(),
+                tensor.into_data(),
+                dst as c_int,
+                body,
+            )?),
+        };
         let mut sends = self.sends.borrow_mut();
         sends.push(Box::new(h));
-        sends.push(Box::new(d));
+        sends.push(d);
         Ok(())
     }
 
@@ -569,7 +606,14 @@ impl Communicator for MpiComm {
         let h = self.wait_async(raw::imrecv::<u64>(m)?).await?.into_vec();
         let shape = parse_header(&h, tag, src)?;
         let m = self.matched(src, body).await?;
-        let data = self.wait_async(raw::imrecv::<f32>(m)?).await?.into_vec();
+        let data = match self.wire {
+            DType::BF16 => {
+                let bytes = self.wait_async(raw::imrecv::<u8>(m)?).await?.into_vec();
+                return Tensor::from_bytes(&shape, DType::BF16, &bytes)
+                    .map_err(|e| CommError::Invalid(format!("from rank {src}: {e}")));
+            }
+            _ => self.wait_async(raw::imrecv::<f32>(m)?).await?.into_vec(),
+        };
         tensor(&shape, data)
     }
 
@@ -581,23 +625,80 @@ impl Communicator for MpiComm {
     ) -> Result<MpiPending, CommError> {
         let comm = self.group_comm(group)?;
         let shape = tensor.shape().to_vec();
+        let stride = tensor.numel();
         let flight = raw::iallgather(comm.as_raw(), tensor.into_data(), group.size())?;
         Ok(MpiPending {
             flight,
             shape,
+            stride,
             op,
             members: group.ranks.clone(),
         })
     }
 
+    /// Waits for either collective; both sum in group order with `reduce_in_order`.
     fn wait_all_reduce(&self, p: MpiPending) -> Result<Tensor, CommError> {
         let (_, all) = self.wait_collective(p.flight, &p.members)?;
-        let n = p.shape.iter().product::<usize>();
+        let (n, s) = (p.shape.iter().product::<usize>(), p.stride);
         // By index, not `chunks`: a stage without parameters reduces empty tensors.
         let parts = (0..p.members.len())
-            .map(|i| tensor(&p.shape, all[i * n..(i + 1) * n].to_vec()))
+            .map(|i| tensor(&p.shape, all[i * s..i * s + n].to_vec()))
             .collect::<Result<Vec<_>, _>>()?;
         reduce_in_order(&parts, p.op)
+    }
+
+    /// An all-to-all of the flat tensor padded to `n` blocks of `ceil(numel / n)`: each rank
+    /// receives only its shard from every rank (1/n of an all-reduce's traffic) and sums
+    /// those in group order, so its values are the all-reduce's to the bit.
+    fn start_reduce_scatter(
+        &self,
+        group: &Group,
+        t: Tensor,
+        op: ReduceOp,
+    ) -> Result<MpiPending, CommError> {
+        let comm = self.group_comm(group)?;
+        let (n, numel) = (group.size(), t.numel());
+        let len = shard_range(numel, n, self.position(group)?).len();
+        let chunk = numel.div_ceil(n);
+        let mut data = t.into_data();
+        data.resize(chunk * n, 0.0);
+        Ok(MpiPending {
+            flight: raw::ialltoall(comm.as_raw(), data, n)?,
+            shape: vec![len],
+            stride: chunk,
+            op,
+            members: group.ranks.clone(),
+        })
+    }
+
+    fn wait_reduce_scatter(&self, p: MpiPending) -> Result<Tensor, CommError> {
+        self.wait_all_reduce(p)
+    }
+
+    /// An all-gather of the shards padded to `ceil(numel / n)`, then cut back to `numel`.
+    fn all_gather_shards(
+        &self,
+        group: &Group,
+        shard: Tensor,
+        numel: usize,
+    ) -> Result<Tensor, CommError> {
+        let comm = self.group_comm(group)?;
+        let n = group.size();
+        check_shard(shard.numel(), numel, n, self.position(group)?)?;
+        let mut data = shard.into_data();
+        data.resize(numel.div_ceil(n), 0.0);
+        let (_, all) =
+            self.wait_collective(raw::iallgather(comm.as_raw(), data, n)?, &group.ranks)?;
+        let chunk = numel.div_ceil(n);
+        let whole = (0..n).flat_map(|i| {
+            let r = shard_range(numel, n, i);
+            all[i * chunk..i * chunk + r.len()].iter().copied()
+        });
+        tensor(&[numel], whole.collect())
+    }
+
+    fn numel(&self, t: &Tensor) -> usize {
+        t.numel()
     }
 
     fn all_gather(&self, group: &Group, t: &Tensor) -> Result<Vec<Tensor>, CommError> {
@@ -650,15 +751,7 @@ impl Communicator for MpiComm {
     }
 
     fn reduce_scatter(&self, group: &Group, t: &Tensor, op: ReduceOp) -> Result<Tensor, CommError> {
-        let pos = group.position(self.rank).ok_or_else(|| {
-            CommError::Invalid(format!(
-                "rank {} is not in group {:?}",
-                self.rank, group.ranks
-            ))
-        })?;
-        share_of(t, 0, group.size())?; // refuse an uneven split before anyone reduces
-        let whole = self.wait_all_reduce(self.start_all_reduce(group, t.clone(), op)?)?;
-        share_of(&whole, pos, group.size())
+        self.wait_reduce_scatter(self.start_reduce_scatter(group, t.clone(), op)?)
     }
 
     fn barrier(&self, group: &Group) -> Result<(), CommError> {

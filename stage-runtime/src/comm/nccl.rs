@@ -36,11 +36,12 @@ use std::time::{Duration, Instant};
 use cudarc::driver::{CudaEvent, CudaSlice, CudaStream};
 use cudarc::nccl::{Comm, Id, ReduceOp as NcclOp};
 use pipewright_kernels::cuda::{CudaBackend, CudaTensor};
+use pipewright_kernels::Backend;
 use pipewright_schedule::Timetable;
 
 use super::links::{check_link_order, nccl_plan, CommRole};
 use super::rendezvous::{IdBytes, Rendezvous};
-use super::{share_len, CommError, Communicator, Direction, ReduceOp, Tag};
+use super::{check_shard, shard_range, CommError, Communicator, Direction, ReduceOp, Tag};
 use crate::mesh::{Group, GroupKind, Mesh};
 
 /// Most dimensions a point-to-point tensor may have (the header has a fixed size).
@@ -166,11 +167,25 @@ impl LinkEnd {
     }
 }
 
-/// A started NCCL all-reduce: the tensor and the event after the reduction (none when the
-/// group is this rank alone).
+/// A started NCCL all-reduce or reduce-scatter: the result and the event after the
+/// reduction (none when the group is this rank alone). A reduce-scatter also keeps its
+/// padded input alive until then, and cuts its padded shard to `len`.
 pub struct NcclPending {
     tensor: CudaTensor,
     done: Option<CudaEvent>,
+    input: Option<CudaTensor>,
+    len: Option<usize>,
+}
+
+impl NcclPending {
+    fn ready(tensor: CudaTensor) -> Self {
+        NcclPending {
+            tensor,
+            done: None,
+            input: None,
+            len: None,
+        }
+    }
 }
 
 /// What [`NcclComm::new`] needs.
@@ -227,30 +242,33 @@ impl NcclComm {
             let Some(id) = rendezvous.share(&spec, setup.rank, &mut new_id)? else {
                 continue;
             };
-            let pos = spec
-                .ranks
-                .iter()
-                .position(|&r| r == setup.rank)
-                .ok_or_else(|| CommError::Invalid(format!("not a member of {}", spec.name)))?;
+            // Checked before any NCCL call: a link's other end exists only on links.
+            let member = spec
+                .membership(setup.rank)
+                .map_err(|e| CommError::Invalid(e.to_string()))?;
             let stream = ctx.new_stream().map_err(device_err)?;
-            let nccl =
-                Comm::from_rank(stream, pos, spec.ranks.len(), id_from(id)).map_err(nccl_err)?;
-            // Links list [sender, receiver]: the other end is the one this rank is not.
-            let other = spec.ranks[1 - pos.min(1)];
-            match spec.role {
-                CommRole::Group(kind, index) => {
+            let nccl = Comm::from_rank(stream, member.position, spec.ranks.len(), id_from(id))
+                .map_err(nccl_err)?;
+            match (spec.role, member.link_end) {
+                (CommRole::Group(kind, index), _) => {
                     comm.groups
                         .borrow_mut()
                         .insert((kind, index), Rc::new(nccl));
                 }
-                CommRole::Headers(_) => {
+                (CommRole::Headers(_), Some((_, other))) => {
                     headers.insert(other, nccl);
                 }
-                CommRole::Payloads(_) => {
+                (CommRole::Payloads(_), Some((sending, other))) => {
                     let h = headers.remove(&other).ok_or_else(|| {
                         CommError::Invalid(format!("{}: its headers are missing", spec.name))
                     })?;
-                    comm.add_link(pos == 0, other, h, nccl);
+                    comm.add_link(sending, other, h, nccl);
+                }
+                (_, None) => {
+                    return Err(CommError::Invalid(format!(
+                        "{}: a link without another end",
+                        spec.name
+                    )))
                 }
             }
         }
@@ -363,6 +381,45 @@ impl NcclComm {
     }
 
     /// A copy of `src` on the compute stream.
+    fn zeros(&self, n: usize) -> Result<CudaTensor, CommError> {
+        self.backend.zeros(&[n]).map_err(device_err)
+    }
+
+    /// `t` (flat) followed by zeros up to `len` values; `t` itself when it is that long.
+    fn padded(&self, t: CudaTensor, len: usize) -> Result<CudaTensor, CommError> {
+        if t.numel() == len {
+            return Ok(t);
+        }
+        let mut out = self.zeros(len)?;
+        if t.numel() > 0 {
+            self.backend
+                .copy_to_offset(&t, &mut out, 0)
+                .map_err(device_err)?;
+        }
+        Ok(out)
+    }
+
+    /// Values `from..from + len` of `t`, as a new flat tensor.
+    fn cut(&self, t: &CudaTensor, from: usize, len: usize) -> Result<CudaTensor, CommError> {
+        if len == 0 {
+            return self.zeros(0);
+        }
+        let data = self
+            .compute()
+            .clone_dtod(&t.slice().slice(from..from + len))
+            .map_err(device_err)?;
+        CudaTensor::from_slice(&[len], data).map_err(device_err)
+    }
+
+    fn position(&self, group: &Group) -> Result<usize, CommError> {
+        group.position(self.rank).ok_or_else(|| {
+            CommError::Invalid(format!(
+                "rank {} is not in group {:?}",
+                self.rank, group.ranks
+            ))
+        })
+    }
+
     fn copy(&self, src: &CudaTensor) -> Result<CudaTensor, CommError> {
         let data = self.compute().clone_dtod(src.slice()).map_err(device_err)?;
         CudaTensor::from_slice(src.shape(), data).map_err(device_err)
@@ -489,7 +546,7 @@ impl Communicator for NcclComm {
         let n = tensor.numel();
         let comm = match self.group_comm(group)? {
             Some(c) if n > 0 => c,
-            _ => return Ok(NcclPending { tensor, done: None }),
+            _ => return Ok(NcclPending::ready(tensor)),
         };
         let stream = comm.stream();
         self.after_compute(&stream)?;
@@ -503,6 +560,8 @@ impl Communicator for NcclComm {
         Ok(NcclPending {
             tensor,
             done: Some(done),
+            input: None,
+            len: None,
         })
     }
 
@@ -555,25 +614,100 @@ impl Communicator for NcclComm {
         t: &CudaTensor,
         op: ReduceOp,
     ) -> Result<CudaTensor, CommError> {
-        let len = share_len(t.numel(), group.size())?;
+        let t = self.copy(t)?;
+        self.wait_reduce_scatter(self.start_reduce_scatter(group, t, op)?)
+    }
+
+    /// `ncclReduceScatter` of the flat tensor padded to `n` blocks of `ceil(numel / n)`.
+    /// NCCL's summation order is its own, so shards match an NCCL all-reduce within
+    /// rounding, not necessarily to the bit.
+    fn start_reduce_scatter(
+        &self,
+        group: &Group,
+        tensor: CudaTensor,
+        op: ReduceOp,
+    ) -> Result<NcclPending, CommError> {
+        let (n, numel) = (group.size(), tensor.numel());
+        let len = shard_range(numel, n, self.position(group)?).len();
+        let chunk = numel.div_ceil(n);
         let comm = match self.group_comm(group)? {
-            Some(c) if len > 0 => c,
-            _ if len == 0 => return self.backend.zeros(&[0]).map_err(device_err),
-            _ => return self.copy(t),
+            Some(c) if chunk > 0 => c,
+            Some(_) => return Ok(NcclPending::ready(self.zeros(0)?)),
+            None => return Ok(NcclPending::ready(tensor)),
         };
+        let padded = self.padded(tensor, chunk * n)?;
+        let mut out = self.zeros(chunk)?;
+        let stream = comm.stream();
+        self.after_compute(&stream)?;
         let op = match op {
             ReduceOp::Sum => NcclOp::Sum,
             ReduceOp::Mean => NcclOp::Avg,
         };
-        let mut out = self.backend.zeros(&[len]).map_err(device_err)?;
-        self.collective(&comm, &|| "an NCCL reduce-scatter".into(), |c| {
-            let mut dst = out.slice_mut().slice_mut(0..len);
-            let src = t.slice().slice(0..t.numel());
-            c.reduce_scatter(&src, &mut dst, &op)
+        let mut dst = out.slice_mut().slice_mut(0..chunk);
+        comm.reduce_scatter(&padded.slice().slice(0..chunk * n), &mut dst, &op)
+            .map_err(nccl_err)?;
+        let done = stream.record_event(None).map_err(device_err)?;
+        Ok(NcclPending {
+            tensor: out,
+            done: Some(done),
+            input: Some(padded),
+            len: Some(len),
+        })
+    }
+
+    fn wait_reduce_scatter(&self, mut p: NcclPending) -> Result<CudaTensor, CommError> {
+        let len = p.len.take();
+        let input = p.input.take();
+        let t = self.wait_all_reduce(p)?;
+        drop(input); // the reduction that read it has completed
+        match len {
+            Some(len) if len < t.numel() => self.cut(&t, 0, len),
+            _ => Ok(t),
+        }
+    }
+
+    /// `ncclAllGather` of the shards padded to `ceil(numel / n)`, then cut to `numel`.
+    fn all_gather_shards(
+        &self,
+        group: &Group,
+        shard: CudaTensor,
+        numel: usize,
+    ) -> Result<CudaTensor, CommError> {
+        let n = group.size();
+        check_shard(shard.numel(), numel, n, self.position(group)?)?;
+        let chunk = numel.div_ceil(n);
+        let comm = match self.group_comm(group)? {
+            Some(c) if chunk > 0 => c,
+            _ => return Ok(shard), // alone, it is the whole; or there is nothing
+        };
+        let padded = self.padded(shard, chunk)?;
+        let mut all = self.zeros(n * chunk)?;
+        self.collective(&comm, &|| "an NCCL all-gather of shards".into(), |c| {
+            let mut dst = all.slice_mut().slice_mut(0..n * chunk);
+            c.all_gather(&padded.slice().slice(0..chunk), &mut dst)
                 .map(drop)
                 .map_err(nccl_err)
         })?;
+        if n * chunk == numel {
+            return Ok(all);
+        }
+        let mut out = self.zeros(numel)?;
+        for i in 0..n {
+            let r = shard_range(numel, n, i);
+            if r.is_empty() {
+                continue;
+            }
+            let src = all.slice().slice(i * chunk..i * chunk + r.len());
+            let mut dst = out.slice_mut().slice_mut(r);
+            self.compute()
+                .memcpy_dtod(&src, &mut dst)
+                .map_err(device_err)?;
+        }
         Ok(out)
+    }
+
+    fn numel(&self, t: &CudaTensor) -> usize {
+        t.numel()
     }
 
     fn barrier(&self, group: &Group) -> Result<(), CommError> {

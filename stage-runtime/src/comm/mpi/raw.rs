@@ -255,6 +255,47 @@ pub(crate) fn iallgather<T: Equivalence + Default + Clone>(
     })
 }
 
+/// `MPI_Ialltoall` of `ranks` equal blocks: block `i` of `send` goes to rank `i`, and block
+/// `i` of the result came from rank `i` (the result is in the flight's second buffer).
+pub(crate) fn ialltoall<T: Equivalence + Default + Clone>(
+    comm: ffi::MPI_Comm,
+    send: Vec<T>,
+    ranks: usize,
+) -> Result<Gathered<T>, CommError> {
+    if ranks == 0 || send.len() % ranks != 0 {
+        return Err(CommError::Invalid(format!(
+            "all-to-all of {} values over {ranks} ranks",
+            send.len()
+        )));
+    }
+    let n = count(send.len() / ranks, "all-to-all")?;
+    count(send.len(), "all-to-all")?;
+    let mut recv = vec![T::default(); send.len()];
+    let mut req = MaybeUninit::uninit();
+    let dt = datatype::<T>();
+    // SAFETY: both buffers are owned by the flight and hold `ranks` blocks of `n`.
+    let rc = unsafe {
+        ffi::MPI_Ialltoall(
+            send.as_ptr().cast::<c_void>(),
+            n,
+            dt,
+            recv.as_mut_ptr().cast::<c_void>(),
+            n,
+            dt,
+            comm,
+            req.as_mut_ptr(),
+        )
+    };
+    check(rc, "MPI_Ialltoall")?;
+    // SAFETY: MPI_Ialltoall succeeded, so it wrote the request.
+    let req = unsafe { req.assume_init() };
+    Ok(Flight {
+        req,
+        bufs: Some((send, recv)),
+        done: false,
+    })
+}
+
 /// `MPI_Ibarrier`.
 pub(crate) fn ibarrier(comm: ffi::MPI_Comm) -> Result<Flight<()>, CommError> {
     let mut req = MaybeUninit::uninit();
