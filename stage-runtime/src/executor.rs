@@ -48,6 +48,7 @@ pub struct Executor<C: Communicator, M: StageModule<Tensor = C::Tensor>> {
     dp_group: Group,
     timeout: Duration,
     epoch: Instant,
+    check_finite: bool,
 }
 
 /// The TP all-reduce the kernels call in the middle of a layer.
@@ -138,6 +139,7 @@ where
             adamw,
             timeout,
             epoch,
+            check_finite: opts.check_finite,
         })
     }
 
@@ -342,6 +344,7 @@ where
             comm: &**comm,
             group: tp_group,
         };
+        let mut loss = None;
         let result: Result<(), ModuleError> = guard(|| {
             match a.kind {
                 ActionKind::F => {
@@ -355,7 +358,10 @@ where
                     let (out, stash) = module.forward(&data, input, &mut tp)?;
                     st.stash.insert(key, stash);
                     match out {
-                        Output::Loss(l) => *st.loss.get_or_insert(0.0) += l,
+                        Output::Loss(l) => {
+                            *st.loss.get_or_insert(0.0) += l;
+                            loss = Some(l);
+                        }
                         Output::Hidden(t) if a.stage + 1 < stages => {
                             if tt.stage_device[a.stage as usize + 1] == here {
                                 st.fwd_in.insert((a.stage + 1, a.microbatch), t);
@@ -402,7 +408,53 @@ where
             }
             Ok(())
         });
-        result.map_err(|e| self.fail(step, Some(a), e))
+        result.map_err(|e| self.fail(step, Some(a), e))?;
+        match loss {
+            Some(l) if self.check_finite && !l.is_finite() => {
+                Err(self.non_finite(step, a.stage, Some(a.microbatch), "loss", l))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    fn non_finite(
+        &self,
+        step: u64,
+        stage: u32,
+        microbatch: Option<u32>,
+        what: &'static str,
+        value: f32,
+    ) -> RuntimeError {
+        RuntimeError::NonFinite {
+            rank: self.mesh.rank(self.coord),
+            coord: self.coord,
+            step,
+            stage,
+            microbatch,
+            what,
+            value,
+        }
+    }
+
+    /// Refuse non-finite gradients before the optimizer turns them into non-finite weights:
+    /// one scan of each stage's (reduced) gradients per step. Stages in stage order, so every
+    /// rank of a DP group (same reduced gradients) names the same stage.
+    fn check_grads(&mut self, step: u64) -> Result<(), RuntimeError> {
+        let mut stages: Vec<u32> = self.modules.keys().copied().collect();
+        stages.sort_unstable();
+        for stage in stages {
+            let module = self
+                .modules
+                .get_mut(&stage)
+                .ok_or_else(|| RuntimeError::missing_stage(stage))?;
+            let found = guard(|| module.non_finite_grad()).map_err(|e| {
+                self.fail(step, None, format!("gradient check of stage {stage}: {e}"))
+            })?;
+            if let Some(v) = found {
+                return Err(self.non_finite(step, stage, None, "gradient", v));
+            }
+        }
+        Ok(())
     }
 
     /// Start the data-parallel all-reduce of a stage's gradients; `None` when it has none.
@@ -443,6 +495,9 @@ where
                 .ok_or_else(|| RuntimeError::missing_stage(stage))?;
             let r = guard(|| module.set_flat_grads(t));
             r.map_err(|e| self.fail(step, None, format!("{what}: {e}")))?;
+        }
+        if self.check_finite {
+            self.check_grads(step)?;
         }
         let cfg = self.adamw;
         for (stage, module) in self.modules.iter_mut() {

@@ -30,6 +30,10 @@ pub struct RunOptions {
     pub timeout: Duration,
     /// Optimizer settings (every stage gets its own AdamW).
     pub adamw: AdamWConfig,
+    /// Stop the run at the first non-finite loss (checked per microbatch on the last stage)
+    /// or gradient (checked once per step and stage, before the optimizer) with
+    /// [`RuntimeError::NonFinite`], as Megatron's NaN check does. On by default.
+    pub check_finite: bool,
 }
 
 impl Default for RunOptions {
@@ -38,6 +42,7 @@ impl Default for RunOptions {
             steps: 1,
             timeout: Duration::from_secs(60),
             adamw: AdamWConfig::default(),
+            check_finite: true,
         }
     }
 }
