@@ -3,7 +3,9 @@
 //! cores (its measured times then include waiting for a core).
 
 use std::io::IsTerminal;
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+use indicatif::ProgressBar;
 
 use serde_json::{json, Value};
 
@@ -61,6 +63,15 @@ impl StepLog {
             seconds * 1e3
         ))
     }
+}
+
+/// A spinner on stderr saying what a command is doing, drawn only when stderr is a terminal
+/// (`finish_and_clear` it when done).
+pub fn working(what: impl Into<String>) -> ProgressBar {
+    let bar = ProgressBar::new_spinner();
+    bar.set_message(what.into());
+    bar.enable_steady_tick(Duration::from_millis(120));
+    bar
 }
 
 /// Device threads of this process against its cores: `Some(note)` when there are more

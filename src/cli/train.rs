@@ -22,7 +22,9 @@ use super::args::{
 use super::checks::{at_least, check_outputs, in_range, Kind, Output};
 use super::commands::ReportFormat;
 use super::io::write_atomic;
-use super::progress::{oversubscribed, oversubscription_json, warn_oversubscribed, StepLog};
+use super::progress::{
+    oversubscribed, oversubscription_json, warn_oversubscribed, working, StepLog,
+};
 use super::search::write_measured_costs;
 use super::steady::{bench_periods, period_compare, period_json, period_line, MeasuredPeriod};
 
@@ -523,7 +525,10 @@ impl BenchCmd {
         match self.transport {
             Transport::Local => {
                 warn_oversubscribed(threads);
-                run(mesh, &tt, make, data, &opts, on_step)?;
+                let spinner = working(format!("bench: {} steps of {}", opts.steps, tt.name));
+                let r = run(mesh, &tt, make, data, &opts, on_step);
+                spinner.finish_and_clear();
+                r?;
             }
             Transport::Nccl => {
                 bail!("bench runs synthetic stages on host tensors: use --transport local or mpi")
