@@ -207,8 +207,10 @@ impl TrainCmd {
                 Device::Cuda(n) => train_cuda(&cfg, &tt, n, on_step).map(Some),
             },
         }
-        .map_err(non_finite_hint)?;
+        .map_err(non_finite_hint);
+        // Cleared before an error too, so a stopped run's one line stands alone.
         bar.finish_and_clear();
+        let finished = finished?;
         if finished.is_none() {
             return Ok(()); // an MPI or NCCL rank other than 0: rank 0 reports
         }
