@@ -261,11 +261,13 @@ impl SweepCmd {
     pub fn run(&self) -> Result<()> {
         check_outputs([Output::new("-o", self.output.as_ref(), Kind::Image)])?;
         let grid = self.grid()?;
+        let spinner = super::progress::working("sweep: simulating the grid");
         let rows = sweep(&grid, |stages, devices| {
             self.costs
                 .model(stages, devices)
                 .map_err(|e| format!("{e:#}"))
         });
+        spinner.finish_and_clear();
         match self.format {
             SweepFormat::Json => println!("{}", serde_json::to_string_pretty(&rows)?),
             SweepFormat::Csv => print!("{}", csv_rows(&rows)),

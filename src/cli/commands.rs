@@ -204,7 +204,11 @@ impl SimulateCmd {
         ])?;
         super::steady::check_steps(self.steps)?;
         if self.steps > 1 {
-            return self.run_steady();
+            let spinner =
+                super::progress::working(format!("simulate: {} unfenced steps", self.steps));
+            let r = self.run_steady();
+            spinner.finish_and_clear();
+            return r;
         }
         let sim = self.simulation()?;
         self.write_timeline(&sim.timeline)?;

@@ -1,12 +1,13 @@
 //! `search`: the fastest schedule for the user's costs under a memory cap.
 
 use std::path::PathBuf;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
 use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
 use pipewright::schedule::search::{
-    fmt_units, search, Candidate, MemoryCap, Objective, SearchOutcome, SearchSpec,
+    fmt_units, search_with, Candidate, MemoryCap, Objective, Progress, SearchOutcome, SearchSpec,
 };
 use pipewright::schedule::{lower, measured_costs, to_csv, ScheduleKind, Timeline};
 use pipewright::viz::{
@@ -14,7 +15,7 @@ use pipewright::viz::{
 };
 
 use super::args::CostArgs;
-use super::checks::{check_outputs, Kind, Output};
+use super::checks::{check_outputs, in_range, Kind, Output};
 use super::commands::ReportFormat;
 use super::io::write_atomic;
 
@@ -61,6 +62,16 @@ pub struct SearchCmd {
     /// (for runs fenced by a global barrier every step).
     #[arg(long, default_value = "period", value_name = "period|makespan", value_parser = parse_objective)]
     objective: Objective,
+    /// Seconds to spend evaluating candidates: when they run out, the best found so far is
+    /// returned, and the output says the search was cut short. The default keeps p up to 128
+    /// and m up to 512 under 45 s on a 2-core machine.
+    #[arg(
+        long,
+        default_value_t = 30.0,
+        value_name = "SECONDS",
+        allow_negative_numbers = true
+    )]
+    time_budget: f64,
     /// Candidates listed in the table, fastest first.
     #[arg(long, default_value_t = 10, value_name = "N")]
     top: usize,
@@ -80,6 +91,13 @@ impl SearchCmd {
                 Kind::Timetable,
             ),
         ])?;
+        in_range(
+            "--time-budget",
+            self.time_budget,
+            0.0,
+            1e6,
+            "seconds to spend evaluating candidates",
+        )?;
         let cap: MemoryCap = self.memory_cap.parse()?;
         // Catch bad output names before the work, not after.
         let plot_fmt = self
@@ -103,6 +121,7 @@ impl SearchCmd {
         spec.list_scheduler = !self.no_list;
         spec.improve_budget = self.improve;
         spec.objective = self.objective;
+        spec.time_budget = Some(Duration::from_secs_f64(self.time_budget));
         if let Some(list) = &self.schedules {
             spec.families = list
                 .split(',')
@@ -110,7 +129,10 @@ impl SearchCmd {
                 .collect::<Result<_, _>>()?;
         }
         let started = Instant::now();
-        let found = search(&spec)?;
+        let bar = search_bar();
+        let found = search_with(&spec, &mut |p| show_progress(&bar, p));
+        bar.finish_and_clear();
+        let found = found?;
         let secs = started.elapsed().as_secs_f64();
         match self.format {
             ReportFormat::Json => println!("{}", json_report(&found, secs)),
@@ -160,6 +182,12 @@ impl SearchCmd {
             c.len(),
             found.skipped.len()
         );
+        if let Some(cut) = &found.cut_short {
+            out += &format!(
+                "cut short by the time budget ({} s): {} of {} candidates evaluated, the best is the best found so far (raise --time-budget to see more)\n",
+                cut.budget_seconds, cut.evaluated, cut.total
+            );
+        }
         out += &format!("best: {}\n", line(best));
         match found.best_fixed {
             Some(i) if i == found.best => out += "the best is a fixed family\n",
@@ -208,6 +236,25 @@ impl SearchCmd {
             );
         }
         out
+    }
+}
+
+/// A bar on stderr (drawn only when stderr is a terminal) of the candidates evaluated.
+fn search_bar() -> ProgressBar {
+    let bar = ProgressBar::new(0);
+    if let Ok(style) = ProgressStyle::with_template(
+        "search {bar:30} {pos}/{len} candidates  {elapsed_precise}  {msg}",
+    ) {
+        bar.set_style(style);
+    }
+    bar
+}
+
+fn show_progress(bar: &ProgressBar, p: &Progress) {
+    bar.set_length(p.total as u64);
+    bar.set_position(p.done as u64);
+    if let (Some(v), Some(label)) = (p.best, &p.best_label) {
+        bar.set_message(format!("best so far {v:.4} ({label})"));
     }
 }
 
@@ -282,6 +329,7 @@ fn json_report(found: &SearchOutcome, secs: f64) -> serde_json::Value {
         "front": found.front.iter().map(|&i| &found.candidates[i]).collect::<Vec<_>>(),
         "candidates": found.candidates,
         "skipped": found.skipped,
+        "cut_short": found.cut_short,
     })
 }
 

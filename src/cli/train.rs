@@ -10,8 +10,8 @@ use indicatif::{ProgressBar, ProgressStyle};
 use pipewright::kernels::gpt::GptConfig;
 use pipewright::kernels::optim::AdamWConfig;
 use pipewright::runtime::{
-    run, train_gpt, Coord, FinalParams, Mesh, MicrobatchId, ModuleError, RunOptions, StepRecord,
-    SyntheticModule, TrainConfig, Zero,
+    run, train_gpt, Coord, FinalParams, Mesh, MicrobatchId, ModuleError, RunOptions, RuntimeError,
+    StepRecord, SyntheticModule, TrainConfig, Zero,
 };
 use pipewright::schedule::{simulate, Timeline, Timetable};
 use pipewright::viz::{bubble_chart, ChartOptions, ChartPanel, ImageFormat};
@@ -23,6 +23,9 @@ use super::args::{
 use super::checks::{at_least, check_outputs, in_range, Kind, Output};
 use super::commands::ReportFormat;
 use super::io::write_atomic;
+use super::progress::{
+    oversubscribed, oversubscription_json, warn_oversubscribed, working, StepLog,
+};
 use super::search::write_measured_costs;
 use super::steady::{bench_periods, period_compare, period_json, period_line, MeasuredPeriod};
 
@@ -104,6 +107,13 @@ pub struct TrainCmd {
     /// `simulate --cost-file` and `search --cost-file` (median over the steps after the first).
     #[arg(long, value_name = "FILE")]
     costs_out: Option<PathBuf>,
+    /// When stdout is not a terminal, print a line (loss, tokens/s, step time) every N steps,
+    /// and at least every 10 s; 0 for none.
+    #[arg(long, default_value_t = 10, value_name = "N")]
+    log_interval: u64,
+    /// Train on through a NaN or infinite loss or gradient instead of stopping at that step.
+    #[arg(long)]
+    allow_non_finite: bool,
 }
 
 impl TrainCmd {
@@ -157,6 +167,7 @@ impl TrainCmd {
                 recompute: self.source.recompute.clone(),
                 precision: self.precision.into(),
                 zero,
+                check_finite: !self.allow_non_finite,
             },
         };
         let tokens = (cfg.global_batch(tt.microbatches) * self.seq_len) as f64;
@@ -167,7 +178,14 @@ impl TrainCmd {
             Transport::Local => None,
         };
         let lead = universe.as_ref().map_or(true, is_rank_zero);
-        let bar = progress(self.steps, lead && self.format == ReportFormat::Table);
+        let table = lead && self.format == ReportFormat::Table;
+        let bar = progress(self.steps, table);
+        let mut log = StepLog::new(if table { self.log_interval } else { 0 }, self.steps);
+        // Over MPI or NCCL each rank is its own process: the launcher places them.
+        let oversubscribed = universe.is_none() && oversubscribed(mesh.world_size()).is_some();
+        if universe.is_none() && lead {
+            warn_oversubscribed(mesh.world_size());
+        }
         let mut last: Option<StepRecord> = None;
         let mut first_loss = None;
         let mut timelines = Vec::new();
@@ -188,7 +206,7 @@ impl TrainCmd {
                         "seconds": s.seconds, "bubble_fraction": s.bubble_fraction(), "peak_stash": s.peak_stash,
                         "peak_stash_bytes": s.peak_stash_bytes, "kept_per_microbatch": s.kept_per_microbatch,
                         "optimizer_state_bytes": s.optimizer_state_bytes,
-                        "steady_state_period_ms": period_ms})
+                        "steady_state_period_ms": period_ms, "oversubscribed": oversubscribed})
                 ),
                 ReportFormat::Table => {
                     bar.set_message(format!(
@@ -197,19 +215,25 @@ impl TrainCmd {
                         period_ms.map_or(String::new(), |p| format!("  period {p:.1} ms"))
                     ));
                     bar.inc(1);
+                    if let Some(line) = log.line(s.step, loss, tps, s.seconds) {
+                        println!("{line}");
+                    }
                 }
             }
             last = Some(s.clone());
         };
         let finished = match universe {
-            Some(u) if self.transport == Transport::Nccl => train_nccl(u, &cfg, &tt, on_step)?,
-            Some(u) => train_mpi(u, &cfg, &tt, on_step)?,
+            Some(u) if self.transport == Transport::Nccl => train_nccl(u, &cfg, &tt, on_step),
+            Some(u) => train_mpi(u, &cfg, &tt, on_step),
             None => match device {
-                Device::Cpu => Some(train_gpt(&cfg, &tt, on_step)?),
-                Device::Cuda(n) => Some(train_cuda(&cfg, &tt, n, on_step)?),
+                Device::Cpu => train_gpt(&cfg, &tt, on_step).map(Some).map_err(Into::into),
+                Device::Cuda(n) => train_cuda(&cfg, &tt, n, on_step).map(Some),
             },
-        };
+        }
+        .map_err(non_finite_hint);
+        // Cleared before an error too, so a stopped run's one line stands alone.
         bar.finish_and_clear();
+        let finished = finished?;
         if finished.is_none() {
             return Ok(()); // an MPI or NCCL rank other than 0: rank 0 reports
         }
@@ -422,6 +446,16 @@ fn train_cuda(
     bail!("--device cuda: this pipewright was built without CUDA; rebuild with: cargo build --release --features cuda")
 }
 
+/// A run stopped by the NaN check says how to train on regardless.
+fn non_finite_hint(e: anyhow::Error) -> anyhow::Error {
+    match e.downcast_ref::<RuntimeError>() {
+        Some(RuntimeError::NonFinite { .. }) => {
+            anyhow::anyhow!("{e} (--allow-non-finite trains on)")
+        }
+        _ => e,
+    }
+}
+
 fn timeout(secs: f64) -> Result<Duration> {
     if !(secs.is_finite() && secs > 0.0) {
         bail!("--timeout must be a positive number of seconds (got {secs})");
@@ -512,9 +546,14 @@ impl BenchCmd {
         };
         let mut steps = Vec::new();
         let on_step = |s: &StepRecord| steps.push(s.clone());
+        let threads = mesh.world_size();
         match self.transport {
             Transport::Local => {
-                run(mesh, &tt, make, data, &opts, on_step)?;
+                warn_oversubscribed(threads);
+                let spinner = working(format!("bench: {} steps of {}", opts.steps, tt.name));
+                let r = run(mesh, &tt, make, data, &opts, on_step);
+                spinner.finish_and_clear();
+                r?;
             }
             Transport::Nccl => {
                 bail!("bench runs synthetic stages on host tensors: use --transport local or mpi")
@@ -550,7 +589,8 @@ impl BenchCmd {
                 serde_json::json!({"measured_ms": measured, "simulated_ms": predicted, "ratio": (predicted > 0.0).then(|| measured / predicted),
                     "compute_actions": actions, "overhead_us_per_action": overhead_us,
                     "measured_bubble": median.bubble_fraction(), "simulated_bubble": sim.report.bubble_fraction,
-                    "steady_state": period_json(measured_period, simulated_period)})
+                    "steady_state": period_json(measured_period, simulated_period),
+                    "threads": (self.transport == Transport::Local).then(|| oversubscription_json(threads))})
             ),
             ReportFormat::Table => println!(
                 "{}: measured {measured:.3} ms, simulated {predicted:.3} ms ({}), {actions} compute actions, {overhead_us:.2} us overhead per action; bubble measured {:.2}% vs simulated {:.2}%",

@@ -71,6 +71,24 @@ pub enum RuntimeError {
         /// Data-parallel replicas.
         dp: usize,
     },
+    /// A loss or gradient was NaN or infinite (with [`RunOptions::check_finite`](crate::RunOptions::check_finite)).
+    #[error("rank {rank} (pp {pp}, tp {tp}, dp {dp}), step {step}, stage {stage}, {at}: the {what} is {value} (non-finite); the run stops at this step", pp = .coord.pp, tp = .coord.tp, dp = .coord.dp, at = microbatch.map_or("its gradients summed over the step's microbatches".to_string(), |m| format!("microbatch {m}")))]
+    NonFinite {
+        /// Global rank.
+        rank: usize,
+        /// Its coordinates.
+        coord: Coord,
+        /// Training step.
+        step: u64,
+        /// The stage.
+        stage: u32,
+        /// The microbatch of a loss; `None` for gradients (summed over the step).
+        microbatch: Option<u32>,
+        /// `loss` or `gradient`.
+        what: &'static str,
+        /// The first non-finite value found.
+        value: f32,
+    },
     /// A stage the timetable puts on a device has no module there.
     #[error("no module for stage {0} on this device")]
     MissingStage(u32),

@@ -64,6 +64,7 @@ pub struct Executor<C: Communicator, M: StageModule<Tensor = C::Tensor>> {
     epoch: Instant,
     /// Stages that recompute, and how.
     recompute: HashMap<u32, Recompute>,
+    check_finite: bool,
 }
 
 /// A stage's gradient reduction in flight: a DP all-reduce, or under ZeRO-1 a
@@ -193,6 +194,7 @@ where
             timeout,
             epoch,
             recompute,
+            check_finite: opts.check_finite,
         })
     }
 
@@ -406,6 +408,7 @@ where
             comm: &**comm,
             group: tp_group,
         };
+        let mut loss = None;
         let result: Result<(), ModuleError> = guard(|| {
             match a.kind {
                 ActionKind::F => {
@@ -422,7 +425,10 @@ where
                     st.kept = st.kept.max(kept as u64);
                     st.stash.insert(key, stash);
                     match out {
-                        Output::Loss(l) => *st.loss.get_or_insert(0.0) += l,
+                        Output::Loss(l) => {
+                            *st.loss.get_or_insert(0.0) += l;
+                            loss = Some(l);
+                        }
                         Output::Hidden(t) if a.stage + 1 < stages => {
                             if tt.stage_device[a.stage as usize + 1] == here {
                                 st.fwd_in.insert((a.stage + 1, a.microbatch), t);
@@ -482,7 +488,53 @@ where
             }
             Ok(())
         });
-        result.map_err(|e| self.fail(step, Some(a), e))
+        result.map_err(|e| self.fail(step, Some(a), e))?;
+        match loss {
+            Some(l) if self.check_finite && !l.is_finite() => {
+                Err(self.non_finite(step, a.stage, Some(a.microbatch), "loss", l))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    fn non_finite(
+        &self,
+        step: u64,
+        stage: u32,
+        microbatch: Option<u32>,
+        what: &'static str,
+        value: f32,
+    ) -> RuntimeError {
+        RuntimeError::NonFinite {
+            rank: self.mesh.rank(self.coord),
+            coord: self.coord,
+            step,
+            stage,
+            microbatch,
+            what,
+            value,
+        }
+    }
+
+    /// Refuse non-finite gradients before the optimizer turns them into non-finite weights:
+    /// one scan of each stage's (reduced) gradients per step. Stages in stage order, so every
+    /// rank of a DP group (same reduced gradients) names the same stage.
+    fn check_grads(&mut self, step: u64) -> Result<(), RuntimeError> {
+        let mut stages: Vec<u32> = self.modules.keys().copied().collect();
+        stages.sort_unstable();
+        for stage in stages {
+            let module = self
+                .modules
+                .get_mut(&stage)
+                .ok_or_else(|| RuntimeError::missing_stage(stage))?;
+            let found = guard(|| module.non_finite_grad()).map_err(|e| {
+                self.fail(step, None, format!("gradient check of stage {stage}: {e}"))
+            })?;
+            if let Some(v) = found {
+                return Err(self.non_finite(step, stage, None, "gradient", v));
+            }
+        }
+        Ok(())
     }
 
     /// Start the data-parallel reduction of a stage's gradients (an all-reduce, or under
@@ -523,17 +575,32 @@ where
         pending: Vec<Reduction<C::Pending>>,
     ) -> Result<(), RuntimeError> {
         let cfg = self.adamw;
-        let mut stepped = Vec::new();
-        for r in pending {
+        // All-reduced gradients are set back first, so that the NaN check sees the sums the
+        // optimizer will use. Under ZeRO-1 a module keeps only its own (unreduced) gradients:
+        // the check sees those on every replica, so any replica that brings a non-finite
+        // value stops the run before the sharded step.
+        let (sharded, reduced): (Vec<_>, Vec<_>) = pending.into_iter().partition(|_| self.sharded);
+        for r in reduced {
             let stage = r.stage;
-            let (what, done) = if self.sharded {
-                stepped.push(stage);
+            self.reduced_grads(r).map_err(|e| {
+                self.fail(
+                    step,
+                    None,
+                    format!("gradient all-reduce of stage {stage}: {e}"),
+                )
+            })?;
+        }
+        if self.check_finite {
+            self.check_grads(step)?;
+        }
+        let mut stepped = Vec::new();
+        for r in sharded {
+            let stage = r.stage;
+            stepped.push(stage);
+            self.sharded_step(r, &cfg).map_err(|e| {
                 let what = "ZeRO-1 reduce-scatter, optimizer step and all-gather";
-                (what, self.sharded_step(r, &cfg))
-            } else {
-                ("gradient all-reduce", self.reduced_grads(r))
-            };
-            done.map_err(|e| self.fail(step, None, format!("{what} of stage {stage}: {e}")))?;
+                self.fail(step, None, format!("{what} of stage {stage}: {e}"))
+            })?;
         }
         for (stage, module) in self.modules.iter_mut() {
             if stepped.contains(stage) {

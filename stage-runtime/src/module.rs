@@ -156,6 +156,23 @@ pub trait StageModule {
         Ok(None)
     }
 
+    /// The first NaN or infinite value of the accumulated gradients, `None` when all are
+    /// finite: the run's once-per-step check before the optimizer
+    /// ([`RunOptions::check_finite`](crate::RunOptions::check_finite)). The default scans
+    /// [`flat_grads`](Self::flat_grads) when they are host [`Tensor`]s; a module whose
+    /// gradients live elsewhere overrides it (the GPT on a GPU downloads them), or they go
+    /// unchecked.
+    fn non_finite_grad(&mut self) -> Result<Option<f32>, ModuleError>
+    where
+        Self::Tensor: 'static,
+    {
+        let Some(g) = self.flat_grads()? else {
+            return Ok(None);
+        };
+        let host = (&g as &dyn std::any::Any).downcast_ref::<Tensor>();
+        Ok(host.and_then(|t| first_non_finite(t.data())))
+    }
+
     /// Replace the gradients with `grads` (the reduced [`flat_grads`](Self::flat_grads)).
     fn set_flat_grads(&mut self, grads: Self::Tensor) -> Result<(), ModuleError> {
         let _ = grads;
@@ -333,6 +350,17 @@ impl<B: Backend> StageModule for GptModule<B> {
         )?))
     }
 
+    /// Downloads the flat gradients (a copy on the CPU) and scans them: one pass over the
+    /// parameters per step, against the many the step's compute makes.
+    fn non_finite_grad(&mut self) -> Result<Option<f32>, ModuleError>
+    where
+        B::Storage: 'static,
+    {
+        let be = Arc::clone(self.stage.backend());
+        let flat = params::flat_grads(&*be, &self.stage)?;
+        Ok(first_non_finite(be.download(&flat)?.data()))
+    }
+
     fn set_flat_grads(&mut self, grads: B::Storage) -> Result<(), ModuleError> {
         let be = Arc::clone(self.stage.backend());
         Ok(params::set_flat_grads(&*be, &mut self.stage, &grads)?)
@@ -394,6 +422,11 @@ impl<B: Backend> StageModule for GptModule<B> {
         let shard = self.shard.as_ref().map_or(0, ShardedAdamW::state_len);
         4 * (whole + shard)
     }
+}
+
+/// The first NaN or infinity in `xs`.
+pub fn first_non_finite(xs: &[f32]) -> Option<f32> {
+    xs.iter().copied().find(|x| !x.is_finite())
 }
 
 /// A stage that takes exact durations and computes nothing, the way a GPU kernel occupies its

@@ -42,6 +42,10 @@ pub struct RunOptions {
     pub precision: Precision,
     /// ZeRO level of the data-parallel optimizer ([`Zero::One`]: sharded AdamW state).
     pub zero: Zero,
+    /// Stop the run at the first non-finite loss (checked per microbatch on the last stage)
+    /// or gradient (checked once per step and stage, before the optimizer) with
+    /// [`RuntimeError::NonFinite`], as Megatron's NaN check does. On by default.
+    pub check_finite: bool,
 }
 
 impl Default for RunOptions {
@@ -53,6 +57,7 @@ impl Default for RunOptions {
             recompute: RecomputePlan::default(),
             precision: Precision::F32,
             zero: Zero::Off,
+            check_finite: true,
         }
     }
 }

@@ -31,6 +31,8 @@ pub struct Improve<'a> {
     pub budget: usize,
     /// What to minimise.
     pub objective: Objective,
+    /// The search's deadline: stop improving when it passes.
+    pub deadline: super::budget::Deadline,
 }
 
 /// A better timetable than `tt`, if moves into gaps found one.
@@ -42,7 +44,7 @@ pub fn improve(tt: &Timetable, how: &Improve<'_>) -> Option<(Timetable, SteadySt
         let (cur_tt, cur_sim) = best.as_ref().map_or((tt, &start), |(t, s)| (t, s));
         let mut moved = None;
         for (d, from, to) in gap_moves(cur_tt, cur_sim) {
-            if spent >= how.budget {
+            if spent >= how.budget || how.deadline.passed() {
                 break;
             }
             spent += 1;

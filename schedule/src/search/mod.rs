@@ -29,13 +29,17 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+mod budget;
 mod improve;
 mod list;
 mod memory;
 mod rounds;
 
+use std::time::Duration;
+
 use serde::Serialize;
 
+pub use budget::{CutShort, Progress};
 pub use list::{list_schedule, Knobs};
 pub use memory::{
     held_weights, peak_units, peak_units_held, stage_weights, unit_bytes, CapError, MemoryCap,
@@ -73,6 +77,9 @@ pub struct SearchSpec {
     pub improve_budget: usize,
     /// What "fastest" means.
     pub objective: Objective,
+    /// Stop evaluating candidates after this long (once one fits) and return the best found
+    /// so far, saying so in [`SearchOutcome::cut_short`]; `None` evaluates them all.
+    pub time_budget: Option<Duration>,
 }
 
 /// What the search minimises.
@@ -129,6 +136,7 @@ impl SearchSpec {
             list_scheduler: true,
             improve_budget: 200,
             objective: Objective::Period,
+            time_budget: None,
         }
     }
 }
@@ -174,7 +182,8 @@ pub struct SearchOutcome {
     pub cap_microbatches: f64,
     /// Bytes of one unit, when the costs carry activation sizes.
     pub unit_bytes: Option<f64>,
-    /// Every evaluated candidate, in the order tried (fixed families first).
+    /// Every evaluated candidate, in the order tried (fixed families with one shape per `v`
+    /// first; see [`SearchSpec::time_budget`]).
     pub candidates: Vec<Candidate>,
     /// Shapes that could not run.
     pub skipped: Vec<Skipped>,
@@ -190,6 +199,8 @@ pub struct SearchOutcome {
     pub simulation: Simulation,
     /// The objective it was chosen by.
     pub objective: Objective,
+    /// Set when the time budget stopped the search early: the best is the best found so far.
+    pub cut_short: Option<CutShort>,
 }
 
 /// Why the search has no answer.
@@ -253,6 +264,15 @@ struct Shape {
 
 /// Find the fastest timetable that fits `spec.cap`.
 pub fn search(spec: &SearchSpec) -> Result<SearchOutcome, SearchError> {
+    search_with(spec, &mut |_| {})
+}
+
+/// [`search`], reporting its [`Progress`] after every candidate.
+pub fn search_with(
+    spec: &SearchSpec,
+    on_progress: &mut dyn FnMut(&Progress),
+) -> Result<SearchOutcome, SearchError> {
+    let deadline = budget::Deadline::after(spec.time_budget);
     let (p, m) = (spec.devices, spec.microbatches);
     if p == 0 || m == 0 {
         return Err(SearchError::Empty { p, m });
@@ -276,11 +296,17 @@ pub fn search(spec: &SearchSpec) -> Result<SearchOutcome, SearchError> {
         })
         .collect();
     let (jobs, mut skipped) = jobs(spec, cap, &shapes);
-    let (evaluated, best) = evaluate_all(&jobs, spec, &shapes, unit);
+    let (evaluated, best) = evaluate_all(&jobs, spec, &shapes, unit, deadline, on_progress);
+    let cut_short = (evaluated.len() < jobs.len()).then(|| CutShort {
+        budget_seconds: spec.time_budget.map_or(0.0, |b| b.as_secs_f64()),
+        evaluated: evaluated.len(),
+        total: jobs.len(),
+    });
     let mut candidates = Vec::new();
     let mut best_index = None;
     let mut best_fixed: Option<usize> = None;
-    for (i, (job, result)) in jobs.iter().zip(evaluated).enumerate() {
+    for (i, result) in evaluated {
+        let job = &jobs[i];
         match result {
             Err((label, reason)) => skipped.push(Skipped { label, reason }),
             Ok(cand) => {
@@ -316,6 +342,7 @@ pub fn search(spec: &SearchSpec) -> Result<SearchOutcome, SearchError> {
             cap,
             budget: spec.improve_budget,
             objective: spec.objective,
+            deadline,
         };
         if let Some((tt, sim)) = improve(&best.timetable, &how) {
             let sim = &sim;
@@ -344,6 +371,7 @@ pub fn search(spec: &SearchSpec) -> Result<SearchOutcome, SearchError> {
         timetable: best.timetable,
         simulation: best.simulation,
         objective: spec.objective,
+        cut_short,
     })
 }
 
@@ -638,28 +666,39 @@ type Evaluated = Result<Candidate, (String, String)>;
 /// The best fitting timetable so far, and the job that made it.
 struct Best {
     job: usize,
-    key: (Ordered, Ordered),
+    /// The objective, the peak, and 1 for the list scheduler: a fixed family wins a tie
+    /// whichever was evaluated first.
+    key: (Ordered, Ordered, u8),
     timetable: Timetable,
     simulation: Simulation,
 }
 
-/// Evaluate every job in order. Only the best fitting timetable is kept (large searches make
-/// hundreds of them); ties go to the earlier job. Sequential on purpose: this crate has no
-/// threads, and the search is fast enough without them (BENCHMARKS.md).
+/// Evaluate the jobs in [`budget::order`] until all are done or the deadline has passed with
+/// one fitting: `(job index, result)` in the order evaluated. Only the best fitting timetable
+/// is kept (large searches make hundreds of them). Sequential on purpose: this crate has no
+/// threads, and the budget bounds the time (BENCHMARKS.md).
 fn evaluate_all(
     jobs: &[Job],
     spec: &SearchSpec,
     shapes: &[Option<Shape>],
     unit: Option<f64>,
-) -> (Vec<Evaluated>, Option<Best>) {
+    deadline: budget::Deadline,
+    on_progress: &mut dyn FnMut(&Progress),
+) -> (Vec<(usize, Evaluated)>, Option<Best>) {
     let mut best: Option<Best> = None;
-    let all = jobs
-        .iter()
-        .enumerate()
-        .map(|(i, job)| match evaluate(job, spec, shapes, unit) {
+    let mut best_label = None;
+    let mut all = Vec::with_capacity(jobs.len());
+    for i in budget::order(jobs, spec.devices, spec.microbatches) {
+        if best.is_some() && deadline.passed() {
+            break;
+        }
+        let job = &jobs[i];
+        let result = match evaluate(job, spec, shapes, unit) {
             Ok((cand, Some((timetable, simulation)))) => {
-                let k = key(&cand, spec.objective);
+                let (a, b) = key(&cand, spec.objective);
+                let k = (a, b, u8::from(matches!(job, Job::List(_))));
                 if best.as_ref().map_or(true, |b| k < b.key) {
+                    best_label = Some(cand.label.clone());
                     best = Some(Best {
                         job: i,
                         key: k,
@@ -671,8 +710,15 @@ fn evaluate_all(
             }
             Ok((cand, None)) => Ok(cand),
             Err(e) => Err(e),
-        })
-        .collect();
+        };
+        all.push((i, result));
+        on_progress(&Progress {
+            done: all.len(),
+            total: jobs.len(),
+            best: best.as_ref().map(|b| b.key.0 .0),
+            best_label: best_label.clone(),
+        });
+    }
     (all, best)
 }
 

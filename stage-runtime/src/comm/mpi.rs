@@ -42,6 +42,11 @@ use super::{
 };
 use crate::mesh::{Group, GroupKind, Mesh};
 
+/// How long a failing rank waits for its abort notices to leave, and how long a rank that
+/// finds a peer's process gone looks for that peer's notice before naming the exit as the
+/// cause. Only failures pay it.
+const NOTICE_GRACE: Duration = Duration::from_millis(200);
+
 /// Tag of abort notices on the control communicator.
 const ABORT_TAG: c_int = 1;
 /// Most dimensions a gathered tensor may have (the shape travels in a fixed-size block).
@@ -388,8 +393,17 @@ impl MpiComm {
     fn check_alive(&self, rank: usize) -> Result<(), CommError> {
         if let Some(pid) = self.gone(rank) {
             // A rank that failed sends its notice before it exits, so a notice may be waiting
-            // that names the cause better than the exit does.
-            self.check_abort()?;
+            // that names the cause better than the exit does. On a loaded host it can trail
+            // the exit a little: look for it for a moment before blaming the exit (a rank
+            // that failed because a third one died would otherwise be named as the cause).
+            let deadline = Instant::now() + NOTICE_GRACE;
+            loop {
+                self.check_abort()?;
+                if Instant::now() >= deadline {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
             return Err(CommError::PeerLost {
                 rank,
                 detail: format!("its process (pid {pid}) on this host has exited"),
@@ -780,7 +794,7 @@ impl Communicator for MpiComm {
         }
         // Small notices go out eagerly; give them a moment to leave before the caller exits,
         // but only a moment: mpirun may be ending the job, and the caller has yet to report.
-        let deadline = Instant::now() + Duration::from_millis(50);
+        let deadline = Instant::now() + NOTICE_GRACE;
         while !self.reap_sends().unwrap_or(true) && Instant::now() < deadline {
             self.idle();
         }
