@@ -107,6 +107,8 @@
 #![deny(missing_docs)]
 
 pub mod batch;
+#[cfg(feature = "candle")]
+pub mod candle;
 pub mod comm;
 pub mod data;
 pub mod error;
