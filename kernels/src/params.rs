@@ -9,7 +9,7 @@
 
 use crate::backend::{Backend, Shaped};
 use crate::error::{shape_err, Result};
-use crate::layers::Parameters;
+use crate::layers::{Param, Parameters};
 
 /// Keeps the first error of a visit (the visitor closures cannot return one).
 fn first_err(slot: &mut Option<crate::KernelError>, r: Result<()>) {
@@ -45,19 +45,7 @@ pub fn set_flat_grads<B: Backend, P: Parameters<B::Storage> + ?Sized>(
     m: &mut P,
     flat: &B::Storage,
 ) -> Result<()> {
-    let n = m.num_params();
-    if flat.numel() != n {
-        return Err(shape_err(
-            "set_flat_grads",
-            format!("{} values for {n} parameters", flat.numel()),
-        ));
-    }
-    let (mut off, mut err) = (0, None);
-    m.visit_mut(&mut |p| {
-        first_err(&mut err, be.copy_from_offset(flat, off, &mut p.grad));
-        off += p.grad.numel();
-    });
-    done(err)
+    set_flat(be, m, flat, "set_flat_grads", |p| &mut p.grad)
 }
 
 /// Overwrites every parameter value of `m` from a flat tensor in visit order (e.g. after
@@ -67,17 +55,30 @@ pub fn set_flat_params<B: Backend, P: Parameters<B::Storage> + ?Sized>(
     m: &mut P,
     flat: &B::Storage,
 ) -> Result<()> {
+    set_flat(be, m, flat, "set_flat_params", |p| &mut p.value)
+}
+
+/// Overwrites one tensor of every parameter (`pick`: its value or its gradient) from a
+/// flat tensor in visit order; errors (named `op`) on a length mismatch.
+fn set_flat<B: Backend, P: Parameters<B::Storage> + ?Sized>(
+    be: &B,
+    m: &mut P,
+    flat: &B::Storage,
+    op: &'static str,
+    pick: fn(&mut Param<B::Storage>) -> &mut B::Storage,
+) -> Result<()> {
     let n = m.num_params();
     if flat.numel() != n {
         return Err(shape_err(
-            "set_flat_params",
+            op,
             format!("{} values for {n} parameters", flat.numel()),
         ));
     }
     let (mut off, mut err) = (0, None);
     m.visit_mut(&mut |p| {
-        first_err(&mut err, be.copy_from_offset(flat, off, &mut p.value));
-        off += p.value.numel();
+        let dst = pick(p);
+        first_err(&mut err, be.copy_from_offset(flat, off, dst));
+        off += dst.numel();
     });
     done(err)
 }
