@@ -666,8 +666,8 @@ type Evaluated = Result<Candidate, (String, String)>;
 /// The best fitting timetable so far, and the job that made it.
 struct Best {
     job: usize,
-    /// The objective, the peak, and 1 for the list scheduler: a fixed family wins a tie
-    /// whichever was evaluated first.
+    /// The objective, the peak, and 1 for the list scheduler and the rounds heuristic: a fixed
+    /// family wins a tie whichever was evaluated first (and among the others, the earlier job).
     key: (Ordered, Ordered, u8),
     timetable: Timetable,
     simulation: Simulation,
@@ -696,7 +696,7 @@ fn evaluate_all(
         let result = match evaluate(job, spec, shapes, unit) {
             Ok((cand, Some((timetable, simulation)))) => {
                 let (a, b) = key(&cand, spec.objective);
-                let k = (a, b, u8::from(matches!(job, Job::List(_))));
+                let k = (a, b, u8::from(!matches!(job, Job::Fixed(_))));
                 if best.as_ref().map_or(true, |b| k < b.key) {
                     best_label = Some(cand.label.clone());
                     best = Some(Best {
