@@ -83,7 +83,8 @@ fn stage_cost(stage: usize, kinds: &mut [Vec<f64>; 5]) -> Result<RawStageCost, C
     })
 }
 
-fn median(v: &mut [f64]) -> Option<f64> {
+/// The median of `v` (sorted in place; the mean of the middle two for an even count).
+pub(super) fn median(v: &mut [f64]) -> Option<f64> {
     if v.is_empty() {
         return None;
     }

@@ -32,6 +32,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::measure::median;
 use super::{meta, prepare, CostModel, Engine, Report, SimError, Simulation};
 use crate::action::{Action, ActionKind};
 use crate::timeline::{Event, Timeline, TimelineMeta};
@@ -279,19 +280,6 @@ fn device_periods(starts: &[Vec<Option<f64>>]) -> Vec<f64> {
             median(&mut diffs).unwrap_or(0.0)
         })
         .collect()
-}
-
-fn median(v: &mut [f64]) -> Option<f64> {
-    if v.is_empty() {
-        return None;
-    }
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    Some(if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    })
 }
 
 /// A step's first compute start to its last event's end (what the runtime reports per step).
