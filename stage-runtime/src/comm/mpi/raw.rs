@@ -229,30 +229,9 @@ pub(crate) fn iallgather<T: Equivalence + Default + Clone>(
 ) -> Result<Gathered<T>, CommError> {
     let n = count(send.len(), "all-gather")?;
     count(send.len() * ranks, "all-gather")?;
-    let mut recv = vec![T::default(); send.len() * ranks];
-    let mut req = MaybeUninit::uninit();
-    let dt = datatype::<T>();
-    // SAFETY: both buffers are owned by the flight; `recv` holds `ranks` blocks of `n`.
-    let rc = unsafe {
-        ffi::MPI_Iallgather(
-            send.as_ptr().cast::<c_void>(),
-            n,
-            dt,
-            recv.as_mut_ptr().cast::<c_void>(),
-            n,
-            dt,
-            comm,
-            req.as_mut_ptr(),
-        )
-    };
-    check(rc, "MPI_Iallgather")?;
-    // SAFETY: MPI_Iallgather succeeded, so it wrote the request.
-    let req = unsafe { req.assume_init() };
-    Ok(Flight {
-        req,
-        bufs: Some((send, recv)),
-        done: false,
-    })
+    let recv = vec![T::default(); send.len() * ranks];
+    // SAFETY: `recv` holds `ranks` blocks of `n`, as MPI_Iallgather writes.
+    unsafe { blocks(comm, send, recv, n, ffi::MPI_Iallgather, "MPI_Iallgather") }
 }
 
 /// `MPI_Ialltoall` of `ranks` equal blocks: block `i` of `send` goes to rank `i`, and block
@@ -270,12 +249,41 @@ pub(crate) fn ialltoall<T: Equivalence + Default + Clone>(
     }
     let n = count(send.len() / ranks, "all-to-all")?;
     count(send.len(), "all-to-all")?;
-    let mut recv = vec![T::default(); send.len()];
+    let recv = vec![T::default(); send.len()];
+    // SAFETY: `send` and `recv` hold `ranks` blocks of `n`, as MPI_Ialltoall reads and writes.
+    unsafe { blocks(comm, send, recv, n, ffi::MPI_Ialltoall, "MPI_Ialltoall") }
+}
+
+/// The C signature MPI_Iallgather and MPI_Ialltoall share.
+type BlockCollective = unsafe extern "C" fn(
+    *const c_void,
+    c_int,
+    ffi::MPI_Datatype,
+    *mut c_void,
+    c_int,
+    ffi::MPI_Datatype,
+    ffi::MPI_Comm,
+    *mut ffi::MPI_Request,
+) -> c_int;
+
+/// Start `call` with blocks of `n` values out of `send` and into `recv`, both then owned by
+/// the flight.
+///
+/// # Safety
+/// `send` and `recv` must be as long as `call` reads and writes for blocks of `n`.
+unsafe fn blocks<T: Equivalence>(
+    comm: ffi::MPI_Comm,
+    send: Vec<T>,
+    mut recv: Vec<T>,
+    n: c_int,
+    call: BlockCollective,
+    name: &'static str,
+) -> Result<Gathered<T>, CommError> {
     let mut req = MaybeUninit::uninit();
     let dt = datatype::<T>();
-    // SAFETY: both buffers are owned by the flight and hold `ranks` blocks of `n`.
+    // SAFETY: the caller vouches for the lengths; the flight keeps both buffers alive.
     let rc = unsafe {
-        ffi::MPI_Ialltoall(
+        call(
             send.as_ptr().cast::<c_void>(),
             n,
             dt,
@@ -286,8 +294,8 @@ pub(crate) fn ialltoall<T: Equivalence + Default + Clone>(
             req.as_mut_ptr(),
         )
     };
-    check(rc, "MPI_Ialltoall")?;
-    // SAFETY: MPI_Ialltoall succeeded, so it wrote the request.
+    check(rc, name)?;
+    // SAFETY: the call succeeded, so it wrote the request.
     let req = unsafe { req.assume_init() };
     Ok(Flight {
         req,
