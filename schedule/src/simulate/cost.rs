@@ -26,6 +26,11 @@ pub struct StageCost {
     pub w_memory: f64,
     /// Bytes of the stage's output (and of its gradient) sent to the next stage.
     pub p2p_bytes: u64,
+    /// Time of this stage's hand-off to its neighbour, overriding the link model's
+    /// `latency + p2p_bytes / bandwidth` (a planner that knows which hand-offs cross nodes
+    /// sets it per stage); `None` for the link model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub p2p_time: Option<f64>,
     /// Time of DualPipe's F&B overlap whose forward is this stage's; `None` for the sum of
     /// this stage's `f` and the backward stage's `b` (no gain from overlapping).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -108,6 +113,7 @@ impl StageCost {
             activation_bytes: self.activation_bytes / u64::from(v.max(1)),
             w_memory: self.w_memory,
             p2p_bytes: self.p2p_bytes,
+            p2p_time: self.p2p_time,
             overlap: self.overlap.map(|t| t / k),
             optimizer: self.optimizer / k,
             dp_allreduce: self.dp_allreduce / k,
@@ -163,7 +169,11 @@ impl CostModel {
 
     /// Time to move stage `s`'s output (or its gradient) between devices.
     pub fn transfer_time(&self, stage: u32) -> f64 {
-        let bytes = self.stages.get(stage as usize).map_or(0, |c| c.p2p_bytes) as f64;
+        let cost = self.stages.get(stage as usize);
+        if let Some(t) = cost.and_then(|c| c.p2p_time) {
+            return t;
+        }
+        let bytes = cost.map_or(0, |c| c.p2p_bytes) as f64;
         self.p2p_latency + self.bandwidth.map_or(0.0, |bw| bytes / bw)
     }
 
@@ -247,6 +257,7 @@ fn join(parts: &[StageCost]) -> StageCost {
         activation_bytes: bytes,
         w_memory,
         p2p_bytes: parts.last().map_or(0, |c| c.p2p_bytes),
+        p2p_time: parts.last().and_then(|c| c.p2p_time),
         overlap,
         optimizer: sum(|c| c.optimizer),
         dp_allreduce: sum(|c| c.dp_allreduce),
@@ -281,6 +292,9 @@ pub struct RawStageCost {
     /// Bytes sent to the next stage (default 0).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub p2p_bytes: Option<u64>,
+    /// Time of the hand-off to the next stage (default: the link model's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub p2p_time: Option<f64>,
     /// Time of an F&B overlap whose forward is this stage's (default: F plus the B's time).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub overlap: Option<f64>,
@@ -314,6 +328,7 @@ impl RawStageCost {
             activation_bytes: self.activation_bytes.or(d.activation_bytes),
             w_memory: self.w_memory.or(d.w_memory),
             p2p_bytes: self.p2p_bytes.or(d.p2p_bytes),
+            p2p_time: self.p2p_time.or(d.p2p_time),
             overlap: self.overlap.or(d.overlap),
             optimizer: self.optimizer.or(d.optimizer),
             dp_allreduce: self.dp_allreduce.or(d.dp_allreduce),
@@ -369,6 +384,7 @@ impl RawStageCost {
             ("optimizer", optimizer),
             ("dp_allreduce", dp_allreduce),
             ("r", self.r.unwrap_or(0.0)),
+            ("p2p_time", self.p2p_time.unwrap_or(0.0)),
         ];
         for (what, v) in all {
             check(what, v).map_err(|_| CostError::Invalid {
@@ -384,6 +400,7 @@ impl RawStageCost {
             activation_bytes: self.activation_bytes.unwrap_or(0),
             w_memory,
             p2p_bytes: self.p2p_bytes.unwrap_or(0),
+            p2p_time: self.p2p_time,
             overlap: self.overlap,
             optimizer,
             dp_allreduce,

@@ -15,6 +15,7 @@ mod measure;
 mod report;
 mod steady;
 
+pub(crate) use cost::without_position;
 pub use cost::{CostError, CostModel, RawCostFile, RawStageCost, StageCost};
 pub use measure::measured_costs;
 pub use report::{DeviceReport, Report};
