@@ -7,7 +7,7 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-use crate::action::ActionKind;
+use crate::memory::{peak_walk, StageBytes};
 use crate::simulate::CostModel;
 use crate::timetable::Timetable;
 
@@ -128,29 +128,12 @@ pub fn peak_units(tt: &Timetable, weights: &[f64]) -> Vec<f64> {
 /// B frees it at its end; a split backward's I frees all but `held` (what W still needs) at
 /// its end and W frees the rest at its end; an F&B overlap holds both at once.
 pub fn peak_units_held(tt: &Timetable, weights: &[f64], held: &[f64]) -> Vec<f64> {
-    tt.devices
+    let stages: Vec<StageBytes> = weights
         .iter()
-        .map(|actions| {
-            let (mut now, mut peak) = (0.0f64, 0.0f64);
-            for a in actions {
-                let w = |s: u32| weights.get(s as usize).copied().unwrap_or(0.0);
-                let h = |s: u32| held.get(s as usize).copied().unwrap_or(0.0);
-                for part in a.parts() {
-                    match part.kind {
-                        ActionKind::F => {
-                            now += w(part.stage);
-                            peak = peak.max(now);
-                        }
-                        ActionKind::B => now -= w(part.stage),
-                        ActionKind::I => now -= w(part.stage) - h(part.stage),
-                        ActionKind::W => now -= h(part.stage),
-                        _ => {}
-                    }
-                }
-            }
-            peak
-        })
-        .collect()
+        .enumerate()
+        .map(|(s, &w)| StageBytes::plain(w, held.get(s).copied().unwrap_or(0.0)))
+        .collect();
+    peak_walk(tt, &stages)
 }
 
 #[cfg(test)]
