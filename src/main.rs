@@ -8,6 +8,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use cli::charts::{SweepCmd, VizCmd};
 use cli::commands::{ScheduleCmd, SimulateCmd, ValidateCmd};
+use cli::plan::PlanCmd;
 use cli::search::SearchCmd;
 use cli::train::{BenchCmd, TrainCmd};
 
@@ -37,6 +38,9 @@ enum Command {
     Train(TrainCmd),
     /// Run a timetable with synthetic stages of exact durations and compare with the simulator.
     Bench(BenchCmd),
+    /// Choose the whole parallel configuration (TP, PP, DP, schedule, microbatches,
+    /// recompute, ZeRO, SP) for a GPT on a cluster, ranked by predicted step time.
+    Plan(PlanCmd),
 }
 
 /// Clap's refusal as one line (its first, which names the flag, and any tip), exit 2;
@@ -78,6 +82,7 @@ fn main() -> ExitCode {
         Command::Viz(c) => c.run(),
         Command::Sweep(c) => c.run(),
         Command::Search(c) => c.run(),
+        Command::Plan(c) => c.run(),
         Command::Train(c) => c.run(),
         Command::Bench(c) => c.run(),
     };

@@ -1,0 +1,204 @@
+//! Where a configuration's step time goes, what limits it, and why the best beat the rest.
+//!
+//! A step of the busiest pipeline device splits into: its matmul and element-wise work
+//! (`compute`), recomputation (`recompute`, time paid to fit in memory), TP collectives
+//! (`tp_comm`, on the compute stream: Megatron does not overlap them), the optimizer step,
+//! the part of the pipeline sends and of the DP reduction the schedule does not hide
+//! (`pp_comm`, `dp_comm`: the step time minus the step time re-simulated with that
+//! communication free), and the rest, the `bubble`.
+//!
+//! The limiting bound is `compute` when the overheads together are under a fifth of the
+//! step; else the largest overhead, with recomputation reported as `memory`.
+
+use serde::{Deserialize, Serialize};
+
+use super::bound::{busiest, device_of};
+use super::config::Config;
+use super::costs::Pieces;
+use super::evaluate::step_time;
+use super::PlanError;
+use crate::recompute::Recompute;
+use crate::simulate::CostModel;
+
+/// Seconds per step, by cause; they add up to the step time.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Terms {
+    /// Matmul and element-wise work of the busiest device.
+    pub compute: f64,
+    /// Recomputation.
+    pub recompute: f64,
+    /// TP collectives.
+    pub tp_comm: f64,
+    /// Exposed pipeline sends.
+    pub pp_comm: f64,
+    /// Exposed DP gradient reduction.
+    pub dp_comm: f64,
+    /// Optimizer step (and ZeRO-1's parameter all-gather).
+    pub optimizer: f64,
+    /// Idle time the schedule leaves.
+    pub bubble: f64,
+}
+
+/// What limits a configuration.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Limit {
+    /// Work: the overheads are small.
+    Compute,
+    /// Pipeline idle time.
+    Bubble,
+    /// TP collectives.
+    TpComm,
+    /// Pipeline sends.
+    PpComm,
+    /// DP gradient reduction.
+    DpComm,
+    /// Recomputation, paid to fit in memory.
+    Memory,
+}
+
+impl Limit {
+    /// Name in tables.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Limit::Compute => "compute",
+            Limit::Bubble => "bubble",
+            Limit::TpComm => "TP comm",
+            Limit::PpComm => "PP comm",
+            Limit::DpComm => "DP comm",
+            Limit::Memory => "memory",
+        }
+    }
+}
+
+/// TP time per microbatch of the device with the most compute.
+fn device_tp(cfg: &Config, costs: &CostModel, p: &Pieces) -> f64 {
+    let d = busiest(cfg, costs).device;
+    let stages = cfg.stages();
+    let times = if cfg.recompute == Recompute::Full {
+        3.0
+    } else {
+        2.0
+    };
+    (0..stages)
+        .filter(|&s| device_of(cfg, s) == d)
+        .map(|s| {
+            let n = f64::from(p.layers[s as usize]);
+            let ends = if s == 0 || s + 1 == stages {
+                p.embed_tp
+            } else {
+                0.0
+            };
+            n * p.layer_tp * times + ends
+        })
+        .sum()
+}
+
+/// The terms of `cfg`'s `step` under `costs` (two more simulations: with free sends, and
+/// with a free DP reduction).
+pub fn terms(cfg: &Config, costs: &CostModel, p: &Pieces, step: f64) -> Result<Terms, PlanError> {
+    let m = f64::from(cfg.microbatches);
+    let load = busiest(cfg, costs);
+    let tp_comm = m * device_tp(cfg, costs, p);
+    let tp_in_r = if cfg.recompute == Recompute::Full {
+        tp_comm / 3.0
+    } else {
+        0.0
+    };
+    let recompute = m * load.r - tp_in_r;
+    let compute = m * load.compute() - tp_comm - recompute;
+    let mut free_p2p = costs.clone();
+    free_p2p
+        .stages
+        .iter_mut()
+        .for_each(|c| c.p2p_time = Some(0.0));
+    let pp_comm = (step - step_time(cfg, &free_p2p)?).max(0.0);
+    let mut free_dp = costs.clone();
+    free_dp.stages.iter_mut().for_each(|c| c.dp_allreduce = 0.0);
+    let dp_comm = (step - step_time(cfg, &free_dp)?).max(0.0);
+    let optimizer = load.optimizer;
+    let used = compute + recompute + tp_comm + pp_comm + dp_comm + optimizer;
+    Ok(Terms {
+        compute,
+        recompute,
+        tp_comm,
+        pp_comm,
+        dp_comm,
+        optimizer,
+        bubble: (step - used).max(0.0),
+    })
+}
+
+impl Terms {
+    /// Their sum.
+    pub fn total(&self) -> f64 {
+        self.compute
+            + self.recompute
+            + self.tp_comm
+            + self.pp_comm
+            + self.dp_comm
+            + self.optimizer
+            + self.bubble
+    }
+
+    /// The overheads, named.
+    pub fn overheads(&self) -> [(Limit, f64); 5] {
+        [
+            (Limit::Bubble, self.bubble),
+            (Limit::TpComm, self.tp_comm),
+            (Limit::PpComm, self.pp_comm),
+            (Limit::DpComm, self.dp_comm),
+            (Limit::Memory, self.recompute),
+        ]
+    }
+
+    /// What limits the step (see the module docs).
+    pub fn limit(&self) -> Limit {
+        let over: f64 = self.overheads().iter().map(|(_, t)| t).sum();
+        if over < 0.2 * self.total() {
+            return Limit::Compute;
+        }
+        self.overheads()
+            .into_iter()
+            .fold((Limit::Compute, 0.0), |a, b| if b.1 > a.1 { b } else { a })
+            .0
+    }
+
+    /// Named differences `other - self`, largest in size first (the terms of the step).
+    pub fn differences(&self, other: &Terms) -> Vec<(&'static str, f64)> {
+        let mut d = vec![
+            ("compute", other.compute - self.compute),
+            ("recompute", other.recompute - self.recompute),
+            ("TP comm", other.tp_comm - self.tp_comm),
+            ("PP comm", other.pp_comm - self.pp_comm),
+            ("DP comm", other.dp_comm - self.dp_comm),
+            ("optimizer", other.optimizer - self.optimizer),
+            ("bubble", other.bubble - self.bubble),
+        ];
+        d.sort_by(|a, b| b.1.abs().total_cmp(&a.1.abs()));
+        d
+    }
+}
+
+/// Why `best` beat `other`: one line, its largest term differences.
+pub fn why(best: &(Config, Terms), other: &(Config, Terms)) -> String {
+    let (tb, to) = (best.1.total(), other.1.total());
+    let diffs: Vec<String> = best
+        .1
+        .differences(&other.1)
+        .into_iter()
+        .filter(|(_, d)| d.abs() > 0.01 * tb)
+        .take(3)
+        .map(|(name, d)| format!("{name} {:+.2} s", d))
+        .collect();
+    format!(
+        "vs {}: {:+.1}% step time ({})",
+        other.0,
+        100.0 * (to / tb - 1.0),
+        if diffs.is_empty() {
+            "no term differs by 1%".to_string()
+        } else {
+            diffs.join(", ")
+        }
+    )
+}

@@ -1,0 +1,224 @@
+//! One line for a request nothing satisfies, naming the nearest thing that would work.
+
+use super::config::{Config, Fixed, PlanRequest};
+use super::fit::peaks;
+use super::space::{divisors, enumerate, tp_options};
+use super::PlanError;
+
+fn gb(bytes: f64) -> String {
+    if bytes >= 1e12 {
+        format!("{:.1} TB", bytes / 1e12)
+    } else {
+        format!("{:.1} GB", bytes / 1e9)
+    }
+}
+
+/// Why no configuration divides the request (the heads, the GPUs, the batch or a fixed
+/// dimension), and what would.
+pub fn structure(req: &PlanRequest) -> String {
+    let free = PlanRequest {
+        fixed: Fixed::default(),
+        ..req.clone()
+    };
+    let gpn = req.cluster.gpus_per_node;
+    if let Some(tp) = req.fixed.tp {
+        if tp_options(&PlanRequest {
+            fixed: Fixed::default(),
+            ..req.clone()
+        })
+        .binary_search(&tp)
+        .is_err()
+        {
+            let ok = tp_options(&free);
+            let node = if req.allow_cross_node_tp {
+                String::new()
+            } else {
+                format!(" inside a node of {gpn}")
+            };
+            return format!(
+                "--tp {tp} cannot split the {} heads over {} GPUs{node}: TP sizes that can: {}",
+                req.shape.heads,
+                req.gpus,
+                list(&ok)
+            );
+        }
+    }
+    if enumerate(&free).is_empty() {
+        return batch(req);
+    }
+    // Some fixed dimension rules everything out: name the first whose release helps.
+    let f = &req.fixed;
+    let releases: [(&str, String, Fixed); 7] = [
+        (
+            "--tp",
+            opt(f.tp),
+            Fixed {
+                tp: None,
+                ..f.clone()
+            },
+        ),
+        (
+            "--pp",
+            opt(f.pp),
+            Fixed {
+                pp: None,
+                ..f.clone()
+            },
+        ),
+        (
+            "--microbatch-size",
+            opt(f.microbatch_size),
+            Fixed {
+                microbatch_size: None,
+                ..f.clone()
+            },
+        ),
+        (
+            "--schedule",
+            opt(f.schedule),
+            Fixed {
+                schedule: None,
+                ..f.clone()
+            },
+        ),
+        (
+            "--v",
+            opt(f.v),
+            Fixed {
+                v: None,
+                ..f.clone()
+            },
+        ),
+        (
+            "--zero",
+            opt(f.zero),
+            Fixed {
+                zero: None,
+                ..f.clone()
+            },
+        ),
+        (
+            "--sequence-parallel",
+            opt(f.sequence_parallel),
+            Fixed {
+                sequence_parallel: None,
+                ..f.clone()
+            },
+        ),
+    ];
+    for (flag, value, fixed) in releases {
+        if value.is_empty() {
+            continue;
+        }
+        let relaxed = PlanRequest {
+            fixed,
+            ..req.clone()
+        };
+        if let Some(c) = enumerate(&relaxed).first() {
+            return format!(
+                "{flag} {value} fits no configuration of the other dimensions given ({} GPUs, {} layers, batch {}); without it, e.g. {c}",
+                req.gpus, req.shape.layers, req.global_batch
+            );
+        }
+    }
+    let c = enumerate(&free)[0];
+    format!("the dimensions fixed by hand fit no configuration together; with none fixed, e.g. {c}")
+}
+
+fn opt<T: std::fmt::Display>(v: Option<T>) -> String {
+    v.map_or(String::new(), |v| v.to_string())
+}
+
+fn list(v: &[u32]) -> String {
+    if v.is_empty() {
+        "none".into()
+    } else {
+        v.iter().map(u32::to_string).collect::<Vec<_>>().join(", ")
+    }
+}
+
+/// The batch divides among no data-parallel size: the nearest batches that do.
+fn batch(req: &PlanRequest) -> String {
+    let with = |b: u64| {
+        !enumerate(&PlanRequest {
+            global_batch: b,
+            fixed: Fixed::default(),
+            ..req.clone()
+        })
+        .is_empty()
+    };
+    let up = (req.global_batch + 1
+        ..=req
+            .global_batch
+            .saturating_mul(2)
+            .max(req.global_batch + 64))
+        .find(|&b| with(b));
+    let down = (1..req.global_batch).rev().find(|&b| with(b));
+    let dps: Vec<u64> = divisors(u64::from(req.gpus));
+    let near = match (down, up) {
+        (Some(d), Some(u)) => format!("{d} or {u}"),
+        (Some(d), None) => d.to_string(),
+        (None, Some(u)) => u.to_string(),
+        (None, None) => {
+            return format!(
+                "{} GPUs cannot hold {} layers with {} heads in any TP x PP x DP: use a GPU count of which some tp*pp (tp dividing the heads, pp at most the layers) is a divisor",
+                req.gpus, req.shape.layers, req.shape.heads
+            )
+        }
+    };
+    format!(
+        "global batch {} sequences: no data-parallel size this cluster allows (dp divides {} GPUs: {}; with tp*pp*dp = {} and pp <= {} layers) divides it into microbatches; nearest batch that works: {near}",
+        req.global_batch,
+        req.gpus,
+        dps.iter().map(u64::to_string).collect::<Vec<_>>().join(", "),
+        req.gpus,
+        req.shape.layers
+    )
+}
+
+/// Nothing fits in memory: the state the model needs, how many GPUs of this kind that takes
+/// at least, and the memory levers the request left unused.
+pub fn memory(req: &PlanRequest, closest: &Config, peak: u64) -> Result<String, PlanError> {
+    let cap = req.cluster.memory_bytes();
+    let devices = peaks(req, closest)?;
+    let (tp, dp) = (f64::from(closest.tp), f64::from(closest.dp));
+    // One replica's unique state (ZeRO-1's optimizer shards times dp).
+    let zero_dp = if closest.zero >= 1 { dp } else { 1.0 };
+    let state: f64 = devices
+        .iter()
+        .map(|d| tp * ((d.parameters + d.gradients) as f64 + zero_dp * d.optimizer_state as f64))
+        .sum();
+    let need = (state / cap as f64).ceil() as u64;
+    let more = need.saturating_sub(u64::from(req.gpus));
+    let f = &req.fixed;
+    let mut levers = Vec::new();
+    if f.recompute.is_some_and(|r| r.as_str() != "full") {
+        levers.push("--recompute full");
+    }
+    if f.zero == Some(0) {
+        levers.push("--zero 1");
+    }
+    if f.sequence_parallel == Some(false) {
+        levers.push("--sequence-parallel");
+    }
+    if f.microbatch_size.is_some_and(|b| b > 1) {
+        levers.push("--microbatch-size 1");
+    }
+    let gpu = format!("{:.0} GB", cap as f64 / 1e9);
+    let fix = if more > 0 {
+        format!("at least {more} more {gpu} GPUs")
+    } else {
+        "more GPUs (the model state alone would fit, its activations do not)".to_string()
+    };
+    let levers = if levers.is_empty() {
+        String::new()
+    } else {
+        format!(", or {}", levers.join(" and "))
+    };
+    Ok(format!(
+        "needs {} of model state; the closest configuration ({closest}) peaks at {} per GPU of {}: {fix}{levers}",
+        gb(state),
+        gb(peak as f64),
+        gb(cap as f64),
+    ))
+}

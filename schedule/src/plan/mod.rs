@@ -1,0 +1,76 @@
+//! The plan: the whole parallel configuration (TP, PP, DP, schedule family and chunks,
+//! microbatch size and count, recomputation, ZeRO-1, sequence parallelism) for a model on a
+//! cluster, chosen by the memory model and the simulator.
+//!
+//! It composes the crate's pieces and adds no simulator of its own:
+//! [`space`] lists the configurations a request allows; [`costs`] turns one into the
+//! simulator's [`CostModel`](crate::CostModel) from the cluster's figures ([`cluster`]), the
+//! work of each layer ([`work`], [`efficiency`]) and its collectives ([`comm`]); [`bound`]
+//! gives each a closed-form lower bound; [`search`] checks memory with
+//! [`crate::memory::predict`] before anything is simulated, then simulates the survivors
+//! in order of their bounds ([`evaluate`]: [`crate::simulate::simulate_steps`]'s steady-state
+//! period) until no bound can beat the best; [`explain`] says what limits each and why the
+//! best won; [`impossible`] says, in one line, the nearest thing that would work when
+//! nothing does.
+
+pub mod bound;
+pub mod cluster;
+pub mod comm;
+pub mod config;
+pub mod costs;
+pub mod efficiency;
+pub mod evaluate;
+pub mod explain;
+pub mod fit;
+pub mod impossible;
+pub mod search;
+pub mod space;
+pub mod work;
+
+pub use cluster::{Cluster, Link, PeakTflops, Precision};
+pub use config::{Config, Fixed, PlanRequest};
+pub use efficiency::Efficiency;
+pub use explain::{Limit, Terms};
+pub use search::{plan, Plan, PlanRow, Progress};
+
+use crate::memory::MemoryError;
+use crate::simulate::{SimError, SteadyError};
+use crate::spec::SpecError;
+
+/// Why a plan could not be made.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum PlanError {
+    /// A cluster file that is not valid JSON for a cluster.
+    #[error("cluster file, line {line}, column {column}: {message}")]
+    ClusterFile {
+        /// 1-based line.
+        line: usize,
+        /// 1-based column.
+        column: usize,
+        /// serde's message.
+        message: String,
+    },
+    /// A cluster figure out of range.
+    #[error("cluster: {what} must be a finite number > 0 (got {value})")]
+    ClusterFigure {
+        /// Which figure.
+        what: &'static str,
+        /// The value.
+        value: f64,
+    },
+    /// Nothing can run: the one line saying the nearest thing that would.
+    #[error("{0}")]
+    Impossible(String),
+    /// A schedule the plan built could not be made (a bug if it happens).
+    #[error(transparent)]
+    Spec(#[from] SpecError),
+    /// A simulation failed (a bug if it happens).
+    #[error(transparent)]
+    Steady(#[from] SteadyError),
+    /// A simulation failed (a bug if it happens).
+    #[error(transparent)]
+    Sim(#[from] SimError),
+    /// The memory model refused a configuration.
+    #[error(transparent)]
+    Memory(#[from] MemoryError),
+}

@@ -1,0 +1,216 @@
+//! The joint search: every allowed configuration gets a closed-form lower bound; in order of
+//! those bounds, each is checked against memory first and simulated only if it fits, until
+//! no remaining bound can beat the `top`-th best step time found (or the simulation budget
+//! is spent, which the plan then says).
+
+use serde::Serialize;
+
+use super::bound::lower_bound;
+use super::config::{Config, PlanRequest};
+use super::costs::cost_model;
+use super::evaluate::step_time;
+use super::explain::{terms, why, Limit, Terms};
+use super::fit::{peaks, worst};
+use super::impossible;
+use super::space::enumerate;
+use super::work::{layer_flops, model_flops};
+use super::PlanError;
+use crate::memory::MemoryBreakdown;
+use crate::recompute::Recompute;
+
+/// A bound must exceed the `top`-th best step time by this fraction before the search
+/// stops: the family bounds assume uniform stages, and real ones (the LM head) are not.
+const MARGIN: f64 = 0.02;
+
+/// How far the search has got (for a progress bar).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Progress {
+    /// Configurations the request allows.
+    pub candidates: usize,
+    /// Configurations bounded so far.
+    pub bounded: usize,
+    /// Configurations whose memory was checked.
+    pub memory_checked: usize,
+    /// Configurations that did not fit.
+    pub unfit: usize,
+    /// Configurations simulated.
+    pub simulated: usize,
+}
+
+/// One configuration of the ranking, with everything the table and the JSON show.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct PlanRow {
+    /// The configuration.
+    pub config: Config,
+    /// Predicted time per training step (steady-state period), seconds.
+    pub step_time_s: f64,
+    /// Tokens per second over the whole cluster.
+    pub tokens_per_s: f64,
+    /// Achieved TFLOP/s per GPU as Narayanan et al. count them (recomputation included).
+    pub tflops_per_gpu: f64,
+    /// Model FLOPs utilisation: model FLOPs (no recomputation) over peak.
+    pub mfu: f64,
+    /// Peak memory of the fullest GPU, bytes.
+    pub peak_memory_bytes: u64,
+    /// GPU memory minus that peak (negative: does not fit).
+    pub headroom_bytes: i64,
+    /// Per pipeline device, the memory model's peak by category.
+    pub memory: Vec<MemoryBreakdown>,
+    /// `1 - ideal / step time`, ideal being the busiest device's compute.
+    pub bubble: f64,
+    /// The closed-form lower bound the search ordered it by, seconds.
+    pub bound_s: f64,
+    /// Where the step time goes (top rows only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub terms: Option<Terms>,
+    /// What limits it (top rows only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub limit: Option<Limit>,
+}
+
+/// The plan: the ranking, how the search went, and why the best won.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Plan {
+    /// The best first, at most `top`.
+    pub rows: Vec<PlanRow>,
+    /// How the search went.
+    pub progress: Progress,
+    /// Whether the simulation budget ran out while some bound could still win.
+    pub cut_short: bool,
+    /// One line per runner-up: why the best beat it.
+    pub explain: Vec<String>,
+}
+
+/// Make the plan for `req`, reporting progress as it goes.
+pub fn plan(req: &PlanRequest, progress: &mut dyn FnMut(&Progress)) -> Result<Plan, PlanError> {
+    let configs = enumerate(req);
+    if configs.is_empty() {
+        return Err(PlanError::Impossible(impossible::structure(req)));
+    }
+    let mut state = Progress {
+        candidates: configs.len(),
+        ..Progress::default()
+    };
+    let mut order: Vec<(f64, usize)> = Vec::with_capacity(configs.len());
+    for (i, cfg) in configs.iter().enumerate() {
+        order.push((lower_bound(cfg, &cost_model(req, cfg).0), i));
+        if i % 4096 == 0 {
+            state.bounded = i;
+            progress(&state);
+        }
+    }
+    state.bounded = configs.len();
+    order.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let capacity = req.cluster.memory_bytes();
+    let keep = req.top.max(1);
+    let mut found: Vec<PlanRow> = Vec::new();
+    let mut closest: Option<(u64, Config)> = None;
+    let mut cut_short = false;
+    for &(bound, i) in &order {
+        if found.len() >= keep && bound > found[keep - 1].step_time_s * (1.0 + MARGIN) {
+            break;
+        }
+        if state.simulated >= req.max_simulated.max(1) {
+            cut_short = true;
+            break;
+        }
+        let cfg = configs[i];
+        state.memory_checked += 1;
+        let memory = peaks(req, &cfg)?;
+        let peak = worst(&memory);
+        if peak > capacity {
+            state.unfit += 1;
+            if closest.map_or(true, |(p, _)| peak < p) {
+                closest = Some((peak, cfg));
+            }
+            progress(&state);
+            continue;
+        }
+        let (costs, _) = cost_model(req, &cfg);
+        let step = step_time(&cfg, &costs)?;
+        state.simulated += 1;
+        progress(&state);
+        let row = row(req, cfg, step, bound, memory);
+        let at = found.partition_point(|r| r.step_time_s <= step);
+        found.insert(at, row);
+        found.truncate(keep);
+    }
+    if found.is_empty() {
+        return Err(PlanError::Impossible(match closest {
+            Some((peak, cfg)) => impossible::memory(req, &cfg, peak)?,
+            None => "no configuration could be checked (raise --max-simulated)".into(),
+        }));
+    }
+    for r in &mut found {
+        let (costs, pieces) = cost_model(req, &r.config);
+        let t = terms(&r.config, &costs, &pieces, r.step_time_s)?;
+        r.limit = Some(t.limit());
+        r.terms = Some(t);
+    }
+    let explain = explain(&found);
+    Ok(Plan {
+        rows: found,
+        progress: state,
+        cut_short,
+        explain,
+    })
+}
+
+fn explain(rows: &[PlanRow]) -> Vec<String> {
+    let with_terms = |r: &PlanRow| r.terms.map(|t| (r.config, t));
+    let Some(best) = rows.first().and_then(with_terms) else {
+        return Vec::new();
+    };
+    rows.iter()
+        .skip(1)
+        .filter_map(with_terms)
+        .map(|other| why(&best, &other))
+        .collect()
+}
+
+/// Hardware FLOPs of one step as Narayanan et al. count them: the model's, plus the
+/// recomputed forward (all of it under full recomputation, the attention core's `4bs^2h` per
+/// layer under selective).
+pub fn hardware_flops(req: &PlanRequest, cfg: &Config) -> f64 {
+    let b = req.global_batch as f64;
+    let shape = &req.shape;
+    let layers = f64::from(shape.layers);
+    let extra = match cfg.recompute {
+        Recompute::None => 0.0,
+        Recompute::Full => layers * layer_flops(shape, b),
+        Recompute::Selective => {
+            layers * 4.0 * b * (shape.seq_len as f64).powi(2) * shape.d_model as f64
+        }
+        Recompute::Every(k) => f64::from(k.min(shape.layers)) * layer_flops(shape, b),
+    };
+    model_flops(shape, b) + extra
+}
+
+fn row(
+    req: &PlanRequest,
+    cfg: Config,
+    step: f64,
+    bound: f64,
+    memory: Vec<MemoryBreakdown>,
+) -> PlanRow {
+    let gpus = f64::from(req.gpus);
+    let peak_flops = req.cluster.peak_flops(req.precision);
+    let tokens = req.global_batch as f64 * req.shape.seq_len as f64;
+    let (costs, _) = cost_model(req, &cfg);
+    let ideal = f64::from(cfg.microbatches) * super::bound::busiest(&cfg, &costs).compute();
+    let peak = worst(&memory);
+    PlanRow {
+        config: cfg,
+        step_time_s: step,
+        tokens_per_s: tokens / step,
+        tflops_per_gpu: hardware_flops(req, &cfg) / step / gpus / 1e12,
+        mfu: model_flops(&req.shape, req.global_batch as f64) / step / gpus / peak_flops,
+        peak_memory_bytes: peak,
+        headroom_bytes: req.cluster.memory_bytes() as i64 - peak as i64,
+        memory,
+        bubble: (1.0 - ideal / step).max(0.0),
+        bound_s: bound,
+        terms: None,
+        limit: None,
+    }
+}

@@ -1,0 +1,159 @@
+//! The configurations a request allows: every (tp, pp, dp, microbatch size and count,
+//! schedule family and v, recompute, ZeRO, SP) that divides the GPUs, the heads and the batch,
+//! with the user's fixed dimensions taken as given.
+
+use super::config::{Config, PlanRequest};
+use crate::recompute::Recompute;
+use crate::spec::{ScheduleKind, ScheduleSpec};
+
+/// Divisors of `n`, ascending.
+pub fn divisors(n: u64) -> Vec<u64> {
+    let mut small = Vec::new();
+    let mut large = Vec::new();
+    let mut d = 1;
+    while d * d <= n {
+        if n % d == 0 {
+            small.push(d);
+            if d * d != n {
+                large.push(n / d);
+            }
+        }
+        d += 1;
+    }
+    small.extend(large.into_iter().rev());
+    small
+}
+
+/// TP sizes the request allows: dividing the heads and the GPUs, and (unless cross-node TP
+/// is allowed) the node, so a TP group never spans nodes.
+pub fn tp_options(req: &PlanRequest) -> Vec<u32> {
+    let gpn = req.cluster.gpus_per_node;
+    divisors(u64::from(req.shape.heads))
+        .into_iter()
+        .map(|t| t as u32)
+        .filter(|&t| req.gpus % t == 0)
+        .filter(|&t| req.allow_cross_node_tp || (t <= gpn && gpn % t == 0))
+        .filter(|&t| req.fixed.tp.map_or(true, |f| f == t))
+        .collect()
+}
+
+/// (family, v) pairs for `pp` devices and `m` microbatches that the family can schedule and
+/// the layers can fill (`pp * v <= layers`).
+pub fn schedules(req: &PlanRequest, pp: u32, m: u32) -> Vec<(ScheduleKind, u32)> {
+    let mut out = Vec::new();
+    let families: Vec<ScheduleKind> = if pp == 1 {
+        // One device: every family is the same sequence of F and B.
+        vec![ScheduleKind::OneFOneB]
+    } else {
+        ScheduleKind::ALL.to_vec()
+    };
+    for kind in families {
+        if req.fixed.schedule.is_some_and(|f| f != kind) && pp > 1 {
+            continue;
+        }
+        let vs: Vec<u32> = match kind.fixed_virtual() {
+            Some(v) => vec![v],
+            None if kind.supports_virtual() => (2..=req.max_virtual).collect(),
+            None => vec![1],
+        };
+        for v in vs {
+            if req.fixed.v.is_some_and(|f| f != v) && pp > 1 {
+                continue;
+            }
+            let fits = u64::from(pp) * u64::from(v) <= u64::from(req.shape.layers);
+            if fits && ScheduleSpec::new(kind, pp, v, m, None).is_ok() {
+                out.push((kind, v));
+            }
+        }
+    }
+    out
+}
+
+/// Every configuration the request allows (before memory).
+pub fn enumerate(req: &PlanRequest) -> Vec<Config> {
+    let mut out = Vec::new();
+    for tp in tp_options(req) {
+        for pp in divisors(u64::from(req.gpus / tp)) {
+            let pp = pp as u32;
+            if pp > req.shape.layers || req.fixed.pp.is_some_and(|f| f != pp) {
+                continue;
+            }
+            let dp = req.gpus / tp / pp;
+            if req.global_batch % u64::from(dp) != 0 {
+                continue;
+            }
+            let per_replica = req.global_batch / u64::from(dp);
+            for mbs in divisors(per_replica) {
+                let allowed = match req.fixed.microbatch_size {
+                    Some(f) => f == mbs,
+                    None => mbs <= req.max_microbatch_size,
+                };
+                let Ok(m) = u32::try_from(per_replica / mbs) else {
+                    continue;
+                };
+                if !allowed {
+                    continue;
+                }
+                for (schedule, v) in schedules(req, pp, m) {
+                    let base = Config {
+                        tp,
+                        pp,
+                        dp,
+                        v,
+                        microbatch_size: mbs,
+                        microbatches: m,
+                        schedule,
+                        recompute: Recompute::None,
+                        zero: 0,
+                        sequence_parallel: false,
+                    };
+                    levers(req, base, &mut out);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// `base` with every allowed recompute policy, ZeRO level and SP setting.
+fn levers(req: &PlanRequest, base: Config, out: &mut Vec<Config>) {
+    let f = &req.fixed;
+    let policies = match f.recompute {
+        Some(r) => vec![r],
+        None => vec![Recompute::None, Recompute::Selective, Recompute::Full],
+    };
+    let zeros: Vec<u8> = match f.zero {
+        Some(z) => vec![z],
+        None if base.dp > 1 => vec![0, 1],
+        None => vec![0],
+    };
+    let sps: Vec<bool> = match f.sequence_parallel {
+        Some(s) => vec![s],
+        None if base.tp > 1 => vec![false, true],
+        None => vec![false],
+    };
+    for &recompute in &policies {
+        for &zero in &zeros {
+            for &sequence_parallel in &sps {
+                out.push(Config {
+                    recompute,
+                    zero,
+                    sequence_parallel,
+                    ..base
+                });
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn divisors_are_all_found_in_order() {
+        assert_eq!(divisors(12), vec![1, 2, 3, 4, 6, 12]);
+        assert_eq!(divisors(16), vec![1, 2, 4, 8, 16]);
+        assert_eq!(divisors(1), vec![1]);
+    }
+}

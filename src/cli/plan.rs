@@ -1,0 +1,356 @@
+//! `plan`: the whole parallel configuration for a model on a cluster, ranked and explained,
+//! and the best as a launch command.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Result};
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+use pipewright::schedule::memory::ModelShape;
+use pipewright::schedule::plan::{
+    plan, Cluster, Fixed, Plan, PlanRequest, PlanRow, Precision, Progress,
+};
+use pipewright::schedule::{Recompute, ScheduleKind};
+
+use super::commands::ReportFormat;
+use super::io::read_text;
+
+/// Choose TP, PP, DP, the schedule and its chunks, the microbatch size and count,
+/// recomputation, ZeRO-1 and sequence parallelism for a GPT on a cluster: memory first, then
+/// the simulator, ranked by predicted step time.
+#[derive(Args, Debug)]
+pub struct PlanCmd {
+    /// Transformer blocks.
+    #[arg(long, value_name = "L")]
+    layers: u32,
+    /// Width of the residual stream (h).
+    #[arg(long, value_name = "H")]
+    d_model: u64,
+    /// Attention heads.
+    #[arg(long, value_name = "A")]
+    heads: u32,
+    /// Hidden width of the MLP (default 4 * d_model).
+    #[arg(long, value_name = "F")]
+    ffn: Option<u64>,
+    /// Tokens per sequence.
+    #[arg(long, value_name = "S")]
+    seq_len: u64,
+    /// Vocabulary size.
+    #[arg(long, default_value_t = 51200, value_name = "V")]
+    vocab: u64,
+    /// GPUs to use, all of them (tp * pp * dp = N).
+    #[arg(long, value_name = "N")]
+    gpus: u32,
+    /// `a100-80g`, `h100-80g`, or a cluster JSON file (see schedule/src/plan/cluster.rs).
+    #[arg(long, default_value = "a100-80g", value_name = "NAME|FILE")]
+    cluster: String,
+    /// Sequences per training step.
+    #[arg(long, value_name = "SEQUENCES")]
+    global_batch: u64,
+    /// Number format of the run: bf16 (mixed precision), tf32 or f32.
+    #[arg(long, default_value = "bf16", value_parser = parse_precision)]
+    precision: Precision,
+    /// Fix the tensor-parallel size.
+    #[arg(long)]
+    tp: Option<u32>,
+    /// Fix the pipeline-parallel size.
+    #[arg(long)]
+    pp: Option<u32>,
+    /// Fix the model chunks per pipeline device.
+    #[arg(long)]
+    v: Option<u32>,
+    /// Fix the sequences per microbatch.
+    #[arg(long, value_name = "B")]
+    microbatch_size: Option<u64>,
+    /// Fix the schedule family (gpipe, 1f1b, interleaved-1f1b, looped-bfs, zb-h1, zb-h2,
+    /// zbv, dualpipev).
+    #[arg(long, value_name = "NAME", value_parser = parse_schedule)]
+    schedule: Option<ScheduleKind>,
+    /// Fix the recomputation of every stage: none, selective, full.
+    #[arg(long, value_name = "POLICY", value_parser = parse_policy)]
+    recompute: Option<Recompute>,
+    /// Fix the ZeRO level (0 or 1).
+    #[arg(long, value_name = "LEVEL", value_parser = clap::value_parser!(u8).range(0..=1))]
+    zero: Option<u8>,
+    /// Fix sequence parallelism on.
+    #[arg(long, conflicts_with = "no_sequence_parallel")]
+    sequence_parallel: bool,
+    /// Fix sequence parallelism off.
+    #[arg(long)]
+    no_sequence_parallel: bool,
+    /// Let a TP group span nodes (over the inter-node link).
+    #[arg(long)]
+    allow_cross_node_tp: bool,
+    /// Rows of the ranking to show.
+    #[arg(long, default_value_t = 5, value_name = "N")]
+    top: usize,
+    /// Largest chunks per device tried (interleaved-1f1b, looped-bfs).
+    #[arg(long, default_value_t = 8, value_name = "V")]
+    max_virtual: u32,
+    /// Largest microbatch size tried.
+    #[arg(long, default_value_t = 16, value_name = "B")]
+    max_microbatch_size: u64,
+    /// Most configurations simulated (the rest ranked out by their lower bounds).
+    #[arg(long, default_value_t = 48, value_name = "N")]
+    max_simulated: usize,
+    /// Say why the best beat the runners-up (which terms of the step differ).
+    #[arg(long)]
+    explain: bool,
+    /// `json` prints everything: every row, its memory per device, its terms.
+    #[arg(long, value_enum, default_value_t = ReportFormat::Table)]
+    format: ReportFormat,
+}
+
+fn parse_precision(s: &str) -> std::result::Result<Precision, String> {
+    s.parse()
+}
+
+fn parse_schedule(s: &str) -> std::result::Result<ScheduleKind, String> {
+    s.parse()
+        .map_err(|e: pipewright::schedule::SpecError| e.to_string())
+}
+
+fn parse_policy(s: &str) -> std::result::Result<Recompute, String> {
+    match s {
+        "none" => Ok(Recompute::None),
+        "selective" => Ok(Recompute::Selective),
+        "full" => Ok(Recompute::Full),
+        _ => Err(format!("`{s}`: expected none, selective or full")),
+    }
+}
+
+impl PlanCmd {
+    pub fn run(&self) -> Result<()> {
+        let req = self.request()?;
+        let started = Instant::now();
+        let bar = bar();
+        let mut show = |p: &Progress| {
+            if started.elapsed() > Duration::from_secs(1) {
+                bar.set_length(p.candidates as u64);
+                bar.set_position(p.bounded as u64);
+                bar.set_message(format!(
+                    "{} memory-checked, {} simulated",
+                    p.memory_checked, p.simulated
+                ));
+            }
+        };
+        let result = plan(&req, &mut show);
+        bar.finish_and_clear();
+        let plan = result.map_err(|e| anyhow!("{e}"))?;
+        let seconds = started.elapsed().as_secs_f64();
+        let text = match self.format {
+            ReportFormat::Json => json(&req, &plan, seconds)?,
+            ReportFormat::Table => self.table(&req, &plan, seconds),
+        };
+        print!("{text}");
+        Ok(())
+    }
+
+    fn request(&self) -> Result<PlanRequest> {
+        for (flag, v) in [
+            ("--layers", u64::from(self.layers)),
+            ("--d-model", self.d_model),
+            ("--heads", u64::from(self.heads)),
+            ("--seq-len", self.seq_len),
+            ("--vocab", self.vocab),
+            ("--gpus", u64::from(self.gpus)),
+            ("--global-batch", self.global_batch),
+            ("--top", self.top as u64),
+            ("--max-virtual", u64::from(self.max_virtual)),
+            ("--max-microbatch-size", self.max_microbatch_size),
+        ] {
+            if v == 0 {
+                bail!("{flag} must be at least 1");
+            }
+        }
+        if self.d_model % u64::from(self.heads) != 0 {
+            bail!(
+                "--heads {} does not divide --d-model {}: each head needs a whole share of the width",
+                self.heads,
+                self.d_model
+            );
+        }
+        let cluster = cluster(&self.cluster)?;
+        let shape = ModelShape {
+            layers: self.layers,
+            d_model: self.d_model,
+            heads: self.heads,
+            ffn: self.ffn.unwrap_or(4 * self.d_model),
+            seq_len: self.seq_len,
+            vocab: self.vocab,
+        };
+        let mut req = PlanRequest::new(shape, cluster, self.gpus, self.global_batch);
+        req.precision = self.precision;
+        req.fixed = Fixed {
+            tp: self.tp,
+            pp: self.pp,
+            v: self.v,
+            microbatch_size: self.microbatch_size,
+            schedule: self.schedule,
+            recompute: self.recompute,
+            zero: self.zero,
+            sequence_parallel: match (self.sequence_parallel, self.no_sequence_parallel) {
+                (true, _) => Some(true),
+                (_, true) => Some(false),
+                _ => None,
+            },
+        };
+        req.allow_cross_node_tp = self.allow_cross_node_tp;
+        req.top = self.top;
+        req.max_virtual = self.max_virtual;
+        req.max_microbatch_size = self.max_microbatch_size;
+        req.max_simulated = self.max_simulated.max(1);
+        Ok(req)
+    }
+
+    fn table(&self, req: &PlanRequest, plan: &Plan, seconds: f64) -> String {
+        let mut out = format!(
+            "{} GPUs of {} ({} per node, {:.0} GiB), {} layers x d_model {} x {} heads, seq {}, batch {} sequences, {}\n",
+            req.gpus,
+            req.cluster.name,
+            req.cluster.gpus_per_node,
+            req.cluster.memory_gib,
+            req.shape.layers,
+            req.shape.d_model,
+            req.shape.heads,
+            req.shape.seq_len,
+            req.global_batch,
+            req.precision.name()
+        );
+        let p = &plan.progress;
+        out += &format!(
+            "{} configurations, {} checked against memory ({} did not fit), {} simulated, in {seconds:.2} s{}\n\n",
+            p.candidates,
+            p.memory_checked,
+            p.unfit,
+            p.simulated,
+            if plan.cut_short {
+                " (simulation budget spent: raise --max-simulated to look further)"
+            } else {
+                ""
+            }
+        );
+        out += "  #  step s   tokens/s  TFLOP/s/GPU   MFU  peak GiB  headroom  bubble  limit     configuration\n";
+        for (i, r) in plan.rows.iter().enumerate() {
+            out += &format!(
+                "{:>3}  {:>6.3}  {:>9.0}  {:>11.1}  {:>4.1}%  {:>8.1}  {:>7.1}%  {:>5.1}%  {:<8}  {}\n",
+                i + 1,
+                r.step_time_s,
+                r.tokens_per_s,
+                r.tflops_per_gpu,
+                100.0 * r.mfu,
+                r.peak_memory_bytes as f64 / f64::from(1u32 << 30),
+                100.0 * r.headroom_bytes as f64 / req.cluster.memory_bytes() as f64,
+                100.0 * r.bubble,
+                r.limit.map_or("", |l| l.name()),
+                r.config
+            );
+        }
+        if let Some(best) = plan.rows.first() {
+            if self.explain {
+                out += &explain(best, plan);
+            }
+            out += &format!("\nrun the best:\n  {}\n", launch(req, best));
+            out += &caveats(req, best);
+        }
+        out
+    }
+}
+
+fn bar() -> ProgressBar {
+    let bar = ProgressBar::new(0);
+    if let Ok(style) =
+        ProgressStyle::with_template("plan {bar:30} {pos}/{len} bounded  {elapsed_precise}  {msg}")
+    {
+        bar.set_style(style);
+    }
+    bar
+}
+
+/// A preset name or a cluster file.
+fn cluster(arg: &str) -> Result<Cluster> {
+    if let Some(c) = Cluster::preset(arg) {
+        return Ok(c);
+    }
+    let path = Path::new(arg);
+    if !path.exists() {
+        bail!(
+            "--cluster {arg}: neither a preset ({}) nor a file",
+            Cluster::PRESETS.join(", ")
+        );
+    }
+    let text = read_text(path)?;
+    Cluster::from_json(&text).map_err(|e| anyhow!("--cluster {arg}: {e}"))
+}
+
+fn explain(best: &PlanRow, plan: &Plan) -> String {
+    let mut out = String::from("\nwhy the best:\n");
+    if let Some(t) = best.terms {
+        out += &format!(
+            "  its step: compute {:.2} s, recompute {:.2} s, TP comm {:.2} s, PP comm {:.2} s, DP comm {:.2} s, optimizer {:.2} s, bubble {:.2} s\n",
+            t.compute, t.recompute, t.tp_comm, t.pp_comm, t.dp_comm, t.optimizer, t.bubble
+        );
+    }
+    for line in &plan.explain {
+        out += &format!("  {line}\n");
+    }
+    out
+}
+
+/// The best configuration as `pipewright train` over NCCL, one process per GPU.
+pub fn launch(req: &PlanRequest, r: &PlanRow) -> String {
+    let c = &r.config;
+    let recompute = c.recompute.to_string();
+    format!(
+        "mpirun -np {} pipewright train --transport nccl --precision {} --schedule {} --stages {} --virtual {} --microbatches {} --microbatch-size {} --tp {} --dp {} --zero {} --recompute {} --layers {} --d-model {} --heads {} --seq-len {} --vocab {}",
+        c.gpus(),
+        req.precision.name(),
+        c.schedule,
+        c.pp,
+        c.v,
+        c.microbatches,
+        c.microbatch_size,
+        c.tp,
+        c.dp,
+        c.zero,
+        recompute,
+        req.shape.layers,
+        req.shape.d_model,
+        req.shape.heads,
+        req.shape.seq_len,
+        req.shape.vocab
+    )
+}
+
+/// What the launch line cannot say.
+fn caveats(req: &PlanRequest, r: &PlanRow) -> String {
+    let mut out = String::new();
+    if r.config.sequence_parallel {
+        out += "  (the plan assumes sequence parallelism, which `train` has no flag for yet)\n";
+    }
+    if req.shape.ffn != 4 * req.shape.d_model {
+        out += "  (train's reference GPT has ffn = 4 * d_model, not the --ffn planned for)\n";
+    }
+    out
+}
+
+fn json(req: &PlanRequest, plan: &Plan, seconds: f64) -> Result<String> {
+    let value = serde_json::json!({
+        "cluster": req.cluster,
+        "model": {
+            "layers": req.shape.layers, "d_model": req.shape.d_model, "heads": req.shape.heads,
+            "ffn": req.shape.ffn, "seq_len": req.shape.seq_len, "vocab": req.shape.vocab,
+        },
+        "gpus": req.gpus,
+        "global_batch": req.global_batch,
+        "precision": req.precision,
+        "seconds": seconds,
+        "search": plan.progress,
+        "cut_short": plan.cut_short,
+        "rows": plan.rows,
+        "explain": plan.explain,
+        "launch": plan.rows.first().map(|r| launch(req, r)),
+    });
+    Ok(serde_json::to_string_pretty(&value)? + "\n")
+}
