@@ -5,10 +5,13 @@
 //! Stashed activations per pipeline device and optimizer state per rank must be equal to
 //! the byte.
 
-use pipewright_kernels::gpt::GptConfig;
+use pipewright_kernels::gpt::{GptConfig, GptStage};
+use pipewright_kernels::layers::{Parameters, TpShard};
 use pipewright_kernels::Precision;
 use pipewright_runtime::{train_gpt, Mesh, RunOptions, TrainConfig, Zero};
-use pipewright_schedule::memory::{predict, Accounting, MemPrecision, MemoryConfig, ModelShape};
+use pipewright_schedule::memory::{
+    predict, stage_parameters, Accounting, MemPrecision, MemoryConfig, ModelShape,
+};
 use pipewright_schedule::recompute::insert;
 use pipewright_schedule::{generate, RecomputePlan, ScheduleKind, ScheduleSpec};
 
@@ -125,6 +128,50 @@ fn predicted_stashes_and_optimizer_state_equal_the_measured_bytes_over_the_grid(
                 Some(&want),
                 "{at}: device {d} {ranks:?}"
             );
+        }
+    }
+}
+
+#[test]
+fn predicted_parameters_and_gradients_are_each_rank_s_tensors() {
+    // d_ff 48 (not 4 * d_model) and 5 layers over 2 and 4 stages: uneven cuts.
+    let model = GptConfig {
+        d_ff: 48,
+        ..GptConfig::new(11, 6, 16, 4, 5)
+    };
+    let shape = ModelShape {
+        layers: 5,
+        d_model: 16,
+        heads: 4,
+        ffn: 48,
+        seq_len: 6,
+        vocab: 11,
+    };
+    let whole: u64 = (0..3).map(|s| stage_parameters(&shape, 3, s)).sum();
+    assert_eq!(whole, model.num_params() as u64);
+    for (pp, tp) in [(1u32, 1u32), (2, 2), (4, 4), (4, 2)] {
+        let tt = generate(&ScheduleSpec::new(ScheduleKind::OneFOneB, pp, 1, 4, None).unwrap());
+        let mem = MemoryConfig {
+            tp,
+            ..MemoryConfig::new(shape, pp).with_accounting(Accounting::Pipewright)
+        };
+        let predicted = predict(&mem, &tt).unwrap();
+        for s in 0..pp {
+            assert_eq!(stage_parameters(&shape, pp, s), {
+                let st = GptStage::new(&model, 0, s as usize, pp as usize, TpShard::SINGLE);
+                st.unwrap().num_params() as u64
+            });
+            for rank in 0..tp as usize {
+                let shard = TpShard::new(rank, tp as usize).unwrap();
+                let st = GptStage::new(&model, 0, s as usize, pp as usize, shard).unwrap();
+                let bytes = 4 * st.num_params() as u64;
+                let m = predicted[s as usize];
+                assert_eq!(
+                    (m.parameters, m.gradients),
+                    (bytes, bytes),
+                    "pp {pp} tp {tp}"
+                );
+            }
         }
     }
 }
