@@ -257,9 +257,21 @@ pub fn layer_activation_bytes(cfg: &MemoryConfig, policy: Recompute) -> u64 {
 
 /// Per pipeline device, its ranks' peak memory by category (all `tp x dp` ranks of one
 /// device are alike; ZeRO shards and TP splits round up, so this is the device's largest
-/// rank). Activations are the peak of a walk of the device's actions ([`peak_walk`]).
+/// rank). Activations are the peak of a walk of the device's actions ([`peak_walk`]). As in
+/// the runtime, a stage with `R` actions in `tt` and no policy in `cfg` recomputes fully.
+/// Buffers and workspace are not modelled (0).
 pub fn predict(cfg: &MemoryConfig, tt: &Timetable) -> Result<Vec<MemoryBreakdown>, MemoryError> {
     cfg.check()?;
+    let mut plan = cfg.recompute.clone();
+    for s in crate::recompute::recomputed(tt) {
+        if plan.of(s) == Recompute::None {
+            plan.stages.insert(s, Recompute::Full);
+        }
+    }
+    let cfg = &MemoryConfig {
+        recompute: plan,
+        ..cfg.clone()
+    };
     if tt.num_devices() != cfg.pp || tt.num_stages() != cfg.stages() {
         return Err(MemoryError::Timetable {
             got: tt.num_devices(),

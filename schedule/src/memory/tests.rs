@@ -271,3 +271,17 @@ fn bad_configurations_are_refused_in_one_line_naming_the_size() {
     })
     .contains("need at least 2 layers"));
 }
+
+#[test]
+fn a_stage_with_r_actions_and_no_policy_recomputes_fully_as_the_runtime_does() {
+    let (c, tt) = pipeline(ScheduleKind::OneFOneB, 2, 1, 4);
+    let with_r = crate::recompute::insert(&tt, &"full".parse().unwrap());
+    let full = MemoryConfig {
+        recompute: "full".parse().unwrap(),
+        ..c.clone()
+    };
+    assert_eq!(predict(&c, &with_r), predict(&full, &with_r));
+    assert!(
+        predict(&c, &with_r).unwrap()[0].activations < predict(&c, &tt).unwrap()[0].activations
+    );
+}
