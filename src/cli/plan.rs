@@ -92,7 +92,7 @@ pub struct PlanCmd {
     #[arg(long, default_value_t = 16, value_name = "B")]
     max_microbatch_size: u64,
     /// Most configurations simulated (the rest ranked out by their lower bounds).
-    #[arg(long, default_value_t = 48, value_name = "N")]
+    #[arg(long, default_value_t = 200, value_name = "N")]
     max_simulated: usize,
     /// Say why the best beat the runners-up (which terms of the step differ).
     #[arg(long)]

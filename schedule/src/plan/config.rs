@@ -126,7 +126,7 @@ impl PlanRequest {
             allow_cross_node_tp: false,
             max_virtual: 8,
             max_microbatch_size: 16,
-            max_simulated: 48,
+            max_simulated: 200,
             top: 10,
         }
     }

@@ -5,11 +5,12 @@ use super::fit::peaks;
 use super::space::{divisors, enumerate, tp_options};
 use super::PlanError;
 
-fn gb(bytes: f64) -> String {
-    if bytes >= 1e12 {
-        format!("{:.1} TB", bytes / 1e12)
+fn gib(bytes: f64) -> String {
+    let gib = bytes / f64::from(1u32 << 30);
+    if gib >= 1024.0 {
+        format!("{:.1} TiB", gib / 1024.0)
     } else {
-        format!("{:.1} GB", bytes / 1e9)
+        format!("{gib:.1} GiB")
     }
 }
 
@@ -177,7 +178,7 @@ fn batch(req: &PlanRequest) -> String {
 }
 
 /// Nothing fits in memory: the state the model needs, how many GPUs of this kind that takes
-/// at least, and the memory levers the request left unused.
+/// at least, and the memory levers the request fixed off.
 pub fn memory(req: &PlanRequest, closest: &Config, peak: u64) -> Result<String, PlanError> {
     let cap = req.cluster.memory_bytes();
     let devices = peaks(req, closest)?;
@@ -190,35 +191,43 @@ pub fn memory(req: &PlanRequest, closest: &Config, peak: u64) -> Result<String, 
         .sum();
     let need = (state / cap as f64).ceil() as u64;
     let more = need.saturating_sub(u64::from(req.gpus));
+    let gpu = format!("{} GiB", req.cluster.memory_gib);
+    let fix = if more > 0 {
+        format!("at least {more} more {gpu} GPUs")
+    } else {
+        "the model state would fit spread over these GPUs, its activations do not".to_string()
+    };
+    let levers = levers(req, closest);
+    let levers = match (levers.is_empty(), more > 0) {
+        (true, _) => String::new(),
+        (false, true) => format!(", or {}", levers.join(" and ")),
+        (false, false) => format!(": try {}", levers.join(" and ")),
+    };
+    Ok(format!(
+        "needs {} of model state; the closest configuration ({closest}) peaks at {} per GPU of {gpu}: {fix}{levers}",
+        gib(state),
+        gib(peak as f64),
+    ))
+}
+
+/// The memory levers the request fixed to something other than their most frugal setting.
+fn levers(req: &PlanRequest, closest: &Config) -> Vec<&'static str> {
     let f = &req.fixed;
     let mut levers = Vec::new();
     if f.recompute.is_some_and(|r| r.as_str() != "full") {
         levers.push("--recompute full");
     }
-    if f.zero == Some(0) {
+    if f.zero == Some(0) && closest.dp > 1 {
         levers.push("--zero 1");
     }
-    if f.sequence_parallel == Some(false) {
+    if f.sequence_parallel == Some(false) && closest.tp > 1 {
         levers.push("--sequence-parallel");
     }
     if f.microbatch_size.is_some_and(|b| b > 1) {
         levers.push("--microbatch-size 1");
     }
-    let gpu = format!("{:.0} GB", cap as f64 / 1e9);
-    let fix = if more > 0 {
-        format!("at least {more} more {gpu} GPUs")
-    } else {
-        "more GPUs (the model state alone would fit, its activations do not)".to_string()
-    };
-    let levers = if levers.is_empty() {
-        String::new()
-    } else {
-        format!(", or {}", levers.join(" and "))
-    };
-    Ok(format!(
-        "needs {} of model state; the closest configuration ({closest}) peaks at {} per GPU of {}: {fix}{levers}",
-        gb(state),
-        gb(peak as f64),
-        gb(cap as f64),
-    ))
+    if f.pp.is_some() || f.tp.is_some() {
+        levers.push("other --tp/--pp");
+    }
+    levers
 }
