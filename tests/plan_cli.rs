@@ -1,0 +1,116 @@
+//! `pipewright plan` end to end: the table and its launch line, JSON with every row, a
+//! cluster file, and one-line refusals.
+
+use std::process::{Command, Output};
+
+fn run(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_pipewright"))
+        .arg("plan")
+        .args(args)
+        .output()
+        .expect("binary runs")
+}
+
+fn ok(args: &[&str]) -> String {
+    let o = run(args);
+    assert!(o.status.success(), "{args:?}: {}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn refused(args: &[&str], needles: &[&str]) {
+    let o = run(args);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{args:?} succeeded");
+    assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+    assert!(err.starts_with("error: ") && !err.contains("panicked"), "{err}");
+    for n in needles {
+        assert!(err.contains(n), "`{n}` not in {err}");
+    }
+}
+
+const SMALL: [&str; 10] = [
+    "--layers", "24", "--d-model", "2048", "--heads", "16", "--seq-len", "2048", "--gpus", "16",
+];
+
+#[test]
+fn the_table_ends_with_a_launch_line_train_accepts() {
+    let mut args = SMALL.to_vec();
+    args.extend(["--global-batch", "128", "--explain", "--top", "3"]);
+    let out = ok(&args);
+    assert!(out.contains("TFLOP/s/GPU") && out.contains("why the best"), "{out}");
+    let launch = out
+        .lines()
+        .find(|l| l.trim_start().starts_with("mpirun -np 16 pipewright train"))
+        .unwrap_or_else(|| panic!("no launch line in {out}"));
+    // Every flag of the launch line is one `train` knows: its --help lists it.
+    let help = Command::new(env!("CARGO_BIN_EXE_pipewright"))
+        .args(["train", "--help"])
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&help.stdout);
+    for flag in launch.split_whitespace().filter(|w| w.starts_with("--")) {
+        assert!(help.contains(flag), "train has no {flag}");
+    }
+    assert!(launch.contains("--transport nccl"));
+}
+
+#[test]
+fn json_carries_every_row_and_the_launch() {
+    let mut args = SMALL.to_vec();
+    args.extend(["--global-batch", "128", "--format", "json", "--cluster", "h100-80g"]);
+    let out = ok(&args);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let rows = v["rows"].as_array().unwrap();
+    assert!(!rows.is_empty() && rows.len() <= 5);
+    let best = &rows[0];
+    for key in ["step_time_s", "tokens_per_s", "tflops_per_gpu", "mfu", "peak_memory_bytes", "bubble"] {
+        assert!(best[key].as_f64().is_some(), "{key} missing: {best}");
+    }
+    assert!(best["memory"].as_array().unwrap().len() as u64 == best["config"]["pp"].as_u64().unwrap());
+    assert!(best["terms"]["compute"].as_f64().unwrap() > 0.0);
+    assert!(best["limit"].is_string());
+    assert_eq!(v["cluster"]["name"], "h100-80g");
+    assert!(v["launch"].as_str().unwrap().starts_with("mpirun -np 16"));
+}
+
+#[test]
+fn a_cluster_file_is_read_and_its_errors_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = dir.path().join("c.json");
+    std::fs::write(
+        &good,
+        r#"{ "name": "small", "gpus_per_node": 4, "memory_gib": 24,
+             "peak_tflops": { "bf16": 100, "tf32": 50, "f32": 10 },
+             "memory_bandwidth_gbs": 900,
+             "intra_node": { "bandwidth_gbs": 50, "latency_us": 5 },
+             "inter_node": { "bandwidth_gbs": 10, "latency_us": 10 } }"#,
+    )
+    .unwrap();
+    let mut args = SMALL.to_vec();
+    let path = good.to_str().unwrap();
+    args.extend(["--global-batch", "64", "--cluster", path]);
+    let out = ok(&args);
+    assert!(out.contains("of small (4 per node, 24 GiB)"), "{out}");
+    let bad = dir.path().join("bad.json");
+    std::fs::write(&bad, r#"{ "name": "x", "gpus_per_node": 0 }"#).unwrap();
+    let mut args = SMALL.to_vec();
+    args.extend(["--global-batch", "64", "--cluster", bad.to_str().unwrap()]);
+    refused(&args, &["--cluster", "line 1"]);
+}
+
+#[test]
+fn impossible_requests_are_one_line() {
+    let mut args = SMALL.to_vec();
+    args.extend(["--global-batch", "64", "--tp", "3"]);
+    refused(&args, &["--tp 3", "16 heads", "TP sizes that can: 1, 2, 4, 8"]);
+    refused(
+        &["--layers", "128", "--d-model", "25600", "--heads", "160", "--seq-len", "2048", "--gpus", "64", "--global-batch", "64"],
+        &["needs 16.5 TiB of model state", "more 80 GiB GPUs"],
+    );
+    let mut args = SMALL.to_vec();
+    args.extend(["--global-batch", "0"]);
+    refused(&args, &["--global-batch must be at least 1"]);
+    let mut args = SMALL.to_vec();
+    args.extend(["--global-batch", "64", "--cluster", "b200"]);
+    refused(&args, &["neither a preset (a100-80g, h100-80g) nor a file"]);
+}
