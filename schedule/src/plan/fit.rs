@@ -6,14 +6,24 @@
 //! V schedules: at most `2p` or so, DESIGN.md's table) reach their peak within the first
 //! `4p` microbatches, so their timetables are walked with `min(m, 4p)`; GPipe and looped BFS
 //! hold every microbatch at once and are walked with all `m`.
+//!
+//! Before that walk, a cheaper lower bound screens most candidates out: the same memory model
+//! over a one-microbatch timetable with the same stages and placement (looped BFS for loop
+//! placements, ZBV for the V). Every family, with any `m`, at some point holds at least what
+//! one microbatch holds there (a device's first backward comes after the microbatch's
+//! forwards through all its chunks), so a configuration whose bound does not fit cannot
+//! fit. The bound depends on fewer dimensions than a configuration (not the family within a
+//! placement, nor `m`), so it is cached.
 
 use super::cluster::Precision;
 use super::config::{Config, PlanRequest};
 use super::evaluate::timetable;
 use super::PlanError;
 use crate::memory::{predict, Accounting, MemPrecision, MemoryBreakdown, MemoryConfig};
-use crate::recompute::RecomputePlan;
-use crate::spec::ScheduleKind;
+use std::collections::HashMap;
+
+use crate::recompute::{Recompute, RecomputePlan};
+use crate::spec::{Placement, ScheduleKind};
 
 /// The memory model's view of `cfg` (Megatron's accounting: a plan is for a real cluster).
 pub fn memory_config(req: &PlanRequest, cfg: &Config) -> MemoryConfig {
@@ -40,6 +50,45 @@ fn memory_microbatches(cfg: &Config) -> u32 {
     match cfg.schedule {
         ScheduleKind::GPipe | ScheduleKind::LoopedBfs => cfg.microbatches,
         _ => cfg.microbatches.min(4 * cfg.pp),
+    }
+}
+
+/// What the one-microbatch bound depends on.
+type BoundKey = (u32, u32, u32, u32, u64, Recompute, u8, bool, Placement);
+
+/// Cached one-microbatch lower bounds on the worst device's peak.
+#[derive(Default)]
+pub struct BoundCache(HashMap<BoundKey, u64>);
+
+impl BoundCache {
+    /// A lower bound on `cfg`'s worst device peak (see the module docs).
+    pub fn lower_bound(&mut self, req: &PlanRequest, cfg: &Config) -> Result<u64, PlanError> {
+        let placement = cfg.schedule.placement();
+        let key = (
+            cfg.tp,
+            cfg.pp,
+            cfg.dp,
+            cfg.v,
+            cfg.microbatch_size,
+            cfg.recompute,
+            cfg.zero,
+            cfg.sequence_parallel,
+            placement,
+        );
+        if let Some(&b) = self.0.get(&key) {
+            return Ok(b);
+        }
+        let one = Config {
+            schedule: match placement {
+                Placement::Loop => ScheduleKind::LoopedBfs,
+                Placement::V => ScheduleKind::Zbv,
+            },
+            microbatches: 1,
+            ..*cfg
+        };
+        let b = worst(&predict(&memory_config(req, cfg), &timetable(&one, 1)?)?);
+        self.0.insert(key, b);
+        Ok(b)
     }
 }
 

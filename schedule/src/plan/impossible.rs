@@ -1,7 +1,7 @@
 //! One line for a request nothing satisfies, naming the nearest thing that would work.
 
 use super::config::{Config, Fixed, PlanRequest};
-use super::fit::peaks;
+use super::fit::{peaks, worst};
 use super::space::{divisors, enumerate, tp_options};
 use super::PlanError;
 
@@ -179,9 +179,10 @@ fn batch(req: &PlanRequest) -> String {
 
 /// Nothing fits in memory: the state the model needs, how many GPUs of this kind that takes
 /// at least, and the memory levers the request fixed off.
-pub fn memory(req: &PlanRequest, closest: &Config, peak: u64) -> Result<String, PlanError> {
+pub fn memory(req: &PlanRequest, closest: &Config) -> Result<String, PlanError> {
     let cap = req.cluster.memory_bytes();
     let devices = peaks(req, closest)?;
+    let peak = worst(&devices);
     let (tp, dp) = (f64::from(closest.tp), f64::from(closest.dp));
     // One replica's unique state (ZeRO-1's optimizer shards times dp).
     let zero_dp = if closest.zero >= 1 { dp } else { 1.0 };

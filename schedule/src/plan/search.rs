@@ -10,7 +10,7 @@ use super::config::{Config, PlanRequest};
 use super::costs::cost_model;
 use super::evaluate::step_time;
 use super::explain::{terms, why, Limit, Terms};
-use super::fit::{peaks, worst};
+use super::fit::{peaks, worst, BoundCache};
 use super::impossible;
 use super::space::enumerate;
 use super::work::{layer_flops, model_flops};
@@ -106,6 +106,7 @@ pub fn plan(req: &PlanRequest, progress: &mut dyn FnMut(&Progress)) -> Result<Pl
     let mut found: Vec<PlanRow> = Vec::new();
     let mut closest: Option<(u64, Config)> = None;
     let mut cut_short = false;
+    let mut bounds = BoundCache::default();
     for &(bound, i) in &order {
         if found.len() >= keep && bound > found[keep - 1].step_time_s * (1.0 + MARGIN) {
             break;
@@ -116,6 +117,14 @@ pub fn plan(req: &PlanRequest, progress: &mut dyn FnMut(&Progress)) -> Result<Pl
         }
         let cfg = configs[i];
         state.memory_checked += 1;
+        let floor = bounds.lower_bound(req, &cfg)?;
+        if floor > capacity {
+            state.unfit += 1;
+            if closest.map_or(true, |(p, _)| floor < p) {
+                closest = Some((floor, cfg));
+            }
+            continue;
+        }
         let memory = peaks(req, &cfg)?;
         let peak = worst(&memory);
         if peak > capacity {
@@ -137,7 +146,7 @@ pub fn plan(req: &PlanRequest, progress: &mut dyn FnMut(&Progress)) -> Result<Pl
     }
     if found.is_empty() {
         return Err(PlanError::Impossible(match closest {
-            Some((peak, cfg)) => impossible::memory(req, &cfg, peak)?,
+            Some((_, cfg)) => impossible::memory(req, &cfg)?,
             None => "no configuration could be checked (raise --max-simulated)".into(),
         }));
     }
