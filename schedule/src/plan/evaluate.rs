@@ -5,8 +5,8 @@
 //! Every family here repeats itself once its warm-up is over: past a few times `p`
 //! microbatches, `p` more add one period of the steady phase, the same each time (1F1B's
 //! period is `(m + p - 1)(F + B)`, interleaving's adds `v` chunks' F and B per microbatch,
-//! the zero-bubble and V schedules likewise). So for `m > 4p` the plan simulates `m1 = 3p`
-//! and `m2 = 4p` and extends the line: `T(m) = T(m1) + (m - m1) (T(m2) - T(m1)) / p`. The
+//! the zero-bubble and V schedules likewise). So for `m > 3p` the plan simulates `m1 = 2p`
+//! and `m2 = 3p` and extends the line: `T(m) = T(m1) + (m - m1) (T(m2) - T(m1)) / p`. The
 //! tests check this against simulating every microbatch.
 
 use super::config::Config;
@@ -35,10 +35,10 @@ pub fn timetable(cfg: &Config, m: u32) -> Result<Timetable, PlanError> {
 /// from.
 pub fn simulated_counts(cfg: &Config) -> (u32, Option<u32>) {
     let (p, m) = (cfg.pp, cfg.microbatches);
-    if cfg.pp == 1 || m <= 4 * p {
+    if cfg.pp == 1 || m <= 3 * p {
         (m, None)
     } else {
-        (3 * p, Some(4 * p))
+        (2 * p, Some(3 * p))
     }
 }
 
