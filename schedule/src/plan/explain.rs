@@ -180,25 +180,80 @@ impl Terms {
     }
 }
 
-/// Why `best` beat `other`: one line, its largest term differences.
-pub fn why(best: &(Config, Terms), other: &(Config, Terms)) -> String {
-    let (tb, to) = (best.1.total(), other.1.total());
+/// The dimensions a neighbour can differ in, named as the flags that fix them.
+pub const DIMENSIONS: [&str; 7] = [
+    "--tp",
+    "--pp",
+    "--schedule",
+    "--microbatch-size",
+    "--recompute",
+    "--zero",
+    "--sequence-parallel",
+];
+
+/// The value of dimension `d` (an index into [`DIMENSIONS`]) of `c`, for comparing.
+fn value(c: &Config, d: usize) -> String {
+    match d {
+        0 => c.tp.to_string(),
+        1 => c.pp.to_string(),
+        2 => format!("{} v {}", c.schedule, c.v),
+        3 => c.microbatch_size.to_string(),
+        4 => c.recompute.to_string(),
+        5 => c.zero.to_string(),
+        _ => c.sequence_parallel.to_string(),
+    }
+}
+
+/// Among `others`, for each dimension the configuration closest to `best` that differs from
+/// it there (fewest other dimensions changed, then fastest): `(dimension, index)`.
+pub fn neighbours(best: &Config, others: &[(Config, f64)]) -> Vec<(usize, usize)> {
+    let differing = |c: &Config| {
+        (0..DIMENSIONS.len())
+            .filter(|&d| value(c, d) != value(best, d))
+            .count()
+    };
+    let mut out: Vec<(usize, usize)> = Vec::new();
+    for d in 0..DIMENSIONS.len() {
+        let pick = others
+            .iter()
+            .enumerate()
+            .filter(|(_, (c, _))| value(c, d) != value(best, d))
+            .min_by(|(_, a), (_, b)| {
+                differing(&a.0)
+                    .cmp(&differing(&b.0))
+                    .then(a.1.total_cmp(&b.1))
+            });
+        if let Some((i, _)) = pick {
+            if !out.iter().any(|&(_, j)| j == i) {
+                out.push((d, i));
+            }
+        }
+    }
+    out
+}
+
+/// Why `best` beat `other` (its neighbour in dimension `d`): one line with the step times'
+/// difference and the terms that make it.
+pub fn why(d: usize, best: (&Config, f64, &Terms), other: (&Config, f64, &Terms)) -> String {
     let diffs: Vec<String> = best
-        .1
-        .differences(&other.1)
+        .2
+        .differences(other.2)
         .into_iter()
-        .filter(|(_, d)| d.abs() > 0.01 * tb)
+        .filter(|(_, x)| x.abs() > 0.005 * best.1)
         .take(3)
-        .map(|(name, d)| format!("{name} {:+.2} s", d))
+        .map(|(name, x)| format!("{name} {x:+.2} s"))
         .collect();
     format!(
-        "vs {}: {:+.1}% step time ({})",
-        other.0,
-        100.0 * (to / tb - 1.0),
+        "{} {} instead of {}: {:+.1}% step time ({}) [{}]",
+        DIMENSIONS[d],
+        value(other.0, d),
+        value(best.0, d),
+        100.0 * (other.1 / best.1 - 1.0),
         if diffs.is_empty() {
-            "no term differs by 1%".to_string()
+            "a tie: no term differs by 0.5%".to_string()
         } else {
             diffs.join(", ")
-        }
+        },
+        other.0
     )
 }

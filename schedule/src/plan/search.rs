@@ -9,7 +9,7 @@ use super::bound::lower_bound;
 use super::config::{Config, PlanRequest};
 use super::costs::cost_model;
 use super::evaluate::step_time;
-use super::explain::{terms, why, Limit, Terms};
+use super::explain::{neighbours, terms, why, Limit, Terms, DIMENSIONS};
 use super::fit::{peaks, worst, BoundCache};
 use super::impossible;
 use super::space::enumerate;
@@ -56,7 +56,8 @@ pub struct PlanRow {
     pub headroom_bytes: i64,
     /// Per pipeline device, the memory model's peak by category.
     pub memory: Vec<MemoryBreakdown>,
-    /// `1 - ideal / step time`, ideal being the busiest device's compute.
+    /// Fraction of the step the busiest device idles in the schedule's bubble (after its
+    /// compute, recomputation, TP collectives, exposed sends and DP reduction, optimizer).
     pub bubble: f64,
     /// The closed-form lower bound the search ordered it by, seconds.
     pub bound_s: f64,
@@ -77,7 +78,8 @@ pub struct Plan {
     pub progress: Progress,
     /// Whether the simulation budget ran out while some bound could still win.
     pub cut_short: bool,
-    /// One line per runner-up: why the best beat it.
+    /// One line per dimension: why the best beat the best simulated configuration that
+    /// differs from it there.
     pub explain: Vec<String>,
 }
 
@@ -104,6 +106,7 @@ pub fn plan(req: &PlanRequest, progress: &mut dyn FnMut(&Progress)) -> Result<Pl
     let capacity = req.cluster.memory_bytes();
     let keep = req.top.max(1);
     let mut found: Vec<PlanRow> = Vec::new();
+    let mut simulated: Vec<(Config, f64)> = Vec::new();
     let mut closest: Option<(u64, Config)> = None;
     let mut cut_short = false;
     let mut bounds = BoundCache::default();
@@ -139,6 +142,7 @@ pub fn plan(req: &PlanRequest, progress: &mut dyn FnMut(&Progress)) -> Result<Pl
         let step = step_time(&cfg, &costs)?;
         state.simulated += 1;
         progress(&state);
+        simulated.push((cfg, step));
         let row = row(req, cfg, step, bound, memory);
         let at = found.partition_point(|r| r.step_time_s <= step);
         found.insert(at, row);
@@ -151,12 +155,12 @@ pub fn plan(req: &PlanRequest, progress: &mut dyn FnMut(&Progress)) -> Result<Pl
         }));
     }
     for r in &mut found {
-        let (costs, pieces) = cost_model(req, &r.config);
-        let t = terms(&r.config, &costs, &pieces, r.step_time_s)?;
+        let t = terms_of(req, &r.config, r.step_time_s)?;
         r.limit = Some(t.limit());
+        r.bubble = t.bubble / r.step_time_s;
         r.terms = Some(t);
     }
-    let explain = explain(&found);
+    let explain = explain(req, &found[0], &simulated)?;
     Ok(Plan {
         rows: found,
         progress: state,
@@ -165,16 +169,42 @@ pub fn plan(req: &PlanRequest, progress: &mut dyn FnMut(&Progress)) -> Result<Pl
     })
 }
 
-fn explain(rows: &[PlanRow]) -> Vec<String> {
-    let with_terms = |r: &PlanRow| r.terms.map(|t| (r.config, t));
-    let Some(best) = rows.first().and_then(with_terms) else {
-        return Vec::new();
+fn terms_of(req: &PlanRequest, cfg: &Config, step: f64) -> Result<Terms, PlanError> {
+    let (costs, pieces) = cost_model(req, cfg);
+    terms(cfg, &costs, &pieces, step)
+}
+
+/// One line per dimension: the best configuration simulated that differs there (and in as
+/// few other dimensions as possible), and which terms of the step make it slower.
+fn explain(
+    req: &PlanRequest,
+    best: &PlanRow,
+    simulated: &[(Config, f64)],
+) -> Result<Vec<String>, PlanError> {
+    let Some(bt) = best.terms else {
+        return Ok(Vec::new());
     };
-    rows.iter()
-        .skip(1)
-        .filter_map(with_terms)
-        .map(|other| why(&best, &other))
-        .collect()
+    let b = (&best.config, best.step_time_s, &bt);
+    let found = neighbours(&best.config, simulated);
+    let mut lines = found
+        .iter()
+        .map(|&(d, i)| {
+            let (c, step) = simulated[i];
+            let t = terms_of(req, &c, step)?;
+            Ok(why(d, b, (&c, step, &t)))
+        })
+        .collect::<Result<Vec<_>, PlanError>>()?;
+    let unexplored: Vec<&str> = (0..DIMENSIONS.len())
+        .filter(|d| !found.iter().any(|(e, _)| e == d))
+        .map(|d| DIMENSIONS[d])
+        .collect();
+    if !unexplored.is_empty() {
+        lines.push(format!(
+            "{}: no other value was simulated (it did not fit, was not allowed, or its lower bound was slower than the best)",
+            unexplored.join(", ")
+        ));
+    }
+    Ok(lines)
 }
 
 /// Hardware FLOPs of one step as Narayanan et al. count them: the model's, plus the
