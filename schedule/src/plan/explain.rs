@@ -20,7 +20,8 @@ use super::PlanError;
 use crate::recompute::Recompute;
 use crate::simulate::CostModel;
 
-/// Seconds per step, by cause; they add up to the step time.
+/// Seconds per step, by cause; they add up to the step time (the busiest device's work never
+/// exceeds the period).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Terms {
     /// Matmul and element-wise work of the busiest device.
@@ -117,7 +118,13 @@ pub fn terms(cfg: &Config, costs: &CostModel, p: &Pieces, step: f64) -> Result<T
     free_dp.stages.iter_mut().for_each(|c| c.dp_allreduce = 0.0);
     let dp_comm = (step - step_time(cfg, &free_dp)?).max(0.0);
     let optimizer = load.optimizer;
-    let used = compute + recompute + tp_comm + pp_comm + dp_comm + optimizer;
+    // The two exposures are measured one at a time, so together they can count an overlap
+    // twice; what exceeds the step comes off them (DP first), so the terms add up to it.
+    let work = compute + recompute + tp_comm + optimizer;
+    let mut excess = (work + pp_comm + dp_comm - step).max(0.0);
+    let dp_comm = dp_comm - excess.min(dp_comm);
+    excess = (work + pp_comm + dp_comm - step).max(0.0);
+    let pp_comm = pp_comm - excess.min(pp_comm);
     Ok(Terms {
         compute,
         recompute,
@@ -125,7 +132,7 @@ pub fn terms(cfg: &Config, costs: &CostModel, p: &Pieces, step: f64) -> Result<T
         pp_comm,
         dp_comm,
         optimizer,
-        bubble: (step - used).max(0.0),
+        bubble: (step - work - pp_comm - dp_comm).max(0.0),
     })
 }
 
