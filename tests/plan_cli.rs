@@ -13,7 +13,11 @@ fn run(args: &[&str]) -> Output {
 
 fn ok(args: &[&str]) -> String {
     let o = run(args);
-    assert!(o.status.success(), "{args:?}: {}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        o.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
@@ -22,14 +26,26 @@ fn refused(args: &[&str], needles: &[&str]) {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success(), "{args:?} succeeded");
     assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
-    assert!(err.starts_with("error: ") && !err.contains("panicked"), "{err}");
+    assert!(
+        err.starts_with("error: ") && !err.contains("panicked"),
+        "{err}"
+    );
     for n in needles {
         assert!(err.contains(n), "`{n}` not in {err}");
     }
 }
 
 const SMALL: [&str; 10] = [
-    "--layers", "24", "--d-model", "2048", "--heads", "16", "--seq-len", "2048", "--gpus", "16",
+    "--layers",
+    "24",
+    "--d-model",
+    "2048",
+    "--heads",
+    "16",
+    "--seq-len",
+    "2048",
+    "--gpus",
+    "16",
 ];
 
 #[test]
@@ -37,7 +53,10 @@ fn the_table_ends_with_a_launch_line_train_accepts() {
     let mut args = SMALL.to_vec();
     args.extend(["--global-batch", "128", "--explain", "--top", "3"]);
     let out = ok(&args);
-    assert!(out.contains("TFLOP/s/GPU") && out.contains("why the best"), "{out}");
+    assert!(
+        out.contains("TFLOP/s/GPU") && out.contains("why the best"),
+        "{out}"
+    );
     let launch = out
         .lines()
         .find(|l| l.trim_start().starts_with("mpirun -np 16 pipewright train"))
@@ -57,16 +76,32 @@ fn the_table_ends_with_a_launch_line_train_accepts() {
 #[test]
 fn json_carries_every_row_and_the_launch() {
     let mut args = SMALL.to_vec();
-    args.extend(["--global-batch", "128", "--format", "json", "--cluster", "h100-80g"]);
+    args.extend([
+        "--global-batch",
+        "128",
+        "--format",
+        "json",
+        "--cluster",
+        "h100-80g",
+    ]);
     let out = ok(&args);
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     let rows = v["rows"].as_array().unwrap();
     assert!(!rows.is_empty() && rows.len() <= 5);
     let best = &rows[0];
-    for key in ["step_time_s", "tokens_per_s", "tflops_per_gpu", "mfu", "peak_memory_bytes", "bubble"] {
+    for key in [
+        "step_time_s",
+        "tokens_per_s",
+        "tflops_per_gpu",
+        "mfu",
+        "peak_memory_bytes",
+        "bubble",
+    ] {
         assert!(best[key].as_f64().is_some(), "{key} missing: {best}");
     }
-    assert!(best["memory"].as_array().unwrap().len() as u64 == best["config"]["pp"].as_u64().unwrap());
+    assert!(
+        best["memory"].as_array().unwrap().len() as u64 == best["config"]["pp"].as_u64().unwrap()
+    );
     assert!(best["terms"]["compute"].as_f64().unwrap() > 0.0);
     assert!(best["limit"].is_string());
     assert_eq!(v["cluster"]["name"], "h100-80g");
@@ -102,9 +137,25 @@ fn a_cluster_file_is_read_and_its_errors_named() {
 fn impossible_requests_are_one_line() {
     let mut args = SMALL.to_vec();
     args.extend(["--global-batch", "64", "--tp", "3"]);
-    refused(&args, &["--tp 3", "16 heads", "TP sizes that can: 1, 2, 4, 8"]);
     refused(
-        &["--layers", "128", "--d-model", "25600", "--heads", "160", "--seq-len", "2048", "--gpus", "64", "--global-batch", "64"],
+        &args,
+        &["--tp 3", "16 heads", "TP sizes that can: 1, 2, 4, 8"],
+    );
+    refused(
+        &[
+            "--layers",
+            "128",
+            "--d-model",
+            "25600",
+            "--heads",
+            "160",
+            "--seq-len",
+            "2048",
+            "--gpus",
+            "64",
+            "--global-batch",
+            "64",
+        ],
         &["needs 16.5 TiB of model state", "more 80 GiB GPUs"],
     );
     let mut args = SMALL.to_vec();
@@ -113,4 +164,35 @@ fn impossible_requests_are_one_line() {
     let mut args = SMALL.to_vec();
     args.extend(["--global-batch", "64", "--cluster", "b200"]);
     refused(&args, &["neither a preset (a100-80g, h100-80g) nor a file"]);
+}
+
+#[test]
+fn the_best_is_drawn_and_its_memory_listed_per_device() {
+    let dir = tempfile::tempdir().unwrap();
+    let png = dir.path().join("best.png");
+    let mut args = SMALL.to_vec();
+    let path = png.to_str().unwrap();
+    args.extend([
+        "--global-batch",
+        "128",
+        "--pp",
+        "4",
+        "--memory",
+        "--chart",
+        path,
+    ]);
+    let out = ok(&args);
+    let bytes = std::fs::read(&png).unwrap();
+    assert!(bytes.starts_with(b"\x89PNG"), "not a PNG");
+    let rows = out
+        .lines()
+        .skip_while(|l| !l.starts_with("memory of the best"))
+        .skip(2)
+        .take_while(|l| !l.trim().is_empty())
+        .count();
+    assert_eq!(rows, 4, "one row per pipeline device: {out}");
+    let bad = dir.path().join("best.gif");
+    let mut args = SMALL.to_vec();
+    args.extend(["--global-batch", "128", "--chart", bad.to_str().unwrap()]);
+    refused(&args, &["--chart"]);
 }

@@ -1,20 +1,24 @@
 //! `plan`: the whole parallel configuration for a model on a cluster, ranked and explained,
 //! and the best as a launch command.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Result};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use pipewright::schedule::memory::ModelShape;
+use pipewright::schedule::plan::costs::cost_model;
+use pipewright::schedule::plan::evaluate::one_step;
 use pipewright::schedule::plan::{
     plan, Cluster, Fixed, Plan, PlanRequest, PlanRow, Precision, Progress,
 };
 use pipewright::schedule::{Recompute, ScheduleKind};
+use pipewright::viz::{bubble_chart, ChartOptions, ChartPanel, ImageFormat};
 
+use super::checks::{check_outputs, Kind, Output};
 use super::commands::ReportFormat;
-use super::io::read_text;
+use super::io::{read_text, write_atomic};
 
 /// Choose TP, PP, DP, the schedule and its chunks, the microbatch size and count,
 /// recomputation, ZeRO-1 and sequence parallelism for a GPT on a cluster: memory first, then
@@ -100,6 +104,13 @@ pub struct PlanCmd {
     /// `json` prints everything: every row, its memory per device, its terms.
     #[arg(long, value_enum, default_value_t = ReportFormat::Table)]
     format: ReportFormat,
+    /// Print the best configuration's predicted memory per pipeline device, by category.
+    #[arg(long)]
+    memory: bool,
+    /// Draw the best configuration's simulated step (all its microbatches) as a bubble chart
+    /// to FILE.svg or FILE.png.
+    #[arg(long, value_name = "FILE")]
+    chart: Option<PathBuf>,
 }
 
 fn parse_precision(s: &str) -> std::result::Result<Precision, String> {
@@ -123,6 +134,7 @@ fn parse_policy(s: &str) -> std::result::Result<Recompute, String> {
 impl PlanCmd {
     pub fn run(&self) -> Result<()> {
         let req = self.request()?;
+        check_outputs([Output::new("--chart", self.chart.as_ref(), Kind::Image)])?;
         let started = Instant::now();
         let bar = bar();
         let mut show = |p: &Progress| {
@@ -144,6 +156,9 @@ impl PlanCmd {
             ReportFormat::Table => self.table(&req, &plan, seconds),
         };
         print!("{text}");
+        if let (Some(path), Some(best)) = (&self.chart, plan.rows.first()) {
+            chart(&req, best, path)?;
+        }
         Ok(())
     }
 
@@ -251,11 +266,49 @@ impl PlanCmd {
             if self.explain {
                 out += &explain(best, plan);
             }
+            if self.memory {
+                out += &memory_table(best);
+            }
             out += &format!("\nrun the best:\n  {}\n", launch(req, best));
             out += &caveats(req, best);
         }
         out
     }
+}
+
+/// The best's predicted peak per pipeline device, by category, in GiB.
+fn memory_table(best: &PlanRow) -> String {
+    let gib = |b: u64| b as f64 / f64::from(1u32 << 30);
+    let mut out = String::from(
+        "\nmemory of the best, per pipeline device (GiB):\n  device  parameters  gradients  optimizer  activations  buffers  workspace   total\n",
+    );
+    for (d, m) in best.memory.iter().enumerate() {
+        out += &format!(
+            "  {d:>6}  {:>10.2}  {:>9.2}  {:>9.2}  {:>11.2}  {:>7.2}  {:>9.2}  {:>6.2}\n",
+            gib(m.parameters),
+            gib(m.gradients),
+            gib(m.optimizer_state),
+            gib(m.activations),
+            gib(m.buffers),
+            gib(m.workspace),
+            gib(m.total())
+        );
+    }
+    out
+}
+
+/// The best's one step, every microbatch, as a bubble chart.
+fn chart(req: &PlanRequest, best: &PlanRow, path: &Path) -> Result<()> {
+    let fmt = ImageFormat::from_path(path)?;
+    let (costs, _) = cost_model(req, &best.config);
+    let sim = one_step(&best.config, &costs).map_err(|e| anyhow!("{e}"))?;
+    let panel = ChartPanel::new(&sim.timeline).with_label(best.config.to_string());
+    write_atomic(
+        path,
+        &bubble_chart(&[panel], &ChartOptions::default(), fmt)?,
+    )?;
+    eprintln!("wrote {}", path.display());
+    Ok(())
 }
 
 fn bar() -> ProgressBar {

@@ -64,6 +64,13 @@ pub fn step_time(cfg: &Config, costs: &CostModel) -> Result<f64, PlanError> {
     }
 }
 
+/// One step of `cfg` with all its microbatches, simulated event by event (for drawing the
+/// best configuration's bubble chart).
+pub fn one_step(cfg: &Config, costs: &CostModel) -> Result<crate::Simulation, PlanError> {
+    let tt = timetable(cfg, cfg.microbatches)?;
+    Ok(crate::simulate(&tt, costs)?)
+}
+
 /// One pipeline device: every microbatch's F, R and B in a row, then the gradient reduction
 /// (nothing to overlap it with once the last backward is done) and the optimizer.
 fn single_device(cfg: &Config, costs: &CostModel) -> f64 {
