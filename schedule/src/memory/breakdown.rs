@@ -1,27 +1,27 @@
-//! One rank's memory by category, in bytes: what the model predicts and the runtime measures.
+//! [`MemoryBreakdown`]: one rank's bytes by category.
 
 use serde::{Deserialize, Serialize};
 
-/// One rank's peak memory (predicted or measured), by category, in bytes.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+/// One rank's bytes by category (a peak, or the holdings of one moment), predicted or
+/// measured.
+#[derive(Serialize, Deserialize, Clone, Copy, Default, Debug, PartialEq)]
 pub struct MemoryBreakdown {
-    /// Model weights held by the rank (its TP shard of its stages).
+    /// Parameter values (master weights included).
     pub parameters: u64,
-    /// Gradients of those weights.
+    /// Accumulated gradients.
     pub gradients: u64,
-    /// Optimizer state: AdamW's moments, and f32 master weights where parameters are not f32
-    /// (the rank's ZeRO-1 shard of them under `--zero 1`).
+    /// Optimizer state (AdamW's moments; under ZeRO-1 the rank's shard).
     pub optimizer_state: u64,
-    /// Stashed activations of in-flight microbatches, at the rank's peak.
+    /// Activations stashed for backwards (forward and weight stashes).
     pub activations: u64,
-    /// Communication buffers (hand-offs, flat gradients for the data-parallel reduction).
+    /// Communication buffers: pipeline hand-offs held and gradient-reduction tensors.
     pub buffers: u64,
-    /// Transient working memory of the kernels.
+    /// Scratch of the compute itself, beyond what it keeps.
     pub workspace: u64,
 }
 
 impl MemoryBreakdown {
-    /// The sum of every category.
+    /// Bytes of every category together.
     pub fn total(&self) -> u64 {
         self.parameters
             + self.gradients
@@ -29,5 +29,26 @@ impl MemoryBreakdown {
             + self.activations
             + self.buffers
             + self.workspace
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_total_adds_every_category_and_json_names_them() {
+        let m = MemoryBreakdown {
+            parameters: 1,
+            gradients: 2,
+            optimizer_state: 4,
+            activations: 8,
+            buffers: 16,
+            workspace: 32,
+        };
+        assert_eq!(m.total(), 63);
+        let json = serde_json::to_value(m).unwrap();
+        assert_eq!(json["optimizer_state"], 4);
+        assert_eq!(serde_json::from_value::<MemoryBreakdown>(json).unwrap(), m);
     }
 }

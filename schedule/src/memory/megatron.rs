@@ -54,25 +54,33 @@ fn extras(cfg: &MemoryConfig, s: u32) -> u128 {
     first + last
 }
 
-/// Stage `s`'s bytes per microbatch. W holds the zero-bubble paper's `M_W = 32sbh` per layer
-/// (Qi et al. 2023, section 2.3), split over t, and the stage's extras.
+/// Stage `s`'s bytes per microbatch. Megatron recomputes inside each layer's backward, one
+/// layer at a time, so a recomputing stage grows by one layer's dropped bytes before its
+/// backward (an `R` is counted the same way). W holds the zero-bubble paper's
+/// `M_W = 32sbh` per layer (Qi et al. 2023, section 2.3), split over t, and the extras.
 pub(super) fn stage_bytes(cfg: &MemoryConfig, s: u32) -> StageBytes {
     let layers = u128::from(params::stage_layers(cfg.shape.layers, cfg.stages(), s));
     let (sbh, t, _) = dims(cfg);
     let layer = |p| u128::from(layer_bytes(cfg, p));
     let extra = extras(cfg, s);
-    let full = layers * layer(Recompute::None) + extra;
-    let kept = match cfg.recompute.of(s) {
+    let whole = layer(Recompute::None);
+    let (kept, one_layer) = match cfg.recompute.of(s) {
         Recompute::Every(n) => {
             let k = layers.min(u128::from(n));
-            k * layer(Recompute::Full) + (layers - k) * layer(Recompute::None) + extra
+            let kept = k * layer(Recompute::Full) + (layers - k) * whole + extra;
+            let grows = if k > 0 {
+                whole - layer(Recompute::Full)
+            } else {
+                0
+            };
+            (kept, grows)
         }
-        policy => layers * layer(policy) + extra,
+        policy => (layers * layer(policy) + extra, whole - layer(policy)),
     };
     let weight = layers * 32 * sbh / t + extra;
     StageBytes {
         kept: kept as f64,
-        full: full as f64,
+        full: (kept + one_layer) as f64,
         weight: weight as f64,
     }
 }

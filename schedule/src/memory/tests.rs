@@ -285,3 +285,19 @@ fn a_stage_with_r_actions_and_no_policy_recomputes_fully_as_the_runtime_does() {
         predict(&c, &with_r).unwrap()[0].activations < predict(&c, &tt).unwrap()[0].activations
     );
 }
+
+#[test]
+fn megatron_recomputation_regrows_one_layer_at_a_time() {
+    // 1F1B, p = 2, 48 layers: device 0 holds 2 microbatches of 24 layers, each keeping only
+    // the layer inputs under full recomputation (2sbh) and its embedding mask (sbh); the
+    // backward rebuilds one layer at a time.
+    let (c, tt) = pipeline(ScheduleKind::OneFOneB, 2, 1, 4);
+    let full = MemoryConfig {
+        recompute: "full".parse().unwrap(),
+        ..c
+    };
+    let sbh = full.shape.seq_len * full.shape.d_model;
+    let whole = layer_activation_bytes(&full, Recompute::None);
+    let got = predict(&full, &tt).unwrap()[0].activations;
+    assert_eq!(got, 2 * (24 * 2 * sbh + sbh) + (whole - 2 * sbh));
+}
