@@ -58,11 +58,23 @@ fn usage_error(e: clap::Error) -> ExitCode {
     let text = e.render().to_string();
     let mut lines = text.lines().map(str::trim).filter(|l| !l.is_empty());
     let first = lines.next().unwrap_or("error: bad arguments");
+    // "the following required arguments were not provided:" lists them on the next lines.
+    let rest: Vec<&str> = lines.clone().collect();
+    let missing: Vec<&str> = rest
+        .iter()
+        .copied()
+        .take_while(|l| l.starts_with('-') || l.starts_with('<'))
+        .collect();
+    let first = if first.ends_with(':') && !missing.is_empty() {
+        format!("{first} {}", missing.join(", "))
+    } else {
+        first.to_string()
+    };
     // What the user can write instead is worth keeping: the possible values and the tips.
     let tips: Vec<&str> = lines
         .filter(|l| l.starts_with("tip:") || l.starts_with("[possible values"))
         .collect();
-    let mut line = first.to_string();
+    let mut line = first;
     for tip in tips {
         line += &format!("; {tip}");
     }

@@ -196,3 +196,45 @@ fn the_best_is_drawn_and_its_memory_listed_per_device() {
     args.extend(["--global-batch", "128", "--chart", bad.to_str().unwrap()]);
     refused(&args, &["--chart"]);
 }
+
+#[test]
+fn calibrate_writes_a_cluster_file_plan_reads() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("local.json");
+    let path = file.to_str().unwrap();
+    let out = ok(&["--calibrate", path]);
+    assert!(out.contains("GFLOP/s"), "{out}");
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    assert_eq!(v["name"], "local-cpu");
+    assert!(v["peak_tflops"]["f32"].as_f64().unwrap() > 0.0);
+    let out = ok(&[
+        "--cluster",
+        path,
+        "--layers",
+        "4",
+        "--d-model",
+        "64",
+        "--heads",
+        "4",
+        "--seq-len",
+        "16",
+        "--vocab",
+        "64",
+        "--gpus",
+        "1",
+        "--global-batch",
+        "8",
+        "--precision",
+        "f32",
+    ]);
+    assert!(out.contains("of local-cpu"), "{out}");
+    refused(
+        &["--calibrate", dir.path().join("x.txt").to_str().unwrap()],
+        &["--calibrate"],
+    );
+    refused(
+        &["--layers", "4"],
+        &["required arguments were not provided: --d-model <H>"],
+    );
+}

@@ -1,6 +1,7 @@
 //! The `pipewright` command line.
 
 pub mod args;
+pub mod calibrate;
 pub mod charts;
 pub mod checks;
 pub mod commands;

@@ -26,32 +26,32 @@ use super::io::{read_text, write_atomic};
 #[derive(Args, Debug)]
 pub struct PlanCmd {
     /// Transformer blocks.
-    #[arg(long, value_name = "L")]
-    layers: u32,
+    #[arg(long, value_name = "L", required_unless_present = "calibrate")]
+    layers: Option<u32>,
     /// Width of the residual stream (h).
-    #[arg(long, value_name = "H")]
-    d_model: u64,
+    #[arg(long, value_name = "H", required_unless_present = "calibrate")]
+    d_model: Option<u64>,
     /// Attention heads.
-    #[arg(long, value_name = "A")]
-    heads: u32,
+    #[arg(long, value_name = "A", required_unless_present = "calibrate")]
+    heads: Option<u32>,
     /// Hidden width of the MLP (default 4 * d_model).
     #[arg(long, value_name = "F")]
     ffn: Option<u64>,
     /// Tokens per sequence.
-    #[arg(long, value_name = "S")]
-    seq_len: u64,
+    #[arg(long, value_name = "S", required_unless_present = "calibrate")]
+    seq_len: Option<u64>,
     /// Vocabulary size.
     #[arg(long, default_value_t = 51200, value_name = "V")]
     vocab: u64,
     /// GPUs to use, all of them (tp * pp * dp = N).
-    #[arg(long, value_name = "N")]
-    gpus: u32,
+    #[arg(long, value_name = "N", required_unless_present = "calibrate")]
+    gpus: Option<u32>,
     /// `a100-80g`, `h100-80g`, or a cluster JSON file (see schedule/src/plan/cluster.rs).
     #[arg(long, default_value = "a100-80g", value_name = "NAME|FILE")]
     cluster: String,
     /// Sequences per training step.
-    #[arg(long, value_name = "SEQUENCES")]
-    global_batch: u64,
+    #[arg(long, value_name = "SEQUENCES", required_unless_present = "calibrate")]
+    global_batch: Option<u64>,
     /// Number format of the run: bf16 (mixed precision), tf32 or f32.
     #[arg(long, default_value = "bf16", value_parser = parse_precision)]
     precision: Precision,
@@ -111,6 +111,11 @@ pub struct PlanCmd {
     /// to FILE.svg or FILE.png.
     #[arg(long, value_name = "FILE")]
     chart: Option<PathBuf>,
+    /// Measure this machine instead of planning: matmul rates over shapes (fitted to the
+    /// efficiency curve), memory bandwidth and the in-process hand-off, written as a cluster
+    /// file for `--cluster FILE` (the CPU; one in-process device per core).
+    #[arg(long, value_name = "FILE")]
+    calibrate: Option<PathBuf>,
 }
 
 fn parse_precision(s: &str) -> std::result::Result<Precision, String> {
@@ -133,6 +138,9 @@ fn parse_policy(s: &str) -> std::result::Result<Recompute, String> {
 
 impl PlanCmd {
     pub fn run(&self) -> Result<()> {
+        if let Some(path) = &self.calibrate {
+            return super::calibrate::run(path);
+        }
         let req = self.request()?;
         check_outputs([Output::new("--chart", self.chart.as_ref(), Kind::Image)])?;
         let started = Instant::now();
@@ -163,14 +171,21 @@ impl PlanCmd {
     }
 
     fn request(&self) -> Result<PlanRequest> {
+        let need = |flag: &str, v: Option<u64>| v.ok_or_else(|| anyhow!("{flag} is required"));
+        let layers = need("--layers", self.layers.map(u64::from))?;
+        let d_model = need("--d-model", self.d_model)?;
+        let heads = need("--heads", self.heads.map(u64::from))?;
+        let seq_len = need("--seq-len", self.seq_len)?;
+        let gpus = need("--gpus", self.gpus.map(u64::from))?;
+        let global_batch = need("--global-batch", self.global_batch)?;
         for (flag, v) in [
-            ("--layers", u64::from(self.layers)),
-            ("--d-model", self.d_model),
-            ("--heads", u64::from(self.heads)),
-            ("--seq-len", self.seq_len),
+            ("--layers", layers),
+            ("--d-model", d_model),
+            ("--heads", heads),
+            ("--seq-len", seq_len),
             ("--vocab", self.vocab),
-            ("--gpus", u64::from(self.gpus)),
-            ("--global-batch", self.global_batch),
+            ("--gpus", gpus),
+            ("--global-batch", global_batch),
             ("--top", self.top as u64),
             ("--max-virtual", u64::from(self.max_virtual)),
             ("--max-microbatch-size", self.max_microbatch_size),
@@ -179,23 +194,21 @@ impl PlanCmd {
                 bail!("{flag} must be at least 1");
             }
         }
-        if self.d_model % u64::from(self.heads) != 0 {
+        if d_model % heads != 0 {
             bail!(
-                "--heads {} does not divide --d-model {}: each head needs a whole share of the width",
-                self.heads,
-                self.d_model
+                "--heads {heads} does not divide --d-model {d_model}: each head needs a whole share of the width"
             );
         }
         let cluster = cluster(&self.cluster)?;
         let shape = ModelShape {
-            layers: self.layers,
-            d_model: self.d_model,
-            heads: self.heads,
-            ffn: self.ffn.unwrap_or(4 * self.d_model),
-            seq_len: self.seq_len,
+            layers: layers as u32,
+            d_model,
+            heads: heads as u32,
+            ffn: self.ffn.unwrap_or(4 * d_model),
+            seq_len,
             vocab: self.vocab,
         };
-        let mut req = PlanRequest::new(shape, cluster, self.gpus, self.global_batch);
+        let mut req = PlanRequest::new(shape, cluster, gpus as u32, global_batch);
         req.precision = self.precision;
         req.fixed = Fixed {
             tp: self.tp,
@@ -249,11 +262,15 @@ impl PlanCmd {
         out += "  #  step s   tokens/s  TFLOP/s/GPU   MFU  peak GiB  headroom  bubble  limit     configuration\n";
         for (i, r) in plan.rows.iter().enumerate() {
             out += &format!(
-                "{:>3}  {:>6.3}  {:>9.0}  {:>11.1}  {:>4.1}%  {:>8.1}  {:>7.1}%  {:>5.1}%  {:<8}  {}\n",
+                "{:>3}  {:>6.3}  {:>9.0}  {:>11}  {:>4.1}%  {:>8.1}  {:>7.1}%  {:>5.1}%  {:<8}  {}\n",
                 i + 1,
                 r.step_time_s,
                 r.tokens_per_s,
-                r.tflops_per_gpu,
+                if r.tflops_per_gpu < 10.0 {
+                    format!("{:.3}", r.tflops_per_gpu)
+                } else {
+                    format!("{:.1}", r.tflops_per_gpu)
+                },
                 100.0 * r.mfu,
                 r.peak_memory_bytes as f64 / f64::from(1u32 << 30),
                 100.0 * r.headroom_bytes as f64 / req.cluster.memory_bytes() as f64,
