@@ -238,3 +238,39 @@ fn calibrate_writes_a_cluster_file_plan_reads() {
         &["required arguments were not provided: --d-model <H>"],
     );
 }
+
+#[test]
+fn validate_trains_configurations_and_ranks_them() {
+    let out = ok(&[
+        "--layers",
+        "2",
+        "--d-model",
+        "32",
+        "--heads",
+        "2",
+        "--seq-len",
+        "8",
+        "--vocab",
+        "32",
+        "--gpus",
+        "2",
+        "--global-batch",
+        "8",
+        "--precision",
+        "f32",
+        "--validate",
+        "3",
+    ]);
+    assert!(out.contains("validation: "), "{out}");
+    let measured = out
+        .lines()
+        .skip_while(|l| !l.starts_with("validation: "))
+        .skip(2)
+        .take_while(|l| !l.starts_with("Spearman"))
+        .count();
+    assert!((2..=3).contains(&measured), "{out}");
+    assert!(out.contains("Spearman rank correlation"), "{out}");
+    let mut args = SMALL.to_vec();
+    args.extend(["--global-batch", "64", "--validate", "1"]);
+    refused(&args, &["--validate needs at least 2"]);
+}

@@ -12,3 +12,4 @@ pub mod progress;
 pub mod search;
 pub mod steady;
 pub mod train;
+pub mod validate_plan;

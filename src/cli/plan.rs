@@ -116,6 +116,13 @@ pub struct PlanCmd {
     /// file for `--cluster FILE` (the CPU; one in-process device per core).
     #[arg(long, value_name = "FILE")]
     calibrate: Option<PathBuf>,
+    /// Train K of the simulated configurations in-process (the best, then spread down the
+    /// ranking; the reference GPT, through `train`) and print measured against predicted step
+    /// time with their rank correlation. Use a model
+    /// small enough for this machine and a cluster of it (`--calibrate`). Sequence
+    /// parallelism is fixed off, since `train` has none.
+    #[arg(long, value_name = "K")]
+    validate: Option<usize>,
 }
 
 fn parse_precision(s: &str) -> std::result::Result<Precision, String> {
@@ -166,6 +173,10 @@ impl PlanCmd {
         print!("{text}");
         if let (Some(path), Some(best)) = (&self.chart, plan.rows.first()) {
             chart(&req, best, path)?;
+        }
+        if let Some(k) = self.validate {
+            let runs = super::validate_plan::spread(&plan.simulated, k);
+            print!("{}", super::validate_plan::validate(&req, &runs)?);
         }
         Ok(())
     }
@@ -229,6 +240,14 @@ impl PlanCmd {
         req.max_virtual = self.max_virtual;
         req.max_microbatch_size = self.max_microbatch_size;
         req.max_simulated = self.max_simulated.max(1);
+        if let Some(k) = self.validate {
+            if k < 2 {
+                bail!("--validate needs at least 2 configurations to rank (got {k})");
+            }
+            req.fixed.sequence_parallel = Some(false);
+            // Simulate well past the top rows, so the spread reaches slower configurations.
+            req.top = req.top.max(4 * k);
+        }
         Ok(req)
     }
 
@@ -260,7 +279,7 @@ impl PlanCmd {
             }
         );
         out += "  #  step s   tokens/s  TFLOP/s/GPU   MFU  peak GiB  headroom  bubble  limit     configuration\n";
-        for (i, r) in plan.rows.iter().enumerate() {
+        for (i, r) in plan.rows.iter().take(self.top).enumerate() {
             out += &format!(
                 "{:>3}  {:>6.3}  {:>9.0}  {:>11}  {:>4.1}%  {:>8.1}  {:>7.1}%  {:>5.1}%  {:<8}  {}\n",
                 i + 1,

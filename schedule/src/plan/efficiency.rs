@@ -94,9 +94,80 @@ impl Efficiency {
     }
 }
 
+/// One measured matmul: its dimensions and the FLOP/s it ran at.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct MatmulSample {
+    /// Rows of the left operand.
+    pub m: f64,
+    /// Columns of the right operand.
+    pub n: f64,
+    /// The shared dimension.
+    pub k: f64,
+    /// Measured FLOP/s (`2mnk` over the time).
+    pub flops: f64,
+}
+
+/// Fit the curve to measured matmuls: the `half_dim` (searched on a log grid from 1 to 8192)
+/// and peak FLOP/s that minimise the squared error of the log rates (for each `half_dim` the
+/// best peak is closed-form). Returns `(peak FLOP/s, half_dim)`: the peak is what a very large
+/// matmul would reach, so a calibrated cluster has `peak_fraction` 1. `None` without
+/// samples or with a non-positive rate.
+pub fn fit(samples: &[MatmulSample]) -> Option<(f64, f64)> {
+    if samples.is_empty() || samples.iter().any(|s| !(s.flops > 0.0)) {
+        return None;
+    }
+    let shape = |s: &MatmulSample, d: f64| {
+        [s.m, s.n, s.k]
+            .iter()
+            .map(|x| (x / (x + d)).ln())
+            .sum::<f64>()
+    };
+    let n = samples.len() as f64;
+    (0..=260)
+        .map(|i| 2f64.powf(f64::from(i) / 20.0))
+        .map(|d| {
+            let log_peak = samples
+                .iter()
+                .map(|s| s.flops.ln() - shape(s, d))
+                .sum::<f64>()
+                / n;
+            let err: f64 = samples
+                .iter()
+                .map(|s| (s.flops.ln() - log_peak - shape(s, d)).powi(2))
+                .sum();
+            (err, log_peak.exp(), d)
+        })
+        .min_by(|a, b| a.0.total_cmp(&b.0))
+        .map(|(_, peak, d)| (peak, d))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_fit_recovers_a_known_curve() {
+        let truth = Efficiency {
+            peak_fraction: 1.0,
+            half_dim: 48.0,
+            fused_attention: false,
+        };
+        let dims = [16.0, 64.0, 256.0, 1024.0];
+        let samples: Vec<MatmulSample> = dims
+            .iter()
+            .flat_map(|&m| dims.iter().map(move |&n| (m, n)))
+            .map(|(m, n)| MatmulSample {
+                m,
+                n,
+                k: 512.0,
+                flops: 1e11 * truth.of(m, n, 512.0),
+            })
+            .collect();
+        let (peak, d) = fit(&samples).unwrap();
+        assert!((peak / 1e11 - 1.0).abs() < 0.05, "{peak}");
+        assert!((d / 48.0 - 1.0).abs() < 0.05, "{d}");
+        assert_eq!(fit(&[]), None);
+    }
 
     #[test]
     fn a_dimension_of_half_dim_halves_the_rate() {

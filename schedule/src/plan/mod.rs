@@ -23,6 +23,7 @@ pub mod evaluate;
 pub mod explain;
 pub mod fit;
 pub mod impossible;
+pub mod rank;
 pub mod search;
 pub mod space;
 pub mod work;

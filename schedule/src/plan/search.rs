@@ -81,6 +81,9 @@ pub struct Plan {
     /// One line per dimension: why the best beat the best simulated configuration that
     /// differs from it there.
     pub explain: Vec<String>,
+    /// Every configuration simulated, with its predicted step time, fastest first.
+    #[serde(skip)]
+    pub simulated: Vec<(Config, f64)>,
 }
 
 /// Make the plan for `req`, reporting progress as it goes.
@@ -161,11 +164,13 @@ pub fn plan(req: &PlanRequest, progress: &mut dyn FnMut(&Progress)) -> Result<Pl
         r.terms = Some(t);
     }
     let explain = explain(req, &found[0], &simulated)?;
+    simulated.sort_by(|a, b| a.1.total_cmp(&b.1));
     Ok(Plan {
         rows: found,
         progress: state,
         cut_short,
         explain,
+        simulated,
     })
 }
 
