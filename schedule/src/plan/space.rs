@@ -51,6 +51,13 @@ pub fn schedules(req: &PlanRequest, pp: u32, m: u32) -> Vec<(ScheduleKind, u32)>
         if req.fixed.schedule.is_some_and(|f| f != kind) && pp > 1 {
             continue;
         }
+        // GPipe and looped BFS hold every microbatch at once, with the bubble of 1F1B and
+        // interleaving: past 16p microbatches they cost m/p times the memory for nothing, and
+        // walking their timetables would cost the plan seconds. Tried only when fixed.
+        let holds_all = matches!(kind, ScheduleKind::GPipe | ScheduleKind::LoopedBfs);
+        if holds_all && req.fixed.schedule.is_none() && u64::from(m) > 16 * u64::from(pp) {
+            continue;
+        }
         let vs: Vec<u32> = match kind.fixed_virtual() {
             Some(v) => vec![v],
             None if kind.supports_virtual() => (2..=req.max_virtual).collect(),
