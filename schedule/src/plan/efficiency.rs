@@ -113,7 +113,7 @@ pub struct MatmulSample {
 /// matmul would reach, so a calibrated cluster has `peak_fraction` 1. `None` without
 /// samples or with a non-positive rate.
 pub fn fit(samples: &[MatmulSample]) -> Option<(f64, f64)> {
-    if samples.is_empty() || samples.iter().any(|s| !(s.flops > 0.0)) {
+    if samples.is_empty() || samples.iter().any(|s| s.flops.is_nan() || s.flops <= 0.0) {
         return None;
     }
     let shape = |s: &MatmulSample, d: f64| {

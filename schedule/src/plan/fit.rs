@@ -28,7 +28,7 @@ use crate::spec::{Placement, ScheduleKind};
 /// The memory model's view of `cfg` (Megatron's accounting: a plan is for a real cluster).
 pub fn memory_config(req: &PlanRequest, cfg: &Config) -> MemoryConfig {
     MemoryConfig {
-        shape: req.shape.clone(),
+        shape: req.shape,
         precision: match req.precision {
             Precision::Bf16 => MemPrecision::Bf16,
             Precision::Tf32 | Precision::F32 => MemPrecision::F32,
