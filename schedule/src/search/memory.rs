@@ -123,34 +123,71 @@ pub fn peak_units(tt: &Timetable, weights: &[f64]) -> Vec<f64> {
     peak_units_held(tt, weights, weights)
 }
 
+/// Units each stage keeps of a microbatch that an `R` recomputes, from its F until that R:
+/// its weight times [`CostModel::kept_bytes`] over its activation bytes (its input's share),
+/// and nothing when the costs carry no sizes.
+pub fn kept_weights(costs: &CostModel, weights: &[f64]) -> Vec<f64> {
+    weights
+        .iter()
+        .enumerate()
+        .map(|(s, &w)| {
+            let all = costs.stages.get(s).map_or(0, |c| c.activation_bytes);
+            if all == 0 {
+                return 0.0;
+            }
+            let kept = costs.kept_bytes(s as u32).min(all);
+            w * kept as f64 / all as f64
+        })
+        .collect()
+}
+
 /// Most units each device holds at once when it runs its actions in order. A device runs one
 /// action at a time, so this is the timed peak too: F stashes its stage's weight at its start,
 /// B frees it at its end; a split backward's I frees all but `held` (what W still needs) at
-/// its end and W frees the rest at its end; an F&B overlap holds both at once.
+/// its end and W frees the rest at its end; an F&B overlap holds both at once. `R` actions
+/// count as kept at their full weight (see [`peak_units_kept`] for recomputation).
 pub fn peak_units_held(tt: &Timetable, weights: &[f64], held: &[f64]) -> Vec<f64> {
+    peak_units_kept(tt, weights, held, weights)
+}
+
+/// [`peak_units_held`] with recomputation: a microbatch that has an `R` on its device keeps
+/// only `kept` of its stage from its F until the R, which regrows the rest at its start.
+pub fn peak_units_kept(tt: &Timetable, weights: &[f64], held: &[f64], kept: &[f64]) -> Vec<f64> {
     tt.devices
         .iter()
-        .map(|actions| {
-            let (mut now, mut peak) = (0.0f64, 0.0f64);
-            for a in actions {
-                let w = |s: u32| weights.get(s as usize).copied().unwrap_or(0.0);
-                let h = |s: u32| held.get(s as usize).copied().unwrap_or(0.0);
-                for part in a.parts() {
-                    match part.kind {
-                        ActionKind::F => {
-                            now += w(part.stage);
-                            peak = peak.max(now);
-                        }
-                        ActionKind::B => now -= w(part.stage),
-                        ActionKind::I => now -= w(part.stage) - h(part.stage),
-                        ActionKind::W => now -= h(part.stage),
-                        _ => {}
-                    }
-                }
-            }
-            peak
-        })
+        .map(|actions| levels(actions, weights, held, kept).fold(0.0, f64::max))
         .collect()
+}
+
+/// The units a device holds after each of its actions starts (F, R) or ends (the rest), in
+/// order: one level per action part that changes memory.
+pub(super) fn levels<'a>(
+    actions: &'a [crate::action::Action],
+    weights: &'a [f64],
+    held: &'a [f64],
+    kept: &'a [f64],
+) -> impl Iterator<Item = f64> + 'a {
+    let recomputed: std::collections::HashSet<(u32, u32)> = actions
+        .iter()
+        .filter(|a| a.kind == ActionKind::R)
+        .map(|a| (a.stage, a.microbatch))
+        .collect();
+    let at = |v: &[f64], s: u32| v.get(s as usize).copied().unwrap_or(0.0);
+    let mut now = 0.0f64;
+    actions.iter().flat_map(|a| a.parts()).map(move |part| {
+        let (w, h) = (at(weights, part.stage), at(held, part.stage));
+        let k = at(kept, part.stage).min(w);
+        match part.kind {
+            ActionKind::F if recomputed.contains(&(part.stage, part.microbatch)) => now += k,
+            ActionKind::F => now += w,
+            ActionKind::R => now += w - k,
+            ActionKind::B => now -= w,
+            ActionKind::I => now -= w - h,
+            ActionKind::W => now -= h,
+            _ => {}
+        }
+        now
+    })
 }
 
 #[cfg(test)]

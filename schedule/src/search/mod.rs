@@ -33,6 +33,7 @@ mod budget;
 mod improve;
 mod list;
 mod memory;
+mod recompute;
 mod rounds;
 
 use std::time::Duration;
@@ -42,7 +43,8 @@ use serde::Serialize;
 pub use budget::{CutShort, Progress};
 pub use list::{list_schedule, Knobs};
 pub use memory::{
-    held_weights, peak_units, peak_units_held, stage_weights, unit_bytes, CapError, MemoryCap,
+    held_weights, kept_weights, peak_units, peak_units_held, peak_units_kept, stage_weights,
+    unit_bytes, CapError, MemoryCap,
 };
 pub use rounds::{round_schedule, RoundKnobs};
 
@@ -164,6 +166,8 @@ pub struct Candidate {
     pub peak_bytes: Option<u64>,
     /// Whether it fits the cap.
     pub fits: bool,
+    /// `R` actions the search added because the cap forced them (0 for most candidates).
+    pub recomputes: u32,
 }
 
 /// A shape that could not be tried, and why.
@@ -242,12 +246,14 @@ enum Job {
     List(Knobs),
     /// The zero-bubble paper's round heuristic (one chunk per device) under a cap in units.
     Rounds(RoundKnobs, f64),
+    /// A fixed family over the cap, with the fewest recomputes that bring it under.
+    Recompute(ScheduleSpec, f64),
 }
 
 impl Job {
     fn v(&self) -> u32 {
         match self {
-            Job::Fixed(s) => s.virtual_stages(),
+            Job::Fixed(s) | Job::Recompute(s, _) => s.virtual_stages(),
             Job::List(k) => k.v,
             Job::Rounds(..) => 1,
         }
@@ -260,6 +266,18 @@ struct Shape {
     weights: Vec<f64>,
     /// Units each stage still holds after its I until its W.
     held: Vec<f64>,
+    /// Units a recomputed microbatch of each stage keeps until its R.
+    kept: Vec<f64>,
+}
+
+impl Shape {
+    fn weights(&self) -> recompute::Weights<'_> {
+        recompute::Weights {
+            weights: &self.weights,
+            held: &self.held,
+            kept: &self.kept,
+        }
+    }
 }
 
 /// Find the fastest timetable that fits `spec.cap`.
@@ -288,10 +306,12 @@ pub fn search_with(
             let costs = spec.costs.resample(p * v.max(1)).ok()?;
             let weights = stage_weights(&costs, p);
             let held = held_weights(&costs, &weights);
+            let kept = kept_weights(&costs, &weights);
             Some(Shape {
                 costs,
                 weights,
                 held,
+                kept,
             })
         })
         .collect();
@@ -337,8 +357,7 @@ pub fn search_with(
     if let Some(shape) = &shapes[jobs[best.job].v() as usize] {
         let how = Improve {
             costs: &shape.costs,
-            weights: &shape.weights,
-            held: &shape.held,
+            weights: shape.weights(),
             cap,
             budget: spec.improve_budget,
             objective: spec.objective,
@@ -495,10 +514,44 @@ fn jobs(spec: &SearchSpec, cap: f64, shapes: &[Option<Shape>]) -> (Vec<Job>, Vec
             }
         }
     }
+    jobs.extend(recompute_jobs(&jobs, spec, cap, shapes));
     if spec.list_scheduler {
         list_jobs(spec, cap, shapes, &mut jobs, &mut skipped);
     }
     (jobs, skipped)
+}
+
+/// The fixed shapes over the cap, to try again with recomputation where a stage can shrink.
+/// Only costs that say what a recomputed microbatch keeps (hand-off sizes or `kept_bytes`)
+/// are tried: without them a recompute would look free of memory.
+fn recompute_jobs(
+    fixed: &[Job],
+    spec: &SearchSpec,
+    cap: f64,
+    shapes: &[Option<Shape>],
+) -> Vec<Job> {
+    let sizes = spec.costs.stages.iter();
+    if !sizes
+        .clone()
+        .any(|c| c.kept_bytes.is_some() || c.p2p_bytes > 0)
+    {
+        return Vec::new();
+    }
+    let over = |s: &ScheduleSpec| {
+        let Some(shape) = &shapes[s.virtual_stages() as usize] else {
+            return false;
+        };
+        let shrinks = shape.kept.iter().zip(&shape.weights).any(|(k, w)| k < w);
+        let peak = peak_units_held(&generate(s), &shape.weights, &shape.held);
+        shrinks && peak.into_iter().any(|x| x > cap + 1e-9)
+    };
+    fixed
+        .iter()
+        .filter_map(|j| match j {
+            Job::Fixed(s) if over(s) => Some(Job::Recompute(*s, cap)),
+            _ => None,
+        })
+        .collect()
 }
 
 fn resample_reason(spec: &SearchSpec, stages: u32) -> String {
@@ -751,6 +804,13 @@ fn evaluate(
                 None => return Err((k.label(*cap), "a forward does not fit the cap".into())),
             }
         }
+        Job::Recompute(s, cap) => {
+            let base = fixed_label(s.kind(), s.virtual_stages(), grouped(s));
+            let tt = recompute::fit(&generate(s), shape.weights(), *cap);
+            let (r, f) = recompute::count(&tt);
+            let label = format!("{base} + recompute {r}/{f}");
+            (label, s.kind().name().to_string(), tt)
+        }
     };
     let sim = simulate_steps(&tt, &shape.costs, PERIOD_STEPS)
         .map_err(|e| (label.clone(), steady_reason(e)))?;
@@ -778,7 +838,7 @@ fn describe(
     cap: MemoryCap,
 ) -> Candidate {
     let sim = &steady.single;
-    let peak = peak_units_held(tt, &shape.weights, &shape.held)
+    let peak = peak_units_kept(tt, &shape.weights, &shape.held, &shape.kept)
         .into_iter()
         .fold(0.0, f64::max);
     let peak_bytes = unit.map(|_| sim.report.peak_activation_bytes());
@@ -797,6 +857,7 @@ fn describe(
         peak_microbatches: peak,
         peak_bytes,
         fits,
+        recomputes: recompute::count(tt).0,
     }
 }
 
