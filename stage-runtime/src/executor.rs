@@ -64,6 +64,10 @@ pub struct Executor<C: Communicator, M: StageModule<Tensor = C::Tensor>> {
     epoch: Instant,
     /// Stages that recompute, and how.
     recompute: HashMap<u32, Recompute>,
+    /// Microbatches of recomputing stages that keep their whole stash: where the timetable
+    /// recomputes only some microbatches of a stage (with `R`s, as the search does under a
+    /// cap), those without an `R`.
+    whole: HashSet<(u32, u32)>,
     check_finite: bool,
 }
 
@@ -174,6 +178,7 @@ where
         let rank = mesh.rank(coord);
         check_backward_split(&tt, coord.pp, &modules)?;
         let recompute = set_recompute(&tt, &opts.recompute, &mut modules)?;
+        let whole = kept_whole(&tt.devices[coord.pp], &recompute);
         let sharded = opts.zero == Zero::One && mesh.dp > 1;
         if let Some((&stage, _)) = modules
             .iter()
@@ -194,6 +199,7 @@ where
             timeout,
             epoch,
             recompute,
+            whole,
             check_finite: opts.check_finite,
         })
     }
@@ -399,6 +405,7 @@ where
             modules,
             tt,
             recompute,
+            whole,
             ..
         } = self;
         let module = modules
@@ -419,7 +426,15 @@ where
                     };
                     st.live += 1;
                     st.peak = st.peak.max(st.live);
+                    let policy = recompute.get(&a.stage).filter(|_| whole.contains(&key));
+                    if policy.is_some() {
+                        module.set_recompute(Recompute::None)?;
+                        st.rebuilt.insert(key);
+                    }
                     let (out, stash) = module.forward(&data, input, &mut tp)?;
+                    if let Some(&policy) = policy {
+                        module.set_recompute(policy)?;
+                    }
                     let kept = module.stash_bytes(&stash);
                     st.keep_bytes(kept);
                     st.kept = st.kept.max(kept as u64);
@@ -718,6 +733,24 @@ fn set_recompute<M: StageModule>(
         out.insert(stage, policy);
     }
     Ok(out)
+}
+
+/// The microbatches of `row` that keep their whole stash although their stage recomputes:
+/// on a stage with `R`s in the row, the forwards without one (the timetable recomputes only
+/// what it names). A stage that recomputes by policy alone, with no `R`, rebuilds them all.
+fn kept_whole(row: &[Action], recompute: &HashMap<u32, Recompute>) -> HashSet<(u32, u32)> {
+    let parts = || row.iter().flat_map(|a| a.parts());
+    let named: HashSet<(u32, u32)> = parts()
+        .filter(|p| p.kind == ActionKind::R)
+        .map(|p| (p.stage, p.microbatch))
+        .collect();
+    let stages: HashSet<u32> = named.iter().map(|&(s, _)| s).collect();
+    parts()
+        .filter(|p| p.kind == ActionKind::F && stages.contains(&p.stage))
+        .filter(|p| recompute.contains_key(&p.stage))
+        .map(|p| (p.stage, p.microbatch))
+        .filter(|k| !named.contains(k))
+        .collect()
 }
 
 /// Index in `row` of each stage's last backward (B or W): where its gradients are final.
