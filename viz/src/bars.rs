@@ -139,27 +139,29 @@ fn draw_bars(c: &mut dyn Canvas, runs: &[MemoryBars<'_>], x0: f64, x1: f64, y: f
     let ticks = byte_ticks(max, 4);
     let scale_max = ticks.last().copied().filter(|&t| t >= max).unwrap_or(max);
     let to_x = |b: f64| x0 + b / scale_max * (x1 - x0);
-    let mut at = y + KEY_H;
-    let body_top = at;
+    let body_top = y + KEY_H;
+    let body_bottom = y + height(runs) - AXIS_H;
+    // Grid first, so the bars sit on top of it.
+    for t in &ticks {
+        let x = to_x(*t);
+        c.line(&[(x, body_top), (x, body_bottom)], Rgb::GRID, 1.0, false);
+        let spec = TextSpec::new(FONT, Rgb::MUTED, Anchor::Middle);
+        c.text(x, body_bottom + AXIS_H / 2.0, &format_bytes(*t), spec);
+    }
+    let mut at = body_top;
     for (g, run) in runs.iter().enumerate() {
         if g > 0 {
             at += GROUP_GAP;
         }
         let spec = TextSpec::new(FONT + 1.0, Rgb::TEXT, Anchor::Start).bold();
-        c.text(x0, at + HEAD_H / 2.0, &run.label, spec);
+        c.text(x0 + 4.0, at + HEAD_H / 2.0, &run.label, spec);
         at += HEAD_H;
         for (d, m) in run.devices.iter().enumerate() {
             draw_bar(c, d, m, at, x0, &to_x);
             at += BAR_H + BAR_GAP;
         }
     }
-    for t in &ticks {
-        let x = to_x(*t);
-        c.line(&[(x, body_top), (x, at)], Rgb::GRID, 1.0, false);
-        let spec = TextSpec::new(FONT, Rgb::MUTED, Anchor::Middle);
-        c.text(x, at + AXIS_H / 2.0, &format_bytes(*t), spec);
-    }
-    frame(c, x0, body_top, x1 - x0, at - body_top, Rgb::FRAME);
+    frame(c, x0, body_top, x1 - x0, body_bottom - body_top, Rgb::FRAME);
 }
 
 /// One device's bar: its label, the stacked categories, its total at the end.
