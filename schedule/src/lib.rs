@@ -31,6 +31,7 @@
 pub mod action;
 pub mod formats;
 pub mod generators;
+pub mod memory;
 pub mod recompute;
 pub mod search;
 pub mod simulate;

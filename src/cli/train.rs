@@ -14,7 +14,9 @@ use pipewright::runtime::{
     StepRecord, SyntheticModule, TrainConfig, Zero,
 };
 use pipewright::schedule::{simulate, Timeline, Timetable};
-use pipewright::viz::{bubble_chart, ChartOptions, ChartPanel, ImageFormat};
+use pipewright::viz::{
+    bubble_chart, bubble_chart_with_memory, ChartOptions, ChartPanel, ImageFormat, MemoryBars,
+};
 
 use super::args::{
     mpi_universe, nccl_universe, parse_device, CostArgs, Device, MpiUniverse, PrecisionArg,
@@ -23,6 +25,7 @@ use super::args::{
 use super::checks::{at_least, check_outputs, in_range, Kind, Output};
 use super::commands::ReportFormat;
 use super::io::write_atomic;
+use super::memory;
 use super::progress::{
     oversubscribed, oversubscription_json, warn_oversubscribed, working, StepLog,
 };
@@ -205,7 +208,7 @@ impl TrainCmd {
                     serde_json::json!({"step": s.step, "loss": loss, "tokens_per_second": tps,
                         "seconds": s.seconds, "bubble_fraction": s.bubble_fraction(), "peak_stash": s.peak_stash,
                         "peak_stash_bytes": s.peak_stash_bytes, "kept_per_microbatch": s.kept_per_microbatch,
-                        "optimizer_state_bytes": s.optimizer_state_bytes,
+                        "optimizer_state_bytes": s.optimizer_state_bytes, "memory": s.memory,
                         "steady_state_period_ms": period_ms, "oversubscribed": oversubscribed})
                 ),
                 ReportFormat::Table => {
@@ -248,15 +251,18 @@ impl TrainCmd {
                 last.loss.unwrap_or(f32::NAN), last.seconds * 1e3, tokens / last.seconds.max(1e-9), 100.0 * last.bubble_fraction(),
                 period_line(period_ms, tokens)
             );
+            println!("{}", memory::peak_line(&last, &mesh));
         }
         if let Some(path) = &self.costs_out {
             write_measured_costs(path, &timelines)?;
         }
-        write_outputs(
-            &last.timeline,
-            self.trace.as_ref(),
-            self.chart.as_ref().zip(chart_format),
-        )
+        let chart = self.chart.as_ref().zip(chart_format);
+        let devices = last.device_peaks(&mesh);
+        let bars = MemoryBars {
+            label: format!("measured peak memory per device (step {})", last.step),
+            devices: &devices,
+        };
+        write_outputs(&last.timeline, self.trace.as_ref(), chart, bars)
     }
 }
 
@@ -478,12 +484,15 @@ fn write_outputs(
     timeline: &Timeline,
     trace: Option<&PathBuf>,
     chart: Option<(&PathBuf, ImageFormat)>,
+    memory: MemoryBars<'_>,
 ) -> Result<()> {
     if let Some(path) = trace {
         write_atomic(path, serde_json::to_string(timeline)?.as_bytes())?;
     }
     if let Some((path, fmt)) = chart {
-        let bytes = bubble_chart(&[ChartPanel::new(timeline)], &ChartOptions::default(), fmt)?;
+        let panels = [ChartPanel::new(timeline)];
+        let opts = ChartOptions::default();
+        let bytes = bubble_chart_with_memory(&panels, &[memory], &opts, fmt)?;
         write_atomic(path, &bytes)?;
         eprintln!("wrote {}", path.display());
     }

@@ -23,6 +23,7 @@ use tokio::task::JoinHandle;
 use crate::batch::StepBatch;
 use crate::comm::{shard_range, CommError, Communicator, Direction, ReduceOp, Tag};
 use crate::error::RuntimeError;
+use crate::memory::{Category, DeviceMemory, Meter, RankMemory};
 use crate::mesh::{Coord, Group, GroupKind, Mesh};
 use crate::module::{MicrobatchData, ModuleError, Output, StageModule};
 use crate::run::RunOptions;
@@ -44,6 +45,8 @@ pub struct StepOutcome {
     pub kept_per_microbatch: u64,
     /// Bytes of optimizer state this rank's modules hold after the step.
     pub optimizer_state_bytes: u64,
+    /// This rank's measured memory by category ([`crate::memory`]).
+    pub memory: RankMemory,
 }
 
 /// Executes one device's row for every step of a run. The communicator and the stage
@@ -108,9 +111,8 @@ struct StepState<T, S, W> {
     wstash: HashMap<(u32, u32), W>,
     live: u32,
     peak: u32,
-    /// Bytes kept in stashes now, their peak, and the largest one forward's stash.
-    bytes: u64,
-    peak_bytes: u64,
+    /// Bytes held by category (stashes are its activations); the largest one forward's stash.
+    mem: Meter,
     kept: u64,
     /// Microbatches whose stash an `R` action already rebuilt.
     rebuilt: HashSet<(u32, u32)>,
@@ -127,23 +129,21 @@ impl<T, S, W> StepState<T, S, W> {
             wstash: HashMap::new(),
             live: 0,
             peak: 0,
-            bytes: 0,
-            peak_bytes: 0,
+            mem: Meter::default(),
             kept: 0,
             rebuilt: HashSet::new(),
             loss: None,
         }
     }
 
-    /// Count `n` more bytes kept.
+    /// Count `n` more bytes kept in stashes.
     fn keep_bytes(&mut self, n: usize) {
-        self.bytes += n as u64;
-        self.peak_bytes = self.peak_bytes.max(self.bytes);
+        self.mem.add(Category::Activations, n as u64);
     }
 
-    /// Count `n` bytes released.
+    /// Count `n` stashed bytes released.
     fn free_bytes(&mut self, n: usize) {
-        self.bytes = self.bytes.saturating_sub(n as u64);
+        self.mem.sub(Category::Activations, n as u64);
     }
 }
 
@@ -241,6 +241,7 @@ where
         let last_backward = last_backward_per_stage(&row);
         let mut posted = self.post_receives(step, &row);
         let mut st: StateOf<M> = StepState::new();
+        self.count_module_state(&mut st.mem);
         let mut pending = Vec::new();
         let mut events = Vec::with_capacity(row.len());
         for (i, &a) in row.iter().enumerate() {
@@ -259,6 +260,7 @@ where
             for part in a.parts() {
                 if last_backward.get(&part.stage) == Some(&i) && self.dp_group.size() > 1 {
                     if let Some(r) = self.start_grad_reduce(step, part)? {
+                        st.mem.add(Category::Buffers, F32 * r.numel as u64);
                         pending.push(r);
                     }
                 }
@@ -270,20 +272,40 @@ where
                 end: self.now(),
             });
         }
-        self.finish_step(step, pending)?;
-        let optimizer_state_bytes = self
-            .modules
-            .values()
-            .map(|m| m.optimizer_state_bytes() as u64)
-            .sum();
+        self.finish_step(step, pending, &mut st.mem)?;
+        self.count_module_state(&mut st.mem);
+        let optimizer_state_bytes = st.mem.now(Category::OptimizerState);
+        let device = self.device_memory(step)?;
         Ok(StepOutcome {
             loss: st.loss,
             events,
             peak_stash: st.peak,
-            peak_stash_bytes: st.peak_bytes,
+            peak_stash_bytes: st.mem.max().activations,
             kept_per_microbatch: st.kept,
             optimizer_state_bytes,
+            memory: st.mem.finish(device),
         })
+    }
+
+    /// Set the meter's parameters, gradients and optimizer state to what the modules hold.
+    fn count_module_state(&self, mem: &mut Meter) {
+        let sum = |f: fn(&M) -> usize| self.modules.values().map(|m| f(m) as u64).sum();
+        mem.set(Category::Parameters, sum(M::parameter_bytes));
+        mem.set(Category::Gradients, sum(M::gradient_bytes));
+        mem.set(Category::OptimizerState, sum(M::optimizer_state_bytes));
+    }
+
+    /// The driver's figures of this rank's GPU (one module asked: they share the device).
+    fn device_memory(&self, step: u64) -> Result<Option<DeviceMemory>, RuntimeError> {
+        let Some(module) = self.modules.values().next() else {
+            return Ok(None);
+        };
+        let info = guard(|| module.device_memory())
+            .map_err(|e| self.fail(step, None, format!("reading the GPU's memory figures: {e}")))?;
+        Ok(info.map(|(free, total)| DeviceMemory {
+            free: free as u64,
+            total: total as u64,
+        }))
     }
 
     fn now(&self) -> f64 {
@@ -354,6 +376,8 @@ where
             Ok(Ok(r)) => r.map_err(|e| self.fail(step, Some(a), e))?,
         };
         let key = (a.stage, a.microbatch);
+        st.mem
+            .add(Category::Buffers, F32 * self.comm.numel(&t) as u64);
         if a.kind == ActionKind::RecvF {
             st.fwd_in.insert(key, t);
         } else {
@@ -375,6 +399,9 @@ where
                 )
             })?;
         let (dst, tag) = self.peer(step, a);
+        // Handed to the transport: no longer this executor's to count.
+        st.mem
+            .sub(Category::Buffers, F32 * self.comm.numel(&t) as u64);
         self.comm
             .send(dst, tag, t)
             .map_err(|e| self.fail(step, Some(a), e))
@@ -415,6 +442,7 @@ where
             comm: &**comm,
             group: tp_group,
         };
+        let tensor_bytes = |t: &C::Tensor| F32 * comm.numel(t) as u64;
         let mut loss = None;
         let result: Result<(), ModuleError> = guard(|| {
             match a.kind {
@@ -424,6 +452,9 @@ where
                     } else {
                         Some(take(&mut st.fwd_in, key, "input")?)
                     };
+                    // The input moves into the stash (or is dropped): no longer a buffer.
+                    let held = input.as_ref().map_or(0, tensor_bytes);
+                    st.mem.sub(Category::Buffers, held);
                     st.live += 1;
                     st.peak = st.peak.max(st.live);
                     let policy = recompute.get(&a.stage).filter(|_| whole.contains(&key));
@@ -445,6 +476,7 @@ where
                             loss = Some(l);
                         }
                         Output::Hidden(t) if a.stage + 1 < stages => {
+                            st.mem.add(Category::Buffers, tensor_bytes(&t));
                             if tt.stage_device[a.stage as usize + 1] == here {
                                 st.fwd_in.insert((a.stage + 1, a.microbatch), t);
                             } else {
@@ -462,6 +494,8 @@ where
                     } else {
                         Some(take(&mut st.bwd_in, key, "output gradient")?)
                     };
+                    let held = grad_out.as_ref().map_or(0, tensor_bytes);
+                    st.mem.sub(Category::Buffers, held);
                     let mut stash = take(&mut st.stash, key, "stash (its forward)")?;
                     // The first backward rebuilds what the policy dropped, unless an R did.
                     if recompute.contains_key(&a.stage) && !st.rebuilt.remove(&key) {
@@ -479,6 +513,7 @@ where
                         g
                     };
                     if let (Some(g), true) = (grad_in, a.stage > 0) {
+                        st.mem.add(Category::Buffers, tensor_bytes(&g));
                         if tt.stage_device[a.stage as usize - 1] == here {
                             st.bwd_in.insert((a.stage - 1, a.microbatch), g);
                         } else {
@@ -588,6 +623,7 @@ where
         &mut self,
         step: u64,
         pending: Vec<Reduction<C::Pending>>,
+        mem: &mut Meter,
     ) -> Result<(), RuntimeError> {
         let cfg = self.adamw;
         // All-reduced gradients are set back first, so that the NaN check sees the sums the
@@ -597,7 +633,7 @@ where
         let (sharded, reduced): (Vec<_>, Vec<_>) = pending.into_iter().partition(|_| self.sharded);
         for r in reduced {
             let stage = r.stage;
-            self.reduced_grads(r).map_err(|e| {
+            self.reduced_grads(r, mem).map_err(|e| {
                 self.fail(
                     step,
                     None,
@@ -612,7 +648,7 @@ where
         for r in sharded {
             let stage = r.stage;
             stepped.push(stage);
-            self.sharded_step(r, &cfg).map_err(|e| {
+            self.sharded_step(r, &cfg, mem).map_err(|e| {
                 let what = "ZeRO-1 reduce-scatter, optimizer step and all-gather";
                 self.fail(step, None, format!("{what} of stage {stage}: {e}"))
             })?;
@@ -621,6 +657,7 @@ where
             if stepped.contains(stage) {
                 continue;
             }
+            let before = module.optimizer_state_bytes();
             guard(|| module.optimizer_step(&cfg)).map_err(|e| {
                 RuntimeError::device(
                     self.mesh.rank(self.coord),
@@ -630,18 +667,27 @@ where
                     format!("optimizer of stage {stage}: {e}"),
                 )
             })?;
+            // AdamW's state appears on the first step: counted from then on.
+            let grown = module.optimizer_state_bytes().saturating_sub(before);
+            mem.add(Category::OptimizerState, grown as u64);
         }
         Ok(())
     }
 
     /// A stage's all-reduced gradients, waited for and set back.
-    fn reduced_grads(&mut self, r: Reduction<C::Pending>) -> Result<(), ModuleError> {
+    fn reduced_grads(
+        &mut self,
+        r: Reduction<C::Pending>,
+        mem: &mut Meter,
+    ) -> Result<(), ModuleError> {
         let t = self.comm.wait_all_reduce(r.pending)?;
         let module = self
             .modules
             .get_mut(&r.stage)
             .ok_or_else(|| RuntimeError::missing_stage(r.stage))?;
-        guard(|| module.set_flat_grads(t))
+        guard(|| module.set_flat_grads(t))?;
+        mem.sub(Category::Buffers, F32 * r.numel as u64);
+        Ok(())
     }
 
     /// ZeRO-1 for one stage: this rank's shard of the reduced gradients, AdamW on that
@@ -650,6 +696,7 @@ where
         &mut self,
         r: Reduction<C::Pending>,
         cfg: &AdamWConfig,
+        mem: &mut Meter,
     ) -> Result<(), ModuleError> {
         let (comm, group) = (&self.comm, &self.dp_group);
         let grads = comm.wait_reduce_scatter(r.pending)?;
@@ -657,15 +704,30 @@ where
             .position(self.mesh.rank(self.coord))
             .ok_or("this rank is not in its data-parallel group")?;
         let range = shard_range(r.numel, group.size(), pos);
+        let (whole, shard_bytes) = (F32 * r.numel as u64, F32 * range.len() as u64);
+        // The flat gradients gave way to this rank's reduced shard.
+        mem.sub(Category::Buffers, whole);
+        mem.add(Category::Buffers, shard_bytes);
         let module = self
             .modules
             .get_mut(&r.stage)
             .ok_or_else(|| RuntimeError::missing_stage(r.stage))?;
+        let before = module.optimizer_state_bytes();
         let shard = guard(|| module.optimizer_step_shard(cfg, range, grads))?;
+        let grown = module.optimizer_state_bytes().saturating_sub(before);
+        mem.add(Category::OptimizerState, grown as u64);
         let values = comm.all_gather_shards(group, shard, r.numel)?;
-        guard(|| module.set_flat_params(values))
+        // Every replica's updated shard, gathered; the rank's own shard went into it.
+        mem.add(Category::Buffers, whole);
+        mem.sub(Category::Buffers, shard_bytes);
+        guard(|| module.set_flat_params(values))?;
+        mem.sub(Category::Buffers, whole);
+        Ok(())
     }
 }
+
+/// Bytes per element of the tensors the runtime moves (f32 storage on every backend).
+const F32: u64 = 4;
 
 /// Refuse a row asking a module with only a full backward for an I or W action, naming
 /// the schedule, the stage and the first such action.

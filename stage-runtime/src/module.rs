@@ -228,6 +228,24 @@ pub trait StageModule {
     fn optimizer_state_bytes(&self) -> usize {
         0
     }
+
+    /// Bytes of parameter values the module holds, for the measured memory
+    /// ([`crate::memory`]): 0 for a module that does not say.
+    fn parameter_bytes(&self) -> usize {
+        0
+    }
+
+    /// Bytes of gradient storage the module holds (what backwards accumulate into), for the
+    /// measured memory: 0 for a module that does not say.
+    fn gradient_bytes(&self) -> usize {
+        0
+    }
+
+    /// The driver's free and total bytes of the GPU the module runs on, read once per step
+    /// for reports; `None` for a module on the host.
+    fn device_memory(&self) -> Result<Option<(usize, usize)>, ModuleError> {
+        Ok(None)
+    }
 }
 
 /// One stage (and TP shard) of the reference GPT on a backend: the CPU by default, a GPU with
@@ -421,6 +439,18 @@ impl<B: Backend> StageModule for GptModule<B> {
         let whole = self.adamw.as_ref().map_or(0, DeviceAdamW::state_len);
         let shard = self.shard.as_ref().map_or(0, ShardedAdamW::state_len);
         4 * (whole + shard)
+    }
+
+    fn parameter_bytes(&self) -> usize {
+        params::storage_bytes(&self.stage).0
+    }
+
+    fn gradient_bytes(&self) -> usize {
+        params::storage_bytes(&self.stage).1
+    }
+
+    fn device_memory(&self) -> Result<Option<(usize, usize)>, ModuleError> {
+        Ok(self.stage.backend().device_memory()?)
     }
 }
 
