@@ -16,8 +16,7 @@ use std::time::{Duration, Instant};
 use pipewright_kernels::layers::TpReduce;
 use pipewright_kernels::optim::AdamWConfig;
 use pipewright_kernels::KernelError;
-use pipewright_schedule::recompute::recomputed;
-use pipewright_schedule::{Action, ActionKind, Event, Recompute, RecomputePlan, Timetable};
+use pipewright_schedule::{Action, ActionKind, Event, Recompute, Timetable};
 use tokio::task::JoinHandle;
 
 use crate::batch::StepBatch;
@@ -27,6 +26,7 @@ use crate::memory::{Category, DeviceMemory, Meter, RankMemory};
 use crate::mesh::{Coord, Group, GroupKind, Mesh};
 use crate::module::{MicrobatchData, ModuleError, Output, StageModule};
 use crate::run::RunOptions;
+use crate::setup::{check_backward_split, kept_whole, set_recompute};
 use crate::zero::Zero;
 
 /// What one device did in one step.
@@ -729,28 +729,6 @@ where
 /// Bytes per element of the tensors the runtime moves (f32 storage on every backend).
 const F32: u64 = 4;
 
-/// Refuse a row asking a module with only a full backward for an I or W action, naming
-/// the schedule, the stage and the first such action.
-fn check_backward_split<M: StageModule>(
-    tt: &Timetable,
-    device: usize,
-    modules: &HashMap<u32, M>,
-) -> Result<(), RuntimeError> {
-    let split = tt.devices[device]
-        .iter()
-        .flat_map(|a| a.parts())
-        .filter(|p| matches!(p.kind, ActionKind::I | ActionKind::W))
-        .find(|p| modules.get(&p.stage).is_some_and(|m| !m.splits_backward()));
-    match split {
-        Some(action) => Err(RuntimeError::NoSplitBackward {
-            schedule: tt.name.clone(),
-            stage: action.stage,
-            action,
-        }),
-        None => Ok(()),
-    }
-}
-
 /// Rebuild a stash its policy left slim, counting the bytes it grows by.
 fn rebuild<M: StageModule>(
     module: &mut M,
@@ -764,55 +742,6 @@ fn rebuild<M: StageModule>(
     st.free_bytes(before);
     st.keep_bytes(module.stash_bytes(&full));
     Ok(full)
-}
-
-/// Tell each of this device's modules its recompute policy (only those that recompute are
-/// asked), refusing in one line naming the stage a module that cannot. A stage with `R`
-/// actions in the timetable and no policy recomputes fully. Returns the stages that
-/// recompute.
-fn set_recompute<M: StageModule>(
-    tt: &Timetable,
-    plan: &RecomputePlan,
-    modules: &mut HashMap<u32, M>,
-) -> Result<HashMap<u32, Recompute>, RuntimeError> {
-    plan.check(tt.num_stages())
-        .map_err(|e| RuntimeError::Timetable(e.to_string()))?;
-    let explicit = recomputed(tt);
-    let mut out = HashMap::new();
-    for (&stage, module) in modules.iter_mut() {
-        let policy = match plan.of(stage) {
-            Recompute::None if explicit.contains(&stage) => Recompute::Full,
-            policy => policy,
-        };
-        if policy == Recompute::None {
-            continue;
-        }
-        guard(|| module.set_recompute(policy)).map_err(|e| RuntimeError::NoRecompute {
-            stage,
-            policy,
-            reason: e.to_string(),
-        })?;
-        out.insert(stage, policy);
-    }
-    Ok(out)
-}
-
-/// The microbatches of `row` that keep their whole stash although their stage recomputes:
-/// on a stage with `R`s in the row, the forwards without one (the timetable recomputes only
-/// what it names). A stage that recomputes by policy alone, with no `R`, rebuilds them all.
-fn kept_whole(row: &[Action], recompute: &HashMap<u32, Recompute>) -> HashSet<(u32, u32)> {
-    let parts = || row.iter().flat_map(|a| a.parts());
-    let named: HashSet<(u32, u32)> = parts()
-        .filter(|p| p.kind == ActionKind::R)
-        .map(|p| (p.stage, p.microbatch))
-        .collect();
-    let stages: HashSet<u32> = named.iter().map(|&(s, _)| s).collect();
-    parts()
-        .filter(|p| p.kind == ActionKind::F && stages.contains(&p.stage))
-        .filter(|p| recompute.contains_key(&p.stage))
-        .map(|p| (p.stage, p.microbatch))
-        .filter(|k| !named.contains(k))
-        .collect()
 }
 
 /// Index in `row` of each stage's last backward (B or W): where its gradients are final.
@@ -835,7 +764,7 @@ fn take<T>(
 }
 
 /// Run user code, turning a panic into an error that names it.
-fn guard<T>(f: impl FnOnce() -> Result<T, ModuleError>) -> Result<T, ModuleError> {
+pub(crate) fn guard<T>(f: impl FnOnce() -> Result<T, ModuleError>) -> Result<T, ModuleError> {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(r) => r,
         Err(panic) => {

@@ -125,6 +125,7 @@ pub mod run_mpi;
 pub mod run_nccl;
 #[cfg(all(feature = "nccl", feature = "mpi"))]
 pub mod run_nccl_mpi;
+mod setup;
 pub mod split;
 pub mod train;
 pub mod zero;
