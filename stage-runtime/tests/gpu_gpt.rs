@@ -30,6 +30,7 @@ fn config(mesh: Mesh) -> TrainConfig {
         mesh,
         model: GptConfig::new(32, 16, 32, 4, 4),
         microbatch_size: 2,
+        sequence_parallel: false,
         seed: 5,
         run: RunOptions {
             steps: STEPS,
