@@ -22,6 +22,7 @@ fn peaks(recompute: &str) -> Result<Vec<MemoryBreakdown>, Box<dyn std::error::Er
         model: GptConfig::new(256, 64, 128, 4, 8),
         microbatch_size: 4,
         seed: 1,
+        sequence_parallel: false,
         run: RunOptions {
             steps: 2,
             recompute: recompute.parse()?,

@@ -67,6 +67,12 @@ pub struct TrainCmd {
     /// 2 and 3 are refused with a pipeline, which accumulates gradients across microbatches.
     #[arg(long, default_value_t = 0, value_name = "LEVEL")]
     zero: u32,
+    /// Sequence parallelism with --tp: each TP rank keeps its seq/tp slice of the residual
+    /// stream, the LayerNorms and the pipeline hand-offs (tp times fewer bytes), all-gathering
+    /// before and reduce-scattering after the TP layers; same losses. --seq-len must be
+    /// divisible by --tp. With --tp 1 it changes nothing (a warning says so).
+    #[arg(long)]
+    sequence_parallel: bool,
     /// Sequences per microbatch.
     #[arg(long, default_value_t = 4, value_name = "B")]
     microbatch_size: usize,
@@ -147,6 +153,16 @@ impl TrainCmd {
         if zero == Zero::One && mesh.dp == 1 {
             eprintln!("warning: --zero 1 with --dp 1 changes nothing: the one replica holds all the optimizer state");
         }
+        if self.sequence_parallel && mesh.tp == 1 {
+            eprintln!("warning: --sequence-parallel with --tp 1 changes nothing: there is no group to split the sequence over");
+        }
+        if self.sequence_parallel && self.seq_len % mesh.tp != 0 {
+            bail!(
+                "--sequence-parallel: --seq-len {} is not divisible by --tp {} (each TP rank keeps a slice of seq-len / tp positions)",
+                self.seq_len,
+                mesh.tp
+            );
+        }
         let model = GptConfig::new(
             self.vocab,
             self.seq_len,
@@ -158,6 +174,7 @@ impl TrainCmd {
             mesh,
             model,
             microbatch_size: self.microbatch_size,
+            sequence_parallel: self.sequence_parallel,
             seed: self.seed,
             run: RunOptions {
                 steps: self.steps,

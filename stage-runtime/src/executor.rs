@@ -97,6 +97,20 @@ impl<C: Communicator> TpReduce<C::Tensor> for TpReducer<'_, C> {
             .all_reduce(self.group, t, ReduceOp::Sum)
             .map_err(|e| KernelError::Reduce(Box::new(e)))
     }
+
+    fn all_gather(&mut self, t: &C::Tensor) -> Result<Vec<C::Tensor>, KernelError> {
+        self.comm
+            .all_gather(self.group, t)
+            .map_err(|e| KernelError::Reduce(Box::new(e)))
+    }
+
+    fn reduce_scatter_sum(&mut self, t: &C::Tensor) -> Result<C::Tensor, KernelError> {
+        // Equal blocks: the kernels hand over `t * block` values, and `shard_range` then cuts
+        // exactly the blocks the kernels expect.
+        self.comm
+            .reduce_scatter(self.group, t, ReduceOp::Sum)
+            .map_err(|e| KernelError::Reduce(Box::new(e)))
+    }
 }
 
 /// Per-step state: tensors (`T`) in flight between actions of this device.
@@ -258,7 +272,11 @@ where
                     .try_for_each(|part| self.compute(step, part, batch, &mut st))?,
             }
             for part in a.parts() {
-                if last_backward.get(&part.stage) == Some(&i) && self.dp_group.size() > 1 {
+                if last_backward.get(&part.stage) != Some(&i) {
+                    continue;
+                }
+                self.reduce_tp_grads(step, part)?;
+                if self.dp_group.size() > 1 {
                     if let Some(r) = self.start_grad_reduce(step, part)? {
                         st.mem.add(Category::Buffers, F32 * r.numel as u64);
                         pending.push(r);
@@ -585,6 +603,29 @@ where
             }
         }
         Ok(())
+    }
+
+    /// The module's TP sum of partial gradients ([`StageModule::reduce_tp_grads`]), once its
+    /// last backward of the step is done.
+    fn reduce_tp_grads(&mut self, step: u64, a: Action) -> Result<(), RuntimeError> {
+        if self.tp_group.size() == 1 {
+            return Ok(());
+        }
+        let Self {
+            comm,
+            tp_group,
+            modules,
+            ..
+        } = self;
+        let module = modules
+            .get_mut(&a.stage)
+            .ok_or_else(|| RuntimeError::missing_stage(a.stage))?;
+        let mut tp = TpReducer {
+            comm: &**comm,
+            group: tp_group,
+        };
+        let r = guard(|| module.reduce_tp_grads(&mut tp));
+        r.map_err(|e| self.fail(step, Some(a), e))
     }
 
     /// Start the data-parallel reduction of a stage's gradients (an all-reduce, or under

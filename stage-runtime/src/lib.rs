@@ -95,6 +95,7 @@
 //!     mesh: Mesh::new(2, 1, 1)?,
 //!     model: GptConfig::new(16, 8, 16, 2, 2),
 //!     microbatch_size: 2,
+//!     sequence_parallel: false,
 //!     seed: 7,
 //!     run: RunOptions { steps: 3, ..RunOptions::default() },
 //! };

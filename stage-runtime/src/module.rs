@@ -246,6 +246,16 @@ pub trait StageModule {
     fn device_memory(&self) -> Result<Option<(usize, usize)>, ModuleError> {
         Ok(None)
     }
+
+    /// Sum over the TP group the gradients each TP rank holds only a part of. The runtime
+    /// calls it once per step and stage when `tp > 1`, after the stage's last backward and
+    /// before the data-parallel reduction and the optimizer, on every TP rank together. The
+    /// GPT under sequence parallelism sums its norms' gradients here (each rank saw its
+    /// slice of the tokens). The default has nothing to sum.
+    fn reduce_tp_grads(&mut self, tp: &mut dyn TpReduce<Self::Tensor>) -> Result<(), ModuleError> {
+        let _ = tp;
+        Ok(())
+    }
 }
 
 /// One stage (and TP shard) of the reference GPT on a backend: the CPU by default, a GPU with
@@ -359,6 +369,10 @@ impl<B: Backend> StageModule for GptModule<B> {
 
     fn backward_weight(&mut self, ws: WeightStash<B>) -> Result<(), ModuleError> {
         Ok(self.stage.backward_weight(ws)?)
+    }
+
+    fn reduce_tp_grads(&mut self, tp: &mut dyn TpReduce<B::Storage>) -> Result<(), ModuleError> {
+        Ok(self.stage.reduce_sequence_parallel_grads(tp)?)
     }
 
     fn flat_grads(&mut self) -> Result<Option<B::Storage>, ModuleError> {

@@ -23,6 +23,7 @@ fn train(mesh: Mesh, kind: ScheduleKind, recompute: &str, zero: Zero) -> Vec<Ste
         model: model(),
         microbatch_size: B,
         seed: 3,
+        sequence_parallel: false,
         run: RunOptions {
             steps: 2,
             recompute: recompute.parse().unwrap(),

@@ -19,6 +19,7 @@ fn config(mesh: Mesh, plan: &str) -> TrainConfig {
         // vocab 16, seq 8, d_model 16, 2 heads, 8 layers (d_ff = 64).
         model: GptConfig::new(16, 8, 16, 2, 8),
         microbatch_size: 2,
+        sequence_parallel: false,
         seed: 5,
         run: RunOptions {
             steps: 2,
