@@ -12,6 +12,8 @@ use pipewright::schedule::{
 use super::args::{CostArgs, SourceArgs, SpecArgs};
 use super::checks::{check_outputs, extension, Kind, Output};
 use super::io::{load_timetable, write_atomic};
+use super::memory::{memory_table, MemoryArgs};
+use pipewright::schedule::memory::MemoryBreakdown;
 
 /// How `schedule` prints a timetable.
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -194,6 +196,8 @@ pub struct SimulateCmd {
     /// --timeline and --trace then hold all K steps.
     #[arg(long, default_value_t = 1, value_name = "K")]
     steps: u32,
+    #[command(flatten)]
+    memory: MemoryArgs,
 }
 
 impl SimulateCmd {
@@ -203,32 +207,57 @@ impl SimulateCmd {
             Output::new("--trace", self.trace.as_ref(), Kind::Json),
         ])?;
         super::steady::check_steps(self.steps)?;
+        let memory = self.predicted()?;
         if self.steps > 1 {
             let spinner =
                 super::progress::working(format!("simulate: {} unfenced steps", self.steps));
-            let r = self.run_steady();
+            let r = self.run_steady(memory.as_deref());
             spinner.finish_and_clear();
             return r;
         }
         let sim = self.simulation()?;
         self.write_timeline(&sim.timeline)?;
         match self.format {
-            ReportFormat::Json => println!("{}", serde_json::to_string_pretty(&sim.report)?),
-            ReportFormat::Table => print!("{}", table(&title(&self.source, &sim), &sim.report)),
+            ReportFormat::Json => {
+                let report = with_memory(serde_json::to_value(&sim.report)?, memory.as_deref())?;
+                println!("{}", serde_json::to_string_pretty(&report)?)
+            }
+            ReportFormat::Table => {
+                print!("{}", table(&title(&self.source, &sim), &sim.report));
+                print!(
+                    "{}",
+                    memory.as_deref().map(memory_table).unwrap_or_default()
+                );
+            }
         }
         Ok(())
     }
 
     /// `--steps K` with K > 1: the steady-state report.
-    fn run_steady(&self) -> Result<()> {
+    fn run_steady(&self, memory: Option<&[MemoryBreakdown]>) -> Result<()> {
         use super::steady::{steady_json, steady_simulation, steady_table};
         let s = steady_simulation(&self.source, &self.costs, self.steps)?;
         self.write_timeline(&s.timeline)?;
         match self.format {
-            ReportFormat::Json => println!("{}", serde_json::to_string_pretty(&steady_json(&s))?),
-            ReportFormat::Table => print!("{}", steady_table(&title(&self.source, &s.single), &s)),
+            ReportFormat::Json => {
+                let report = with_memory(steady_json(&s), memory)?;
+                println!("{}", serde_json::to_string_pretty(&report)?)
+            }
+            ReportFormat::Table => {
+                print!("{}", steady_table(&title(&self.source, &s.single), &s));
+                print!("{}", memory.map(memory_table).unwrap_or_default());
+            }
         }
         Ok(())
+    }
+
+    /// Each device's predicted memory, when the model's shape is given.
+    fn predicted(&self) -> Result<Option<Vec<MemoryBreakdown>>> {
+        if self.memory.config(1, 1, &self.source.recompute)?.is_none() {
+            return Ok(None);
+        }
+        let (tt, _) = self.source.timetable()?;
+        self.memory.predict(&tt, &self.source.recompute)
     }
 
     fn write_timeline(&self, timeline: &pipewright::schedule::Timeline) -> Result<()> {
@@ -248,6 +277,17 @@ impl SimulateCmd {
     pub fn simulation(&self) -> Result<Simulation> {
         simulation(&self.source, &self.costs)
     }
+}
+
+/// `report` with `"predicted_memory"`: one entry per device, when predicted.
+fn with_memory(
+    mut report: serde_json::Value,
+    memory: Option<&[MemoryBreakdown]>,
+) -> Result<serde_json::Value> {
+    if let (Some(m), Some(obj)) = (memory, report.as_object_mut()) {
+        obj.insert("predicted_memory".into(), serde_json::to_value(m)?);
+    }
+    Ok(report)
 }
 
 /// Simulate the timetable the flags name.

@@ -1,50 +1,228 @@
-//! `train`'s measured memory in the table output: one line of each device's peak.
+//! Model-shape flags of `simulate` and `search`: with them, the memory model predicts each
+//! rank's memory by category, and a byte cap bounds the whole rank.
 
-use pipewright::runtime::{Mesh, StepRecord};
+use std::fmt::Write as _;
 
-/// `1.5 KiB`, `3.0 MiB`, … (binary units, one decimal; whole bytes below 1 KiB).
-pub fn bytes(b: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = b as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u + 1 < UNITS.len() {
-        v /= 1024.0;
-        u += 1;
+use anyhow::{anyhow, bail, Result};
+use clap::{Args, ValueEnum};
+use pipewright::schedule::memory::{
+    predict, Accounting, MemPrecision, MemoryBreakdown, MemoryConfig, ModelShape,
+};
+use pipewright::schedule::{RecomputePlan, Timetable};
+
+use super::args::PrecisionArg;
+
+/// Whose activations the memory model counts.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AccountingArg {
+    /// Exactly what pipewright's reference GPT stashes (f32 storage in every precision).
+    Pipewright,
+    /// Korthikanti et al. 2022's per-layer bytes and Megatron's mixed precision (for
+    /// planning Megatron-style runs: bf16 is 18 bytes a parameter, 6 + 12/d with ZeRO-1).
+    Megatron,
+}
+
+/// The model and mesh the memory model needs: the five shape flags together, the rest
+/// optional beside them.
+#[derive(Args, Debug, Clone)]
+pub struct MemoryArgs {
+    /// Transformer blocks of a GPT-like model: with --d-model, --heads, --seq-len and
+    /// --vocab (train's names), predict each rank's memory by category.
+    #[arg(long, value_name = "N", help_heading = "Memory model")]
+    layers: Option<u32>,
+    /// Width of the residual stream.
+    #[arg(
+        long,
+        value_name = "H",
+        requires = "layers",
+        help_heading = "Memory model"
+    )]
+    d_model: Option<u64>,
+    /// Attention heads.
+    #[arg(
+        long,
+        value_name = "A",
+        requires = "layers",
+        help_heading = "Memory model"
+    )]
+    heads: Option<u32>,
+    /// Tokens per sequence.
+    #[arg(
+        long,
+        value_name = "S",
+        requires = "layers",
+        help_heading = "Memory model"
+    )]
+    seq_len: Option<u64>,
+    /// Vocabulary size.
+    #[arg(
+        long,
+        value_name = "V",
+        requires = "layers",
+        help_heading = "Memory model"
+    )]
+    vocab: Option<u64>,
+    /// MLP hidden width [default: 4 * --d-model].
+    #[arg(
+        long,
+        value_name = "F",
+        requires = "layers",
+        help_heading = "Memory model"
+    )]
+    ffn: Option<u64>,
+    /// Sequences per microbatch [default: 4, train's].
+    #[arg(
+        long,
+        value_name = "B",
+        requires = "layers",
+        help_heading = "Memory model"
+    )]
+    microbatch_size: Option<u64>,
+    /// Tensor-parallel ranks per stage [default: 1].
+    #[arg(long, help_heading = "Memory model")]
+    tp: Option<u32>,
+    /// Data-parallel replicas [default: 1].
+    #[arg(long, help_heading = "Memory model")]
+    dp: Option<u32>,
+    /// ZeRO level, 0 or 1 [default: 0].
+    #[arg(
+        long,
+        value_name = "LEVEL",
+        requires = "layers",
+        help_heading = "Memory model"
+    )]
+    zero: Option<u8>,
+    /// Sequence parallelism with TP (megatron accounting).
+    #[arg(long, help_heading = "Memory model")]
+    sequence_parallel: bool,
+    /// Number formats [default: f32]; bf16 is Megatron's mixed precision under the
+    /// megatron accounting and changes no stored bytes under pipewright's.
+    #[arg(long, value_enum, help_heading = "Memory model")]
+    precision: Option<PrecisionArg>,
+    /// Whose activations to count [default: pipewright].
+    #[arg(long, value_enum, help_heading = "Memory model")]
+    accounting: Option<AccountingArg>,
+}
+
+impl MemoryArgs {
+    /// The memory model's configuration for `pp` devices and `v` chunks each, if a shape is
+    /// given; a shape given in part, or mesh flags without one, are refused by name.
+    pub fn config(
+        &self,
+        pp: u32,
+        v: u32,
+        recompute: &RecomputePlan,
+    ) -> Result<Option<MemoryConfig>> {
+        let shape_flags = [
+            ("--layers", self.layers.is_some()),
+            ("--d-model", self.d_model.is_some()),
+            ("--heads", self.heads.is_some()),
+            ("--seq-len", self.seq_len.is_some()),
+            ("--vocab", self.vocab.is_some()),
+        ];
+        let other_flags = [
+            ("--ffn", self.ffn.is_some()),
+            ("--microbatch-size", self.microbatch_size.is_some()),
+            ("--tp", self.tp.is_some()),
+            ("--dp", self.dp.is_some()),
+            ("--zero", self.zero.is_some()),
+            ("--sequence-parallel", self.sequence_parallel),
+            ("--precision", self.precision.is_some()),
+            ("--accounting", self.accounting.is_some()),
+        ];
+        let missing: Vec<&str> = shape_flags.iter().filter(|f| !f.1).map(|f| f.0).collect();
+        let given = shape_flags.iter().chain(&other_flags).find(|f| f.1);
+        match (given, missing.is_empty()) {
+            (None, _) => return Ok(None),
+            (Some((flag, _)), false) => bail!(
+                "{flag} is for the memory model, which needs the model's shape: also give {}",
+                missing.join(", ")
+            ),
+            (Some(_), true) => {}
+        }
+        let layers = self.layers.unwrap_or(0);
+        let d_model = self.d_model.unwrap_or(0);
+        let shape = ModelShape {
+            layers,
+            d_model,
+            heads: self.heads.unwrap_or(0),
+            ffn: self.ffn.unwrap_or(4 * d_model),
+            seq_len: self.seq_len.unwrap_or(0),
+            vocab: self.vocab.unwrap_or(0),
+        };
+        Ok(Some(MemoryConfig {
+            shape,
+            precision: match self.precision {
+                Some(PrecisionArg::Bf16) => MemPrecision::Bf16,
+                _ => MemPrecision::F32,
+            },
+            accounting: match self.accounting {
+                Some(AccountingArg::Megatron) => Accounting::Megatron,
+                _ => Accounting::Pipewright,
+            },
+            pp,
+            tp: self.tp.unwrap_or(1),
+            dp: self.dp.unwrap_or(1),
+            v,
+            microbatch_size: self.microbatch_size.unwrap_or(4),
+            sequence_parallel: self.sequence_parallel,
+            zero: self.zero.unwrap_or(0),
+            recompute: recompute.clone(),
+        }))
     }
-    if u == 0 {
-        format!("{b} B")
-    } else {
-        format!("{v:.1} {}", UNITS[u])
+
+    /// Each device's predicted memory for `tt`, if a shape is given.
+    pub fn predict(
+        &self,
+        tt: &Timetable,
+        recompute: &RecomputePlan,
+    ) -> Result<Option<Vec<MemoryBreakdown>>> {
+        let p = tt.num_devices().max(1);
+        let Some(cfg) = self.config(p, (tt.num_stages() / p).max(1), recompute)? else {
+            return Ok(None);
+        };
+        cfg.check().map_err(|e| anyhow!("{e}"))?;
+        Ok(Some(predict(&cfg, tt).map_err(|e| anyhow!("{e}"))?))
     }
 }
 
-/// `peak memory: dev 0 1.2 MiB (activations 0.4 MiB), dev 1 …` — each device's fullest rank
-/// at its highest moment, with the activations and buffers of that moment.
-pub fn peak_line(step: &StepRecord, mesh: &Mesh) -> String {
-    let devices = step.device_peaks(mesh);
-    let parts: Vec<String> = devices
-        .iter()
-        .enumerate()
-        .map(|(d, m)| {
-            format!(
-                "dev {d} {} (act {}, buf {})",
-                bytes(m.total()),
-                bytes(m.activations),
-                bytes(m.buffers)
-            )
-        })
-        .collect();
-    format!("measured peak memory: {}", parts.join(", "))
+/// Bytes for people: GiB, MiB or KiB with two decimals, or bytes.
+pub fn human(bytes: u64) -> String {
+    let b = bytes as f64;
+    match bytes {
+        n if n >= 1 << 30 => format!("{:.2} GiB", b / f64::from(1u32 << 30)),
+        n if n >= 1 << 20 => format!("{:.2} MiB", b / f64::from(1u32 << 20)),
+        n if n >= 1 << 10 => format!("{:.2} KiB", b / 1024.0),
+        n => format!("{n} B"),
+    }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn bytes_read_in_binary_units() {
-        assert_eq!(bytes(512), "512 B");
-        assert_eq!(bytes(1536), "1.5 KiB");
-        assert_eq!(bytes(3 << 20), "3.0 MiB");
+/// The prediction as a table, one row per pipeline device.
+pub fn memory_table(per_device: &[MemoryBreakdown]) -> String {
+    let mut out = String::from("predicted memory per rank (the largest rank of each device):\n");
+    let heads = [
+        "device",
+        "parameters",
+        "gradients",
+        "optimizer",
+        "activations",
+        "total",
+    ];
+    let _ = writeln!(
+        out,
+        "{:>6} {:>12} {:>12} {:>12} {:>12} {:>12}",
+        heads[0], heads[1], heads[2], heads[3], heads[4], heads[5]
+    );
+    for (d, m) in per_device.iter().enumerate() {
+        let _ = writeln!(
+            out,
+            "{d:>6} {:>12} {:>12} {:>12} {:>12} {:>12}",
+            human(m.parameters),
+            human(m.gradients),
+            human(m.optimizer_state),
+            human(m.activations),
+            human(m.total())
+        );
     }
+    out
 }

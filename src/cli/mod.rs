@@ -5,6 +5,7 @@ pub mod charts;
 pub mod checks;
 pub mod commands;
 pub mod io;
+pub mod measured;
 pub mod memory;
 pub mod progress;
 pub mod search;

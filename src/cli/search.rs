@@ -18,6 +18,8 @@ use super::args::CostArgs;
 use super::checks::{check_outputs, in_range, Kind, Output};
 use super::commands::ReportFormat;
 use super::io::write_atomic;
+use super::memory::{memory_table, MemoryArgs};
+use pipewright::schedule::RecomputePlan;
 
 /// Find the schedule with the smallest simulated step time that fits a memory cap.
 #[derive(Args, Debug)]
@@ -78,6 +80,10 @@ pub struct SearchCmd {
     /// Output form.
     #[arg(long, value_enum, default_value_t = ReportFormat::Table)]
     format: ReportFormat,
+    /// With a model shape, a cap in bytes bounds each rank's whole predicted memory
+    /// (parameters, gradients, optimizer state and activations), not its activations alone.
+    #[command(flatten)]
+    memory: MemoryArgs,
 }
 
 impl SearchCmd {
@@ -122,6 +128,12 @@ impl SearchCmd {
         spec.improve_budget = self.improve;
         spec.objective = self.objective;
         spec.time_budget = Some(Duration::from_secs_f64(self.time_budget));
+        spec.memory = self
+            .memory
+            .config(self.stages, 1, &RecomputePlan::default())?;
+        if let Some(mem) = &spec.memory {
+            mem.check().map_err(|e| anyhow::anyhow!("{e}"))?;
+        }
         if let Some(list) = &self.schedules {
             spec.families = list
                 .split(',')
@@ -136,7 +148,13 @@ impl SearchCmd {
         let secs = started.elapsed().as_secs_f64();
         match self.format {
             ReportFormat::Json => println!("{}", json_report(&found, secs)),
-            ReportFormat::Table => print!("{}", self.table(&found, secs)),
+            ReportFormat::Table => {
+                print!("{}", self.table(&found, secs));
+                let plan = RecomputePlan::default();
+                if let Some(m) = self.memory.predict(&found.timetable, &plan)? {
+                    print!("best timetable's {}", memory_table(&m));
+                }
+            }
         }
         if let (Some(path), Some(fmt)) = (&self.output, plot_fmt) {
             let bytes = pareto_plot(
@@ -182,6 +200,18 @@ impl SearchCmd {
             c.len(),
             found.skipped.len()
         );
+        if self
+            .memory
+            .config(1, 1, &RecomputePlan::default())
+            .is_ok_and(|m| m.is_some())
+            && found.unit_bytes.is_some()
+            && self.memory_cap.chars().any(|c| c.is_ascii_alphabetic())
+        {
+            out += &format!(
+                "the cap ({}) bounds each rank's predicted total: parameters, gradients, optimizer state and activations; peaks in bytes below are that total\n",
+                self.memory_cap.trim()
+            );
+        }
         if let Some(cut) = &found.cut_short {
             out += &format!(
                 "cut short by the time budget ({} s): {} of {} candidates evaluated, the best is the best found so far (raise --time-budget to see more)\n",

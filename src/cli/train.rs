@@ -25,7 +25,7 @@ use super::args::{
 use super::checks::{at_least, check_outputs, in_range, Kind, Output};
 use super::commands::ReportFormat;
 use super::io::write_atomic;
-use super::memory;
+use super::measured;
 use super::progress::{
     oversubscribed, oversubscription_json, warn_oversubscribed, working, StepLog,
 };
@@ -268,7 +268,7 @@ impl TrainCmd {
                 last.loss.unwrap_or(f32::NAN), last.seconds * 1e3, tokens / last.seconds.max(1e-9), 100.0 * last.bubble_fraction(),
                 period_line(period_ms, tokens)
             );
-            println!("{}", memory::peak_line(&last, &mesh));
+            println!("{}", measured::peak_line(&last, &mesh));
         }
         if let Some(path) = &self.costs_out {
             write_measured_costs(path, &timelines)?;

@@ -1,8 +1,300 @@
-//! Memory by category: what one rank holds, predicted or measured, in bytes.
+//! Each rank's memory, predicted before launch: parameters, gradients and optimizer state
+//! from the model's shape, the mesh and the ZeRO level; stashed activations from the shape,
+//! the recompute policy and a walk of each device's actions in the timetable.
 //!
-//! [`MemoryBreakdown`] is the one shape both sides speak: the runtime measures it per rank and
-//! step, and a prediction fills the same fields, so the two compare field by field.
+//! Two accountings of activations:
+//! - [`Accounting::Megatron`]: Korthikanti et al. 2022 ("Reducing Activation Recomputation in
+//!   Large Transformer Models"), per layer `sbh(34 + 5as/h)` bytes without parallelism,
+//!   `sbh(10 + 24/t + 5as/(ht))` with TP, `(sbh/t)(34 + 5as/h)` with TP and sequence
+//!   parallelism; selective recomputation removes `5as/h`, full keeps the layer input `2sbh`.
+//!   For planning real clusters.
+//! - [`Accounting::Pipewright`]: exactly what pipewright's reference GPT stashes (f32
+//!   storage), checked against the runtime's measured bytes.
+//!
+//! ```
+//! use pipewright_schedule::memory::{predict, Accounting, MemoryConfig, ModelShape};
+//! use pipewright_schedule::{generate, ScheduleKind, ScheduleSpec};
+//!
+//! let shape = ModelShape { layers: 8, d_model: 1024, heads: 16, ffn: 4096, seq_len: 256,
+//!     vocab: 8192 };
+//! let cfg = MemoryConfig::new(shape, 4).with_accounting(Accounting::Pipewright);
+//! let tt = generate(&ScheduleSpec::new(ScheduleKind::OneFOneB, 4, 1, 8, None)?);
+//! let per_device = predict(&cfg, &tt)?;
+//! // 1F1B: the first device holds 4 microbatches in flight, the last only one.
+//! assert!(per_device[0].activations > 3 * per_device[3].activations / 2);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+use serde::{Deserialize, Serialize};
+
+use crate::recompute::{Recompute, RecomputePlan};
+use crate::timetable::Timetable;
 
 mod breakdown;
+mod megatron;
+mod params;
+mod pipewright;
+mod walk;
 
 pub use breakdown::MemoryBreakdown;
+pub use params::stage_parameters;
+pub use walk::{device_levels, peak_walk, StageBytes};
+
+/// A GPT-like decoder's shape (the memory model's and plan's unit of "a model").
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModelShape {
+    /// Transformer blocks.
+    pub layers: u32,
+    /// Width of the residual stream (`h` in the papers).
+    pub d_model: u64,
+    /// Attention heads (`a`).
+    pub heads: u32,
+    /// MLP hidden width (4 * d_model in GPT-2).
+    pub ffn: u64,
+    /// Tokens per sequence (`s`).
+    pub seq_len: u64,
+    /// Vocabulary size (`V`).
+    pub vocab: u64,
+}
+
+/// Number formats of a run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MemPrecision {
+    /// Everything f32 (pipewright's f32 and tf32 runs): 16 bytes per parameter with AdamW
+    /// (4 weight, 4 gradient, 8 moments); `8 + 8/d` under ZeRO-1.
+    #[default]
+    F32,
+    /// Megatron-style mixed precision: bf16 weights and activations, f32 gradients, f32
+    /// master weights and AdamW moments: 18 bytes per parameter, `6 + 12/d` under ZeRO-1.
+    Bf16,
+}
+
+/// Whose activations (and parameter layout) the model counts.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Accounting {
+    /// Korthikanti et al. 2022's per-layer bytes (2-byte activations, 1-byte dropout masks)
+    /// and Megatron's layout (vocabulary-parallel embedding and output layer).
+    #[default]
+    Megatron,
+    /// Exactly what pipewright's reference GPT stashes, in its f32 storage, and its layout
+    /// (embedding and LM head replicated on every TP rank).
+    Pipewright,
+}
+
+/// Everything the prediction depends on.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct MemoryConfig {
+    /// The model.
+    pub shape: ModelShape,
+    /// Number formats.
+    pub precision: MemPrecision,
+    /// Whose activations are counted.
+    pub accounting: Accounting,
+    /// Pipeline devices.
+    pub pp: u32,
+    /// Tensor-parallel ranks per stage.
+    pub tp: u32,
+    /// Data-parallel replicas.
+    pub dp: u32,
+    /// Model chunks per device; the timetable has `pp * v` stages.
+    pub v: u32,
+    /// Sequences per microbatch (`b`).
+    pub microbatch_size: u64,
+    /// Sequence parallelism with TP (Korthikanti et al.).
+    pub sequence_parallel: bool,
+    /// ZeRO level: 0 or 1.
+    pub zero: u8,
+    /// What each stage keeps from its forward until its backward.
+    pub recompute: RecomputePlan,
+}
+
+impl MemoryConfig {
+    /// `shape` on `pp` pipeline devices, nothing else split: f32, Megatron accounting, one
+    /// sequence per microbatch, no recomputation, no ZeRO.
+    pub fn new(shape: ModelShape, pp: u32) -> Self {
+        MemoryConfig {
+            shape,
+            precision: MemPrecision::F32,
+            accounting: Accounting::Megatron,
+            pp,
+            tp: 1,
+            dp: 1,
+            v: 1,
+            microbatch_size: 1,
+            sequence_parallel: false,
+            zero: 0,
+            recompute: RecomputePlan::default(),
+        }
+    }
+
+    /// The same with another accounting.
+    pub fn with_accounting(self, accounting: Accounting) -> Self {
+        MemoryConfig { accounting, ..self }
+    }
+
+    /// Stages of the pipeline, `pp * v`.
+    pub fn stages(&self) -> u32 {
+        self.pp.saturating_mul(self.v)
+    }
+
+    /// Checks the sizes against each other, naming the first that does not fit.
+    pub fn check(&self) -> Result<(), MemoryError> {
+        let s = &self.shape;
+        let positive = [
+            ("layers", u64::from(s.layers)),
+            ("d_model", s.d_model),
+            ("heads", u64::from(s.heads)),
+            ("ffn", s.ffn),
+            ("seq_len", s.seq_len),
+            ("vocab", s.vocab),
+            ("pp", u64::from(self.pp)),
+            ("tp", u64::from(self.tp)),
+            ("dp", u64::from(self.dp)),
+            ("v", u64::from(self.v)),
+            ("microbatch_size", self.microbatch_size),
+        ];
+        if let Some((name, _)) = positive.iter().find(|(_, x)| *x == 0) {
+            return Err(MemoryError::NotPositive(name));
+        }
+        let tp = u64::from(self.tp);
+        let divides = [
+            ("heads", "d_model", u64::from(s.heads), s.d_model),
+            ("tp", "heads", tp, u64::from(s.heads)),
+            ("tp", "ffn", tp, s.ffn),
+        ];
+        for (a, b, x, y) in divides {
+            if y % x != 0 {
+                return Err(MemoryError::NotDividing { a, x, b, y });
+            }
+        }
+        if self.sequence_parallel && s.seq_len % tp != 0 {
+            return Err(MemoryError::NotDividing {
+                a: "tp",
+                x: tp,
+                b: "seq_len",
+                y: s.seq_len,
+            });
+        }
+        if self.stages() > s.layers {
+            return Err(MemoryError::TooManyStages {
+                stages: self.stages(),
+                layers: s.layers,
+            });
+        }
+        if self.zero > 1 {
+            return Err(MemoryError::Zero(self.zero));
+        }
+        if self.sequence_parallel && self.accounting == Accounting::Pipewright {
+            return Err(MemoryError::PipewrightSequenceParallel);
+        }
+        self.recompute
+            .check(self.stages())
+            .map_err(|e| MemoryError::Recompute(e.to_string()))
+    }
+}
+
+/// Why a prediction cannot be made.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum MemoryError {
+    /// A size that must be at least 1.
+    #[error("memory model: {0} must be positive")]
+    NotPositive(&'static str),
+    /// A size that must divide another.
+    #[error("memory model: {a} ({x}) must divide {b} ({y})")]
+    NotDividing {
+        /// The divisor's name.
+        a: &'static str,
+        /// The divisor.
+        x: u64,
+        /// The dividend's name.
+        b: &'static str,
+        /// The dividend.
+        y: u64,
+    },
+    /// More stages than blocks.
+    #[error("memory model: {stages} stages (pp * v) need at least {stages} layers, the model has {layers}")]
+    TooManyStages {
+        /// Stages, `pp * v`.
+        stages: u32,
+        /// Blocks of the model.
+        layers: u32,
+    },
+    /// A ZeRO level other than 0 or 1.
+    #[error("memory model: ZeRO-{0} is not modelled (levels 0 and 1 are; 2 and 3 cannot run with a pipeline)")]
+    Zero(u8),
+    /// Sequence parallelism asked of the pipewright accounting.
+    #[error("memory model: the pipewright accounting does not count sequence parallelism (its runtime has none to measure); use the megatron accounting")]
+    PipewrightSequenceParallel,
+    /// A recompute plan naming stages the pipeline lacks.
+    #[error("memory model: {0}")]
+    Recompute(String),
+    /// A timetable that is not of this configuration's pipeline.
+    #[error("memory model: the timetable has {got} devices and {got_stages} stages, the configuration {want} devices and {want_stages} stages (pp * v)")]
+    Timetable {
+        /// Devices of the timetable.
+        got: u32,
+        /// Stages of the timetable.
+        got_stages: u32,
+        /// `pp`.
+        want: u32,
+        /// `pp * v`.
+        want_stages: u32,
+    },
+}
+
+/// Per-layer activation bytes of one microbatch on one TP rank, under `policy`: the
+/// published formulas (Megatron accounting) or one block's stash of pipewright's GPT (with
+/// `Every(n)`, a layer the policy recomputes: the layer input under Megatron, nothing under
+/// pipewright, whose kept stage input is counted per stage).
+pub fn layer_activation_bytes(cfg: &MemoryConfig, policy: Recompute) -> u64 {
+    match cfg.accounting {
+        Accounting::Megatron => megatron::layer_bytes(cfg, policy),
+        Accounting::Pipewright => pipewright::layer_bytes(cfg, policy),
+    }
+}
+
+/// Per pipeline device, its ranks' peak memory by category (all `tp x dp` ranks of one
+/// device are alike; ZeRO shards and TP splits round up, so this is the device's largest
+/// rank). Activations are the peak of a walk of the device's actions ([`peak_walk`]). As in
+/// the runtime, a stage with `R` actions in `tt` and no policy in `cfg` recomputes fully.
+/// Buffers and workspace are not modelled (0).
+pub fn predict(cfg: &MemoryConfig, tt: &Timetable) -> Result<Vec<MemoryBreakdown>, MemoryError> {
+    cfg.check()?;
+    let mut plan = cfg.recompute.clone();
+    for s in crate::recompute::recomputed(tt) {
+        if plan.of(s) == Recompute::None {
+            plan.stages.insert(s, Recompute::Full);
+        }
+    }
+    let cfg = &MemoryConfig {
+        recompute: plan,
+        ..cfg.clone()
+    };
+    if tt.num_devices() != cfg.pp || tt.num_stages() != cfg.stages() {
+        return Err(MemoryError::Timetable {
+            got: tt.num_devices(),
+            got_stages: tt.num_stages(),
+            want: cfg.pp,
+            want_stages: cfg.stages(),
+        });
+    }
+    let stages: Vec<StageBytes> = (0..cfg.stages())
+        .map(|s| match cfg.accounting {
+            Accounting::Megatron => megatron::stage_bytes(cfg, s),
+            Accounting::Pipewright => pipewright::stage_bytes(cfg, s),
+        })
+        .collect();
+    let peaks = peak_walk(tt, &stages);
+    Ok((0..cfg.pp)
+        .map(|d| {
+            let mut m = params::device_state(cfg, tt, d);
+            m.activations = peaks[d as usize].round() as u64;
+            m
+        })
+        .collect())
+}
+
+#[cfg(test)]
+mod tests;

@@ -7,7 +7,7 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-use crate::action::ActionKind;
+use crate::memory::{peak_walk, StageBytes};
 use crate::simulate::CostModel;
 use crate::timetable::Timetable;
 
@@ -145,49 +145,38 @@ pub fn kept_weights(costs: &CostModel, weights: &[f64]) -> Vec<f64> {
 /// action at a time, so this is the timed peak too: F stashes its stage's weight at its start,
 /// B frees it at its end; a split backward's I frees all but `held` (what W still needs) at
 /// its end and W frees the rest at its end; an F&B overlap holds both at once. `R` actions
-/// count as kept at their full weight (see [`peak_units_kept`] for recomputation).
+/// change nothing here (see [`peak_units_kept`] for recomputation).
 pub fn peak_units_held(tt: &Timetable, weights: &[f64], held: &[f64]) -> Vec<f64> {
     peak_units_kept(tt, weights, held, weights)
 }
 
-/// [`peak_units_held`] with recomputation: a microbatch that has an `R` on its device keeps
-/// only `kept` of its stage from its F until the R, which regrows the rest at its start.
+/// [`peak_units_held`] with recomputation: a microbatch with an `R` keeps only `kept` of its
+/// stage from its F until the R, which regrows the rest (the search sets no policy, so the
+/// other microbatches keep everything).
 pub fn peak_units_kept(tt: &Timetable, weights: &[f64], held: &[f64], kept: &[f64]) -> Vec<f64> {
-    tt.devices
-        .iter()
-        .map(|actions| levels(actions, weights, held, kept).fold(0.0, f64::max))
-        .collect()
+    let named = crate::recompute::recomputed(tt);
+    peak_walk(tt, &unit_stages(&named, weights, held, kept))
 }
 
-/// The units a device holds after each of its actions starts (F, R) or ends (the rest), in
-/// order: one level per action part that changes memory.
-pub(super) fn levels<'a>(
-    actions: &'a [crate::action::Action],
-    weights: &'a [f64],
-    held: &'a [f64],
-    kept: &'a [f64],
-) -> impl Iterator<Item = f64> + 'a {
-    let recomputed: std::collections::HashSet<(u32, u32)> = actions
-        .iter()
-        .filter(|a| a.kind == ActionKind::R)
-        .map(|a| (a.stage, a.microbatch))
-        .collect();
-    let at = |v: &[f64], s: u32| v.get(s as usize).copied().unwrap_or(0.0);
-    let mut now = 0.0f64;
-    actions.iter().flat_map(|a| a.parts()).map(move |part| {
-        let (w, h) = (at(weights, part.stage), at(held, part.stage));
-        let k = at(kept, part.stage).min(w);
-        match part.kind {
-            ActionKind::F if recomputed.contains(&(part.stage, part.microbatch)) => now += k,
-            ActionKind::F => now += w,
-            ActionKind::R => now += w - k,
-            ActionKind::B => now -= w,
-            ActionKind::I => now -= w - h,
-            ActionKind::W => now -= h,
-            _ => {}
-        }
-        now
-    })
+/// The walk's per-stage sizes in units: `kept` only for the `named` stages, those with an
+/// `R` (without a policy, a stage without `R`s keeps everything).
+pub(super) fn unit_stages(
+    named: &std::collections::BTreeSet<u32>,
+    weights: &[f64],
+    held: &[f64],
+    kept: &[f64],
+) -> Vec<StageBytes> {
+    let at = |v: &[f64], s: usize| v.get(s).copied().unwrap_or(0.0);
+    (0..weights.len())
+        .map(|s| {
+            let full = at(weights, s);
+            let mut b = StageBytes::plain(full, at(held, s));
+            if named.contains(&(s as u32)) {
+                b.kept = at(kept, s).min(full);
+            }
+            b
+        })
+        .collect()
 }
 
 #[cfg(test)]

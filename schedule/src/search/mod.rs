@@ -40,6 +40,7 @@ mod list;
 mod memory;
 mod recompute;
 mod rounds;
+mod whole;
 
 use std::time::Duration;
 
@@ -54,6 +55,7 @@ pub use memory::{
 pub use rounds::{round_schedule, RoundKnobs};
 
 use crate::generators::generate;
+use crate::memory::{MemoryConfig, MemoryError};
 use crate::simulate::{
     simulate_steps, Bubbles, CostError, CostModel, Simulation, SteadyError, SteadyState,
 };
@@ -85,6 +87,11 @@ pub struct SearchSpec {
     pub improve_budget: usize,
     /// What "fastest" means.
     pub objective: Objective,
+    /// The whole rank's memory model: with a cap in bytes, a candidate fits when every
+    /// device's predicted total (parameters, gradients, optimizer state, activations) is
+    /// within it, and [`Candidate::peak_bytes`] is that total. `None`: the cap bounds the
+    /// stashed activations alone, sized by the costs.
+    pub memory: Option<MemoryConfig>,
     /// Stop evaluating candidates after this long (once one fits) and return the best found
     /// so far, saying so in [`SearchOutcome::cut_short`]; `None` evaluates them all.
     pub time_budget: Option<Duration>,
@@ -145,6 +152,7 @@ impl SearchSpec {
             improve_budget: 200,
             objective: Objective::Period,
             time_budget: None,
+            memory: None,
         }
     }
 }
@@ -168,7 +176,9 @@ pub struct Candidate {
     pub bubble: Bubbles,
     /// Peak stashed activations of the fullest device, in microbatch units.
     pub peak_microbatches: f64,
-    /// The same in bytes, when the costs carry activation sizes.
+    /// The same in bytes, when the costs carry activation sizes; with a memory model and a
+    /// cap in bytes, the fullest device's predicted total (parameters, gradients, optimizer
+    /// state and activations).
     pub peak_bytes: Option<u64>,
     /// Whether it fits the cap.
     pub fits: bool,
@@ -243,6 +253,17 @@ pub enum SearchError {
     /// Nothing could even be tried.
     #[error("no candidate could be built: {0}")]
     NoCandidates(String),
+    /// The memory model refuses the configuration.
+    #[error(transparent)]
+    Memory(#[from] MemoryError),
+    /// Parameters, gradients and optimizer state alone exceed a whole-rank byte cap.
+    #[error("a memory cap of {cap} bytes per rank leaves nothing for activations: parameters, gradients and optimizer state alone take {need} bytes on the fullest device (raise the cap, or shard more: --tp, --zero 1 with --dp, more pipeline devices)")]
+    StaticOverCap {
+        /// The cap.
+        cap: u64,
+        /// Bytes of the fullest device before any activation.
+        need: u64,
+    },
 }
 
 /// A shape to evaluate.
@@ -301,10 +322,15 @@ pub fn search_with(
     if p == 0 || m == 0 {
         return Err(SearchError::Empty { p, m });
     }
-    let unit = unit_bytes(&spec.costs.resample(p)?, p);
-    let cap = match spec.cap {
-        MemoryCap::Microbatches(x) => x,
-        MemoryCap::Bytes(b) => b as f64 / unit.ok_or(SearchError::NoActivationBytes)?,
+    let mut unit = unit_bytes(&spec.costs.resample(p)?, p);
+    let cap = match (spec.cap, &spec.memory) {
+        (MemoryCap::Microbatches(x), _) => x,
+        (MemoryCap::Bytes(b), Some(mem)) => {
+            let (cap, bytes) = whole::units_cap(mem, p, b)?;
+            unit = Some(bytes);
+            cap
+        }
+        (MemoryCap::Bytes(b), None) => b as f64 / unit.ok_or(SearchError::NoActivationBytes)?,
     };
     let max_v = spec.max_virtual.max(2);
     let shapes: Vec<Option<Shape>> = (0..=max_v)
@@ -375,7 +401,7 @@ pub fn search_with(
             let label = format!("{} + gap filling", base.label);
             let family = base.family.clone();
             let v = base.virtual_stages;
-            let cand = describe((label, family, v), &tt, sim, shape, unit, spec.cap);
+            let cand = describe((label, family, v), &tt, sim, shape, unit, spec);
             if cand.fits {
                 best_index = candidates.len();
                 candidates.push(cand);
@@ -590,7 +616,7 @@ fn evaluate(
     };
     let sim = simulate_steps(&tt, &shape.costs, PERIOD_STEPS)
         .map_err(|e| (label.clone(), steady_reason(e)))?;
-    let cand = describe((label, family, job.v()), &tt, &sim, shape, unit, spec.cap);
+    let cand = describe((label, family, job.v()), &tt, &sim, shape, unit, spec);
     let fits = cand.fits;
     let kept = fits.then_some((tt, sim.single));
     Ok((cand, kept))
@@ -603,22 +629,25 @@ fn steady_reason(e: SteadyError) -> String {
     }
 }
 
-/// A simulated timetable's figures, and whether it fits `cap`: by its peak in units, or by
-/// the simulator's peak in bytes.
+/// A simulated timetable's figures, and whether it fits the cap: by its peak in units, by
+/// the simulator's peak in bytes, or by the memory model's whole-rank total.
 fn describe(
     (label, family, virtual_stages): (String, String, u32),
     tt: &Timetable,
     steady: &SteadyState,
     shape: &Shape,
     unit: Option<f64>,
-    cap: MemoryCap,
+    spec: &SearchSpec,
 ) -> Candidate {
     let sim = &steady.single;
     let peak = peak_units_kept(tt, &shape.weights, &shape.held, &shape.kept)
         .into_iter()
         .fold(0.0, f64::max);
-    let peak_bytes = unit.map(|_| sim.report.peak_activation_bytes());
-    let fits = match cap {
+    let peak_bytes = match (&spec.memory, spec.cap) {
+        (Some(mem), MemoryCap::Bytes(_)) => whole::peak_total(mem, tt),
+        _ => unit.map(|_| sim.report.peak_activation_bytes()),
+    };
+    let fits = match spec.cap {
         MemoryCap::Microbatches(x) => peak <= x + 1e-9,
         MemoryCap::Bytes(b) => peak_bytes.is_some_and(|pb| pb <= b),
     };

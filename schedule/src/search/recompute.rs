@@ -14,7 +14,8 @@ use std::collections::HashSet;
 use crate::action::{Action, ActionKind};
 use crate::timetable::Timetable;
 
-use super::memory::levels;
+use super::memory::unit_stages;
+use crate::memory::device_levels;
 
 /// Units per stage: whole stash, held after I until W, kept by a recomputed microbatch.
 #[derive(Clone, Copy)]
@@ -48,7 +49,14 @@ pub(super) fn fit(tt: &Timetable, w: Weights<'_>, cap: f64) -> Timetable {
 /// and not yet recomputed, the one forwarded first (its stash lives longest). `None` when the
 /// device fits or nothing alive can shrink.
 fn victim(row: &[Action], w: Weights<'_>, cap: f64) -> Option<(u32, u32)> {
-    let lv: Vec<f64> = levels(row, w.weights, w.held, w.kept).collect();
+    let named = row
+        .iter()
+        .flat_map(|a| a.parts())
+        .filter(|p| p.kind == ActionKind::R)
+        .map(|p| p.stage)
+        .collect();
+    let stages = unit_stages(&named, w.weights, w.held, w.kept);
+    let lv = device_levels(row, &stages);
     let (peak_at, &peak) = lv
         .iter()
         .enumerate()
