@@ -107,11 +107,8 @@ impl Stashes {
                     grow(&mut self.now, c.kept);
                 }
             }
-            ActionKind::R => {
-                if self.slim.remove(&key) {
-                    grow(&mut self.now, c.full - c.kept);
-                }
-            }
+            // An R of a stash kept whole (or rebuilt already) changes nothing.
+            ActionKind::R if self.slim.remove(&key) => grow(&mut self.now, c.full - c.kept),
             ActionKind::B | ActionKind::I => {
                 if self.slim.remove(&key) {
                     grow(&mut self.now, c.full - c.kept);
