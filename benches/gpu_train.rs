@@ -57,6 +57,7 @@ mod gpu {
             // vocab, seq, d_model, heads, layers
             model: GptConfig::new(8192, 256, 1024, 16, 8),
             microbatch_size: 8,
+            sequence_parallel: false,
             seed: 0,
             run: RunOptions {
                 steps,

@@ -507,3 +507,49 @@ fn memory_caps_share_one_parser_with_units_everywhere() {
         &["needs activation sizes"],
     );
 }
+
+/// `--sequence-parallel` cuts each sequence into `--tp` slices: a length they do not divide
+/// is refused before the first step; with `--tp 1` it changes nothing, and a warning says so.
+#[test]
+fn sequence_parallel_needs_a_sequence_length_tp_divides() {
+    let d = tempfile::tempdir().unwrap();
+    let d = d.path();
+    refused(
+        d,
+        &[
+            "train",
+            "--tp",
+            "2",
+            "--seq-len",
+            "15",
+            "--sequence-parallel",
+            "--steps",
+            "1",
+        ],
+        1,
+        &[
+            "--sequence-parallel",
+            "--seq-len 15 is not divisible by --tp 2",
+        ],
+    );
+    let args = ["train", "--steps", "2", "--format", "json"];
+    let o = run_in(d, &[&args[..], &["--sequence-parallel"]].concat());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(
+        err.contains("--sequence-parallel with --tp 1 changes nothing"),
+        "{err}"
+    );
+    let losses = |s: &str| {
+        s.lines()
+            .filter_map(|l| {
+                l.split("\"loss\":")
+                    .nth(1)
+                    .map(|r| r.split(',').next().unwrap_or("").to_string())
+            })
+            .collect::<Vec<_>>()
+    };
+    let with = losses(&String::from_utf8_lossy(&o.stdout));
+    assert_eq!(with.len(), 2, "{with:?}");
+    assert_eq!(with, losses(&ok(d, &args)));
+}

@@ -127,3 +127,70 @@ fn train_recomputes_with_the_same_losses_and_smaller_stashes() {
         }
     }
 }
+
+/// `train` reports each rank's measured memory: JSON by global rank and category, where full
+/// recomputation lowers the first 1F1B device's activations and nothing else's parameters;
+/// the table prints one line of each device's peak, and `--chart` draws the bars.
+#[test]
+fn train_reports_measured_memory_per_rank_and_device() {
+    let json = |policy: &str| -> Vec<serde_json::Value> {
+        let args = [
+            "train",
+            "-p",
+            "4",
+            "-m",
+            "8",
+            "--layers",
+            "4",
+            "--steps",
+            "2",
+            "--recompute",
+            policy,
+            "--format",
+            "json",
+        ];
+        ok(&args)
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    };
+    let (none, full) = (json("none"), json("full"));
+    let field = |rows: &[serde_json::Value], rank: usize, cat: &str| {
+        rows[1]["memory"][rank]["max"][cat].as_u64().unwrap()
+    };
+    assert_eq!(none[1]["memory"].as_array().unwrap().len(), 4);
+    for rank in 0..4 {
+        assert_eq!(
+            field(&none, rank, "activations"),
+            none[1]["peak_stash_bytes"][rank].as_u64().unwrap()
+        );
+        assert!(field(&none, rank, "parameters") > 0);
+        assert_eq!(
+            field(&none, rank, "parameters"),
+            field(&full, rank, "parameters")
+        );
+    }
+    assert!(field(&none, 0, "activations") > field(&none, 3, "activations"));
+    assert!(field(&full, 0, "activations") < field(&none, 0, "activations"));
+
+    let dir = tempfile::tempdir().unwrap();
+    let chart = dir.path().join("train.svg");
+    let table = ok(&[
+        "train",
+        "-p",
+        "2",
+        "-m",
+        "4",
+        "--steps",
+        "2",
+        "--chart",
+        chart.to_str().unwrap(),
+    ]);
+    let line = table
+        .lines()
+        .find(|l| l.starts_with("measured peak memory: "))
+        .unwrap_or_else(|| panic!("no memory line in {table}"));
+    assert!(line.contains("dev 0 ") && line.contains("dev 1 "), "{line}");
+    let svg = std::fs::read_to_string(&chart).unwrap();
+    assert!(svg.contains("optimizer state") && svg.contains("measured peak memory per device"));
+}

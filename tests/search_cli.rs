@@ -182,3 +182,46 @@ fn search_rejects_bad_caps_and_outputs_in_one_line() {
         "nothing written on failure"
     );
 }
+
+#[test]
+fn a_cap_only_recomputation_meets_gives_a_timetable_with_rs_that_trains_to_the_same_losses() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    // 1F1B's device 0 holds 2 microbatches; a stage's input is a quarter of its stash.
+    let out = ok(
+        d,
+        &[
+            "search",
+            "-p",
+            "2",
+            "-m",
+            "4",
+            "--cost",
+            "1,2",
+            "--activation-bytes",
+            "4000",
+            "--p2p-bytes",
+            "1000",
+            "--memory-cap",
+            "1.5",
+            "--schedules",
+            "1f1b",
+            "--no-list",
+            "--timetable-out",
+            "best.csv",
+        ],
+    );
+    assert!(out.contains("best: 1f1b + recompute "), "{out}");
+    let csv = std::fs::read_to_string(d.join("best.csv")).unwrap();
+    assert!(csv.contains("0R"), "{csv}");
+    let train = |extra: &[&str]| {
+        let mut args = vec!["train", "--steps", "2", "--format", "json"];
+        args.extend_from_slice(extra);
+        let out = ok(d, &args);
+        out.lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["loss"].clone())
+            .collect::<Vec<_>>()
+    };
+    let plain = train(&["--schedule", "1f1b", "--stages", "2", "--microbatches", "4"]);
+    assert_eq!(train(&["--timetable", "best.csv"]), plain);
+}

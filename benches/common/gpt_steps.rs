@@ -19,6 +19,7 @@ pub fn gpt_steps(tt: &Timetable, warmup: u64, steps: u64) -> Duration {
         mesh: Mesh::new(tt.num_devices() as usize, 1, 1).expect("mesh"),
         model: GptConfig::new(64, 64, 256, 4, 4),
         microbatch_size: 4,
+        sequence_parallel: false,
         seed: 0,
         run: RunOptions {
             steps: warmup + steps,

@@ -62,6 +62,12 @@ pub trait Backend {
     /// a bf16 run; nothing otherwise): the residual stream between blocks, so every
     /// pipeline hand-off carries values a bf16 wire holds exactly.
     fn round_activation(&self, t: &mut Self::Storage) -> Result<()>;
+    /// The device's free and total bytes as its driver reports them (`cuMemGetInfo` on a
+    /// GPU: every process and allocator cache on it counts), `None` where tensors live in
+    /// host memory.
+    fn device_memory(&self) -> Result<Option<(usize, usize)>> {
+        Ok(None)
+    }
     /// Copies a host tensor to the device.
     fn upload(&self, t: &Tensor) -> Result<Self::Storage>;
     /// Copies a device tensor to the host (waits for pending work).

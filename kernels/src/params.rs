@@ -9,6 +9,7 @@
 
 use crate::backend::{Backend, Shaped};
 use crate::error::{shape_err, Result};
+use crate::footprint::Footprint;
 use crate::layers::{Param, Parameters};
 
 /// Keeps the first error of a visit (the visitor closures cannot return one).
@@ -20,6 +21,17 @@ fn first_err(slot: &mut Option<crate::KernelError>, r: Result<()>) {
 
 fn done(slot: Option<crate::KernelError>) -> Result<()> {
     slot.map_or(Ok(()), Err)
+}
+
+/// Bytes of `m`'s parameter values and of its gradients, as their storage holds them (for
+/// memory reports: the runtime's measured parameters and gradients).
+pub fn storage_bytes<S: Shaped + Footprint, P: Parameters<S> + ?Sized>(m: &P) -> (usize, usize) {
+    let (mut values, mut grads) = (0, 0);
+    m.visit(&mut |p| {
+        values += p.value.bytes();
+        grads += p.grad.bytes();
+    });
+    (values, grads)
 }
 
 /// All gradients of `m`, concatenated in visit order into one flat `[n]`

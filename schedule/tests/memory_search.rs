@@ -71,7 +71,7 @@ fn a_cap_under_the_weights_alone_is_refused_saying_so() {
     let fixed = predict(&memory(), &tt).unwrap();
     let weights = fixed
         .iter()
-        .map(|m| m.total() - m.activations)
+        .map(|m| m.parameters + m.gradients + m.optimizer_state)
         .max()
         .unwrap();
     let e = search(&spec(weights)).unwrap_err();

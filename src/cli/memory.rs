@@ -199,28 +199,32 @@ pub fn human(bytes: u64) -> String {
 
 /// The prediction as a table, one row per pipeline device.
 pub fn memory_table(per_device: &[MemoryBreakdown]) -> String {
-    let mut out = String::from("predicted memory per rank (the largest rank of each device):\n");
+    let mut out = String::from(
+        "predicted memory per rank (the largest rank of each device, at its highest total):\n",
+    );
     let heads = [
         "device",
         "parameters",
         "gradients",
         "optimizer",
         "activations",
+        "buffers",
         "total",
     ];
     let _ = writeln!(
         out,
-        "{:>6} {:>12} {:>12} {:>12} {:>12} {:>12}",
-        heads[0], heads[1], heads[2], heads[3], heads[4], heads[5]
+        "{:>6} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12}",
+        heads[0], heads[1], heads[2], heads[3], heads[4], heads[5], heads[6]
     );
     for (d, m) in per_device.iter().enumerate() {
         let _ = writeln!(
             out,
-            "{d:>6} {:>12} {:>12} {:>12} {:>12} {:>12}",
+            "{d:>6} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12}",
             human(m.parameters),
             human(m.gradients),
             human(m.optimizer_state),
             human(m.activations),
+            human(m.buffers),
             human(m.total())
         );
     }

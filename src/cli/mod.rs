@@ -6,6 +6,7 @@ pub mod charts;
 pub mod checks;
 pub mod commands;
 pub mod io;
+pub mod measured;
 pub mod memory;
 pub mod plan;
 pub mod progress;

@@ -14,7 +14,9 @@ use pipewright::runtime::{
     StepRecord, SyntheticModule, TrainConfig, Zero,
 };
 use pipewright::schedule::{simulate, Timeline, Timetable};
-use pipewright::viz::{bubble_chart, ChartOptions, ChartPanel, ImageFormat};
+use pipewright::viz::{
+    bubble_chart, bubble_chart_with_memory, ChartOptions, ChartPanel, ImageFormat, MemoryBars,
+};
 
 use super::args::{
     mpi_universe, nccl_universe, parse_device, CostArgs, Device, MpiUniverse, PrecisionArg,
@@ -23,6 +25,7 @@ use super::args::{
 use super::checks::{at_least, check_outputs, in_range, Kind, Output};
 use super::commands::ReportFormat;
 use super::io::write_atomic;
+use super::measured;
 use super::progress::{
     oversubscribed, oversubscription_json, warn_oversubscribed, working, StepLog,
 };
@@ -64,6 +67,12 @@ pub struct TrainCmd {
     /// 2 and 3 are refused with a pipeline, which accumulates gradients across microbatches.
     #[arg(long, default_value_t = 0, value_name = "LEVEL")]
     zero: u32,
+    /// Sequence parallelism with --tp: each TP rank keeps its seq/tp slice of the residual
+    /// stream, the LayerNorms and the pipeline hand-offs (tp times fewer bytes), all-gathering
+    /// before and reduce-scattering after the TP layers; same losses. --seq-len must be
+    /// divisible by --tp. With --tp 1 it changes nothing (a warning says so).
+    #[arg(long)]
+    sequence_parallel: bool,
     /// Sequences per microbatch.
     #[arg(long, default_value_t = 4, value_name = "B")]
     microbatch_size: usize,
@@ -144,6 +153,16 @@ impl TrainCmd {
         if zero == Zero::One && mesh.dp == 1 {
             eprintln!("warning: --zero 1 with --dp 1 changes nothing: the one replica holds all the optimizer state");
         }
+        if self.sequence_parallel && mesh.tp == 1 {
+            eprintln!("warning: --sequence-parallel with --tp 1 changes nothing: there is no group to split the sequence over");
+        }
+        if self.sequence_parallel && self.seq_len % mesh.tp != 0 {
+            bail!(
+                "--sequence-parallel: --seq-len {} is not divisible by --tp {} (each TP rank keeps a slice of seq-len / tp positions)",
+                self.seq_len,
+                mesh.tp
+            );
+        }
         let model = GptConfig::new(
             self.vocab,
             self.seq_len,
@@ -155,6 +174,7 @@ impl TrainCmd {
             mesh,
             model,
             microbatch_size: self.microbatch_size,
+            sequence_parallel: self.sequence_parallel,
             seed: self.seed,
             run: RunOptions {
                 steps: self.steps,
@@ -205,7 +225,7 @@ impl TrainCmd {
                     serde_json::json!({"step": s.step, "loss": loss, "tokens_per_second": tps,
                         "seconds": s.seconds, "bubble_fraction": s.bubble_fraction(), "peak_stash": s.peak_stash,
                         "peak_stash_bytes": s.peak_stash_bytes, "kept_per_microbatch": s.kept_per_microbatch,
-                        "optimizer_state_bytes": s.optimizer_state_bytes,
+                        "optimizer_state_bytes": s.optimizer_state_bytes, "memory": s.memory,
                         "steady_state_period_ms": period_ms, "oversubscribed": oversubscribed})
                 ),
                 ReportFormat::Table => {
@@ -248,15 +268,18 @@ impl TrainCmd {
                 last.loss.unwrap_or(f32::NAN), last.seconds * 1e3, tokens / last.seconds.max(1e-9), 100.0 * last.bubble_fraction(),
                 period_line(period_ms, tokens)
             );
+            println!("{}", measured::peak_line(&last, &mesh));
         }
         if let Some(path) = &self.costs_out {
             write_measured_costs(path, &timelines)?;
         }
-        write_outputs(
-            &last.timeline,
-            self.trace.as_ref(),
-            self.chart.as_ref().zip(chart_format),
-        )
+        let chart = self.chart.as_ref().zip(chart_format);
+        let devices = last.device_peaks(&mesh);
+        let bars = MemoryBars {
+            label: format!("measured peak memory per device (step {})", last.step),
+            devices: &devices,
+        };
+        write_outputs(&last.timeline, self.trace.as_ref(), chart, bars)
     }
 }
 
@@ -478,12 +501,15 @@ fn write_outputs(
     timeline: &Timeline,
     trace: Option<&PathBuf>,
     chart: Option<(&PathBuf, ImageFormat)>,
+    memory: MemoryBars<'_>,
 ) -> Result<()> {
     if let Some(path) = trace {
         write_atomic(path, serde_json::to_string(timeline)?.as_bytes())?;
     }
     if let Some((path, fmt)) = chart {
-        let bytes = bubble_chart(&[ChartPanel::new(timeline)], &ChartOptions::default(), fmt)?;
+        let panels = [ChartPanel::new(timeline)];
+        let opts = ChartOptions::default();
+        let bytes = bubble_chart_with_memory(&panels, &[memory], &opts, fmt)?;
         write_atomic(path, &bytes)?;
         eprintln!("wrote {}", path.display());
     }

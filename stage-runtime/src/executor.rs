@@ -16,17 +16,20 @@ use std::time::{Duration, Instant};
 use pipewright_kernels::layers::TpReduce;
 use pipewright_kernels::optim::AdamWConfig;
 use pipewright_kernels::KernelError;
-use pipewright_schedule::recompute::recomputed;
-use pipewright_schedule::{Action, ActionKind, Event, Recompute, RecomputePlan, Timetable};
+use pipewright_schedule::{Action, ActionKind, Event, Recompute, Timetable};
 use tokio::task::JoinHandle;
 
 use crate::batch::StepBatch;
 use crate::comm::{shard_range, CommError, Communicator, Direction, ReduceOp, Tag};
 use crate::error::RuntimeError;
+use crate::memory::{Category, DeviceMemory, Meter, RankMemory};
 use crate::mesh::{Coord, Group, GroupKind, Mesh};
 use crate::module::{MicrobatchData, ModuleError, Output, StageModule};
 use crate::run::RunOptions;
+use crate::setup::{check_backward_split, kept_whole, set_recompute};
 use crate::zero::Zero;
+
+mod grads;
 
 /// What one device did in one step.
 #[derive(Clone, Debug, Default)]
@@ -44,6 +47,8 @@ pub struct StepOutcome {
     pub kept_per_microbatch: u64,
     /// Bytes of optimizer state this rank's modules hold after the step.
     pub optimizer_state_bytes: u64,
+    /// This rank's measured memory by category ([`crate::memory`]).
+    pub memory: RankMemory,
 }
 
 /// Executes one device's row for every step of a run. The communicator and the stage
@@ -64,6 +69,10 @@ pub struct Executor<C: Communicator, M: StageModule<Tensor = C::Tensor>> {
     epoch: Instant,
     /// Stages that recompute, and how.
     recompute: HashMap<u32, Recompute>,
+    /// Microbatches of recomputing stages that keep their whole stash: where the timetable
+    /// recomputes only some microbatches of a stage (with `R`s, as the search does under a
+    /// cap), those without an `R`.
+    whole: HashSet<(u32, u32)>,
     check_finite: bool,
 }
 
@@ -90,6 +99,20 @@ impl<C: Communicator> TpReduce<C::Tensor> for TpReducer<'_, C> {
             .all_reduce(self.group, t, ReduceOp::Sum)
             .map_err(|e| KernelError::Reduce(Box::new(e)))
     }
+
+    fn all_gather(&mut self, t: &C::Tensor) -> Result<Vec<C::Tensor>, KernelError> {
+        self.comm
+            .all_gather(self.group, t)
+            .map_err(|e| KernelError::Reduce(Box::new(e)))
+    }
+
+    fn reduce_scatter_sum(&mut self, t: &C::Tensor) -> Result<C::Tensor, KernelError> {
+        // Equal blocks: the kernels hand over `t * block` values, and `shard_range` then cuts
+        // exactly the blocks the kernels expect.
+        self.comm
+            .reduce_scatter(self.group, t, ReduceOp::Sum)
+            .map_err(|e| KernelError::Reduce(Box::new(e)))
+    }
 }
 
 /// Per-step state: tensors (`T`) in flight between actions of this device.
@@ -104,9 +127,8 @@ struct StepState<T, S, W> {
     wstash: HashMap<(u32, u32), W>,
     live: u32,
     peak: u32,
-    /// Bytes kept in stashes now, their peak, and the largest one forward's stash.
-    bytes: u64,
-    peak_bytes: u64,
+    /// Bytes held by category (stashes are its activations); the largest one forward's stash.
+    mem: Meter,
     kept: u64,
     /// Microbatches whose stash an `R` action already rebuilt.
     rebuilt: HashSet<(u32, u32)>,
@@ -123,23 +145,21 @@ impl<T, S, W> StepState<T, S, W> {
             wstash: HashMap::new(),
             live: 0,
             peak: 0,
-            bytes: 0,
-            peak_bytes: 0,
+            mem: Meter::default(),
             kept: 0,
             rebuilt: HashSet::new(),
             loss: None,
         }
     }
 
-    /// Count `n` more bytes kept.
+    /// Count `n` more bytes kept in stashes.
     fn keep_bytes(&mut self, n: usize) {
-        self.bytes += n as u64;
-        self.peak_bytes = self.peak_bytes.max(self.bytes);
+        self.mem.add(Category::Activations, n as u64);
     }
 
-    /// Count `n` bytes released.
+    /// Count `n` stashed bytes released.
     fn free_bytes(&mut self, n: usize) {
-        self.bytes = self.bytes.saturating_sub(n as u64);
+        self.mem.sub(Category::Activations, n as u64);
     }
 }
 
@@ -174,6 +194,7 @@ where
         let rank = mesh.rank(coord);
         check_backward_split(&tt, coord.pp, &modules)?;
         let recompute = set_recompute(&tt, &opts.recompute, &mut modules)?;
+        let whole = kept_whole(&tt.devices[coord.pp], &recompute);
         let sharded = opts.zero == Zero::One && mesh.dp > 1;
         if let Some((&stage, _)) = modules
             .iter()
@@ -194,6 +215,7 @@ where
             timeout,
             epoch,
             recompute,
+            whole,
             check_finite: opts.check_finite,
         })
     }
@@ -235,6 +257,7 @@ where
         let last_backward = last_backward_per_stage(&row);
         let mut posted = self.post_receives(step, &row);
         let mut st: StateOf<M> = StepState::new();
+        self.count_module_state(&mut st.mem);
         let mut pending = Vec::new();
         let mut events = Vec::with_capacity(row.len());
         for (i, &a) in row.iter().enumerate() {
@@ -251,8 +274,13 @@ where
                     .try_for_each(|part| self.compute(step, part, batch, &mut st))?,
             }
             for part in a.parts() {
-                if last_backward.get(&part.stage) == Some(&i) && self.dp_group.size() > 1 {
+                if last_backward.get(&part.stage) != Some(&i) {
+                    continue;
+                }
+                self.reduce_tp_grads(step, part)?;
+                if self.dp_group.size() > 1 {
                     if let Some(r) = self.start_grad_reduce(step, part)? {
+                        st.mem.add(Category::Buffers, F32 * r.numel as u64);
                         pending.push(r);
                     }
                 }
@@ -264,20 +292,40 @@ where
                 end: self.now(),
             });
         }
-        self.finish_step(step, pending)?;
-        let optimizer_state_bytes = self
-            .modules
-            .values()
-            .map(|m| m.optimizer_state_bytes() as u64)
-            .sum();
+        self.finish_step(step, pending, &mut st.mem)?;
+        self.count_module_state(&mut st.mem);
+        let optimizer_state_bytes = st.mem.now(Category::OptimizerState);
+        let device = self.device_memory(step)?;
         Ok(StepOutcome {
             loss: st.loss,
             events,
             peak_stash: st.peak,
-            peak_stash_bytes: st.peak_bytes,
+            peak_stash_bytes: st.mem.max().activations,
             kept_per_microbatch: st.kept,
             optimizer_state_bytes,
+            memory: st.mem.finish(device),
         })
+    }
+
+    /// Set the meter's parameters, gradients and optimizer state to what the modules hold.
+    fn count_module_state(&self, mem: &mut Meter) {
+        let sum = |f: fn(&M) -> usize| self.modules.values().map(|m| f(m) as u64).sum();
+        mem.set(Category::Parameters, sum(M::parameter_bytes));
+        mem.set(Category::Gradients, sum(M::gradient_bytes));
+        mem.set(Category::OptimizerState, sum(M::optimizer_state_bytes));
+    }
+
+    /// The driver's figures of this rank's GPU (one module asked: they share the device).
+    fn device_memory(&self, step: u64) -> Result<Option<DeviceMemory>, RuntimeError> {
+        let Some(module) = self.modules.values().next() else {
+            return Ok(None);
+        };
+        let info = guard(|| module.device_memory())
+            .map_err(|e| self.fail(step, None, format!("reading the GPU's memory figures: {e}")))?;
+        Ok(info.map(|(free, total)| DeviceMemory {
+            free: free as u64,
+            total: total as u64,
+        }))
     }
 
     fn now(&self) -> f64 {
@@ -348,6 +396,8 @@ where
             Ok(Ok(r)) => r.map_err(|e| self.fail(step, Some(a), e))?,
         };
         let key = (a.stage, a.microbatch);
+        st.mem
+            .add(Category::Buffers, F32 * self.comm.numel(&t) as u64);
         if a.kind == ActionKind::RecvF {
             st.fwd_in.insert(key, t);
         } else {
@@ -369,6 +419,9 @@ where
                 )
             })?;
         let (dst, tag) = self.peer(step, a);
+        // Handed to the transport: no longer this executor's to count.
+        st.mem
+            .sub(Category::Buffers, F32 * self.comm.numel(&t) as u64);
         self.comm
             .send(dst, tag, t)
             .map_err(|e| self.fail(step, Some(a), e))
@@ -399,6 +452,7 @@ where
             modules,
             tt,
             recompute,
+            whole,
             ..
         } = self;
         let module = modules
@@ -408,6 +462,7 @@ where
             comm: &**comm,
             group: tp_group,
         };
+        let tensor_bytes = |t: &C::Tensor| F32 * comm.numel(t) as u64;
         let mut loss = None;
         let result: Result<(), ModuleError> = guard(|| {
             match a.kind {
@@ -417,9 +472,20 @@ where
                     } else {
                         Some(take(&mut st.fwd_in, key, "input")?)
                     };
+                    // The input moves into the stash (or is dropped): no longer a buffer.
+                    let held = input.as_ref().map_or(0, tensor_bytes);
+                    st.mem.sub(Category::Buffers, held);
                     st.live += 1;
                     st.peak = st.peak.max(st.live);
+                    let policy = recompute.get(&a.stage).filter(|_| whole.contains(&key));
+                    if policy.is_some() {
+                        module.set_recompute(Recompute::None)?;
+                        st.rebuilt.insert(key);
+                    }
                     let (out, stash) = module.forward(&data, input, &mut tp)?;
+                    if let Some(&policy) = policy {
+                        module.set_recompute(policy)?;
+                    }
                     let kept = module.stash_bytes(&stash);
                     st.keep_bytes(kept);
                     st.kept = st.kept.max(kept as u64);
@@ -430,6 +496,7 @@ where
                             loss = Some(l);
                         }
                         Output::Hidden(t) if a.stage + 1 < stages => {
+                            st.mem.add(Category::Buffers, tensor_bytes(&t));
                             if tt.stage_device[a.stage as usize + 1] == here {
                                 st.fwd_in.insert((a.stage + 1, a.microbatch), t);
                             } else {
@@ -447,6 +514,8 @@ where
                     } else {
                         Some(take(&mut st.bwd_in, key, "output gradient")?)
                     };
+                    let held = grad_out.as_ref().map_or(0, tensor_bytes);
+                    st.mem.sub(Category::Buffers, held);
                     let mut stash = take(&mut st.stash, key, "stash (its forward)")?;
                     // The first backward rebuilds what the policy dropped, unless an R did.
                     if recompute.contains_key(&a.stage) && !st.rebuilt.remove(&key) {
@@ -464,6 +533,7 @@ where
                         g
                     };
                     if let (Some(g), true) = (grad_in, a.stage > 0) {
+                        st.mem.add(Category::Buffers, tensor_bytes(&g));
                         if tt.stage_device[a.stage as usize - 1] == here {
                             st.bwd_in.insert((a.stage - 1, a.microbatch), g);
                         } else {
@@ -496,183 +566,10 @@ where
             _ => Ok(()),
         }
     }
-
-    fn non_finite(
-        &self,
-        step: u64,
-        stage: u32,
-        microbatch: Option<u32>,
-        what: &'static str,
-        value: f32,
-    ) -> RuntimeError {
-        RuntimeError::NonFinite {
-            rank: self.mesh.rank(self.coord),
-            coord: self.coord,
-            step,
-            stage,
-            microbatch,
-            what,
-            value,
-        }
-    }
-
-    /// Refuse non-finite gradients before the optimizer turns them into non-finite weights:
-    /// one scan of each stage's (reduced) gradients per step. Stages in stage order, so every
-    /// rank of a DP group (same reduced gradients) names the same stage.
-    fn check_grads(&mut self, step: u64) -> Result<(), RuntimeError> {
-        let mut stages: Vec<u32> = self.modules.keys().copied().collect();
-        stages.sort_unstable();
-        for stage in stages {
-            let module = self
-                .modules
-                .get_mut(&stage)
-                .ok_or_else(|| RuntimeError::missing_stage(stage))?;
-            let found = guard(|| module.non_finite_grad()).map_err(|e| {
-                self.fail(step, None, format!("gradient check of stage {stage}: {e}"))
-            })?;
-            if let Some(v) = found {
-                return Err(self.non_finite(step, stage, None, "gradient", v));
-            }
-        }
-        Ok(())
-    }
-
-    /// Start the data-parallel reduction of a stage's gradients (an all-reduce, or under
-    /// ZeRO-1 a reduce-scatter); `None` when it has none.
-    fn start_grad_reduce(
-        &mut self,
-        step: u64,
-        a: Action,
-    ) -> Result<Option<Reduction<C::Pending>>, RuntimeError> {
-        let module = self
-            .modules
-            .get_mut(&a.stage)
-            .ok_or_else(|| RuntimeError::missing_stage(a.stage))?;
-        let Some(grads) = guard(|| module.flat_grads()).map_err(|e| self.fail(step, Some(a), e))?
-        else {
-            return Ok(None);
-        };
-        let (comm, group) = (&self.comm, &self.dp_group);
-        let numel = comm.numel(&grads);
-        let pending = if self.sharded {
-            comm.start_reduce_scatter(group, grads, ReduceOp::Sum)
-        } else {
-            comm.start_all_reduce(group, grads, ReduceOp::Sum)
-        };
-        let pending = pending.map_err(|e| self.fail(step, Some(a), e))?;
-        Ok(Some(Reduction {
-            stage: a.stage,
-            numel,
-            pending,
-        }))
-    }
-
-    /// Wait for gradient reductions, then step every stage's optimizer (under ZeRO-1, the
-    /// reduced stages' shards, whose updated values are then all-gathered).
-    fn finish_step(
-        &mut self,
-        step: u64,
-        pending: Vec<Reduction<C::Pending>>,
-    ) -> Result<(), RuntimeError> {
-        let cfg = self.adamw;
-        // All-reduced gradients are set back first, so that the NaN check sees the sums the
-        // optimizer will use. Under ZeRO-1 a module keeps only its own (unreduced) gradients:
-        // the check sees those on every replica, so any replica that brings a non-finite
-        // value stops the run before the sharded step.
-        let (sharded, reduced): (Vec<_>, Vec<_>) = pending.into_iter().partition(|_| self.sharded);
-        for r in reduced {
-            let stage = r.stage;
-            self.reduced_grads(r).map_err(|e| {
-                self.fail(
-                    step,
-                    None,
-                    format!("gradient all-reduce of stage {stage}: {e}"),
-                )
-            })?;
-        }
-        if self.check_finite {
-            self.check_grads(step)?;
-        }
-        let mut stepped = Vec::new();
-        for r in sharded {
-            let stage = r.stage;
-            stepped.push(stage);
-            self.sharded_step(r, &cfg).map_err(|e| {
-                let what = "ZeRO-1 reduce-scatter, optimizer step and all-gather";
-                self.fail(step, None, format!("{what} of stage {stage}: {e}"))
-            })?;
-        }
-        for (stage, module) in self.modules.iter_mut() {
-            if stepped.contains(stage) {
-                continue;
-            }
-            guard(|| module.optimizer_step(&cfg)).map_err(|e| {
-                RuntimeError::device(
-                    self.mesh.rank(self.coord),
-                    self.coord,
-                    step,
-                    None,
-                    format!("optimizer of stage {stage}: {e}"),
-                )
-            })?;
-        }
-        Ok(())
-    }
-
-    /// A stage's all-reduced gradients, waited for and set back.
-    fn reduced_grads(&mut self, r: Reduction<C::Pending>) -> Result<(), ModuleError> {
-        let t = self.comm.wait_all_reduce(r.pending)?;
-        let module = self
-            .modules
-            .get_mut(&r.stage)
-            .ok_or_else(|| RuntimeError::missing_stage(r.stage))?;
-        guard(|| module.set_flat_grads(t))
-    }
-
-    /// ZeRO-1 for one stage: this rank's shard of the reduced gradients, AdamW on that
-    /// shard, every replica's updated shard gathered into the stage's parameters.
-    fn sharded_step(
-        &mut self,
-        r: Reduction<C::Pending>,
-        cfg: &AdamWConfig,
-    ) -> Result<(), ModuleError> {
-        let (comm, group) = (&self.comm, &self.dp_group);
-        let grads = comm.wait_reduce_scatter(r.pending)?;
-        let pos = group
-            .position(self.mesh.rank(self.coord))
-            .ok_or("this rank is not in its data-parallel group")?;
-        let range = shard_range(r.numel, group.size(), pos);
-        let module = self
-            .modules
-            .get_mut(&r.stage)
-            .ok_or_else(|| RuntimeError::missing_stage(r.stage))?;
-        let shard = guard(|| module.optimizer_step_shard(cfg, range, grads))?;
-        let values = comm.all_gather_shards(group, shard, r.numel)?;
-        guard(|| module.set_flat_params(values))
-    }
 }
 
-/// Refuse a row asking a module with only a full backward for an I or W action, naming
-/// the schedule, the stage and the first such action.
-fn check_backward_split<M: StageModule>(
-    tt: &Timetable,
-    device: usize,
-    modules: &HashMap<u32, M>,
-) -> Result<(), RuntimeError> {
-    let split = tt.devices[device]
-        .iter()
-        .flat_map(|a| a.parts())
-        .filter(|p| matches!(p.kind, ActionKind::I | ActionKind::W))
-        .find(|p| modules.get(&p.stage).is_some_and(|m| !m.splits_backward()));
-    match split {
-        Some(action) => Err(RuntimeError::NoSplitBackward {
-            schedule: tt.name.clone(),
-            stage: action.stage,
-            action,
-        }),
-        None => Ok(()),
-    }
-}
+/// Bytes per element of the tensors the runtime moves (f32 storage on every backend).
+const F32: u64 = 4;
 
 /// Rebuild a stash its policy left slim, counting the bytes it grows by.
 fn rebuild<M: StageModule>(
@@ -687,37 +584,6 @@ fn rebuild<M: StageModule>(
     st.free_bytes(before);
     st.keep_bytes(module.stash_bytes(&full));
     Ok(full)
-}
-
-/// Tell each of this device's modules its recompute policy (only those that recompute are
-/// asked), refusing in one line naming the stage a module that cannot. A stage with `R`
-/// actions in the timetable and no policy recomputes fully. Returns the stages that
-/// recompute.
-fn set_recompute<M: StageModule>(
-    tt: &Timetable,
-    plan: &RecomputePlan,
-    modules: &mut HashMap<u32, M>,
-) -> Result<HashMap<u32, Recompute>, RuntimeError> {
-    plan.check(tt.num_stages())
-        .map_err(|e| RuntimeError::Timetable(e.to_string()))?;
-    let explicit = recomputed(tt);
-    let mut out = HashMap::new();
-    for (&stage, module) in modules.iter_mut() {
-        let policy = match plan.of(stage) {
-            Recompute::None if explicit.contains(&stage) => Recompute::Full,
-            policy => policy,
-        };
-        if policy == Recompute::None {
-            continue;
-        }
-        guard(|| module.set_recompute(policy)).map_err(|e| RuntimeError::NoRecompute {
-            stage,
-            policy,
-            reason: e.to_string(),
-        })?;
-        out.insert(stage, policy);
-    }
-    Ok(out)
 }
 
 /// Index in `row` of each stage's last backward (B or W): where its gradients are final.
@@ -740,7 +606,7 @@ fn take<T>(
 }
 
 /// Run user code, turning a panic into an error that names it.
-fn guard<T>(f: impl FnOnce() -> Result<T, ModuleError>) -> Result<T, ModuleError> {
+pub(crate) fn guard<T>(f: impl FnOnce() -> Result<T, ModuleError>) -> Result<T, ModuleError> {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(r) => r,
         Err(panic) => {

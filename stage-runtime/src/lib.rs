@@ -95,6 +95,7 @@
 //!     mesh: Mesh::new(2, 1, 1)?,
 //!     model: GptConfig::new(16, 8, 16, 2, 2),
 //!     microbatch_size: 2,
+//!     sequence_parallel: false,
 //!     seed: 7,
 //!     run: RunOptions { steps: 3, ..RunOptions::default() },
 //! };
@@ -115,6 +116,7 @@ pub mod error;
 pub mod executor;
 pub mod host;
 pub mod local_gpu;
+pub mod memory;
 pub mod mesh;
 pub mod module;
 pub mod run;
@@ -124,6 +126,7 @@ pub mod run_mpi;
 pub mod run_nccl;
 #[cfg(all(feature = "nccl", feature = "mpi"))]
 pub mod run_nccl_mpi;
+mod setup;
 pub mod split;
 pub mod train;
 pub mod zero;
@@ -137,6 +140,7 @@ pub use data::TokenBatch;
 pub use error::RuntimeError;
 pub use executor::{Executor, StepOutcome};
 pub use local_gpu::{choose_gpu, GpuChoiceError};
+pub use memory::{DeviceMemory, RankMemory};
 pub use mesh::{Coord, Group, GroupKind, Mesh, MeshError};
 pub use module::{GptModule, MicrobatchData, ModuleError, Output, StageModule, SyntheticModule};
 pub use run::{prepare, run, run_local, FinalParams, RunOptions, StepRecord};

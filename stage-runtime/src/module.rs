@@ -228,6 +228,34 @@ pub trait StageModule {
     fn optimizer_state_bytes(&self) -> usize {
         0
     }
+
+    /// Bytes of parameter values the module holds, for the measured memory
+    /// ([`crate::memory`]): 0 for a module that does not say.
+    fn parameter_bytes(&self) -> usize {
+        0
+    }
+
+    /// Bytes of gradient storage the module holds (what backwards accumulate into), for the
+    /// measured memory: 0 for a module that does not say.
+    fn gradient_bytes(&self) -> usize {
+        0
+    }
+
+    /// The driver's free and total bytes of the GPU the module runs on, read once per step
+    /// for reports; `None` for a module on the host.
+    fn device_memory(&self) -> Result<Option<(usize, usize)>, ModuleError> {
+        Ok(None)
+    }
+
+    /// Sum over the TP group the gradients each TP rank holds only a part of. The runtime
+    /// calls it once per step and stage when `tp > 1`, after the stage's last backward and
+    /// before the data-parallel reduction and the optimizer, on every TP rank together. The
+    /// GPT under sequence parallelism sums its norms' gradients here (each rank saw its
+    /// slice of the tokens). The default has nothing to sum.
+    fn reduce_tp_grads(&mut self, tp: &mut dyn TpReduce<Self::Tensor>) -> Result<(), ModuleError> {
+        let _ = tp;
+        Ok(())
+    }
 }
 
 /// One stage (and TP shard) of the reference GPT on a backend: the CPU by default, a GPU with
@@ -343,6 +371,10 @@ impl<B: Backend> StageModule for GptModule<B> {
         Ok(self.stage.backward_weight(ws)?)
     }
 
+    fn reduce_tp_grads(&mut self, tp: &mut dyn TpReduce<B::Storage>) -> Result<(), ModuleError> {
+        Ok(self.stage.reduce_sequence_parallel_grads(tp)?)
+    }
+
     fn flat_grads(&mut self) -> Result<Option<B::Storage>, ModuleError> {
         Ok(Some(params::flat_grads(
             &**self.stage.backend(),
@@ -421,6 +453,18 @@ impl<B: Backend> StageModule for GptModule<B> {
         let whole = self.adamw.as_ref().map_or(0, DeviceAdamW::state_len);
         let shard = self.shard.as_ref().map_or(0, ShardedAdamW::state_len);
         4 * (whole + shard)
+    }
+
+    fn parameter_bytes(&self) -> usize {
+        params::storage_bytes(&self.stage).0
+    }
+
+    fn gradient_bytes(&self) -> usize {
+        params::storage_bytes(&self.stage).1
+    }
+
+    fn device_memory(&self) -> Result<Option<(usize, usize)>, ModuleError> {
+        Ok(self.stage.backend().device_memory()?)
     }
 }
 

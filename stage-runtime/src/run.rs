@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use pipewright_kernels::optim::AdamWConfig;
 use pipewright_kernels::{Precision, Tensor};
+use pipewright_schedule::memory::MemoryBreakdown;
 use pipewright_schedule::{
     lower, validate, RecomputePlan, Timeline, TimelineMeta, TimelineSource, Timetable,
 };
@@ -20,6 +21,7 @@ use crate::comm::local::{HostOps, LocalOps, LocalWorld};
 use crate::comm::Communicator;
 use crate::error::RuntimeError;
 use crate::executor::{Executor, StepOutcome};
+use crate::memory::RankMemory;
 use crate::mesh::{Coord, Mesh};
 use crate::module::{ModuleError, StageModule};
 use crate::zero::Zero;
@@ -85,6 +87,8 @@ pub struct StepRecord {
     /// Bytes of optimizer state each rank held after the step, by global rank (a ZeRO-1
     /// replica holds about `1 / dp` of its stage's).
     pub optimizer_state_bytes: Vec<u64>,
+    /// Each rank's measured memory by category, by global rank ([`crate::memory`]).
+    pub memory: Vec<RankMemory>,
     /// Where the step's time zero (its first compute) lies on the run's clock, in ms since
     /// the run began: steps overlap, so their timelines line up only with this added.
     pub origin_ms: f64,
@@ -94,6 +98,20 @@ impl StepRecord {
     /// Measured bubble fraction: `1 - busiest device's compute / step time`.
     pub fn bubble_fraction(&self) -> f64 {
         self.timeline.bubble_fraction()
+    }
+
+    /// Each pipeline device's measured peak: the [`RankMemory::peak`] with the highest total
+    /// among the device's ranks (its TP and DP ranks; ZeRO-1 shards and TP splits differ).
+    pub fn device_peaks(&self, mesh: &Mesh) -> Vec<MemoryBreakdown> {
+        let mut out = vec![MemoryBreakdown::default(); mesh.pp];
+        for (rank, m) in self.memory.iter().enumerate() {
+            if let Ok(c) = mesh.coord(rank) {
+                if m.peak.total() > out[c.pp].total() {
+                    out[c.pp] = m.peak;
+                }
+            }
+        }
+        out
     }
 }
 
@@ -413,8 +431,10 @@ impl Assembler {
             e.end = (e.end - t0).max(e.start);
         }
         let mut optimizer_state_bytes = vec![0; self.mesh.world_size()];
+        let mut memory = vec![RankMemory::default(); self.mesh.world_size()];
         for (c, o) in &list {
             optimizer_state_bytes[self.mesh.rank(*c)] = o.optimizer_state_bytes;
+            memory[self.mesh.rank(*c)] = o.memory;
         }
         let mut peak_stash = vec![0; self.mesh.pp];
         let mut peak_stash_bytes = vec![0; self.mesh.pp];
@@ -438,6 +458,7 @@ impl Assembler {
             peak_stash_bytes,
             kept_per_microbatch,
             optimizer_state_bytes,
+            memory,
             origin_ms: t0,
         })
     }

@@ -279,6 +279,7 @@ fn encode_outcome(step: u64, o: &StepOutcome) -> Vec<u8> {
         "peak_bytes": o.peak_stash_bytes,
         "kept": o.kept_per_microbatch,
         "optimizer_bytes": o.optimizer_state_bytes,
+        "memory": o.memory,
         "events": o.events,
     });
     v.to_string().into_bytes()
@@ -303,6 +304,7 @@ fn decode_outcome(bytes: &[u8]) -> Result<(u64, StepOutcome), CommError> {
     let optimizer_state_bytes = v["optimizer_bytes"].as_u64().ok_or_else(|| bad("step"))?;
     let events: Vec<Event> =
         serde_json::from_value(v["events"].clone()).map_err(|_| bad("step"))?;
+    let memory = serde_json::from_value(v["memory"].clone()).map_err(|_| bad("step"))?;
     Ok((
         step,
         StepOutcome {
@@ -312,6 +314,7 @@ fn decode_outcome(bytes: &[u8]) -> Result<(u64, StepOutcome), CommError> {
             peak_stash_bytes: bytes("peak_bytes")?,
             kept_per_microbatch: bytes("kept")?,
             optimizer_state_bytes,
+            memory,
         },
     ))
 }
@@ -378,6 +381,15 @@ mod tests {
             peak_stash_bytes: 1 << 40,
             kept_per_microbatch: 96,
             optimizer_state_bytes: 1 << 40,
+            memory: crate::memory::RankMemory {
+                peak: pipewright_schedule::memory::MemoryBreakdown {
+                    parameters: 1 << 41,
+                    buffers: 3,
+                    ..Default::default()
+                },
+                max: Default::default(),
+                device: Some(crate::memory::DeviceMemory { free: 5, total: 9 }),
+            },
         };
         let (step, back) = decode_outcome(&encode_outcome(7, &o)).unwrap();
         assert_eq!(step, 7);
@@ -389,5 +401,6 @@ mod tests {
             (1 << 40, 96)
         );
         assert_eq!(back.optimizer_state_bytes, 1 << 40);
+        assert_eq!(back.memory, o.memory);
     }
 }

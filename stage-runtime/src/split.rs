@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use pipewright_kernels::layers::{Param, Parameters, TpReduce};
 use pipewright_kernels::optim::AdamWConfig;
-use pipewright_kernels::Tensor;
+use pipewright_kernels::{params, Tensor};
 use pipewright_schedule::{RawCostFile, RawStageCost, Recompute};
 
 use crate::host::{self, HostAdamW};
@@ -479,5 +479,13 @@ impl<D> StageModule for LayerStage<D> {
 
     fn optimizer_state_bytes(&self) -> usize {
         self.opt.state_bytes()
+    }
+
+    fn parameter_bytes(&self) -> usize {
+        params::storage_bytes(&self.layers).0
+    }
+
+    fn gradient_bytes(&self) -> usize {
+        params::storage_bytes(&self.layers).1
     }
 }

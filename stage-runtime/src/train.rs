@@ -23,6 +23,10 @@ pub struct TrainConfig {
     pub model: GptConfig,
     /// Sequences per microbatch.
     pub microbatch_size: usize,
+    /// Sequence parallelism with TP (Korthikanti et al. 2022): each TP rank keeps its
+    /// `seq_len / tp` slice of the residual stream, the norms and the pipeline hand-offs;
+    /// `seq_len` must be divisible by `tp`. A no-op with `tp = 1`.
+    pub sequence_parallel: bool,
     /// Seed of the weights and the data.
     pub seed: u64,
     /// Steps, timeout, optimizer.
@@ -173,8 +177,8 @@ pub fn train_gpt_nccl_mpi(
 #[cfg(feature = "mpi")]
 fn describe(cfg: &TrainConfig) -> String {
     format!(
-        "{:?} seed {} microbatch size {}",
-        cfg.model, cfg.seed, cfg.microbatch_size
+        "{:?} seed {} microbatch size {} sequence parallel {}",
+        cfg.model, cfg.seed, cfg.microbatch_size, cfg.sequence_parallel
     )
 }
 
@@ -195,6 +199,13 @@ impl<'a> GptRun<'a> {
             return Err(RuntimeError::Model(format!(
                 "{stages} stages need at least {stages} layers (the model has {})",
                 cfg.model.n_layers
+            )));
+        }
+        let (seq, tp) = (cfg.model.seq_len, cfg.mesh.tp);
+        if cfg.sequence_parallel && seq % tp != 0 {
+            return Err(RuntimeError::Model(format!(
+                "sequence parallelism cuts each sequence into tp = {tp} slices, but the \
+                 sequence length {seq} is not divisible by {tp}"
             )));
         }
         if cfg.microbatch_size == 0 {
@@ -225,6 +236,9 @@ impl<'a> GptRun<'a> {
             .into());
         }
         let shard = TpShard::new(c.tp, cfg.mesh.tp)?;
-        GptModule::on(be, &cfg.model, cfg.seed, stage as usize, self.stages, shard)
+        let mut m = GptModule::on(be, &cfg.model, cfg.seed, stage as usize, self.stages, shard)?;
+        m.stage
+            .set_sequence_parallel(cfg.sequence_parallel.then_some(shard))?;
+        Ok(m)
     }
 }

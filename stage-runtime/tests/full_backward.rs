@@ -66,6 +66,7 @@ fn config(mesh: Mesh) -> TrainConfig {
         mesh,
         model: GptConfig::new(16, 8, 16, 2, 4),
         microbatch_size: 2,
+        sequence_parallel: false,
         seed: 3,
         run: RunOptions {
             steps: 2,

@@ -171,6 +171,7 @@ fn a_tensor_type_of_its_own_trains_to_the_host_runs_bits() {
         mesh,
         model: pipewright_kernels::gpt::GptConfig::new(16, 8, 16, 2, 4),
         microbatch_size: 2,
+        sequence_parallel: false,
         seed: 5,
         run: RunOptions {
             steps: 3,

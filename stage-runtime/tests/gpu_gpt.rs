@@ -30,6 +30,7 @@ fn config(mesh: Mesh) -> TrainConfig {
         mesh,
         model: GptConfig::new(32, 16, 32, 4, 4),
         microbatch_size: 2,
+        sequence_parallel: false,
         seed: 5,
         run: RunOptions {
             steps: STEPS,
@@ -103,10 +104,14 @@ fn assert_falls(what: &str, losses: &[f32]) {
 }
 
 fn check_cuda_local(mesh: Mesh, tt: &Timetable) {
+    check_cuda_local_with(config(mesh), tt)
+}
+
+fn check_cuda_local_with(cfg: TrainConfig, tt: &Timetable) {
     if gpu_for_tests(0).is_none() {
         return;
     }
-    let cfg = config(mesh);
+    let mesh = cfg.mesh;
     let cpu = cpu_run(&cfg, tt);
     assert_falls("the CPU reference", &cpu.0);
     let mut losses = Vec::new();
@@ -147,6 +152,16 @@ fn cuda_local_pp2_1f1b_matches_cpu() {
 fn cuda_local_pp2_tp2_dp2_interleaved_matches_cpu() {
     let mesh = Mesh::new(2, 2, 2).unwrap();
     check_cuda_local(mesh, &timetable(ScheduleKind::Interleaved1F1B, 2, 2, 4));
+}
+
+/// Sequence parallelism on the GPU (the layers' slices moved by the backend's offset copies,
+/// the CUDA-local all-gather and reduce-scatter) against SP on the CPU. Compile-checked only:
+/// not yet run on a GPU.
+#[test]
+fn cuda_local_pp2_tp2_sequence_parallel_matches_cpu() {
+    let mut cfg = config(Mesh::new(2, 2, 1).unwrap());
+    cfg.sequence_parallel = true;
+    check_cuda_local_with(cfg, &timetable(ScheduleKind::OneFOneB, 2, 1, 4));
 }
 
 #[cfg(feature = "nccl")]

@@ -30,6 +30,7 @@ fn config(mesh: Mesh, steps: u64, timeout: Duration) -> TrainConfig {
         mesh,
         model: GptConfig::new(16, 8, 16, 2, 8),
         microbatch_size: 2,
+        sequence_parallel: false,
         seed: 11,
         run: RunOptions {
             steps,

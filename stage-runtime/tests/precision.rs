@@ -25,6 +25,7 @@ fn config(mesh: Mesh, precision: Precision, steps: u64) -> TrainConfig {
         mesh,
         model: GptConfig::new(32, 16, 32, 4, 4),
         microbatch_size: 2,
+        sequence_parallel: false,
         seed: 5,
         run: RunOptions {
             steps,

@@ -19,6 +19,7 @@ fn config(mesh: Mesh, plan: &str) -> TrainConfig {
         // vocab 16, seq 8, d_model 16, 2 heads, 8 layers (d_ff = 64).
         model: GptConfig::new(16, 8, 16, 2, 8),
         microbatch_size: 2,
+        sequence_parallel: false,
         seed: 5,
         run: RunOptions {
             steps: 2,
@@ -282,4 +283,42 @@ fn explicit_r_actions_run_where_the_timetable_puts_them_with_the_same_bits() {
     validate(&early).unwrap();
     let got = train_timetable(&early, "none");
     assert_eq!((got.0, bits(&got.1)), (losses, bits(&params)));
+}
+
+#[test]
+fn a_timetable_that_recomputes_some_microbatches_keeps_the_others_whole() {
+    use pipewright_schedule::{validate, Action, ActionKind, Timetable};
+    let tt = generate(&ScheduleSpec::new(ScheduleKind::OneFOneB, 2, 1, M, None).unwrap());
+    // Peak stash bytes and the largest one forward's stash, per device.
+    let peaks = |tt: &Timetable| {
+        let (mut peak, mut kept) = (Vec::new(), Vec::new());
+        let cfg = config(Mesh::new(2, 1, 1).unwrap(), "none");
+        let params = train_gpt(&cfg, tt, |s| {
+            peak = s.peak_stash_bytes.clone();
+            kept = s.kept_per_microbatch.clone();
+        })
+        .unwrap();
+        (peak, kept, bits(&params))
+    };
+    let (none, whole, base) = peaks(&tt);
+    let all = pipewright_schedule::recompute::insert(&tt, &"0:full".parse().unwrap());
+    let (every, slim, got) = peaks(&all);
+    assert_eq!(got, base);
+    assert!(slim[0] < whole[0]);
+    // Device 0 runs F0 F1 B0 F2 B1 F3 B2 B3: microbatch 0 is backwarded while 1 waits, and
+    // so on, so recomputing 1, 2 and 3 (not 0) already gives the peak of recomputing all.
+    let mut some = tt.clone();
+    let row = &mut some.devices[0];
+    for mb in 1..M {
+        let at = row
+            .iter()
+            .position(|a| a.kind == ActionKind::B && a.microbatch == mb);
+        row.insert(at.unwrap(), Action::new(0, ActionKind::R, mb));
+    }
+    validate(&some).unwrap();
+    let (partial, kept, got) = peaks(&some);
+    assert_eq!(got, base, "same bits");
+    assert_eq!(kept[0], whole[0], "microbatch 0 keeps its whole stash");
+    assert_eq!(partial[0], every[0], "{partial:?} against {every:?}");
+    assert!(partial[0] < none[0], "{partial:?} against {none:?}");
 }

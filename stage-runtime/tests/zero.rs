@@ -16,6 +16,7 @@ fn config(mesh: Mesh, zero: Zero) -> TrainConfig {
         mesh,
         model: GptConfig::new(16, 8, 16, 2, 4),
         microbatch_size: 2,
+        sequence_parallel: false,
         seed: 11,
         run: RunOptions {
             steps: 3,

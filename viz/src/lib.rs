@@ -43,6 +43,7 @@
 //! ```
 #![deny(missing_docs)]
 
+mod bars;
 mod bubble;
 mod canvas;
 mod dense;
@@ -60,6 +61,7 @@ use std::path::Path;
 
 use pipewright_schedule::{MemorySample, Timeline};
 
+pub use bars::{bubble_chart_with_memory, memory_bars, MemoryBars};
 pub use error::VizError;
 pub use pareto::{pareto_plot, ParetoPoint};
 pub use sweep::{sweep_plot, SweepPoint, SweepSeries};

@@ -272,6 +272,11 @@ impl Backend for CudaBackend {
         self.precision
     }
 
+    fn device_memory(&self) -> Result<Option<(usize, usize)>> {
+        let info = self.stream.context().mem_get_info().map_err(cuda_err)?;
+        Ok(Some(info))
+    }
+
     fn round_activation(&self, t: &mut CudaTensor) -> Result<()> {
         match self.precision {
             Precision::Bf16 => self.mixed.round_bf16(&self.stream, t),

@@ -21,6 +21,7 @@ use crate::backend::{Backend, Cpu, Shaped};
 use crate::error::{shape_err, KernelError, Result};
 use crate::footprint::Footprint;
 use crate::init::normal_tensor;
+use crate::layers::seq;
 use crate::layers::{
     cpu_backend, Attention, Block, BlockStash, BlockWeightStash, Embedding, HeadStash,
     HeadWeightStash, LayerNorm, Linear, LmHead, Mlp, Param, Parameters, TpReduce, TpShard,
@@ -129,6 +130,8 @@ pub struct GptStage<B: Backend = Cpu> {
     blocks: Vec<Block<B>>,
     head: Option<LmHead<B>>,
     be: Arc<B>,
+    /// This rank's place in its TP group when sequence parallelism is on.
+    sp: Option<TpShard>,
 }
 
 crate::layers::clone_if_tensors_clone!(GptStage {
@@ -138,7 +141,8 @@ crate::layers::clone_if_tensors_clone!(GptStage {
     embed,
     blocks,
     head,
-    be
+    be,
+    sp
 });
 
 /// Rows of the matrix view of `x` (all leading dimensions folded).
@@ -281,7 +285,63 @@ impl<B: Backend> GptStage<B> {
             blocks,
             head,
             be: be.clone(),
+            sp: None,
         })
+    }
+
+    /// Turns sequence parallelism on (`Some(shard)`, this stage's TP rank)
+    /// or off (`None`); a group of one has nothing to split, so `tp = 1` is
+    /// off. Under it the blocks keep the residual stream, the norms and their
+    /// stashes on this rank's `seq / t` slice, the stage's input and output
+    /// activations (and gradients) are slices, the first stage slices the
+    /// embedding and the last gathers the stream before its head. Errors
+    /// unless `t` divides the config's sequence length.
+    pub fn set_sequence_parallel(&mut self, sp: Option<TpShard>) -> Result<()> {
+        let sp = sp.filter(|t| t.size > 1);
+        if let Some(t) = sp {
+            seq::slice_len(self.cfg.seq_len, t)?;
+        }
+        self.sp = sp;
+        Ok(())
+    }
+
+    /// The TP shard sequence parallelism splits over, if it is on.
+    pub fn sequence_parallel(&self) -> Option<TpShard> {
+        self.sp
+    }
+
+    /// Sums the norms' weight gradients over the TP group (one all-reduce of
+    /// them packed flat): under sequence parallelism each rank's are those of
+    /// its slice of the tokens, so without this the replicas of a norm would
+    /// drift apart. Call once per step, after the last backward and before
+    /// the optimizer (and the data-parallel reduction); a no-op without
+    /// sequence parallelism.
+    pub fn reduce_sequence_parallel_grads(
+        &mut self,
+        tp: &mut dyn TpReduce<B::Storage>,
+    ) -> Result<()> {
+        if self.sp.is_none() || self.blocks.is_empty() {
+            return Ok(());
+        }
+        let be = self.be.clone();
+        let d = self.cfg.d_model;
+        let mut flat = be.zeros(&[self.blocks.len() * 4 * d])?;
+        let mut off = 0;
+        for b in &mut self.blocks {
+            for p in b.norm_params_mut() {
+                be.copy_to_offset(&p.grad, &mut flat, off)?;
+                off += p.grad.numel();
+            }
+        }
+        tp.all_reduce_sum(&mut flat)?;
+        let mut off = 0;
+        for b in &mut self.blocks {
+            for p in b.norm_params_mut() {
+                be.copy_from_offset(&flat, off, &mut p.grad)?;
+                off += p.grad.numel();
+            }
+        }
+        Ok(())
     }
 
     /// The backend this stage runs on.
@@ -345,7 +405,7 @@ impl<B: Backend> GptStage<B> {
         let (mut x, ids) = self.residual_input(mb, input)?;
         let mut blocks = Vec::with_capacity(self.blocks.len());
         for (i, b) in self.blocks.iter().enumerate() {
-            let (y, mut s) = b.forward(x, tp)?;
+            let (y, mut s) = b.forward_seq(x, tp, self.sp)?;
             match keep {
                 Keep::All => blocks.push(s),
                 Keep::NoAttentionCore => {
@@ -367,6 +427,10 @@ impl<B: Backend> GptStage<B> {
             };
             return Ok((StageOutput::Hidden(x), stash));
         };
+        if let Some(t) = self.sp {
+            // The head is replicated: it reads the whole stream.
+            x = seq::gather(&*self.be, tp, &x, t)?;
+        }
         if mb.targets.len() != rows(&x) {
             return Err(self.err(format!(
                 "{} targets for {} positions",
@@ -418,7 +482,7 @@ impl<B: Backend> GptStage<B> {
                 let (mut x, _) = self.residual_input(mb, stash.input.take())?;
                 let mut blocks = Vec::with_capacity(self.blocks.len());
                 for b in &self.blocks[..n] {
-                    let (y, s) = b.forward(x, tp)?;
+                    let (y, s) = b.forward_seq(x, tp, self.sp)?;
                     blocks.push(s);
                     x = y;
                 }
@@ -440,7 +504,11 @@ impl<B: Backend> GptStage<B> {
         let (mut x, ids) = self.stage_input(mb, input)?;
         // The embedding starts the residual stream, stored like the blocks' outputs.
         self.backend().round_activation(&mut x)?;
-        Ok((x, ids))
+        match (self.sp, &ids) {
+            // The embedding is replicated; each rank keeps its slice of it.
+            (Some(t), Some(_)) => Ok((seq::take_slice(&*self.be, &x, t)?, ids)),
+            _ => Ok((x, ids)),
+        }
     }
 
     /// Checks and produces the activations entering the first block.
@@ -455,6 +523,11 @@ impl<B: Backend> GptStage<B> {
                 mb.seq, self.cfg.seq_len
             )));
         }
+        // Under sequence parallelism the stage's input is this rank's slice.
+        let rows_in = match self.sp {
+            Some(t) => seq::slice_len(mb.seq, t)?,
+            None => mb.seq,
+        };
         match (&self.embed, input) {
             (Some(e), None) => {
                 let x = e.forward(mb.tokens, mb.seq)?;
@@ -462,10 +535,10 @@ impl<B: Backend> GptStage<B> {
             }
             (None, Some(x)) => {
                 let d = self.cfg.d_model;
-                if x.shape().len() != 3 || x.shape()[1] != mb.seq || x.shape()[2] != d {
+                if x.shape().len() != 3 || x.shape()[1] != rows_in || x.shape()[2] != d {
                     return Err(shape_err(
                         "GptStage::forward",
-                        format!("input {:?}, want [batch, {}, {d}]", x.shape(), mb.seq),
+                        format!("input {:?}, want [batch, {rows_in}, {d}]", x.shape()),
                     ));
                 }
                 Ok((x, None))
@@ -492,6 +565,11 @@ impl<B: Backend> GptStage<B> {
         let (mut dy, head) = match (&self.head, stash.head, grad_out) {
             (Some(h), Some(hs), None) => {
                 let (dx, ws) = h.backward_input(hs)?;
+                // The head ran on the gathered stream; every rank has its whole gradient.
+                let dx = match self.sp {
+                    Some(t) => seq::take_slice(&*self.be, &dx, t)?,
+                    None => dx,
+                };
                 (dx, Some(ws))
             }
             (None, None, Some(g)) => (g, None),
@@ -506,11 +584,15 @@ impl<B: Backend> GptStage<B> {
         }
         let mut blocks = Vec::with_capacity(self.blocks.len());
         for (b, s) in self.blocks.iter().zip(stash.blocks).rev() {
-            let (dx, ws) = b.backward_input(s, dy, tp)?;
+            let (dx, ws) = b.backward_input_seq(s, dy, tp, self.sp)?;
             blocks.push(ws);
             dy = dx;
         }
         blocks.reverse();
+        if let (Some(t), Some(_)) = (self.sp, &stash.ids) {
+            // The replicated embedding's gradient reads the whole stream's.
+            dy = seq::gather(&*self.be, tp, &dy, t)?;
+        }
         let ws = match stash.ids {
             Some((ids, seq)) => WeightStash {
                 embed: Some((ids, seq, dy)),

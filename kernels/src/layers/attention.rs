@@ -9,7 +9,7 @@
 
 use super::linear::{ColumnParallelLinear, RowParallelLinear};
 use super::shard::TpShard;
-use super::{cpu_backend, Param, Parameters, TpReduce};
+use super::{cpu_backend, seq, Param, Parameters, TpReduce};
 use crate::backend::{Backend, Cpu, Shaped};
 use crate::cpu::AttnShape;
 use crate::error::{shape_err, KernelError, Result};
@@ -181,6 +181,43 @@ impl<B: Backend> Attention<B> {
         tp.all_reduce_sum(&mut y)?;
         self.proj.add_bias(&mut y)?;
         Ok((y, stash))
+    }
+
+    /// Sequence-parallel forward ([`seq`]): `x` is this rank's slice
+    /// `[batch, seq / t, d]`, all-gathered before the QKV projection; the
+    /// output projection's partial sums are reduce-scattered back to the
+    /// slice in place of the all-reduce. The stash keeps the slice, not the
+    /// gathered input: the input backward gathers it again for W.
+    pub fn forward_seq(
+        &self,
+        x: B::Storage,
+        tp: &mut dyn TpReduce<B::Storage>,
+        shard: TpShard,
+    ) -> Result<(B::Storage, AttentionStash<B>)> {
+        let be = self.qkv.local.backend().clone();
+        let full = seq::gather(&*be, tp, &x, shard)?;
+        let (y, mut stash) = self.forward_partial(full)?;
+        stash.x = x;
+        let mut y = seq::scatter(&*be, tp, y, shard)?;
+        self.proj.add_bias(&mut y)?;
+        Ok((y, stash))
+    }
+
+    /// Sequence-parallel input backward: `dy` is the output gradient's slice;
+    /// it and the stashed input slice are all-gathered (the weight stash keeps
+    /// both whole), the input gradient's partial sums reduce-scattered.
+    pub fn backward_input_seq(
+        &self,
+        mut stash: AttentionStash<B>,
+        dy: B::Storage,
+        tp: &mut dyn TpReduce<B::Storage>,
+        shard: TpShard,
+    ) -> Result<(B::Storage, AttentionWeightStash<B>)> {
+        let be = self.qkv.local.backend().clone();
+        stash.x = seq::gather(&*be, tp, &stash.x, shard)?;
+        let dy = seq::gather(&*be, tp, &dy, shard)?;
+        let (dx, ws) = self.backward_input_partial(stash, dy)?;
+        Ok((seq::scatter(&*be, tp, dx, shard)?, ws))
     }
 
     /// Input backward up to the partial input gradient (not reduced).

@@ -4,12 +4,14 @@
 use super::attention::{Attention, AttentionStash, AttentionWeightStash};
 use super::mlp::{Mlp, MlpStash, MlpWeightStash};
 use super::norm::LayerNorm;
+use super::shard::TpShard;
 use super::{Param, Parameters, TpReduce};
 use crate::backend::{Backend, Cpu};
 use crate::error::Result;
 
 /// A TP rank's share of one transformer block. Norms are replicated; the
-/// residual stream is whole on every rank (after the all-reduces).
+/// residual stream is whole on every rank (after the all-reduces), or with
+/// sequence parallelism ([`super::seq`]) this rank's `seq / t` slice of it.
 #[derive(Debug)]
 pub struct Block<B: Backend = Cpu> {
     /// Norm before attention.
@@ -88,13 +90,33 @@ impl<B: Backend> Block<B> {
         x: B::Storage,
         tp: &mut dyn TpReduce<B::Storage>,
     ) -> Result<(B::Storage, BlockStash<B>)> {
+        self.forward_seq(x, tp, None)
+    }
+
+    /// [`Block::forward`], or with `sp = Some(shard)` sequence-parallel: `x`
+    /// and the output are this rank's slices `[batch, seq / t, d]`, the
+    /// norms and residual adds run on the slice, and each all-reduce becomes
+    /// an all-gather before the column-parallel linear and a reduce-scatter
+    /// after the row-parallel one.
+    pub fn forward_seq(
+        &self,
+        x: B::Storage,
+        tp: &mut dyn TpReduce<B::Storage>,
+        sp: Option<TpShard>,
+    ) -> Result<(B::Storage, BlockStash<B>)> {
         let be = self.ln1.backend();
         let (n1, ln1) = self.ln1.forward(&x)?;
-        let (a, attn) = self.attn.forward(n1, tp)?;
+        let (a, attn) = match sp {
+            Some(shard) => self.attn.forward_seq(n1, tp, shard)?,
+            None => self.attn.forward(n1, tp)?,
+        };
         let mut h = x;
         be.add_assign(&mut h, &a)?;
         let (n2, ln2) = self.ln2.forward(&h)?;
-        let (m, mlp) = self.mlp.forward(n2, tp)?;
+        let (m, mlp) = match sp {
+            Some(shard) => self.mlp.forward_seq(n2, tp, shard)?,
+            None => self.mlp.forward(n2, tp)?,
+        };
         be.add_assign(&mut h, &m)?;
         // The residual stream is stored in the activation precision (bf16 in a bf16 run),
         // so a pipeline boundary between blocks rounds nothing a single device does not.
@@ -116,12 +138,36 @@ impl<B: Backend> Block<B> {
         dy: B::Storage,
         tp: &mut dyn TpReduce<B::Storage>,
     ) -> Result<(B::Storage, BlockWeightStash<B>)> {
+        self.backward_input_seq(stash, dy, tp, None)
+    }
+
+    /// [`Block::backward_input`] of a [`Block::forward_seq`] with the same
+    /// `sp`: under sequence parallelism `dy` and the result are slices, and
+    /// the norms' weight gradients (from W) are this rank's part only, to be
+    /// summed over the TP group once per step.
+    pub fn backward_input_seq(
+        &self,
+        stash: BlockStash<B>,
+        dy: B::Storage,
+        tp: &mut dyn TpReduce<B::Storage>,
+        sp: Option<TpShard>,
+    ) -> Result<(B::Storage, BlockWeightStash<B>)> {
         let be = self.ln1.backend();
         // The residual passes dy straight to h; the MLP branch adds to it.
-        let (dn2, mlp) = self.mlp.backward_input(stash.mlp, be.copy(&dy)?, tp)?;
+        let (dn2, mlp) = match sp {
+            Some(shard) => self
+                .mlp
+                .backward_input_seq(stash.mlp, be.copy(&dy)?, tp, shard)?,
+            None => self.mlp.backward_input(stash.mlp, be.copy(&dy)?, tp)?,
+        };
         let mut dh = dy;
         be.add_assign(&mut dh, &self.ln2.backward_input(&dn2, &stash.ln2)?)?;
-        let (dn1, attn) = self.attn.backward_input(stash.attn, be.copy(&dh)?, tp)?;
+        let (dn1, attn) = match sp {
+            Some(shard) => self
+                .attn
+                .backward_input_seq(stash.attn, be.copy(&dh)?, tp, shard)?,
+            None => self.attn.backward_input(stash.attn, be.copy(&dh)?, tp)?,
+        };
         let mut dx = dh;
         be.add_assign(&mut dx, &self.ln1.backward_input(&dn1, &stash.ln1)?)?;
         be.round_activation(&mut dx)?;
@@ -145,6 +191,19 @@ impl<B: Backend> Block<B> {
         self.attn.backward_weight(ws.attn)?;
         self.ln2.backward_weight(&ws.ln2.1, &ws.ln2.0)?;
         self.mlp.backward_weight(ws.mlp)
+    }
+}
+
+impl<B: Backend> Block<B> {
+    /// The two norms' parameters (gamma, beta of `ln1`, then of `ln2`): under
+    /// sequence parallelism their gradients are per-rank parts.
+    pub fn norm_params_mut(&mut self) -> [&mut Param<B::Storage>; 4] {
+        [
+            &mut self.ln1.gamma,
+            &mut self.ln1.beta,
+            &mut self.ln2.gamma,
+            &mut self.ln2.beta,
+        ]
     }
 }
 

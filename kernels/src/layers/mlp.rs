@@ -6,7 +6,7 @@
 
 use super::linear::{ColumnParallelLinear, RowParallelLinear};
 use super::shard::TpShard;
-use super::{cpu_backend, Param, Parameters, TpReduce};
+use super::{cpu_backend, seq, Param, Parameters, TpReduce};
 use crate::backend::{Backend, Cpu};
 use crate::error::Result;
 use crate::tensor::Tensor;
@@ -97,6 +97,40 @@ impl<B: Backend> Mlp<B> {
         tp.all_reduce_sum(&mut y)?;
         self.fc2.add_bias(&mut y)?;
         Ok((y, stash))
+    }
+
+    /// Sequence-parallel forward ([`seq`]): `x` is this rank's slice,
+    /// all-gathered before `fc1`; `fc2`'s partial sums are reduce-scattered
+    /// back to the slice. The stash keeps the input slice only.
+    pub fn forward_seq(
+        &self,
+        x: B::Storage,
+        tp: &mut dyn TpReduce<B::Storage>,
+        shard: TpShard,
+    ) -> Result<(B::Storage, MlpStash<B>)> {
+        let be = self.fc1.local.backend().clone();
+        let full = seq::gather(&*be, tp, &x, shard)?;
+        let (y, mut stash) = self.forward_partial(full)?;
+        stash.x = x;
+        let mut y = seq::scatter(&*be, tp, y, shard)?;
+        self.fc2.add_bias(&mut y)?;
+        Ok((y, stash))
+    }
+
+    /// Sequence-parallel input backward: the output gradient's slice and the
+    /// stashed input slice are all-gathered, the input gradient reduce-scattered.
+    pub fn backward_input_seq(
+        &self,
+        mut stash: MlpStash<B>,
+        dy: B::Storage,
+        tp: &mut dyn TpReduce<B::Storage>,
+        shard: TpShard,
+    ) -> Result<(B::Storage, MlpWeightStash<B>)> {
+        let be = self.fc1.local.backend().clone();
+        stash.x = seq::gather(&*be, tp, &stash.x, shard)?;
+        let dy = seq::gather(&*be, tp, &dy, shard)?;
+        let (dx, ws) = self.backward_input_partial(stash, dy)?;
+        Ok((seq::scatter(&*be, tp, dx, shard)?, ws))
     }
 
     /// Input backward up to the partial input gradient (not reduced).

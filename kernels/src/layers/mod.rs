@@ -51,6 +51,7 @@ pub mod head;
 pub mod linear;
 pub mod mlp;
 pub mod norm;
+pub mod seq;
 pub mod shard;
 
 pub use attention::{Attention, AttentionStash, AttentionWeightStash};
@@ -235,10 +236,31 @@ fn set_flat<S: Shaped, P: Parameters<S> + ?Sized>(
 ///
 /// `T` is the tensor type of the backend the layers run on: a host
 /// [`Tensor`] by default, a device tensor on a GPU.
+///
+/// Sequence parallelism ([`seq`]) also needs the two collectives below; a
+/// group that offers only the all-reduce refuses it, in one line.
 pub trait TpReduce<T = Tensor> {
     /// Replaces `t` with the sum of `t` over the TP group.
     fn all_reduce_sum(&mut self, t: &mut T) -> Result<()>;
+
+    /// Every rank's `t` (all of one shape), in group order.
+    fn all_gather(&mut self, t: &T) -> Result<Vec<T>> {
+        let _ = t;
+        Err(crate::error::KernelError::Config(NO_SEQ.into()))
+    }
+
+    /// The group's elementwise sum of `t` seen flat (row-major) and cut into
+    /// `size` equal contiguous blocks, of which this rank keeps block `rank`
+    /// (any shape with that many values). Summed in the order the all-reduce
+    /// uses, so the block holds the all-reduce's bits.
+    fn reduce_scatter_sum(&mut self, t: &T) -> Result<T> {
+        let _ = t;
+        Err(crate::error::KernelError::Config(NO_SEQ.into()))
+    }
 }
+
+const NO_SEQ: &str = "sequence parallelism needs a tensor-parallel group with all-gather and \
+     reduce-scatter; this one only all-reduces";
 
 /// The TP all-reduce of a group of one: does nothing.
 #[derive(Clone, Copy, Debug, Default)]

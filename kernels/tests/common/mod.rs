@@ -148,4 +148,33 @@ impl TpReduce for ThreadReduce {
         self.slots.barrier.wait();
         Ok(())
     }
+
+    fn all_gather(&mut self, t: &Tensor) -> Result<Vec<Tensor>> {
+        self.slots.parts.lock().unwrap()[self.rank] = t.data().to_vec();
+        self.slots.barrier.wait();
+        let out = {
+            let parts = self.slots.parts.lock().unwrap();
+            parts
+                .iter()
+                .map(|p| Tensor::new(t.shape(), p.clone()))
+                .collect::<Result<Vec<_>>>()
+        };
+        self.slots.barrier.wait();
+        out
+    }
+
+    fn reduce_scatter_sum(&mut self, t: &Tensor) -> Result<Tensor> {
+        // The all-reduce's sums, cut: the same bits.
+        let mut whole = t.clone();
+        self.all_reduce_sum(&mut whole)?;
+        let n = whole.numel() / self.slots.barrier_size();
+        let mine = whole.data()[self.rank * n..(self.rank + 1) * n].to_vec();
+        Tensor::new(&[n], mine)
+    }
+}
+
+impl Slots {
+    fn barrier_size(&self) -> usize {
+        self.parts.lock().unwrap().len()
+    }
 }

@@ -21,6 +21,13 @@ fn dims(cfg: &MemoryConfig) -> (u128, u128, u128) {
     (sbh, t, core)
 }
 
+/// Bytes of one pipeline hand-off on one rank: `2sbh`, `/t` with sequence parallelism.
+pub(super) fn handoff_bytes(cfg: &MemoryConfig) -> u64 {
+    let (sbh, t, _) = dims(cfg);
+    let split = if cfg.sequence_parallel { t } else { 1 };
+    u64::try_from(2 * sbh / split).unwrap_or(u64::MAX)
+}
+
 /// One layer's bytes under `policy` (for `Every`, a layer that is recomputed: its input).
 pub(super) fn layer_bytes(cfg: &MemoryConfig, policy: Recompute) -> u64 {
     let (sbh, t, core) = dims(cfg);

@@ -34,11 +34,12 @@ mod breakdown;
 mod megatron;
 mod params;
 mod pipewright;
+mod timeline;
 mod walk;
 
 pub use breakdown::MemoryBreakdown;
 pub use params::stage_parameters;
-pub use walk::{peak_walk, StageBytes};
+pub use walk::{device_levels, peak_walk, StageBytes};
 
 /// A GPT-like decoder's shape (the memory model's and plan's unit of "a model").
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -186,9 +187,6 @@ impl MemoryConfig {
         if self.zero > 1 {
             return Err(MemoryError::Zero(self.zero));
         }
-        if self.sequence_parallel && self.accounting == Accounting::Pipewright {
-            return Err(MemoryError::PipewrightSequenceParallel);
-        }
         self.recompute
             .check(self.stages())
             .map_err(|e| MemoryError::Recompute(e.to_string()))
@@ -224,9 +222,9 @@ pub enum MemoryError {
     /// A ZeRO level other than 0 or 1.
     #[error("memory model: ZeRO-{0} is not modelled (levels 0 and 1 are; 2 and 3 cannot run with a pipeline)")]
     Zero(u8),
-    /// Sequence parallelism asked of the pipewright accounting.
-    #[error("memory model: the pipewright accounting does not count sequence parallelism (its runtime has none to measure); use the megatron accounting")]
-    PipewrightSequenceParallel,
+    /// A timetable whose sends and receives cannot be placed.
+    #[error("memory model: {0}")]
+    Lower(String),
     /// A recompute plan naming stages the pipeline lacks.
     #[error("memory model: {0}")]
     Recompute(String),
@@ -255,12 +253,37 @@ pub fn layer_activation_bytes(cfg: &MemoryConfig, policy: Recompute) -> u64 {
     }
 }
 
-/// Per pipeline device, its ranks' peak memory by category (all `tp x dp` ranks of one
-/// device are alike; ZeRO shards and TP splits round up, so this is the device's largest
-/// rank). Activations are the peak of a walk of the device's actions ([`peak_walk`]). As in
-/// the runtime, a stage with `R` actions in `tt` and no policy in `cfg` recomputes fully.
-/// Buffers and workspace are not modelled (0).
+/// One pipeline device's predicted memory, as the runtime measures a rank's
+/// (`pipewright_runtime::RankMemory`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct DevicePrediction {
+    /// The holdings at the moment of the highest total (the earliest such moment).
+    pub peak: MemoryBreakdown,
+    /// Each category's own maximum (of different moments).
+    pub max: MemoryBreakdown,
+}
+
+/// Per pipeline device, its ranks' memory by category at the moment of their highest total
+/// (see [`predict_detail`]).
 pub fn predict(cfg: &MemoryConfig, tt: &Timetable) -> Result<Vec<MemoryBreakdown>, MemoryError> {
+    Ok(predict_detail(cfg, tt)?
+        .into_iter()
+        .map(|d| d.peak)
+        .collect())
+}
+
+/// Per pipeline device, its ranks' memory by category: all `tp x dp` ranks of one device are
+/// alike, except that ZeRO-1 shards round up (to the first DP rank's, which this is).
+/// Parameters, gradients and optimizer state are those of a step after the first (AdamW's
+/// state exists); activations and buffers come from one walk of the device's actions in the
+/// runtime's order (`timeline`), so the peak is the highest sum over time, not a sum of
+/// maxima. As in the runtime, a stage with `R` actions in `tt` and no policy in `cfg`
+/// recomputes fully. Workspace (temporaries inside one layer's compute) is not modelled, as
+/// the runtime does not count it on the host: 0.
+pub fn predict_detail(
+    cfg: &MemoryConfig,
+    tt: &Timetable,
+) -> Result<Vec<DevicePrediction>, MemoryError> {
     cfg.check()?;
     let mut plan = cfg.recompute.clone();
     for s in crate::recompute::recomputed(tt) {
@@ -280,20 +303,65 @@ pub fn predict(cfg: &MemoryConfig, tt: &Timetable) -> Result<Vec<MemoryBreakdown
             want_stages: cfg.stages(),
         });
     }
+    let low = if tt.is_lowered() {
+        tt.clone()
+    } else {
+        crate::timetable::lower(tt).map_err(|e| MemoryError::Lower(e.to_string()))?
+    };
     let stages: Vec<StageBytes> = (0..cfg.stages())
         .map(|s| match cfg.accounting {
             Accounting::Megatron => megatron::stage_bytes(cfg, s),
             Accounting::Pipewright => pipewright::stage_bytes(cfg, s),
         })
         .collect();
-    let peaks = peak_walk(tt, &stages);
+    let buffers = buffer_bytes(cfg);
     Ok((0..cfg.pp)
         .map(|d| {
-            let mut m = params::device_state(cfg, tt, d);
-            m.activations = peaks[d as usize].round() as u64;
-            m
+            let row = &low.devices[d as usize];
+            let levels = timeline::device_levels(row, cfg.stages(), &stages, &buffers);
+            let state = params::device_state(cfg, tt, d);
+            let (act, buf) = levels.peak;
+            DevicePrediction {
+                peak: MemoryBreakdown {
+                    activations: act.round() as u64,
+                    buffers: buf.round() as u64,
+                    ..state
+                },
+                max: MemoryBreakdown {
+                    activations: levels.max_activations.round() as u64,
+                    buffers: levels.max_buffers.round() as u64,
+                    ..state
+                },
+            }
         })
         .collect())
+}
+
+/// What the buffers of `cfg` are made of. Pipewright reduces a copy of each stage's flat f32
+/// gradients (and under ZeRO-1 holds the rank's shard of them); Megatron reduces in place in
+/// its contiguous gradient buffer and gathers into its parameter buffer, so only its
+/// hand-offs count.
+fn buffer_bytes(cfg: &MemoryConfig) -> timeline::BufferBytes {
+    let handoff = match cfg.accounting {
+        Accounting::Megatron => megatron::handoff_bytes(cfg),
+        Accounting::Pipewright => pipewright::handoff_bytes(cfg),
+    } as f64;
+    let dp = u64::from(cfg.dp.max(1));
+    let reduced = cfg.accounting == Accounting::Pipewright && dp > 1;
+    let numel = |s| params::rank_parameters(cfg, s);
+    let grads = (0..cfg.stages())
+        .map(|s| if reduced { (4 * numel(s)) as f64 } else { 0.0 })
+        .collect();
+    let shards = (reduced && cfg.zero >= 1).then(|| {
+        (0..cfg.stages())
+            .map(|s| (4 * numel(s).div_ceil(dp)) as f64)
+            .collect()
+    });
+    timeline::BufferBytes {
+        handoff,
+        grads,
+        shards,
+    }
 }
 
 #[cfg(test)]

@@ -33,7 +33,7 @@ pub fn stage_parameters(shape: &ModelShape, stages: u32, s: u32) -> u64 {
 /// columns (biases too), the output projections by rows (full biases), norms replicated.
 /// Pipewright replicates the embedding and the head; Megatron splits the word embedding and
 /// the output layer by vocabulary.
-fn rank_parameters(cfg: &MemoryConfig, s: u32) -> u64 {
+pub(super) fn rank_parameters(cfg: &MemoryConfig, s: u32) -> u64 {
     let sh = &cfg.shape;
     let (d, f, v, t) = (sh.d_model, sh.ffn, sh.vocab, u64::from(cfg.tp.max(1)));
     let block = 4 * d + (3 * d * d + 3 * d) / t + d * d / t + d + (d * f + f) / t + f * d / t + d;

@@ -14,6 +14,14 @@
 //!   gradients and attention's and the MLP's inputs, output gradients, `dqkv`, context and
 //!   activations (`N(8d + 2) + 4Nd/t + 2Nf/t`), the head's `N(3d + 1 + V)` and the
 //!   embedding's ids and gradient `N(d + 1)`.
+//!
+//! With sequence parallelism a rank holds `M = N / t` rows of everything outside the TP
+//! regions: the norms' stashes and the stashed inputs of attention and the MLP (`M(4d + 2)`
+//! a block in place of `N(4d + 2)`), the kept stage input under full recomputation (`Md`) and
+//! the hand-offs (`Md`). The weight stash keeps attention's and the MLP's gathered inputs and
+//! output gradients whole (`4Nd`) and the norms' on the slice (`M(4d + 2)`); the head runs on
+//! the gathered stream and the embedding's gradient is gathered, so both keep what they keep
+//! without SP. TP without SP is `M = N` throughout.
 
 use super::walk::StageBytes;
 use super::{params, MemoryConfig};
@@ -30,10 +38,26 @@ fn dims(cfg: &MemoryConfig) -> (u128, u128, u128, u128, u128) {
     (b * s, u128::from(sh.d_model), u128::from(sh.ffn), t, core)
 }
 
+/// Rows a rank holds outside the TP regions: `N / t` under sequence parallelism, else `N`.
+fn slice_rows(cfg: &MemoryConfig) -> u128 {
+    let (n, _, _, t, _) = dims(cfg);
+    if cfg.sequence_parallel {
+        n / t
+    } else {
+        n
+    }
+}
+
 /// Elements of one block's whole stash.
 fn block(cfg: &MemoryConfig) -> u128 {
     let (n, d, f, t, core) = dims(cfg);
-    n * (4 * d + 2) + 4 * n * d / t + 2 * n * f / t + core
+    slice_rows(cfg) * (4 * d + 2) + 4 * n * d / t + 2 * n * f / t + core
+}
+
+/// Bytes of one pipeline hand-off (a stage's output or input gradient) on one rank.
+pub(super) fn handoff_bytes(cfg: &MemoryConfig) -> u64 {
+    let d = u128::from(cfg.shape.d_model);
+    u64::try_from(F32 * slice_rows(cfg) * d).unwrap_or(u64::MAX)
 }
 
 /// One block's bytes under `policy`; a block a policy recomputes keeps nothing of its own.
@@ -55,7 +79,7 @@ pub(super) fn stage_bytes(cfg: &MemoryConfig, s: u32) -> StageBytes {
     let (first, last) = (s == 0, s + 1 == cfg.stages());
     let ids = if first { n } else { 0 };
     let head = if last { n * (2 * d + 2 + v) } else { 0 };
-    let input = if first { 0 } else { n * d };
+    let input = if first { 0 } else { slice_rows(cfg) * d };
     let layer = |p| u128::from(layer_bytes(cfg, p)) / F32;
     let full = ids + layers * block(cfg) + head;
     let kept = match cfg.recompute.of(s) {
@@ -67,7 +91,7 @@ pub(super) fn stage_bytes(cfg: &MemoryConfig, s: u32) -> StageBytes {
             ids + input + kept_blocks * block(cfg) + head
         }
     };
-    let block_w = n * (8 * d + 2) + 4 * n * d / t + 2 * n * f / t;
+    let block_w = slice_rows(cfg) * (4 * d + 2) + 4 * n * d + 4 * n * d / t + 2 * n * f / t;
     let weight = if first { n * (d + 1) } else { 0 }
         + layers * block_w
         + if last { n * (3 * d + 1 + v) } else { 0 };

@@ -5,7 +5,7 @@ use std::collections::HashSet;
 
 use serde::{Deserialize, Serialize};
 
-use crate::action::ActionKind;
+use crate::action::{Action, ActionKind};
 use crate::timetable::Timetable;
 
 /// What one microbatch of one stage holds, in any unit (bytes, or the search's units).
@@ -32,44 +32,94 @@ impl StageBytes {
 }
 
 /// Most held at once by each device when it runs its actions in order (a device runs one
-/// action at a time, so this is the timed peak too), counted the way the runtime counts:
-/// F adds the stage's `kept`; R grows it to `full`; a B or I of a microbatch that kept a
-/// slim stash and had no R grows it first; B frees `full`; I frees `full` and adds `weight`;
-/// W frees `weight`. An F&B overlap is its F, then its B. Stages past `stages` hold nothing.
+/// action at a time, so this is the timed peak too). See [`device_levels`].
 pub fn peak_walk(tt: &Timetable, stages: &[StageBytes]) -> Vec<f64> {
-    let none = StageBytes::default();
     tt.devices
         .iter()
-        .map(|actions| {
-            let (mut now, mut peak) = (0.0f64, 0.0f64);
-            let mut rebuilt = HashSet::new();
-            let grow = |now: &mut f64, peak: &mut f64, by: f64| {
-                *now += by;
-                *peak = peak.max(*now);
-            };
-            for part in actions.iter().flat_map(|a| a.parts()) {
-                let c = stages.get(part.stage as usize).unwrap_or(&none);
-                let key = (part.stage, part.microbatch);
-                match part.kind {
-                    ActionKind::F => grow(&mut now, &mut peak, c.kept),
-                    ActionKind::R => {
-                        rebuilt.insert(key);
-                        grow(&mut now, &mut peak, c.full - c.kept);
-                    }
-                    ActionKind::B | ActionKind::I => {
-                        if !rebuilt.remove(&key) && c.kept != c.full {
-                            grow(&mut now, &mut peak, c.full - c.kept);
-                        }
-                        now -= c.full;
-                        if part.kind == ActionKind::I {
-                            grow(&mut now, &mut peak, c.weight);
-                        }
-                    }
-                    ActionKind::W => now -= c.weight,
-                    _ => {}
-                }
-            }
-            peak
+        .map(|row| device_levels(row, stages).into_iter().fold(0.0, f64::max))
+        .collect()
+}
+
+/// The most one device holds during each part of its actions (an F&B overlap is two parts:
+/// its F, then its B), counted the way the runtime counts (see [`Stashes`]). Stages past
+/// `stages` hold nothing.
+pub fn device_levels(row: &[Action], stages: &[StageBytes]) -> Vec<f64> {
+    let mut held = Stashes::new(row);
+    row.iter()
+        .flat_map(|a| a.parts())
+        .map(|part| {
+            let mut high = held.now;
+            held.apply(part, stages, |level| high = high.max(level));
+            high
         })
         .collect()
+}
+
+/// One device's stashed activations as its compute parts run, in the runtime's order. On a
+/// stage with `R` actions in the row, a microbatch with an `R` keeps the stage's `kept` from
+/// its F and the R grows it to `full`, while one without keeps `full` (the runtime recomputes
+/// exactly what the timetable names). On a stage without, every F keeps `kept`, and a
+/// backward of a slim stash grows it first (the runtime rebuilds it there). B frees `full`;
+/// I frees `full` and adds `weight`; W frees `weight`.
+pub(super) struct Stashes {
+    named: HashSet<(u32, u32)>,
+    named_stages: HashSet<u32>,
+    slim: HashSet<(u32, u32)>,
+    /// Held now.
+    pub(super) now: f64,
+}
+
+impl Stashes {
+    /// Nothing held yet, for the actions of `row`.
+    pub(super) fn new(row: &[Action]) -> Self {
+        let named: HashSet<(u32, u32)> = row
+            .iter()
+            .flat_map(|a| a.parts())
+            .filter(|p| p.kind == ActionKind::R)
+            .map(|p| (p.stage, p.microbatch))
+            .collect();
+        let named_stages = named.iter().map(|&(s, _)| s).collect();
+        Stashes {
+            named,
+            named_stages,
+            slim: HashSet::new(),
+            now: 0.0,
+        }
+    }
+
+    /// Runs one compute part, calling `grew` with the level after each growth (the moments
+    /// the runtime compares with its peak). Other kinds hold nothing.
+    pub(super) fn apply(&mut self, part: Action, stages: &[StageBytes], mut grew: impl FnMut(f64)) {
+        let none = StageBytes::default();
+        let c = stages.get(part.stage as usize).unwrap_or(&none);
+        let key = (part.stage, part.microbatch);
+        let mut grow = |now: &mut f64, by: f64| {
+            *now += by;
+            grew(*now);
+        };
+        match part.kind {
+            ActionKind::F => {
+                let whole = self.named_stages.contains(&part.stage) && !self.named.contains(&key);
+                if whole || c.kept >= c.full {
+                    grow(&mut self.now, c.full);
+                } else {
+                    self.slim.insert(key);
+                    grow(&mut self.now, c.kept);
+                }
+            }
+            // An R of a stash kept whole (or rebuilt already) changes nothing.
+            ActionKind::R if self.slim.remove(&key) => grow(&mut self.now, c.full - c.kept),
+            ActionKind::B | ActionKind::I => {
+                if self.slim.remove(&key) {
+                    grow(&mut self.now, c.full - c.kept);
+                }
+                self.now -= c.full;
+                if part.kind == ActionKind::I {
+                    grow(&mut self.now, c.weight);
+                }
+            }
+            ActionKind::W => self.now -= c.weight,
+            _ => {}
+        }
+    }
 }

@@ -53,7 +53,7 @@ pub(super) fn priority(job: &Job, p: u32, m: u32) -> u8 {
     match job {
         Job::Fixed(s) if s.kind() != ScheduleKind::Interleaved1F1B || s.virtual_stages() == 1 => 0,
         Job::Fixed(s) if s.group_size() % p.max(1) == 0 || s.group_size() == m => 1,
-        Job::List(_) | Job::Rounds(..) => 2,
+        Job::List(_) | Job::Rounds(..) | Job::Recompute(..) => 2,
         Job::Fixed(_) => 3,
     }
 }

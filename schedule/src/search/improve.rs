@@ -1,7 +1,8 @@
-//! Improvement by simulation: move weight-gradient work into the idle gaps the simulator finds.
+//! Improvement by simulation: move weight-gradient work and recomputes into the idle gaps the
+//! simulator finds.
 //!
-//! A W waits on nothing but its own I, so where a device idles waiting for an input, a later W
-//! of that device can run instead. Each move is tried on a copy, checked against the cap,
+//! A W waits on nothing but its own I (an R on nothing but its own F), so where a device
+//! idles waiting for an input, a later W or R of that device can run instead. Each move is tried on a copy, checked against the cap,
 //! validated and simulated; it is kept only if the objective gets smaller (or as small, with
 //! every device done sooner). Nothing unchecked survives, so the result is never worse than
 //! the start.
@@ -14,17 +15,15 @@ use crate::action::{Action, ActionKind};
 use crate::simulate::{simulate_steps, CostModel, SteadyState};
 use crate::timetable::Timetable;
 
-use super::memory::peak_units_held;
+use super::memory::peak_units_kept;
 use super::{Objective, PERIOD_STEPS};
 
 /// What to improve, under which costs and cap, with how many simulations at most.
 pub struct Improve<'a> {
     /// Costs per stage of the timetable.
     pub costs: &'a CostModel,
-    /// Memory weight per stage, in units.
-    pub weights: &'a [f64],
-    /// Units each stage still holds after its I until its W.
-    pub held: &'a [f64],
+    /// Memory per stage, in units: whole, held until W, kept until an R.
+    pub weights: super::recompute::Weights<'a>,
     /// Cap per device, in units.
     pub cap: f64,
     /// Most simulations to spend.
@@ -51,7 +50,8 @@ pub fn improve(tt: &Timetable, how: &Improve<'_>) -> Option<(Timetable, SteadySt
             let mut next = cur_tt.clone();
             let a = next.devices[d].remove(from);
             next.devices[d].insert(to, a);
-            let peak = peak_units_held(&next, how.weights, how.held)
+            let w = how.weights;
+            let peak = peak_units_kept(&next, w.weights, w.held, w.kept)
                 .into_iter()
                 .fold(0.0, f64::max);
             if peak > how.cap + 1e-9 {
@@ -115,11 +115,18 @@ fn gap_moves(tt: &Timetable, steady: &SteadyState) -> Vec<(usize, usize, usize)>
         .collect()
 }
 
-/// Whether the W at `j` may run before position `at`: its own I already ran by then.
+/// Whether the W or R at `j` may run before position `at`: what it waits on (a W's own I, an
+/// R's own F) already ran by then. An R pulled forward regrows its stash sooner, which the
+/// cap check of the move weighs.
 fn movable_before(list: &[Action], j: usize, at: usize) -> bool {
     let a = list[j];
-    a.kind == ActionKind::W
-        && list[..at]
-            .iter()
-            .any(|x| x.kind == ActionKind::I && x.stage == a.stage && x.microbatch == a.microbatch)
+    let needs = match a.kind {
+        ActionKind::W => ActionKind::I,
+        ActionKind::R => ActionKind::F,
+        _ => return false,
+    };
+    list[..at]
+        .iter()
+        .flat_map(|x| x.parts())
+        .any(|x| x.kind == needs && x.stage == a.stage && x.microbatch == a.microbatch)
 }

@@ -123,17 +123,60 @@ pub fn peak_units(tt: &Timetable, weights: &[f64]) -> Vec<f64> {
     peak_units_held(tt, weights, weights)
 }
 
+/// Units each stage keeps of a microbatch that an `R` recomputes, from its F until that R:
+/// its weight times [`CostModel::kept_bytes`] over its activation bytes (its input's share),
+/// and nothing when the costs carry no sizes.
+pub fn kept_weights(costs: &CostModel, weights: &[f64]) -> Vec<f64> {
+    weights
+        .iter()
+        .enumerate()
+        .map(|(s, &w)| {
+            let all = costs.stages.get(s).map_or(0, |c| c.activation_bytes);
+            if all == 0 {
+                return 0.0;
+            }
+            let kept = costs.kept_bytes(s as u32).min(all);
+            w * kept as f64 / all as f64
+        })
+        .collect()
+}
+
 /// Most units each device holds at once when it runs its actions in order. A device runs one
 /// action at a time, so this is the timed peak too: F stashes its stage's weight at its start,
 /// B frees it at its end; a split backward's I frees all but `held` (what W still needs) at
-/// its end and W frees the rest at its end; an F&B overlap holds both at once.
+/// its end and W frees the rest at its end; an F&B overlap holds both at once. `R` actions
+/// change nothing here (see [`peak_units_kept`] for recomputation).
 pub fn peak_units_held(tt: &Timetable, weights: &[f64], held: &[f64]) -> Vec<f64> {
-    let stages: Vec<StageBytes> = weights
-        .iter()
-        .enumerate()
-        .map(|(s, &w)| StageBytes::plain(w, held.get(s).copied().unwrap_or(0.0)))
-        .collect();
-    peak_walk(tt, &stages)
+    peak_units_kept(tt, weights, held, weights)
+}
+
+/// [`peak_units_held`] with recomputation: a microbatch with an `R` keeps only `kept` of its
+/// stage from its F until the R, which regrows the rest (the search sets no policy, so the
+/// other microbatches keep everything).
+pub fn peak_units_kept(tt: &Timetable, weights: &[f64], held: &[f64], kept: &[f64]) -> Vec<f64> {
+    let named = crate::recompute::recomputed(tt);
+    peak_walk(tt, &unit_stages(&named, weights, held, kept))
+}
+
+/// The walk's per-stage sizes in units: `kept` only for the `named` stages, those with an
+/// `R` (without a policy, a stage without `R`s keeps everything).
+pub(super) fn unit_stages(
+    named: &std::collections::BTreeSet<u32>,
+    weights: &[f64],
+    held: &[f64],
+    kept: &[f64],
+) -> Vec<StageBytes> {
+    let at = |v: &[f64], s: usize| v.get(s).copied().unwrap_or(0.0);
+    (0..weights.len())
+        .map(|s| {
+            let full = at(weights, s);
+            let mut b = StageBytes::plain(full, at(held, s));
+            if named.contains(&(s as u32)) {
+                b.kept = at(kept, s).min(full);
+            }
+            b
+        })
+        .collect()
 }
 
 #[cfg(test)]

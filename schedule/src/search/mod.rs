@@ -4,7 +4,11 @@
 //! device `v`, interleaving group sizes). The search's own list scheduler ([`list_schedule`])
 //! plays the step forward with the real costs and places F, I and W greedily under a cap; it
 //! is run over placements, priorities and caps, and each of its timetables is judged by the
-//! simulator like any other. Every candidate is validated and simulated; none is trusted.
+//! simulator like any other. Where a fixed family is over the cap and the costs say what a
+//! recomputed microbatch keeps (its input), the family is tried again with the fewest `R`s
+//! that bring each device under the cap (see `recompute`): only the microbatches alive at a
+//! device's peak, each recomputed right before its backward, inside the bubble where that
+//! backward waits. Every candidate is validated and simulated; none is trusted.
 //!
 //! The best is the fitting candidate with the smallest [`Objective`] (then the least memory,
 //! then the first found, so a fixed family wins a tie). The objective is the steady-state
@@ -31,8 +35,10 @@
 
 mod budget;
 mod improve;
+mod jobs;
 mod list;
 mod memory;
+mod recompute;
 mod rounds;
 mod whole;
 
@@ -43,7 +49,8 @@ use serde::Serialize;
 pub use budget::{CutShort, Progress};
 pub use list::{list_schedule, Knobs};
 pub use memory::{
-    held_weights, peak_units, peak_units_held, stage_weights, unit_bytes, CapError, MemoryCap,
+    held_weights, kept_weights, peak_units, peak_units_held, peak_units_kept, stage_weights,
+    unit_bytes, CapError, MemoryCap,
 };
 pub use rounds::{round_schedule, RoundKnobs};
 
@@ -55,6 +62,7 @@ use crate::simulate::{
 use crate::spec::{Placement, ScheduleKind, ScheduleSpec};
 use crate::timetable::Timetable;
 use improve::{improve, Improve};
+use jobs::{fixed_label, jobs, list_placements, passage_need};
 pub use list::fmt_units;
 
 /// What to search.
@@ -174,6 +182,8 @@ pub struct Candidate {
     pub peak_bytes: Option<u64>,
     /// Whether it fits the cap.
     pub fits: bool,
+    /// `R` actions the search added because the cap forced them (0 for most candidates).
+    pub recomputes: u32,
 }
 
 /// A shape that could not be tried, and why.
@@ -263,12 +273,14 @@ enum Job {
     List(Knobs),
     /// The zero-bubble paper's round heuristic (one chunk per device) under a cap in units.
     Rounds(RoundKnobs, f64),
+    /// A fixed family over the cap, with the fewest recomputes that bring it under.
+    Recompute(ScheduleSpec, f64),
 }
 
 impl Job {
     fn v(&self) -> u32 {
         match self {
-            Job::Fixed(s) => s.virtual_stages(),
+            Job::Fixed(s) | Job::Recompute(s, _) => s.virtual_stages(),
             Job::List(k) => k.v,
             Job::Rounds(..) => 1,
         }
@@ -281,6 +293,18 @@ struct Shape {
     weights: Vec<f64>,
     /// Units each stage still holds after its I until its W.
     held: Vec<f64>,
+    /// Units a recomputed microbatch of each stage keeps until its R.
+    kept: Vec<f64>,
+}
+
+impl Shape {
+    fn weights(&self) -> recompute::Weights<'_> {
+        recompute::Weights {
+            weights: &self.weights,
+            held: &self.held,
+            kept: &self.kept,
+        }
+    }
 }
 
 /// Find the fastest timetable that fits `spec.cap`.
@@ -314,10 +338,12 @@ pub fn search_with(
             let costs = spec.costs.resample(p * v.max(1)).ok()?;
             let weights = stage_weights(&costs, p);
             let held = held_weights(&costs, &weights);
+            let kept = kept_weights(&costs, &weights);
             Some(Shape {
                 costs,
                 weights,
                 held,
+                kept,
             })
         })
         .collect();
@@ -363,8 +389,7 @@ pub fn search_with(
     if let Some(shape) = &shapes[jobs[best.job].v() as usize] {
         let how = Improve {
             costs: &shape.costs,
-            weights: &shape.weights,
-            held: &shape.held,
+            weights: shape.weights(),
             cap,
             budget: spec.improve_budget,
             objective: spec.objective,
@@ -491,202 +516,6 @@ fn pareto_front(candidates: &[Candidate], objective: Objective) -> Vec<usize> {
     front
 }
 
-/// Every shape to try, and those that cannot be tried.
-fn jobs(spec: &SearchSpec, cap: f64, shapes: &[Option<Shape>]) -> (Vec<Job>, Vec<Skipped>) {
-    let (p, m) = (spec.devices, spec.microbatches);
-    let mut jobs = Vec::new();
-    let mut skipped = Vec::new();
-    for &kind in &spec.families {
-        for (v, g) in family_shapes(kind, p, m, spec.max_virtual) {
-            if v > spec.max_virtual.max(1) {
-                skipped.push(Skipped {
-                    label: fixed_label(kind, v, g),
-                    reason: format!(
-                        "v={v} is above the largest v allowed ({})",
-                        spec.max_virtual
-                    ),
-                });
-                continue;
-            }
-            match ScheduleSpec::new(kind, p, v, m, g) {
-                Ok(s) if shapes[v as usize].is_some() => jobs.push(Job::Fixed(s)),
-                Ok(_) => skipped.push(Skipped {
-                    label: fixed_label(kind, v, g),
-                    reason: resample_reason(spec, p * v),
-                }),
-                Err(e) => skipped.push(Skipped {
-                    label: fixed_label(kind, v, g),
-                    reason: e.to_string(),
-                }),
-            }
-        }
-    }
-    if spec.list_scheduler {
-        list_jobs(spec, cap, shapes, &mut jobs, &mut skipped);
-    }
-    (jobs, skipped)
-}
-
-fn resample_reason(spec: &SearchSpec, stages: u32) -> String {
-    match spec.costs.resample(stages) {
-        Err(e) => e.to_string(),
-        Ok(_) => "no costs".to_string(),
-    }
-}
-
-/// Above this many, interleaving group sizes are tried at powers of two only.
-const MAX_GROUP_SIZES: u32 = 256;
-
-/// The (v, group size) shapes of a family.
-fn family_shapes(kind: ScheduleKind, p: u32, m: u32, max_v: u32) -> Vec<(u32, Option<u32>)> {
-    if let Some(v) = kind.fixed_virtual() {
-        return vec![(v, None)];
-    }
-    if !kind.supports_virtual() {
-        return vec![(1, None)];
-    }
-    let mut out = Vec::new();
-    for v in 2..=max_v {
-        if kind != ScheduleKind::Interleaved1F1B {
-            out.push((v, None));
-            continue;
-        }
-        // Every group size from p to m (m is one group) when there are few, so no fixed
-        // interleaving beats the search; else p, 2p, 4p, ... and m.
-        let p = p.max(1);
-        if m.saturating_sub(p) <= MAX_GROUP_SIZES {
-            out.extend((p..=m.max(p)).map(|g| (v, Some(g))));
-        } else {
-            let mut g = p;
-            while g < m {
-                out.push((v, Some(g)));
-                g = g.saturating_mul(2);
-            }
-            out.push((v, Some(m)));
-        }
-    }
-    out
-}
-
-fn fixed_label(kind: ScheduleKind, v: u32, g: Option<u32>) -> String {
-    let mut label = kind.name().to_string();
-    if v > 1 && kind.supports_virtual() {
-        label += &format!(" v={v}");
-    }
-    if let Some(g) = g {
-        label += &format!(" g={g}");
-    }
-    label
-}
-
-/// The list scheduler's shapes: every placement with every priority at the full cap, and the
-/// default priorities at smaller caps (the points of the Pareto front).
-fn list_jobs(
-    spec: &SearchSpec,
-    cap: f64,
-    shapes: &[Option<Shape>],
-    jobs: &mut Vec<Job>,
-    skipped: &mut Vec<Skipped>,
-) {
-    let p = spec.devices;
-    for (v, placement) in list_placements(spec.max_virtual) {
-        let knobs = Knobs {
-            v,
-            placement,
-            split: true,
-            backward_first: true,
-            depth_first: true,
-            cap,
-            lookahead: false,
-            w_in_gaps: false,
-        };
-        let Some(shape) = &shapes[v as usize] else {
-            skipped.push(Skipped {
-                label: knobs.label(),
-                reason: resample_reason(spec, p * v),
-            });
-            continue;
-        };
-        let need = passage_need(p, v, placement, &shape.weights);
-        if need > cap + 1e-9 {
-            skipped.push(Skipped {
-                label: knobs.label(),
-                reason: format!(
-                    "one microbatch needs {} units on a device and the cap is {}",
-                    fmt_units(need),
-                    fmt_units(cap)
-                ),
-            });
-            continue;
-        }
-        for split in [true, false] {
-            for backward_first in [true, false] {
-                for depth_first in [true, false] {
-                    if v == 1 && !depth_first {
-                        continue; // one chunk per device: no depth to prefer
-                    }
-                    jobs.push(Job::List(Knobs {
-                        split,
-                        backward_first,
-                        depth_first,
-                        ..knobs
-                    }));
-                }
-            }
-        }
-        for (lookahead, w_in_gaps) in [(true, false), (false, true), (true, true)] {
-            jobs.push(Job::List(Knobs {
-                lookahead,
-                w_in_gaps,
-                ..knobs
-            }));
-        }
-        if v == 1 {
-            jobs.extend(RoundKnobs::ALL.iter().map(|&k| Job::Rounds(k, cap)));
-        }
-        for level in cap_levels(need, cap) {
-            jobs.push(Job::List(Knobs {
-                cap: level,
-                ..knobs
-            }));
-        }
-    }
-}
-
-/// The list scheduler's placements: loop with v = 1..=max_v, and the V when v = 2 is allowed.
-fn list_placements(max_v: u32) -> Vec<(u32, Placement)> {
-    let mut placements: Vec<(u32, Placement)> =
-        (1..=max_v.max(1)).map(|v| (v, Placement::Loop)).collect();
-    if max_v >= 2 {
-        placements.push((2, Placement::V));
-    }
-    placements
-}
-
-/// Units the neediest device must hold to pass one microbatch through all its chunks.
-fn passage_need(p: u32, v: u32, placement: Placement, weights: &[f64]) -> f64 {
-    let mut need = vec![0.0; p as usize];
-    for (s, w) in weights.iter().enumerate() {
-        need[placement.device_of(s as u32, p) as usize] += w;
-    }
-    debug_assert_eq!(weights.len() as u32, p * v);
-    need.into_iter().fold(0.0, f64::max)
-}
-
-/// Caps below `cap` worth trying: 1, 1.5, 2, 3, 4, 6, ... times `need`.
-fn cap_levels(need: f64, cap: f64) -> Vec<f64> {
-    let mut out = Vec::new();
-    let mut base = need.max(1e-9);
-    while base < cap - 1e-9 {
-        out.push(base);
-        if base * 1.5 < cap - 1e-9 {
-            out.push(base * 1.5);
-        }
-        base *= 2.0;
-    }
-    out
-}
-
 type Evaluated = Result<Candidate, (String, String)>;
 
 /// The best fitting timetable so far, and the job that made it.
@@ -777,6 +606,13 @@ fn evaluate(
                 None => return Err((k.label(*cap), "a forward does not fit the cap".into())),
             }
         }
+        Job::Recompute(s, cap) => {
+            let base = fixed_label(s.kind(), s.virtual_stages(), grouped(s));
+            let tt = recompute::fit(&generate(s), shape.weights(), *cap);
+            let (r, f) = recompute::count(&tt);
+            let label = format!("{base} + recompute {r}/{f}");
+            (label, s.kind().name().to_string(), tt)
+        }
     };
     let sim = simulate_steps(&tt, &shape.costs, PERIOD_STEPS)
         .map_err(|e| (label.clone(), steady_reason(e)))?;
@@ -804,7 +640,7 @@ fn describe(
     spec: &SearchSpec,
 ) -> Candidate {
     let sim = &steady.single;
-    let peak = peak_units_held(tt, &shape.weights, &shape.held)
+    let peak = peak_units_kept(tt, &shape.weights, &shape.held, &shape.kept)
         .into_iter()
         .fold(0.0, f64::max);
     let peak_bytes = match (&spec.memory, spec.cap) {
@@ -826,6 +662,7 @@ fn describe(
         peak_microbatches: peak,
         peak_bytes,
         fits,
+        recomputes: recompute::count(tt).0,
     }
 }
 
