@@ -270,6 +270,13 @@ fn validate_trains_configurations_and_ranks_them() {
         .count();
     assert!((2..=3).contains(&measured), "{out}");
     assert!(out.contains("Spearman rank correlation"), "{out}");
+    // The memory model's Pipewright accounting against train's measured peaks: within 5%.
+    let err: f64 = out
+        .lines()
+        .find_map(|l| l.strip_prefix("largest error of a device's predicted peak memory against its fullest rank's measured peak: "))
+        .and_then(|v| v.trim_end_matches('%').parse().ok())
+        .unwrap_or_else(|| panic!("no memory line in {out}"));
+    assert!(err <= 5.0, "{out}");
     let mut args = SMALL.to_vec();
     args.extend(["--global-batch", "64", "--validate", "1"]);
     refused(&args, &["--validate needs at least 2"]);

@@ -9,6 +9,8 @@
 use std::process::Command;
 
 use anyhow::{anyhow, bail, Context, Result};
+use pipewright::schedule::memory::MemoryBreakdown;
+use pipewright::schedule::plan::fit::peaks_as_run;
 use pipewright::schedule::plan::rank::spearman;
 use pipewright::schedule::plan::{Config, PlanRequest};
 
@@ -55,8 +57,9 @@ fn train_args(req: &PlanRequest, c: &Config) -> Vec<String> {
     .collect()
 }
 
-/// The measured steady-state period of one training run, in seconds.
-fn measure(req: &PlanRequest, c: &Config) -> Result<f64> {
+/// The measured steady-state period of one training run, in seconds, and each pipeline
+/// device's fullest rank's measured peak in bytes.
+fn measure(req: &PlanRequest, c: &Config) -> Result<(f64, Vec<u64>)> {
     let exe = std::env::current_exe().context("finding this program to run `train`")?;
     let out = Command::new(exe)
         .args(train_args(req, c))
@@ -77,10 +80,39 @@ fn measure(req: &PlanRequest, c: &Config) -> Result<f64> {
         .find(|l| l.starts_with('{'))
         .ok_or_else(|| anyhow!("train of {} printed no step", c))?;
     let v: serde_json::Value = serde_json::from_str(last)?;
-    v["steady_state_period_ms"]
+    let period = v["steady_state_period_ms"]
         .as_f64()
         .map(|ms| ms / 1e3)
-        .ok_or_else(|| anyhow!("train of {} reported no period", c))
+        .ok_or_else(|| anyhow!("train of {} reported no period", c))?;
+    // `memory` lists every rank, device by device (tp * dp ranks each).
+    let ranks = (c.tp * c.dp) as usize;
+    let per_rank: Vec<u64> = v["memory"]
+        .as_array()
+        .map(|rs| {
+            rs.iter()
+                .filter_map(|r| serde_json::from_value::<MemoryBreakdown>(r["peak"].clone()).ok())
+                .map(|m| m.total())
+                .collect()
+        })
+        .unwrap_or_default();
+    let devices = per_rank
+        .chunks(ranks.max(1))
+        .map(|d| d.iter().copied().max().unwrap_or(0))
+        .collect();
+    Ok((period, devices))
+}
+
+/// Largest relative error of the predicted per-device peaks against the measured ones
+/// (`None` when `train` reported no memory or the device counts differ).
+fn memory_error(predicted: &[MemoryBreakdown], measured: &[u64]) -> Option<f64> {
+    if measured.is_empty() || predicted.len() != measured.len() {
+        return None;
+    }
+    predicted
+        .iter()
+        .zip(measured)
+        .map(|(p, &m)| (p.total() as f64 - m as f64).abs() / (m.max(1) as f64))
+        .reduce(f64::max)
 }
 
 /// `k` of `simulated` (fastest first): the first, the last, and evenly between.
@@ -100,21 +132,33 @@ pub fn validate(req: &PlanRequest, runs: &[(Config, f64)]) -> Result<String> {
         bail!("--validate runs the reference GPT, whose ffn is 4 * d_model: leave --ffn out");
     }
     let mut out = format!(
-        "\nvalidation: {} configurations (the best, then spread down the ranking) trained in-process for {STEPS} steps each\n  #  predicted s  measured s  measured/predicted  configuration\n",
+        "\nvalidation: {} configurations (the best, then spread down the ranking) trained in-process for {STEPS} steps each\n  #  predicted s  measured s  measured/predicted  peak memory error  configuration\n",
         runs.len()
     );
     let (mut predicted, mut measured) = (Vec::new(), Vec::new());
+    let mut worst_memory: Option<f64> = None;
     for (i, (c, p)) in runs.iter().enumerate() {
-        let m = measure(req, c)?;
+        let (m, peaks) = measure(req, c)?;
+        let err = memory_error(&peaks_as_run(req, c).map_err(|e| anyhow!("{e}"))?, &peaks);
+        if let Some(e) = err {
+            worst_memory = Some(worst_memory.map_or(e, |w: f64| w.max(e)));
+        }
         out += &format!(
-            "{:>3}  {:>11.4}  {:>10.4}  {:>18.2}  {c}\n",
+            "{:>3}  {:>11.4}  {:>10.4}  {:>18.2}  {:>17}  {c}\n",
             i + 1,
             p,
             m,
             m / p,
+            err.map_or("-".to_string(), |e| format!("{:.1}%", 100.0 * e)),
         );
         predicted.push(*p);
         measured.push(m);
+    }
+    if let Some(w) = worst_memory {
+        out += &format!(
+            "largest error of a device's predicted peak memory against its fullest rank's measured peak: {:.1}%\n",
+            100.0 * w
+        );
     }
     out += &match spearman(&predicted, &measured) {
         Some(rho) => format!("Spearman rank correlation, predicted against measured: {rho:.2}\n"),

@@ -98,6 +98,18 @@ pub fn peaks(req: &PlanRequest, cfg: &Config) -> Result<Vec<MemoryBreakdown>, Pl
     Ok(predict(&memory_config(req, cfg), &tt)?)
 }
 
+/// Each pipeline device's peak as pipewright's own runtime would hold it (the memory model's
+/// `Pipewright` accounting, every microbatch): what `plan --validate` compares with `train`'s
+/// measured peaks.
+pub fn peaks_as_run(req: &PlanRequest, cfg: &Config) -> Result<Vec<MemoryBreakdown>, PlanError> {
+    let tt = timetable(cfg, cfg.microbatches)?;
+    let mem = MemoryConfig {
+        accounting: Accounting::Pipewright,
+        ..memory_config(req, cfg)
+    };
+    Ok(predict(&mem, &tt)?)
+}
+
 /// The worst device's peak in bytes.
 pub fn worst(peaks: &[MemoryBreakdown]) -> u64 {
     peaks.iter().map(MemoryBreakdown::total).max().unwrap_or(0)
