@@ -281,9 +281,13 @@ impl PlanCmd {
         out += "  #  step s   tokens/s  TFLOP/s/GPU   MFU  peak GiB  headroom  bubble  limit     configuration\n";
         for (i, r) in plan.rows.iter().take(self.top).enumerate() {
             out += &format!(
-                "{:>3}  {:>6.3}  {:>9.0}  {:>11}  {:>4.1}%  {:>8.1}  {:>7.1}%  {:>5.1}%  {:<8}  {}\n",
+                "{:>3}  {:>6}  {:>9.0}  {:>11}  {:>4.1}%  {:>8.1}  {:>7.1}%  {:>5.1}%  {:<8}  {}\n",
                 i + 1,
-                r.step_time_s,
+                if r.step_time_s >= 0.01 {
+                    format!("{:.3}", r.step_time_s)
+                } else {
+                    format!("{:.1e}", r.step_time_s)
+                },
                 r.tokens_per_s,
                 if r.tflops_per_gpu < 10.0 {
                     format!("{:.3}", r.tflops_per_gpu)
