@@ -52,6 +52,8 @@ const SMALL: [&str; 10] = [
 fn the_table_ends_with_a_launch_line_train_accepts() {
     let mut args = SMALL.to_vec();
     args.extend(["--global-batch", "128", "--explain", "--top", "3"]);
+    // Sequence parallelism fixed on, so the launch line carries it too.
+    args.extend(["--tp", "2", "--sequence-parallel"]);
     let out = ok(&args);
     assert!(
         out.contains("TFLOP/s/GPU") && out.contains("why the best"),
@@ -70,7 +72,7 @@ fn the_table_ends_with_a_launch_line_train_accepts() {
     for flag in launch.split_whitespace().filter(|w| w.starts_with("--")) {
         assert!(help.contains(flag), "train has no {flag}");
     }
-    assert!(launch.contains("--transport nccl"));
+    assert!(launch.contains("--transport nccl") && launch.contains(" --sequence-parallel "));
 }
 
 #[test]

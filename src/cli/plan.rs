@@ -310,7 +310,7 @@ impl PlanCmd {
                 out += &memory_table(best);
             }
             out += &format!("\nrun the best:\n  {}\n", launch(req, best));
-            out += &caveats(req, best);
+            out += &caveats(req);
         }
         out
     }
@@ -395,8 +395,13 @@ fn explain(best: &PlanRow, plan: &Plan) -> String {
 pub fn launch(req: &PlanRequest, r: &PlanRow) -> String {
     let c = &r.config;
     let recompute = c.recompute.to_string();
+    let sp = if c.sequence_parallel {
+        " --sequence-parallel"
+    } else {
+        ""
+    };
     format!(
-        "mpirun -np {} pipewright train --transport nccl --precision {} --schedule {} --stages {} --virtual {} --microbatches {} --microbatch-size {} --tp {} --dp {} --zero {} --recompute {} --layers {} --d-model {} --heads {} --seq-len {} --vocab {}",
+        "mpirun -np {} pipewright train --transport nccl --precision {} --schedule {} --stages {} --virtual {} --microbatches {} --microbatch-size {} --tp {} --dp {} --zero {} --recompute {}{sp} --layers {} --d-model {} --heads {} --seq-len {} --vocab {}",
         c.gpus(),
         req.precision.name(),
         c.schedule,
@@ -417,11 +422,8 @@ pub fn launch(req: &PlanRequest, r: &PlanRow) -> String {
 }
 
 /// What the launch line cannot say.
-fn caveats(req: &PlanRequest, r: &PlanRow) -> String {
+fn caveats(req: &PlanRequest) -> String {
     let mut out = String::new();
-    if r.config.sequence_parallel {
-        out += "  (the plan assumes sequence parallelism, which `train` has no flag for yet)\n";
-    }
     if req.shape.ffn != 4 * req.shape.d_model {
         out += "  (train's reference GPT has ffn = 4 * d_model, not the --ffn planned for)\n";
     }
