@@ -193,6 +193,23 @@ fn the_best_is_drawn_and_its_memory_listed_per_device() {
         .take_while(|l| !l.trim().is_empty())
         .count();
     assert_eq!(rows, 4, "one row per pipeline device: {out}");
+    // The SVG form carries the memory panel: one bar per pipeline device, by category.
+    let svg = dir.path().join("best.svg");
+    let mut args = SMALL.to_vec();
+    args.extend([
+        "--global-batch",
+        "128",
+        "--pp",
+        "4",
+        "--chart",
+        svg.to_str().unwrap(),
+    ]);
+    ok(&args);
+    let text = std::fs::read_to_string(&svg).unwrap();
+    assert!(
+        text.contains("predicted peak memory per pipeline device") && text.contains("activations"),
+        "no memory panel"
+    );
     let bad = dir.path().join("best.gif");
     let mut args = SMALL.to_vec();
     args.extend(["--global-batch", "128", "--chart", bad.to_str().unwrap()]);

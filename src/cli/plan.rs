@@ -14,7 +14,9 @@ use pipewright::schedule::plan::{
     plan, Cluster, Fixed, Plan, PlanRequest, PlanRow, Precision, Progress,
 };
 use pipewright::schedule::{Recompute, ScheduleKind};
-use pipewright::viz::{bubble_chart, ChartOptions, ChartPanel, ImageFormat};
+use pipewright::viz::{
+    bubble_chart_with_memory, ChartOptions, ChartPanel, ImageFormat, MemoryBars,
+};
 
 use super::checks::{check_outputs, Kind, Output};
 use super::commands::ReportFormat;
@@ -337,15 +339,23 @@ fn memory_table(best: &PlanRow) -> String {
     out
 }
 
-/// The best's one step, every microbatch, as a bubble chart.
+/// The best's one step, every microbatch, as a bubble chart, with its predicted peak memory
+/// per pipeline device by category under it.
 fn chart(req: &PlanRequest, best: &PlanRow, path: &Path) -> Result<()> {
     let fmt = ImageFormat::from_path(path)?;
     let (costs, _) = cost_model(req, &best.config);
-    let sim = one_step(&best.config, &costs).map_err(|e| anyhow!("{e}"))?;
+    let mut sim = one_step(&best.config, &costs).map_err(|e| anyhow!("{e}"))?;
+    // The plan's costs are in seconds.
+    sim.timeline.meta.time_unit = "s".into();
     let panel = ChartPanel::new(&sim.timeline).with_label(best.config.to_string());
+    let bars = MemoryBars {
+        label: "predicted peak memory per pipeline device (its fullest GPU)".into(),
+        devices: &best.memory,
+    };
+    let opts = ChartOptions::default();
     write_atomic(
         path,
-        &bubble_chart(&[panel], &ChartOptions::default(), fmt)?,
+        &bubble_chart_with_memory(&[panel], &[bars], &opts, fmt)?,
     )?;
     eprintln!("wrote {}", path.display());
     Ok(())
