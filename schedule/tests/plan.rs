@@ -112,6 +112,55 @@ fn more_recomputation_never_makes_the_same_configuration_faster() {
 }
 
 #[test]
+fn recomputation_goes_only_to_the_first_devices_that_need_it_and_is_faster_there() {
+    // 1F1B at pp 8 without SP: only device 0 (8 microbatches of 4 in flight) needs it.
+    let mut req = a100(gpt(48, 8192, 64, 2048), 64, 512);
+    req.fixed = Fixed {
+        tp: Some(8),
+        pp: Some(8),
+        microbatch_size: Some(4),
+        schedule: Some(ScheduleKind::OneFOneB),
+        sequence_parallel: Some(false),
+        ..Fixed::default()
+    };
+    let p = plan(&req, &mut |_| {}).unwrap();
+    let some = p
+        .rows
+        .iter()
+        .find(|r| r.config.recompute_devices < r.config.pp)
+        .expect("a row recomputing on some devices only");
+    let c = some.config;
+    assert_eq!(
+        (c.recompute_devices, c.recompute),
+        (1, Recompute::Selective)
+    );
+    assert!(
+        c.to_string().contains("recompute selective on dev 0 "),
+        "{c}"
+    );
+    // Only device 0's stage recomputes, as `train --recompute` is told.
+    assert_eq!(c.recompute_plan().to_string(), "0:selective");
+    assert!(some.peak_memory_bytes <= req.cluster.memory_bytes());
+    // Without recomputation it does not fit; everywhere, it is slower.
+    let everywhere = p
+        .rows
+        .iter()
+        .find(|r| {
+            let o = r.config;
+            o.recompute == Recompute::Selective
+                && o.recompute_devices == 8
+                && (o.sequence_parallel, o.zero) == (c.sequence_parallel, c.zero)
+        })
+        .expect("the uniform policy ranked too");
+    assert!(some.step_time_s < everywhere.step_time_s);
+    assert!(!p.rows.iter().any(|r| {
+        let o = r.config;
+        o.recompute == Recompute::None
+            && (o.sequence_parallel, o.zero) == (c.sequence_parallel, c.zero)
+    }));
+}
+
+#[test]
 fn heads_no_tp_divides_are_named_with_the_sizes_that_do() {
     let mut req = a100(gpt(4, 448, 7, 128), 8, 64);
     req.fixed.tp = Some(2);

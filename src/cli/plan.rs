@@ -404,7 +404,7 @@ fn explain(best: &PlanRow, plan: &Plan) -> String {
 /// The best configuration as `pipewright train` over NCCL, one process per GPU.
 pub fn launch(req: &PlanRequest, r: &PlanRow) -> String {
     let c = &r.config;
-    let recompute = c.recompute.to_string();
+    let recompute = c.recompute_plan().to_string();
     let sp = if c.sequence_parallel {
         " --sequence-parallel"
     } else {

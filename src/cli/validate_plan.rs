@@ -44,7 +44,7 @@ fn train_args(req: &PlanRequest, c: &Config) -> Vec<String> {
             ("--tp", c.tp.to_string()),
             ("--dp", c.dp.to_string()),
             ("--zero", c.zero.to_string()),
-            ("--recompute", c.recompute.to_string()),
+            ("--recompute", c.recompute_plan().to_string()),
             ("--layers", s.layers.to_string()),
             ("--d-model", s.d_model.to_string()),
             ("--heads", s.heads.to_string()),

@@ -4,7 +4,7 @@ use serde::{Deserialize, Serialize};
 
 use super::cluster::{Cluster, Precision};
 use crate::memory::ModelShape;
-use crate::recompute::Recompute;
+use crate::recompute::{Recompute, RecomputePlan};
 use crate::spec::ScheduleKind;
 
 /// One way to run the model: every dimension the plan chooses.
@@ -24,8 +24,12 @@ pub struct Config {
     pub microbatches: u32,
     /// Schedule family.
     pub schedule: ScheduleKind,
-    /// Recomputation of every stage.
+    /// Recomputation, of the stages on the first `recompute_devices` pipeline devices.
     pub recompute: Recompute,
+    /// Pipeline devices, from the first, whose stages recompute (`pp`: all of them). The
+    /// first devices of 1F1B-like schedules hold the most microbatches, so recomputing there
+    /// alone can be enough, and the later devices then save the recompute's time.
+    pub recompute_devices: u32,
     /// ZeRO level (0 or 1).
     pub zero: u8,
     /// Sequence parallelism in the TP group.
@@ -42,13 +46,47 @@ impl Config {
     pub fn gpus(&self) -> u64 {
         u64::from(self.tp) * u64::from(self.pp) * u64::from(self.dp)
     }
+
+    /// The recompute policy of stage `s` (by its device under the schedule's placement).
+    pub fn recompute_of(&self, s: u32) -> Recompute {
+        let device = self.schedule.placement().device_of(s, self.pp);
+        if device < self.recompute_devices {
+            self.recompute
+        } else {
+            Recompute::None
+        }
+    }
+
+    /// Every stage's policy, as `train --recompute` takes it (one policy for all, or per stage).
+    pub fn recompute_plan(&self) -> RecomputePlan {
+        if self.recompute_devices >= self.pp || self.recompute == Recompute::None {
+            return RecomputePlan::uniform(self.recompute);
+        }
+        let stages = (0..self.stages())
+            .filter(|&s| self.recompute_of(s) != Recompute::None)
+            .map(|s| (s, self.recompute))
+            .collect();
+        RecomputePlan {
+            all: Recompute::None,
+            stages,
+        }
+    }
+
+    /// Transformer layers that recompute, of `layers` cut over the stages.
+    pub fn recomputed_layers(&self, layers: u32) -> u32 {
+        let cuts = super::costs::layers_per_stage(layers, self.stages());
+        (0..self.stages())
+            .filter(|&s| self.recompute_of(s) != Recompute::None)
+            .map(|s| cuts[s as usize])
+            .sum()
+    }
 }
 
 impl std::fmt::Display for Config {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "tp {} pp {} dp {} {} v {} mbs {} m {} recompute {} zero {}{}",
+            "tp {} pp {} dp {} {} v {} mbs {} m {} recompute {}{} zero {}{}",
             self.tp,
             self.pp,
             self.dp,
@@ -57,6 +95,12 @@ impl std::fmt::Display for Config {
             self.microbatch_size,
             self.microbatches,
             self.recompute,
+            match self.recompute_devices {
+                _ if self.recompute == Recompute::None => String::new(),
+                k if k >= self.pp => String::new(),
+                1 => " on dev 0".to_string(),
+                k => format!(" on dev 0-{}", k - 1),
+            },
             self.zero,
             if self.sequence_parallel { " sp" } else { "" }
         )

@@ -145,7 +145,7 @@ pub fn cost_model(req: &PlanRequest, cfg: &Config) -> (CostModel, Pieces) {
                 overlap: None,
                 optimizer,
                 dp_allreduce,
-                r: recompute_time(cfg.recompute, &p, n, f),
+                r: recompute_time(cfg.recompute_of(s), &p, n, f),
                 kept_bytes: Some(0),
             }
         })

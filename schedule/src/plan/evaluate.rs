@@ -12,7 +12,7 @@
 use super::config::Config;
 use super::PlanError;
 use crate::generators::generate;
-use crate::recompute::{insert, RecomputePlan};
+use crate::recompute::insert;
 use crate::simulate::{simulate_steps, CostModel};
 use crate::spec::ScheduleSpec;
 use crate::timetable::Timetable;
@@ -24,10 +24,11 @@ const STEPS: u32 = crate::search::PERIOD_STEPS;
 pub fn timetable(cfg: &Config, m: u32) -> Result<Timetable, PlanError> {
     let spec = ScheduleSpec::new(cfg.schedule, cfg.pp, cfg.v, m, None)?;
     let tt = generate(&spec);
-    Ok(if cfg.recompute.as_str() == "none" {
+    let plan = cfg.recompute_plan();
+    Ok(if plan.is_none() {
         tt
     } else {
-        insert(&tt, &RecomputePlan::uniform(cfg.recompute))
+        insert(&tt, &plan)
     })
 }
 

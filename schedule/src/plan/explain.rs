@@ -72,15 +72,11 @@ impl Limit {
     }
 }
 
-/// TP time per microbatch of the device with the most compute.
-fn device_tp(cfg: &Config, costs: &CostModel, p: &Pieces) -> f64 {
+/// TP time per microbatch of the device with the most compute, and the part of it that
+/// full recomputation's rerun forwards add.
+fn device_tp(cfg: &Config, costs: &CostModel, p: &Pieces) -> (f64, f64) {
     let d = busiest(cfg, costs).device;
     let stages = cfg.stages();
-    let times = if cfg.recompute == Recompute::Full {
-        3.0
-    } else {
-        2.0
-    };
     (0..stages)
         .filter(|&s| device_of(cfg, s) == d)
         .map(|s| {
@@ -90,9 +86,14 @@ fn device_tp(cfg: &Config, costs: &CostModel, p: &Pieces) -> f64 {
             } else {
                 0.0
             };
-            n * p.layer_tp * times + ends
+            let rerun = if cfg.recompute_of(s) == Recompute::Full {
+                n * p.layer_tp
+            } else {
+                0.0
+            };
+            (n * p.layer_tp * 2.0 + ends + rerun, rerun)
         })
-        .sum()
+        .fold((0.0, 0.0), |(a, b), (x, y)| (a + x, b + y))
 }
 
 /// The terms of `cfg`'s `step` under `costs` (two more simulations: with free sends, and
@@ -100,12 +101,8 @@ fn device_tp(cfg: &Config, costs: &CostModel, p: &Pieces) -> f64 {
 pub fn terms(cfg: &Config, costs: &CostModel, p: &Pieces, step: f64) -> Result<Terms, PlanError> {
     let m = f64::from(cfg.microbatches);
     let load = busiest(cfg, costs);
-    let tp_comm = m * device_tp(cfg, costs, p);
-    let tp_in_r = if cfg.recompute == Recompute::Full {
-        tp_comm / 3.0
-    } else {
-        0.0
-    };
+    let (tp, rerun) = device_tp(cfg, costs, p);
+    let (tp_comm, tp_in_r) = (m * tp, m * rerun);
     let recompute = m * load.r - tp_in_r;
     let compute = m * load.compute() - tp_comm - recompute;
     let mut free_p2p = costs.clone();

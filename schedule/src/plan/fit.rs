@@ -22,7 +22,7 @@ use super::PlanError;
 use crate::memory::{predict, Accounting, MemPrecision, MemoryBreakdown, MemoryConfig};
 use std::collections::HashMap;
 
-use crate::recompute::{Recompute, RecomputePlan};
+use crate::recompute::Recompute;
 use crate::spec::{Placement, ScheduleKind};
 
 /// The memory model's view of `cfg` (Megatron's accounting: a plan is for a real cluster).
@@ -41,7 +41,7 @@ pub fn memory_config(req: &PlanRequest, cfg: &Config) -> MemoryConfig {
         microbatch_size: cfg.microbatch_size,
         sequence_parallel: cfg.sequence_parallel,
         zero: cfg.zero,
-        recompute: RecomputePlan::uniform(cfg.recompute),
+        recompute: cfg.recompute_plan(),
     }
 }
 
@@ -54,7 +54,7 @@ fn memory_microbatches(cfg: &Config) -> u32 {
 }
 
 /// What the one-microbatch bound depends on.
-type BoundKey = (u32, u32, u32, u32, u64, Recompute, u8, bool, Placement);
+type BoundKey = (u32, u32, u32, u32, u64, Recompute, u32, u8, bool, Placement);
 
 /// Cached one-microbatch lower bounds on the worst device's peak.
 #[derive(Default)]
@@ -71,6 +71,7 @@ impl BoundCache {
             cfg.v,
             cfg.microbatch_size,
             cfg.recompute,
+            cfg.recompute_devices,
             cfg.zero,
             cfg.sequence_parallel,
             placement,

@@ -151,6 +151,27 @@ pub fn plan(req: &PlanRequest, progress: &mut dyn FnMut(&Progress)) -> Result<Pl
         found.insert(at, row);
         found.truncate(keep);
     }
+    // Recompute where it is needed only: each ranked configuration that recomputes every
+    // device again with only the devices that do not fit without it.
+    if req.fixed.recompute.is_none() {
+        for cfg in found.iter().map(|r| r.config).collect::<Vec<_>>() {
+            let Some(fewer) = fewer_recomputing(req, &cfg, capacity)? else {
+                continue;
+            };
+            let memory = peaks(req, &fewer)?;
+            if worst(&memory) > capacity || simulated.iter().any(|(c, _)| *c == fewer) {
+                continue;
+            }
+            let (costs, _) = cost_model(req, &fewer);
+            let step = step_time(&fewer, &costs)?;
+            state.simulated += 1;
+            simulated.push((fewer, step));
+            let bound = lower_bound(&fewer, &costs);
+            let at = found.partition_point(|r| r.step_time_s <= step);
+            found.insert(at, row(req, fewer, step, bound, memory));
+            found.truncate(keep);
+        }
+    }
     if found.is_empty() {
         return Err(PlanError::Impossible(match closest {
             Some((_, cfg)) => impossible::memory(req, &cfg)?,
@@ -171,6 +192,34 @@ pub fn plan(req: &PlanRequest, progress: &mut dyn FnMut(&Progress)) -> Result<Pl
         cut_short,
         explain,
         simulated,
+    })
+}
+
+/// `cfg`, which recomputes on every pipeline device, with recomputation on the first devices
+/// only: those up to the last one whose peak without recomputation would not fit (1F1B-like
+/// schedules hold the most on their first devices). `None` when every device needs it, or
+/// none does (the configuration without recomputation is a candidate of its own).
+fn fewer_recomputing(
+    req: &PlanRequest,
+    cfg: &Config,
+    capacity: u64,
+) -> Result<Option<Config>, PlanError> {
+    if cfg.recompute == Recompute::None || cfg.pp < 2 || cfg.recompute_devices < cfg.pp {
+        return Ok(None);
+    }
+    let plain = Config {
+        recompute: Recompute::None,
+        ..*cfg
+    };
+    let over = peaks(req, &plain)?
+        .iter()
+        .rposition(|m| m.total() > capacity);
+    Ok(match over {
+        Some(d) if (d as u32) + 1 < cfg.pp => Some(Config {
+            recompute_devices: d as u32 + 1,
+            ..*cfg
+        }),
+        _ => None,
     })
 }
 
@@ -218,7 +267,7 @@ fn explain(
 pub fn hardware_flops(req: &PlanRequest, cfg: &Config) -> f64 {
     let b = req.global_batch as f64;
     let shape = &req.shape;
-    let layers = f64::from(shape.layers);
+    let layers = f64::from(cfg.recomputed_layers(shape.layers));
     let extra = match cfg.recompute {
         Recompute::None => 0.0,
         Recompute::Full => layers * layer_flops(shape, b),

@@ -111,6 +111,7 @@ pub fn enumerate(req: &PlanRequest) -> Vec<Config> {
                         microbatches: m,
                         schedule,
                         recompute: Recompute::None,
+                        recompute_devices: pp,
                         zero: 0,
                         sequence_parallel: false,
                     };
