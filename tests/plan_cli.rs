@@ -296,6 +296,41 @@ fn validate_trains_configurations_and_ranks_them() {
         .and_then(|v| v.trim_end_matches('%').parse().ok())
         .unwrap_or_else(|| panic!("no memory line in {out}"));
     assert!(err <= 5.0, "{out}");
+    // Sequence parallelism asked for is trained with, and predicted as trained.
+    let out = ok(&[
+        "--layers",
+        "2",
+        "--d-model",
+        "32",
+        "--heads",
+        "2",
+        "--seq-len",
+        "8",
+        "--vocab",
+        "32",
+        "--gpus",
+        "2",
+        "--tp",
+        "2",
+        "--sequence-parallel",
+        "--global-batch",
+        "8",
+        "--precision",
+        "f32",
+        "--validate",
+        "2",
+    ]);
+    let rows: Vec<&str> = out
+        .lines()
+        .skip_while(|l| !l.starts_with("validation: "))
+        .skip(2)
+        .take_while(|l| !l.starts_with("largest") && !l.starts_with("Spearman"))
+        .collect();
+    assert!(
+        !rows.is_empty() && rows.iter().all(|r| r.ends_with(" sp")),
+        "{out}"
+    );
+    assert!(rows.iter().all(|r| r.contains(" 0.0% ")), "{out}");
     let mut args = SMALL.to_vec();
     args.extend(["--global-batch", "64", "--validate", "1"]);
     refused(&args, &["--validate needs at least 2"]);

@@ -161,6 +161,17 @@ fn recomputation_goes_only_to_the_first_devices_that_need_it_and_is_faster_there
 }
 
 #[test]
+fn an_enormous_batch_is_refused_at_once() {
+    for batch in [u64::MAX, (1 << 30) + 1] {
+        let line = impossible(&a100(gpt(8, 256, 8, 128), 8, batch));
+        assert!(
+            line.contains("at most 1073741824 (2^30) sequences"),
+            "{line}"
+        );
+    }
+}
+
+#[test]
 fn heads_no_tp_divides_are_named_with_the_sizes_that_do() {
     let mut req = a100(gpt(4, 448, 7, 128), 8, 64);
     req.fixed.tp = Some(2);

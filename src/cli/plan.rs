@@ -118,11 +118,11 @@ pub struct PlanCmd {
     /// file for `--cluster FILE` (the CPU; one in-process device per core).
     #[arg(long, value_name = "FILE")]
     calibrate: Option<PathBuf>,
-    /// Train K of the simulated configurations in-process (the best, then spread down the
-    /// ranking; the reference GPT, through `train`) and print measured against predicted step
-    /// time with their rank correlation. Use a model
-    /// small enough for this machine and a cluster of it (`--calibrate`). Sequence
-    /// parallelism is fixed off, since `train` has none.
+    /// Train K of the simulated configurations in-process (the best, the slowest, and between
+    /// them spread by predicted time; the reference GPT, through `train`) and print measured
+    /// against predicted step time with their rank correlation, and predicted against
+    /// measured peak memory. Use a model small enough for this machine and a cluster of it
+    /// (`--calibrate`).
     #[arg(long, value_name = "K")]
     validate: Option<usize>,
 }
@@ -246,7 +246,6 @@ impl PlanCmd {
             if k < 2 {
                 bail!("--validate needs at least 2 configurations to rank (got {k})");
             }
-            req.fixed.sequence_parallel = Some(false);
             // Simulate well past the top rows, so the spread reaches slower configurations.
             req.top = req.top.max(4 * k);
         }

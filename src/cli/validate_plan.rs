@@ -54,6 +54,10 @@ fn train_args(req: &PlanRequest, c: &Config) -> Vec<String> {
         .into_iter()
         .flat_map(|(k, v)| [k.to_string(), v]),
     )
+    .chain(
+        c.sequence_parallel
+            .then(|| "--sequence-parallel".to_string()),
+    )
     .collect()
 }
 

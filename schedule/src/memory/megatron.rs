@@ -89,5 +89,6 @@ pub(super) fn stage_bytes(cfg: &MemoryConfig, s: u32) -> StageBytes {
         kept: kept as f64,
         full: (kept + one_layer) as f64,
         weight: weight as f64,
+        whole: (layers * whole + extra) as f64,
     }
 }

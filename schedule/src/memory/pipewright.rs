@@ -99,5 +99,6 @@ pub(super) fn stage_bytes(cfg: &MemoryConfig, s: u32) -> StageBytes {
         kept: (F32 * kept) as f64,
         full: (F32 * full) as f64,
         weight: (F32 * weight) as f64,
+        whole: (F32 * full) as f64,
     }
 }

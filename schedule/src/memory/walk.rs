@@ -18,6 +18,12 @@ pub struct StageBytes {
     pub full: f64,
     /// Held from I until W (a split backward's weight stash).
     pub weight: f64,
+    /// The stash with no recomputation at all, held from F to the backward by a microbatch
+    /// its stage does not recompute while other microbatches of the stage do (`R`s name
+    /// some). Equal to `full` where a rebuilt stash is the whole one (pipewright's runtime);
+    /// larger under Megatron's layer-by-layer rebuild, whose `full` is the kept stash plus
+    /// one layer.
+    pub whole: f64,
 }
 
 impl StageBytes {
@@ -27,6 +33,7 @@ impl StageBytes {
             kept: full,
             full,
             weight,
+            whole: full,
         }
     }
 }
@@ -65,6 +72,8 @@ pub(super) struct Stashes {
     named: HashSet<(u32, u32)>,
     named_stages: HashSet<u32>,
     slim: HashSet<(u32, u32)>,
+    /// Microbatches of a stage with `R`s that keep their whole stash.
+    whole: HashSet<(u32, u32)>,
     /// Held now.
     pub(super) now: f64,
 }
@@ -83,6 +92,7 @@ impl Stashes {
             named,
             named_stages,
             slim: HashSet::new(),
+            whole: HashSet::new(),
             now: 0.0,
         }
     }
@@ -100,7 +110,10 @@ impl Stashes {
         match part.kind {
             ActionKind::F => {
                 let whole = self.named_stages.contains(&part.stage) && !self.named.contains(&key);
-                if whole || c.kept >= c.full {
+                if whole {
+                    self.whole.insert(key);
+                    grow(&mut self.now, c.whole);
+                } else if c.kept >= c.full {
                     grow(&mut self.now, c.full);
                 } else {
                     self.slim.insert(key);
@@ -113,7 +126,11 @@ impl Stashes {
                 if self.slim.remove(&key) {
                     grow(&mut self.now, c.full - c.kept);
                 }
-                self.now -= c.full;
+                self.now -= if self.whole.remove(&key) {
+                    c.whole
+                } else {
+                    c.full
+                };
                 if part.kind == ActionKind::I {
                     grow(&mut self.now, c.weight);
                 }

@@ -120,6 +120,7 @@ mod tests {
                 microbatches: 40,
                 schedule: kind,
                 recompute: Recompute::None,
+                recompute_devices: 4,
                 zero: 0,
                 sequence_parallel: false,
             };

@@ -202,7 +202,7 @@ fn value(c: &Config, d: usize) -> String {
         1 => c.pp.to_string(),
         2 => format!("{} v {}", c.schedule, c.v),
         3 => c.microbatch_size.to_string(),
-        4 => c.recompute.to_string(),
+        4 => c.recompute_plan().to_string(),
         5 => c.zero.to_string(),
         _ => c.sequence_parallel.to_string(),
     }

@@ -138,6 +138,9 @@ fn list(v: &[u32]) -> String {
     }
 }
 
+/// How far from the asked batch [`batch`] looks for one that works, each way.
+const NEAR: u64 = 4096;
+
 /// The batch divides among no data-parallel size: the nearest batches that do.
 fn batch(req: &PlanRequest) -> String {
     let with = |b: u64| {
@@ -148,13 +151,11 @@ fn batch(req: &PlanRequest) -> String {
         })
         .is_empty()
     };
-    let up = (req.global_batch + 1
-        ..=req
-            .global_batch
-            .saturating_mul(2)
-            .max(req.global_batch + 64))
+    // Near batches only: a structure nothing divides would otherwise scan every batch.
+    let up = (req.global_batch + 1..=req.global_batch.saturating_add(NEAR)).find(|&b| with(b));
+    let down = (req.global_batch.saturating_sub(NEAR).max(1)..req.global_batch)
+        .rev()
         .find(|&b| with(b));
-    let down = (1..req.global_batch).rev().find(|&b| with(b));
     let dps: Vec<u64> = divisors(u64::from(req.gpus));
     let near = match (down, up) {
         (Some(d), Some(u)) => format!("{d} or {u}"),

@@ -88,6 +88,12 @@ pub struct Plan {
 
 /// Make the plan for `req`, reporting progress as it goes.
 pub fn plan(req: &PlanRequest, progress: &mut dyn FnMut(&Progress)) -> Result<Plan, PlanError> {
+    if req.global_batch > MAX_GLOBAL_BATCH {
+        return Err(PlanError::Impossible(format!(
+            "global batch {} sequences: at most {MAX_GLOBAL_BATCH} (2^30) sequences a step can be planned",
+            req.global_batch
+        )));
+    }
     let configs = enumerate(req);
     if configs.is_empty() {
         return Err(PlanError::Impossible(impossible::structure(req)));
@@ -223,6 +229,11 @@ fn fewer_recomputing(
     })
 }
 
+/// The largest global batch a plan takes (a billion sequences, far past any published run):
+/// its divisors and the microbatch counts they give are enumerated, and far larger batches
+/// make that walk, and the search for a nearest batch that works, take minutes.
+pub const MAX_GLOBAL_BATCH: u64 = 1 << 30;
+
 fn terms_of(req: &PlanRequest, cfg: &Config, step: f64) -> Result<Terms, PlanError> {
     let (costs, pieces) = cost_model(req, cfg);
     terms(cfg, &costs, &pieces, step)
@@ -274,7 +285,15 @@ pub fn hardware_flops(req: &PlanRequest, cfg: &Config) -> f64 {
         Recompute::Selective => {
             layers * 4.0 * b * (shape.seq_len as f64).powi(2) * shape.d_model as f64
         }
-        Recompute::Every(k) => f64::from(k.min(shape.layers)) * layer_flops(shape, b),
+        Recompute::Every(k) => {
+            // Up to k layers of each recomputing stage.
+            let cuts = super::costs::layers_per_stage(shape.layers, cfg.stages());
+            let rerun: u32 = (0..cfg.stages())
+                .filter(|&s| cfg.recompute_of(s) != Recompute::None)
+                .map(|s| k.min(cuts[s as usize]))
+                .sum();
+            f64::from(rerun) * layer_flops(shape, b)
+        }
     };
     model_flops(shape, b) + extra
 }

@@ -11,10 +11,10 @@ pub fn divisors(n: u64) -> Vec<u64> {
     let mut small = Vec::new();
     let mut large = Vec::new();
     let mut d = 1;
-    while d * d <= n {
+    while d <= n / d {
         if n % d == 0 {
             small.push(d);
-            if d * d != n {
+            if d != n / d {
                 large.push(n / d);
             }
         }
