@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 mod insert;
 
-pub use insert::{insert, recomputed};
+pub use insert::{insert, kept_whole, recomputed};
 
 /// What one stage keeps of a microbatch until its backward (Korthikanti et al., 2022).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]

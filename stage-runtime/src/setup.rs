@@ -63,23 +63,14 @@ pub(crate) fn set_recompute<M: StageModule>(
     Ok(out)
 }
 
-/// The microbatches of `row` that keep their whole stash although their stage recomputes:
-/// on a stage with `R`s in the row, the forwards without one (the timetable recomputes only
-/// what it names). A stage that recomputes by policy alone, with no `R`, rebuilds them all.
+/// The microbatches of `row` that keep their whole stash although their stage recomputes
+/// ([`kept_whole`](pipewright_schedule::recompute::kept_whole), the rule the memory walk
+/// counts), of the stages this device recomputes.
 pub(crate) fn kept_whole(
     row: &[Action],
     recompute: &HashMap<u32, Recompute>,
 ) -> HashSet<(u32, u32)> {
-    let parts = || row.iter().flat_map(|a| a.parts());
-    let named: HashSet<(u32, u32)> = parts()
-        .filter(|p| p.kind == ActionKind::R)
-        .map(|p| (p.stage, p.microbatch))
-        .collect();
-    let stages: HashSet<u32> = named.iter().map(|&(s, _)| s).collect();
-    parts()
-        .filter(|p| p.kind == ActionKind::F && stages.contains(&p.stage))
-        .filter(|p| recompute.contains_key(&p.stage))
-        .map(|p| (p.stage, p.microbatch))
-        .filter(|k| !named.contains(k))
-        .collect()
+    let mut whole = pipewright_schedule::recompute::kept_whole(row);
+    whole.retain(|(s, _)| recompute.contains_key(s));
+    whole
 }

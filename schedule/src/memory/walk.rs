@@ -6,6 +6,7 @@ use std::collections::HashSet;
 use serde::{Deserialize, Serialize};
 
 use crate::action::{Action, ActionKind};
+use crate::recompute::kept_whole;
 use crate::timetable::Timetable;
 
 /// What one microbatch of one stage holds, in any unit (bytes, or the search's units).
@@ -69,11 +70,9 @@ pub fn device_levels(row: &[Action], stages: &[StageBytes]) -> Vec<f64> {
 /// backward of a slim stash grows it first (the runtime rebuilds it there). B frees `full`;
 /// I frees `full` and adds `weight`; W frees `weight`.
 pub(super) struct Stashes {
-    named: HashSet<(u32, u32)>,
-    named_stages: HashSet<u32>,
-    slim: HashSet<(u32, u32)>,
-    /// Microbatches of a stage with `R`s that keep their whole stash.
+    /// Microbatches of a stage with `R`s that keep their whole stash (no `R` of their own).
     whole: HashSet<(u32, u32)>,
+    slim: HashSet<(u32, u32)>,
     /// Held now.
     pub(super) now: f64,
 }
@@ -81,18 +80,9 @@ pub(super) struct Stashes {
 impl Stashes {
     /// Nothing held yet, for the actions of `row`.
     pub(super) fn new(row: &[Action]) -> Self {
-        let named: HashSet<(u32, u32)> = row
-            .iter()
-            .flat_map(|a| a.parts())
-            .filter(|p| p.kind == ActionKind::R)
-            .map(|p| (p.stage, p.microbatch))
-            .collect();
-        let named_stages = named.iter().map(|&(s, _)| s).collect();
         Stashes {
-            named,
-            named_stages,
+            whole: kept_whole(row),
             slim: HashSet::new(),
-            whole: HashSet::new(),
             now: 0.0,
         }
     }
@@ -109,9 +99,7 @@ impl Stashes {
         };
         match part.kind {
             ActionKind::F => {
-                let whole = self.named_stages.contains(&part.stage) && !self.named.contains(&key);
-                if whole {
-                    self.whole.insert(key);
+                if self.whole.contains(&key) {
                     grow(&mut self.now, c.whole);
                 } else if c.kept >= c.full {
                     grow(&mut self.now, c.full);
@@ -126,7 +114,7 @@ impl Stashes {
                 if self.slim.remove(&key) {
                     grow(&mut self.now, c.full - c.kept);
                 }
-                self.now -= if self.whole.remove(&key) {
+                self.now -= if self.whole.contains(&key) {
                     c.whole
                 } else {
                     c.full
