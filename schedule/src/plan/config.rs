@@ -72,13 +72,16 @@ impl Config {
         }
     }
 
-    /// Transformer layers that recompute, of `layers` cut over the stages.
+    /// Transformer layers that recompute, of `layers` cut over the stages: every layer of a
+    /// recomputing stage, or under `every:k` its first `k`.
     pub fn recomputed_layers(&self, layers: u32) -> u32 {
         let cuts = super::costs::layers_per_stage(layers, self.stages());
-        (0..self.stages())
-            .filter(|&s| self.recompute_of(s) != Recompute::None)
-            .map(|s| cuts[s as usize])
-            .sum()
+        let rerun = |s: u32| match self.recompute_of(s) {
+            Recompute::None => 0,
+            Recompute::Every(k) => k.min(cuts[s as usize]),
+            _ => cuts[s as usize],
+        };
+        (0..self.stages()).map(rerun).sum()
     }
 }
 

@@ -281,18 +281,9 @@ pub fn hardware_flops(req: &PlanRequest, cfg: &Config) -> f64 {
     let layers = f64::from(cfg.recomputed_layers(shape.layers));
     let extra = match cfg.recompute {
         Recompute::None => 0.0,
-        Recompute::Full => layers * layer_flops(shape, b),
+        Recompute::Full | Recompute::Every(_) => layers * layer_flops(shape, b),
         Recompute::Selective => {
             layers * 4.0 * b * (shape.seq_len as f64).powi(2) * shape.d_model as f64
-        }
-        Recompute::Every(k) => {
-            // Up to k layers of each recomputing stage.
-            let cuts = super::costs::layers_per_stage(shape.layers, cfg.stages());
-            let rerun: u32 = (0..cfg.stages())
-                .filter(|&s| cfg.recompute_of(s) != Recompute::None)
-                .map(|s| k.min(cuts[s as usize]))
-                .sum();
-            f64::from(rerun) * layer_flops(shape, b)
         }
     };
     model_flops(shape, b) + extra
