@@ -258,6 +258,30 @@ fn calibrate_writes_a_cluster_file_plan_reads() {
     );
 }
 
+/// `--device` names what `--calibrate` measures; without `--calibrate` it is refused, and a
+/// GPU asked of a CPU-only build is one line saying how to get one (CI runs the CUDA build's
+/// own refusal, where no GPU is present, in .ci/run).
+#[test]
+fn calibrate_device_is_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("gpu.json");
+    let path = file.to_str().unwrap();
+    let mut args = SMALL.to_vec();
+    args.extend(["--global-batch", "16", "--device", "cuda"]);
+    refused(&args, &["--calibrate <FILE>"]);
+    refused(
+        &["--calibrate", path, "--device", "gpu0"],
+        &["`gpu0` is not a device"],
+    );
+    if cfg!(not(feature = "cuda")) {
+        refused(
+            &["--calibrate", path, "--device", "cuda:0"],
+            &["built without CUDA", "--features cuda"],
+        );
+    }
+    assert!(!file.exists(), "a refused calibration wrote its file");
+}
+
 #[test]
 fn validate_trains_configurations_and_ranks_them() {
     let out = ok(&[

@@ -1,7 +1,7 @@
 //! `plan --calibrate FILE`: measure this machine as a cluster file for `plan --cluster FILE`.
 //!
-//! What is measured, on the CPU (the device pipewright's in-process runs use; a CUDA build
-//! would measure the GPU the same way, which is not written yet):
+//! What is measured on the CPU (the device pipewright's in-process runs use; `--device
+//! cuda:N` in a CUDA build measures a GPU instead: `calibrate_cuda`):
 //! - matmul rates of the kernels' own `matmul_into` over a grid of shapes, fitted to the
 //!   efficiency curve (`schedule::plan::efficiency::fit`): the peak a large matmul reaches and
 //!   the dimension that halves it;
@@ -25,6 +25,7 @@ use pipewright::kernels::Tensor;
 use pipewright::schedule::plan::efficiency::{fit, MatmulSample};
 use pipewright::schedule::plan::{Cluster, Efficiency, Link, PeakTflops};
 
+use super::args::Device;
 use super::checks::{check_outputs, Kind, Output};
 use super::io::write_atomic;
 
@@ -32,7 +33,7 @@ use super::io::write_atomic;
 const SPAN: Duration = Duration::from_millis(40);
 
 /// Repeat `f` until `SPAN` has passed (at least 3 times); the fastest run's seconds.
-fn fastest(mut f: impl FnMut()) -> f64 {
+pub(super) fn fastest(mut f: impl FnMut()) -> f64 {
     let start = Instant::now();
     let mut best = f64::INFINITY;
     let mut runs = 0;
@@ -45,33 +46,50 @@ fn fastest(mut f: impl FnMut()) -> f64 {
     best
 }
 
-fn matmuls() -> Result<Vec<MatmulSample>> {
-    let dims = [16usize, 64, 256, 768];
+/// Matmul rates over the grid `dims` x `dims` with inner dimension `k`: `time(m, n, k)` runs
+/// one `[m, k] x [k, n]` product (of 0.5s and 0.25s, whose every output is `k / 8`: it checks
+/// that) and returns its fastest seconds.
+pub(super) fn matmul_grid(
+    dims: &[usize],
+    k: usize,
+    mut time: impl FnMut(usize, usize, usize) -> Result<f64>,
+) -> Result<Vec<MatmulSample>> {
     let mut out = Vec::new();
-    for &m in &dims {
-        for &n in &dims {
-            let k = 256;
-            let x = Tensor::new(&[m, k], vec![0.5; m * k])?;
-            let w = Tensor::new(&[k, n], vec![0.25; k * n])?;
-            let mut y = Tensor::zeros(&[m, n]);
-            let secs = fastest(|| {
-                // The result is checked below, so the work cannot be skipped.
-                let _ = matmul_into(&x, &w, &mut y);
-            });
-            anyhow::ensure!(
-                y.data().first() == Some(&(0.125 * k as f32)),
-                "calibration matmul gave a wrong result"
-            );
-            let flops = 2.0 * (m * n * k) as f64 / secs;
+    for &m in dims {
+        for &n in dims {
+            let secs = time(m, n, k)?;
             out.push(MatmulSample {
                 m: m as f64,
                 n: n as f64,
                 k: k as f64,
-                flops,
+                flops: 2.0 * (m * n * k) as f64 / secs,
             });
         }
     }
     Ok(out)
+}
+
+/// The value every output of a calibration matmul must have: `k` products of 0.5 and 0.25
+/// (exact in bf16, tf32 and f32, and so is the sum under f32 accumulation).
+pub(super) fn expected(k: usize) -> f32 {
+    0.125 * k as f32
+}
+
+fn matmuls() -> Result<Vec<MatmulSample>> {
+    matmul_grid(&[16, 64, 256, 768], 256, |m, n, k| {
+        let x = Tensor::new(&[m, k], vec![0.5; m * k])?;
+        let w = Tensor::new(&[k, n], vec![0.25; k * n])?;
+        let mut y = Tensor::zeros(&[m, n]);
+        let secs = fastest(|| {
+            // The result is checked below, so the work cannot be skipped.
+            let _ = matmul_into(&x, &w, &mut y);
+        });
+        anyhow::ensure!(
+            y.data().first() == Some(&expected(k)),
+            "calibration matmul gave a wrong result"
+        );
+        Ok(secs)
+    })
 }
 
 /// Bytes per second of a large copy (read and write both count).
@@ -129,10 +147,40 @@ fn memory_gib() -> f64 {
     kib / f64::from(1u32 << 20)
 }
 
-/// Measure, print what was measured, and write the cluster file.
-pub fn run(path: &Path) -> Result<()> {
+/// Measure `device` (`links` gives a GPU's links, which one GPU cannot measure), print what
+/// was measured, and write the cluster file.
+pub fn run(path: &Path, device: Device, links: &Cluster) -> Result<()> {
     let owned = path.to_path_buf();
     check_outputs([Output::new("--calibrate", Some(&owned), Kind::Json)])?;
+    let (cluster, summary) = match device {
+        Device::Cpu => measure_cpu()?,
+        Device::Cuda(n) => measure_cuda(n, links)?,
+    };
+    cluster
+        .check()
+        .map_err(|e| anyhow::anyhow!("calibration: {e}"))?;
+    println!("{summary}");
+    write_atomic(
+        path,
+        (serde_json::to_string_pretty(&cluster)? + "\n").as_bytes(),
+    )?;
+    eprintln!("wrote {}", path.display());
+    Ok(())
+}
+
+#[cfg(feature = "cuda")]
+fn measure_cuda(ordinal: usize, links: &Cluster) -> Result<(Cluster, String)> {
+    super::calibrate_cuda::measure(ordinal, links)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn measure_cuda(_: usize, _: &Cluster) -> Result<(Cluster, String)> {
+    anyhow::bail!("--calibrate --device cuda: this pipewright was built without CUDA; rebuild with: cargo build --release --features cuda")
+}
+
+/// The CPU as a cluster of one node, one in-process device per core, and a line saying what
+/// was measured.
+fn measure_cpu() -> Result<(Cluster, String)> {
     let samples = matmuls()?;
     let (peak, half_dim) =
         fit(&samples).ok_or_else(|| anyhow::anyhow!("calibration measured no matmul rate"))?;
@@ -169,10 +217,7 @@ pub fn run(path: &Path) -> Result<()> {
             samples.len()
         )),
     };
-    cluster
-        .check()
-        .map_err(|e| anyhow::anyhow!("calibration: {e}"))?;
-    println!(
+    let summary = format!(
         "matmul: peak {:.1} GFLOP/s, half rate at dimension {:.0} ({} shapes); copy {:.1} GB/s, element-wise {:.1} GB/s; hand-off {:.1} us, {:.1} GB/s; {} devices of {:.1} GiB",
         peak / 1e9,
         half_dim,
@@ -184,10 +229,5 @@ pub fn run(path: &Path) -> Result<()> {
         cores,
         cluster.memory_gib
     );
-    write_atomic(
-        path,
-        (serde_json::to_string_pretty(&cluster)? + "\n").as_bytes(),
-    )?;
-    eprintln!("wrote {}", path.display());
-    Ok(())
+    Ok((cluster, summary))
 }

@@ -2,6 +2,8 @@
 
 pub mod args;
 pub mod calibrate;
+#[cfg(feature = "cuda")]
+mod calibrate_cuda;
 pub mod charts;
 pub mod checks;
 pub mod commands;

@@ -18,6 +18,7 @@ use pipewright::viz::{
     bubble_chart_with_memory, ChartOptions, ChartPanel, ImageFormat, MemoryBars,
 };
 
+use super::args::Device;
 use super::checks::{check_outputs, Kind, Output};
 use super::commands::ReportFormat;
 use super::io::{read_text, write_atomic};
@@ -118,6 +119,11 @@ pub struct PlanCmd {
     /// file for `--cluster FILE` (the CPU; one in-process device per core).
     #[arg(long, value_name = "FILE")]
     calibrate: Option<PathBuf>,
+    /// What `--calibrate` measures: `cpu`, or `cuda` / `cuda:N` in a build with `--features
+    /// cuda` (its matmul rates per precision, HBM bandwidth and memory; NVLink and InfiniBand
+    /// are taken from `--cluster`'s preset).
+    #[arg(long, requires = "calibrate", default_value = "cpu", value_parser = super::args::parse_device)]
+    device: Device,
     /// Train K of the simulated configurations in-process (the best, the slowest, and between
     /// them spread by predicted time; the reference GPT, through `train`) and print measured
     /// against predicted step time with their rank correlation, and predicted against
@@ -148,7 +154,7 @@ fn parse_policy(s: &str) -> std::result::Result<Recompute, String> {
 impl PlanCmd {
     pub fn run(&self) -> Result<()> {
         if let Some(path) = &self.calibrate {
-            return super::calibrate::run(path);
+            return super::calibrate::run(path, self.device, &cluster(&self.cluster)?);
         }
         let req = self.request()?;
         check_outputs([Output::new("--chart", self.chart.as_ref(), Kind::Image)])?;

@@ -100,6 +100,17 @@ pub fn missing_library() -> Option<&'static str> {
     None
 }
 
+/// GPUs the driver sees, or [`KernelError::CudaUnavailable`] where a library is missing
+/// (checked before any CUDA call, which would panic without it).
+pub fn device_count() -> Result<usize> {
+    if let Some(why) = missing_library() {
+        return Err(KernelError::CudaUnavailable(why.into()));
+    }
+    let n = CudaContext::device_count()
+        .map_err(|e| KernelError::CudaUnavailable(format!("no usable device: {e:?}")))?;
+    Ok(n.max(0) as usize)
+}
+
 /// GPU `ordinal` for a test, or `None` after printing `skipped: <why>` where CUDA is absent
 /// (no library, no device): the one skip rule every GPU test follows.
 ///
@@ -222,6 +233,11 @@ impl CudaBackend {
             return self.stream.alloc_zeros::<u32>(1).map_err(cuda_err);
         }
         self.stream.clone_htod(ids).map_err(cuda_err)
+    }
+
+    /// The GPU's name as the driver reports it (e.g. "NVIDIA H100 80GB HBM3").
+    pub fn device_name(&self) -> Result<String> {
+        self.stream.context().name().map_err(cuda_err)
     }
 
     /// Waits for all queued work.
