@@ -12,7 +12,8 @@
 //! ([`super::costs::cost_model`]), the cluster's memory per GPU as a byte cap on the memory
 //! model's whole-rank total, and the steady-state period as its objective; once without
 //! recomputation, and once with the row's policy on every stage where it has one (its
-//! recompute time folded into the input backward the `R` will precede). The search's
+//! recompute time folded into the input backward the `R` will precede). What the user fixed
+//! is kept: no search under a fixed `--schedule`, only the fixed recompute policy and `v`. The search's
 //! costs for other chunk counts are resampled, so its best is then judged again exactly: the
 //! timetable with the policy's `R`s written in, simulated with the cost model of its own
 //! `v` and placement, its memory predicted over its own actions. Only a timetable that fits
@@ -86,6 +87,10 @@ pub fn add_searched(
     keep: usize,
     max_searched: usize,
 ) -> Result<usize, PlanError> {
+    // A family fixed by hand is what the user asked for; no searched timetable is one.
+    if req.fixed.schedule.is_some() {
+        return Ok(0);
+    }
     let mut bases: Vec<PlanRow> = Vec::new();
     for r in found.iter() {
         let new = !bases
@@ -97,8 +102,8 @@ pub fn add_searched(
     }
     let mut runs = 0;
     for base in bases {
-        let mut policies = vec![Recompute::None];
-        if base.config.recompute != Recompute::None {
+        let mut policies = vec![req.fixed.recompute.unwrap_or(Recompute::None)];
+        if !policies.contains(&base.config.recompute) {
             policies.push(base.config.recompute);
         }
         let mut best: Option<PlanRow> = None;
@@ -134,7 +139,12 @@ fn searched_row(
     let cfg = &base.config;
     // Costs cut in 2 chunks per device when the layers allow, so both v = 1 (joined) and
     // v = 2 come from the cost model's own cuts.
-    let v = if 2 * cfg.pp <= layers(req) { 2 } else { 1 };
+    // A v fixed by hand is the only one searched.
+    let v = match req.fixed.v {
+        Some(v) => v,
+        None if 2 * cfg.pp <= layers(req) => 2,
+        None => 1,
+    };
     let at_v = Config {
         v,
         schedule: kind_of(Placement::Loop, v),
@@ -183,7 +193,8 @@ fn searched_row(
     let step = period(&tt, &costs)?;
     let mem = memory_config(req, &exact);
     let memory = predict(&mem, &tt)?;
-    if worst(&memory) > capacity || step >= base.step_time_s {
+    let v_kept = req.fixed.v.map_or(true, |v| v == exact.v);
+    if !v_kept || worst(&memory) > capacity || step >= base.step_time_s {
         return Ok(None);
     }
     let bound = super::bound::lower_bound(&exact, &costs);
