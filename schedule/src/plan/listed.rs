@@ -40,7 +40,7 @@ use crate::timetable::Timetable;
 
 /// Largest `pp x m` searched: a search runs a few dozen candidates and up to
 /// [`IMPROVE_BUDGET`] gap-filling simulations of `3 m` microbatches over `pp` devices, so its
-/// time grows with `pp x m`; at this size a search takes about 0.1 s in release (BENCHMARKS.md).
+/// time grows with `pp x m`; at this size a search takes tens of milliseconds in release (BENCHMARKS.md).
 pub const MAX_SEARCHED_SIZE: u64 = 256;
 
 /// Simulations spent filling the search's best's gaps (the `search` command's default is 200).
