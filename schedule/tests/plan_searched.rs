@@ -115,7 +115,7 @@ fn a_list_schedule_that_beats_every_family_ranks_first_with_its_own_period() {
 fn sizes_over_the_limit_are_not_searched_and_the_plan_is_unchanged() {
     // 4 devices x 128 microbatches is over the limit.
     let req = tight(128);
-    assert!(4 * 128 > MAX_SEARCHED_SIZE);
+    const { assert!(4 * 128 > MAX_SEARCHED_SIZE) };
     let p = plan(&req, &mut |_| {}).unwrap();
     assert_eq!(p.progress.searched, 0);
     let mut off = req.clone();

@@ -40,7 +40,8 @@ use crate::timetable::Timetable;
 
 /// Largest `pp x m` searched: a search runs a few dozen candidates and up to
 /// [`IMPROVE_BUDGET`] gap-filling simulations of `3 m` microbatches over `pp` devices, so its
-/// time grows with `pp x m`; at this size a search takes tens of milliseconds in release (BENCHMARKS.md).
+/// time grows with `pp x m`; at this size a search takes tens of milliseconds in release
+/// (BENCHMARKS.md), and the 1T plan's shapes (pp 16 x m 128 and more) are not searched.
 pub const MAX_SEARCHED_SIZE: u64 = 256;
 
 /// Simulations spent filling the search's best's gaps (the `search` command's default is 200).
