@@ -11,6 +11,7 @@ pub mod io;
 pub mod measured;
 pub mod memory;
 pub mod plan;
+pub mod plan_searched;
 pub mod progress;
 pub mod search;
 pub mod steady;

@@ -10,6 +10,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use pipewright::schedule::memory::ModelShape;
 use pipewright::schedule::plan::costs::cost_model;
 use pipewright::schedule::plan::evaluate::one_step;
+use pipewright::schedule::plan::listed::configuration;
 use pipewright::schedule::plan::{
     plan, Cluster, Fixed, Plan, PlanRequest, PlanRow, Precision, Progress,
 };
@@ -22,6 +23,7 @@ use super::args::Device;
 use super::checks::{check_outputs, Kind, Output};
 use super::commands::ReportFormat;
 use super::io::{read_text, write_atomic};
+use super::plan_searched;
 
 /// Choose TP, PP, DP, the schedule and its chunks, the microbatch size and count,
 /// recomputation, ZeRO-1 and sequence parallelism for a GPT on a cluster: memory first, then
@@ -101,6 +103,16 @@ pub struct PlanCmd {
     /// Most configurations simulated (the rest ranked out by their lower bounds).
     #[arg(long, default_value_t = 200, value_name = "N")]
     max_simulated: usize,
+    /// Shapes of the ranking (tp, pp, dp, microbatch size and count) whose timetable is also
+    /// searched with `search`'s list scheduler under the cluster's memory, where pp x m is at
+    /// most 256; a searched timetable that beats the shape's best family is a row of its own.
+    /// 0 searches none.
+    #[arg(long, default_value_t = 2, value_name = "K")]
+    max_searched: usize,
+    /// Write the best's timetable to FILE.csv (PyTorch's form) or FILE.json when it is a
+    /// searched one; the launch line then runs it with `train --timetable FILE`.
+    #[arg(long, value_name = "FILE")]
+    timetable_out: Option<PathBuf>,
     /// Say why the best beat the runners-up (which terms of the step differ).
     #[arg(long)]
     explain: bool,
@@ -157,7 +169,14 @@ impl PlanCmd {
             return super::calibrate::run(path, self.device, &cluster(&self.cluster)?);
         }
         let req = self.request()?;
-        check_outputs([Output::new("--chart", self.chart.as_ref(), Kind::Image)])?;
+        check_outputs([
+            Output::new("--chart", self.chart.as_ref(), Kind::Image),
+            Output::new(
+                "--timetable-out",
+                self.timetable_out.as_ref(),
+                Kind::Timetable,
+            ),
+        ])?;
         let started = Instant::now();
         let bar = bar();
         let mut show = |p: &Progress| {
@@ -175,12 +194,22 @@ impl PlanCmd {
         let plan = result.map_err(|e| anyhow!("{e}"))?;
         let seconds = started.elapsed().as_secs_f64();
         let text = match self.format {
-            ReportFormat::Json => json(&req, &plan, seconds)?,
+            ReportFormat::Json => json(&req, &plan, seconds, self.timetable_out.as_ref())?,
             ReportFormat::Table => self.table(&req, &plan, seconds),
         };
         print!("{text}");
         if let (Some(path), Some(best)) = (&self.chart, plan.rows.first()) {
             chart(&req, best, path)?;
+        }
+        if let (Some(path), Some(best)) = (&self.timetable_out, plan.rows.first()) {
+            if plan_searched::write(best, path)? {
+                eprintln!("wrote {}", path.display());
+            } else {
+                eprintln!(
+                    "--timetable-out {}: not written, the best is a generator family (--schedule names it)",
+                    path.display()
+                );
+            }
         }
         if let Some(k) = self.validate {
             let runs = super::validate_plan::spread(&plan.simulated, k);
@@ -248,6 +277,7 @@ impl PlanCmd {
         req.max_virtual = self.max_virtual;
         req.max_microbatch_size = self.max_microbatch_size;
         req.max_simulated = self.max_simulated.max(1);
+        req.max_searched = self.max_searched;
         if let Some(k) = self.validate {
             if k < 2 {
                 bail!("--validate needs at least 2 configurations to rank (got {k})");
@@ -274,11 +304,12 @@ impl PlanCmd {
         );
         let p = &plan.progress;
         out += &format!(
-            "{} configurations, {} checked against memory ({} did not fit), {} simulated, in {seconds:.2} s{}\n\n",
+            "{} configurations, {} checked against memory ({} did not fit), {} simulated, {} schedule searches, in {seconds:.2} s{}\n\n",
             p.candidates,
             p.memory_checked,
             p.unfit,
             p.simulated,
+            p.searched,
             if plan.cut_short {
                 " (simulation budget spent: raise --max-simulated to look further)"
             } else {
@@ -306,7 +337,7 @@ impl PlanCmd {
                 100.0 * r.headroom_bytes as f64 / req.cluster.memory_bytes() as f64,
                 100.0 * r.bubble,
                 r.limit.map_or("", |l| l.name()),
-                r.config
+                configuration(r)
             );
         }
         if let Some(best) = plan.rows.first() {
@@ -316,7 +347,9 @@ impl PlanCmd {
             if self.memory {
                 out += &memory_table(best);
             }
-            out += &format!("\nrun the best:\n  {}\n", launch(req, best));
+            let file = self.timetable_out.as_ref();
+            out += &format!("\nrun the best:\n  {}\n", launch(req, best, file));
+            out += &plan_searched::note(best, file).unwrap_or_default();
             out += &caveats(req);
         }
         out
@@ -349,10 +382,13 @@ fn memory_table(best: &PlanRow) -> String {
 fn chart(req: &PlanRequest, best: &PlanRow, path: &Path) -> Result<()> {
     let fmt = ImageFormat::from_path(path)?;
     let (costs, _) = cost_model(req, &best.config);
-    let mut sim = one_step(&best.config, &costs).map_err(|e| anyhow!("{e}"))?;
+    let mut sim = match plan_searched::one_step(best, &costs) {
+        Some(sim) => sim?,
+        None => one_step(&best.config, &costs).map_err(|e| anyhow!("{e}"))?,
+    };
     // The plan's costs are in seconds.
     sim.timeline.meta.time_unit = "s".into();
-    let panel = ChartPanel::new(&sim.timeline).with_label(best.config.to_string());
+    let panel = ChartPanel::new(&sim.timeline).with_label(configuration(best));
     let bars = MemoryBars {
         label: "predicted peak memory per pipeline device (its fullest GPU)".into(),
         devices: &best.memory,
@@ -406,8 +442,9 @@ fn explain(best: &PlanRow, plan: &Plan) -> String {
     out
 }
 
-/// The best configuration as `pipewright train` over NCCL, one process per GPU.
-pub fn launch(req: &PlanRequest, r: &PlanRow) -> String {
+/// The best configuration as `pipewright train` over NCCL, one process per GPU (a searched
+/// timetable as the file `--timetable-out` writes).
+pub fn launch(req: &PlanRequest, r: &PlanRow, timetable: Option<&PathBuf>) -> String {
     let c = &r.config;
     let recompute = c.recompute_plan().to_string();
     let sp = if c.sequence_parallel {
@@ -416,13 +453,10 @@ pub fn launch(req: &PlanRequest, r: &PlanRow) -> String {
         ""
     };
     format!(
-        "mpirun -np {} pipewright train --transport nccl --precision {} --schedule {} --stages {} --virtual {} --microbatches {} --microbatch-size {} --tp {} --dp {} --zero {} --recompute {}{sp} --layers {} --d-model {} --heads {} --seq-len {} --vocab {}",
+        "mpirun -np {} pipewright train --transport nccl --precision {} {} --microbatch-size {} --tp {} --dp {} --zero {} --recompute {}{sp} --layers {} --d-model {} --heads {} --seq-len {} --vocab {}",
         c.gpus(),
         req.precision.name(),
-        c.schedule,
-        c.pp,
-        c.v,
-        c.microbatches,
+        plan_searched::schedule_flags(r, timetable),
         c.microbatch_size,
         c.tp,
         c.dp,
@@ -445,7 +479,12 @@ fn caveats(req: &PlanRequest) -> String {
     out
 }
 
-fn json(req: &PlanRequest, plan: &Plan, seconds: f64) -> Result<String> {
+fn json(
+    req: &PlanRequest,
+    plan: &Plan,
+    seconds: f64,
+    timetable: Option<&PathBuf>,
+) -> Result<String> {
     let value = serde_json::json!({
         "cluster": req.cluster,
         "model": {
@@ -460,7 +499,7 @@ fn json(req: &PlanRequest, plan: &Plan, seconds: f64) -> Result<String> {
         "cut_short": plan.cut_short,
         "rows": plan.rows,
         "explain": plan.explain,
-        "launch": plan.rows.first().map(|r| launch(req, r)),
+        "launch": plan.rows.first().map(|r| launch(req, r, timetable)),
     });
     Ok(serde_json::to_string_pretty(&value)? + "\n")
 }

@@ -157,11 +157,14 @@ pub struct PlanRequest {
     pub max_simulated: usize,
     /// Rows of the ranking to keep.
     pub top: usize,
+    /// Shapes of the ranking (tp, pp, dp, microbatch size and count) searched with
+    /// `search`'s list scheduler where `pp x m` permits ([`super::listed`]); 0 searches none.
+    pub max_searched: usize,
 }
 
 impl PlanRequest {
-    /// A request with the defaults: v up to 8, microbatches of up to 16 sequences, 48
-    /// simulations, top 10.
+    /// A request with the defaults: v up to 8, microbatches of up to 16 sequences, 200
+    /// simulations, top 10, 2 shapes searched.
     pub fn new(shape: ModelShape, cluster: Cluster, gpus: u32, global_batch: u64) -> Self {
         PlanRequest {
             shape,
@@ -175,6 +178,7 @@ impl PlanRequest {
             max_microbatch_size: 16,
             max_simulated: 200,
             top: 10,
+            max_searched: 2,
         }
     }
 }

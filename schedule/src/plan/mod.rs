@@ -10,7 +10,8 @@
 //! [`crate::memory::predict`] before anything is simulated, then simulates the survivors
 //! in order of their bounds ([`evaluate`]: [`crate::simulate::simulate_steps`]'s steady-state
 //! period) until no bound can beat the best; [`explain`] says what limits each and why the
-//! best won; [`impossible`] says, in one line, the nearest thing that would work when
+//! best won; [`listed`] adds `search`'s list scheduler as a family where sizes permit;
+//! [`impossible`] says, in one line, the nearest thing that would work when
 //! nothing does.
 
 pub mod bound;
@@ -23,6 +24,7 @@ pub mod evaluate;
 pub mod explain;
 pub mod fit;
 pub mod impossible;
+pub mod listed;
 pub mod rank;
 pub mod search;
 pub mod space;
@@ -74,4 +76,7 @@ pub enum PlanError {
     /// The memory model refused a configuration.
     #[error(transparent)]
     Memory(#[from] MemoryError),
+    /// A schedule search failed (a bug if it happens).
+    #[error(transparent)]
+    Search(#[from] crate::search::SearchError),
 }

@@ -12,6 +12,7 @@ use super::evaluate::step_time;
 use super::explain::{neighbours, terms, why, Limit, Terms, DIMENSIONS};
 use super::fit::{peaks, worst, BoundCache};
 use super::impossible;
+use super::listed::Searched;
 use super::space::enumerate;
 use super::work::{layer_flops, model_flops};
 use super::PlanError;
@@ -35,6 +36,8 @@ pub struct Progress {
     pub unfit: usize,
     /// Configurations simulated.
     pub simulated: usize,
+    /// Schedule searches run (`search`'s list scheduler, see [`super::listed`]).
+    pub searched: usize,
 }
 
 /// One configuration of the ranking, with everything the table and the JSON show.
@@ -67,6 +70,9 @@ pub struct PlanRow {
     /// What limits it (top rows only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub limit: Option<Limit>,
+    /// Set when its timetable came from `search`, not from its family's generator.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub searched: Option<Box<Searched>>,
 }
 
 /// The plan: the ranking, how the search went, and why the best won.
@@ -178,6 +184,7 @@ pub fn plan(req: &PlanRequest, progress: &mut dyn FnMut(&Progress)) -> Result<Pl
             found.truncate(keep);
         }
     }
+    state.searched = super::listed::add_searched(req, &mut found, keep, req.max_searched)?;
     if found.is_empty() {
         return Err(PlanError::Impossible(match closest {
             Some((_, cfg)) => impossible::memory(req, &cfg)?,
@@ -190,7 +197,14 @@ pub fn plan(req: &PlanRequest, progress: &mut dyn FnMut(&Progress)) -> Result<Pl
         r.bubble = t.bubble / r.step_time_s;
         r.terms = Some(t);
     }
-    let explain = explain(req, &found[0], &simulated)?;
+    // Neighbours differ from a fixed family's configuration; a searched best says what the
+    // search bought over its shape's best fixed family first.
+    let fixed = found
+        .iter()
+        .find(|r| r.searched.is_none())
+        .unwrap_or(&found[0]);
+    let mut explain = explain(req, fixed, &simulated)?;
+    explain.splice(0..0, super::listed::explain(&found[0]));
     simulated.sort_by(|a, b| a.1.total_cmp(&b.1));
     Ok(Plan {
         rows: found,
@@ -289,7 +303,7 @@ pub fn hardware_flops(req: &PlanRequest, cfg: &Config) -> f64 {
     model_flops(shape, b) + extra
 }
 
-fn row(
+pub(super) fn row(
     req: &PlanRequest,
     cfg: Config,
     step: f64,
@@ -315,5 +329,6 @@ fn row(
         bound_s: bound,
         terms: None,
         limit: None,
+        searched: None,
     }
 }
