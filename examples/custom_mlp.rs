@@ -6,12 +6,16 @@
 //! `cargo run --release --example custom_mlp` prints both runs' losses and exits non-zero if
 //! they differ by more than 1e-5 (relative). `tests/custom_mlp.rs` reuses this model under
 //! more meshes and schedules.
+//!
+//! `cargo run --release --example custom_mlp -- --profile FILE` instead profiles the model
+//! (each layer's times, parameters and bytes on one microbatch) into FILE for
+//! `pipewright plan --profile FILE --gpus N --global-batch SAMPLES`.
 
 use pipewright::kernels::init::normal_tensor;
 use pipewright::kernels::layers::{Linear, NoTp, Param, Parameters};
 use pipewright::kernels::optim::AdamWConfig;
 use pipewright::kernels::Tensor;
-use pipewright::runtime::split::{split, Balance, Layer, LayerStage, LayerStash};
+use pipewright::runtime::split::{layer_profile, split, Balance, Layer, LayerStage, LayerStash};
 use pipewright::runtime::{run, MicrobatchData, MicrobatchId, ModuleError, Output, StageModule};
 
 // ---- The user's model: everything up to "Training it" is what a user writes. ----
@@ -129,6 +133,31 @@ pub fn partition(n: usize, stages: usize) -> Result<Vec<std::ops::Range<usize>>,
     Ok(split(&mut layers, stages, Balance::Parameters, None)?.stages)
 }
 
+// ---- Profiling it for `pipewright plan --profile`. ----
+
+/// The `n`-layer model profiled on one microbatch of `ROWS` rows (5 passes, medians), as
+/// the profile file's JSON.
+pub fn profile_json(n: usize) -> Result<String, ModuleError> {
+    let mut layers: Vec<_> = (0..n).map(|k| layer(k, n)).collect();
+    let sample = normal_tensor(&[ROWS, IN], 1.0, 0, "sample");
+    let device = format!("this CPU (example custom_mlp, {ROWS} rows of {IN} features)");
+    let profile = layer_profile(&mut layers, &sample, ROWS as u64, 5, &device)?;
+    Ok(serde_json::to_string_pretty(&profile.to_raw()).map_err(|e| e.to_string())? + "\n")
+}
+
+/// Write the profile to `path` atomically (a temporary file beside it, then a rename).
+fn write_profile(n: usize, path: &std::path::Path) -> Result<(), ModuleError> {
+    let tmp = path.with_extension("json.tmp");
+    std::fs::write(&tmp, profile_json(n)?).map_err(|e| format!("{}: {e}", tmp.display()))?;
+    std::fs::rename(&tmp, path).map_err(|e| format!("{}: {e}", path.display()))?;
+    println!(
+        "wrote {}; plan it with: pipewright plan --profile {} --gpus 8 --global-batch 512",
+        path.display(),
+        path.display()
+    );
+    Ok(())
+}
+
 // ---- Training it, on 2 pipeline devices and on one. ----
 
 /// The losses of `steps` steps of the whole model on one device, over the same global batch
@@ -179,6 +208,11 @@ fn main() -> Result<(), ModuleError> {
     use pipewright::schedule::{generate, ScheduleKind, ScheduleSpec};
 
     let (layers, steps) = (6, 30);
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(i) = args.iter().position(|a| a == "--profile") {
+        let path = args.get(i + 1).ok_or("--profile needs a FILE")?;
+        return write_profile(layers, std::path::Path::new(path));
+    }
     let tt = generate(&ScheduleSpec::new(
         ScheduleKind::Interleaved1F1B,
         2,

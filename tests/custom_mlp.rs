@@ -65,3 +65,33 @@ fn a_user_mlp_equals_one_device_under_every_schedule_family_and_mesh() {
         }
     }
 }
+
+/// The example's profile (what `--profile FILE` writes) is a file `plan --profile` reads:
+/// every layer's parameters as the model holds them, non-zero stashes, a ranked plan.
+#[test]
+fn the_example_s_profile_is_planned() {
+    let text = custom_mlp::profile_json(LAYERS).unwrap();
+    let p = pipewright::schedule::LayerProfile::from_json(&text).unwrap();
+    assert_eq!(p.len(), LAYERS);
+    for (k, l) in p.layers.iter().enumerate() {
+        let layer = custom_mlp::layer(k, LAYERS);
+        assert_eq!(l.params, layer.num_params() as u64);
+        assert_eq!(l.param_bytes, 4 * l.params);
+        assert!(l.stash_bytes > 0 && l.weight_stash_bytes > 0 && l.output_bytes > 0);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("mlp.json");
+    std::fs::write(&path, &text).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_pipewright"))
+        .args(["plan", "--profile", path.to_str().unwrap(), "--gpus", "4"])
+        .args(["--global-batch", "128", "--format", "json"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(!v["rows"].as_array().unwrap().is_empty());
+}

@@ -31,6 +31,7 @@
 pub mod action;
 pub mod formats;
 pub mod generators;
+pub mod layer_profile;
 pub mod memory;
 pub mod plan;
 pub mod recompute;
@@ -45,6 +46,7 @@ pub mod validate;
 pub use action::{Action, ActionKind, ParseActionError};
 pub use formats::{chrome_trace, from_csv, to_csv, CsvError, CsvSource};
 pub use generators::generate;
+pub use layer_profile::{LayerProfile, ProfileError, RawLayerProfile};
 pub use recompute::{Recompute, RecomputeError, RecomputePlan};
 pub use simulate::{
     measured_costs, simulate, CostError, CostModel, DeviceReport, RawCostFile, RawStageCost,

@@ -63,7 +63,8 @@ fn rows_fit_are_ranked_and_are_what_the_simulator_says() {
             "{t:?} vs {}",
             r.step_time_s
         );
-        assert!(r.mfu > 0.0 && r.mfu < 1.0);
+        let mfu = r.mfu.expect("a GPT has FLOPs");
+        assert!(mfu > 0.0 && mfu < 1.0);
     }
 }
 

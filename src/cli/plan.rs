@@ -12,8 +12,9 @@ use pipewright::schedule::plan::costs::cost_model;
 use pipewright::schedule::plan::evaluate::one_step;
 use pipewright::schedule::plan::listed::configuration;
 use pipewright::schedule::plan::{
-    plan, Cluster, Fixed, Plan, PlanRequest, PlanRow, Precision, Progress,
+    plan, Cluster, Fixed, Plan, PlanModel, PlanRequest, PlanRow, Precision, Progress,
 };
+use pipewright::schedule::LayerProfile;
 use pipewright::schedule::{Recompute, ScheduleKind};
 use pipewright::viz::{
     bubble_chart_with_memory, ChartOptions, ChartPanel, ImageFormat, MemoryBars,
@@ -26,24 +27,36 @@ use super::io::{read_text, write_atomic};
 use super::plan_searched;
 
 /// Choose TP, PP, DP, the schedule and its chunks, the microbatch size and count,
-/// recomputation, ZeRO-1 and sequence parallelism for a GPT on a cluster: memory first, then
-/// the simulator, ranked by predicted step time.
+/// recomputation, ZeRO-1 and sequence parallelism for a GPT (or, with `--profile`, a
+/// layer-list model as profiled) on a cluster: memory first, then the simulator, ranked by
+/// predicted step time.
 #[derive(Args, Debug)]
 pub struct PlanCmd {
+    /// Plan a layer-list model from its profile (JSON, from
+    /// `pipewright::runtime::split::layer_profile`; see `examples/custom_mlp.rs`) instead of
+    /// a GPT: its measured times, parameters and bytes per layer. tp is 1, recompute none or
+    /// full, the global batch is in samples, and microbatches are of the profile's size
+    /// unless `--microbatch-size` is given (times and activations then scale linearly).
+    #[arg(
+        long,
+        value_name = "FILE",
+        conflicts_with_all = ["layers", "d_model", "heads", "ffn", "seq_len", "vocab", "tp", "sequence_parallel", "validate", "calibrate"]
+    )]
+    profile: Option<PathBuf>,
     /// Transformer blocks.
-    #[arg(long, value_name = "L", required_unless_present = "calibrate")]
+    #[arg(long, value_name = "L", required_unless_present_any = ["calibrate", "profile"])]
     layers: Option<u32>,
     /// Width of the residual stream (h).
-    #[arg(long, value_name = "H", required_unless_present = "calibrate")]
+    #[arg(long, value_name = "H", required_unless_present_any = ["calibrate", "profile"])]
     d_model: Option<u64>,
     /// Attention heads.
-    #[arg(long, value_name = "A", required_unless_present = "calibrate")]
+    #[arg(long, value_name = "A", required_unless_present_any = ["calibrate", "profile"])]
     heads: Option<u32>,
     /// Hidden width of the MLP (default 4 * d_model).
     #[arg(long, value_name = "F")]
     ffn: Option<u64>,
     /// Tokens per sequence.
-    #[arg(long, value_name = "S", required_unless_present = "calibrate")]
+    #[arg(long, value_name = "S", required_unless_present_any = ["calibrate", "profile"])]
     seq_len: Option<u64>,
     /// Vocabulary size.
     #[arg(long, default_value_t = 51200, value_name = "V")]
@@ -54,7 +67,7 @@ pub struct PlanCmd {
     /// `a100-80g`, `h100-80g`, or a cluster JSON file (see schedule/src/plan/cluster.rs).
     #[arg(long, default_value = "a100-80g", value_name = "NAME|FILE")]
     cluster: String,
-    /// Sequences per training step.
+    /// Sequences (with `--profile`, samples) per training step.
     #[arg(long, value_name = "SEQUENCES", required_unless_present = "calibrate")]
     global_batch: Option<u64>,
     /// Number format of the run: bf16 (mixed precision), tf32 or f32.
@@ -219,6 +232,82 @@ impl PlanCmd {
     }
 
     fn request(&self) -> Result<PlanRequest> {
+        let mut req = match &self.profile {
+            Some(path) => self.profile_request(path)?,
+            None => self.gpt_request()?,
+        };
+        req.precision = self.precision;
+        req.fixed = Fixed {
+            tp: self.tp,
+            pp: self.pp,
+            v: self.v,
+            microbatch_size: self.microbatch_size,
+            schedule: self.schedule,
+            recompute: self.recompute,
+            zero: self.zero,
+            sequence_parallel: match (self.sequence_parallel, self.no_sequence_parallel) {
+                (true, _) => Some(true),
+                (_, true) => Some(false),
+                _ => None,
+            },
+        };
+        req.allow_cross_node_tp = self.allow_cross_node_tp;
+        req.top = self.top;
+        req.max_virtual = self.max_virtual;
+        req.max_microbatch_size = self.max_microbatch_size;
+        req.max_simulated = self.max_simulated.max(1);
+        req.max_searched = self.max_searched;
+        if let Some(k) = self.validate {
+            if k < 2 {
+                bail!("--validate needs at least 2 configurations to rank (got {k})");
+            }
+            // Simulate well past the top rows, so the spread reaches slower configurations.
+            req.top = req.top.max(4 * k);
+        }
+        Ok(req)
+    }
+
+    /// The GPUs and the batch, each at least 1, and the other counts checked likewise.
+    fn counts(&self) -> Result<(u32, u64)> {
+        let need = |flag: &str, v: Option<u64>| v.ok_or_else(|| anyhow!("{flag} is required"));
+        let gpus = need("--gpus", self.gpus.map(u64::from))?;
+        let global_batch = need("--global-batch", self.global_batch)?;
+        for (flag, v) in [
+            ("--gpus", gpus),
+            ("--global-batch", global_batch),
+            ("--top", self.top as u64),
+            ("--max-virtual", u64::from(self.max_virtual)),
+            ("--max-microbatch-size", self.max_microbatch_size),
+            ("--microbatch-size", self.microbatch_size.unwrap_or(1)),
+        ] {
+            if v == 0 {
+                bail!("{flag} must be at least 1");
+            }
+        }
+        Ok((gpus as u32, global_batch))
+    }
+
+    fn profile_request(&self, path: &Path) -> Result<PlanRequest> {
+        let (gpus, global_batch) = self.counts()?;
+        if let Some(r) = self
+            .recompute
+            .filter(|r| !matches!(r, Recompute::None | Recompute::Full))
+        {
+            bail!("--recompute {r}: a layer-list model recomputes fully or not at all (its layers' stashes are opaque); use none or full");
+        }
+        let text = read_text(path)?;
+        let profile = LayerProfile::from_json(&text)
+            .map_err(|e| anyhow!("--profile {}: {e}", path.display()))?;
+        let cluster = cluster(&self.cluster)?;
+        Ok(PlanRequest::from_profile(
+            profile,
+            cluster,
+            gpus,
+            global_batch,
+        ))
+    }
+
+    fn gpt_request(&self) -> Result<PlanRequest> {
         let need = |flag: &str, v: Option<u64>| v.ok_or_else(|| anyhow!("{flag} is required"));
         let layers = need("--layers", self.layers.map(u64::from))?;
         let d_model = need("--d-model", self.d_model)?;
@@ -256,50 +345,19 @@ impl PlanCmd {
             seq_len,
             vocab: self.vocab,
         };
-        let mut req = PlanRequest::new(shape, cluster, gpus as u32, global_batch);
-        req.precision = self.precision;
-        req.fixed = Fixed {
-            tp: self.tp,
-            pp: self.pp,
-            v: self.v,
-            microbatch_size: self.microbatch_size,
-            schedule: self.schedule,
-            recompute: self.recompute,
-            zero: self.zero,
-            sequence_parallel: match (self.sequence_parallel, self.no_sequence_parallel) {
-                (true, _) => Some(true),
-                (_, true) => Some(false),
-                _ => None,
-            },
-        };
-        req.allow_cross_node_tp = self.allow_cross_node_tp;
-        req.top = self.top;
-        req.max_virtual = self.max_virtual;
-        req.max_microbatch_size = self.max_microbatch_size;
-        req.max_simulated = self.max_simulated.max(1);
-        req.max_searched = self.max_searched;
-        if let Some(k) = self.validate {
-            if k < 2 {
-                bail!("--validate needs at least 2 configurations to rank (got {k})");
-            }
-            // Simulate well past the top rows, so the spread reaches slower configurations.
-            req.top = req.top.max(4 * k);
-        }
-        Ok(req)
+        Ok(PlanRequest::new(shape, cluster, gpus as u32, global_batch))
     }
 
     fn table(&self, req: &PlanRequest, plan: &Plan, seconds: f64) -> String {
         let mut out = format!(
-            "{} GPUs of {} ({} per node, {:.0} GiB), {} layers x d_model {} x {} heads, seq {}, batch {} sequences, {}\n",
+            "{} GPUs of {} ({} per node, {:.0} GiB), {}, batch {} {}, {}\n",
             req.gpus,
             req.cluster.name,
             req.cluster.gpus_per_node,
             req.cluster.memory_gib,
-            req.shape.layers,
-            req.shape.d_model,
-            req.shape.heads,
-            req.shape.seq_len,
+            model_line(req),
             req.global_batch,
+            req.model.batch_unit(),
             req.precision.name()
         );
         let p = &plan.progress;
@@ -316,23 +374,28 @@ impl PlanCmd {
                 ""
             }
         );
-        out += "  #  step s   tokens/s  TFLOP/s/GPU   MFU  peak GiB  headroom  bubble  limit     configuration\n";
+        out += if req.model.tokens(1.0).is_some() {
+            "  #  step s   tokens/s  TFLOP/s/GPU   MFU  peak GiB  headroom  bubble  limit     configuration\n"
+        } else {
+            "  #  step s  samples/s  TFLOP/s/GPU   MFU  peak GiB  headroom  bubble  limit     configuration\n"
+        };
         for (i, r) in plan.rows.iter().take(self.top).enumerate() {
             out += &format!(
-                "{:>3}  {:>6}  {:>9.0}  {:>11}  {:>4.1}%  {:>8.1}  {:>7.1}%  {:>5.1}%  {:<8}  {}\n",
+                "{:>3}  {:>6}  {:>9.0}  {:>11}  {:>5}  {:>8.1}  {:>7.1}%  {:>5.1}%  {:<8}  {}\n",
                 i + 1,
                 if r.step_time_s >= 0.01 {
                     format!("{:.3}", r.step_time_s)
                 } else {
                     format!("{:.1e}", r.step_time_s)
                 },
-                r.tokens_per_s,
-                if r.tflops_per_gpu < 10.0 {
-                    format!("{:.3}", r.tflops_per_gpu)
-                } else {
-                    format!("{:.1}", r.tflops_per_gpu)
+                r.tokens_per_s.unwrap_or(r.samples_per_s),
+                match r.tflops_per_gpu {
+                    None => "n/a".to_string(),
+                    Some(t) if t < 10.0 => format!("{t:.3}"),
+                    Some(t) => format!("{t:.1}"),
                 },
-                100.0 * r.mfu,
+                r.mfu
+                    .map_or("n/a".to_string(), |m| format!("{:.1}%", 100.0 * m)),
                 r.peak_memory_bytes as f64 / f64::from(1u32 << 30),
                 100.0 * r.headroom_bytes as f64 / req.cluster.memory_bytes() as f64,
                 100.0 * r.bubble,
@@ -347,10 +410,15 @@ impl PlanCmd {
             if self.memory {
                 out += &memory_table(best);
             }
-            let file = self.timetable_out.as_ref();
-            out += &format!("\nrun the best:\n  {}\n", launch(req, best, file));
-            out += &plan_searched::note(best, file).unwrap_or_default();
-            out += &caveats(req);
+            match req.model.profile() {
+                None => {
+                    let file = self.timetable_out.as_ref();
+                    out += &format!("\nrun the best:\n  {}\n", launch(req, best, file));
+                    out += &plan_searched::note(best, file).unwrap_or_default();
+                    out += &caveats(req);
+                }
+                Some(p) => out += &format!("\nrun the best:\n{}", profile_launch(p, best).0),
+            }
         }
         out
     }
@@ -442,9 +510,13 @@ fn explain(best: &PlanRow, plan: &Plan) -> String {
     out
 }
 
-/// The best configuration as `pipewright train` over NCCL, one process per GPU (a searched
-/// timetable as the file `--timetable-out` writes).
+/// The best configuration as `pipewright train` over NCCL, one process per GPU (a GPT's; a
+/// searched timetable as the file `--timetable-out` writes; a profile's is
+/// [`profile_launch`]).
 pub fn launch(req: &PlanRequest, r: &PlanRow, timetable: Option<&PathBuf>) -> String {
+    let Some(shape) = req.model.gpt() else {
+        return String::new();
+    };
     let c = &r.config;
     let recompute = c.recompute_plan().to_string();
     let sp = if c.sequence_parallel {
@@ -462,18 +534,74 @@ pub fn launch(req: &PlanRequest, r: &PlanRow, timetable: Option<&PathBuf>) -> St
         c.dp,
         c.zero,
         recompute,
-        req.shape.layers,
-        req.shape.d_model,
-        req.shape.heads,
-        req.shape.seq_len,
-        req.shape.vocab
+        shape.layers,
+        shape.d_model,
+        shape.heads,
+        shape.seq_len,
+        shape.vocab
     )
+}
+
+/// How to run the best configuration of a layer-list model: the user's own program, with
+/// the schedule, the mesh, the microbatches and the stages' cuts (the same cuts the plan
+/// costed); as text and as JSON.
+fn profile_launch(p: &LayerProfile, r: &PlanRow) -> (String, serde_json::Value) {
+    let c = &r.config;
+    let cuts = p.cuts(c.stages() as usize).unwrap_or_default();
+    let ranges: Vec<String> = cuts
+        .iter()
+        .map(|r| format!("{}..{}", r.start, r.end))
+        .collect();
+    let recompute = c.recompute_plan().to_string();
+    let text = format!(
+        "  your own program (a layer-list model is not `pipewright train`'s GPT), one process per GPU (e.g. `mpirun -np {gpus} ...`):\n    Mesh::new({pp}, 1, {dp}); ScheduleSpec::new(ScheduleKind::{kind:?}, {pp}, {v}, {m}, None) ({schedule}); {m} microbatches of {mbs} samples per replica\n    stages (layers; split::balanced of the profile's f+i+w, as Balance::Time cuts them): {cuts}\n    RunOptions {{ recompute: \"{recompute}\", zero: Zero::from_level({zero}, {pp}) }}\n",
+        gpus = c.gpus(),
+        pp = c.pp,
+        dp = c.dp,
+        kind = c.schedule,
+        schedule = c.schedule,
+        v = c.v,
+        m = c.microbatches,
+        mbs = c.microbatch_size,
+        cuts = ranges.join(", "),
+        zero = c.zero,
+    );
+    let json = serde_json::json!({
+        "program": "your own (a layer-list model)",
+        "processes": c.gpus(),
+        "schedule": c.schedule,
+        "pp": c.pp,
+        "v": c.v,
+        "dp": c.dp,
+        "microbatches": c.microbatches,
+        "microbatch_size": c.microbatch_size,
+        "recompute": recompute,
+        "zero": c.zero,
+        "cuts": cuts.iter().map(|r| [r.start, r.end]).collect::<Vec<_>>(),
+    });
+    (text, json)
+}
+
+/// The model in one phrase, for the table's first line.
+fn model_line(req: &PlanRequest) -> String {
+    match &req.model {
+        PlanModel::Gpt(s) => format!(
+            "{} layers x d_model {} x {} heads, seq {}",
+            s.layers, s.d_model, s.heads, s.seq_len
+        ),
+        PlanModel::Layers(p) => format!(
+            "a layer-list profile of {} layers (measured on {}, microbatches of {} samples)",
+            p.len(),
+            p.device,
+            p.microbatch_size
+        ),
+    }
 }
 
 /// What the launch line cannot say.
 fn caveats(req: &PlanRequest) -> String {
     let mut out = String::new();
-    if req.shape.ffn != 4 * req.shape.d_model {
+    if req.model.gpt().is_some_and(|s| s.ffn != 4 * s.d_model) {
         out += "  (train's reference GPT has ffn = 4 * d_model, not the --ffn planned for)\n";
     }
     out
@@ -485,12 +613,27 @@ fn json(
     seconds: f64,
     timetable: Option<&PathBuf>,
 ) -> Result<String> {
+    let (model, launch) = match &req.model {
+        PlanModel::Gpt(s) => (
+            serde_json::json!({
+                "layers": s.layers, "d_model": s.d_model, "heads": s.heads,
+                "ffn": s.ffn, "seq_len": s.seq_len, "vocab": s.vocab,
+            }),
+            plan.rows
+                .first()
+                .map(|r| serde_json::json!(launch(req, r, timetable))),
+        ),
+        PlanModel::Layers(p) => (
+            serde_json::json!({
+                "profile": { "layers": p.len(), "microbatch_size": p.microbatch_size, "device": p.device },
+            }),
+            plan.rows.first().map(|r| profile_launch(p, r).1),
+        ),
+    };
     let value = serde_json::json!({
         "cluster": req.cluster,
-        "model": {
-            "layers": req.shape.layers, "d_model": req.shape.d_model, "heads": req.shape.heads,
-            "ffn": req.shape.ffn, "seq_len": req.shape.seq_len, "vocab": req.shape.vocab,
-        },
+        "model": model,
+        "batch_unit": req.model.batch_unit(),
         "gpus": req.gpus,
         "global_batch": req.global_batch,
         "precision": req.precision,
@@ -499,7 +642,7 @@ fn json(
         "cut_short": plan.cut_short,
         "rows": plan.rows,
         "explain": plan.explain,
-        "launch": plan.rows.first().map(|r| launch(req, r, timetable)),
+        "launch": launch,
     });
     Ok(serde_json::to_string_pretty(&value)? + "\n")
 }

@@ -9,7 +9,7 @@
 use std::process::Command;
 
 use anyhow::{anyhow, bail, Context, Result};
-use pipewright::schedule::memory::MemoryBreakdown;
+use pipewright::schedule::memory::{MemoryBreakdown, ModelShape};
 use pipewright::schedule::plan::fit::peaks_as_run;
 use pipewright::schedule::plan::rank::spearman;
 use pipewright::schedule::plan::{Config, PlanRequest};
@@ -18,8 +18,7 @@ use pipewright::schedule::plan::{Config, PlanRequest};
 const STEPS: &str = "6";
 
 /// `train`'s arguments for `row` on in-process devices.
-fn train_args(req: &PlanRequest, c: &Config) -> Vec<String> {
-    let s = &req.shape;
+fn train_args(req: &PlanRequest, s: &ModelShape, c: &Config) -> Vec<String> {
     [
         "train",
         "--transport",
@@ -63,10 +62,10 @@ fn train_args(req: &PlanRequest, c: &Config) -> Vec<String> {
 
 /// The measured steady-state period of one training run, in seconds, and each pipeline
 /// device's fullest rank's measured peak in bytes.
-fn measure(req: &PlanRequest, c: &Config) -> Result<(f64, Vec<u64>)> {
+fn measure(req: &PlanRequest, shape: &ModelShape, c: &Config) -> Result<(f64, Vec<u64>)> {
     let exe = std::env::current_exe().context("finding this program to run `train`")?;
     let out = Command::new(exe)
-        .args(train_args(req, c))
+        .args(train_args(req, shape, c))
         .output()
         .context("running `train`")?;
     if !out.status.success() {
@@ -150,7 +149,10 @@ pub fn spread(simulated: &[(Config, f64)], k: usize) -> Vec<(Config, f64)> {
 
 /// Run every configuration, print predicted against measured and their rank correlation.
 pub fn validate(req: &PlanRequest, runs: &[(Config, f64)]) -> Result<String> {
-    if req.shape.ffn != 4 * req.shape.d_model {
+    let Some(shape) = req.model.gpt() else {
+        bail!("--validate trains the reference GPT; a --profile's model is the user's own program");
+    };
+    if shape.ffn != 4 * shape.d_model {
         bail!("--validate runs the reference GPT, whose ffn is 4 * d_model: leave --ffn out");
     }
     let mut out = format!(
@@ -163,10 +165,10 @@ pub fn validate(req: &PlanRequest, runs: &[(Config, f64)]) -> Result<String> {
     // only ever slows a run down, and a second pass minutes later rarely meets the same load.
     let mut first = Vec::with_capacity(runs.len());
     for (c, _) in runs {
-        first.push(measure(req, c)?);
+        first.push(measure(req, shape, c)?);
     }
     for (i, (c, p)) in runs.iter().enumerate() {
-        let (again, _) = measure(req, c)?;
+        let (again, _) = measure(req, shape, c)?;
         let (m, peaks) = (first[i].0.min(again), &first[i].1);
         let err = memory_error(&peaks_as_run(req, c).map_err(|e| anyhow!("{e}"))?, peaks);
         if let Some(e) = err {

@@ -3,17 +3,20 @@
 //! layer, [`split`] cuts `p * v` contiguous stages by count, by parameters or by measured
 //! time (a short profiling pass, [`profile`]), and [`LayerStage`] runs a stage's layers as a
 //! [`StageModule`]. A profile becomes a cost file for `pipewright search --costs`
-//! ([`cost_file`]).
+//! ([`cost_file`]), and with each layer's parameters and bytes ([`measure`]) a layer
+//! profile for `pipewright plan --profile` ([`layer_profile`]).
 
 use std::any::Any;
 use std::fmt;
 use std::ops::Range;
-use std::time::Instant;
 
 use pipewright_kernels::layers::{Param, Parameters, TpReduce};
 use pipewright_kernels::optim::AdamWConfig;
-use pipewright_kernels::{params, Tensor};
+use pipewright_kernels::{params, Footprint, Tensor};
 use pipewright_schedule::{RawCostFile, RawStageCost, Recompute};
+
+mod profile;
+pub use profile::{layer_profile, measure, profile, LayerMeasure};
 
 use crate::host::{self, HostAdamW};
 use crate::module::{MicrobatchData, ModuleError, Output, StageModule};
@@ -34,6 +37,35 @@ pub trait Layer: Parameters {
     ) -> Result<(Tensor, LayerStash), ModuleError>;
     /// Weight backward (W): accumulate the parameters' gradients.
     fn backward_weight(&mut self, stash: LayerStash) -> Result<(), ModuleError>;
+
+    /// Bytes `stash` (one of this layer's, from its forward or its input backward) keeps
+    /// alive, for the runtime's measured memory and the profile. The default knows the
+    /// common stash types ([`stash_bytes`]); a layer with its own stash type says its size
+    /// here, or it counts 0.
+    fn stash_bytes(&self, stash: &LayerStash) -> usize {
+        stash_bytes(stash)
+    }
+}
+
+/// Bytes of a stash of a common type: a `Tensor`, `Vec<Tensor>`, `Option<Tensor>`, a pair
+/// or triple of tensors, `(Tensor, Vec<Tensor>)`, or `()`; 0 for any other type.
+pub fn stash_bytes(stash: &LayerStash) -> usize {
+    let s: &dyn Any = &**stash;
+    if let Some(t) = s.downcast_ref::<Tensor>() {
+        t.bytes()
+    } else if let Some(v) = s.downcast_ref::<Vec<Tensor>>() {
+        v.bytes()
+    } else if let Some(o) = s.downcast_ref::<Option<Tensor>>() {
+        o.bytes()
+    } else if let Some(p) = s.downcast_ref::<(Tensor, Tensor)>() {
+        p.bytes()
+    } else if let Some((a, b, c)) = s.downcast_ref::<(Tensor, Tensor, Tensor)>() {
+        a.bytes() + b.bytes() + c.bytes()
+    } else if let Some(p) = s.downcast_ref::<(Tensor, Vec<Tensor>)>() {
+        p.bytes()
+    } else {
+        0
+    }
 }
 
 /// How [`split`] balances the stages.
@@ -161,37 +193,14 @@ pub fn uniform(n: usize, stages: usize) -> Result<Vec<Range<usize>>, SplitError>
 }
 
 /// Contiguous non-empty ranges of `weights` whose largest sum is the least possible (exact,
-/// by dynamic programming over cut points: `stages * n^2` steps, for lists of layers).
+/// by dynamic programming over cut points: `stages * n^2` steps, for lists of layers); the
+/// cut `pipewright plan --profile` assumes ([`pipewright_schedule::layer_profile::balanced`]).
 pub fn balanced(weights: &[f64], stages: usize) -> Result<Vec<Range<usize>>, SplitError> {
-    let n = weights.len();
-    check_counts(n, stages)?;
-    let mut prefix = vec![0.0; n + 1];
-    for (i, w) in weights.iter().enumerate() {
-        prefix[i + 1] = prefix[i] + w.max(0.0);
-    }
-    // best[j][i]: least largest load of the first i layers in j + 1 stages; cut[j][i]: where
-    // the last of those stages starts.
-    let mut best = vec![vec![f64::INFINITY; n + 1]; stages];
-    let mut cut = vec![vec![0; n + 1]; stages];
-    best[0][1..].copy_from_slice(&prefix[1..]);
-    for j in 1..stages {
-        for i in j + 1..=n {
-            for t in j..i {
-                let load = best[j - 1][t].max(prefix[i] - prefix[t]);
-                if load < best[j][i] {
-                    (best[j][i], cut[j][i]) = (load, t);
-                }
-            }
-        }
-    }
-    let mut ranges = vec![0..0; stages];
-    let mut end = n;
-    for j in (0..stages).rev() {
-        let start = if j == 0 { 0 } else { cut[j][end] };
-        ranges[j] = start..end;
-        end = start;
-    }
-    Ok(ranges)
+    check_counts(weights.len(), stages)?;
+    pipewright_schedule::layer_profile::balanced(weights, stages).ok_or(SplitError::TooFewLayers {
+        layers: weights.len(),
+        stages,
+    })
 }
 
 fn check_counts(layers: usize, stages: usize) -> Result<(), SplitError> {
@@ -199,56 +208,6 @@ fn check_counts(layers: usize, stages: usize) -> Result<(), SplitError> {
         return Err(SplitError::TooFewLayers { layers, stages });
     }
     Ok(())
-}
-
-/// Time every layer's forward, input backward and weight backward on `sample` (the first
-/// layer's input; each layer gets the previous one's output), `repeats` times (at least
-/// once), keeping the medians; the gradients this accumulates are zeroed.
-pub fn profile(
-    layers: &mut [Box<dyn Layer>],
-    sample: &Tensor,
-    repeats: usize,
-) -> Result<Vec<LayerCost>, SplitError> {
-    let mut runs = vec![Vec::new(); layers.len()];
-    for _ in 0..repeats.max(1) {
-        let mut x = sample.clone();
-        for (k, layer) in layers.iter_mut().enumerate() {
-            let bad = |e: ModuleError| SplitError::Profile {
-                layer: k,
-                message: e.to_string(),
-            };
-            let t0 = Instant::now();
-            let (y, stash) = layer.forward(&x).map_err(bad)?;
-            let t1 = Instant::now();
-            let dy = Tensor::new(y.shape(), vec![1.0; y.numel()]).map_err(|e| bad(e.into()))?;
-            let t2 = Instant::now();
-            let (_, ws) = layer.backward_input(stash, &dy).map_err(bad)?;
-            let t3 = Instant::now();
-            layer.backward_weight(ws).map_err(bad)?;
-            let ms = |a: Instant, b: Instant| (b - a).as_secs_f64() * 1e3;
-            runs[k].push(LayerCost {
-                f: ms(t0, t1),
-                i: ms(t2, t3),
-                w: ms(t3, Instant::now()),
-            });
-            x = y;
-        }
-    }
-    layers.iter_mut().for_each(|l| l.zero_grad());
-    Ok(runs.iter().map(|r| median(r)).collect())
-}
-
-fn median(runs: &[LayerCost]) -> LayerCost {
-    let mid = |pick: fn(&LayerCost) -> f64| {
-        let mut v: Vec<f64> = runs.iter().map(pick).collect();
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
-    LayerCost {
-        f: mid(|c| c.f),
-        i: mid(|c| c.i),
-        w: mid(|c| c.w),
-    }
 }
 
 /// A cost file of the partition's stages (each the sum of its layers' profiled times, in
@@ -475,6 +434,18 @@ impl<D> StageModule for LayerStage<D> {
 
     fn set_flat_params(&mut self, values: Tensor) -> Result<(), ModuleError> {
         host::set_flat_params(&mut self.layers, values)
+    }
+
+    fn stash_bytes(&self, stash: &LayerStageStash) -> usize {
+        let layers = self.layers.0.iter().zip(&stash.layers);
+        let own: usize = layers.map(|(l, s)| l.stash_bytes(s)).sum();
+        own + stash.loss_grad.bytes() + stash.input.bytes()
+    }
+
+    fn weight_stash_bytes(&self, ws: &Vec<LayerStash>) -> usize {
+        // The input backward pushed them last layer first.
+        let layers = self.layers.0.iter().rev().zip(ws);
+        layers.map(|(l, s)| l.stash_bytes(s)).sum()
     }
 
     fn optimizer_state_bytes(&self) -> usize {

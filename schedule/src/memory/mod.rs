@@ -31,6 +31,7 @@ use crate::recompute::{Recompute, RecomputePlan};
 use crate::timetable::Timetable;
 
 mod breakdown;
+mod layers;
 mod megatron;
 mod params;
 mod pipewright;
@@ -38,6 +39,7 @@ mod timeline;
 mod walk;
 
 pub use breakdown::MemoryBreakdown;
+pub use layers::{predict_layers, LayerMemoryConfig};
 pub use params::stage_parameters;
 pub use walk::{device_levels, peak_walk, StageBytes};
 
@@ -315,11 +317,24 @@ pub fn predict_detail(
         })
         .collect();
     let buffers = buffer_bytes(cfg);
-    Ok((0..cfg.pp)
+    Ok(walk_devices(&low, &stages, &buffers, |d| {
+        params::device_state(cfg, tt, d)
+    }))
+}
+
+/// Each device of the lowered `low`: its activations and buffers from one walk of its row,
+/// with `state(d)` (parameters, gradients, optimizer state) held throughout.
+fn walk_devices(
+    low: &Timetable,
+    stages: &[StageBytes],
+    buffers: &timeline::BufferBytes,
+    state: impl Fn(u32) -> MemoryBreakdown,
+) -> Vec<DevicePrediction> {
+    (0..low.num_devices())
         .map(|d| {
             let row = &low.devices[d as usize];
-            let levels = timeline::device_levels(row, cfg.stages(), &stages, &buffers);
-            let state = params::device_state(cfg, tt, d);
+            let levels = timeline::device_levels(row, low.num_stages(), stages, buffers);
+            let state = state(d);
             let (act, buf) = levels.peak;
             DevicePrediction {
                 peak: MemoryBreakdown {
@@ -334,7 +349,7 @@ pub fn predict_detail(
                 },
             }
         })
-        .collect())
+        .collect()
 }
 
 /// What the buffers of `cfg` are made of. Pipewright reduces a copy of each stage's flat f32
@@ -359,6 +374,7 @@ fn buffer_bytes(cfg: &MemoryConfig) -> timeline::BufferBytes {
     });
     timeline::BufferBytes {
         handoff,
+        outputs: None,
         grads,
         shards,
     }

@@ -25,10 +25,31 @@ use crate::action::{Action, ActionKind};
 pub(super) struct BufferBytes {
     /// One pipeline hand-off.
     pub handoff: f64,
+    /// Per stage, its output's hand-off where stages differ (a layer-list model); `None`:
+    /// every hand-off is `handoff`.
+    pub outputs: Option<Vec<f64>>,
     /// Per stage, its flat gradients under reduction (0 where nothing is reduced).
     pub grads: Vec<f64>,
     /// Per stage, the rank's ZeRO-1 shard of them (`None` without ZeRO-1).
     pub shards: Option<Vec<f64>>,
+}
+
+impl BufferBytes {
+    /// Stage `s`'s output (and the gradient of it that comes back).
+    fn output(&self, s: u32) -> f64 {
+        match &self.outputs {
+            Some(o) => o.get(s as usize).copied().unwrap_or(0.0),
+            None => self.handoff,
+        }
+    }
+
+    /// Stage `s`'s input (and the gradient of it that it sends back).
+    fn input(&self, s: u32) -> f64 {
+        match s {
+            0 => 0.0,
+            s => self.output(s - 1),
+        }
+    }
 }
 
 /// Activations and buffers of a device: at the moment their sum peaks (the earliest such
@@ -69,25 +90,37 @@ pub(super) fn device_levels(
     let mut pending = Vec::new();
     for (i, a) in row.iter().enumerate() {
         match a.kind {
+            // A stage receives its input and its output's gradient, sends its output and its
+            // input's gradient.
             ActionKind::RecvF | ActionKind::RecvB => {
-                buffers += buf.handoff;
+                buffers += if a.kind == ActionKind::RecvF {
+                    buf.input(a.stage)
+                } else {
+                    buf.output(a.stage)
+                };
                 levels.see(held.now, buffers);
             }
-            ActionKind::SendF | ActionKind::SendB => buffers -= buf.handoff,
+            ActionKind::SendF => buffers -= buf.output(a.stage),
+            ActionKind::SendB => buffers -= buf.input(a.stage),
             _ => {
                 for part in a.parts() {
                     let (first, last_stage) = (part.stage == 0, part.stage + 1 == num_stages);
+                    let (input, output) = (buf.input(part.stage), buf.output(part.stage));
                     let (takes, makes) = match part.kind {
-                        ActionKind::F => (!first, !last_stage),
-                        ActionKind::B | ActionKind::I => (!last_stage, !first),
-                        _ => (false, false),
+                        ActionKind::F => {
+                            ((!first).then_some(input), (!last_stage).then_some(output))
+                        }
+                        ActionKind::B | ActionKind::I => {
+                            ((!last_stage).then_some(output), (!first).then_some(input))
+                        }
+                        _ => (None, None),
                     };
-                    if takes {
-                        buffers -= buf.handoff;
+                    if let Some(b) = takes {
+                        buffers -= b;
                     }
                     held.apply(part, stages, |act| levels.see(act, buffers));
-                    if makes {
-                        buffers += buf.handoff;
+                    if let Some(b) = makes {
+                        buffers += b;
                         levels.see(held.now, buffers);
                     }
                 }

@@ -3,6 +3,8 @@
 use serde::{Deserialize, Serialize};
 
 use super::cluster::{Cluster, Precision};
+use super::model::PlanModel;
+use crate::layer_profile::LayerProfile;
 use crate::memory::ModelShape;
 use crate::recompute::{Recompute, RecomputePlan};
 use crate::spec::ScheduleKind;
@@ -18,7 +20,7 @@ pub struct Config {
     pub dp: u32,
     /// Model chunks per pipeline device.
     pub v: u32,
-    /// Sequences per microbatch.
+    /// Sequences (a profile's samples) per microbatch.
     pub microbatch_size: u64,
     /// Microbatches per step per replica.
     pub microbatches: u32,
@@ -135,12 +137,12 @@ pub struct Fixed {
 #[derive(Clone, Debug, PartialEq)]
 pub struct PlanRequest {
     /// The model.
-    pub shape: ModelShape,
+    pub model: PlanModel,
     /// The cluster.
     pub cluster: Cluster,
     /// GPUs to use (all of them: `tp * pp * dp = gpus`).
     pub gpus: u32,
-    /// Sequences per training step.
+    /// Sequences (a profile's samples) per training step.
     pub global_batch: u64,
     /// Number format.
     pub precision: Precision,
@@ -166,8 +168,23 @@ impl PlanRequest {
     /// A request with the defaults: v up to 8, microbatches of up to 16 sequences, 200
     /// simulations, top 10, 2 shapes searched.
     pub fn new(shape: ModelShape, cluster: Cluster, gpus: u32, global_batch: u64) -> Self {
+        Self::of(PlanModel::Gpt(shape), cluster, gpus, global_batch)
+    }
+
+    /// A request for a layer-list model as profiled, `global_batch` in samples; the same
+    /// defaults, except that microbatches are of the profile's size unless fixed.
+    pub fn from_profile(
+        profile: LayerProfile,
+        cluster: Cluster,
+        gpus: u32,
+        global_batch: u64,
+    ) -> Self {
+        Self::of(PlanModel::Layers(profile), cluster, gpus, global_batch)
+    }
+
+    fn of(model: PlanModel, cluster: Cluster, gpus: u32, global_batch: u64) -> Self {
         PlanRequest {
-            shape,
+            model,
             cluster,
             gpus,
             global_batch,

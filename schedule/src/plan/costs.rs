@@ -25,8 +25,9 @@ use super::bound::device_of;
 use super::cluster::Precision;
 use super::comm::{all_reduce, crosses_nodes, reduce_scatter, Links};
 use super::config::{Config, PlanRequest};
+use super::model::PlanModel;
 use super::work::{head, layer, Device, WorkTimes};
-use crate::memory::stage_parameters;
+use crate::memory::{stage_parameters, ModelShape};
 use crate::recompute::Recompute;
 use crate::simulate::{CostModel, StageCost};
 
@@ -63,13 +64,12 @@ pub fn layers_per_stage(layers: u32, stages: u32) -> Vec<u32> {
     (0..stages).map(|s| base + u32::from(s < extra)).collect()
 }
 
-/// The pieces of `cfg`.
-pub fn pieces(req: &PlanRequest, cfg: &Config) -> Pieces {
+/// The pieces of `cfg` for a GPT of `shape`.
+pub fn pieces(req: &PlanRequest, shape: &ModelShape, cfg: &Config) -> Pieces {
     let dev = device(req);
     let links = Links::new(&req.cluster, cfg.tp, cfg.pp, cfg.dp);
-    let act = activation_bytes(req, cfg);
+    let act = activation_bytes(req, shape, cfg);
     let tp_ar = all_reduce(&links.tp, cfg.tp, act);
-    let shape = &req.shape;
     Pieces {
         layer: layer(
             shape,
@@ -86,9 +86,8 @@ pub fn pieces(req: &PlanRequest, cfg: &Config) -> Pieces {
 }
 
 /// Bytes of one microbatch's `b s h` activation.
-fn activation_bytes(req: &PlanRequest, cfg: &Config) -> f64 {
-    (cfg.microbatch_size * req.shape.seq_len * req.shape.d_model * req.precision.activation_bytes())
-        as f64
+fn activation_bytes(req: &PlanRequest, shape: &ModelShape, cfg: &Config) -> f64 {
+    (cfg.microbatch_size * shape.seq_len * shape.d_model * req.precision.activation_bytes()) as f64
 }
 
 /// Recomputation time of a stage of `n` layers, given its forward `f`.
@@ -101,13 +100,21 @@ fn recompute_time(policy: Recompute, p: &Pieces, n: f64, f: f64) -> Option<f64> 
     }
 }
 
-/// The simulator's cost model of `cfg`, in seconds, with its pieces.
+/// The simulator's cost model of `cfg`, in seconds, with its pieces (a profile's:
+/// [`super::layers::cost_model`]).
 pub fn cost_model(req: &PlanRequest, cfg: &Config) -> (CostModel, Pieces) {
-    let p = pieces(req, cfg);
+    match &req.model {
+        PlanModel::Gpt(shape) => gpt_cost_model(req, shape, cfg),
+        PlanModel::Layers(profile) => super::layers::cost_model(req, profile, cfg),
+    }
+}
+
+fn gpt_cost_model(req: &PlanRequest, shape: &ModelShape, cfg: &Config) -> (CostModel, Pieces) {
+    let p = pieces(req, shape, cfg);
     let stages = cfg.stages();
     let device_of = |s: u32| device_of(cfg, s);
     let links = Links::new(&req.cluster, cfg.tp, cfg.pp, cfg.dp);
-    let hand_off = activation_bytes(req, cfg) / f64::from(cfg.tp);
+    let hand_off = activation_bytes(req, shape, cfg) / f64::from(cfg.tp);
     let costs = (0..stages)
         .map(|s| {
             let n = f64::from(p.layers[s as usize]);
@@ -132,7 +139,8 @@ pub fn cost_model(req: &PlanRequest, cfg: &Config) -> (CostModel, Pieces) {
             } else {
                 req.cluster.intra_node
             };
-            let (dp_allreduce, optimizer) = data_parallel(req, cfg, &links, s);
+            let params = stage_parameters(shape, cfg.stages(), s) as f64 / f64::from(cfg.tp);
+            let (dp_allreduce, optimizer) = data_parallel(req, cfg, &links, params);
             StageCost {
                 f,
                 b: i + w,
@@ -158,9 +166,14 @@ pub fn cost_model(req: &PlanRequest, cfg: &Config) -> (CostModel, Pieces) {
     (model, p)
 }
 
-/// Stage `s`'s DP gradient reduction and optimizer step (ZeRO-1's all-gather included).
-fn data_parallel(req: &PlanRequest, cfg: &Config, links: &Links, s: u32) -> (f64, f64) {
-    let params = stage_parameters(&req.shape, cfg.stages(), s) as f64 / f64::from(cfg.tp);
+/// The DP gradient reduction and optimizer step (ZeRO-1's all-gather included) of a stage
+/// of `params` parameters per rank, in `req.precision`.
+pub(super) fn data_parallel(
+    req: &PlanRequest,
+    cfg: &Config,
+    links: &Links,
+    params: f64,
+) -> (f64, f64) {
     let grads = 4.0 * params;
     let param_bytes = req.precision.activation_bytes() as f64;
     let moved = match req.precision {

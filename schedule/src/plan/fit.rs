@@ -18,17 +18,20 @@
 use super::cluster::Precision;
 use super::config::{Config, PlanRequest};
 use super::evaluate::timetable;
+use super::model::PlanModel;
 use super::PlanError;
-use crate::memory::{predict, Accounting, MemPrecision, MemoryBreakdown, MemoryConfig};
+use crate::memory::{predict, Accounting, MemPrecision, MemoryBreakdown, MemoryConfig, ModelShape};
+use crate::timetable::Timetable;
 use std::collections::HashMap;
 
 use crate::recompute::Recompute;
 use crate::spec::{Placement, ScheduleKind};
 
-/// The memory model's view of `cfg` (Megatron's accounting: a plan is for a real cluster).
-pub fn memory_config(req: &PlanRequest, cfg: &Config) -> MemoryConfig {
+/// The memory model's view of `cfg` for a GPT of `shape` (Megatron's accounting: a plan is
+/// for a real cluster).
+pub fn memory_config(req: &PlanRequest, shape: &ModelShape, cfg: &Config) -> MemoryConfig {
     MemoryConfig {
-        shape: req.shape,
+        shape: *shape,
         precision: match req.precision {
             Precision::Bf16 => MemPrecision::Bf16,
             Precision::Tf32 | Precision::F32 => MemPrecision::F32,
@@ -87,7 +90,12 @@ impl BoundCache {
             microbatches: 1,
             ..*cfg
         };
-        let b = worst(&predict(&memory_config(req, cfg), &timetable(&one, 1)?)?);
+        let b = worst(&predict_for(
+            req,
+            cfg,
+            &timetable(&one, 1)?,
+            Accounting::Megatron,
+        )?);
         self.0.insert(key, b);
         Ok(b)
     }
@@ -96,7 +104,27 @@ impl BoundCache {
 /// Each pipeline device's predicted peak, by category.
 pub fn peaks(req: &PlanRequest, cfg: &Config) -> Result<Vec<MemoryBreakdown>, PlanError> {
     let tt = timetable(cfg, memory_microbatches(cfg))?;
-    Ok(predict(&memory_config(req, cfg), &tt)?)
+    predict_for(req, cfg, &tt, Accounting::Megatron)
+}
+
+/// The memory model of `req`'s model over `tt` (a GPT's under `accounting`; a profile's
+/// bytes as measured).
+fn predict_for(
+    req: &PlanRequest,
+    cfg: &Config,
+    tt: &Timetable,
+    accounting: Accounting,
+) -> Result<Vec<MemoryBreakdown>, PlanError> {
+    match &req.model {
+        PlanModel::Gpt(shape) => {
+            let mem = MemoryConfig {
+                accounting,
+                ..memory_config(req, shape, cfg)
+            };
+            Ok(predict(&mem, tt)?)
+        }
+        PlanModel::Layers(profile) => super::layers::peaks(profile, cfg, tt),
+    }
 }
 
 /// Each pipeline device's peak as pipewright's own runtime would hold it (the memory model's
@@ -104,11 +132,7 @@ pub fn peaks(req: &PlanRequest, cfg: &Config) -> Result<Vec<MemoryBreakdown>, Pl
 /// measured peaks.
 pub fn peaks_as_run(req: &PlanRequest, cfg: &Config) -> Result<Vec<MemoryBreakdown>, PlanError> {
     let tt = timetable(cfg, cfg.microbatches)?;
-    let mem = MemoryConfig {
-        accounting: Accounting::Pipewright,
-        ..memory_config(req, cfg)
-    };
-    Ok(predict(&mem, &tt)?)
+    predict_for(req, cfg, &tt, Accounting::Pipewright)
 }
 
 /// The worst device's peak in bytes.

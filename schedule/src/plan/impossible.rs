@@ -36,9 +36,14 @@ pub fn structure(req: &PlanRequest) -> String {
             } else {
                 format!(" inside a node of {gpn}")
             };
+            let Some(shape) = req.model.gpt() else {
+                return format!(
+                    "--tp {tp}: a layer-list profile runs without tensor parallelism (tp 1)"
+                );
+            };
             return format!(
                 "--tp {tp} cannot split the {} heads over {} GPUs{node}: TP sizes that can: {}",
-                req.shape.heads,
+                shape.heads,
                 req.gpus,
                 list(&ok)
             );
@@ -118,7 +123,7 @@ pub fn structure(req: &PlanRequest) -> String {
         if let Some(c) = enumerate(&relaxed).first() {
             return format!(
                 "{flag} {value} fits no configuration of the other dimensions given ({} GPUs, {} layers, batch {}); without it, e.g. {c}",
-                req.gpus, req.shape.layers, req.global_batch
+                req.gpus, req.model.layers(), req.global_batch
             );
         }
     }
@@ -162,19 +167,29 @@ fn batch(req: &PlanRequest) -> String {
         (Some(d), None) => d.to_string(),
         (None, Some(u)) => u.to_string(),
         (None, None) => {
+            let Some(shape) = req.model.gpt() else {
+                return format!(
+                    "{} GPUs cannot hold {} layers in any PP x DP with microbatches of {} samples: use a GPU count with a divisor of at most {} layers, and a batch that many replicas can split into such microbatches",
+                    req.gpus,
+                    req.model.layers(),
+                    req.fixed.microbatch_size.or(req.model.profile().map(|p| p.microbatch_size)).unwrap_or(1),
+                    req.model.layers()
+                );
+            };
             return format!(
                 "{} GPUs cannot hold {} layers with {} heads in any TP x PP x DP: use a GPU count of which some tp*pp (tp dividing the heads, pp at most the layers) is a divisor",
-                req.gpus, req.shape.layers, req.shape.heads
-            )
+                req.gpus, shape.layers, shape.heads
+            );
         }
     };
+    let unit = req.model.batch_unit();
     format!(
-        "global batch {} sequences: no data-parallel size this cluster allows (dp divides {} GPUs: {}; with tp*pp*dp = {} and pp <= {} layers) divides it into microbatches; nearest batch that works: {near}",
+        "global batch {} {unit}: no data-parallel size this cluster allows (dp divides {} GPUs: {}; with tp*pp*dp = {} and pp <= {} layers) divides it into microbatches; nearest batch that works: {near}",
         req.global_batch,
         req.gpus,
         dps.iter().map(u64::to_string).collect::<Vec<_>>().join(", "),
         req.gpus,
-        req.shape.layers
+        req.model.layers()
     )
 }
 
@@ -227,6 +242,10 @@ fn levers(req: &PlanRequest, closest: &Config) -> Vec<&'static str> {
     }
     if f.microbatch_size.is_some_and(|b| b > 1) {
         levers.push("--microbatch-size 1");
+    }
+    let profiled = req.model.profile().map(|p| p.microbatch_size);
+    if f.microbatch_size.is_none() && profiled.is_some_and(|b| b > 1) {
+        levers.push("a --microbatch-size below the profile's (its activations scale with it)");
     }
     if f.pp.is_some() || f.tp.is_some() {
         levers.push("other --tp/--pp");

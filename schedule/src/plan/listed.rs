@@ -8,7 +8,7 @@
 //!
 //! After the bounded search, for the best few ranked configurations (one per tp, pp, dp,
 //! microbatch size and count, ZeRO and SP) whose `pp x m` is at most [`MAX_SEARCHED_SIZE`],
-//! [`crate::search::search`] runs with that configuration's cost model
+//! [`crate::search::search`] runs (for a GPT; a layer-list profile is not searched) with that configuration's cost model
 //! ([`super::costs::cost_model`]), the cluster's memory per GPU as a byte cap on the memory
 //! model's whole-rank total, and the steady-state period as its objective; once without
 //! recomputation, and once with the row's policy on every stage where it has one (its
@@ -88,8 +88,9 @@ pub fn add_searched(
     keep: usize,
     max_searched: usize,
 ) -> Result<usize, PlanError> {
-    // A family fixed by hand is what the user asked for; no searched timetable is one.
-    if req.fixed.schedule.is_some() {
+    // A family fixed by hand is what the user asked for; no searched timetable is one. The
+    // search's byte cap is the GPT memory model's; a layer-list profile is not searched.
+    if req.fixed.schedule.is_some() || req.model.gpt().is_none() {
         return Ok(0);
     }
     let mut bases: Vec<PlanRow> = Vec::new();
@@ -137,13 +138,16 @@ fn searched_row(
     policy: Recompute,
 ) -> Result<Option<PlanRow>, PlanError> {
     let capacity = req.cluster.memory_bytes();
+    let Some(shape) = req.model.gpt() else {
+        return Ok(None);
+    };
     let cfg = &base.config;
     // Costs cut in 2 chunks per device when the layers allow, so both v = 1 (joined) and
     // v = 2 come from the cost model's own cuts.
     // A v fixed by hand is the only one searched.
     let v = match req.fixed.v {
         Some(v) => v,
-        None if 2 * cfg.pp <= layers(req) => 2,
+        None if 2 * cfg.pp <= shape.layers => 2,
         None => 1,
     };
     let at_v = Config {
@@ -158,7 +162,7 @@ fn searched_row(
         families: Vec::new(),
         improve_budget: IMPROVE_BUDGET,
         objective: Objective::Period,
-        memory: Some(memory_config(req, &at_v)),
+        memory: Some(memory_config(req, shape, &at_v)),
         time_budget: None,
         ..SearchSpec::new(
             cfg.pp,
@@ -192,7 +196,7 @@ fn searched_row(
     };
     let (costs, _) = cost_model(req, &exact);
     let step = period(&tt, &costs)?;
-    let mem = memory_config(req, &exact);
+    let mem = memory_config(req, shape, &exact);
     let memory = predict(&mem, &tt)?;
     let v_kept = req.fixed.v.map_or(true, |v| v == exact.v);
     if !v_kept || worst(&memory) > capacity || step >= base.step_time_s {
@@ -213,25 +217,6 @@ fn searched_row(
 /// schedule need not repeat itself, so no extrapolation).
 pub fn period(tt: &Timetable, costs: &CostModel) -> Result<f64, PlanError> {
     Ok(simulate_steps(tt, costs, PERIOD_STEPS)?.report.period)
-}
-
-/// Transformer layers of the request's model (a stage needs at least one), as the memory
-/// model sees them.
-fn layers(req: &PlanRequest) -> u32 {
-    let one = Config {
-        tp: 1,
-        pp: 1,
-        dp: 1,
-        v: 1,
-        microbatch_size: 1,
-        microbatches: 1,
-        schedule: ScheduleKind::OneFOneB,
-        recompute: Recompute::None,
-        recompute_devices: 1,
-        zero: 0,
-        sequence_parallel: false,
-    };
-    memory_config(req, &one).shape.layers
 }
 
 /// Costs in which each stage's recomputation runs as part of its input backward: the `R`

@@ -24,7 +24,9 @@ pub mod evaluate;
 pub mod explain;
 pub mod fit;
 pub mod impossible;
+pub mod layers;
 pub mod listed;
+pub mod model;
 pub mod rank;
 pub mod search;
 pub mod space;
@@ -34,6 +36,7 @@ pub use cluster::{Cluster, Link, PeakTflops, Precision};
 pub use config::{Config, Fixed, PlanRequest};
 pub use efficiency::Efficiency;
 pub use explain::{Limit, Terms};
+pub use model::PlanModel;
 pub use search::{plan, Plan, PlanRow, Progress};
 
 use crate::memory::MemoryError;

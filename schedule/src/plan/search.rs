@@ -14,7 +14,6 @@ use super::fit::{peaks, worst, BoundCache};
 use super::impossible;
 use super::listed::Searched;
 use super::space::enumerate;
-use super::work::{layer_flops, model_flops};
 use super::PlanError;
 use crate::memory::MemoryBreakdown;
 use crate::recompute::Recompute;
@@ -47,12 +46,16 @@ pub struct PlanRow {
     pub config: Config,
     /// Predicted time per training step (steady-state period), seconds.
     pub step_time_s: f64,
-    /// Tokens per second over the whole cluster.
-    pub tokens_per_s: f64,
-    /// Achieved TFLOP/s per GPU as Narayanan et al. count them (recomputation included).
-    pub tflops_per_gpu: f64,
-    /// Model FLOPs utilisation: model FLOPs (no recomputation) over peak.
-    pub mfu: f64,
+    /// Tokens per second over the whole cluster (`None` for a profile, which has samples).
+    pub tokens_per_s: Option<f64>,
+    /// Sequences (a profile's samples) per second over the whole cluster.
+    pub samples_per_s: f64,
+    /// Achieved TFLOP/s per GPU as Narayanan et al. count them (recomputation included);
+    /// `None` for a profile without FLOPs.
+    pub tflops_per_gpu: Option<f64>,
+    /// Model FLOPs utilisation: model FLOPs (no recomputation) over peak; `None` for a
+    /// profile without FLOPs.
+    pub mfu: Option<f64>,
     /// Peak memory of the fullest GPU, bytes.
     pub peak_memory_bytes: u64,
     /// GPU memory minus that peak (negative: does not fit).
@@ -286,21 +289,10 @@ fn explain(
     Ok(lines)
 }
 
-/// Hardware FLOPs of one step as Narayanan et al. count them: the model's, plus the
-/// recomputed forward (all of it under full recomputation, the attention core's `4bs^2h` per
-/// layer under selective).
-pub fn hardware_flops(req: &PlanRequest, cfg: &Config) -> f64 {
-    let b = req.global_batch as f64;
-    let shape = &req.shape;
-    let layers = f64::from(cfg.recomputed_layers(shape.layers));
-    let extra = match cfg.recompute {
-        Recompute::None => 0.0,
-        Recompute::Full | Recompute::Every(_) => layers * layer_flops(shape, b),
-        Recompute::Selective => {
-            layers * 4.0 * b * (shape.seq_len as f64).powi(2) * shape.d_model as f64
-        }
-    };
-    model_flops(shape, b) + extra
+/// Hardware FLOPs of one step as Narayanan et al. count them (the model's and the
+/// recomputed forward's; [`super::model::PlanModel::hardware_flops`]), where known.
+pub fn hardware_flops(req: &PlanRequest, cfg: &Config) -> Option<f64> {
+    req.model.hardware_flops(cfg, req.global_batch as f64)
 }
 
 pub(super) fn row(
@@ -312,16 +304,20 @@ pub(super) fn row(
 ) -> PlanRow {
     let gpus = f64::from(req.gpus);
     let peak_flops = req.cluster.peak_flops(req.precision);
-    let tokens = req.global_batch as f64 * req.shape.seq_len as f64;
+    let samples = req.global_batch as f64;
     let (costs, _) = cost_model(req, &cfg);
     let ideal = f64::from(cfg.microbatches) * super::bound::busiest(&cfg, &costs).compute();
     let peak = worst(&memory);
     PlanRow {
         config: cfg,
         step_time_s: step,
-        tokens_per_s: tokens / step,
-        tflops_per_gpu: hardware_flops(req, &cfg) / step / gpus / 1e12,
-        mfu: model_flops(&req.shape, req.global_batch as f64) / step / gpus / peak_flops,
+        tokens_per_s: req.model.tokens(samples).map(|t| t / step),
+        samples_per_s: samples / step,
+        tflops_per_gpu: hardware_flops(req, &cfg).map(|f| f / step / gpus / 1e12),
+        mfu: req
+            .model
+            .model_flops(samples)
+            .map(|f| f / step / gpus / peak_flops),
         peak_memory_bytes: peak,
         headroom_bytes: req.cluster.memory_bytes() as i64 - peak as i64,
         memory,

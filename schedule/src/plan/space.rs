@@ -3,6 +3,7 @@
 //! with the user's fixed dimensions taken as given.
 
 use super::config::{Config, PlanRequest};
+use super::model::PlanModel;
 use crate::recompute::Recompute;
 use crate::spec::{ScheduleKind, ScheduleSpec};
 
@@ -25,10 +26,14 @@ pub fn divisors(n: u64) -> Vec<u64> {
 }
 
 /// TP sizes the request allows: dividing the heads and the GPUs, and (unless cross-node TP
-/// is allowed) the node, so a TP group never spans nodes.
+/// is allowed) the node, so a TP group never spans nodes. A profile's layers have no TP: 1.
 pub fn tp_options(req: &PlanRequest) -> Vec<u32> {
     let gpn = req.cluster.gpus_per_node;
-    divisors(u64::from(req.shape.heads))
+    let heads = match &req.model {
+        PlanModel::Gpt(shape) => shape.heads,
+        PlanModel::Layers(_) => 1,
+    };
+    divisors(u64::from(heads))
         .into_iter()
         .map(|t| t as u32)
         .filter(|&t| req.gpus % t == 0)
@@ -67,7 +72,7 @@ pub fn schedules(req: &PlanRequest, pp: u32, m: u32) -> Vec<(ScheduleKind, u32)>
             if req.fixed.v.is_some_and(|f| f != v) && pp > 1 {
                 continue;
             }
-            let fits = u64::from(pp) * u64::from(v) <= u64::from(req.shape.layers);
+            let fits = u64::from(pp) * u64::from(v) <= u64::from(req.model.layers());
             if fits && ScheduleSpec::new(kind, pp, v, m, None).is_ok() {
                 out.push((kind, v));
             }
@@ -82,7 +87,7 @@ pub fn enumerate(req: &PlanRequest) -> Vec<Config> {
     for tp in tp_options(req) {
         for pp in divisors(u64::from(req.gpus / tp)) {
             let pp = pp as u32;
-            if pp > req.shape.layers || req.fixed.pp.is_some_and(|f| f != pp) {
+            if pp > req.model.layers() || req.fixed.pp.is_some_and(|f| f != pp) {
                 continue;
             }
             let dp = req.gpus / tp / pp;
@@ -91,9 +96,11 @@ pub fn enumerate(req: &PlanRequest) -> Vec<Config> {
             }
             let per_replica = req.global_batch / u64::from(dp);
             for mbs in divisors(per_replica) {
-                let allowed = match req.fixed.microbatch_size {
-                    Some(f) => f == mbs,
-                    None => mbs <= req.max_microbatch_size,
+                // A profile's microbatches are of its size unless fixed (then scaled).
+                let allowed = match (req.fixed.microbatch_size, req.model.profile()) {
+                    (Some(f), _) => f == mbs,
+                    (None, Some(p)) => mbs == p.microbatch_size,
+                    (None, None) => mbs <= req.max_microbatch_size,
                 };
                 let Ok(m) = u32::try_from(per_replica / mbs) else {
                     continue;
@@ -126,9 +133,10 @@ pub fn enumerate(req: &PlanRequest) -> Vec<Config> {
 /// `base` with every allowed recompute policy, ZeRO level and SP setting.
 fn levers(req: &PlanRequest, base: Config, out: &mut Vec<Config>) {
     let f = &req.fixed;
-    let policies = match f.recompute {
-        Some(r) => vec![r],
-        None => vec![Recompute::None, Recompute::Selective, Recompute::Full],
+    let policies = match (f.recompute, &req.model) {
+        (Some(r), _) => vec![r],
+        (None, PlanModel::Gpt(_)) => vec![Recompute::None, Recompute::Selective, Recompute::Full],
+        (None, PlanModel::Layers(_)) => vec![Recompute::None, Recompute::Full],
     };
     let zeros: Vec<u8> = match f.zero {
         Some(z) => vec![z],

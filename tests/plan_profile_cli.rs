@@ -1,0 +1,266 @@
+//! `pipewright plan --profile`: a layer-list model planned from its profile file. A ranked
+//! plan with tp 1 and the launch as the user's own program with the cuts; a fixed `--pp`
+//! kept; MFU only where FLOPs are given; a model that fits nowhere, a bad file and flags a
+//! profile cannot take each refused in one line.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use serde_json::{json, Value};
+
+fn run(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_pipewright"))
+        .arg("plan")
+        .args(args)
+        .output()
+        .expect("binary runs")
+}
+
+fn ok(args: &[&str]) -> String {
+    let o = run(args);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{args:?}: {err}");
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn refused(args: &[&str], needles: &[&str]) {
+    let o = run(args);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{args:?} succeeded");
+    assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+    assert!(
+        err.starts_with("error: ") && !err.contains("panicked"),
+        "{err}"
+    );
+    for n in needles {
+        assert!(err.contains(n), "`{n}` not in {err}");
+    }
+}
+
+/// A profile of `n` layers of `params` parameters each (f32), measured at microbatches of
+/// 4 samples; the middle layers slower, so time-balanced cuts are uneven in layers.
+fn profile(n: usize, params: u64, flops: bool) -> Value {
+    let layers: Vec<Value> = (0..n)
+        .map(|k| {
+            let slow = if (n / 3..2 * n / 3).contains(&k) {
+                2.0
+            } else {
+                1.0
+            };
+            let mut l = json!({
+                "f_ms": 4.0 * slow, "i_ms": 4.0 * slow, "w_ms": 3.0 * slow,
+                "params": params, "param_bytes": 4 * params,
+                "stash_bytes": 256u64 << 20, "weight_stash_bytes": 64u64 << 20,
+                "output_bytes": 32u64 << 20,
+            });
+            if flops {
+                l["flops"] = json!(2.0 * 4.0 * params as f64 * 512.0);
+            }
+            l
+        })
+        .collect();
+    json!({"version": 1, "microbatch_size": 4, "device": "test GPU", "layers": layers})
+}
+
+fn write(dir: &Path, name: &str, v: &Value) -> String {
+    let path = dir.join(name);
+    std::fs::write(&path, serde_json::to_string_pretty(v).unwrap()).unwrap();
+    path.to_str().unwrap().to_string()
+}
+
+#[test]
+fn a_profile_gets_a_ranked_plan_and_the_user_s_own_launch() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = write(dir.path(), "p.json", &profile(12, 50_000_000, true));
+    let out = ok(&[
+        "--profile",
+        &file,
+        "--gpus",
+        "16",
+        "--global-batch",
+        "256",
+        "--format",
+        "json",
+    ]);
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["batch_unit"], "samples");
+    assert_eq!(v["model"]["profile"]["layers"], 12);
+    let rows = v["rows"].as_array().unwrap();
+    assert!(!rows.is_empty());
+    let steps: Vec<f64> = rows
+        .iter()
+        .map(|r| r["step_time_s"].as_f64().unwrap())
+        .collect();
+    assert!(steps.windows(2).all(|w| w[0] <= w[1]), "{steps:?}");
+    for r in rows {
+        let c = &r["config"];
+        assert_eq!(
+            (c["tp"].as_u64(), c["sequence_parallel"].as_bool()),
+            (Some(1), Some(false))
+        );
+        assert_eq!(c["microbatch_size"], 4, "the profile's size unless fixed");
+        assert!(
+            matches!(c["recompute"].as_str(), Some("none" | "full")),
+            "{c}"
+        );
+        assert!(r["mfu"].as_f64().is_some_and(|m| m > 0.0 && m < 1.0), "{r}");
+        assert!(r["tokens_per_s"].is_null());
+        let samples = r["samples_per_s"].as_f64().unwrap();
+        let step = r["step_time_s"].as_f64().unwrap();
+        assert!((samples * step / 256.0 - 1.0).abs() < 1e-9);
+    }
+    // The launch: the best's mesh and microbatches, and cuts covering every layer in order.
+    let (best, launch) = (&rows[0]["config"], &v["launch"]);
+    for key in ["pp", "v", "dp", "microbatches", "schedule", "zero"] {
+        assert_eq!(launch[key], best[key], "{key}");
+    }
+    let cuts = launch["cuts"].as_array().unwrap();
+    let stages = best["pp"].as_u64().unwrap() * best["v"].as_u64().unwrap();
+    assert_eq!(cuts.len() as u64, stages);
+    let mut next = 0;
+    for c in cuts {
+        assert_eq!(c[0].as_u64(), Some(next));
+        assert!(c[1].as_u64().unwrap() > next);
+        next = c[1].as_u64().unwrap();
+    }
+    assert_eq!(next, 12);
+
+    let table = ok(&[
+        "--profile",
+        &file,
+        "--gpus",
+        "16",
+        "--global-batch",
+        "256",
+        "--explain",
+    ]);
+    assert!(
+        table.contains("samples/s") && table.contains("your own program"),
+        "{table}"
+    );
+    assert!(
+        table.contains("Mesh::new(") && !table.contains("train --transport"),
+        "{table}"
+    );
+}
+
+#[test]
+fn a_fixed_pp_is_kept_and_mfu_needs_flops() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = write(dir.path(), "p.json", &profile(12, 50_000_000, false));
+    let out = ok(&[
+        "--profile",
+        &file,
+        "--gpus",
+        "16",
+        "--global-batch",
+        "256",
+        "--pp",
+        "4",
+        "--format",
+        "json",
+    ]);
+    let v: Value = serde_json::from_str(&out).unwrap();
+    let rows = v["rows"].as_array().unwrap();
+    assert!(!rows.is_empty());
+    for r in rows {
+        assert_eq!(r["config"]["pp"], 4);
+        assert!(r["mfu"].is_null() && r["tflops_per_gpu"].is_null(), "{r}");
+    }
+    let table = ok(&[
+        "--profile",
+        &file,
+        "--gpus",
+        "16",
+        "--global-batch",
+        "256",
+        "--pp",
+        "4",
+    ]);
+    assert!(table.contains("n/a"), "{table}");
+    // A larger microbatch than profiled: its times scale linearly, so a microbatch of 8
+    // takes twice as long and the same batch needs half the microbatches.
+    let out = ok(&[
+        "--profile",
+        &file,
+        "--gpus",
+        "16",
+        "--global-batch",
+        "256",
+        "--microbatch-size",
+        "8",
+        "--format",
+        "json",
+    ]);
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert!(v["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|r| r["config"]["microbatch_size"] == 8));
+}
+
+#[test]
+fn a_model_that_fits_nowhere_and_bad_input_are_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    // 24 layers of 5 billion parameters: 1.9 TB of f32 state with AdamW.
+    let huge = write(dir.path(), "huge.json", &profile(24, 5_000_000_000, false));
+    refused(
+        &["--profile", &huge, "--gpus", "8", "--global-batch", "64"],
+        &["needs ", "of model state", "more 80 GiB GPUs"],
+    );
+    let mut bad = profile(4, 1000, false);
+    bad["layers"][2]["i_ms"] = json!(-1.0);
+    let bad = write(dir.path(), "bad.json", &bad);
+    refused(
+        &["--profile", &bad, "--gpus", "2", "--global-batch", "8"],
+        &[
+            "bad.json",
+            "profile: layer 2: i_ms must be a finite number >= 0 (got -1)",
+        ],
+    );
+    let path = dir.path().join("broken.json");
+    std::fs::write(&path, "{\"version\": 1,\n \"layers\": [}").unwrap();
+    refused(
+        &[
+            "--profile",
+            path.to_str().unwrap(),
+            "--gpus",
+            "2",
+            "--global-batch",
+            "8",
+        ],
+        &["profile, line 2, column"],
+    );
+    let file = write(dir.path(), "p.json", &profile(4, 1000, false));
+    refused(
+        &[
+            "--profile",
+            &file,
+            "--gpus",
+            "2",
+            "--global-batch",
+            "8",
+            "--recompute",
+            "selective",
+        ],
+        &["--recompute selective", "fully or not at all"],
+    );
+    // The batch must split into microbatches of the profile's 4 samples.
+    refused(
+        &["--profile", &file, "--gpus", "2", "--global-batch", "6"],
+        &["global batch 6 samples", "nearest batch that works: 4 or 8"],
+    );
+    let o = run(&[
+        "--profile",
+        &file,
+        "--gpus",
+        "2",
+        "--global-batch",
+        "8",
+        "--layers",
+        "4",
+    ]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("cannot be used with"));
+}
