@@ -80,7 +80,11 @@ fn a_list_schedule_that_beats_every_family_ranks_first_with_its_own_period() {
         "{again} vs {}",
         best.step_time_s
     );
-    let memory = predict(&memory_config(&req, &best.config), &back).unwrap();
+    let memory = predict(
+        &memory_config(&req, req.model.gpt().unwrap(), &best.config),
+        &back,
+    )
+    .unwrap();
     assert_eq!(worst(&memory), best.peak_memory_bytes);
     // --explain says what the search bought.
     assert!(
