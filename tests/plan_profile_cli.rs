@@ -264,3 +264,28 @@ fn a_model_that_fits_nowhere_and_bad_input_are_one_line() {
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("cannot be used with"));
 }
+
+/// Sizes each in range whose scaled stashes pass what `u64` holds: refused as not fitting
+/// (once a panic on the memory total's overflow, and in release a wrapped total that fit).
+#[test]
+fn a_microbatch_scaled_past_u64_bytes_is_refused_not_overflowed() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut p = profile(2, 1000, false);
+    for l in p["layers"].as_array_mut().unwrap() {
+        l["stash_bytes"] = json!(1u64 << 48);
+    }
+    let file = write(dir.path(), "p.json", &p);
+    refused(
+        &[
+            "--profile",
+            &file,
+            "--gpus",
+            "2",
+            "--global-batch",
+            "1073741824",
+            "--microbatch-size",
+            "536870912",
+        ],
+        &["needs "],
+    );
+}
