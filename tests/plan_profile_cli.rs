@@ -263,6 +263,23 @@ fn a_model_that_fits_nowhere_and_bad_input_are_one_line() {
     ]);
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("cannot be used with"));
+    // A profile's rows are never searched: --timetable-out could never be written.
+    let o = run(&[
+        "--profile",
+        &file,
+        "--gpus",
+        "2",
+        "--global-batch",
+        "8",
+        "--timetable-out",
+        "best.csv",
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{err}");
+    assert!(
+        err.contains("cannot be used with '--timetable-out <FILE>'"),
+        "{err}"
+    );
 }
 
 /// Sizes each in range whose scaled stashes pass what `u64` holds: refused as not fitting
