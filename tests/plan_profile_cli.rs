@@ -198,6 +198,40 @@ fn a_fixed_pp_is_kept_and_mfu_needs_flops() {
         .unwrap()
         .iter()
         .all(|r| r["config"]["microbatch_size"] == 8));
+    // The same configuration at 4 and 8 samples a microbatch, no pipeline: half the
+    // microbatches of twice the time is the same step, and the one microbatch in flight
+    // stashes twice the bytes.
+    let at = |mbs: &str| {
+        let out = ok(&[
+            "--profile",
+            &file,
+            "--gpus",
+            "16",
+            "--global-batch",
+            "256",
+            "--pp",
+            "1",
+            "--zero",
+            "0",
+            "--recompute",
+            "none",
+            "--microbatch-size",
+            mbs,
+            "--format",
+            "json",
+        ]);
+        let v: Value = serde_json::from_str(&out).unwrap();
+        let r = &v["rows"][0];
+        (
+            r["config"]["microbatches"].as_u64().unwrap(),
+            r["step_time_s"].as_f64().unwrap(),
+            r["memory"][0]["activations"].as_u64().unwrap(),
+        )
+    };
+    let ((m4, step4, act4), (m8, step8, act8)) = (at("4"), at("8"));
+    assert_eq!((m4, m8), (4, 2));
+    assert!((step8 / step4 - 1.0).abs() < 1e-12, "{step4} vs {step8}");
+    assert_eq!(act8, 2 * act4);
 }
 
 #[test]
