@@ -285,7 +285,8 @@ fn check_totals(layers: &[ProfiledLayer]) -> Result<(), ProfileError> {
             "the layers' flops sum past the largest number".into(),
         ));
     }
-    let fields: [(&'static str, fn(&ProfiledLayer) -> u64); 5] = [
+    type Field = (&'static str, fn(&ProfiledLayer) -> u64);
+    let fields: [Field; 5] = [
         ("params", |l| l.params),
         ("param_bytes", |l| l.param_bytes),
         ("stash_bytes", |l| l.stash_bytes),
