@@ -198,6 +198,40 @@ fn a_fixed_pp_is_kept_and_mfu_needs_flops() {
         .unwrap()
         .iter()
         .all(|r| r["config"]["microbatch_size"] == 8));
+    // The same configuration at 4 and 8 samples a microbatch, no pipeline: half the
+    // microbatches of twice the time is the same step, and the one microbatch in flight
+    // stashes twice the bytes.
+    let at = |mbs: &str| {
+        let out = ok(&[
+            "--profile",
+            &file,
+            "--gpus",
+            "16",
+            "--global-batch",
+            "256",
+            "--pp",
+            "1",
+            "--zero",
+            "0",
+            "--recompute",
+            "none",
+            "--microbatch-size",
+            mbs,
+            "--format",
+            "json",
+        ]);
+        let v: Value = serde_json::from_str(&out).unwrap();
+        let r = &v["rows"][0];
+        (
+            r["config"]["microbatches"].as_u64().unwrap(),
+            r["step_time_s"].as_f64().unwrap(),
+            r["memory"][0]["activations"].as_u64().unwrap(),
+        )
+    };
+    let ((m4, step4, act4), (m8, step8, act8)) = (at("4"), at("8"));
+    assert_eq!((m4, m8), (4, 2));
+    assert!((step8 / step4 - 1.0).abs() < 1e-12, "{step4} vs {step8}");
+    assert_eq!(act8, 2 * act4);
 }
 
 #[test]
@@ -263,4 +297,46 @@ fn a_model_that_fits_nowhere_and_bad_input_are_one_line() {
     ]);
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("cannot be used with"));
+    // A profile's rows are never searched: --timetable-out could never be written.
+    let o = run(&[
+        "--profile",
+        &file,
+        "--gpus",
+        "2",
+        "--global-batch",
+        "8",
+        "--timetable-out",
+        "best.csv",
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{err}");
+    assert!(
+        err.contains("cannot be used with '--timetable-out <FILE>'"),
+        "{err}"
+    );
+}
+
+/// Sizes each in range whose scaled stashes pass what `u64` holds: refused as not fitting
+/// (once a panic on the memory total's overflow, and in release a wrapped total that fit).
+#[test]
+fn a_microbatch_scaled_past_u64_bytes_is_refused_not_overflowed() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut p = profile(2, 1000, false);
+    for l in p["layers"].as_array_mut().unwrap() {
+        l["stash_bytes"] = json!(1u64 << 48);
+    }
+    let file = write(dir.path(), "p.json", &p);
+    refused(
+        &[
+            "--profile",
+            &file,
+            "--gpus",
+            "2",
+            "--global-batch",
+            "1073741824",
+            "--microbatch-size",
+            "536870912",
+        ],
+        &["needs "],
+    );
 }

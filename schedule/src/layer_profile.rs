@@ -188,6 +188,7 @@ impl LayerProfile {
                 problem: "is missing (give flops for every layer or for none)".into(),
             });
         }
+        check_totals(&layers)?;
         let p = LayerProfile {
             microbatch_size,
             device: raw.device.unwrap_or_else(|| "unknown".into()),
@@ -254,6 +255,58 @@ impl ProfiledLayer {
     pub fn time_ms(&self) -> f64 {
         self.f_ms + self.i_ms + self.w_ms
     }
+}
+
+/// The largest total over all layers of a size field (parameters, or bytes: a pebibyte).
+/// The memory model sums these, times 8 bytes of AdamW state per parameter, in `u64`.
+pub const MAX_TOTAL: u64 = 1 << 50;
+
+/// Sums over all layers that stay in range: finite times and FLOPs (a sum of finite times
+/// can overflow to infinity, and cuts balancing infinite loads are empty), sizes up to
+/// [`MAX_TOTAL`].
+fn check_totals(layers: &[ProfiledLayer]) -> Result<(), ProfileError> {
+    if !layers
+        .iter()
+        .map(ProfiledLayer::time_ms)
+        .sum::<f64>()
+        .is_finite()
+    {
+        return Err(ProfileError::Top(
+            "the layers' times sum past the largest number (f_ms + i_ms + w_ms over all layers must be finite)".into(),
+        ));
+    }
+    if !layers
+        .iter()
+        .filter_map(|l| l.flops)
+        .sum::<f64>()
+        .is_finite()
+    {
+        return Err(ProfileError::Top(
+            "the layers' flops sum past the largest number".into(),
+        ));
+    }
+    type Field = (&'static str, fn(&ProfiledLayer) -> u64);
+    let fields: [Field; 5] = [
+        ("params", |l| l.params),
+        ("param_bytes", |l| l.param_bytes),
+        ("stash_bytes", |l| l.stash_bytes),
+        ("weight_stash_bytes", |l| l.weight_stash_bytes),
+        ("output_bytes", |l| l.output_bytes),
+    ];
+    for (field, pick) in fields {
+        let mut total = 0u64;
+        for (k, l) in layers.iter().enumerate() {
+            total = total.saturating_add(pick(l));
+            if total > MAX_TOTAL {
+                return Err(ProfileError::Layer {
+                    layer: k,
+                    field,
+                    problem: format!("makes the layers' total more than 2^50 ({MAX_TOTAL})"),
+                });
+            }
+        }
+    }
+    Ok(())
 }
 
 fn check_layer(k: usize, l: &RawLayer) -> Result<ProfiledLayer, ProfileError> {

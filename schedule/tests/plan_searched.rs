@@ -128,3 +128,61 @@ fn sizes_over_the_limit_are_not_searched_and_the_plan_is_unchanged() {
     assert_eq!(p.rows, q.rows);
     assert_eq!(p.explain, q.explain);
 }
+
+/// A small GPT on 4 GPUs of a cluster whose links are slow next to its compute, nothing fixed:
+/// the searched best (pp 2) is of another shape than the best generator family (pp 1).
+fn small_free() -> PlanRequest {
+    let cluster = Cluster::from_json(
+        r#"{ "name": "small", "gpus_per_node": 8, "memory_gib": 0.05,
+             "peak_tflops": { "bf16": 100, "tf32": 50, "f32": 10 },
+             "memory_bandwidth_gbs": 900,
+             "intra_node": { "bandwidth_gbs": 50, "latency_us": 5 },
+             "inter_node": { "bandwidth_gbs": 10, "latency_us": 10 } }"#,
+    )
+    .unwrap();
+    let shape = ModelShape {
+        layers: 8,
+        d_model: 64,
+        heads: 2,
+        ffn: 4 * 64,
+        seq_len: 16,
+        vocab: 64,
+    };
+    let mut req = PlanRequest::new(shape, cluster, 4, 16);
+    req.precision = pipewright_schedule::plan::Precision::F32;
+    req
+}
+
+#[test]
+fn a_searched_best_s_neighbours_differ_from_the_best_not_from_another_shape() {
+    let p = plan(&small_free(), &mut |_| {}).unwrap();
+    let best = &p.rows[0];
+    assert!(best.searched.is_some(), "{:?}", best.config);
+    let first_fixed = p.rows.iter().find(|r| r.searched.is_none()).unwrap();
+    assert_ne!(
+        (first_fixed.config.pp, first_fixed.config.dp),
+        (best.config.pp, best.config.dp),
+        "the scenario needs a best fixed family of another shape"
+    );
+    // Each neighbour line names the best's own value as the one it replaced.
+    let c = &best.config;
+    for (flag, value) in [
+        ("--tp ", c.tp.to_string()),
+        ("--pp ", c.pp.to_string()),
+        ("--microbatch-size ", c.microbatch_size.to_string()),
+        ("--zero ", c.zero.to_string()),
+    ] {
+        for line in p.explain.iter().filter(|l| l.starts_with(flag)) {
+            assert!(
+                line.contains(&format!(" instead of {value}: ")),
+                "{line} (best: {})",
+                configuration(best)
+            );
+        }
+    }
+    assert!(
+        p.explain.iter().any(|l| l.starts_with("--pp ")),
+        "{:?}",
+        p.explain
+    );
+}

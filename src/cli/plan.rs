@@ -40,7 +40,7 @@ pub struct PlanCmd {
     #[arg(
         long,
         value_name = "FILE",
-        conflicts_with_all = ["layers", "d_model", "heads", "ffn", "seq_len", "vocab", "tp", "sequence_parallel", "validate", "calibrate"]
+        conflicts_with_all = ["layers", "d_model", "heads", "ffn", "seq_len", "vocab", "tp", "sequence_parallel", "validate", "calibrate", "timetable_out"]
     )]
     profile: Option<PathBuf>,
     /// Transformer blocks.
@@ -123,7 +123,8 @@ pub struct PlanCmd {
     #[arg(long, default_value_t = 2, value_name = "K")]
     max_searched: usize,
     /// Write the best's timetable to FILE.csv (PyTorch's form) or FILE.json when it is a
-    /// searched one; the launch line then runs it with `train --timetable FILE`.
+    /// searched one; the launch line then runs it with `train --timetable FILE`. Not with
+    /// `--profile`, whose rows are generator families only.
     #[arg(long, value_name = "FILE")]
     timetable_out: Option<PathBuf>,
     /// Say why the best beat the runners-up (which terms of the step differ).

@@ -113,3 +113,36 @@ fn balanced_cuts_minimise_the_largest_stage() {
     let p = LayerProfile::from_raw(raw(vec![layer(1.0), layer(1.0), layer(2.0)])).unwrap();
     assert_eq!(p.cuts(2).unwrap(), vec![0..2, 2..3]);
 }
+
+#[test]
+fn totals_past_what_can_be_summed_are_refused_not_overflowed() {
+    // Each time finite, their sum not: the cuts would be empty ranges.
+    let big = |f: f64| {
+        let mut l = layer(1.0);
+        (l.f_ms, l.i_ms, l.w_ms) = (Some(f), Some(f), Some(f));
+        l
+    };
+    assert_eq!(
+        err(raw(vec![big(1e308), big(1e308)])),
+        "profile: the layers' times sum past the largest number (f_ms + i_ms + w_ms over all layers must be finite)"
+    );
+    let mut l = layer(1.0);
+    l.flops = Some(1e308);
+    assert_eq!(
+        err(raw(vec![l.clone(), l])),
+        "profile: the layers' flops sum past the largest number"
+    );
+    // Sizes whose totals would overflow the memory model's sums.
+    let mut l = layer(1.0);
+    l.params = Some(u64::MAX);
+    assert_eq!(
+        err(raw(vec![layer(1.0), l])),
+        "profile: layer 1: params makes the layers' total more than 2^50 (1125899906842624)"
+    );
+    let mut l = layer(1.0);
+    l.stash_bytes = Some(1 << 49);
+    assert_eq!(
+        err(raw(vec![l.clone(), l.clone(), l])),
+        "profile: layer 2: stash_bytes makes the layers' total more than 2^50 (1125899906842624)"
+    );
+}

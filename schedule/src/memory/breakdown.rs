@@ -21,14 +21,18 @@ pub struct MemoryBreakdown {
 }
 
 impl MemoryBreakdown {
-    /// Bytes of every category together.
+    /// Bytes of every category together (saturating: a prediction past `u64` is "too
+    /// much", never a small number that would fit).
     pub fn total(&self) -> u64 {
-        self.parameters
-            + self.gradients
-            + self.optimizer_state
-            + self.activations
-            + self.buffers
-            + self.workspace
+        [
+            self.gradients,
+            self.optimizer_state,
+            self.activations,
+            self.buffers,
+            self.workspace,
+        ]
+        .into_iter()
+        .fold(self.parameters, u64::saturating_add)
     }
 }
 

@@ -200,13 +200,10 @@ pub fn plan(req: &PlanRequest, progress: &mut dyn FnMut(&Progress)) -> Result<Pl
         r.bubble = t.bubble / r.step_time_s;
         r.terms = Some(t);
     }
-    // Neighbours differ from a fixed family's configuration; a searched best says what the
-    // search bought over its shape's best fixed family first.
-    let fixed = found
-        .iter()
-        .find(|r| r.searched.is_none())
-        .unwrap_or(&found[0]);
-    let mut explain = explain(req, fixed, &simulated)?;
+    // A searched best says first what the search bought over its shape's best fixed family;
+    // its neighbours are then the best's own (not another shape's, which would credit the
+    // best with values it does not have).
+    let mut explain = explain(req, &found[0], &simulated)?;
     explain.splice(0..0, super::listed::explain(&found[0]));
     simulated.sort_by(|a, b| a.1.total_cmp(&b.1));
     Ok(Plan {
@@ -267,7 +264,14 @@ fn explain(
         return Ok(Vec::new());
     };
     let b = (&best.config, best.step_time_s, &bt);
-    let found = neighbours(&best.config, simulated);
+    let mut found = neighbours(&best.config, simulated);
+    // A searched best's config names only its placement's family; the search line says how
+    // it compares with the families, and "--schedule" is not a value it has.
+    let schedule = DIMENSIONS.iter().position(|&d| d == "--schedule");
+    let searched = best.searched.is_some();
+    if searched {
+        found.retain(|&(d, _)| Some(d) != schedule);
+    }
     let mut lines = found
         .iter()
         .map(|&(d, i)| {
@@ -277,6 +281,7 @@ fn explain(
         })
         .collect::<Result<Vec<_>, PlanError>>()?;
     let unexplored: Vec<&str> = (0..DIMENSIONS.len())
+        .filter(|&d| !(searched && Some(d) == schedule))
         .filter(|d| !found.iter().any(|(e, _)| e == d))
         .map(|d| DIMENSIONS[d])
         .collect();
