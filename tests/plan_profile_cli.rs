@@ -142,6 +142,12 @@ fn a_profile_gets_a_ranked_plan_and_the_user_s_own_launch() {
         table.contains("Mesh::new(") && !table.contains("train --transport"),
         "{table}"
     );
+    // The explanation names only dimensions a layer-list model has (no TP, no SP).
+    let why = &table[table.find("why the best").expect("an explanation")..];
+    assert!(
+        !why.contains("--tp") && !why.contains("--sequence-parallel"),
+        "{why}"
+    );
 }
 
 #[test]

@@ -10,6 +10,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use pipewright::schedule::memory::ModelShape;
 use pipewright::schedule::plan::costs::cost_model;
 use pipewright::schedule::plan::evaluate::one_step;
+use pipewright::schedule::plan::explain::seconds;
 use pipewright::schedule::plan::listed::configuration;
 use pipewright::schedule::plan::{
     plan, Cluster, Fixed, Plan, PlanModel, PlanRequest, PlanRow, Precision, Progress,
@@ -500,9 +501,16 @@ fn cluster(arg: &str) -> Result<Cluster> {
 fn explain(best: &PlanRow, plan: &Plan) -> String {
     let mut out = String::from("\nwhy the best:\n");
     if let Some(t) = best.terms {
+        let x = |v: f64| seconds(v, best.step_time_s, false);
         out += &format!(
-            "  its step: compute {:.2} s, recompute {:.2} s, TP comm {:.2} s, PP comm {:.2} s, DP comm {:.2} s, optimizer {:.2} s, bubble {:.2} s\n",
-            t.compute, t.recompute, t.tp_comm, t.pp_comm, t.dp_comm, t.optimizer, t.bubble
+            "  its step: compute {}, recompute {}, TP comm {}, PP comm {}, DP comm {}, optimizer {}, bubble {}\n",
+            x(t.compute),
+            x(t.recompute),
+            x(t.tp_comm),
+            x(t.pp_comm),
+            x(t.dp_comm),
+            x(t.optimizer),
+            x(t.bubble)
         );
     }
     for line in &plan.explain {
@@ -555,7 +563,7 @@ fn profile_launch(p: &LayerProfile, r: &PlanRow) -> (String, serde_json::Value) 
         .collect();
     let recompute = c.recompute_plan().to_string();
     let text = format!(
-        "  your own program (a layer-list model is not `pipewright train`'s GPT), one process per GPU (e.g. `mpirun -np {gpus} ...`):\n    Mesh::new({pp}, 1, {dp}); ScheduleSpec::new(ScheduleKind::{kind:?}, {pp}, {v}, {m}, None) ({schedule}); {m} microbatches of {mbs} samples per replica\n    stages (layers; split::balanced of the profile's f+i+w, as Balance::Time cuts them): {cuts}\n    RunOptions {{ recompute: \"{recompute}\", zero: Zero::from_level({zero}, {pp}) }}\n",
+        "  your own program (a layer-list model is not `pipewright train`'s GPT), one process per GPU (e.g. `mpirun -np {gpus} ...`):\n    Mesh::new({pp}, 1, {dp}); ScheduleSpec::new(ScheduleKind::{kind:?}, {pp}, {v}, {m}, None) ({schedule}); {m} microbatches of {mbs} samples per replica\n    stages (layers; split::balanced of the profile's f+i+w, as Balance::Time cuts them): {cuts}\n    RunOptions {{ recompute: \"{recompute}\".parse()?, zero: Zero::from_level({zero}, {pp})?, ..RunOptions::default() }}\n",
         gpus = c.gpus(),
         pp = c.pp,
         dp = c.dp,

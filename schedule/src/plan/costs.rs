@@ -140,7 +140,7 @@ fn gpt_cost_model(req: &PlanRequest, shape: &ModelShape, cfg: &Config) -> (CostM
                 req.cluster.intra_node
             };
             let params = stage_parameters(shape, cfg.stages(), s) as f64 / f64::from(cfg.tp);
-            let (dp_allreduce, optimizer) = data_parallel(req, cfg, &links, params);
+            let (dp_allreduce, optimizer) = data_parallel(req, cfg, &links, params, req.precision);
             StageCost {
                 f,
                 b: i + w,
@@ -167,16 +167,18 @@ fn gpt_cost_model(req: &PlanRequest, shape: &ModelShape, cfg: &Config) -> (CostM
 }
 
 /// The DP gradient reduction and optimizer step (ZeRO-1's all-gather included) of a stage
-/// of `params` parameters per rank, in `req.precision`.
+/// of `params` parameters per rank whose weights are kept in `precision` (f32 gradients and
+/// moments either way).
 pub(super) fn data_parallel(
     req: &PlanRequest,
     cfg: &Config,
     links: &Links,
     params: f64,
+    precision: Precision,
 ) -> (f64, f64) {
     let grads = 4.0 * params;
-    let param_bytes = req.precision.activation_bytes() as f64;
-    let moved = match req.precision {
+    let param_bytes = precision.activation_bytes() as f64;
+    let moved = match precision {
         Precision::Bf16 => 30.0,
         Precision::Tf32 | Precision::F32 => 28.0,
     };

@@ -236,6 +236,28 @@ pub fn neighbours(best: &Config, others: &[(Config, f64)]) -> Vec<(usize, usize)
     out
 }
 
+/// The unit that suits times near a step of `step` seconds, and its factor from seconds.
+pub fn unit_of(step: f64) -> (f64, &'static str) {
+    match step.abs() {
+        s if s >= 1.0 || s == 0.0 => (1.0, "s"),
+        s if s >= 1e-3 => (1e3, "ms"),
+        _ => (1e6, "us"),
+    }
+}
+
+/// `x` seconds in the unit that suits a step of `step` seconds (s, ms or us, so a small
+/// model's sub-millisecond terms do not all read as 0.00 s), two decimals; `signed` writes a
+/// `+` on a positive difference.
+pub fn seconds(x: f64, step: f64, signed: bool) -> String {
+    let (scale, unit) = unit_of(step);
+    let v = x * scale;
+    if signed {
+        format!("{v:+.2} {unit}")
+    } else {
+        format!("{v:.2} {unit}")
+    }
+}
+
 /// Why `best` beat `other` (its neighbour in dimension `d`): one line with the step times'
 /// difference and the terms that make it.
 pub fn why(d: usize, best: (&Config, f64, &Terms), other: (&Config, f64, &Terms)) -> String {
@@ -245,7 +267,7 @@ pub fn why(d: usize, best: (&Config, f64, &Terms), other: (&Config, f64, &Terms)
         .into_iter()
         .filter(|(_, x)| x.abs() > 0.005 * best.1)
         .take(3)
-        .map(|(name, x)| format!("{name} {x:+.2} s"))
+        .map(|(name, x)| format!("{name} {}", seconds(x, best.1, true)))
         .collect();
     format!(
         "{} {} instead of {}: {:+.1}% step time ({}) [{}]",

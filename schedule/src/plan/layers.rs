@@ -11,12 +11,15 @@
 //! - Hand-offs: the stage's last layer's output bytes (scaled), over the inter-node link
 //!   where the two devices sit on different nodes.
 //! - DP and optimizer: the stage's parameters, as for the GPT (f32 gradients reduced over
-//!   the DP group, a memory-bound AdamW in `--precision`).
+//!   the DP group, a memory-bound AdamW), with the weights in the profile's own format
+//!   (its `param_bytes` per parameter: f32 for the runtime's host layers), not `--precision`'s:
+//!   ZeRO-1 all-gathers those bytes.
 //! - Memory: [`crate::memory::predict_layers`], the runtime's `LayerStage` to the byte.
 
 use std::ops::Range;
 
 use super::bound::device_of;
+use super::cluster::Precision;
 use super::comm::{crosses_nodes, Links};
 use super::config::{Config, PlanRequest};
 use super::costs::{data_parallel, Pieces};
@@ -47,6 +50,18 @@ pub fn stage_ms(profile: &LayerProfile, cuts: &[Range<usize>]) -> Vec<(f64, f64,
         .collect()
 }
 
+/// The format the profile's weights are kept in, from its bytes per parameter: f32 at 4 or
+/// more, bf16 below.
+fn weight_precision(profile: &LayerProfile) -> Precision {
+    let params: u64 = profile.layers.iter().map(|l| l.params).sum();
+    let bytes: u64 = profile.layers.iter().map(|l| l.param_bytes).sum();
+    if params == 0 || bytes >= 4 * params {
+        Precision::F32
+    } else {
+        Precision::Bf16
+    }
+}
+
 /// How much larger `cfg`'s microbatch is than the profile's.
 fn scale(profile: &LayerProfile, cfg: &Config) -> f64 {
     cfg.microbatch_size as f64 / profile.microbatch_size as f64
@@ -58,6 +73,7 @@ pub fn cost_model(req: &PlanRequest, profile: &LayerProfile, cfg: &Config) -> (C
     let k = scale(profile, cfg) / 1e3;
     let links = Links::new(&req.cluster, cfg.tp, cfg.pp, cfg.dp);
     let stages = cuts.len() as u32;
+    let weights = weight_precision(profile);
     let costs = stage_ms(profile, &cuts)
         .into_iter()
         .enumerate()
@@ -83,7 +99,7 @@ pub fn cost_model(req: &PlanRequest, profile: &LayerProfile, cfg: &Config) -> (C
                 .iter()
                 .map(|l| l.params)
                 .sum();
-            let (dp_allreduce, optimizer) = data_parallel(req, cfg, &links, params as f64);
+            let (dp_allreduce, optimizer) = data_parallel(req, cfg, &links, params as f64, weights);
             StageCost {
                 f,
                 b: i + w,
@@ -217,6 +233,30 @@ mod tests {
                 Some(req.cluster.intra_node.p2p(out))
             );
             assert_eq!(model.stages[1].p2p_time, Some(0.0));
+        }
+    }
+
+    /// A profile's weights are its own (f32 here: 4 bytes a parameter), whatever `--precision`
+    /// says: ZeRO-1's all-gather moves 4 bytes a parameter and AdamW the f32 run's bytes, so
+    /// the DP and optimizer terms are those of an f32 request under bf16 too.
+    #[test]
+    fn dp_and_optimizer_terms_follow_the_profile_s_weights_not_precision() {
+        let p = profile();
+        let cfg = Config {
+            dp: 4,
+            zero: 1,
+            ..config(4, Recompute::None)
+        };
+        let mut f32_req = PlanRequest::from_profile(p.clone(), a100_80g(), 8, 128);
+        f32_req.precision = Precision::F32;
+        let mut bf16_req = f32_req.clone();
+        bf16_req.precision = Precision::Bf16;
+        let (a, _) = cost_model(&f32_req, &p, &cfg);
+        let (b, _) = cost_model(&bf16_req, &p, &cfg);
+        for (x, y) in a.stages.iter().zip(&b.stages) {
+            assert_eq!(x.optimizer, y.optimizer);
+            assert_eq!(x.dp_allreduce, y.dp_allreduce);
+            assert!(x.optimizer > 0.0 && x.dp_allreduce > 0.0);
         }
     }
 }

@@ -271,8 +271,14 @@ pub fn configuration(r: &PlanRow) -> String {
 pub fn explain(best: &PlanRow) -> Option<String> {
     let s = best.searched.as_ref()?;
     let gain = 100.0 * (1.0 - best.step_time_s / s.fixed_step_s);
+    // Four decimals in the step's own unit: the two times can differ by well under 1%.
+    let (scale, unit) = super::explain::unit_of(best.step_time_s);
+    let fmt = |x: f64| format!("{:.4} {unit}", x * scale);
     Some(format!(
-        "search: its timetable ({}) is {gain:.1}% faster than the best fixed family of the same tp, pp, dp, microbatch size and count ({}: {:.4} s against {:.4} s)",
-        s.label, s.fixed, s.fixed_step_s, best.step_time_s
+        "search: its timetable ({}) is {gain:.1}% faster than the best fixed family of the same tp, pp, dp, microbatch size and count ({}: {} against {})",
+        s.label,
+        s.fixed,
+        fmt(s.fixed_step_s),
+        fmt(best.step_time_s)
     ))
 }

@@ -280,8 +280,13 @@ fn explain(
             Ok(why(d, b, (&c, step, &t)))
         })
         .collect::<Result<Vec<_>, PlanError>>()?;
+    // A layer-list model has no tensor parallelism, so neither of its dimensions is a choice.
+    let fixed_by_model = |d: usize| {
+        req.model.profile().is_some() && ["--tp", "--sequence-parallel"].contains(&DIMENSIONS[d])
+    };
     let unexplored: Vec<&str> = (0..DIMENSIONS.len())
         .filter(|&d| !(searched && Some(d) == schedule))
+        .filter(|&d| !fixed_by_model(d))
         .filter(|d| !found.iter().any(|(e, _)| e == d))
         .map(|d| DIMENSIONS[d])
         .collect();
