@@ -103,8 +103,17 @@ impl BoundCache {
 
 /// Each pipeline device's predicted peak, by category.
 pub fn peaks(req: &PlanRequest, cfg: &Config) -> Result<Vec<MemoryBreakdown>, PlanError> {
-    let tt = timetable(cfg, memory_microbatches(cfg))?;
-    predict_for(req, cfg, &tt, Accounting::Megatron)
+    peaks_over(req, cfg, &timetable(cfg, memory_microbatches(cfg))?)
+}
+
+/// Each pipeline device's predicted peak, by category, over a timetable of `cfg`'s shape
+/// that need not be its family's (a searched one).
+pub fn peaks_over(
+    req: &PlanRequest,
+    cfg: &Config,
+    tt: &Timetable,
+) -> Result<Vec<MemoryBreakdown>, PlanError> {
+    predict_for(req, cfg, tt, Accounting::Megatron)
 }
 
 /// The memory model of `req`'s model over `tt` (a GPT's under `accounting`; a profile's

@@ -28,10 +28,9 @@ use serde::Serialize;
 
 use super::config::{Config, PlanRequest};
 use super::costs::cost_model;
-use super::fit::{memory_config, worst};
+use super::fit::{memory_config, peaks_over, worst};
 use super::search::{row, PlanRow};
 use super::PlanError;
-use crate::memory::predict;
 use crate::recompute::{insert, Recompute, RecomputePlan};
 use crate::search::{search, MemoryCap, Objective, SearchError, SearchSpec, PERIOD_STEPS};
 use crate::simulate::{simulate_steps, CostModel};
@@ -196,8 +195,7 @@ fn searched_row(
     };
     let (costs, _) = cost_model(req, &exact);
     let step = period(&tt, &costs)?;
-    let mem = memory_config(req, shape, &exact);
-    let memory = predict(&mem, &tt)?;
+    let memory = peaks_over(req, &exact, &tt)?;
     let v_kept = req.fixed.v.map_or(true, |v| v == exact.v);
     if !v_kept || worst(&memory) > capacity || step >= base.step_time_s {
         return Ok(None);
