@@ -2,36 +2,24 @@
 //! stderr naming the problem, never panics, and never does the work first.
 
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
+
+mod common;
 
 fn run_in(dir: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_pipewright"))
-        .current_dir(dir)
-        .args(args)
-        .output()
-        .expect("binary runs")
+    common::run_in(Some(dir), args)
 }
 
 /// Exits with `code`, one stderr line that starts with `error: ` and holds every needle.
 fn refused(dir: &Path, args: &[&str], code: i32, needles: &[&str]) {
-    let o = run_in(dir, args);
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(code), "{args:?}: {err}");
-    assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
-    assert!(err.starts_with("error: "), "{args:?}: {err}");
-    assert!(!err.contains("panicked"), "{args:?}: {err}");
-    for n in needles {
-        assert!(err.contains(n), "{args:?}: `{n}` not in {err}");
-    }
+    common::refused_in(Some(dir), args, Some(code), needles);
 }
 
 fn ok(dir: &Path, args: &[&str]) -> String {
-    let o = run_in(dir, args);
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert!(o.status.success(), "{args:?}: {err}");
-    String::from_utf8_lossy(&o.stdout).into_owned()
+    common::ok_in(Some(dir), args)
 }
 
+/// Exits with `code`, one stderr line that starts with `error: ` and holds every needle.
 /// A folder holding `good.csv`: 1F1B on 2 devices, 4 microbatches.
 fn setup() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();

@@ -1,12 +1,11 @@
 //! The `pipewright` binary end to end: outputs people and programs read, and bad input.
 
-use std::process::{Command, Output};
+use std::process::Output;
+
+mod common;
 
 fn pipewright(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_pipewright"))
-        .args(args)
-        .output()
-        .expect("binary runs")
+    common::run(args)
 }
 
 fn stdout(o: &Output) -> String {
@@ -17,18 +16,9 @@ fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
-/// Fails with exactly one line on stderr that contains `needle`, and no panic.
+/// Exits 1 with exactly one `error: ` line on stderr that contains `needle`, and no panic.
 fn assert_clean_error(args: &[&str], needle: &str) {
-    let o = pipewright(args);
-    let err = stderr(&o);
-    assert!(!o.status.success(), "{args:?} succeeded");
-    assert_eq!(o.status.code(), Some(1), "{args:?}: {err}");
-    assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
-    assert!(
-        err.starts_with("error: ") && err.contains(needle),
-        "{args:?}: {err}"
-    );
-    assert!(!err.contains("panicked"), "{err}");
+    common::refused(args, &[needle]);
 }
 
 #[test]

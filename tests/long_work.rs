@@ -2,22 +2,9 @@
 //! say so (class 7): piped training logs every N steps, a search stops at its time budget
 //! with the best found so far and says so, and bad budgets are refused in one line.
 
-use std::process::{Command, Output};
+mod common;
 
-fn pipewright(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_pipewright"))
-        .args(args)
-        .output()
-        .expect("binary runs")
-}
-
-fn stdout_of(args: &[&str]) -> String {
-    let o = pipewright(args);
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert!(o.status.success(), "{args:?}: {err}");
-    assert!(!err.contains("panicked"), "{args:?}: {err}");
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
+use common::{ok, run};
 
 const TINY: [&str; 10] = [
     "--layers",
@@ -36,7 +23,7 @@ const TINY: [&str; 10] = [
 fn piped_training_prints_a_log_line_every_n_steps() {
     let mut args = vec!["train", "--steps", "7", "--log-interval", "3"];
     args.extend(TINY);
-    let out = stdout_of(&args);
+    let out = ok(&args);
     let logged: Vec<&str> = out.lines().filter(|l| l.starts_with("step ")).collect();
     // Every 3 steps, and the last (the run is far under the 10 s floor).
     assert_eq!(logged.len(), 3, "{out}");
@@ -48,14 +35,14 @@ fn piped_training_prints_a_log_line_every_n_steps() {
     }
     let mut none = vec!["train", "--steps", "4", "--log-interval", "0"];
     none.extend(TINY);
-    assert!(!stdout_of(&none).lines().any(|l| l.starts_with("step ")));
+    assert!(!ok(&none).lines().any(|l| l.starts_with("step ")));
 }
 
 #[test]
 fn the_nan_check_can_be_turned_off() {
     let mut args = vec!["train", "--steps", "2", "--allow-non-finite"];
     args.extend(TINY);
-    assert!(stdout_of(&args).contains("2 steps"));
+    assert!(ok(&args).contains("2 steps"));
 }
 
 #[test]
@@ -63,11 +50,11 @@ fn a_search_out_of_time_returns_its_best_so_far_and_says_so() {
     let base = ["search", "-p", "8", "-m", "32", "--memory-cap", "8"];
     let mut args = base.to_vec();
     args.extend(["--time-budget", "0.001"]);
-    let text = stdout_of(&args);
+    let text = ok(&args);
     assert!(text.contains("cut short by the time budget"), "{text}");
     assert!(text.contains("best: "), "{text}");
     args.extend(["--format", "json"]);
-    let json: serde_json::Value = serde_json::from_str(&stdout_of(&args)).unwrap();
+    let json: serde_json::Value = serde_json::from_str(&ok(&args)).unwrap();
     let cut = &json["cut_short"];
     let (done, total) = (
         cut["evaluated"].as_u64().unwrap(),
@@ -79,14 +66,14 @@ fn a_search_out_of_time_returns_its_best_so_far_and_says_so() {
     // An ample budget: nothing cut.
     let mut ample = base.to_vec();
     ample.extend(["--time-budget", "3600", "--format", "json"]);
-    let json: serde_json::Value = serde_json::from_str(&stdout_of(&ample)).unwrap();
+    let json: serde_json::Value = serde_json::from_str(&ok(&ample)).unwrap();
     assert!(json["cut_short"].is_null(), "{}", json["cut_short"]);
 }
 
 #[test]
 fn bad_time_budgets_are_refused_in_one_line() {
     for b in ["0", "-1", "nan", "inf"] {
-        let o = pipewright(&["search", "--memory-cap", "4", "--time-budget", b]);
+        let o = run(&["search", "--memory-cap", "4", "--time-budget", b]);
         let err = String::from_utf8_lossy(&o.stderr);
         assert_eq!(o.status.code(), Some(1), "{b}: {err}");
         assert_eq!(err.lines().count(), 1, "{err}");
@@ -116,7 +103,7 @@ fn more_device_threads_than_cores_is_said_on_stderr_and_in_json() {
         "--format",
         "json",
     ];
-    let o = pipewright(&args);
+    let o = run(&args);
     assert!(o.status.success());
     let err = String::from_utf8_lossy(&o.stderr);
     let notes: Vec<&str> = err
@@ -144,6 +131,6 @@ fn more_device_threads_than_cores_is_said_on_stderr_and_in_json() {
         "--steps",
         "2",
     ];
-    let o = pipewright(&fit);
+    let o = run(&fit);
     assert!(!String::from_utf8_lossy(&o.stderr).contains("oversubscribed"));
 }

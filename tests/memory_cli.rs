@@ -2,30 +2,14 @@
 //! what `train` measures with the same flags, a byte cap of `search` bounds the whole rank,
 //! and a shape given in part is refused by name.
 
-use std::process::{Command, Output};
-
 use serde_json::Value;
 
-fn pipewright(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_pipewright"))
-        .args(args)
-        .output()
-        .expect("binary runs")
-}
+mod common;
 
-fn ok(args: &[&str]) -> String {
-    let o = pipewright(args);
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert!(o.status.success(), "{args:?}: {err}");
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
+use common::ok;
 
 fn fails_with(args: &[&str], needle: &str) {
-    let o = pipewright(args);
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(1), "{args:?}: {err}");
-    assert_eq!(err.lines().count(), 1, "{err}");
-    assert!(err.starts_with("error: ") && err.contains(needle), "{err}");
+    common::refused(args, &[needle]);
 }
 
 const SHAPE: [&str; 10] = [

@@ -1,38 +1,24 @@
 //! `pipewright plan` end to end: the table and its launch line, JSON with every row, a
 //! cluster file, and one-line refusals.
 
-use std::process::{Command, Output};
+use std::process::Output;
 
+mod common;
+
+/// `pipewright plan args`.
 fn run(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_pipewright"))
-        .arg("plan")
-        .args(args)
-        .output()
-        .expect("binary runs")
+    let mut all = vec!["plan"];
+    all.extend_from_slice(args);
+    common::run(&all)
 }
 
 fn ok(args: &[&str]) -> String {
-    let o = run(args);
-    assert!(
-        o.status.success(),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8_lossy(&o.stdout).into_owned()
+    common::succeeded(&run(args), args)
 }
 
+/// Any failure, with one `error: ` line holding every needle.
 fn refused(args: &[&str], needles: &[&str]) {
-    let o = run(args);
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert!(!o.status.success(), "{args:?} succeeded");
-    assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
-    assert!(
-        err.starts_with("error: ") && !err.contains("panicked"),
-        "{err}"
-    );
-    for n in needles {
-        assert!(err.contains(n), "`{n}` not in {err}");
-    }
+    common::refusal(&run(args), args, None, needles);
 }
 
 const SMALL: [&str; 10] = [
@@ -64,11 +50,7 @@ fn the_table_ends_with_a_launch_line_train_accepts() {
         .find(|l| l.trim_start().starts_with("mpirun -np 16 pipewright train"))
         .unwrap_or_else(|| panic!("no launch line in {out}"));
     // Every flag of the launch line is one `train` knows: its --help lists it.
-    let help = Command::new(env!("CARGO_BIN_EXE_pipewright"))
-        .args(["train", "--help"])
-        .output()
-        .unwrap();
-    let help = String::from_utf8_lossy(&help.stdout);
+    let help = common::ok(&["train", "--help"]);
     for flag in launch.split_whitespace().filter(|w| w.starts_with("--")) {
         assert!(help.contains(flag), "train has no {flag}");
     }

@@ -4,37 +4,26 @@
 //! profile cannot take each refused in one line.
 
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
 
 use serde_json::{json, Value};
 
+mod common;
+
+/// `pipewright plan args`.
 fn run(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_pipewright"))
-        .arg("plan")
-        .args(args)
-        .output()
-        .expect("binary runs")
+    let mut all = vec!["plan"];
+    all.extend_from_slice(args);
+    common::run(&all)
 }
 
 fn ok(args: &[&str]) -> String {
-    let o = run(args);
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert!(o.status.success(), "{args:?}: {err}");
-    String::from_utf8_lossy(&o.stdout).into_owned()
+    common::succeeded(&run(args), args)
 }
 
+/// Any failure, with one `error: ` line holding every needle.
 fn refused(args: &[&str], needles: &[&str]) {
-    let o = run(args);
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert!(!o.status.success(), "{args:?} succeeded");
-    assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
-    assert!(
-        err.starts_with("error: ") && !err.contains("panicked"),
-        "{err}"
-    );
-    for n in needles {
-        assert!(err.contains(n), "`{n}` not in {err}");
-    }
+    common::refusal(&run(args), args, None, needles);
 }
 
 /// A profile of `n` layers of `params` parameters each (f32), measured at microbatches of

@@ -3,21 +3,11 @@
 //! in-process).
 
 use std::path::Path;
-use std::process::{Command, Output};
 
-fn pipewright(dir: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_pipewright"))
-        .current_dir(dir)
-        .args(args)
-        .output()
-        .expect("binary runs")
-}
+mod common;
 
 fn ok(dir: &Path, args: &[&str]) -> String {
-    let o = pipewright(dir, args);
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert!(o.status.success(), "{args:?}: {err}");
-    String::from_utf8_lossy(&o.stdout).into_owned()
+    common::ok_in(Some(dir), args)
 }
 
 /// A GPT small enough to train here, on 4 GPUs of a cluster whose links are slow next to its
@@ -144,7 +134,7 @@ fn without_timetable_out_the_plan_says_what_to_add_and_search_can_be_turned_off(
     );
     assert!(off.contains(" 0 schedule searches"), "{off}");
     // A bad output name is refused before any work.
-    let o = pipewright(d, &plan_args(&c, &["--timetable-out", "best.txt"]));
+    let o = common::run_in(Some(d), &plan_args(&c, &["--timetable-out", "best.txt"]));
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(
         !o.status.success() && err.contains("--timetable-out best.txt"),

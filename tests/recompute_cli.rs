@@ -1,31 +1,12 @@
 //! `--recompute` on the command line: `schedule` writes the R actions, `simulate` charges
 //! them, `train` runs them with the same losses and smaller stashes, bad values are one line.
 
-use std::process::{Command, Output};
+mod common;
 
-fn run(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_pipewright"))
-        .args(args)
-        .output()
-        .expect("binary runs")
-}
-
-fn ok(args: &[&str]) -> String {
-    let o = run(args);
-    assert!(
-        o.status.success(),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
+use common::ok;
 
 fn refused(args: &[&str], code: i32, needle: &str) {
-    let o = run(args);
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(code), "{args:?}: {err}");
-    assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
-    assert!(err.contains(needle), "{args:?}: `{needle}` not in {err}");
+    common::refused_in(None, args, Some(code), &[needle]);
 }
 
 #[test]

@@ -2,29 +2,15 @@
 //! searched timetable that trains.
 
 use std::path::Path;
-use std::process::{Command, Output};
 
-fn pipewright(dir: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_pipewright"))
-        .current_dir(dir)
-        .args(args)
-        .output()
-        .expect("binary runs")
-}
+mod common;
 
 fn ok(dir: &Path, args: &[&str]) -> String {
-    let o = pipewright(dir, args);
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert!(o.status.success(), "{args:?}: {err}");
-    String::from_utf8_lossy(&o.stdout).into_owned()
+    common::ok_in(Some(dir), args)
 }
 
 fn fails_with(dir: &Path, args: &[&str], needle: &str) {
-    let o = pipewright(dir, args);
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(1), "{args:?}: {err}");
-    assert_eq!(err.lines().count(), 1, "{err}");
-    assert!(err.starts_with("error: ") && err.contains(needle), "{err}");
+    common::refused_in(Some(dir), args, Some(1), &[needle]);
 }
 
 #[test]

@@ -1,21 +1,9 @@
 //! `simulate --steps`, `viz --steps` and `search --objective` end to end: the steady state
 //! next to the single step, under names a program can read.
 
-use std::process::{Command, Output};
+mod common;
 
-fn pipewright(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_pipewright"))
-        .args(args)
-        .output()
-        .expect("binary runs")
-}
-
-fn ok(args: &[&str]) -> String {
-    let o = pipewright(args);
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert!(o.status.success(), "{args:?}: {err}");
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
+use common::ok;
 
 /// The zero-bubble paper's costs (F, B = I + W, W, c) for zb-h2 at p = 8, m = 24.
 const PAPER: [&str; 11] = [
@@ -129,7 +117,7 @@ fn viz_steps_draws_every_step_and_bad_counts_are_one_line() {
         &["simulate", "--steps", "0"][..],
         &["viz", "--steps", "1001"][..],
     ] {
-        let o = pipewright(args);
+        let o = common::run(args);
         let err = String::from_utf8_lossy(&o.stderr);
         assert_eq!(o.status.code(), Some(1), "{args:?}");
         assert_eq!(err.lines().count(), 1, "{err}");
@@ -163,7 +151,7 @@ fn search_objective_is_period_or_makespan_and_nothing_else() {
         let fixed = v["best_fixed"][field].as_f64().unwrap();
         assert!(best <= fixed + 1e-12, "{name}: {best} > {fixed}");
     }
-    let o = pipewright(&[&base[..], &["--objective", "speed"]].concat());
+    let o = common::run(&[&base[..], &["--objective", "speed"]].concat());
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success());
     assert!(err.contains("expected `period`"), "{err}");
