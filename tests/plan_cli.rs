@@ -1,25 +1,9 @@
 //! `pipewright plan` end to end: the table and its launch line, JSON with every row, a
 //! cluster file, and one-line refusals.
 
-use std::process::Output;
-
 mod common;
 
-/// `pipewright plan args`.
-fn run(args: &[&str]) -> Output {
-    let mut all = vec!["plan"];
-    all.extend_from_slice(args);
-    common::run(&all)
-}
-
-fn ok(args: &[&str]) -> String {
-    common::succeeded(&run(args), args)
-}
-
-/// Any failure, with one `error: ` line holding every needle.
-fn refused(args: &[&str], needles: &[&str]) {
-    common::refusal(&run(args), args, None, needles);
-}
+use common::plan::{ok, refused};
 
 const SMALL: [&str; 10] = [
     "--layers",

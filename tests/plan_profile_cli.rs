@@ -4,27 +4,12 @@
 //! profile cannot take each refused in one line.
 
 use std::path::Path;
-use std::process::Output;
 
 use serde_json::{json, Value};
 
 mod common;
 
-/// `pipewright plan args`.
-fn run(args: &[&str]) -> Output {
-    let mut all = vec!["plan"];
-    all.extend_from_slice(args);
-    common::run(&all)
-}
-
-fn ok(args: &[&str]) -> String {
-    common::succeeded(&run(args), args)
-}
-
-/// Any failure, with one `error: ` line holding every needle.
-fn refused(args: &[&str], needles: &[&str]) {
-    common::refusal(&run(args), args, None, needles);
-}
+use common::plan::{ok, refused, run};
 
 /// A profile of `n` layers of `params` parameters each (f32), measured at microbatches of
 /// 4 samples; the middle layers slower, so time-balanced cuts are uneven in layers.

@@ -69,3 +69,25 @@ pub fn refused_in(
 pub fn refused(args: &[&str], needles: &[&str]) -> String {
     refused_in(None, args, Some(1), needles)
 }
+
+/// The same for the tests of `pipewright plan`: every call runs `plan` with the arguments.
+pub mod plan {
+    use std::process::Output;
+
+    /// `pipewright plan args`.
+    pub fn run(args: &[&str]) -> Output {
+        let mut all = vec!["plan"];
+        all.extend_from_slice(args);
+        super::run(&all)
+    }
+
+    /// The stdout of `pipewright plan args`, which must succeed.
+    pub fn ok(args: &[&str]) -> String {
+        super::succeeded(&run(args), args)
+    }
+
+    /// `pipewright plan args` fails with one `error: ` line holding every needle.
+    pub fn refused(args: &[&str], needles: &[&str]) {
+        super::refusal(&run(args), args, None, needles);
+    }
+}
