@@ -134,3 +134,42 @@ fn bf16_pp2_tp2_dp2_is_near_one_bf16_device() {
     );
     assert!(worst_relative(&single32, &losses(mesh, Precision::F32, &tt)) <= 1e-6);
 }
+
+/// What one microbatch's forward keeps on each stage of `cfg`'s model cut in two halves
+/// (`b` sequences), as (tensor elements, 4-byte elements), from the layers' definitions: per
+/// block both norms' `x̂` (tensors) and `1/σ` (rows), attention's input, `qkv`, CPU
+/// probabilities and context, and the MLP's input, pre-activation and activation (tensors);
+/// the first stage's token ids; the last stage's head: its norm's `x̂` and `1/σ`, normed
+/// input, and the loss's softmax probabilities and targets (4 bytes in every precision).
+fn kept_elements(cfg: &GptConfig, b: usize) -> [(usize, usize); 2] {
+    let (n, d, f, s, v) = (b * cfg.seq_len, cfg.d_model, cfg.d_ff, cfg.seq_len, cfg.vocab);
+    let block_tensors = 2 * n * d + (n * d + 3 * n * d + b * cfg.n_heads * s * s + n * d)
+        + (n * d + 2 * n * f);
+    let blocks = cfg.n_layers / 2;
+    let (tensors, rows) = (blocks * block_tensors, blocks * 2 * n);
+    [
+        (tensors, rows + n),
+        (tensors + 2 * n * d, rows + n + n * v + n),
+    ]
+}
+
+/// The runtime's memory record of a bf16 run: a stash's tensors take 2 bytes an element,
+/// half of an f32 (or tf32) run's, and its row statistics, ids and loss probabilities the
+/// same 4 bytes.
+#[test]
+fn a_bf16_stash_holds_half_the_f32_tensor_bytes_and_the_same_row_statistics() {
+    let tt = timetable(ScheduleKind::OneFOneB, 2, 1, 2);
+    let kept = |p| {
+        let cfg = config(Mesh::new(2, 1, 1).unwrap(), p, 1);
+        let mut kept = None;
+        train_gpt(&cfg, &tt, |s| kept = Some(s.kept_per_microbatch.clone())).expect("run");
+        (kept.expect("one step"), kept_elements(&cfg.model, cfg.microbatch_size))
+    };
+    for p in [Precision::F32, Precision::Tf32] {
+        let (got, want) = kept(p);
+        assert_eq!(got, want.map(|(t, r)| 4 * (t + r) as u64), "{p}");
+    }
+    let (got, want) = kept(Precision::Bf16);
+    assert_eq!(got, want.map(|(t, r)| (2 * t + 4 * r) as u64), "bf16");
+    println!("kept per microbatch, bf16: {got:?}");
+}
