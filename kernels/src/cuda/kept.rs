@@ -78,7 +78,7 @@ impl CudaBackend {
 
     fn widen(&self, shape: &[usize], data: &CudaSlice<bf16>) -> Result<CudaTensor> {
         let mut out = self.zeros(shape)?;
-        self.mixed.from_bf16(&self.stream, data, &mut out)?;
+        self.mixed.widen_bf16(&self.stream, data, &mut out)?;
         Ok(out)
     }
 }

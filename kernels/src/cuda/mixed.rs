@@ -81,7 +81,7 @@ impl MixedKernels {
     }
 
     /// Widens `x`'s bf16 values into `out` (exactly; `out.numel()` of them are read).
-    pub(super) fn from_bf16(
+    pub(super) fn widen_bf16(
         &self,
         s: &Arc<CudaStream>,
         x: &CudaSlice<bf16>,
