@@ -251,8 +251,10 @@ impl Cpu {
 impl Backend for Cpu {
     type Storage = Tensor;
     type NormStash = HostNormStash;
-    /// The attention probabilities, kept like any activation.
-    type AttnStash = HostKept;
+    /// The attention probabilities, in f32 in every precision: they stand in for what a GPU
+    /// backward recomputes in f32 from the logsumexp, so a bf16 run on the CPU reads the
+    /// values a GPU's does (narrowing them would make the two runs part ways).
+    type AttnStash = Tensor;
     type Kept = HostKept;
 
     fn name(&self) -> String {
@@ -409,18 +411,17 @@ impl Backend for Cpu {
     ) -> Result<()> {
         cpu::embedding_backward_weight(ids, seq, dy, dwte, dwpe)
     }
-    fn causal_attention(&self, qkv: &Tensor, sh: AttnShape) -> Result<(Tensor, HostKept)> {
-        let (out, probs) = cpu::causal_attention(qkv, sh)?;
-        Ok((out, self.keep(probs)?))
+    fn causal_attention(&self, qkv: &Tensor, sh: AttnShape) -> Result<(Tensor, Tensor)> {
+        cpu::causal_attention(qkv, sh)
     }
     fn causal_attention_backward(
         &self,
         qkv: &Tensor,
         _out: &Tensor,
-        probs: &HostKept,
+        probs: &Tensor,
         dout: &Tensor,
         sh: AttnShape,
     ) -> Result<Tensor> {
-        cpu::causal_attention_backward(qkv, &*probs.restore()?, dout, sh)
+        cpu::causal_attention_backward(qkv, probs, dout, sh)
     }
 }

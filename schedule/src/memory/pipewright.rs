@@ -1,14 +1,15 @@
 //! Exactly what pipewright's reference GPT (`pipewright_kernels::gpt`) stashes per microbatch
 //! on one TP rank, with `N = b * s` rows, width `d`, MLP width `f`, `a` heads, vocabulary `V`,
-//! TP size `t`. Tensor elements (activations, their gradients, the attention probabilities)
-//! are kept in the run's activation format: 4 bytes an element in f32 (and tf32) runs, 2
-//! under [`MemPrecision::Bf16`] (the kernels' `Backend::Kept`). Per-row statistics (`1/σ`),
-//! token ids and the loss's softmax probabilities stay 4 bytes in every precision. Below,
-//! `T[..]` counts tensor elements and `R[..]` those 4-byte ones:
+//! TP size `t`. Tensor elements (activations and their gradients) are kept in the run's
+//! activation format: 4 bytes an element in f32 (and tf32) runs, 2 under
+//! [`MemPrecision::Bf16`] (the kernels' `Backend::Kept`). Per-row statistics (`1/σ`), token
+//! ids, the CPU's attention probabilities (the stand-in for what a GPU recomputes in f32)
+//! and the loss's softmax probabilities stay 4 bytes in every precision. Below, `T[..]`
+//! counts tensor elements and `R[..]` those 4-byte ones:
 //!
 //! - a block keeps both LayerNorms' `x̂` and `1/σ` (`T[2Nd] + R[2N]`), attention's input,
-//!   `qkv`, probabilities and context (`T[Nd + 3Nd/t + b(a/t)s² + Nd/t]`) and the MLP's
-//!   input, pre-activation and activation (`T[Nd + 2Nf/t]`); selective drops the
+//!   `qkv` and context (`T[Nd + 3Nd/t + Nd/t]`) and probabilities (`R[b(a/t)s²]`) and the
+//!   MLP's input, pre-activation and activation (`T[Nd + 2Nf/t]`); selective drops the
 //!   probabilities;
 //! - the first stage keeps its token ids (`R[N]`), the last the head's norm, normed input,
 //!   softmax probabilities (the head is replicated, not split over t) and targets
@@ -40,7 +41,7 @@ use crate::recompute::Recompute;
 const F32: u128 = 4;
 
 /// Elements of a stash: tensor elements (in the activation format) and 4-byte ones (per-row
-/// statistics, ids, the loss's probabilities).
+/// statistics, ids, the attention's and the loss's probabilities).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 struct Elems {
     tensor: u128,
@@ -111,8 +112,8 @@ fn block(cfg: &MemoryConfig) -> Elems {
     let (n, d, f, t, core) = dims(cfg);
     let m = slice_rows(cfg);
     Elems {
-        tensor: 4 * m * d + 4 * n * d / t + 2 * n * f / t + core,
-        row: 2 * m,
+        tensor: 4 * m * d + 4 * n * d / t + 2 * n * f / t,
+        row: 2 * m + core,
     }
 }
 
@@ -121,7 +122,7 @@ fn block_selective(cfg: &MemoryConfig) -> Elems {
     let (.., core) = dims(cfg);
     let whole = block(cfg);
     Elems {
-        tensor: whole.tensor - core,
+        row: whole.row - core,
         ..whole
     }
 }
