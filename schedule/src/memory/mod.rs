@@ -9,8 +9,8 @@
 //!   parallelism; selective recomputation removes `5as/h`, full keeps the layer input `2sbh`.
 //!   For planning real clusters.
 //! - [`Accounting::Pipewright`]: exactly what pipewright's reference GPT stashes (tensors
-//!   in f32 storage, or bf16 under [`MemPrecision::Bf16`]; row statistics and ids in 4
-//!   bytes), checked against the runtime's measured bytes.
+//!   in f32 storage, or bf16 under [`MemPrecision::Bf16`]; row statistics, ids and
+//!   probabilities in 4 bytes), checked against the runtime's measured bytes.
 //!
 //! ```
 //! use pipewright_schedule::memory::{predict, Accounting, MemoryConfig, ModelShape};
