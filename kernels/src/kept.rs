@@ -5,7 +5,9 @@
 //! out, so keeping costs nothing and changes no bit. In a bf16 run it is stored as bf16,
 //! 2 bytes an element, and widened to f32 when a backward reads it: the activation memory a
 //! bf16 run exists to save. Per-row statistics and token ids are not kept this way: they are
-//! small and precision-critical (as in PyTorch autocast and Megatron).
+//! small and precision-critical (as in PyTorch autocast and Megatron); nor are the loss's
+//! softmax probabilities (autocast and Megatron keep them in f32) or the CPU's attention
+//! probabilities (what a GPU's backward recomputes in f32).
 
 use std::ops::Deref;
 
