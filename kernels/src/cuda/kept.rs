@@ -45,6 +45,28 @@ impl Shaped for CudaKept {
 }
 
 impl CudaBackend {
+    /// A zeroed kept tensor of `shape` in `dtype` (f32 or bf16): a buffer to receive a
+    /// tensor sent in kept form (the NCCL transport's bf16 hand-offs).
+    pub fn kept_zeros(&self, shape: &[usize], dtype: DType) -> Result<CudaKept> {
+        match dtype {
+            DType::BF16 => {
+                let n = shape.iter().product::<usize>().max(1);
+                let data = self
+                    .stream
+                    .alloc_zeros::<bf16>(n)
+                    .map_err(super::cuda_err)?;
+                Ok(CudaKept::Bf16 {
+                    shape: shape.to_vec(),
+                    data,
+                })
+            }
+            DType::F32 => Ok(CudaKept::F32(self.zeros(shape)?)),
+            DType::F16 => Err(crate::error::KernelError::Config(
+                "f16 is not a kept format (f32 or bf16)".into(),
+            )),
+        }
+    }
+
     /// `t` kept in the activation format of the backend's precision.
     pub(super) fn keep_tensor(&self, t: CudaTensor) -> Result<CudaKept> {
         match self.precision.activation_dtype() {
