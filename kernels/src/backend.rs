@@ -8,6 +8,7 @@
 use crate::cpu::{self, AttnShape};
 use crate::error::{shape_err, Result};
 use crate::footprint::Footprint;
+use crate::kept::{HostKept, HostNormStash, Restored};
 use crate::optim::{adamw_update, AdamWUpdate};
 use crate::precision::Precision;
 use crate::tensor::Tensor;
@@ -52,6 +53,10 @@ pub trait Backend {
     /// the per-row logsumexp on a GPU (`[batch, heads, seq]`, recomputing the
     /// probabilities tile by tile in the backward).
     type AttnStash: Footprint + std::fmt::Debug;
+    /// An activation as a stash keeps it from a forward until its backward
+    /// ([`crate::kept`]): the tensor itself in f32 and tf32 runs, 2 bytes an element in a
+    /// bf16 run.
+    type Kept: Shaped + Footprint + std::fmt::Debug;
 
     /// Short name for messages (`"cpu"`, `"cuda:0"`).
     fn name(&self) -> String;
@@ -62,6 +67,13 @@ pub trait Backend {
     /// a bf16 run; nothing otherwise): the residual stream between blocks, so every
     /// pipeline hand-off carries values a bf16 wire holds exactly.
     fn round_activation(&self, t: &mut Self::Storage) -> Result<()>;
+    /// `t` as a stash keeps it, in [`Self::precision`]'s activation format (moved, not
+    /// copied, where that is f32).
+    fn keep(&self, t: Self::Storage) -> Result<Self::Kept>;
+    /// A kept tensor's values as f32 storage: lent where it is kept in f32, else widened.
+    fn restore<'a>(&self, k: &'a Self::Kept) -> Result<Restored<'a, Self::Storage>>;
+    /// [`Self::restore`] by value: the stored tensor itself where it is kept in f32.
+    fn restore_owned(&self, k: Self::Kept) -> Result<Self::Storage>;
     /// The device's free and total bytes as its driver reports them (`cuMemGetInfo` on a
     /// GPU: every process and allocator cache on it counts), `None` where tensors live in
     /// host memory.
@@ -238,9 +250,12 @@ impl Cpu {
 
 impl Backend for Cpu {
     type Storage = Tensor;
-    type NormStash = cpu::LayerNormStash;
-    /// The attention probabilities.
+    type NormStash = HostNormStash;
+    /// The attention probabilities, in f32 in every precision: they stand in for what a GPU
+    /// backward recomputes in f32 from the logsumexp, so a bf16 run on the CPU reads the
+    /// values a GPU's does (narrowing them would make the two runs part ways).
     type AttnStash = Tensor;
+    type Kept = HostKept;
 
     fn name(&self) -> String {
         "cpu".into()
@@ -251,6 +266,15 @@ impl Backend for Cpu {
     fn round_activation(&self, t: &mut Tensor) -> Result<()> {
         self.precision.round_activation(t.data_mut());
         Ok(())
+    }
+    fn keep(&self, t: Tensor) -> Result<HostKept> {
+        Ok(HostKept::new(t, self.precision))
+    }
+    fn restore<'a>(&self, k: &'a HostKept) -> Result<Restored<'a, Tensor>> {
+        k.restore()
+    }
+    fn restore_owned(&self, k: HostKept) -> Result<Tensor> {
+        k.into_tensor()
     }
     fn upload(&self, t: &Tensor) -> Result<Tensor> {
         Ok(t.clone())
@@ -342,25 +366,31 @@ impl Backend for Cpu {
         gamma: &Tensor,
         beta: &Tensor,
         eps: f32,
-    ) -> Result<(Tensor, cpu::LayerNormStash)> {
-        cpu::layer_norm(x, gamma, beta, eps)
+    ) -> Result<(Tensor, HostNormStash)> {
+        let (y, s) = cpu::layer_norm(x, gamma, beta, eps)?;
+        let stash = HostNormStash {
+            xhat: self.keep(s.xhat)?,
+            rstd: s.rstd,
+        };
+        Ok((y, stash))
     }
     fn layer_norm_backward_input(
         &self,
         dy: &Tensor,
         gamma: &Tensor,
-        stash: &cpu::LayerNormStash,
+        stash: &HostNormStash,
     ) -> Result<Tensor> {
-        cpu::layer_norm_backward_input(dy, gamma, stash)
+        let xhat = stash.xhat.restore()?;
+        cpu::layer_norm_backward_input_from(dy, gamma, &xhat, &stash.rstd)
     }
     fn layer_norm_backward_weight(
         &self,
         dy: &Tensor,
-        stash: &cpu::LayerNormStash,
+        stash: &HostNormStash,
         dgamma: &mut Tensor,
         dbeta: &mut Tensor,
     ) -> Result<()> {
-        cpu::layer_norm_backward_weight(dy, &stash.xhat, dgamma, dbeta)
+        cpu::layer_norm_backward_weight(dy, &*stash.xhat.restore()?, dgamma, dbeta)
     }
     fn cross_entropy(&self, logits: &Tensor, targets: &[u32], scale: f32) -> Result<(f32, Tensor)> {
         cpu::cross_entropy(logits, targets, scale)

@@ -1,6 +1,7 @@
 //! Bytes held: what a stash keeps alive, for the runtime's stash peaks and the
-//! recomputation trade-off. Counted from tensor storage (f32 elements, per-row
-//! vectors, token ids), so the figure is the memory actually kept, not an estimate.
+//! recomputation trade-off. Counted from tensor storage (f32 or, for kept tensors in a
+//! bf16 run, bf16 elements; per-row vectors, token ids), so the figure is the memory
+//! actually kept, not an estimate.
 
 use crate::cpu::LayerNormStash;
 use crate::tensor::Tensor;
@@ -52,11 +53,18 @@ impl Footprint for u32 {
 #[cfg(feature = "cuda")]
 mod cuda {
     use super::{Footprint, F32};
-    use crate::cuda::{CudaAttnStash, CudaNormStash, CudaTensor};
+    use crate::cuda::{CudaAttnStash, CudaKept, CudaNormStash, CudaTensor};
+    use crate::Shaped;
 
     impl Footprint for CudaTensor {
         fn bytes(&self) -> usize {
             self.numel() * F32
+        }
+    }
+
+    impl Footprint for CudaKept {
+        fn bytes(&self) -> usize {
+            self.numel() * self.dtype().size()
         }
     }
 

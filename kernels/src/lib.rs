@@ -71,6 +71,7 @@ pub mod error;
 pub mod footprint;
 pub mod gpt;
 pub mod init;
+pub mod kept;
 pub mod layers;
 pub mod optim;
 pub mod params;

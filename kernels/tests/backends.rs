@@ -492,3 +492,63 @@ fn upload_download_round_trip_on_cpu() {
     let be = pipewright_kernels::Cpu;
     assert_eq!(be.download(&be.upload(&t).unwrap()).unwrap(), t);
 }
+
+/// The bits of a host tensor (NaN-safe equality).
+fn bits(t: &Tensor) -> Vec<u32> {
+    t.data().iter().map(|v| v.to_bits()).collect()
+}
+
+/// A kept tensor holds its precision's activation bytes (2 an element in bf16, 4 otherwise)
+/// and restores, by reference and by value, to exactly the host backend's kept values: the
+/// tensor itself in f32 and tf32, its bf16 rounding (ties to even, NaN and infinities kept)
+/// in bf16.
+fn check_kept<B: Backend>(be: &B) {
+    use pipewright_kernels::kept::HostKept;
+    use pipewright_kernels::{Footprint, Shaped};
+    let p = be.precision();
+    let mut x = randn(&[3, 5, 7], "kept");
+    // Ties (1 + 2^-8 rounds down to even, 1 + 3 * 2^-8 up), huge values and non-finite ones.
+    let special = [
+        1.0 + 2f32.powi(-8),
+        1.0 + 3.0 * 2f32.powi(-8),
+        f32::MAX,
+        f32::INFINITY,
+        f32::NAN,
+        -0.0,
+    ];
+    x.data_mut()[..special.len()].copy_from_slice(&special);
+    for t in [x, Tensor::zeros(&[0, 4])] {
+        let want = HostKept::new(t.clone(), p).restore().unwrap().clone();
+        let kept = be.keep(be.upload(&t).unwrap()).unwrap();
+        let size = if p == pipewright_kernels::Precision::Bf16 {
+            2
+        } else {
+            4
+        };
+        assert_eq!(kept.bytes(), t.numel() * size, "{p}: bytes");
+        assert_eq!(kept.shape(), t.shape(), "{p}: shape");
+        let got = be.download(&be.restore(&kept).unwrap()).unwrap();
+        assert_eq!(bits(&got), bits(&want), "{p}: restored by reference");
+        let owned = be.download(&be.restore_owned(kept).unwrap()).unwrap();
+        assert_eq!(bits(&owned), bits(&want), "{p}: restored by value");
+    }
+}
+
+#[test]
+fn kept_tensors_on_cpu() {
+    for p in pipewright_kernels::Precision::ALL {
+        check_kept(&pipewright_kernels::Cpu::new(p));
+    }
+}
+
+/// The GPU's keep and restore against the host's, bit for bit, in every precision.
+#[cfg(feature = "cuda")]
+#[test]
+fn kept_tensors_on_gpu() {
+    for p in pipewright_kernels::Precision::ALL {
+        let Some(gpu) = pipewright_kernels::cuda::gpu_for_tests(0) else {
+            return;
+        };
+        check_kept(&gpu.with_precision(p));
+    }
+}

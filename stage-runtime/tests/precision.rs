@@ -4,15 +4,17 @@
 //!
 //! Tolerances, from what rounding can do (and what was measured when they were set):
 //! - bf16 against f32: bf16 keeps 8 significant bits (unit roundoff 2^-9, 0.2%). The first
-//!   loss (a forward only) differs by 2e-5 relative; later steps train on slightly different
-//!   weights and drift (0.5% by step 8 of this model; 3% by step 30, where the two runs are
-//!   different trajectories of one descent). Over 8 steps: within 1%, and the loss falls.
+//!   loss (a forward only) differs by 1.5e-5 relative (2e-5 before stashes were kept in
+//!   bf16); later steps train on slightly different weights and drift (0.5% by step 8 of this
+//!   model, 0.2% before bf16 stashes: step 8 moves by tenths of a percent with any bf16 detail;
+//!   3% by step 30, where the two runs are different trajectories of one descent). Over 8
+//!   steps: within 1%, and the loss falls.
 //! - TF32 against f32: 11 significant bits, a quarter of bf16's error: within 0.25%.
 //! - a pipeline against one device in the same precision: pipelining changes no sum's order,
 //!   so the bits are equal. TP and DP do change the order of f32 sums (partial products, the
 //!   gradient all-reduce); a difference of an f32 ulp can flip an element's bf16 rounding by a
 //!   bf16 ulp (2^-8), so bf16 with TP and DP is near-exact: within 1e-3 relative over 8 steps
-//!   (2.4e-4 measured), where f32 agrees to 1e-6.
+//!   (5.4e-5 measured; 2.4e-4 before stashes were kept in bf16), where f32 agrees to 1e-6.
 
 use pipewright_kernels::gpt::GptConfig;
 use pipewright_kernels::optim::AdamWConfig;
@@ -133,4 +135,53 @@ fn bf16_pp2_tp2_dp2_is_near_one_bf16_device() {
         &timetable(ScheduleKind::OneFOneB, 1, 1, 8),
     );
     assert!(worst_relative(&single32, &losses(mesh, Precision::F32, &tt)) <= 1e-6);
+}
+
+/// What one microbatch's forward keeps on each stage of `cfg`'s model cut in two halves
+/// (`b` sequences), as (tensor elements, 4-byte elements), from the layers' definitions: per
+/// block both norms' `x̂` (tensors) and `1/σ` (4 bytes), attention's input, `qkv` and
+/// context (tensors) and its CPU probabilities (4 bytes: a GPU recomputes them in f32), and
+/// the MLP's input, pre-activation and activation (tensors); the first stage's token ids;
+/// the last stage's head: its norm's `x̂` and `1/σ`, normed input, and the loss's softmax
+/// probabilities and targets (4 bytes in every precision).
+fn kept_elements(cfg: &GptConfig, b: usize) -> [(usize, usize); 2] {
+    let (n, d, f, s, v) = (
+        b * cfg.seq_len,
+        cfg.d_model,
+        cfg.d_ff,
+        cfg.seq_len,
+        cfg.vocab,
+    );
+    let block_tensors = 2 * n * d + (n * d + 3 * n * d + n * d) + (n * d + 2 * n * f);
+    let block_rows = 2 * n + b * cfg.n_heads * s * s;
+    let blocks = cfg.n_layers / 2;
+    let (tensors, rows) = (blocks * block_tensors, blocks * block_rows);
+    [
+        (tensors, rows + n),
+        (tensors + 2 * n * d, rows + n + n * v + n),
+    ]
+}
+
+/// The runtime's memory record of a bf16 run: a stash's tensors take 2 bytes an element,
+/// half of an f32 (or tf32) run's, and its row statistics, ids and probabilities the same 4
+/// bytes.
+#[test]
+fn a_bf16_stash_holds_half_the_f32_tensor_bytes_and_the_same_row_statistics() {
+    let tt = timetable(ScheduleKind::OneFOneB, 2, 1, 2);
+    let kept = |p| {
+        let cfg = config(Mesh::new(2, 1, 1).unwrap(), p, 1);
+        let mut kept = None;
+        train_gpt(&cfg, &tt, |s| kept = Some(s.kept_per_microbatch.clone())).expect("run");
+        (
+            kept.expect("one step"),
+            kept_elements(&cfg.model, cfg.microbatch_size),
+        )
+    };
+    for p in [Precision::F32, Precision::Tf32] {
+        let (got, want) = kept(p);
+        assert_eq!(got, want.map(|(t, r)| 4 * (t + r) as u64), "{p}");
+    }
+    let (got, want) = kept(Precision::Bf16);
+    assert_eq!(got, want.map(|(t, r)| (2 * t + 4 * r) as u64), "bf16");
+    println!("kept per microbatch, bf16: {got:?}");
 }

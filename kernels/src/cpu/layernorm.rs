@@ -69,15 +69,29 @@ pub fn layer_norm_backward_input(
     gamma: &Tensor,
     stash: &LayerNormStash,
 ) -> Result<Tensor> {
+    layer_norm_backward_input_from(dy, gamma, &stash.xhat, &stash.rstd)
+}
+
+/// [`layer_norm_backward_input`] from the stash's two parts, wherever they are kept (a
+/// backend may hold `xhat` in a narrower format and widen it for the backward).
+pub fn layer_norm_backward_input_from(
+    dy: &Tensor,
+    gamma: &Tensor,
+    xhat: &Tensor,
+    rstd: &[f32],
+) -> Result<Tensor> {
     check_params("layer_norm_backward_input", dy, gamma)?;
-    dy.check_same("layer_norm_backward_input", &stash.xhat)?;
+    dy.check_same("layer_norm_backward_input", xhat)?;
+    if rstd.len() != dy.rows() {
+        return Err(shape_err(
+            "layer_norm_backward_input",
+            format!("{} row statistics for {} rows", rstd.len(), dy.rows()),
+        ));
+    }
     let n = dy.cols();
     let mut dx = vec![0.0f32; dy.numel()];
-    let rows = dy
-        .data()
-        .chunks_exact(n)
-        .zip(stash.xhat.data().chunks_exact(n));
-    for (((dyr, xh), dxr), &r) in rows.zip(dx.chunks_exact_mut(n)).zip(&stash.rstd) {
+    let rows = dy.data().chunks_exact(n).zip(xhat.data().chunks_exact(n));
+    for (((dyr, xh), dxr), &r) in rows.zip(dx.chunks_exact_mut(n)).zip(rstd) {
         let (mut sum_g, mut sum_gx) = (0.0f64, 0.0f64);
         for j in 0..n {
             let g = (dyr[j] * gamma.data()[j]) as f64;

@@ -19,6 +19,7 @@ pub use gemm::{
     MatRef, MatmulStats,
 };
 pub use layernorm::{
-    layer_norm, layer_norm_backward_input, layer_norm_backward_weight, LayerNormStash,
+    layer_norm, layer_norm_backward_input, layer_norm_backward_input_from,
+    layer_norm_backward_weight, LayerNormStash,
 };
 pub use loss::{cross_entropy, cross_entropy_backward};

@@ -1,5 +1,6 @@
 //! Reduced precision on the GPU: f32 to bf16 conversion of matmul operands (cuBLAS then
-//! reads bf16 and accumulates in f32) and the rounding of stored activations to bf16.
+//! reads bf16 and accumulates in f32) and of kept activations (`kept.rs`), their widening
+//! back to f32, and the rounding of stored activations to bf16.
 //!
 //! Both round to nearest even with the same bit arithmetic as `half::bf16::from_f32`, which
 //! the host backend's emulation uses, so a bf16 value is the same on both.
@@ -26,6 +27,10 @@ extern "C" __global__ void to_bf16(unsigned short* out, const float* x, int n) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) out[i] = bf16_bits(x[i]);
 }
+extern "C" __global__ void from_bf16(float* out, const unsigned short* x, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = __uint_as_float(((unsigned int)x[i]) << 16);
+}
 extern "C" __global__ void round_bf16(float* x, int n) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] = __uint_as_float(((unsigned int)bf16_bits(x[i])) << 16);
@@ -33,12 +38,13 @@ extern "C" __global__ void round_bf16(float* x, int n) {
 "#;
 
 /// The kernels the backend loads from [`SOURCE`].
-pub(super) const NAMES: &[&str] = &["to_bf16", "round_bf16"];
+pub(super) const NAMES: &[&str] = &["to_bf16", "from_bf16", "round_bf16"];
 
 /// The compiled conversion kernels of one backend (cloned handles share the loaded module).
 #[derive(Clone)]
 pub(super) struct MixedKernels {
     to_bf16: CudaFunction,
+    from_bf16: CudaFunction,
     round_bf16: CudaFunction,
 }
 
@@ -52,11 +58,13 @@ fn grid(n: usize) -> LaunchConfig {
 
 impl MixedKernels {
     pub(super) fn compile(ctx: &Arc<CudaContext>) -> Result<Self> {
-        let [to_bf16, round_bf16]: [CudaFunction; 2] = super::nvrtc::load(ctx, SOURCE, NAMES)?
-            .try_into()
-            .map_err(|_| KernelError::Cuda("mixed: wrong kernel count".into()))?;
+        let [to_bf16, from_bf16, round_bf16]: [CudaFunction; 3] =
+            super::nvrtc::load(ctx, SOURCE, NAMES)?
+                .try_into()
+                .map_err(|_| KernelError::Cuda("mixed: wrong kernel count".into()))?;
         Ok(Self {
             to_bf16,
+            from_bf16,
             round_bf16,
         })
     }
@@ -70,6 +78,27 @@ impl MixedKernels {
         // SAFETY: out and x hold at least n elements; the kernel guards i < n.
         unsafe { b.launch(grid(x.numel())) }.map_err(cuda_err)?;
         Ok(out)
+    }
+
+    /// Widens `x`'s bf16 values into `out` (exactly; `out.numel()` of them are read).
+    pub(super) fn widen_bf16(
+        &self,
+        s: &Arc<CudaStream>,
+        x: &CudaSlice<bf16>,
+        out: &mut CudaTensor,
+    ) -> Result<()> {
+        let live = out.numel();
+        if x.len() < live {
+            return Err(KernelError::Cuda(format!(
+                "from_bf16: {} values for {live}",
+                x.len()
+            )));
+        }
+        let n = len(live)?;
+        let mut b = s.launch_builder(&self.from_bf16);
+        b.arg(&mut out.data).arg(x).arg(&n);
+        // SAFETY: out and x hold at least n elements (checked above); the kernel guards i < n.
+        unsafe { b.launch(grid(live)) }.map(drop).map_err(cuda_err)
     }
 
     /// Rounds `x` to bf16 values in place (its storage stays f32).

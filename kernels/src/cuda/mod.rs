@@ -11,7 +11,9 @@
 mod attention;
 mod blas;
 pub mod interop;
+mod kept;
 mod kernels;
+pub use kept::CudaKept;
 mod mixed;
 mod nvrtc;
 mod rowops;
@@ -19,6 +21,7 @@ mod rowops;
 use crate::backend::{check_range, Backend, Shaped};
 use crate::cpu::{self, AttnShape};
 use crate::error::{shape_err, KernelError, Result};
+use crate::kept::Restored;
 use crate::optim::AdamWUpdate;
 use crate::precision::Precision;
 use crate::tensor::Tensor;
@@ -68,8 +71,8 @@ impl Shaped for CudaTensor {
 /// What a LayerNorm forward on the GPU saves for its backward.
 #[derive(Debug)]
 pub struct CudaNormStash {
-    /// The normalised input `(x - mean) * rstd`, shape of `x`.
-    pub xhat: CudaTensor,
+    /// The normalised input `(x - mean) * rstd`, shape of `x`, kept like any activation.
+    pub xhat: CudaKept,
     /// `1 / sqrt(var + eps)` per row, shape `[rows]`.
     pub rstd: CudaTensor,
 }
@@ -279,6 +282,7 @@ impl Backend for CudaBackend {
     type Storage = CudaTensor;
     type NormStash = CudaNormStash;
     type AttnStash = CudaAttnStash;
+    type Kept = CudaKept;
 
     fn name(&self) -> String {
         format!("cuda:{}", self.ordinal)
@@ -461,6 +465,18 @@ impl Backend for CudaBackend {
         Ok(out)
     }
 
+    fn keep(&self, t: CudaTensor) -> Result<CudaKept> {
+        self.keep_tensor(t)
+    }
+
+    fn restore<'a>(&self, k: &'a CudaKept) -> Result<Restored<'a, CudaTensor>> {
+        self.restore_tensor(k)
+    }
+
+    fn restore_owned(&self, k: CudaKept) -> Result<CudaTensor> {
+        self.restore_tensor_owned(k)
+    }
+
     fn layer_norm(
         &self,
         x: &CudaTensor,
@@ -483,6 +499,7 @@ impl Backend for CudaBackend {
             &mut xhat,
             &mut rstd,
         )?;
+        let xhat = self.keep_tensor(xhat)?;
         Ok((y, CudaNormStash { xhat, rstd }))
     }
 
@@ -494,7 +511,8 @@ impl Backend for CudaBackend {
     ) -> Result<CudaTensor> {
         const OP: &str = "layer_norm_backward_input";
         param_shape(OP, dy, gamma)?;
-        same_shape(OP, dy, &stash.xhat)?;
+        let xhat = self.restore_tensor(&stash.xhat)?;
+        same_shape(OP, dy, &xhat)?;
         // A stash is public, so its parts may not match each other.
         if stash.rstd.shape != [dy.rows()] {
             return Err(shape_err(
@@ -507,7 +525,7 @@ impl Backend for CudaBackend {
             &self.stream,
             dy,
             gamma,
-            &stash.xhat,
+            &xhat,
             &stash.rstd,
             &mut dx,
         )?;
@@ -522,11 +540,12 @@ impl Backend for CudaBackend {
         dbeta: &mut CudaTensor,
     ) -> Result<()> {
         const OP: &str = "layer_norm_backward_weight";
-        same_shape(OP, dy, &stash.xhat)?;
+        let xhat = self.restore_tensor(&stash.xhat)?;
+        same_shape(OP, dy, &xhat)?;
         param_shape(OP, dy, dgamma)?;
         param_shape(OP, dy, dbeta)?;
         self.rows
-            .layer_norm_backward_weight(&self.stream, dy, &stash.xhat, dgamma, dbeta)
+            .layer_norm_backward_weight(&self.stream, dy, &xhat, dgamma, dbeta)
     }
 
     fn cross_entropy(

@@ -82,8 +82,9 @@ pub struct Stash<B: Backend = Cpu> {
     ids: Option<Ids>,
     blocks: Vec<BlockStash<B>>,
     head: Option<HeadStash<B>>,
-    /// A copy of the stage's input activations, kept under [`Keep::Input`] only.
-    input: Option<B::Storage>,
+    /// A copy of the stage's input activations, kept under [`Keep::Input`] and
+    /// [`Keep::FirstBlocksFrom`] only.
+    input: Option<B::Kept>,
     keep: Keep,
 }
 
@@ -114,7 +115,7 @@ impl<B: Backend> Footprint for WeightStash<B> {
 /// Per-microbatch state from input backward to weight backward.
 #[derive(Debug)]
 pub struct WeightStash<B: Backend = Cpu> {
-    embed: Option<(Vec<u32>, usize, B::Storage)>,
+    embed: Option<(Vec<u32>, usize, B::Kept)>,
     blocks: Vec<BlockWeightStash<B>>,
     head: Option<HeadWeightStash<B>>,
 }
@@ -399,7 +400,9 @@ impl<B: Backend> GptStage<B> {
         keep: Keep,
     ) -> Result<(StageOutput<B::Storage>, Stash<B>)> {
         let kept_input = match (&input, keep) {
-            (Some(x), Keep::Input | Keep::FirstBlocksFrom(_)) => Some(self.be.copy(x)?),
+            (Some(x), Keep::Input | Keep::FirstBlocksFrom(_)) => {
+                Some(self.be.keep(self.be.copy(x)?)?)
+            }
             _ => None,
         };
         let (mut x, ids) = self.residual_input(mb, input)?;
@@ -473,13 +476,17 @@ impl<B: Backend> GptStage<B> {
                 stash.keep = Keep::All;
                 Ok(stash)
             }
-            Keep::Input => Ok(self.forward_keeping(mb, stash.input, tp, Keep::All)?.1),
+            Keep::Input => {
+                let input = self.restore_input(stash.input)?;
+                Ok(self.forward_keeping(mb, input, tp, Keep::All)?.1)
+            }
             Keep::FirstBlocksFrom(n) => {
                 let n = n.min(self.blocks.len());
                 if stash.blocks.len() + n != self.blocks.len() {
                     return Err(self.err("stash from a different stage"));
                 }
-                let (mut x, _) = self.residual_input(mb, stash.input.take())?;
+                let input = self.restore_input(stash.input.take())?;
+                let (mut x, _) = self.residual_input(mb, input)?;
                 let mut blocks = Vec::with_capacity(self.blocks.len());
                 for b in &self.blocks[..n] {
                     let (y, s) = b.forward_seq(x, tp, self.sp)?;
@@ -492,6 +499,11 @@ impl<B: Backend> GptStage<B> {
                 Ok(stash)
             }
         }
+    }
+
+    /// A kept stage input as storage again (moved where it was kept in f32).
+    fn restore_input(&self, input: Option<B::Kept>) -> Result<Option<B::Storage>> {
+        input.map(|k| self.be.restore_owned(k)).transpose()
     }
 
     /// The residual stream entering the first block: the stage input, rounded as the
@@ -595,7 +607,7 @@ impl<B: Backend> GptStage<B> {
         }
         let ws = match stash.ids {
             Some((ids, seq)) => WeightStash {
-                embed: Some((ids, seq, dy)),
+                embed: Some((ids, seq, self.be.keep(dy)?)),
                 blocks,
                 head,
             },
@@ -626,7 +638,7 @@ impl<B: Backend> GptStage<B> {
             b.backward_weight(w)?;
         }
         if let (Some(e), Some((ids, seq, dy))) = (&mut self.embed, ws.embed) {
-            e.backward_weight(&ids, seq, &dy)?;
+            e.backward_weight(&ids, seq, &*self.be.restore(&dy)?)?;
         }
         Ok(())
     }

@@ -34,16 +34,17 @@ super::clone_if_tensors_clone!(Attention {
     head_dim
 });
 
-/// What the attention input backward needs.
+/// What the attention input backward needs; its tensors are kept in the backend's
+/// activation format ([`Backend::keep`]).
 #[derive(Debug)]
 pub struct AttentionStash<B: Backend = Cpu> {
-    x: B::Storage,
-    qkv: B::Storage,
+    x: B::Kept,
+    qkv: B::Kept,
     /// The backend's own record of the attention core (probabilities on the
     /// CPU, logsumexp on a GPU); `None` once dropped for selective
     /// recomputation, until [`Attention::recompute_core`] rebuilds it.
     core: Option<B::AttnStash>,
-    ctx: B::Storage,
+    ctx: B::Kept,
     shape: AttnShape,
 }
 
@@ -67,10 +68,10 @@ impl<B: Backend> AttentionStash<B> {
 /// What the attention weight backward needs.
 #[derive(Debug)]
 pub struct AttentionWeightStash<B: Backend = Cpu> {
-    x: B::Storage,
-    dqkv: B::Storage,
-    ctx: B::Storage,
-    dy: B::Storage,
+    x: B::Kept,
+    dqkv: B::Kept,
+    ctx: B::Kept,
+    dy: B::Kept,
 }
 
 super::clone_if_tensors_clone!(AttentionWeightStash { x, dqkv, ctx, dy });
@@ -145,15 +146,34 @@ impl<B: Backend> Attention<B> {
 
     /// Forward up to the output projection's partial sum (no bias, not reduced).
     pub fn forward_partial(&self, x: B::Storage) -> Result<(B::Storage, AttentionStash<B>)> {
+        self.forward_keeping(x, None)
+    }
+
+    /// [`Attention::forward_partial`], keeping `kept_input` in place of `x` where given
+    /// (sequence parallelism keeps the slice, not the gathered input).
+    fn forward_keeping(
+        &self,
+        x: B::Storage,
+        kept_input: Option<B::Kept>,
+    ) -> Result<(B::Storage, AttentionStash<B>)> {
         let shape = self.shape_of(&x)?;
-        let qkv = self.qkv.local.forward(&x)?;
-        let (ctx, core) = self.qkv.local.backend().causal_attention(&qkv, shape)?;
+        let be = self.qkv.local.backend();
+        let mut qkv = self.qkv.local.forward(&x)?;
+        // The core reads the values its stash keeps, so a core rebuilt from the kept qkv
+        // (selective recomputation) or a GPU backward recomputing the probabilities from it
+        // sees the forward's own bits.
+        be.round_activation(&mut qkv)?;
+        let (ctx, core) = be.causal_attention(&qkv, shape)?;
         let y = self.proj.forward_partial(&ctx)?;
+        let x = match kept_input {
+            Some(k) => k,
+            None => be.keep(x)?,
+        };
         let stash = AttentionStash {
             x,
-            qkv,
+            qkv: be.keep(qkv)?,
             core: Some(core),
-            ctx,
+            ctx: be.keep(ctx)?,
             shape,
         };
         Ok((y, stash))
@@ -165,7 +185,7 @@ impl<B: Backend> Attention<B> {
     pub fn recompute_core(&self, stash: &mut AttentionStash<B>) -> Result<()> {
         if stash.core.is_none() {
             let be = self.qkv.local.backend();
-            let (_, core) = be.causal_attention(&stash.qkv, stash.shape)?;
+            let (_, core) = be.causal_attention(&*be.restore(&stash.qkv)?, stash.shape)?;
             stash.core = Some(core);
         }
         Ok(())
@@ -196,8 +216,7 @@ impl<B: Backend> Attention<B> {
     ) -> Result<(B::Storage, AttentionStash<B>)> {
         let be = self.qkv.local.backend().clone();
         let full = seq::gather(&*be, tp, &x, shard)?;
-        let (y, mut stash) = self.forward_partial(full)?;
-        stash.x = x;
+        let (y, stash) = self.forward_keeping(full, Some(be.keep(x)?))?;
         let mut y = seq::scatter(&*be, tp, y, shard)?;
         self.proj.add_bias(&mut y)?;
         Ok((y, stash))
@@ -214,7 +233,8 @@ impl<B: Backend> Attention<B> {
         shard: TpShard,
     ) -> Result<(B::Storage, AttentionWeightStash<B>)> {
         let be = self.qkv.local.backend().clone();
-        stash.x = seq::gather(&*be, tp, &stash.x, shard)?;
+        let full = seq::gather(&*be, tp, &*be.restore(&stash.x)?, shard)?;
+        stash.x = be.keep(full)?;
         let dy = seq::gather(&*be, tp, &dy, shard)?;
         let (dx, ws) = self.backward_input_partial(stash, dy)?;
         Ok((seq::scatter(&*be, tp, dx, shard)?, ws))
@@ -231,14 +251,14 @@ impl<B: Backend> Attention<B> {
         })?;
         let dctx = self.proj.local.backward_input(&dy)?;
         let be = self.qkv.local.backend();
-        let dqkv =
-            be.causal_attention_backward(&stash.qkv, &stash.ctx, core, &dctx, stash.shape)?;
+        let (qkv, ctx) = (be.restore(&stash.qkv)?, be.restore(&stash.ctx)?);
+        let dqkv = be.causal_attention_backward(&qkv, &ctx, core, &dctx, stash.shape)?;
         let dx = self.qkv.local.backward_input(&dqkv)?;
         let ws = AttentionWeightStash {
             x: stash.x,
-            dqkv,
+            dqkv: be.keep(dqkv)?,
             ctx: stash.ctx,
-            dy,
+            dy: be.keep(dy)?,
         };
         Ok((dx, ws))
     }
@@ -257,8 +277,11 @@ impl<B: Backend> Attention<B> {
 
     /// Weight backward (W).
     pub fn backward_weight(&mut self, ws: AttentionWeightStash<B>) -> Result<()> {
-        self.qkv.local.backward_weight(&ws.x, &ws.dqkv)?;
-        self.proj.local.backward_weight(&ws.ctx, &ws.dy)
+        let be = self.qkv.local.backend().clone();
+        let (x, dqkv) = (be.restore(&ws.x)?, be.restore(&ws.dqkv)?);
+        self.qkv.local.backward_weight(&x, &dqkv)?;
+        let (ctx, dy) = (be.restore(&ws.ctx)?, be.restore(&ws.dy)?);
+        self.proj.local.backward_weight(&ctx, &dy)
     }
 }
 

@@ -61,12 +61,12 @@ impl<B: Backend> BlockStash<B> {
 }
 
 /// What the block's weight backward needs: each norm's forward stash and
-/// output gradient, and the attention's and MLP's weight stashes.
+/// output gradient (kept), and the attention's and MLP's weight stashes.
 #[derive(Debug)]
 pub struct BlockWeightStash<B: Backend = Cpu> {
-    ln1: (B::NormStash, B::Storage),
+    ln1: (B::NormStash, B::Kept),
     attn: AttentionWeightStash<B>,
-    ln2: (B::NormStash, B::Storage),
+    ln2: (B::NormStash, B::Kept),
     mlp: MlpWeightStash<B>,
 }
 
@@ -172,9 +172,9 @@ impl<B: Backend> Block<B> {
         be.add_assign(&mut dx, &self.ln1.backward_input(&dn1, &stash.ln1)?)?;
         be.round_activation(&mut dx)?;
         let ws = BlockWeightStash {
-            ln1: (stash.ln1, dn1),
+            ln1: (stash.ln1, be.keep(dn1)?),
             attn,
-            ln2: (stash.ln2, dn2),
+            ln2: (stash.ln2, be.keep(dn2)?),
             mlp,
         };
         Ok((dx, ws))
@@ -187,9 +187,12 @@ impl<B: Backend> Block<B> {
 
     /// Weight backward (W) of all four parts.
     pub fn backward_weight(&mut self, ws: BlockWeightStash<B>) -> Result<()> {
-        self.ln1.backward_weight(&ws.ln1.1, &ws.ln1.0)?;
+        let be = self.ln1.backend().clone();
+        self.ln1
+            .backward_weight(&*be.restore(&ws.ln1.1)?, &ws.ln1.0)?;
         self.attn.backward_weight(ws.attn)?;
-        self.ln2.backward_weight(&ws.ln2.1, &ws.ln2.0)?;
+        self.ln2
+            .backward_weight(&*be.restore(&ws.ln2.1)?, &ws.ln2.0)?;
         self.mlp.backward_weight(ws.mlp)
     }
 }

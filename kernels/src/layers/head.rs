@@ -19,11 +19,14 @@ pub struct LmHead<B: Backend = Cpu> {
 
 super::clone_if_tensors_clone!(LmHead { ln_f, proj });
 
-/// What the head's input backward needs.
+/// What the head's input backward needs: the normed input kept in the backend's
+/// activation format; the softmax probabilities in f32 storage, since the loss gradient
+/// `p - onehot` of a confident prediction is a small difference of numbers near 1 that
+/// bf16 would mostly erase (PyTorch autocast and Megatron keep the loss's softmax in f32).
 #[derive(Debug)]
 pub struct HeadStash<B: Backend = Cpu> {
     ln: B::NormStash,
-    n: B::Storage,
+    n: B::Kept,
     probs: B::Storage,
     targets: Vec<u32>,
     scale: f32,
@@ -47,9 +50,9 @@ super::footprint_of!(HeadStash {
 #[derive(Debug)]
 pub struct HeadWeightStash<B: Backend = Cpu> {
     ln: B::NormStash,
-    dn: B::Storage,
-    n: B::Storage,
-    dlogits: B::Storage,
+    dn: B::Kept,
+    n: B::Kept,
+    dlogits: B::Kept,
 }
 
 super::clone_if_tensors_clone!(HeadWeightStash { ln, dn, n, dlogits });
@@ -66,10 +69,11 @@ impl<B: Backend> LmHead<B> {
     ) -> Result<(f32, HeadStash<B>)> {
         let (n, ln) = self.ln_f.forward(x)?;
         let logits = self.proj.forward(&n)?;
-        let (loss, probs) = self.proj.backend().cross_entropy(&logits, targets, scale)?;
+        let be = self.proj.backend();
+        let (loss, probs) = be.cross_entropy(&logits, targets, scale)?;
         let stash = HeadStash {
             ln,
-            n,
+            n: be.keep(n)?,
             probs,
             targets: targets.to_vec(),
             scale,
@@ -85,17 +89,19 @@ impl<B: Backend> LmHead<B> {
         let dx = self.ln_f.backward_input(&dn, &stash.ln)?;
         let ws = HeadWeightStash {
             ln: stash.ln,
-            dn,
+            dn: be.keep(dn)?,
             n: stash.n,
-            dlogits,
+            dlogits: be.keep(dlogits)?,
         };
         Ok((dx, ws))
     }
 
     /// Weight backward (W).
     pub fn backward_weight(&mut self, ws: HeadWeightStash<B>) -> Result<()> {
-        self.ln_f.backward_weight(&ws.dn, &ws.ln)?;
-        self.proj.backward_weight(&ws.n, &ws.dlogits)
+        let be = self.proj.backend().clone();
+        self.ln_f.backward_weight(&*be.restore(&ws.dn)?, &ws.ln)?;
+        self.proj
+            .backward_weight(&*be.restore(&ws.n)?, &*be.restore(&ws.dlogits)?)
     }
 }
 

@@ -23,12 +23,12 @@ pub struct Mlp<B: Backend = Cpu> {
 
 super::clone_if_tensors_clone!(Mlp { fc1, fc2 });
 
-/// What the MLP's input backward needs.
+/// What the MLP's input backward needs, kept in the backend's activation format.
 #[derive(Debug)]
 pub struct MlpStash<B: Backend = Cpu> {
-    x: B::Storage,
-    h: B::Storage,
-    a: B::Storage,
+    x: B::Kept,
+    h: B::Kept,
+    a: B::Kept,
 }
 
 super::clone_if_tensors_clone!(MlpStash { x, h, a });
@@ -37,10 +37,10 @@ super::footprint_of!(MlpStash { x, h, a });
 /// What the MLP's weight backward needs.
 #[derive(Debug)]
 pub struct MlpWeightStash<B: Backend = Cpu> {
-    x: B::Storage,
-    dh: B::Storage,
-    a: B::Storage,
-    dy: B::Storage,
+    x: B::Kept,
+    dh: B::Kept,
+    a: B::Kept,
+    dy: B::Kept,
 }
 
 super::clone_if_tensors_clone!(MlpWeightStash { x, dh, a, dy });
@@ -81,9 +81,25 @@ impl<B: Backend> Mlp<B> {
 
     /// Forward up to `fc2`'s partial sum (no `fc2` bias, not reduced).
     pub fn forward_partial(&self, x: B::Storage) -> Result<(B::Storage, MlpStash<B>)> {
+        self.forward_keeping(x, None)
+    }
+
+    /// [`Mlp::forward_partial`], keeping `kept_input` in place of `x` where given
+    /// (sequence parallelism keeps the slice, not the gathered input).
+    fn forward_keeping(
+        &self,
+        x: B::Storage,
+        kept_input: Option<B::Kept>,
+    ) -> Result<(B::Storage, MlpStash<B>)> {
+        let be = self.fc1.local.backend();
         let h = self.fc1.local.forward(&x)?;
-        let a = self.fc1.local.backend().gelu(&h)?;
+        let a = be.gelu(&h)?;
         let y = self.fc2.forward_partial(&a)?;
+        let x = match kept_input {
+            Some(k) => k,
+            None => be.keep(x)?,
+        };
+        let (h, a) = (be.keep(h)?, be.keep(a)?);
         Ok((y, MlpStash { x, h, a }))
     }
 
@@ -110,8 +126,7 @@ impl<B: Backend> Mlp<B> {
     ) -> Result<(B::Storage, MlpStash<B>)> {
         let be = self.fc1.local.backend().clone();
         let full = seq::gather(&*be, tp, &x, shard)?;
-        let (y, mut stash) = self.forward_partial(full)?;
-        stash.x = x;
+        let (y, stash) = self.forward_keeping(full, Some(be.keep(x)?))?;
         let mut y = seq::scatter(&*be, tp, y, shard)?;
         self.fc2.add_bias(&mut y)?;
         Ok((y, stash))
@@ -127,7 +142,8 @@ impl<B: Backend> Mlp<B> {
         shard: TpShard,
     ) -> Result<(B::Storage, MlpWeightStash<B>)> {
         let be = self.fc1.local.backend().clone();
-        stash.x = seq::gather(&*be, tp, &stash.x, shard)?;
+        let full = seq::gather(&*be, tp, &*be.restore(&stash.x)?, shard)?;
+        stash.x = be.keep(full)?;
         let dy = seq::gather(&*be, tp, &dy, shard)?;
         let (dx, ws) = self.backward_input_partial(stash, dy)?;
         Ok((seq::scatter(&*be, tp, dx, shard)?, ws))
@@ -139,14 +155,15 @@ impl<B: Backend> Mlp<B> {
         stash: MlpStash<B>,
         dy: B::Storage,
     ) -> Result<(B::Storage, MlpWeightStash<B>)> {
+        let be = self.fc1.local.backend();
         let da = self.fc2.local.backward_input(&dy)?;
-        let dh = self.fc1.local.backend().gelu_backward(&stash.h, &da)?;
+        let dh = be.gelu_backward(&*be.restore(&stash.h)?, &da)?;
         let dx = self.fc1.local.backward_input(&dh)?;
         let ws = MlpWeightStash {
             x: stash.x,
-            dh,
+            dh: be.keep(dh)?,
             a: stash.a,
-            dy,
+            dy: be.keep(dy)?,
         };
         Ok((dx, ws))
     }
@@ -165,8 +182,11 @@ impl<B: Backend> Mlp<B> {
 
     /// Weight backward (W): accumulates into `fc1` and `fc2` gradients.
     pub fn backward_weight(&mut self, ws: MlpWeightStash<B>) -> Result<()> {
-        self.fc1.local.backward_weight(&ws.x, &ws.dh)?;
-        self.fc2.local.backward_weight(&ws.a, &ws.dy)
+        let be = self.fc1.local.backend().clone();
+        let (x, dh) = (be.restore(&ws.x)?, be.restore(&ws.dh)?);
+        self.fc1.local.backward_weight(&x, &dh)?;
+        let (a, dy) = (be.restore(&ws.a)?, be.restore(&ws.dy)?);
+        self.fc2.local.backward_weight(&a, &dy)
     }
 }
 

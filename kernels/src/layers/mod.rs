@@ -24,6 +24,7 @@ macro_rules! clone_if_tensors_clone {
             B::Storage: Clone,
             B::NormStash: Clone,
             B::AttnStash: Clone,
+            B::Kept: Clone,
         {
             fn clone(&self) -> Self {
                 Self { $($field: self.$field.clone()),* }

@@ -8,8 +8,9 @@
 //!   `sbh(10 + 24/t + 5as/(ht))` with TP, `(sbh/t)(34 + 5as/h)` with TP and sequence
 //!   parallelism; selective recomputation removes `5as/h`, full keeps the layer input `2sbh`.
 //!   For planning real clusters.
-//! - [`Accounting::Pipewright`]: exactly what pipewright's reference GPT stashes (f32
-//!   storage), checked against the runtime's measured bytes.
+//! - [`Accounting::Pipewright`]: exactly what pipewright's reference GPT stashes (tensors
+//!   in f32 storage, or bf16 under [`MemPrecision::Bf16`]; row statistics, ids and
+//!   probabilities in 4 bytes), checked against the runtime's measured bytes.
 //!
 //! ```
 //! use pipewright_schedule::memory::{predict, Accounting, MemoryConfig, ModelShape};
@@ -81,8 +82,9 @@ pub enum Accounting {
     /// and Megatron's layout (vocabulary-parallel embedding and output layer).
     #[default]
     Megatron,
-    /// Exactly what pipewright's reference GPT stashes, in its f32 storage, and its layout
-    /// (embedding and LM head replicated on every TP rank).
+    /// Exactly what pipewright's reference GPT stashes, in its storage (tensors 4 bytes an
+    /// element, 2 in a bf16 run), and its layout (embedding and LM head replicated on every
+    /// TP rank).
     Pipewright,
 }
 

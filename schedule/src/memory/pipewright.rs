@@ -1,33 +1,92 @@
 //! Exactly what pipewright's reference GPT (`pipewright_kernels::gpt`) stashes per microbatch
-//! on one TP rank, in its f32 storage (4 bytes an element, token ids 4 bytes each), with
-//! `N = b * s` rows, width `d`, MLP width `f`, `a` heads, vocabulary `V`, TP size `t`:
+//! on one TP rank, with `N = b * s` rows, width `d`, MLP width `f`, `a` heads, vocabulary `V`,
+//! TP size `t`. Tensor elements (activations and their gradients) are kept in the run's
+//! activation format: 4 bytes an element in f32 (and tf32) runs, 2 under
+//! [`MemPrecision::Bf16`] (the kernels' `Backend::Kept`). Per-row statistics (`1/σ`), token
+//! ids, the CPU's attention probabilities (the stand-in for what a GPU recomputes in f32)
+//! and the loss's softmax probabilities stay 4 bytes in every precision. Below, `T[..]`
+//! counts tensor elements and `R[..]` those 4-byte ones:
 //!
-//! - a block keeps both LayerNorms' `x̂` and `1/σ` (`2N(d+1)`), attention's input, `qkv`,
-//!   probabilities and context (`Nd + 3Nd/t + b(a/t)s² + Nd/t`) and the MLP's input,
-//!   pre-activation and activation (`Nd + 2Nf/t`); selective drops the probabilities;
-//! - the first stage keeps its token ids (`N`), the last the head's norm, normed input,
+//! - a block keeps both LayerNorms' `x̂` and `1/σ` (`T[2Nd] + R[2N]`), attention's input,
+//!   `qkv` and context (`T[Nd + 3Nd/t + Nd/t]`) and probabilities (`R[b(a/t)s²]`) and the
+//!   MLP's input, pre-activation and activation (`T[Nd + 2Nf/t]`); selective drops the
+//!   probabilities;
+//! - the first stage keeps its token ids (`R[N]`), the last the head's norm, normed input,
 //!   softmax probabilities (the head is replicated, not split over t) and targets
-//!   (`N(2d + 2 + V)`);
+//!   (`T[2Nd] + R[N(2 + V)]`);
 //! - full recomputation keeps the ids on the first stage and a copy of the stage's input
-//!   (`Nd`) elsewhere; `every:n` keeps that and the stashes of the blocks past the first n;
+//!   (`T[Nd]`) elsewhere; `every:n` keeps that and the stashes of the blocks past the first n;
 //! - a split backward's weight stash holds, per block, both norms' stashes and input
 //!   gradients and attention's and the MLP's inputs, output gradients, `dqkv`, context and
-//!   activations (`N(8d + 2) + 4Nd/t + 2Nf/t`), the head's `N(3d + 1 + V)` and the
-//!   embedding's ids and gradient `N(d + 1)`.
+//!   activations (`T[8Nd + 4Nd/t + 2Nf/t] + R[2N]`), the head's `T[N(3d + V)] + R[N]` and the
+//!   embedding's gradient and ids `T[Nd] + R[N]`.
 //!
 //! With sequence parallelism a rank holds `M = N / t` rows of everything outside the TP
-//! regions: the norms' stashes and the stashed inputs of attention and the MLP (`M(4d + 2)`
-//! a block in place of `N(4d + 2)`), the kept stage input under full recomputation (`Md`) and
-//! the hand-offs (`Md`). The weight stash keeps attention's and the MLP's gathered inputs and
-//! output gradients whole (`4Nd`) and the norms' on the slice (`M(4d + 2)`); the head runs on
-//! the gathered stream and the embedding's gradient is gathered, so both keep what they keep
-//! without SP. TP without SP is `M = N` throughout.
+//! regions: the norms' stashes and the stashed inputs of attention and the MLP (`T[4Md] +
+//! R[2M]` a block in place of `T[4Nd] + R[2N]`), the kept stage input under full
+//! recomputation (`T[Md]`) and the hand-offs (`Md`). The weight stash keeps attention's and
+//! the MLP's gathered inputs and output gradients whole (`T[4Nd]`) and the norms' on the
+//! slice (`T[4Md] + R[2M]`); the head runs on the gathered stream and the embedding's
+//! gradient is gathered, so both keep what they keep without SP. TP without SP is `M = N`
+//! throughout.
+//!
+//! Pipeline hand-offs are f32 storage in every precision: in-process the local transport
+//! moves the tensor itself (a bf16 run's values are bf16-rounded but stored in f32; only the
+//! MPI wire packs them as bf16 bytes), so [`handoff_bytes`] counts 4 bytes an element.
 
 use super::walk::StageBytes;
-use super::{params, MemoryConfig};
+use super::{params, MemPrecision, MemoryConfig};
 use crate::recompute::Recompute;
 
 const F32: u128 = 4;
+
+/// Elements of a stash: tensor elements (in the activation format) and 4-byte ones (per-row
+/// statistics, ids, the attention's and the loss's probabilities).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Elems {
+    tensor: u128,
+    row: u128,
+}
+
+impl Elems {
+    fn tensor(tensor: u128) -> Self {
+        Elems { tensor, row: 0 }
+    }
+    fn row(row: u128) -> Self {
+        Elems { tensor: 0, row }
+    }
+    fn bytes(self, cfg: &MemoryConfig) -> u128 {
+        tensor_size(cfg) * self.tensor + F32 * self.row
+    }
+}
+
+impl std::ops::Add for Elems {
+    type Output = Elems;
+    fn add(self, o: Elems) -> Elems {
+        Elems {
+            tensor: self.tensor + o.tensor,
+            row: self.row + o.row,
+        }
+    }
+}
+
+impl std::ops::Mul<Elems> for u128 {
+    type Output = Elems;
+    fn mul(self, e: Elems) -> Elems {
+        Elems {
+            tensor: self * e.tensor,
+            row: self * e.row,
+        }
+    }
+}
+
+/// Bytes of a kept tensor element: 2 in a bf16 run, else 4.
+fn tensor_size(cfg: &MemoryConfig) -> u128 {
+    match cfg.precision {
+        MemPrecision::Bf16 => 2,
+        MemPrecision::F32 => F32,
+    }
+}
 
 /// `(N, d, f, t, the attention probabilities' elements b(a/t)s²)`.
 fn dims(cfg: &MemoryConfig) -> (u128, u128, u128, u128, u128) {
@@ -48,13 +107,28 @@ fn slice_rows(cfg: &MemoryConfig) -> u128 {
     }
 }
 
-/// Elements of one block's whole stash.
-fn block(cfg: &MemoryConfig) -> u128 {
+/// One block's whole stash, the attention probabilities included.
+fn block(cfg: &MemoryConfig) -> Elems {
     let (n, d, f, t, core) = dims(cfg);
-    slice_rows(cfg) * (4 * d + 2) + 4 * n * d / t + 2 * n * f / t + core
+    let m = slice_rows(cfg);
+    Elems {
+        tensor: 4 * m * d + 4 * n * d / t + 2 * n * f / t,
+        row: 2 * m + core,
+    }
 }
 
-/// Bytes of one pipeline hand-off (a stage's output or input gradient) on one rank.
+/// One block's stash under selective recomputation: all but the probabilities.
+fn block_selective(cfg: &MemoryConfig) -> Elems {
+    let (.., core) = dims(cfg);
+    let whole = block(cfg);
+    Elems {
+        row: whole.row - core,
+        ..whole
+    }
+}
+
+/// Bytes of one pipeline hand-off (a stage's output or input gradient) on one rank: f32
+/// storage in every precision (see the module's doc).
 pub(super) fn handoff_bytes(cfg: &MemoryConfig) -> u64 {
     let d = u128::from(cfg.shape.d_model);
     u64::try_from(F32 * slice_rows(cfg) * d).unwrap_or(u64::MAX)
@@ -62,43 +136,59 @@ pub(super) fn handoff_bytes(cfg: &MemoryConfig) -> u64 {
 
 /// One block's bytes under `policy`; a block a policy recomputes keeps nothing of its own.
 pub(super) fn layer_bytes(cfg: &MemoryConfig, policy: Recompute) -> u64 {
-    let (.., core) = dims(cfg);
     let elements = match policy {
         Recompute::None => block(cfg),
-        Recompute::Selective => block(cfg) - core,
-        Recompute::Full | Recompute::Every(_) => 0,
+        Recompute::Selective => block_selective(cfg),
+        Recompute::Full | Recompute::Every(_) => Elems::default(),
     };
-    u64::try_from(F32 * elements).unwrap_or(u64::MAX)
+    u64::try_from(elements.bytes(cfg)).unwrap_or(u64::MAX)
 }
 
 /// Stage `s`'s bytes per microbatch.
 pub(super) fn stage_bytes(cfg: &MemoryConfig, s: u32) -> StageBytes {
     let (n, d, f, t, _) = dims(cfg);
     let v = u128::from(cfg.shape.vocab);
+    let m = slice_rows(cfg);
     let layers = u128::from(params::stage_layers(cfg.shape.layers, cfg.stages(), s));
     let (first, last) = (s == 0, s + 1 == cfg.stages());
-    let ids = if first { n } else { 0 };
-    let head = if last { n * (2 * d + 2 + v) } else { 0 };
-    let input = if first { 0 } else { slice_rows(cfg) * d };
-    let layer = |p| u128::from(layer_bytes(cfg, p)) / F32;
+    let none = Elems::default();
+    let ids = if first { Elems::row(n) } else { none };
+    let head = if last {
+        Elems::tensor(2 * n * d) + Elems::row(n * (2 + v))
+    } else {
+        none
+    };
+    let input = if first { none } else { Elems::tensor(m * d) };
     let full = ids + layers * block(cfg) + head;
     let kept = match cfg.recompute.of(s) {
         Recompute::None => full,
-        Recompute::Selective => ids + layers * layer(Recompute::Selective) + head,
+        Recompute::Selective => ids + layers * block_selective(cfg) + head,
         Recompute::Full => ids + input,
         Recompute::Every(k) => {
             let kept_blocks = layers - layers.min(u128::from(k));
             ids + input + kept_blocks * block(cfg) + head
         }
     };
-    let block_w = slice_rows(cfg) * (4 * d + 2) + 4 * n * d + 4 * n * d / t + 2 * n * f / t;
-    let weight = if first { n * (d + 1) } else { 0 }
-        + layers * block_w
-        + if last { n * (3 * d + 1 + v) } else { 0 };
+    let block_w = Elems {
+        tensor: 4 * m * d + 4 * n * d + 4 * n * d / t + 2 * n * f / t,
+        row: 2 * m,
+    };
+    let embed_w = if first {
+        Elems::tensor(n * d) + Elems::row(n)
+    } else {
+        none
+    };
+    let head_w = if last {
+        Elems::tensor(n * (3 * d + v)) + Elems::row(n)
+    } else {
+        none
+    };
+    let weight = embed_w + layers * block_w + head_w;
+    let bytes = |e: Elems| e.bytes(cfg) as f64;
     StageBytes {
-        kept: (F32 * kept) as f64,
-        full: (F32 * full) as f64,
-        weight: (F32 * weight) as f64,
-        whole: (F32 * full) as f64,
+        kept: bytes(kept),
+        full: bytes(full),
+        weight: bytes(weight),
+        whole: bytes(full),
     }
 }

@@ -5,7 +5,11 @@
 //! the mailboxes, rounds, timeouts and abort are the ones the CPU tests exercise.
 //! - A send records an event on the sender's stream and hands the tensor over; the receiver's
 //!   stream waits for that event and copies the tensor into a buffer of its own; the source
-//!   is freed once the copy's event has completed. Nothing blocks the host.
+//!   is freed once the copy's event has completed. Nothing blocks the host. In a bf16 run a
+//!   pipeline payload travels in the backend's kept form (bf16, half the bytes: its values
+//!   are bf16 already, the residual stream being rounded, so nothing changes) and the
+//!   receiver's copy is the widening back to f32; the message says its format, so the two
+//!   ends cannot disagree. Collectives always carry f32 (gradients are summed in f32).
 //! - Collectives: each rank's stream waits for every part's event and sums the parts in
 //!   group order with the backend's add kernel, so every rank gets the same bits, and the CPU
 //!   transports' bits too (an f32 add is exact-rounded on either side). The collecting rank
@@ -18,7 +22,8 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 use pipewright_kernels::cuda::interop::{CudaEvent, CudaStream};
-use pipewright_kernels::cuda::{CudaBackend, CudaTensor};
+use pipewright_kernels::cuda::{CudaBackend, CudaKept, CudaTensor};
+use pipewright_kernels::kept::Restored;
 use pipewright_kernels::{Backend, Tensor};
 
 use pipewright_schedule::Timetable;
@@ -37,10 +42,22 @@ pub type CudaLocalWorld = LocalWorld<CudaMessage>;
 pub type CudaLocalComm = LocalComm<CudaOps>;
 
 /// A device tensor in transit, with the event recorded on its producer's stream after the
-/// work that wrote it.
+/// work that wrote it: f32, or a pipeline payload in a bf16 run's kept form.
 pub struct CudaMessage {
-    tensor: CudaTensor,
+    payload: CudaKept,
     ready: CudaEvent,
+}
+
+impl CudaMessage {
+    /// The f32 tensor of a collective's part (collectives never narrow).
+    fn tensor(&self) -> Result<&CudaTensor, CommError> {
+        match &self.payload {
+            CudaKept::F32(t) => Ok(t),
+            CudaKept::Bf16 { .. } => Err(CommError::Invalid(
+                "a bf16 pipeline payload where a collective's f32 part was expected".into(),
+            )),
+        }
+    }
 }
 
 /// One rank's device data plane: its backend, whose stream orders all of the rank's work.
@@ -75,9 +92,9 @@ impl CudaOps {
     }
 
     /// `t` with an event after everything queued so far on this rank's stream.
-    fn message(&self, tensor: CudaTensor) -> Result<CudaMessage, CommError> {
+    fn message(&self, payload: CudaKept) -> Result<CudaMessage, CommError> {
         let ready = self.stream().record_event(None).map_err(device_err)?;
-        Ok(CudaMessage { tensor, ready })
+        Ok(CudaMessage { payload, ready })
     }
 
     /// Order this rank's stream after the producer of `m`.
@@ -103,11 +120,11 @@ impl CudaOps {
             .split_first()
             .ok_or_else(|| CommError::Invalid("empty group".into()))?;
         parts.iter().try_for_each(|p| self.wait_for(p))?;
-        let mut acc = self.copy(&first.tensor)?;
+        let mut acc = self.copy(first.tensor()?)?;
         for p in rest {
             acc = self
                 .backend
-                .add(&acc, &p.tensor)
+                .add(&acc, p.tensor()?)
                 .map_err(|e| CommError::Invalid(format!("all-reduce: {e}")))?;
         }
         Ok(acc)
@@ -127,12 +144,21 @@ impl LocalOps for CudaOps {
     type Message = CudaMessage;
 
     fn outgoing(&self, t: CudaTensor) -> Result<CudaMessage, CommError> {
-        self.message(t)
+        self.message(CudaKept::F32(t))
+    }
+
+    fn hand_off(&self, t: CudaTensor) -> Result<CudaMessage, CommError> {
+        // The conversion is queued on this stream, before the message's event.
+        let kept = self.backend.keep(t).map_err(device_err)?;
+        self.message(kept)
     }
 
     fn incoming(&self, m: CudaMessage) -> Result<CudaTensor, CommError> {
         self.wait_for(&m)?;
-        let mine = self.copy(&m.tensor)?;
+        let mine = match self.backend.restore(&m.payload).map_err(device_err)? {
+            Restored::Same(t) => self.copy(t)?,
+            Restored::Widened(t) => t,
+        };
         let done = self.stream().record_event(None).map_err(device_err)?;
         let mut copied = self.copied.borrow_mut();
         copied.push_back((m, done));
@@ -148,7 +174,7 @@ impl LocalOps for CudaOps {
 
     fn duplicate(&self, t: &CudaTensor) -> Result<CudaMessage, CommError> {
         let copy = self.copy(t)?;
-        self.message(copy)
+        self.message(CudaKept::F32(copy))
     }
 
     fn reduce(&self, parts: &[&CudaMessage], op: ReduceOp) -> Result<CudaTensor, CommError> {
@@ -166,7 +192,7 @@ impl LocalOps for CudaOps {
             .iter()
             .map(|p| {
                 self.wait_for(p)?;
-                self.copy(&p.tensor)
+                self.copy(p.tensor()?)
             })
             .collect::<Result<Vec<_>, _>>();
         self.settle()?; // on failure too, as in `reduce`
@@ -192,14 +218,15 @@ impl LocalOps for CudaOps {
             .and_then(|mut out| {
                 let mut off = 0;
                 for (pos, p) in parts.iter().enumerate() {
-                    check_shard(p.tensor.numel(), numel, parts.len(), pos)?;
+                    let part = p.tensor()?;
+                    check_shard(part.numel(), numel, parts.len(), pos)?;
                     self.wait_for(p)?;
-                    if p.tensor.numel() > 0 {
+                    if part.numel() > 0 {
                         self.backend
-                            .copy_to_offset(&p.tensor, &mut out, off)
+                            .copy_to_offset(part, &mut out, off)
                             .map_err(device_err)?;
                     }
-                    off += p.tensor.numel();
+                    off += part.numel();
                 }
                 Ok(out)
             });

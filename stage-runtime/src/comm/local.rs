@@ -34,6 +34,12 @@ pub trait LocalOps {
 
     /// Hand `t` over to the transport (sender side).
     fn outgoing(&self, t: Self::Tensor) -> Result<Self::Message, CommError>;
+    /// Hand a pipeline payload (a point-to-point send) over: as [`LocalOps::outgoing`],
+    /// unless the data plane carries hand-offs in a narrower form ([`LocalOps::incoming`]
+    /// must then widen it).
+    fn hand_off(&self, t: Self::Tensor) -> Result<Self::Message, CommError> {
+        self.outgoing(t)
+    }
     /// Make an arrived message this rank's own tensor (receiver side).
     fn incoming(&self, m: Self::Message) -> Result<Self::Tensor, CommError>;
     /// A copy of `t` as a message (all-gather keeps its argument).
@@ -366,7 +372,7 @@ impl<K: LocalOps> Communicator for LocalComm<K> {
         if self.world.aborted.load(Ordering::SeqCst) {
             return Err(self.world.aborted_error());
         }
-        let message = self.ops.outgoing(tensor)?;
+        let message = self.ops.hand_off(tensor)?;
         let (tx, _) = self.world.channel(dst, self.rank, tag);
         tx.try_send(message)
             .map_err(|_| CommError::Invalid(format!("mailbox of rank {dst} closed")))

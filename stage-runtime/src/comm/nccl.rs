@@ -8,7 +8,11 @@
 //! every link ([`check_link_order`], refused at start otherwise).
 //!
 //! Point-to-point: the receiver does not know a message's shape, so a link has a header
-//! communicator (tag and shape, fixed size) and a payload communicator. Receives are posted
+//! communicator (tag, payload format and shape, fixed size: `nccl/header.rs`) and a payload
+//! communicator. In a bf16 run a pipeline payload travels in the backend's kept form (bf16
+//! elements, `ncclBfloat16`: half the bytes; its values are bf16 already, the residual
+//! stream being rounded) and is widened on receipt; the header names the format, so the two
+//! ends cannot disagree. Collectives carry f32. Receives are posted
 //! early on the header stream in the executor's row order; a payload receive is posted once
 //! its header has arrived and every earlier payload receive of the link is posted, so payload
 //! receives stay in send order too. A link carries one direction only, so a receive posted
@@ -35,19 +39,17 @@ use std::time::{Duration, Instant};
 
 use cudarc::driver::{CudaEvent, CudaSlice, CudaStream};
 use cudarc::nccl::{Comm, Id, ReduceOp as NcclOp};
-use pipewright_kernels::cuda::{CudaBackend, CudaTensor};
-use pipewright_kernels::Backend;
+use pipewright_kernels::cuda::{CudaBackend, CudaKept, CudaTensor};
+use pipewright_kernels::{Backend, Shaped};
 use pipewright_schedule::Timetable;
+
+mod header;
 
 use super::links::{check_link_order, nccl_plan, CommRole};
 use super::rendezvous::{IdBytes, Rendezvous};
-use super::{check_shard, shard_range, CommError, Communicator, Direction, ReduceOp, Tag};
+use super::{check_shard, shard_range, CommError, Communicator, ReduceOp, Tag};
 use crate::mesh::{Group, GroupKind, Mesh};
 
-/// Most dimensions a point-to-point tensor may have (the header has a fixed size).
-const MAX_DIMS: usize = 8;
-/// Header: step, direction, stage, microbatch, number of dimensions, the dimensions.
-const HEADER: usize = 5 + MAX_DIMS;
 /// How long a waiting rank naps between polls once yielding alone found nothing.
 const NAP: Duration = Duration::from_micros(20);
 
@@ -86,52 +88,10 @@ fn id_from(bytes: IdBytes) -> Id {
     Id::uninit(bytes.map(|b| b as std::ffi::c_char))
 }
 
-/// A point-to-point header: the full tag and the shape.
-fn encode_header(tag: Tag, shape: &[usize]) -> Result<[u64; HEADER], CommError> {
-    if shape.len() > MAX_DIMS {
-        return Err(CommError::Invalid(format!(
-            "{tag}: {} dimensions, NCCL messages carry at most {MAX_DIMS}",
-            shape.len()
-        )));
-    }
-    let mut h = [0u64; HEADER];
-    h[0] = tag.step;
-    h[1] = u64::from(tag.dir == Direction::Backward);
-    h[2] = u64::from(tag.stage);
-    h[3] = u64::from(tag.microbatch);
-    h[4] = shape.len() as u64;
-    for (slot, &d) in h[5..].iter_mut().zip(shape) {
-        *slot = d as u64;
-    }
-    Ok(h)
-}
-
-fn decode_header(h: &[u64]) -> Result<(Tag, Vec<usize>), CommError> {
-    let bad = || CommError::Invalid("malformed NCCL message header".into());
-    if h.len() != HEADER || h[1] > 1 || h[4] as usize > MAX_DIMS {
-        return Err(bad());
-    }
-    let tag = Tag {
-        step: h[0],
-        dir: if h[1] == 0 {
-            Direction::Forward
-        } else {
-            Direction::Backward
-        },
-        stage: u32::try_from(h[2]).map_err(|_| bad())?,
-        microbatch: u32::try_from(h[3]).map_err(|_| bad())?,
-    };
-    let shape = h[5..5 + h[4] as usize]
-        .iter()
-        .map(|&d| usize::try_from(d).map_err(|_| bad()))
-        .collect::<Result<_, _>>()?;
-    Ok((tag, shape))
-}
-
 /// Something a send reads, kept alive until the send's event completes.
 enum Keep {
     Header(#[allow(dead_code)] CudaSlice<u64>),
-    Payload(#[allow(dead_code)] CudaTensor),
+    Payload(#[allow(dead_code)] CudaKept),
 }
 
 /// One end of a directed pipeline link between two ranks.
@@ -448,10 +408,10 @@ impl NcclComm {
         link: &LinkEnd,
         index: u64,
         what: &dyn Fn() -> String,
-    ) -> Result<(Tag, Vec<usize>), CommError> {
+    ) -> Result<(Tag, pipewright_kernels::DType, Vec<usize>), CommError> {
         let mut buf = self
             .staging
-            .alloc_zeros::<u64>(HEADER)
+            .alloc_zeros::<u64>(header::HEADER)
             .map_err(device_err)?;
         let hs = link.headers.stream();
         let staged = self.staging.record_event(None).map_err(device_err)?;
@@ -474,7 +434,7 @@ impl NcclComm {
         }
         self.staging.wait(&arrived).map_err(device_err)?;
         let h = self.staging.clone_dtoh(&buf).map_err(device_err)?;
-        decode_header(&h)
+        header::decode(&h)
     }
 }
 
@@ -493,20 +453,26 @@ impl Communicator for NcclComm {
     fn send(&self, dst: usize, tag: Tag, tensor: CudaTensor) -> Result<(), CommError> {
         let link = self.link(&self.outgoing, dst, "to")?;
         link.reap()?;
-        let header = encode_header(tag, tensor.shape())?;
+        // The conversion (in a bf16 run) is queued on the compute stream, which the payload
+        // stream waits for below.
+        let kept = self.backend.keep(tensor).map_err(device_err)?;
+        let header = header::encode(tag, kept.dtype(), kept.shape())?;
         let hbuf = self.staging.clone_htod(&header).map_err(device_err)?;
         let staged = self.staging.record_event(None).map_err(device_err)?;
         let hs = link.headers.stream();
         hs.wait(&staged).map_err(device_err)?;
         link.headers.send(&hbuf, link.peer).map_err(nccl_err)?;
         link.keep(Keep::Header(hbuf), &hs)?;
-        let n = tensor.numel();
+        let n = kept.numel();
         if n > 0 {
             let ps = link.payloads.stream();
             self.after_compute(&ps)?;
-            let view = tensor.slice().slice(0..n);
-            link.payloads.send(&view, link.peer).map_err(nccl_err)?;
-            link.keep(Keep::Payload(tensor), &ps)?;
+            match &kept {
+                CudaKept::F32(t) => link.payloads.send(&t.slice().slice(0..n), link.peer),
+                CudaKept::Bf16 { data, .. } => link.payloads.send(&data.slice(0..n), link.peer),
+            }
+            .map_err(nccl_err)?;
+            link.keep(Keep::Payload(kept), &ps)?;
         }
         Ok(())
     }
@@ -516,25 +482,35 @@ impl Communicator for NcclComm {
         let index = link.posted.get();
         link.posted.set(index + 1);
         let what = || format!("{tag} from rank {src} over NCCL");
-        let (got, shape) = self.next_header(&link, index, &what).await?;
+        let (got, wire, shape) = self.next_header(&link, index, &what).await?;
         if got != tag {
             return Err(CommError::Invalid(format!(
                 "NCCL link from rank {src}: expected the {tag}, got the {got} \
                  (the sender's SEND order differs from this rank's RECV order)"
             )));
         }
-        let mut out = self.backend.zeros(&shape).map_err(device_err)?;
-        let n = out.numel();
+        // On the compute stream, like every buffer of this rank.
+        let mut payload = self.backend.kept_zeros(&shape, wire).map_err(device_err)?;
+        let n = payload.numel();
         if n > 0 {
             let ps = link.payloads.stream();
             self.after_compute(&ps)?;
-            let mut view = out.slice_mut().slice_mut(0..n);
-            link.payloads.recv(&mut view, link.peer).map_err(nccl_err)?;
+            match &mut payload {
+                CudaKept::F32(t) => {
+                    let mut view = t.slice_mut().slice_mut(0..n);
+                    link.payloads.recv(&mut view, link.peer)
+                }
+                CudaKept::Bf16 { data, .. } => {
+                    link.payloads.recv(&mut data.slice_mut(0..n), link.peer)
+                }
+            }
+            .map_err(nccl_err)?;
             let done = ps.record_event(None).map_err(device_err)?;
             self.compute().wait(&done).map_err(device_err)?;
         }
         link.taken.set(index + 1);
-        Ok(out)
+        // Widened on the compute stream, after the payload has arrived.
+        self.backend.restore_owned(payload).map_err(device_err)
     }
 
     fn start_all_reduce(
@@ -732,27 +708,5 @@ impl Communicator for NcclComm {
         self.groups.borrow_mut().clear();
         self.outgoing.borrow_mut().clear();
         self.incoming.borrow_mut().clear();
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn headers_round_trip_and_refuse_garbage() {
-        let tag = Tag {
-            step: 1 << 40,
-            dir: Direction::Backward,
-            stage: 3,
-            microbatch: 7,
-        };
-        let h = encode_header(tag, &[2, 16, 64]).unwrap();
-        assert_eq!(decode_header(&h).unwrap(), (tag, vec![2, 16, 64]));
-        assert!(encode_header(tag, &[1; MAX_DIMS + 1]).is_err());
-        let mut bad = h;
-        bad[4] = 99;
-        assert!(decode_header(&bad).is_err());
-        assert!(decode_header(&h[..4]).is_err());
     }
 }

@@ -1,0 +1,106 @@
+//! Kept tensors on the GPU ([`crate::kept`]): the f32 tensor itself in f32 and tf32 runs, a
+//! bf16 copy in a bf16 run (`mixed.rs`'s `to_bf16`, the same rounding as the host's), widened
+//! back by `from_bf16` when a backward reads it.
+
+use super::{CudaBackend, CudaTensor};
+use crate::backend::Shaped;
+use crate::error::Result;
+use crate::kept::Restored;
+use crate::tensor::DType;
+use cudarc::driver::CudaSlice;
+use half::bf16;
+
+/// A device tensor as a stash keeps it.
+#[derive(Debug)]
+pub enum CudaKept {
+    /// The f32 tensor itself (f32 and tf32 runs).
+    F32(CudaTensor),
+    /// Its values rounded to bf16, with its shape (at least one element is allocated, as
+    /// for every device tensor; the shape says how many are live).
+    Bf16 {
+        /// The dimensions.
+        shape: Vec<usize>,
+        /// The values, row-major.
+        data: CudaSlice<bf16>,
+    },
+}
+
+impl CudaKept {
+    /// The storage format.
+    pub fn dtype(&self) -> DType {
+        match self {
+            CudaKept::F32(_) => DType::F32,
+            CudaKept::Bf16 { .. } => DType::BF16,
+        }
+    }
+}
+
+impl Shaped for CudaKept {
+    fn shape(&self) -> &[usize] {
+        match self {
+            CudaKept::F32(t) => t.shape(),
+            CudaKept::Bf16 { shape, .. } => shape,
+        }
+    }
+}
+
+impl CudaBackend {
+    /// A zeroed kept tensor of `shape` in `dtype` (f32 or bf16): a buffer to receive a
+    /// tensor sent in kept form (the NCCL transport's bf16 hand-offs).
+    pub fn kept_zeros(&self, shape: &[usize], dtype: DType) -> Result<CudaKept> {
+        match dtype {
+            DType::BF16 => {
+                let n = shape.iter().product::<usize>().max(1);
+                let data = self
+                    .stream
+                    .alloc_zeros::<bf16>(n)
+                    .map_err(super::cuda_err)?;
+                Ok(CudaKept::Bf16 {
+                    shape: shape.to_vec(),
+                    data,
+                })
+            }
+            DType::F32 => Ok(CudaKept::F32(self.zeros(shape)?)),
+            DType::F16 => Err(crate::error::KernelError::Config(
+                "f16 is not a kept format (f32 or bf16)".into(),
+            )),
+        }
+    }
+
+    /// `t` kept in the activation format of the backend's precision.
+    pub(super) fn keep_tensor(&self, t: CudaTensor) -> Result<CudaKept> {
+        match self.precision.activation_dtype() {
+            DType::BF16 => {
+                let data = self.mixed.to_bf16(&self.stream, &t)?;
+                // Freed in stream order, after the conversion has read it.
+                Ok(CudaKept::Bf16 {
+                    shape: t.shape.clone(),
+                    data,
+                })
+            }
+            DType::F32 | DType::F16 => Ok(CudaKept::F32(t)),
+        }
+    }
+
+    /// A kept tensor as f32: lent, or widened into a new tensor.
+    pub(super) fn restore_tensor<'a>(&self, k: &'a CudaKept) -> Result<Restored<'a, CudaTensor>> {
+        match k {
+            CudaKept::F32(t) => Ok(Restored::Same(t)),
+            CudaKept::Bf16 { shape, data } => Ok(Restored::Widened(self.widen(shape, data)?)),
+        }
+    }
+
+    /// [`Self::restore_tensor`] by value.
+    pub(super) fn restore_tensor_owned(&self, k: CudaKept) -> Result<CudaTensor> {
+        match k {
+            CudaKept::F32(t) => Ok(t),
+            CudaKept::Bf16 { shape, data } => self.widen(&shape, &data),
+        }
+    }
+
+    fn widen(&self, shape: &[usize], data: &CudaSlice<bf16>) -> Result<CudaTensor> {
+        let mut out = self.zeros(shape)?;
+        self.mixed.widen_bf16(&self.stream, data, &mut out)?;
+        Ok(out)
+    }
+}
