@@ -19,7 +19,6 @@ fn ok(dir: &Path, args: &[&str]) -> String {
     common::ok_in(Some(dir), args)
 }
 
-/// Exits with `code`, one stderr line that starts with `error: ` and holds every needle.
 /// A folder holding `good.csv`: 1F1B on 2 devices, 4 microbatches.
 fn setup() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();

@@ -58,7 +58,7 @@ const NO: (bool, bool, bool) = (false, false, false);
 const R: (bool, bool, bool) = (true, false, false);
 const SP: (bool, bool, bool) = (false, false, true);
 
-const GRID: [Point; 18] = {
+const GRID: [Point; 19] = {
     use ScheduleKind::*;
     [
         pt(OneFOneB, (1, 1, 1, 1), "none", 0, NO),
@@ -93,6 +93,8 @@ const GRID: [Point; 18] = {
         pt(Zbv, (2, 2, 2, 2), "full", 1, SP),
         // bf16 stashes with a split backward (weight stashes held from I to W) and SP.
         pt(ZbH1, (2, 1, 2, 1), "every:1", 0, (false, true, true)),
+        // bf16 under selective recomputation (the probabilities dropped are 4-byte ones).
+        pt(Zbv, (2, 2, 1, 1), "selective", 0, (false, true, false)),
     ]
 };
 

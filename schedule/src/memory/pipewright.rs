@@ -30,9 +30,11 @@
 //! gradient is gathered, so both keep what they keep without SP. TP without SP is `M = N`
 //! throughout.
 //!
-//! Pipeline hand-offs are f32 storage in every precision: in-process the local transport
-//! moves the tensor itself (a bf16 run's values are bf16-rounded but stored in f32; only the
-//! MPI wire packs them as bf16 bytes), so [`handoff_bytes`] counts 4 bytes an element.
+//! Pipeline hand-offs are f32 storage in every precision where the runtime counts them: from
+//! the compute that makes one to its send, and from its receive to the compute that uses it,
+//! the executor holds an f32 tensor (a bf16 run's values are bf16-rounded but stored in f32).
+//! What a transport carries in between (bf16 bytes over MPI, bf16 payloads over CUDA-local
+//! and NCCL in a bf16 run) is the transport's, so [`handoff_bytes`] counts 4 bytes an element.
 
 use super::walk::StageBytes;
 use super::{params, MemPrecision, MemoryConfig};
