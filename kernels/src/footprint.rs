@@ -53,18 +53,11 @@ impl Footprint for u32 {
 #[cfg(feature = "cuda")]
 mod cuda {
     use super::{Footprint, F32};
-    use crate::cuda::{CudaAttnStash, CudaKept, CudaNormStash, CudaTensor};
-    use crate::Shaped;
+    use crate::cuda::{CudaAttnStash, CudaNormStash, CudaTensor};
 
     impl Footprint for CudaTensor {
         fn bytes(&self) -> usize {
             self.numel() * F32
-        }
-    }
-
-    impl Footprint for CudaKept {
-        fn bytes(&self) -> usize {
-            self.numel() * self.dtype().size()
         }
     }
 

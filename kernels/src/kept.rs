@@ -12,7 +12,6 @@
 use std::ops::Deref;
 
 use half::bf16;
-use half::slice::HalfFloatSliceExt;
 
 use crate::backend::Shaped;
 use crate::error::Result;
@@ -40,21 +39,52 @@ impl<S> Deref for Restored<'_, S> {
     }
 }
 
-/// A host tensor as a stash keeps it: f32, or bf16 in a bf16 run.
+/// A tensor as a stash keeps it, on any backend: the f32 tensor `S` itself, or its values
+/// rounded to bf16 in the backend's buffer `H` (round to nearest even) with its shape.
+/// [`HostKept`] on the CPU; `cuda::CudaKept` on a GPU.
 #[derive(Clone, Debug, PartialEq)]
-pub enum HostKept {
+pub enum Kept<S, H> {
     /// The f32 tensor itself (f32 and tf32 runs).
-    F32(Tensor),
-    /// Its values rounded to bf16 (round to nearest even), with its shape.
+    F32(S),
+    /// Its values rounded to bf16, with its shape (a device buffer may hold more elements
+    /// than the shape's; the shape says how many are live).
     Bf16 {
         /// The dimensions.
         shape: Vec<usize>,
         /// The values, row-major.
-        data: Vec<bf16>,
+        data: H,
     },
 }
 
-impl HostKept {
+/// A host tensor as a stash keeps it: f32, or bf16 in a bf16 run.
+pub type HostKept = Kept<Tensor, Vec<bf16>>;
+
+impl<S, H> Kept<S, H> {
+    /// The storage format.
+    pub fn dtype(&self) -> DType {
+        match self {
+            Kept::F32(_) => DType::F32,
+            Kept::Bf16 { .. } => DType::BF16,
+        }
+    }
+}
+
+impl<S: Shaped, H> Shaped for Kept<S, H> {
+    fn shape(&self) -> &[usize] {
+        match self {
+            Kept::F32(t) => t.shape(),
+            Kept::Bf16 { shape, .. } => shape,
+        }
+    }
+}
+
+impl<S: Shaped, H> Footprint for Kept<S, H> {
+    fn bytes(&self) -> usize {
+        self.numel() * self.dtype().size()
+    }
+}
+
+impl Kept<Tensor, Vec<bf16>> {
     /// `t` kept in `precision`'s activation format ([`Precision::activation_dtype`]).
     pub fn new(t: Tensor, precision: Precision) -> Self {
         match precision.activation_dtype() {
@@ -72,9 +102,7 @@ impl HostKept {
         match self {
             HostKept::F32(t) => Ok(Restored::Same(t)),
             HostKept::Bf16 { shape, data } => {
-                let mut out = vec![0.0f32; data.len()];
-                data.convert_to_f32_slice(&mut out);
-                Ok(Restored::Widened(Tensor::new(shape, out)?))
+                Ok(Restored::Widened(Tensor::from_bf16(shape, data)?))
             }
         }
     }
@@ -85,29 +113,6 @@ impl HostKept {
             HostKept::F32(t) => Ok(t),
             HostKept::Bf16 { shape, data } => Tensor::from_bf16(&shape, &data),
         }
-    }
-
-    /// The storage format.
-    pub fn dtype(&self) -> DType {
-        match self {
-            HostKept::F32(_) => DType::F32,
-            HostKept::Bf16 { .. } => DType::BF16,
-        }
-    }
-}
-
-impl Shaped for HostKept {
-    fn shape(&self) -> &[usize] {
-        match self {
-            HostKept::F32(t) => t.shape(),
-            HostKept::Bf16 { shape, .. } => shape,
-        }
-    }
-}
-
-impl Footprint for HostKept {
-    fn bytes(&self) -> usize {
-        self.numel() * self.dtype().size()
     }
 }
 

@@ -3,46 +3,15 @@
 //! back by `from_bf16` when a backward reads it.
 
 use super::{CudaBackend, CudaTensor};
-use crate::backend::Shaped;
 use crate::error::Result;
-use crate::kept::Restored;
+use crate::kept::{Kept, Restored};
 use crate::tensor::DType;
 use cudarc::driver::CudaSlice;
 use half::bf16;
 
-/// A device tensor as a stash keeps it.
-#[derive(Debug)]
-pub enum CudaKept {
-    /// The f32 tensor itself (f32 and tf32 runs).
-    F32(CudaTensor),
-    /// Its values rounded to bf16, with its shape (at least one element is allocated, as
-    /// for every device tensor; the shape says how many are live).
-    Bf16 {
-        /// The dimensions.
-        shape: Vec<usize>,
-        /// The values, row-major.
-        data: CudaSlice<bf16>,
-    },
-}
-
-impl CudaKept {
-    /// The storage format.
-    pub fn dtype(&self) -> DType {
-        match self {
-            CudaKept::F32(_) => DType::F32,
-            CudaKept::Bf16 { .. } => DType::BF16,
-        }
-    }
-}
-
-impl Shaped for CudaKept {
-    fn shape(&self) -> &[usize] {
-        match self {
-            CudaKept::F32(t) => t.shape(),
-            CudaKept::Bf16 { shape, .. } => shape,
-        }
-    }
-}
+/// A device tensor as a stash keeps it: the f32 tensor, or a bf16 buffer of at least one
+/// element (as every device allocation) with the shape that says how many are live.
+pub type CudaKept = Kept<CudaTensor, CudaSlice<bf16>>;
 
 impl CudaBackend {
     /// A zeroed kept tensor of `shape` in `dtype` (f32 or bf16): a buffer to receive a
