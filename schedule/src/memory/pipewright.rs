@@ -39,8 +39,8 @@
 
 use super::walk::StageBytes;
 use super::{params, MemPrecision, MemoryConfig, MemoryError, ModelShape};
-use crate::shape::AttentionKind;
 use crate::recompute::Recompute;
+use crate::shape::AttentionKind;
 
 const F32: u128 = 4;
 
@@ -123,20 +123,14 @@ pub(super) fn check_shape(shape: &ModelShape) -> Result<(), MemoryError> {
             shape.kv_heads != reference.kv_heads,
             format!("grouped-query attention (kv_heads {})", shape.kv_heads),
         ),
-        (
-            shape.mlp != reference.mlp,
-            format!("{} MLP", shape.mlp),
-        ),
+        (shape.mlp != reference.mlp, format!("{} MLP", shape.mlp)),
         (shape.norm != reference.norm, format!("{}", shape.norm)),
         (shape.tied_embeddings, "tied embeddings".to_string()),
         (
             shape.positions != reference.positions,
             format!("{} positions", shape.positions),
         ),
-        (
-            shape.bias != reference.bias,
-            format!("bias {}", shape.bias),
-        ),
+        (shape.bias != reference.bias, format!("bias {}", shape.bias)),
     ];
     match differs.into_iter().find(|(d, _)| *d) {
         Some((_, what)) => Err(MemoryError::NotReference(what)),
