@@ -29,7 +29,14 @@ fn plan_reads_a_config_json_prints_its_parameters_and_launches_its_shape() {
         "--top",
         "2",
     ];
-    let out = common::plan::ok(&args);
+    let o = common::plan::run(&args);
+    let out = common::succeeded(&o, &args);
+    // Where the sequence came from is said on stderr.
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("sequence 8192 from its max_position_embeddings (--seq-len plans another)"),
+        "{err}"
+    );
     let first = out.lines().next().unwrap_or_default();
     assert!(first.contains("(8.03B parameters)"), "{first}");
     assert!(
