@@ -50,6 +50,15 @@ impl CsvSource {
         self.form
     }
 
+    /// 1-based (line, column) a validation error points at: its action's cell, or the start
+    /// of its device's row; `None` when it names no device.
+    pub fn locate(&self, e: &crate::validate::ValidationError) -> Option<(usize, usize)> {
+        let at = e.at?;
+        at.step
+            .and_then(|(s, _)| self.line_col(at.device, s))
+            .or(Some((at.device as usize + 1, 1)))
+    }
+
     /// 1-based (line, column) of the action at (device, step).
     pub fn line_col(&self, device: u32, step: u32) -> Option<(usize, usize)> {
         self.cells.get(device as usize)?.get(step as usize).copied()
