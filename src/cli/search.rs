@@ -162,7 +162,7 @@ impl SearchCmd {
         }
         if let (Some(path), Some(fmt)) = (&self.output, plot_fmt) {
             let bytes = pareto_plot(
-                &points(&found),
+                &ParetoPoint::of_search(&found),
                 Some(found.cap_microbatches),
                 &ChartOptions::default(),
                 fmt,
@@ -311,24 +311,6 @@ fn line(c: &Candidate) -> String {
         c.peak_bytes
             .map_or(String::new(), |b| format!(" ({b} bytes)"))
     )
-}
-
-fn points(found: &SearchOutcome) -> Vec<ParetoPoint> {
-    found
-        .candidates
-        .iter()
-        .enumerate()
-        .map(|(i, c)| ParetoPoint {
-            label: c.label.clone(),
-            peak: c.peak_microbatches,
-            bubble_fraction: match found.objective {
-                Objective::Period => c.bubble.steady_state,
-                Objective::Makespan => c.bubble.single_step,
-            },
-            on_front: found.front.contains(&i),
-            best: i == found.best,
-        })
-        .collect()
 }
 
 fn json_report(found: &SearchOutcome, secs: f64) -> serde_json::Value {
