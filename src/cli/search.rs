@@ -150,6 +150,15 @@ impl SearchCmd {
         bar.finish_and_clear();
         let found = found?;
         let secs = started.elapsed().as_secs_f64();
+        // The timetable's text first: what PyTorch cannot run is refused before any output.
+        let tt_text = match &self.timetable_out {
+            Some(path) => {
+                let mut tt = found.timetable.clone();
+                tt.name = format!("search: {}", found.candidates[found.best].label);
+                Some((path, self.comms.text(&tt, path)?))
+            }
+            None => None,
+        };
         match self.format {
             ReportFormat::Json => println!("{}", json_report(&found, secs)),
             ReportFormat::Table => {
@@ -179,10 +188,7 @@ impl SearchCmd {
             )?;
             eprintln!("wrote {}", path.display());
         }
-        if let Some(path) = &self.timetable_out {
-            let mut tt = found.timetable.clone();
-            tt.name = format!("search: {}", found.candidates[found.best].label);
-            let text = self.comms.text(&tt, path)?;
+        if let Some((path, text)) = tt_text {
             write_atomic(path, text.as_bytes())?;
             eprintln!("wrote {}", path.display());
         }
