@@ -16,5 +16,6 @@ pub mod progress;
 pub mod search;
 pub mod shape;
 pub mod steady;
+pub mod timetable_out;
 pub mod train;
 pub mod validate_plan;

@@ -27,6 +27,7 @@ use super::commands::ReportFormat;
 use super::io::{read_text, write_atomic};
 use super::plan_searched;
 use super::shape::{describe, hf_notes, kind_flags, parse_attention, read_hf_config, ShapeArgs};
+use super::timetable_out::CommsArg;
 
 /// Choose TP, PP, DP, the schedule and its chunks, the microbatch size and count,
 /// recomputation, ZeRO-1 and sequence parallelism for a GPT (or, with `--profile`, a
@@ -140,11 +141,14 @@ pub struct PlanCmd {
     /// 0 searches none.
     #[arg(long, default_value_t = 2, value_name = "K")]
     max_searched: usize,
-    /// Write the best's timetable to FILE.csv (PyTorch's form) or FILE.json when it is a
-    /// searched one; the launch line then runs it with `train --timetable FILE`. Not with
-    /// `--profile`, whose rows are generator families only.
+    /// Write the best's timetable to FILE.csv (PyTorch's compute-only form; with --comms its
+    /// compute+comms form) or FILE.json when it is a searched one; the launch line then runs
+    /// it with `train --timetable FILE`. Not with `--profile`, whose rows are generator
+    /// families only.
     #[arg(long, value_name = "FILE")]
     timetable_out: Option<PathBuf>,
+    #[command(flatten)]
+    comms: CommsArg,
     /// Say why the best beat the runners-up (which terms of the step differ).
     #[arg(long)]
     explain: bool,
@@ -201,6 +205,11 @@ impl PlanCmd {
             return super::calibrate::run(path, self.device, &cluster(&self.cluster)?);
         }
         let (req, notes) = self.request()?;
+        self.comms.check(
+            self.timetable_out
+                .as_deref()
+                .map(|p| ("--timetable-out", p)),
+        )?;
         check_outputs([
             Output::new("--chart", self.chart.as_ref(), Kind::Image),
             Output::new(
@@ -225,6 +234,12 @@ impl PlanCmd {
         bar.finish_and_clear();
         let plan = result.map_err(|e| anyhow!("{e}"))?;
         let seconds = started.elapsed().as_secs_f64();
+        // A searched best's timetable text first: what PyTorch cannot run is refused before
+        // any output.
+        let tt_text = match (&self.timetable_out, plan.rows.first()) {
+            (Some(path), Some(best)) => Some((path, plan_searched::text(best, path, self.comms)?)),
+            _ => None,
+        };
         let text = match self.format {
             ReportFormat::Json => json(&req, &plan, seconds, self.timetable_out.as_ref())?,
             ReportFormat::Table => self.table(&req, &plan, seconds),
@@ -236,8 +251,9 @@ impl PlanCmd {
         if let (Some(path), Some(best)) = (&self.chart, plan.rows.first()) {
             chart(&req, best, path)?;
         }
-        if let (Some(path), Some(best)) = (&self.timetable_out, plan.rows.first()) {
-            if plan_searched::write(best, path)? {
+        if let Some((path, text)) = tt_text {
+            if let Some(text) = text {
+                write_atomic(path, text.as_bytes())?;
                 eprintln!("wrote {}", path.display());
             } else {
                 eprintln!(

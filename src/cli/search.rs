@@ -3,13 +3,13 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Result};
+use anyhow::Result;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use pipewright::schedule::search::{
     fmt_units, search_with, Candidate, MemoryCap, Objective, Progress, SearchOutcome, SearchSpec,
 };
-use pipewright::schedule::{lower, measured_costs, to_csv, ScheduleKind, Timeline};
+use pipewright::schedule::{measured_costs, ScheduleKind, Timeline};
 use pipewright::viz::{
     bubble_chart, pareto_plot, ChartOptions, ChartPanel, ImageFormat, ParetoPoint,
 };
@@ -19,6 +19,7 @@ use super::checks::{check_outputs, in_range, Kind, Output};
 use super::commands::ReportFormat;
 use super::io::write_atomic;
 use super::memory::{memory_table, MemoryArgs};
+use super::timetable_out::CommsArg;
 use pipewright::schedule::RecomputePlan;
 
 /// Find the schedule with the smallest simulated step time that fits a memory cap.
@@ -52,10 +53,13 @@ pub struct SearchCmd {
     /// Draw the Pareto front of bubble against peak memory to FILE.svg or FILE.png.
     #[arg(long, short = 'o', value_name = "FILE")]
     output: Option<PathBuf>,
-    /// Write the best timetable to FILE.csv (PyTorch's form) or FILE.json, ready for
-    /// `train --timetable`, `simulate --timetable` or PyTorch.
+    /// Write the best timetable to FILE.csv (PyTorch's compute-only form; with --comms its
+    /// compute+comms form) or FILE.json, ready for `train --timetable`, `simulate --timetable`
+    /// or PyTorch's `_PipelineScheduleRuntime._load_csv`.
     #[arg(long, value_name = "FILE")]
     timetable_out: Option<PathBuf>,
+    #[command(flatten)]
+    comms: CommsArg,
     /// Draw the best timetable's simulated bubble chart to FILE.svg or FILE.png.
     #[arg(long, value_name = "FILE")]
     chart: Option<PathBuf>,
@@ -116,11 +120,11 @@ impl SearchCmd {
             .as_deref()
             .map(ImageFormat::from_path)
             .transpose()?;
-        let tt_json = self
-            .timetable_out
-            .as_deref()
-            .map(timetable_form)
-            .transpose()?;
+        self.comms.check(
+            self.timetable_out
+                .as_deref()
+                .map(|p| ("--timetable-out", p)),
+        )?;
         let costs = self.costs.model(self.stages, self.stages)?;
         let mut spec = SearchSpec::new(self.stages, self.microbatches, costs, cap);
         spec.max_virtual = self.max_virtual;
@@ -146,6 +150,15 @@ impl SearchCmd {
         bar.finish_and_clear();
         let found = found?;
         let secs = started.elapsed().as_secs_f64();
+        // The timetable's text first: what PyTorch cannot run is refused before any output.
+        let tt_text = match &self.timetable_out {
+            Some(path) => {
+                let mut tt = found.timetable.clone();
+                tt.name = format!("search: {}", found.candidates[found.best].label);
+                Some((path, self.comms.text(&tt, path)?))
+            }
+            None => None,
+        };
         match self.format {
             ReportFormat::Json => println!("{}", json_report(&found, secs)),
             ReportFormat::Table => {
@@ -158,7 +171,7 @@ impl SearchCmd {
         }
         if let (Some(path), Some(fmt)) = (&self.output, plot_fmt) {
             let bytes = pareto_plot(
-                &points(&found),
+                &ParetoPoint::of_search(&found),
                 Some(found.cap_microbatches),
                 &ChartOptions::default(),
                 fmt,
@@ -175,14 +188,7 @@ impl SearchCmd {
             )?;
             eprintln!("wrote {}", path.display());
         }
-        if let (Some(path), Some(json)) = (&self.timetable_out, tt_json) {
-            let mut tt = found.timetable.clone();
-            tt.name = format!("search: {}", found.candidates[found.best].label);
-            let text = if json {
-                serde_json::to_string_pretty(&tt)? + "\n"
-            } else {
-                to_csv(&lower(&tt)?)
-            };
+        if let Some((path, text)) = tt_text {
             write_atomic(path, text.as_bytes())?;
             eprintln!("wrote {}", path.display());
         }
@@ -288,23 +294,6 @@ fn show_progress(bar: &ProgressBar, p: &Progress) {
     }
 }
 
-/// Whether a timetable output is JSON (else CSV), from its extension.
-fn timetable_form(path: &std::path::Path) -> Result<bool> {
-    match path
-        .extension()
-        .and_then(|e| e.to_str())
-        .map(str::to_ascii_lowercase)
-        .as_deref()
-    {
-        Some("json") => Ok(true),
-        Some("csv") => Ok(false),
-        _ => bail!(
-            "--timetable-out {}: use a .csv or .json file name",
-            path.display()
-        ),
-    }
-}
-
 fn parse_objective(s: &str) -> Result<Objective, String> {
     s.parse()
 }
@@ -328,24 +317,6 @@ fn line(c: &Candidate) -> String {
         c.peak_bytes
             .map_or(String::new(), |b| format!(" ({b} bytes)"))
     )
-}
-
-fn points(found: &SearchOutcome) -> Vec<ParetoPoint> {
-    found
-        .candidates
-        .iter()
-        .enumerate()
-        .map(|(i, c)| ParetoPoint {
-            label: c.label.clone(),
-            peak: c.peak_microbatches,
-            bubble_fraction: match found.objective {
-                Objective::Period => c.bubble.steady_state,
-                Objective::Makespan => c.bubble.single_step,
-            },
-            on_front: found.front.contains(&i),
-            best: i == found.best,
-        })
-        .collect()
 }
 
 fn json_report(found: &SearchOutcome, secs: f64) -> serde_json::Value {
