@@ -19,7 +19,7 @@ mod nvrtc;
 mod rowops;
 
 use crate::backend::{check_range, Backend, Shaped};
-use crate::cpu::{self, AttnShape};
+use crate::cpu::{self, AttnShape, GluKind};
 use crate::error::{shape_err, KernelError, Result};
 use crate::kept::Restored;
 use crate::optim::AdamWUpdate;
@@ -458,6 +458,29 @@ impl Backend for CudaBackend {
         Ok(out)
     }
 
+    fn glu(&self, h: &CudaTensor, kind: GluKind) -> Result<CudaTensor> {
+        let f = cpu::glu::half_width("glu", &h.shape)?;
+        let mut shape = h.shape.clone();
+        *shape.last_mut().expect("half_width checked a dim") = f;
+        let mut out = self.zeros(&shape)?;
+        self.kernels.glu(&self.stream, h, kind.code(), &mut out)?;
+        Ok(out)
+    }
+
+    fn glu_backward(&self, h: &CudaTensor, da: &CudaTensor, kind: GluKind) -> Result<CudaTensor> {
+        let f = cpu::glu::half_width("glu_backward", &h.shape)?;
+        if da.numel() * 2 != h.numel() || da.cols() != f {
+            return Err(shape_err(
+                "glu_backward",
+                format!("gradient {:?} for pre-activation {:?}", da.shape, h.shape),
+            ));
+        }
+        let mut dh = self.zeros(&h.shape)?;
+        self.kernels
+            .glu_backward(&self.stream, h, da, kind.code(), &mut dh)?;
+        Ok(dh)
+    }
+
     fn add(&self, a: &CudaTensor, b: &CudaTensor) -> Result<CudaTensor> {
         same_shape("add", a, b)?;
         let mut out = self.zeros(&a.shape)?;
@@ -545,7 +568,60 @@ impl Backend for CudaBackend {
         param_shape(OP, dy, dgamma)?;
         param_shape(OP, dy, dbeta)?;
         self.rows
-            .layer_norm_backward_weight(&self.stream, dy, &xhat, dgamma, dbeta)
+            .layer_norm_backward_weight(&self.stream, dy, &xhat, dgamma, Some(dbeta))
+    }
+
+    fn rms_norm(
+        &self,
+        x: &CudaTensor,
+        gamma: &CudaTensor,
+        eps: f32,
+    ) -> Result<(CudaTensor, CudaNormStash)> {
+        param_shape("rms_norm", x, gamma)?;
+        let mut y = self.zeros(&x.shape)?;
+        let mut xhat = self.zeros(&x.shape)?;
+        let mut rstd = self.zeros(&[x.rows()])?;
+        let out = (&mut y, &mut xhat, &mut rstd);
+        self.rows.rms_norm(&self.stream, x, gamma, eps, out)?;
+        let xhat = self.keep_tensor(xhat)?;
+        Ok((y, CudaNormStash { xhat, rstd }))
+    }
+
+    fn rms_norm_backward_input(
+        &self,
+        dy: &CudaTensor,
+        gamma: &CudaTensor,
+        stash: &CudaNormStash,
+    ) -> Result<CudaTensor> {
+        const OP: &str = "rms_norm_backward_input";
+        param_shape(OP, dy, gamma)?;
+        let xhat = self.restore_tensor(&stash.xhat)?;
+        same_shape(OP, dy, &xhat)?;
+        if stash.rstd.shape != [dy.rows()] {
+            return Err(shape_err(
+                OP,
+                format!("rstd {:?} for {:?}", stash.rstd.shape, dy.shape),
+            ));
+        }
+        let mut dx = self.zeros(&dy.shape)?;
+        let stash = (&*xhat, &stash.rstd);
+        self.rows
+            .rms_norm_backward_input(&self.stream, dy, gamma, stash, &mut dx)?;
+        Ok(dx)
+    }
+
+    fn rms_norm_backward_weight(
+        &self,
+        dy: &CudaTensor,
+        stash: &CudaNormStash,
+        dgamma: &mut CudaTensor,
+    ) -> Result<()> {
+        const OP: &str = "rms_norm_backward_weight";
+        let xhat = self.restore_tensor(&stash.xhat)?;
+        same_shape(OP, dy, &xhat)?;
+        param_shape(OP, dy, dgamma)?;
+        self.rows
+            .layer_norm_backward_weight(&self.stream, dy, &xhat, dgamma, None)
     }
 
     fn cross_entropy(
