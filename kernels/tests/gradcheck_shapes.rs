@@ -157,8 +157,8 @@ fn gqa(d: usize, heads: Heads, scale: f32) -> Attention {
     let (wq, bq) = (scaled(randn(&[d, q], "wqkv"), scale), randn(&[q], "bqkv"));
     let (wo, bo) = (scaled(randn(&[d, d], "wo"), scale), randn(&[d], "bo"));
     let cpu = Arc::new(Cpu);
-    Attention::grouped_from_full_on(&cpu, "attn", heads, (&wq, &bq), &wo, &bo, TpShard::SINGLE)
-        .unwrap()
+    let (qkv, out) = ((&wq, Some(&bq)), (&wo, Some(&bo)));
+    Attention::grouped_from_full_on(&cpu, "attn", heads, qkv, out, TpShard::SINGLE).unwrap()
 }
 
 #[test]
@@ -207,4 +207,29 @@ fn llama_shaped_block_and_head() {
     let f = |h: &LmHead, x: &Tensor| h.forward(x, &targets, 0.5).unwrap().0 as f64;
     check_input("head dx", &x, &dx, 24, |x| f(&h, x));
     check_params(&h, 10, |h| f(h, &x));
+}
+
+/// The config's count is the built model's, for every combination of kinds.
+#[test]
+fn every_shape_counts_its_own_parameters() {
+    use pipewright_kernels::gpt::{BiasKind, GptConfig, GptStage, MlpKind, NormKind};
+    use pipewright_kernels::layers::Parameters;
+    for mlp in [MlpKind::Gelu, MlpKind::SwiGlu, MlpKind::GeGlu] {
+        for norm in [NormKind::LayerNorm, NormKind::RmsNorm] {
+            for bias in [BiasKind::All, BiasKind::Qkv, BiasKind::None] {
+                for kv_heads in [4, 2, 1] {
+                    let cfg = GptConfig {
+                        kv_heads,
+                        d_ff: 24,
+                        mlp,
+                        norm,
+                        bias,
+                        ..GptConfig::new(16, 8, 16, 4, 2)
+                    };
+                    let whole = GptStage::whole(&cfg, 1).unwrap();
+                    assert_eq!(whole.num_params(), cfg.num_params(), "{cfg:?}");
+                }
+            }
+        }
+    }
 }

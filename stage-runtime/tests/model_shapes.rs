@@ -6,7 +6,7 @@
 #[path = "common/whole.rs"]
 mod whole;
 
-use pipewright_kernels::gpt::{GptConfig, MlpKind, NormKind};
+use pipewright_kernels::gpt::{BiasKind, GptConfig, MlpKind, NormKind};
 use pipewright_kernels::Precision;
 use pipewright_runtime::{train_gpt, FinalParams, Mesh, RunOptions, TrainConfig};
 use pipewright_schedule::{generate, ScheduleKind, ScheduleSpec, Timetable};
@@ -15,23 +15,26 @@ use whole::{check_params, close, single_device};
 const STEPS: u64 = 3;
 const M: u32 = 4;
 
-/// Llama's shape, small: 4 query heads reading 2 key/value heads, SwiGLU of width 40, RMSNorm.
+/// Llama's shape, small: 4 query heads reading 2 key/value heads, SwiGLU of width 40, RMSNorm,
+/// no biases.
 fn llama() -> GptConfig {
     GptConfig {
         kv_heads: 2,
         d_ff: 40,
         mlp: MlpKind::SwiGlu,
         norm: NormKind::RmsNorm,
+        bias: BiasKind::None,
         ..GptConfig::new(16, 8, 16, 4, 8)
     }
 }
 
-/// Multi-query attention with a GeGLU MLP and LayerNorm.
+/// Multi-query attention with a GeGLU MLP, LayerNorm and a QKV bias only (Qwen2's biases).
 fn mqa_geglu() -> GptConfig {
     GptConfig {
         kv_heads: 1,
         mlp: MlpKind::GeGlu,
         norm: NormKind::LayerNorm,
+        bias: BiasKind::Qkv,
         ..llama()
     }
 }

@@ -15,8 +15,9 @@ use std::sync::Arc;
 
 /// The full (unsharded) initial weights of block `l`, drawn from their own
 /// streams: GPT-2's scheme (std 0.02, residual projections scaled down by
-/// `sqrt(2 * n_layers)`, zero biases). A gated MLP draws its gate, up and
-/// down weights the same way (`down` is the residual projection).
+/// `sqrt(2 * n_layers)`, zero biases where the config has them). A gated MLP
+/// draws its gate, up and down weights the same way (`down` is the residual
+/// projection).
 fn init_block<B: Backend>(
     be: &Arc<B>,
     cfg: &GptConfig,
@@ -30,22 +31,24 @@ fn init_block<B: Backend>(
     let q = cfg.qkv_width();
     let w_qkv = normal_tensor(&[d, q], 0.02, seed, &p("attn.qkv.weight"));
     let w_o = normal_tensor(&[d, d], resid, seed, &p("attn.proj.weight"));
-    let (zq, zd) = (Tensor::zeros(&[q]), Tensor::zeros(&[d]));
-    let qkv = (&w_qkv, &zq);
-    let attn = Attention::grouped_from_full_on(be, &p("attn"), cfg.heads(), qkv, &w_o, &zd, tp)?;
-    let mlp = match cfg.mlp.glu() {
-        None => {
-            let w1 = normal_tensor(&[d, f], 0.02, seed, &p("mlp.fc1.weight"));
-            let w2 = normal_tensor(&[f, d], resid, seed, &p("mlp.fc2.weight"));
-            Mlp::from_full_on(be, &p("mlp"), &w1, &Tensor::zeros(&[f]), &w2, &zd, tp)?
-        }
-        Some(kind) => {
-            let gate = normal_tensor(&[d, f], 0.02, seed, &p("mlp.gate.weight"));
-            let up = normal_tensor(&[d, f], 0.02, seed, &p("mlp.up.weight"));
-            let down = normal_tensor(&[f, d], resid, seed, &p("mlp.down.weight"));
-            Mlp::gated_from_full_on(be, &p("mlp"), kind, (&gate, &up), &down, tp)?
-        }
+    let zeros = |on: bool, n: usize| on.then(|| Tensor::zeros(&[n]));
+    let (b_qkv, b_o) = (zeros(cfg.bias.qkv(), q), zeros(cfg.bias.rest(), d));
+    let qkv = (&w_qkv, b_qkv.as_ref());
+    let out = (&w_o, b_o.as_ref());
+    let attn = Attention::grouped_from_full_on(be, &p("attn"), cfg.heads(), qkv, out, tp)?;
+    // GeLU's fc1 and fc2, or the gated MLP's gate and up (fused) and down.
+    let w1 = match cfg.mlp.glu() {
+        None => normal_tensor(&[d, f], 0.02, seed, &p("mlp.fc1.weight")),
+        Some(_) => Tensor::concat_cols(&[
+            &normal_tensor(&[d, f], 0.02, seed, &p("mlp.gate.weight")),
+            &normal_tensor(&[d, f], 0.02, seed, &p("mlp.up.weight")),
+        ])?,
     };
+    let w2_name = if cfg.mlp.glu().is_some() { "down" } else { "fc2" };
+    let w2 = normal_tensor(&[f, d], resid, seed, &p(&format!("mlp.{w2_name}.weight")));
+    let b1 = zeros(cfg.bias.rest(), w1.cols());
+    let (fc1, fc2) = ((&w1, b1.as_ref()), (&w2, b_o.as_ref()));
+    let mlp = Mlp::from_fused_on(be, &p("mlp"), cfg.mlp, fc1, fc2, tp)?;
     Ok(Block {
         ln1: Norm::on(be, cfg.norm, &p("ln1"), d)?,
         attn,
@@ -141,7 +144,8 @@ impl<B: Backend> GptStage<B> {
             .collect::<Result<Vec<_>>>()?;
         let head = if last {
             let w = normal_tensor(&[d, v], 0.02, seed, "head.proj.weight");
-            let proj = Linear::on(be, "head.proj", &w, Some(&Tensor::zeros(&[v])))?;
+            let bias = cfg.bias.rest().then(|| Tensor::zeros(&[v]));
+            let proj = Linear::on(be, "head.proj", &w, bias.as_ref())?;
             Some(LmHead {
                 ln_f: Norm::on(be, cfg.norm, "head.ln_f", d)?,
                 proj,

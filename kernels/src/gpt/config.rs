@@ -27,6 +27,32 @@ pub struct GptConfig {
     pub mlp: MlpKind,
     /// The blocks' and the final norm's kind.
     pub norm: NormKind,
+    /// Which linear layers have biases.
+    pub bias: BiasKind,
+}
+
+/// Which linear layers of the model have biases (norms have theirs by their kind).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum BiasKind {
+    /// Every one: QKV, attention's output, the MLP's and the LM head (GPT-2).
+    #[default]
+    All,
+    /// Only the QKV projection (Qwen2).
+    Qkv,
+    /// None (Llama, Mistral).
+    None,
+}
+
+impl BiasKind {
+    /// Whether the QKV projection has a bias.
+    pub fn qkv(self) -> bool {
+        self != BiasKind::None
+    }
+
+    /// Whether every other linear layer (attention's output, the MLP's, the head) has one.
+    pub fn rest(self) -> bool {
+        self == BiasKind::All
+    }
 }
 
 impl GptConfig {
@@ -49,6 +75,7 @@ impl GptConfig {
             d_ff: 4 * d_model,
             mlp: MlpKind::Gelu,
             norm: NormKind::LayerNorm,
+            bias: BiasKind::All,
         }
     }
 
@@ -115,14 +142,13 @@ impl GptConfig {
             NormKind::LayerNorm => 2 * d,
             NormKind::RmsNorm => d,
         };
-        let q = self.qkv_width();
-        let attn = (d * q + q) + (d * d + d);
-        let mlp = match self.mlp {
-            MlpKind::Gelu => (d * f + f) + (f * d + d),
-            MlpKind::SwiGlu | MlpKind::GeGlu => 3 * d * f,
-        };
+        let (q, up) = (self.qkv_width(), self.mlp.fc1_width() * f);
+        let bias = |on: bool, n: usize| if on { n } else { 0 };
+        let (b_qkv, b) = (self.bias.qkv(), self.bias.rest());
+        let attn = (d * q + bias(b_qkv, q)) + (d * d + bias(b, d));
+        let mlp = (d * up + bias(b, up)) + (f * d + bias(b, d));
         let block = 2 * norm + attn + mlp;
-        v * d + self.seq_len * d + self.n_layers * block + norm + d * v + v
+        v * d + self.seq_len * d + self.n_layers * block + norm + d * v + bias(b, v)
     }
 }
 

@@ -151,20 +151,20 @@ impl<B: Backend> Attention<B> {
         b_o: &Tensor,
         tp: TpShard,
     ) -> Result<Self> {
-        let qkv = (w_qkv, b_qkv);
-        Self::grouped_from_full_on(be, name, Heads::mha(heads), qkv, w_o, b_o, tp)
+        let (qkv, out) = ((w_qkv, Some(b_qkv)), (w_o, Some(b_o)));
+        Self::grouped_from_full_on(be, name, Heads::mha(heads), qkv, out, tp)
     }
 
     /// This rank's share of attention with `heads` query and key/value heads
     /// and full weights `w_qkv [d, (query + 2 * kv) * d / query]` (columns
-    /// `[Q | K | V]`, head-major in each) with its bias, `w_o [d, d]`, `b_o [d]`.
+    /// `[Q | K | V]`, head-major in each) and `w_o [d, d]`, each with its
+    /// bias (`[(query + 2 * kv) * d / query]`, `[d]`) or none.
     pub fn grouped_from_full_on(
         be: &Arc<B>,
         name: &str,
         heads: Heads,
-        (w_qkv, b_qkv): (&Tensor, &Tensor),
-        w_o: &Tensor,
-        b_o: &Tensor,
+        (w_qkv, b_qkv): (&Tensor, Option<&Tensor>),
+        (w_o, b_o): (&Tensor, Option<&Tensor>),
         tp: TpShard,
     ) -> Result<Self> {
         let d = w_o.cols();
@@ -187,11 +187,11 @@ impl<B: Backend> Attention<B> {
                 be,
                 &qkv_name,
                 w_qkv,
-                Some(b_qkv),
+                b_qkv,
                 &[d, kv, kv],
                 tp,
             )?,
-            proj: RowParallelLinear::from_full_on(be, &format!("{name}.proj"), w_o, Some(b_o), tp)?,
+            proj: RowParallelLinear::from_full_on(be, &format!("{name}.proj"), w_o, b_o, tp)?,
             heads: local,
             head_dim,
         })

@@ -113,18 +113,37 @@ impl<B: Backend> Mlp<B> {
         b2: &Tensor,
         tp: TpShard,
     ) -> Result<Self> {
-        let (n1, n2) = (format!("{name}.fc1"), format!("{name}.fc2"));
+        Self::from_fused_on(be, name, MlpKind::Gelu, (w1, Some(b1)), (w2, Some(b2)), tp)
+    }
+
+    /// This rank's shard of an MLP of `kind` with full weights `w1 [d, d_ff]`
+    /// (gated: `[d, 2 * d_ff]`, the gate's columns then the up projection's)
+    /// and `w2 [d_ff, d]`, each with its bias or none. The parameters are
+    /// `{name}.fc1`, `{name}.fc2`, or gated `{name}.gate_up`, `{name}.down`.
+    pub fn from_fused_on(
+        be: &Arc<B>,
+        name: &str,
+        kind: MlpKind,
+        (w1, b1): (&Tensor, Option<&Tensor>),
+        (w2, b2): (&Tensor, Option<&Tensor>),
+        tp: TpShard,
+    ) -> Result<Self> {
+        let (n1, n2) = match kind {
+            MlpKind::Gelu => ("fc1", "fc2"),
+            MlpKind::SwiGlu | MlpKind::GeGlu => ("gate_up", "down"),
+        };
+        let (n1, n2) = (format!("{name}.{n1}"), format!("{name}.{n2}"));
+        let groups = kind.fc1_width();
         Ok(Self {
-            fc1: ColumnParallelLinear::from_full_on(be, &n1, w1, Some(b1), 1, tp)?,
-            fc2: RowParallelLinear::from_full_on(be, &n2, w2, Some(b2), tp)?,
-            kind: MlpKind::Gelu,
+            fc1: ColumnParallelLinear::from_full_on(be, &n1, w1, b1, groups, tp)?,
+            fc2: RowParallelLinear::from_full_on(be, &n2, w2, b2, tp)?,
+            kind,
         })
     }
 
     /// This rank's shard of a gated MLP (`kind` SwiGLU or GeGLU) with full
     /// weights `w_gate [d, d_ff]`, `w_up [d, d_ff]`, `w_down [d_ff, d]` and no
-    /// biases; the parameters are `{name}.gate_up.weight` (fused) and
-    /// `{name}.down.weight`.
+    /// biases (as Llama's).
     pub fn gated_from_full_on(
         be: &Arc<B>,
         name: &str,
@@ -134,15 +153,11 @@ impl<B: Backend> Mlp<B> {
         tp: TpShard,
     ) -> Result<Self> {
         let fused = Tensor::concat_cols(&[w_gate, w_up])?;
-        let (n1, n2) = (format!("{name}.gate_up"), format!("{name}.down"));
-        Ok(Self {
-            fc1: ColumnParallelLinear::from_full_on(be, &n1, &fused, None, 2, tp)?,
-            fc2: RowParallelLinear::from_full_on(be, &n2, w_down, None, tp)?,
-            kind: match kind {
-                GluKind::SwiGlu => MlpKind::SwiGlu,
-                GluKind::GeGlu => MlpKind::GeGlu,
-            },
-        })
+        let kind = match kind {
+            GluKind::SwiGlu => MlpKind::SwiGlu,
+            GluKind::GeGlu => MlpKind::GeGlu,
+        };
+        Self::from_fused_on(be, name, kind, (&fused, None), (w_down, None), tp)
     }
 
     /// The MLP's form.
