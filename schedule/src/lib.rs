@@ -36,6 +36,7 @@ pub mod memory;
 pub mod plan;
 pub mod recompute;
 pub mod search;
+pub mod shape;
 pub mod simulate;
 pub mod spec;
 pub mod sweep;

@@ -7,14 +7,7 @@ use pipewright_schedule::{generate, Action, ActionKind, ScheduleKind, ScheduleSp
 
 #[test]
 fn one_recomputed_microbatch_leaves_the_others_whole() {
-    let shape = ModelShape {
-        layers: 8,
-        d_model: 256,
-        heads: 8,
-        ffn: 1024,
-        seq_len: 128,
-        vocab: 1024,
-    };
+    let shape = ModelShape::gpt(8, 256, 8, 1024, 128, 1024);
     // 1F1B, p = 2: device 0 holds microbatches 0 and 1 when 0's backward starts.
     let tt = generate(&ScheduleSpec::new(ScheduleKind::OneFOneB, 2, 1, 4, None).unwrap());
     let mut one = tt.clone();

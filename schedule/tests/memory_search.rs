@@ -9,14 +9,7 @@ const P: u32 = 4;
 const M: u32 = 8;
 
 fn memory() -> MemoryConfig {
-    let shape = ModelShape {
-        layers: 8,
-        d_model: 256,
-        heads: 8,
-        ffn: 1024,
-        seq_len: 128,
-        vocab: 1024,
-    };
+    let shape = ModelShape::gpt(8, 256, 8, 1024, 128, 1024);
     MemoryConfig {
         microbatch_size: 2,
         ..MemoryConfig::new(shape, P).with_accounting(Accounting::Pipewright)

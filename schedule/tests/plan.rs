@@ -7,14 +7,7 @@ use pipewright_schedule::plan::{evaluate, plan, Cluster, Fixed, PlanError, PlanR
 use pipewright_schedule::{Recompute, ScheduleKind};
 
 fn gpt(layers: u32, d_model: u64, heads: u32, seq_len: u64) -> ModelShape {
-    ModelShape {
-        layers,
-        d_model,
-        heads,
-        ffn: 4 * d_model,
-        seq_len,
-        vocab: 51200,
-    }
+    ModelShape::gpt(layers, d_model, heads, 4 * d_model, seq_len, 51200)
 }
 
 fn a100(shape: ModelShape, gpus: u32, batch: u64) -> PlanRequest {

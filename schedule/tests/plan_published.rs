@@ -140,14 +140,7 @@ const RUNS: [Run; 9] = [
 ];
 
 fn request(r: &Run) -> PlanRequest {
-    let shape = ModelShape {
-        layers: r.layers,
-        d_model: r.h,
-        heads: r.heads,
-        ffn: 4 * r.h,
-        seq_len: 2048,
-        vocab: 51200,
-    };
+    let shape = ModelShape::gpt(r.layers, r.h, r.heads, 4 * r.h, 2048, 51200);
     PlanRequest::new(shape, Cluster::preset("a100-80g").unwrap(), r.gpus, r.batch)
 }
 
@@ -242,14 +235,7 @@ fn left_free_the_1t_plan_fits_and_beats_the_published_configuration() {
 #[test]
 fn h100_mfu_of_the_plans_best_is_within_15_percent_of_megatron_core() {
     for (gpus, published) in [(96, 0.47), (4608, 0.42)] {
-        let shape = ModelShape {
-            layers: 96,
-            d_model: 12288,
-            heads: 96,
-            ffn: 4 * 12288,
-            seq_len: 4096,
-            vocab: 131072,
-        };
+        let shape = ModelShape::gpt(96, 12288, 96, 4 * 12288, 4096, 131072);
         let mut req = PlanRequest::new(shape, Cluster::preset("h100-80g").unwrap(), gpus, 1152);
         req.top = 1;
         let best = &plan(&req, &mut |_| {}).unwrap().rows[0];

@@ -21,14 +21,7 @@ fn tight(batch: u64) -> PlanRequest {
              "inter_node": { "bandwidth_gbs": 10, "latency_us": 10 } }"#,
     )
     .unwrap();
-    let shape = ModelShape {
-        layers: 16,
-        d_model: 2048,
-        heads: 16,
-        ffn: 4 * 2048,
-        seq_len: 2048,
-        vocab: 128_000,
-    };
+    let shape = ModelShape::gpt(16, 2048, 16, 4 * 2048, 2048, 128_000);
     let mut req = PlanRequest::new(shape, cluster, 4, batch);
     req.fixed = Fixed {
         tp: Some(1),
@@ -140,14 +133,7 @@ fn small_free() -> PlanRequest {
              "inter_node": { "bandwidth_gbs": 10, "latency_us": 10 } }"#,
     )
     .unwrap();
-    let shape = ModelShape {
-        layers: 8,
-        d_model: 64,
-        heads: 2,
-        ffn: 4 * 64,
-        seq_len: 16,
-        vocab: 64,
-    };
+    let shape = ModelShape::gpt(8, 64, 2, 4 * 64, 16, 64);
     let mut req = PlanRequest::new(shape, cluster, 4, 16);
     req.precision = pipewright_schedule::plan::Precision::F32;
     req

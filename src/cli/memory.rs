@@ -6,11 +6,14 @@ use std::fmt::Write as _;
 use anyhow::{anyhow, bail, Result};
 use clap::{Args, ValueEnum};
 use pipewright::schedule::memory::{
-    predict, Accounting, MemPrecision, MemoryBreakdown, MemoryConfig, ModelShape,
+    predict, Accounting, AttentionKind, MemPrecision, MemoryBreakdown, MemoryConfig,
 };
 use pipewright::schedule::{RecomputePlan, Timetable};
 
+use std::path::PathBuf;
+
 use super::args::PrecisionArg;
+use super::shape::{parse_attention, read_hf_config, ShapeArgs};
 
 /// Whose activations the memory model counts.
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -34,7 +37,6 @@ pub struct MemoryArgs {
     #[arg(
         long,
         value_name = "H",
-        requires = "layers",
         help_heading = "Memory model"
     )]
     d_model: Option<u64>,
@@ -42,7 +44,6 @@ pub struct MemoryArgs {
     #[arg(
         long,
         value_name = "A",
-        requires = "layers",
         help_heading = "Memory model"
     )]
     heads: Option<u32>,
@@ -50,7 +51,6 @@ pub struct MemoryArgs {
     #[arg(
         long,
         value_name = "S",
-        requires = "layers",
         help_heading = "Memory model"
     )]
     seq_len: Option<u64>,
@@ -58,23 +58,29 @@ pub struct MemoryArgs {
     #[arg(
         long,
         value_name = "V",
-        requires = "layers",
         help_heading = "Memory model"
     )]
     vocab: Option<u64>,
-    /// MLP hidden width [default: 4 * --d-model].
+    #[command(flatten)]
+    shape: ShapeArgs,
+    /// A Hugging Face config.json instead of the shape flags (llama, mistral, qwen2, gpt2,
+    /// gpt_neox); --seq-len, if given, replaces the config's sequence length.
     #[arg(
         long,
-        value_name = "F",
-        requires = "layers",
+        value_name = "FILE",
+        conflicts_with_all = ["layers", "d_model", "heads", "vocab", "ffn", "kv_heads", "mlp", "norm", "tied_embeddings", "positions", "bias"],
         help_heading = "Memory model"
     )]
-    ffn: Option<u64>,
+    hf_config: Option<PathBuf>,
+    /// How the run computes attention: materialized (the CPU backend's; the scores are kept)
+    /// or fused (FlashAttention, the CUDA backend's: one logsumexp per row) [default:
+    /// materialized].
+    #[arg(long, value_name = "KIND", value_parser = parse_attention, help_heading = "Memory model")]
+    attention: Option<AttentionKind>,
     /// Sequences per microbatch [default: 4, train's].
     #[arg(
         long,
         value_name = "B",
-        requires = "layers",
         help_heading = "Memory model"
     )]
     microbatch_size: Option<u64>,
@@ -88,7 +94,6 @@ pub struct MemoryArgs {
     #[arg(
         long,
         value_name = "LEVEL",
-        requires = "layers",
         help_heading = "Memory model"
     )]
     zero: Option<u8>,
@@ -120,8 +125,8 @@ impl MemoryArgs {
             ("--seq-len", self.seq_len.is_some()),
             ("--vocab", self.vocab.is_some()),
         ];
+        let kinds = self.shape.given();
         let other_flags = [
-            ("--ffn", self.ffn.is_some()),
             ("--microbatch-size", self.microbatch_size.is_some()),
             ("--tp", self.tp.is_some()),
             ("--dp", self.dp.is_some()),
@@ -129,26 +134,35 @@ impl MemoryArgs {
             ("--sequence-parallel", self.sequence_parallel),
             ("--precision", self.precision.is_some()),
             ("--accounting", self.accounting.is_some()),
+            ("--attention", self.attention.is_some()),
         ];
-        let missing: Vec<&str> = shape_flags.iter().filter(|f| !f.1).map(|f| f.0).collect();
-        let given = shape_flags.iter().chain(&other_flags).find(|f| f.1);
-        match (given, missing.is_empty()) {
-            (None, _) => return Ok(None),
-            (Some((flag, _)), false) => bail!(
-                "{flag} is for the memory model, which needs the model's shape: also give {}",
-                missing.join(", ")
-            ),
-            (Some(_), true) => {}
-        }
-        let layers = self.layers.unwrap_or(0);
-        let d_model = self.d_model.unwrap_or(0);
-        let shape = ModelShape {
-            layers,
-            d_model,
-            heads: self.heads.unwrap_or(0),
-            ffn: self.ffn.unwrap_or(4 * d_model),
-            seq_len: self.seq_len.unwrap_or(0),
-            vocab: self.vocab.unwrap_or(0),
+        let shape = match &self.hf_config {
+            Some(path) => read_hf_config(path, self.seq_len)?.shape,
+            None => {
+                let missing: Vec<&str> =
+                    shape_flags.iter().filter(|f| !f.1).map(|f| f.0).collect();
+                let given = shape_flags
+                    .iter()
+                    .chain(&other_flags)
+                    .find(|f| f.1)
+                    .map(|f| f.0)
+                    .or(kinds.first().copied());
+                match (given, missing.is_empty()) {
+                    (None, _) => return Ok(None),
+                    (Some(flag), false) => bail!(
+                        "{flag} is for the memory model, which needs the model's shape: also give {} (or --hf-config)",
+                        missing.join(", ")
+                    ),
+                    (Some(_), true) => {}
+                }
+                self.shape.shape(
+                    self.layers.unwrap_or(0),
+                    self.d_model.unwrap_or(0),
+                    self.heads.unwrap_or(0),
+                    self.seq_len.unwrap_or(0),
+                    self.vocab.unwrap_or(0),
+                )?
+            }
         };
         Ok(Some(MemoryConfig {
             shape,
@@ -168,6 +182,7 @@ impl MemoryArgs {
             sequence_parallel: self.sequence_parallel,
             zero: self.zero.unwrap_or(0),
             recompute: recompute.clone(),
+            attention: self.attention.unwrap_or_default(),
         }))
     }
 

@@ -14,6 +14,7 @@ pub mod plan;
 pub mod plan_searched;
 pub mod progress;
 pub mod search;
+pub mod shape;
 pub mod steady;
 pub mod train;
 pub mod validate_plan;

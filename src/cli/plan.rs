@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Result};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
-use pipewright::schedule::memory::ModelShape;
+use pipewright::schedule::memory::{AttentionKind, ModelShape};
 use pipewright::schedule::plan::costs::cost_model;
 use pipewright::schedule::plan::evaluate::one_step;
 use pipewright::schedule::plan::explain::seconds;
@@ -26,6 +26,7 @@ use super::checks::{check_outputs, Kind, Output};
 use super::commands::ReportFormat;
 use super::io::{read_text, write_atomic};
 use super::plan_searched;
+use super::shape::{describe, kind_flags, parse_attention, read_hf_config, ShapeArgs};
 
 /// Choose TP, PP, DP, the schedule and its chunks, the microbatch size and count,
 /// recomputation, ZeRO-1 and sequence parallelism for a GPT (or, with `--profile`, a
@@ -41,27 +42,43 @@ pub struct PlanCmd {
     #[arg(
         long,
         value_name = "FILE",
-        conflicts_with_all = ["layers", "d_model", "heads", "ffn", "seq_len", "vocab", "tp", "sequence_parallel", "validate", "calibrate", "timetable_out"]
+        conflicts_with_all = ["layers", "d_model", "heads", "ffn", "kv_heads", "mlp", "norm", "tied_embeddings", "positions", "bias", "hf_config", "attention", "seq_len", "vocab", "tp", "sequence_parallel", "validate", "calibrate", "timetable_out"]
     )]
     profile: Option<PathBuf>,
+    /// Plan the model of a Hugging Face config.json (llama, mistral, qwen2, gpt2, gpt_neox):
+    /// its layers, widths, heads and key/value heads, MLP, norm, embeddings and vocabulary;
+    /// the sequence is the context it was pretrained at unless --seq-len says otherwise.
+    /// The table's first line gives its parameter count.
+    #[arg(
+        long,
+        value_name = "FILE",
+        conflicts_with_all = ["layers", "d_model", "heads", "ffn", "kv_heads", "mlp", "norm", "tied_embeddings", "positions", "bias", "vocab"]
+    )]
+    hf_config: Option<PathBuf>,
     /// Transformer blocks.
-    #[arg(long, value_name = "L", required_unless_present_any = ["calibrate", "profile"])]
+    #[arg(long, value_name = "L", required_unless_present_any = ["calibrate", "profile", "hf_config"])]
     layers: Option<u32>,
     /// Width of the residual stream (h).
-    #[arg(long, value_name = "H", required_unless_present_any = ["calibrate", "profile"])]
+    #[arg(long, value_name = "H", required_unless_present_any = ["calibrate", "profile", "hf_config"])]
     d_model: Option<u64>,
-    /// Attention heads.
-    #[arg(long, value_name = "A", required_unless_present_any = ["calibrate", "profile"])]
+    /// Attention heads (query heads).
+    #[arg(long, value_name = "A", required_unless_present_any = ["calibrate", "profile", "hf_config"])]
     heads: Option<u32>,
-    /// Hidden width of the MLP (default 4 * d_model).
-    #[arg(long, value_name = "F")]
-    ffn: Option<u64>,
-    /// Tokens per sequence.
-    #[arg(long, value_name = "S", required_unless_present_any = ["calibrate", "profile"])]
+    #[command(flatten)]
+    shape: ShapeArgs,
+    /// Tokens per sequence (with --hf-config: instead of the config's).
+    #[arg(long, value_name = "S", required_unless_present_any = ["calibrate", "profile", "hf_config"])]
     seq_len: Option<u64>,
     /// Vocabulary size.
     #[arg(long, default_value_t = 51200, value_name = "V")]
     vocab: u64,
+    /// How the run computes attention: fused (FlashAttention: no s x s scores in memory;
+    /// selective recomputation then rebuilds the norms' and the MLP activation's outputs) or
+    /// materialized (the scores written out; selective recomputation drops them, as
+    /// Korthikanti et al. 2022) [default: the cluster's: fused on h100-80g, materialized on
+    /// a100-80g].
+    #[arg(long, value_name = "KIND", value_parser = parse_attention)]
+    attention: Option<AttentionKind>,
     /// GPUs to use, all of them (tp * pp * dp = N).
     #[arg(long, value_name = "N", required_unless_present = "calibrate")]
     gpus: Option<u32>,
@@ -239,6 +256,9 @@ impl PlanCmd {
             None => self.gpt_request()?,
         };
         req.precision = self.precision;
+        if let Some(a) = self.attention {
+            req.attention = a;
+        }
         req.fixed = Fixed {
             tp: self.tp,
             pp: self.pp,
@@ -310,24 +330,28 @@ impl PlanCmd {
     }
 
     fn gpt_request(&self) -> Result<PlanRequest> {
+        let shape = match &self.hf_config {
+            Some(path) => read_hf_config(path, self.seq_len)?.shape,
+            None => self.flag_shape()?,
+        };
+        let (gpus, global_batch) = self.counts()?;
+        let cluster = cluster(&self.cluster)?;
+        Ok(PlanRequest::new(shape, cluster, gpus, global_batch))
+    }
+
+    /// The shape given by flags.
+    fn flag_shape(&self) -> Result<ModelShape> {
         let need = |flag: &str, v: Option<u64>| v.ok_or_else(|| anyhow!("{flag} is required"));
         let layers = need("--layers", self.layers.map(u64::from))?;
         let d_model = need("--d-model", self.d_model)?;
         let heads = need("--heads", self.heads.map(u64::from))?;
         let seq_len = need("--seq-len", self.seq_len)?;
-        let gpus = need("--gpus", self.gpus.map(u64::from))?;
-        let global_batch = need("--global-batch", self.global_batch)?;
         for (flag, v) in [
             ("--layers", layers),
             ("--d-model", d_model),
             ("--heads", heads),
             ("--seq-len", seq_len),
             ("--vocab", self.vocab),
-            ("--gpus", gpus),
-            ("--global-batch", global_batch),
-            ("--top", self.top as u64),
-            ("--max-virtual", u64::from(self.max_virtual)),
-            ("--max-microbatch-size", self.max_microbatch_size),
         ] {
             if v == 0 {
                 bail!("{flag} must be at least 1");
@@ -338,16 +362,8 @@ impl PlanCmd {
                 "--heads {heads} does not divide --d-model {d_model}: each head needs a whole share of the width"
             );
         }
-        let cluster = cluster(&self.cluster)?;
-        let shape = ModelShape {
-            layers: layers as u32,
-            d_model,
-            heads: heads as u32,
-            ffn: self.ffn.unwrap_or(4 * d_model),
-            seq_len,
-            vocab: self.vocab,
-        };
-        Ok(PlanRequest::new(shape, cluster, gpus as u32, global_batch))
+        self.shape
+            .shape(layers as u32, d_model, heads as u32, seq_len, self.vocab)
     }
 
     fn table(&self, req: &PlanRequest, plan: &Plan, seconds: f64) -> String {
@@ -417,7 +433,6 @@ impl PlanCmd {
                     let file = self.timetable_out.as_ref();
                     out += &format!("\nrun the best:\n  {}\n", launch(req, best, file));
                     out += &plan_searched::note(best, file).unwrap_or_default();
-                    out += &caveats(req);
                 }
                 Some(p) => out += &format!("\nrun the best:\n{}", profile_launch(p, best).0),
             }
@@ -534,7 +549,7 @@ pub fn launch(req: &PlanRequest, r: &PlanRow, timetable: Option<&PathBuf>) -> St
         ""
     };
     format!(
-        "mpirun -np {} pipewright train --transport nccl --precision {} {} --microbatch-size {} --tp {} --dp {} --zero {} --recompute {}{sp} --layers {} --d-model {} --heads {} --seq-len {} --vocab {}",
+        "mpirun -np {} pipewright train --transport nccl --precision {} {} --microbatch-size {} --tp {} --dp {} --zero {} --recompute {}{sp} --layers {} --d-model {} --heads {} --seq-len {} --vocab {}{}",
         c.gpus(),
         req.precision.name(),
         plan_searched::schedule_flags(r, timetable),
@@ -547,7 +562,8 @@ pub fn launch(req: &PlanRequest, r: &PlanRow, timetable: Option<&PathBuf>) -> St
         shape.d_model,
         shape.heads,
         shape.seq_len,
-        shape.vocab
+        shape.vocab,
+        kind_flags(shape)
     )
 }
 
@@ -595,8 +611,10 @@ fn profile_launch(p: &LayerProfile, r: &PlanRow) -> (String, serde_json::Value) 
 fn model_line(req: &PlanRequest) -> String {
     match &req.model {
         PlanModel::Gpt(s) => format!(
-            "{} layers x d_model {} x {} heads, seq {}",
-            s.layers, s.d_model, s.heads, s.seq_len
+            "{} ({:.2}B parameters), {} attention",
+            describe(s),
+            s.parameters() as f64 / 1e9,
+            req.attention
         ),
         PlanModel::Layers(p) => format!(
             "a layer-list profile of {} layers (measured on {}, microbatches of {} samples)",
@@ -605,15 +623,6 @@ fn model_line(req: &PlanRequest) -> String {
             p.microbatch_size
         ),
     }
-}
-
-/// What the launch line cannot say.
-fn caveats(req: &PlanRequest) -> String {
-    let mut out = String::new();
-    if req.model.gpt().is_some_and(|s| s.ffn != 4 * s.d_model) {
-        out += "  (train's reference GPT has ffn = 4 * d_model, not the --ffn planned for)\n";
-    }
-    out
 }
 
 fn json(
@@ -626,7 +635,10 @@ fn json(
         PlanModel::Gpt(s) => (
             serde_json::json!({
                 "layers": s.layers, "d_model": s.d_model, "heads": s.heads,
-                "ffn": s.ffn, "seq_len": s.seq_len, "vocab": s.vocab,
+                "kv_heads": s.kv_heads, "ffn": s.ffn, "mlp": s.mlp, "norm": s.norm,
+                "tied_embeddings": s.tied_embeddings, "positions": s.positions,
+                "bias": s.bias, "seq_len": s.seq_len, "vocab": s.vocab,
+                "parameters": s.parameters(),
             }),
             plan.rows
                 .first()
@@ -646,6 +658,7 @@ fn json(
         "gpus": req.gpus,
         "global_batch": req.global_batch,
         "precision": req.precision,
+        "attention": req.attention,
         "seconds": seconds,
         "search": plan.progress,
         "cut_short": plan.cut_short,

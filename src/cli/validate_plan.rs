@@ -14,6 +14,8 @@ use pipewright::schedule::plan::fit::peaks_as_run;
 use pipewright::schedule::plan::rank::spearman;
 use pipewright::schedule::plan::{Config, PlanRequest};
 
+use super::shape::kind_flags;
+
 /// Steps each configuration trains for (the period is the median advance after the first).
 const STEPS: &str = "6";
 
@@ -57,6 +59,7 @@ fn train_args(req: &PlanRequest, s: &ModelShape, c: &Config) -> Vec<String> {
         c.sequence_parallel
             .then(|| "--sequence-parallel".to_string()),
     )
+    .chain(kind_flags(s).split_whitespace().map(str::to_string))
     .collect()
 }
 

@@ -102,14 +102,7 @@ const M: u32 = 4;
 
 /// The grid's GPT: vocab 16, seq 8, d_model 16, 2 heads, 8 layers, d_ff 64.
 fn shape() -> ModelShape {
-    ModelShape {
-        layers: 8,
-        d_model: 16,
-        heads: 2,
-        ffn: 64,
-        seq_len: 8,
-        vocab: 16,
-    }
+    ModelShape::gpt(8, 16, 2, 64, 8, 16)
 }
 
 /// Train two steps of `p` (3 sequences a microbatch) and predict it: the second step's
@@ -216,14 +209,7 @@ fn predicted_parameters_and_gradients_are_each_rank_s_tensors() {
         d_ff: 48,
         ..GptConfig::new(11, 6, 16, 4, 5)
     };
-    let shape = ModelShape {
-        layers: 5,
-        d_model: 16,
-        heads: 4,
-        ffn: 48,
-        seq_len: 6,
-        vocab: 11,
-    };
+    let shape = ModelShape::gpt(5, 16, 4, 48, 6, 11);
     let whole: u64 = (0..3).map(|s| stage_parameters(&shape, 3, s)).sum();
     assert_eq!(whole, model.num_params() as u64);
     for (pp, tp) in [(1u32, 1u32), (2, 2), (4, 4), (4, 2)] {

@@ -12,14 +12,7 @@ use pipewright_schedule::{
 const B: u64 = 3;
 
 fn shape() -> ModelShape {
-    ModelShape {
-        layers: 8,
-        d_model: 16,
-        heads: 2,
-        ffn: 64,
-        seq_len: 8,
-        vocab: 16,
-    }
+    ModelShape::gpt(8, 16, 2, 64, 8, 16)
 }
 
 /// An `R` for each (stage, microbatch) of `picks`, right after its F (`early`) or right

@@ -16,8 +16,7 @@
 //! use pipewright_schedule::memory::{predict, Accounting, MemoryConfig, ModelShape};
 //! use pipewright_schedule::{generate, ScheduleKind, ScheduleSpec};
 //!
-//! let shape = ModelShape { layers: 8, d_model: 1024, heads: 16, ffn: 4096, seq_len: 256,
-//!     vocab: 8192 };
+//! let shape = ModelShape::gpt(8, 1024, 16, 4096, 256, 8192);
 //! let cfg = MemoryConfig::new(shape, 4).with_accounting(Accounting::Pipewright);
 //! let tt = generate(&ScheduleSpec::new(ScheduleKind::OneFOneB, 4, 1, 8, None)?);
 //! let per_device = predict(&cfg, &tt)?;
@@ -39,27 +38,11 @@ mod pipewright;
 mod timeline;
 mod walk;
 
+pub use crate::shape::{AttentionKind, ModelShape};
 pub use breakdown::MemoryBreakdown;
 pub use layers::{predict_layers, LayerMemoryConfig};
 pub use params::stage_parameters;
 pub use walk::{device_levels, peak_walk, StageBytes};
-
-/// A GPT-like decoder's shape (the memory model's and plan's unit of "a model").
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ModelShape {
-    /// Transformer blocks.
-    pub layers: u32,
-    /// Width of the residual stream (`h` in the papers).
-    pub d_model: u64,
-    /// Attention heads (`a`).
-    pub heads: u32,
-    /// MLP hidden width (4 * d_model in GPT-2).
-    pub ffn: u64,
-    /// Tokens per sequence (`s`).
-    pub seq_len: u64,
-    /// Vocabulary size (`V`).
-    pub vocab: u64,
-}
 
 /// Number formats of a run.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -113,6 +96,10 @@ pub struct MemoryConfig {
     pub zero: u8,
     /// What each stage keeps from its forward until its backward.
     pub recompute: RecomputePlan,
+    /// How the run computes attention: what a layer keeps of it, and what selective
+    /// recomputation drops (see [`layer_activation_bytes`]).
+    #[serde(default)]
+    pub attention: AttentionKind,
 }
 
 impl MemoryConfig {
@@ -131,6 +118,7 @@ impl MemoryConfig {
             sequence_parallel: false,
             zero: 0,
             recompute: RecomputePlan::default(),
+            attention: AttentionKind::Materialized,
         }
     }
 
@@ -147,13 +135,8 @@ impl MemoryConfig {
     /// Checks the sizes against each other, naming the first that does not fit.
     pub fn check(&self) -> Result<(), MemoryError> {
         let s = &self.shape;
+        s.check().map_err(MemoryError::from)?;
         let positive = [
-            ("layers", u64::from(s.layers)),
-            ("d_model", s.d_model),
-            ("heads", u64::from(s.heads)),
-            ("ffn", s.ffn),
-            ("seq_len", s.seq_len),
-            ("vocab", s.vocab),
             ("pp", u64::from(self.pp)),
             ("tp", u64::from(self.tp)),
             ("dp", u64::from(self.dp)),
@@ -164,9 +147,11 @@ impl MemoryConfig {
             return Err(MemoryError::NotPositive(name));
         }
         let tp = u64::from(self.tp);
+        // Megatron-LM splits key/value heads over TP too (each rank holds
+        // `kv_heads / tp` of them), so tp divides both head counts.
         let divides = [
-            ("heads", "d_model", u64::from(s.heads), s.d_model),
             ("tp", "heads", tp, u64::from(s.heads)),
+            ("tp", "kv_heads", tp, u64::from(s.kv_heads)),
             ("tp", "ffn", tp, s.ffn),
         ];
         for (a, b, x, y) in divides {
@@ -191,6 +176,9 @@ impl MemoryConfig {
         if self.zero > 1 {
             return Err(MemoryError::Zero(self.zero));
         }
+        if self.accounting == Accounting::Pipewright {
+            pipewright::check_shape(s)?;
+        }
         self.recompute
             .check(self.stages())
             .map_err(|e| MemoryError::Recompute(e.to_string()))
@@ -200,6 +188,13 @@ impl MemoryConfig {
 /// Why a prediction cannot be made.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum MemoryError {
+    /// A shape whose sizes do not fit each other.
+    #[error("memory model: {0}")]
+    Shape(#[from] crate::shape::ShapeError),
+    /// A shape pipewright's reference GPT cannot take (its accounting counts that model's
+    /// stashes exactly, so it counts no other).
+    #[error("memory model: the pipewright accounting counts the reference GPT's stashes, which has no {0}; use the megatron accounting")]
+    NotReference(String),
     /// A size that must be at least 1.
     #[error("memory model: {0} must be positive")]
     NotPositive(&'static str),

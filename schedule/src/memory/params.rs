@@ -13,30 +13,33 @@ pub(super) fn stage_layers(layers: u32, stages: u32, s: u32) -> u32 {
     base + u32::from(s < extra)
 }
 
-/// Parameters of stage `s` of `stages` (embedding and position table on the first stage,
-/// final norm and LM head with its bias on the last; blocks cut like
-/// `pipewright_kernels::gpt::partition`), before the TP split.
+/// Parameters of stage `s` of `stages` (token embedding and learned position table on the
+/// first stage, final norm and LM head on the last, its own or, tied, the embedding's copy
+/// when the stages differ; blocks cut like `pipewright_kernels::gpt::partition`), before the
+/// TP split. The pieces are [`ModelShape`]'s.
 pub fn stage_parameters(shape: &ModelShape, stages: u32, s: u32) -> u64 {
-    let (d, f, v) = (shape.d_model, shape.ffn, shape.vocab);
-    let block = 4 * d * d + 2 * d * f + 9 * d + f;
     let layers = u64::from(stage_layers(shape.layers, stages, s));
-    let first = if s == 0 { v * d + shape.seq_len * d } else { 0 };
-    let last = if s + 1 == stages {
-        2 * d + d * v + v
+    let first = if s == 0 {
+        shape.embedding_parameters() + shape.position_parameters()
     } else {
         0
     };
-    first + layers * block + last
+    let last = if s + 1 == stages.max(1) {
+        shape.norm_parameters() + shape.head_parameters(s != 0)
+    } else {
+        0
+    };
+    first + layers * shape.block_parameters(1) + last
 }
 
-/// Parameters of stage `s` on one TP rank. Blocks: QKV and the first MLP linear split by
-/// columns (biases too), the output projections by rows (full biases), norms replicated.
-/// Pipewright replicates the embedding and the head; Megatron splits the word embedding and
-/// the output layer by vocabulary.
+/// Parameters of stage `s` on one TP rank. Blocks: QKV and the MLP's up projection split by
+/// columns (biases too), the output projections by rows (full biases), norms replicated
+/// ([`ModelShape::block_parameters`]). Pipewright replicates the embedding and the head;
+/// Megatron splits the word embedding and the output layer by vocabulary (the position
+/// table and the norms whole).
 pub(super) fn rank_parameters(cfg: &MemoryConfig, s: u32) -> u64 {
     let sh = &cfg.shape;
-    let (d, f, v, t) = (sh.d_model, sh.ffn, sh.vocab, u64::from(cfg.tp.max(1)));
-    let block = 4 * d + (3 * d * d + 3 * d) / t + d * d / t + d + (d * f + f) / t + f * d / t + d;
+    let t = u64::from(cfg.tp.max(1));
     let stages = cfg.stages();
     let layers = u64::from(stage_layers(sh.layers, stages, s));
     let vocab_split = match cfg.accounting {
@@ -44,16 +47,16 @@ pub(super) fn rank_parameters(cfg: &MemoryConfig, s: u32) -> u64 {
         Accounting::Pipewright => 1,
     };
     let first = if s == 0 {
-        (v * d).div_ceil(vocab_split) + sh.seq_len * d
+        sh.embedding_parameters().div_ceil(vocab_split) + sh.position_parameters()
     } else {
         0
     };
     let last = if s + 1 == stages {
-        2 * d + (d * v + v).div_ceil(vocab_split)
+        sh.norm_parameters() + sh.head_parameters(s != 0).div_ceil(vocab_split)
     } else {
         0
     };
-    first + layers * block + last
+    first + layers * sh.block_parameters(t) + last
 }
 
 /// Bytes per parameter of (weight, gradient, optimizer state). Pipewright stores f32 weights,

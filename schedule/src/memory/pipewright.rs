@@ -8,7 +8,8 @@
 //! counts tensor elements and `R[..]` those 4-byte ones:
 //!
 //! - a block keeps both LayerNorms' `x̂` and `1/σ` (`T[2Nd] + R[2N]`), attention's input,
-//!   `qkv` and context (`T[Nd + 3Nd/t + Nd/t]`) and probabilities (`R[b(a/t)s²]`) and the
+//!   `qkv` and context (`T[Nd + 3Nd/t + Nd/t]`) and probabilities (`R[b(a/t)s²]`; a fused
+//!   run's logsumexp `R[b(a/t)s]` instead) and the
 //!   MLP's input, pre-activation and activation (`T[Nd + 2Nf/t]`); selective drops the
 //!   probabilities;
 //! - the first stage keeps its token ids (`R[N]`), the last the head's norm, normed input,
@@ -37,7 +38,8 @@
 //! and NCCL in a bf16 run) is the transport's, so [`handoff_bytes`] counts 4 bytes an element.
 
 use super::walk::StageBytes;
-use super::{params, MemPrecision, MemoryConfig};
+use super::{params, MemPrecision, MemoryConfig, MemoryError, ModelShape};
+use crate::shape::AttentionKind;
 use crate::recompute::Recompute;
 
 const F32: u128 = 4;
@@ -90,13 +92,56 @@ fn tensor_size(cfg: &MemoryConfig) -> u128 {
     }
 }
 
-/// `(N, d, f, t, the attention probabilities' elements b(a/t)s²)`.
+/// `(N, d, f, t, the attention core's 4-byte elements)`: the probabilities `b(a/t)s²` where
+/// attention is materialized (the CPU backend), one logsumexp per row and head `b(a/t)s`
+/// where it is fused (the CUDA backend's FlashAttention-2-style kernel).
 fn dims(cfg: &MemoryConfig) -> (u128, u128, u128, u128, u128) {
     let sh = &cfg.shape;
     let (b, s) = (u128::from(cfg.microbatch_size), u128::from(sh.seq_len));
     let t = u128::from(cfg.tp.max(1));
-    let core = b * (u128::from(sh.heads) / t) * s * s;
+    let per_row = match cfg.attention {
+        AttentionKind::Materialized => s,
+        AttentionKind::Fused => 1,
+    };
+    let core = b * (u128::from(sh.heads) / t) * s * per_row;
     (b * s, u128::from(sh.d_model), u128::from(sh.ffn), t, core)
+}
+
+/// Refuses a shape the reference GPT does not have (it is the one model this accounting
+/// counts), naming the first field that differs.
+pub(super) fn check_shape(shape: &ModelShape) -> Result<(), MemoryError> {
+    let reference = ModelShape::gpt(
+        shape.layers,
+        shape.d_model,
+        shape.heads,
+        shape.ffn,
+        shape.seq_len,
+        shape.vocab,
+    );
+    let differs = [
+        (
+            shape.kv_heads != reference.kv_heads,
+            format!("grouped-query attention (kv_heads {})", shape.kv_heads),
+        ),
+        (
+            shape.mlp != reference.mlp,
+            format!("{} MLP", shape.mlp),
+        ),
+        (shape.norm != reference.norm, format!("{}", shape.norm)),
+        (shape.tied_embeddings, "tied embeddings".to_string()),
+        (
+            shape.positions != reference.positions,
+            format!("{} positions", shape.positions),
+        ),
+        (
+            shape.bias != reference.bias,
+            format!("bias {}", shape.bias),
+        ),
+    ];
+    match differs.into_iter().find(|(d, _)| *d) {
+        Some((_, what)) => Err(MemoryError::NotReference(what)),
+        None => Ok(()),
+    }
 }
 
 /// Rows a rank holds outside the TP regions: `N / t` under sequence parallelism, else `N`.

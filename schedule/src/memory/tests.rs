@@ -8,26 +8,12 @@ use crate::timetable::Timetable;
 
 /// GPT-3 175B as in Korthikanti et al., table 3: a = 96, h = 12288, L = 96, s = 2048.
 fn gpt3() -> ModelShape {
-    ModelShape {
-        layers: 96,
-        d_model: 12288,
-        heads: 96,
-        ffn: 4 * 12288,
-        seq_len: 2048,
-        vocab: 51200,
-    }
+    ModelShape::gpt(96, 12288, 96, 4 * 12288, 2048, 51200)
 }
 
 /// MT-NLG 530B: a = 128, h = 20480, L = 105, s = 2048.
 fn mt_nlg() -> ModelShape {
-    ModelShape {
-        layers: 105,
-        d_model: 20480,
-        heads: 128,
-        ffn: 4 * 20480,
-        seq_len: 2048,
-        vocab: 51200,
-    }
+    ModelShape::gpt(105, 20480, 128, 4 * 20480, 2048, 51200)
 }
 
 fn cfg(shape: ModelShape, tp: u32, sp: bool) -> MemoryConfig {
@@ -167,14 +153,7 @@ fn interleaving_holds_the_papers_one_plus_p_minus_one_over_pv_layers() {
 #[test]
 fn bytes_per_parameter_are_18_and_6_plus_12_over_d_in_bf16_and_16_and_8_plus_8_over_d_in_f32() {
     // A model whose every stage's parameter count divides by 8, so shards are exact.
-    let shape = ModelShape {
-        layers: 4,
-        d_model: 64,
-        heads: 4,
-        ffn: 256,
-        seq_len: 16,
-        vocab: 64,
-    };
+    let shape = ModelShape::gpt(4, 64, 4, 256, 16, 64);
     let (c, tt) = {
         let c = MemoryConfig::new(shape, 2);
         let tt = generate(&ScheduleSpec::new(ScheduleKind::OneFOneB, 2, 1, 4, None).unwrap());
@@ -211,14 +190,7 @@ fn bytes_per_parameter_are_18_and_6_plus_12_over_d_in_bf16_and_16_and_8_plus_8_o
 
 #[test]
 fn zero_shards_round_up_to_the_largest_rank() {
-    let shape = ModelShape {
-        layers: 2,
-        d_model: 8,
-        heads: 2,
-        ffn: 32,
-        seq_len: 4,
-        vocab: 8,
-    };
+    let shape = ModelShape::gpt(2, 8, 2, 32, 4, 8);
     let c = MemoryConfig {
         zero: 1,
         dp: 3,
@@ -309,14 +281,7 @@ fn megatron_recomputation_regrows_one_layer_at_a_time() {
 /// BENCHMARKS.md's sequence-parallel GPT (4 layers, d 512, 8 heads, seq 256, vocab 4096,
 /// b = 2) at pp = 2 x tp = 2 under 1F1B with 4 microbatches, pipewright accounting.
 fn sp_gpt(sp: bool) -> Vec<DevicePrediction> {
-    let shape = ModelShape {
-        layers: 4,
-        d_model: 512,
-        heads: 8,
-        ffn: 2048,
-        seq_len: 256,
-        vocab: 4096,
-    };
+    let shape = ModelShape::gpt(4, 512, 8, 2048, 256, 4096);
     let c = MemoryConfig {
         tp: 2,
         microbatch_size: 2,
@@ -355,14 +320,7 @@ fn sequence_parallel_stashes_and_hand_offs_are_the_measured_bytes() {
 fn data_parallel_reductions_hold_the_flat_gradients_and_zero_1_its_shard_too() {
     // One stage, one microbatch: the stash is freed by the backward, then the flat
     // gradients (4 bytes a parameter) are held until reduced; ZeRO-1 adds the rank's shard.
-    let shape = ModelShape {
-        layers: 2,
-        d_model: 16,
-        heads: 2,
-        ffn: 64,
-        seq_len: 8,
-        vocab: 16,
-    };
+    let shape = ModelShape::gpt(2, 16, 2, 64, 8, 16);
     let tt = generate(&ScheduleSpec::new(ScheduleKind::OneFOneB, 1, 1, 1, None).unwrap());
     let n = stage_parameters(&shape, 1, 0);
     for (zero, want) in [(0u8, 4 * n), (1, 4 * n + 4 * n.div_ceil(3))] {

@@ -6,6 +6,7 @@ use super::cluster::{Cluster, Precision};
 use super::model::PlanModel;
 use crate::layer_profile::LayerProfile;
 use crate::memory::ModelShape;
+use crate::shape::AttentionKind;
 use crate::recompute::{Recompute, RecomputePlan};
 use crate::spec::ScheduleKind;
 
@@ -146,6 +147,11 @@ pub struct PlanRequest {
     pub global_batch: u64,
     /// Number format.
     pub precision: Precision,
+    /// How the run computes attention, read by the time model (whether the `s x s` scores
+    /// move through HBM) and the memory model (what a layer keeps, what selective
+    /// recomputation drops). [`PlanRequest::new`] takes the cluster's
+    /// ([`super::Efficiency::fused_attention`]); a request may say otherwise.
+    pub attention: AttentionKind,
     /// Dimensions fixed by hand.
     pub fixed: Fixed,
     /// Let TP groups span nodes (over the inter-node link).
@@ -183,12 +189,18 @@ impl PlanRequest {
     }
 
     fn of(model: PlanModel, cluster: Cluster, gpus: u32, global_batch: u64) -> Self {
+        let attention = if cluster.efficiency.fused_attention {
+            AttentionKind::Fused
+        } else {
+            AttentionKind::Materialized
+        };
         PlanRequest {
             model,
             cluster,
             gpus,
             global_batch,
             precision: Precision::Bf16,
+            attention,
             fixed: Fixed::default(),
             allow_cross_node_tp: false,
             max_virtual: 8,

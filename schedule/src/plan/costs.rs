@@ -8,8 +8,9 @@
 //!   the LM head.
 //! - I: the input-gradient work, plus 2 TP all-reduces per layer; W: the weight gradients.
 //!   Megatron does not overlap TP communication with compute, so it is added.
-//! - R: selective recomputation reruns the attention core; full reruns the whole forward
-//!   (its TP all-reduces included).
+//! - R: selective recomputation reruns what the memory model's selective policy drops (the
+//!   attention core under materialized attention, the norms and the MLP's activation under
+//!   fused: [`super::work`]); full reruns the whole forward (its TP all-reduces included).
 //! - The hand-off to the next stage: `b s h` activations split over the TP ranks (Megatron's
 //!   scatter/gather: each TP rank sends its `1/tp` over its own link, and the receiving group
 //!   all-gathers over NVLink), on the inter-node link where the two devices are on different
@@ -76,18 +77,20 @@ pub fn pieces(req: &PlanRequest, shape: &ModelShape, cfg: &Config) -> Pieces {
             cfg.tp,
             cfg.microbatch_size,
             cfg.sequence_parallel,
+            req.attention,
             &dev,
         ),
-        layer_tp: 2.0 * tp_ar,
+        layer_tp: f64::from(ModelShape::TP_COLLECTIVES_PER_BLOCK) * tp_ar,
         head: head(shape, cfg.tp, cfg.microbatch_size, &dev),
         embed_tp: tp_ar,
         layers: layers_per_stage(shape.layers, cfg.stages()),
     }
 }
 
-/// Bytes of one microbatch's `b s h` activation.
+/// Bytes of one microbatch's `b s h` activation: a TP collective's, and a pipeline
+/// hand-off's before its TP split.
 fn activation_bytes(req: &PlanRequest, shape: &ModelShape, cfg: &Config) -> f64 {
-    (cfg.microbatch_size * shape.seq_len * shape.d_model * req.precision.activation_bytes()) as f64
+    (shape.tp_collective_elements(cfg.microbatch_size) * req.precision.activation_bytes()) as f64
 }
 
 /// Recomputation time of a stage of `n` layers, given its forward `f`.

@@ -27,7 +27,9 @@ pub struct Efficiency {
     pub peak_fraction: f64,
     /// The matmul dimension at which that dimension alone halves the rate.
     pub half_dim: f64,
-    /// Whether attention is fused (FlashAttention: the `s x s` scores never reach HBM). When
+    /// Whether runs on this software stack fuse attention (FlashAttention: the `s x s` scores
+    /// never reach HBM) unless told otherwise: the default of a plan's
+    /// [`super::PlanRequest::attention`], which the time and memory models both read. When
     /// false, mask, softmax and dropout read and write the scores (Megatron-LM of 2021).
     #[serde(default)]
     pub fused_attention: bool,

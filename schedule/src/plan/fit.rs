@@ -25,6 +25,7 @@ use crate::timetable::Timetable;
 use std::collections::HashMap;
 
 use crate::recompute::Recompute;
+use crate::shape::AttentionKind;
 use crate::spec::{Placement, ScheduleKind};
 
 /// The memory model's view of `cfg` for a GPT of `shape` (Megatron's accounting: a plan is
@@ -45,6 +46,7 @@ pub fn memory_config(req: &PlanRequest, shape: &ModelShape, cfg: &Config) -> Mem
         sequence_parallel: cfg.sequence_parallel,
         zero: cfg.zero,
         recompute: cfg.recompute_plan(),
+        attention: req.attention,
     }
 }
 
@@ -138,10 +140,15 @@ fn predict_for(
 
 /// Each pipeline device's peak as pipewright's own runtime would hold it (the memory model's
 /// `Pipewright` accounting, every microbatch): what `plan --validate` compares with `train`'s
-/// measured peaks.
+/// measured peaks. Those runs are in-process on the CPU, whose attention is materialized,
+/// whatever the request planned for.
 pub fn peaks_as_run(req: &PlanRequest, cfg: &Config) -> Result<Vec<MemoryBreakdown>, PlanError> {
     let tt = timetable(cfg, cfg.microbatches)?;
-    predict_for(req, cfg, &tt, Accounting::Pipewright)
+    let req = PlanRequest {
+        attention: AttentionKind::Materialized,
+        ..req.clone()
+    };
+    predict_for(&req, cfg, &tt, Accounting::Pipewright)
 }
 
 /// The worst device's peak in bytes.

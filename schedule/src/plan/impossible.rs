@@ -41,8 +41,13 @@ pub fn structure(req: &PlanRequest) -> String {
                     "--tp {tp}: a layer-list profile runs without tensor parallelism (tp 1)"
                 );
             };
+            let kv = if shape.kv_heads == shape.heads {
+                String::new()
+            } else {
+                format!(" ({} key/value heads)", shape.kv_heads)
+            };
             return format!(
-                "--tp {tp} cannot split the {} heads over {} GPUs{node}: TP sizes that can: {}",
+                "--tp {tp} cannot split the {} heads{kv} over {} GPUs{node}: TP sizes that can: {}",
                 shape.heads,
                 req.gpus,
                 list(&ok)

@@ -5,6 +5,7 @@
 use crate::layer_profile::LayerProfile;
 use crate::memory::ModelShape;
 use crate::recompute::Recompute;
+use crate::shape::AttentionKind;
 
 use super::config::Config;
 use super::work::{layer_flops, model_flops};
@@ -70,9 +71,15 @@ impl PlanModel {
     }
 
     /// Hardware FLOPs of one step of `samples` as Narayanan et al. count them: the model's,
-    /// plus the recomputed forward (all of it under full recomputation, the attention
-    /// core's `4bs^2h` per layer under selective).
-    pub fn hardware_flops(&self, cfg: &Config, samples: f64) -> Option<f64> {
+    /// plus the recomputed forward (all of it under full recomputation; under selective, the
+    /// attention core's `4bs^2h` per layer where attention is materialized, and no matmul
+    /// where it is fused, whose selective recomputation is element-wise).
+    pub fn hardware_flops(
+        &self,
+        cfg: &Config,
+        attention: AttentionKind,
+        samples: f64,
+    ) -> Option<f64> {
         let model = self.model_flops(samples)?;
         let extra = match self {
             PlanModel::Gpt(shape) => {
@@ -80,6 +87,7 @@ impl PlanModel {
                 match cfg.recompute {
                     Recompute::None => 0.0,
                     Recompute::Full | Recompute::Every(_) => layers * layer_flops(shape, samples),
+                    Recompute::Selective if attention == AttentionKind::Fused => 0.0,
                     Recompute::Selective => {
                         layers
                             * 4.0

@@ -25,16 +25,19 @@ pub fn divisors(n: u64) -> Vec<u64> {
     small
 }
 
-/// TP sizes the request allows: dividing the heads and the GPUs, and (unless cross-node TP
-/// is allowed) the node, so a TP group never spans nodes. A profile's layers have no TP: 1.
+/// TP sizes the request allows: dividing the key/value heads (so the query heads too; as
+/// Megatron-LM splits them, each rank holding whole key/value groups), the MLP width and the
+/// GPUs, and (unless cross-node TP is allowed) the node, so a TP group never spans nodes. A
+/// profile's layers have no TP: 1.
 pub fn tp_options(req: &PlanRequest) -> Vec<u32> {
     let gpn = req.cluster.gpus_per_node;
-    let heads = match &req.model {
-        PlanModel::Gpt(shape) => shape.heads,
-        PlanModel::Layers(_) => 1,
+    let (heads, ffn) = match &req.model {
+        PlanModel::Gpt(shape) => (shape.kv_heads, shape.ffn),
+        PlanModel::Layers(_) => (1, 1),
     };
     divisors(u64::from(heads))
         .into_iter()
+        .filter(|t| ffn % t == 0)
         .map(|t| t as u32)
         .filter(|&t| req.gpus % t == 0)
         .filter(|&t| req.allow_cross_node_tp || (t <= gpn && gpn % t == 0))

@@ -1,24 +1,32 @@
 //! The work of one transformer layer (and of the embedding and LM head) on one TP rank for
 //! one microbatch: its matmuls, with their shapes, and the bytes its element-wise parts move.
 //!
-//! FLOPs follow Narayanan et al. (SC'21, Megatron-LM), eq. 3: a layer's forward is
-//! `24 b s h^2 (1 + s / 6h)` with `ffn = 4h` (QKV `6bsh^2`, attention scores and context
-//! `4bs^2h`, projection `2bsh^2`, MLP `16bsh^2`), here with any `ffn`; the LM head adds
-//! `2 b s h V`. Each is split over `tp` ranks. Backward is twice the forward: a linear layer's
-//! input gradient (I) and weight gradient (W) are each a matmul of the forward's FLOPs and of
-//! the same three dimensions (so the same efficiency); attention's score and context matmuls
-//! have no weights, so their backward is all I.
+//! The matmuls are the shape's own ([`ModelShape::block_linears`]: QKV with its key/value
+//! width, the projection, the MLP's up projection, one or two matrices wide, and its down
+//! projection), so parameters, FLOPs ([`ModelShape::block_flops`], Narayanan et al. SC'21
+//! eq. 3 at GPT-3's shape) and times agree on one derivation. Each is split over `tp` ranks
+//! (column- or row-parallel). Backward is twice the forward: a linear layer's input gradient
+//! (I) and weight gradient (W) are each a matmul of the forward's FLOPs and of the same three
+//! dimensions (so the same efficiency); attention's score and context matmuls have no
+//! weights, so their backward is all I.
 //!
 //! Element-wise bytes per layer forward (Korthikanti et al. 2022 count the same tensors for
-//! memory), with `e` bytes per activation and `T = b s` tokens: two layer norms and two
-//! residual adds (read and write, `4Th e` and `6Th e`), two dropouts (read, write, 1-byte
-//! mask: `4Th e + 2Th`), GeLU over the MLP's hidden (`2 T ffn e / tp`). The `T h` terms are
-//! replicated on every TP rank unless sequence parallelism splits them by `tp`. Unfused
-//! attention adds mask, softmax and dropout over the `b (a/tp) s^2` scores (`6e + 1` bytes
-//! each). Backward moves about twice the forward's bytes.
+//! memory), with `e` bytes per activation and `T = b s` tokens: two norms and two residual
+//! adds (read and write, `4Th e` and `6Th e`), two dropouts (read, write, 1-byte mask:
+//! `4Th e + 2Th`), the MLP's activation over its `ffn`-wide tensors (GeLU reads its input and
+//! writes its output, a gated MLP reads gate and up and writes their product:
+//! `MlpKind::hidden_tensors` of them, `T ffn e / tp` each). The `T h` terms are replicated
+//! on every TP rank unless sequence parallelism splits them by `tp`. Materialized attention
+//! adds mask, softmax and dropout over the `b (a/tp) s^2` scores (`6e + 1` bytes each);
+//! fused attention keeps them on chip. Backward moves about twice the forward's bytes.
+//!
+//! Selective recomputation reruns what the memory model's selective policy drops
+//! (`crate::memory`'s Megatron accounting): under materialized attention the attention
+//! core, its two batched matmuls and the scores' element-wise passes; under fused attention
+//! the norms and the MLP's activation, element-wise only.
 
 use super::efficiency::Efficiency;
-use crate::memory::ModelShape;
+use crate::shape::{AttentionKind, ModelShape, TpSplit};
 
 /// Seconds of one piece of a layer's work on one TP rank, per microbatch, communication not
 /// included.
@@ -81,49 +89,61 @@ impl Device {
 
 /// Forward FLOPs of one layer for `b` sequences, whole (before the TP split).
 pub fn layer_flops(shape: &ModelShape, b: f64) -> f64 {
-    let (s, h, f) = (shape.seq_len as f64, shape.d_model as f64, shape.ffn as f64);
-    2.0 * b * s * (4.0 * h * h + 2.0 * h * f) + 4.0 * b * s * s * h
-}
-
-/// Forward FLOPs of the LM head for `b` sequences, whole.
-pub fn head_flops(shape: &ModelShape, b: f64) -> f64 {
-    2.0 * b * shape.seq_len as f64 * shape.d_model as f64 * shape.vocab as f64
+    shape.block_flops(b)
 }
 
 /// Model FLOPs of one training step of `sequences` sequences: forward and backward (3x the
 /// forward), no recomputation, as MFU counts them.
 pub fn model_flops(shape: &ModelShape, sequences: f64) -> f64 {
-    3.0 * (shape.layers as f64 * layer_flops(shape, sequences) + head_flops(shape, sequences))
+    shape.model_flops(sequences)
 }
 
-/// One transformer layer on one of `tp` ranks for a microbatch of `b` sequences.
-pub fn layer(shape: &ModelShape, tp: u32, b: u64, sp: bool, dev: &Device) -> WorkTimes {
+/// One transformer layer on one of `tp` ranks for a microbatch of `b` sequences, with
+/// attention computed as `attention` says.
+pub fn layer(
+    shape: &ModelShape,
+    tp: u32,
+    b: u64,
+    sp: bool,
+    attention: AttentionKind,
+    dev: &Device,
+) -> WorkTimes {
     let t = tp as f64;
     let (s, h, ffn) = (shape.seq_len as f64, shape.d_model as f64, shape.ffn as f64);
     let tokens = b as f64 * s;
     let heads = (shape.heads as f64 / t).max(1.0);
-    let dh = h / shape.heads as f64;
-    let linear = dev.matmul(tokens, 3.0 * h / t, h)
-        + dev.matmul(tokens, h, h / t)
-        + dev.matmul(tokens, ffn / t, h)
-        + dev.matmul(tokens, h, ffn / t);
+    let dh = shape.head_dim() as f64;
+    let linear: f64 = shape
+        .block_linears()
+        .iter()
+        .map(|l| {
+            let (i, o) = (l.inputs as f64, l.outputs as f64);
+            match l.split {
+                TpSplit::Column => dev.matmul(tokens, o / t, i),
+                TpSplit::Row => dev.matmul(tokens, o, i / t),
+            }
+        })
+        .sum();
     // Scores (s x dh)(dh x s) and context (s x s)(s x dh), batched over b * heads/tp.
     let batch = b as f64 * heads;
     let core = batch * (dev.matmul(s, s, dh) + dev.matmul(s, dh, s));
     let e = dev.act_bytes;
     let replicated = if sp { tokens * h / t } else { tokens * h };
-    let mut bytes = replicated * (14.0 * e + 2.0) + 2.0 * tokens * ffn / t * e;
-    let scores = if dev.efficiency.fused_attention {
-        0.0
-    } else {
-        batch * s * s * (6.0 * e + 1.0) / dev.hbm
+    let activation = shape.mlp.hidden_tensors() as f64 * tokens * ffn / t * e;
+    let bytes = (replicated * (14.0 * e + 2.0) + activation) / dev.hbm;
+    let (scores, selective) = match attention {
+        AttentionKind::Materialized => {
+            let scores = batch * s * s * (6.0 * e + 1.0) / dev.hbm;
+            (scores, core + scores)
+        }
+        // The two norms (read and write each) and the activation again.
+        AttentionKind::Fused => (0.0, (4.0 * replicated * e + activation) / dev.hbm),
     };
-    bytes /= dev.hbm;
     WorkTimes {
         f: linear + core + bytes + scores,
         i: linear + 2.0 * core + bytes + 2.0 * scores,
         w: linear + bytes,
-        selective: core + scores,
+        selective,
     }
 }
 
@@ -148,41 +168,55 @@ mod tests {
     use super::*;
 
     fn gpt3() -> ModelShape {
-        ModelShape {
-            layers: 96,
-            d_model: 12288,
-            heads: 96,
-            ffn: 4 * 12288,
-            seq_len: 2048,
-            vocab: 51200,
-        }
+        ModelShape::gpt(96, 12288, 96, 4 * 12288, 2048, 51200)
     }
 
-    #[test]
-    fn flops_are_megatrons_formula() {
-        // Narayanan et al. eq. 3 is 96 B s l h^2 (1 + s/6h + V/16lh): layers 4 forwards'
-        // worth (one recomputed), the LM head (6 B s h V) 3. Without recomputation the
-        // layers count 3 forwards: 72 B s l h^2 (1 + s/6h) + 6 B s h V.
-        let m = gpt3();
-        let (b, s, l, h, v) = (1536.0, 2048.0, 96.0, 12288.0, 51200.0);
-        let want = 72.0 * b * s * l * h * h * (1.0 + s / (6.0 * h)) + 6.0 * b * s * h * v;
-        let got = model_flops(&m, b);
-        assert!((got / want - 1.0).abs() < 1e-12, "{got} vs {want}");
-    }
-
-    #[test]
-    fn backward_is_about_twice_the_forward() {
-        let dev = Device {
+    fn a100() -> Device {
+        Device {
             peak: 312e12,
             hbm: 2.0e12,
             efficiency: Efficiency::a100(),
             act_bytes: 2.0,
-        };
-        let w = layer(&gpt3(), 8, 1, false, &dev);
+        }
+    }
+
+    #[test]
+    fn backward_is_about_twice_the_forward() {
+        let dev = a100();
+        let m = AttentionKind::Materialized;
+        let w = layer(&gpt3(), 8, 1, false, m, &dev);
         let ratio = (w.i + w.w) / w.f;
         assert!((1.9..2.1).contains(&ratio), "{ratio}");
         // TP thins every matmul: 8 ranks take more than an eighth of one rank's time.
-        let one = layer(&gpt3(), 1, 1, false, &dev);
+        let one = layer(&gpt3(), 1, 1, false, m, &dev);
         assert!(w.f > one.f / 8.0);
+    }
+
+    #[test]
+    fn fused_attention_moves_no_scores_and_recomputes_only_element_wise_work() {
+        let dev = a100();
+        let shape = ModelShape {
+            seq_len: 8192,
+            ..gpt3()
+        };
+        let m = layer(&shape, 8, 1, true, AttentionKind::Materialized, &dev);
+        let f = layer(&shape, 8, 1, true, AttentionKind::Fused, &dev);
+        assert!(f.f < m.f && f.i < m.i);
+        assert_eq!(f.w, m.w);
+        // Materialized selective reruns the core's matmuls; fused reruns a few passes over
+        // memory, a small fraction of the forward.
+        assert!(f.selective < 0.05 * f.f, "{} of {}", f.selective, f.f);
+        assert!(m.selective > 0.1 * m.f, "{} of {}", m.selective, m.f);
+    }
+
+    #[test]
+    fn gqa_thins_only_the_qkv_matmul() {
+        let dev = a100();
+        let a = AttentionKind::Fused;
+        let mha = layer(&gpt3(), 8, 1, false, a, &dev);
+        let gqa = layer(&ModelShape { kv_heads: 8, ..gpt3() }, 8, 1, false, a, &dev);
+        let saved = mha.w - gqa.w;
+        // K and V shrink from h to h/12 of 2 x 2bsh^2 FLOPs: about 15% of the linear work.
+        assert!(saved > 0.1 * mha.w && saved < 0.2 * mha.w, "{saved} of {}", mha.w);
     }
 }

@@ -1,0 +1,326 @@
+//! A Hugging Face `config.json` as a [`ModelShape`], so a user plans the model they have.
+//!
+//! Read: the Llama family (`model_type` `llama`, `mistral`, `qwen2`: RMSNorm, rotary
+//! positions, a gated MLP whose gate is `hidden_act`, grouped-query attention by
+//! `num_key_value_heads`), `gpt2` (`n_layer`, `n_embd`, `n_head`, `n_inner`, `n_positions`;
+//! LayerNorm, a learned position table, tied embeddings unless `tie_word_embeddings` says
+//! otherwise) and `gpt_neox` (LayerNorm, rotary, untied by default). Each family's defaults
+//! are those of its `transformers` configuration class when a field is absent.
+//!
+//! The sequence length is the context the model was pretrained at: `rope_scaling`'s
+//! `original_max_position_embeddings` where a context extension names it (Llama 3.1: 8192),
+//! else `max_position_embeddings` (`n_positions` for GPT-2). A caller may plan another.
+//!
+//! The text is parsed here (the crate does no IO); a caller names the file in its errors.
+
+use serde_json::{Map, Value};
+
+use super::{BiasKind, MlpKind, ModelShape, NormKind, PositionKind, ShapeError};
+
+/// A config.json as a shape, with what was read and what could not be modelled.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HfModel {
+    /// The shape.
+    pub shape: ModelShape,
+    /// The config's `model_type`.
+    pub model_type: String,
+    /// The field the sequence length came from.
+    pub seq_len_field: &'static str,
+    /// Fields read but not modelled, one line each (e.g. a sliding attention window).
+    pub notes: Vec<String>,
+}
+
+/// Why a config.json is not a shape; each names the field.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum HfError {
+    /// Not JSON.
+    #[error("line {line}, column {column}: {message}")]
+    Json {
+        /// 1-based line.
+        line: usize,
+        /// 1-based column.
+        column: usize,
+        /// serde's message.
+        message: String,
+    },
+    /// JSON, but not an object.
+    #[error("not a config.json: the top level is not an object")]
+    NotObject,
+    /// No `model_type`, or one not read.
+    #[error("model_type {0}: reads llama, mistral, qwen2, gpt2 and gpt_neox")]
+    ModelType(String),
+    /// A field the family needs is absent.
+    #[error("field `{field}` is missing ({model_type} needs it)")]
+    Missing {
+        /// The field.
+        field: &'static str,
+        /// The config's `model_type`.
+        model_type: String,
+    },
+    /// A field of the wrong JSON type or out of range.
+    #[error("field `{field}` is {got}, expected {want}")]
+    Wrong {
+        /// The field.
+        field: &'static str,
+        /// What it is.
+        got: String,
+        /// What it should be.
+        want: &'static str,
+    },
+    /// A value the model cannot describe.
+    #[error("field `{field}` is {value}: {why}")]
+    Unsupported {
+        /// The field.
+        field: &'static str,
+        /// Its value.
+        value: String,
+        /// Why it cannot be modelled.
+        why: String,
+    },
+    /// Sizes that are not a model.
+    #[error("{0}")]
+    Shape(#[from] ShapeError),
+}
+
+/// One config's fields, read with the family's names.
+struct Fields<'a> {
+    map: &'a Map<String, Value>,
+    model_type: &'a str,
+}
+
+impl Fields<'_> {
+    fn missing(&self, field: &'static str) -> HfError {
+        HfError::Missing {
+            field,
+            model_type: self.model_type.to_string(),
+        }
+    }
+
+    /// A positive integer that fits `u32`-sized counts as well as widths, or `None` where the
+    /// field is absent or null.
+    fn count(&self, field: &'static str) -> Result<Option<u64>, HfError> {
+        match self.map.get(field) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => match v.as_u64() {
+                Some(n) if n > 0 => Ok(Some(n)),
+                _ => Err(HfError::Wrong {
+                    field,
+                    got: v.to_string(),
+                    want: "a positive integer",
+                }),
+            },
+        }
+    }
+
+    fn need(&self, field: &'static str) -> Result<u64, HfError> {
+        self.count(field)?.ok_or_else(|| self.missing(field))
+    }
+
+    fn need_u32(&self, field: &'static str) -> Result<u32, HfError> {
+        let n = self.need(field)?;
+        u32::try_from(n).map_err(|_| HfError::Wrong {
+            field,
+            got: n.to_string(),
+            want: "an integer below 2^32",
+        })
+    }
+
+    fn flag(&self, field: &'static str, default: bool) -> Result<bool, HfError> {
+        match self.map.get(field) {
+            None | Some(Value::Null) => Ok(default),
+            Some(Value::Bool(b)) => Ok(*b),
+            Some(v) => Err(HfError::Wrong {
+                field,
+                got: v.to_string(),
+                want: "true or false",
+            }),
+        }
+    }
+
+    fn text(&self, field: &'static str) -> Result<Option<&str>, HfError> {
+        match self.map.get(field) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s)),
+            Some(v) => Err(HfError::Wrong {
+                field,
+                got: v.to_string(),
+                want: "a string",
+            }),
+        }
+    }
+}
+
+/// Reads a config.json's text (see the module's note for what is read).
+pub fn from_hf_config(text: &str) -> Result<HfModel, HfError> {
+    let value: Value = serde_json::from_str(text).map_err(|e| HfError::Json {
+        line: e.line(),
+        column: e.column(),
+        message: e.to_string(),
+    })?;
+    let map = value.as_object().ok_or(HfError::NotObject)?;
+    let model_type = match map.get("model_type") {
+        Some(Value::String(s)) => s.as_str(),
+        Some(v) => return Err(HfError::ModelType(v.to_string())),
+        None => return Err(HfError::ModelType("(missing)".into())),
+    };
+    let f = Fields { map, model_type };
+    let model = match model_type {
+        "llama" | "mistral" | "qwen2" => llama_family(&f)?,
+        "gpt2" => gpt2(&f)?,
+        "gpt_neox" => gpt_neox(&f)?,
+        other => return Err(HfError::ModelType(format!("`{other}`"))),
+    };
+    model.shape.check()?;
+    Ok(model)
+}
+
+/// Llama, Mistral and Qwen2: the same layout under the same names.
+fn llama_family(f: &Fields) -> Result<HfModel, HfError> {
+    let heads = f.need_u32("num_attention_heads")?;
+    let d = f.need("hidden_size")?;
+    if let Some(dh) = f.count("head_dim")? {
+        if dh * u64::from(heads) != d {
+            return Err(HfError::Unsupported {
+                field: "head_dim",
+                value: dh.to_string(),
+                why: format!(
+                    "heads of width other than hidden_size / num_attention_heads ({d} / {heads}) are not modelled"
+                ),
+            });
+        }
+    }
+    let act = f.text("hidden_act")?.unwrap_or("silu");
+    let mlp = match act {
+        "silu" | "swish" => MlpKind::SwiGlu,
+        "gelu" | "gelu_new" | "gelu_pytorch_tanh" | "gelu_fast" => MlpKind::GeGlu,
+        other => {
+            return Err(HfError::Unsupported {
+                field: "hidden_act",
+                value: format!("`{other}`"),
+                why: "a gated MLP's gate is silu (SwiGLU) or gelu (GeGLU) here".into(),
+            })
+        }
+    };
+    let bias = match f.model_type {
+        "qwen2" => BiasKind::Qkv,
+        "llama" if f.flag("attention_bias", false)? || f.flag("mlp_bias", false)? => {
+            BiasKind::All
+        }
+        _ => BiasKind::None,
+    };
+    let (seq_len, seq_len_field) = pretrained_context(f)?;
+    let shape = ModelShape {
+        layers: f.need_u32("num_hidden_layers")?,
+        d_model: d,
+        heads,
+        kv_heads: f.count("num_key_value_heads")?.map_or(Ok(heads), |n| {
+            u32::try_from(n).map_err(|_| HfError::Wrong {
+                field: "num_key_value_heads",
+                got: n.to_string(),
+                want: "an integer below 2^32",
+            })
+        })?,
+        ffn: f.need("intermediate_size")?,
+        seq_len,
+        vocab: f.need("vocab_size")?,
+        mlp,
+        norm: NormKind::RmsNorm,
+        tied_embeddings: f.flag("tie_word_embeddings", false)?,
+        positions: PositionKind::Rotary,
+        bias,
+    };
+    let mut notes = Vec::new();
+    if let Some(w) = f.count("sliding_window")? {
+        if f.flag("use_sliding_window", f.model_type == "mistral")? && w < seq_len {
+            notes.push(format!(
+                "sliding_window {w} is not modelled: attention is costed over all {seq_len} positions"
+            ));
+        }
+    }
+    Ok(HfModel {
+        shape,
+        model_type: f.model_type.to_string(),
+        seq_len_field,
+        notes,
+    })
+}
+
+/// The context the model was pretrained at (see the module's note).
+fn pretrained_context(f: &Fields) -> Result<(u64, &'static str), HfError> {
+    const ORIGINAL: &str = "rope_scaling.original_max_position_embeddings";
+    if let Some(Value::Object(scaling)) = f.map.get("rope_scaling") {
+        if let Some(v) = scaling.get("original_max_position_embeddings") {
+            return match v.as_u64() {
+                Some(n) if n > 0 => Ok((n, ORIGINAL)),
+                _ => Err(HfError::Wrong {
+                    field: ORIGINAL,
+                    got: v.to_string(),
+                    want: "a positive integer",
+                }),
+            };
+        }
+    }
+    Ok((
+        f.need("max_position_embeddings")?,
+        "max_position_embeddings",
+    ))
+}
+
+/// GeLU-like activations of the plain MLP families.
+fn plain_gelu(f: &Fields, field: &'static str) -> Result<(), HfError> {
+    match f.text(field)?.unwrap_or("gelu") {
+        "gelu" | "gelu_new" | "gelu_fast" | "gelu_pytorch_tanh" | "quick_gelu" => Ok(()),
+        other => Err(HfError::Unsupported {
+            field,
+            value: format!("`{other}`"),
+            why: "the plain MLP is costed as GeLU's (an element-wise activation)".into(),
+        }),
+    }
+}
+
+/// GPT-2: its own names; the MLP width `n_inner` defaults to `4 n_embd`.
+fn gpt2(f: &Fields) -> Result<HfModel, HfError> {
+    plain_gelu(f, "activation_function")?;
+    let d = f.need("n_embd")?;
+    let shape = ModelShape {
+        tied_embeddings: f.flag("tie_word_embeddings", true)?,
+        ..ModelShape::gpt(
+            f.need_u32("n_layer")?,
+            d,
+            f.need_u32("n_head")?,
+            f.count("n_inner")?.unwrap_or(4 * d),
+            f.need("n_positions")?,
+            f.need("vocab_size")?,
+        )
+    };
+    Ok(HfModel {
+        shape,
+        model_type: "gpt2".into(),
+        seq_len_field: "n_positions",
+        notes: Vec::new(),
+    })
+}
+
+/// GPT-NeoX (Pythia): Llama's names, a plain GeLU MLP, LayerNorm, rotary positions.
+fn gpt_neox(f: &Fields) -> Result<HfModel, HfError> {
+    plain_gelu(f, "hidden_act")?;
+    let (seq_len, seq_len_field) = pretrained_context(f)?;
+    let shape = ModelShape {
+        tied_embeddings: f.flag("tie_word_embeddings", false)?,
+        positions: PositionKind::Rotary,
+        ..ModelShape::gpt(
+            f.need_u32("num_hidden_layers")?,
+            f.need("hidden_size")?,
+            f.need_u32("num_attention_heads")?,
+            f.need("intermediate_size")?,
+            seq_len,
+            f.need("vocab_size")?,
+        )
+    };
+    Ok(HfModel {
+        shape,
+        model_type: "gpt_neox".into(),
+        seq_len_field,
+        notes: Vec::new(),
+    })
+}

@@ -1,0 +1,108 @@
+//! Hugging Face config.json files of public models (their shape fields, as published, in
+//! `tests/fixtures/hf/`) read as shapes: each model's parameter count against the one its
+//! publisher gives, and bad files refused in one line naming the field.
+//!
+//! Published counts: the Hugging Face model pages' "Model size" (the safetensors weights'
+//! parameter total) of meta-llama/Meta-Llama-3-8B (8.03B), meta-llama/Meta-Llama-3-70B
+//! (70.6B), meta-llama/Llama-3.1-405B (406B), mistralai/Mistral-7B-v0.1 (7.24B),
+//! Qwen/Qwen2-7B (7.62B), openai-community/gpt2 (124M: 124,439,808 with the tied head
+//! counted once), EleutherAI/gpt-neox-20b (20.6B; Black et al. 2022 give 20,554,567,680).
+
+use pipewright_schedule::shape::hf::{from_hf_config, HfError};
+use pipewright_schedule::shape::{BiasKind, MlpKind, NormKind, PositionKind};
+
+fn fixture(name: &str) -> String {
+    let path = format!("{}/tests/fixtures/hf/{name}", env!("CARGO_MANIFEST_DIR"));
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+/// `name`'s parameters within `tolerance` (a fraction) of `published`.
+fn counts(name: &str, published: f64, tolerance: f64) -> u64 {
+    let model = from_hf_config(&fixture(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let n = model.shape.parameters();
+    let err = n as f64 / published - 1.0;
+    println!("{name}: {n} parameters, published {published:e} ({:+.3}%)", 100.0 * err);
+    assert!(err.abs() <= tolerance, "{name}: {n} vs {published}");
+    n
+}
+
+#[test]
+fn llama_3_configs_give_their_published_counts_within_half_a_percent() {
+    assert_eq!(counts("llama3-8b.json", 8.03e9, 0.005), 8_030_261_248);
+    assert_eq!(counts("llama3-70b.json", 70.6e9, 0.005), 70_553_706_496);
+    assert_eq!(counts("llama3.1-405b.json", 406e9, 0.005), 405_853_388_800);
+    let m = from_hf_config(&fixture("llama3.1-405b.json")).unwrap();
+    let s = m.shape;
+    assert_eq!((s.layers, s.d_model, s.heads, s.kv_heads), (126, 16384, 128, 8));
+    assert_eq!((s.ffn, s.vocab), (53248, 128256));
+    assert_eq!(s.mlp, MlpKind::SwiGlu);
+    assert_eq!(s.norm, NormKind::RmsNorm);
+    assert_eq!(s.positions, PositionKind::Rotary);
+    assert_eq!(s.bias, BiasKind::None);
+    assert!(!s.tied_embeddings);
+    // The context it was pretrained at, not the extended one.
+    assert_eq!(s.seq_len, 8192);
+    assert_eq!(
+        m.seq_len_field,
+        "rope_scaling.original_max_position_embeddings"
+    );
+}
+
+#[test]
+fn every_family_reads_with_its_own_field_names() {
+    assert_eq!(counts("mistral-7b-v0.1.json", 7.24e9, 0.005), 7_241_732_096);
+    assert_eq!(counts("qwen2-7b.json", 7.62e9, 0.005), 7_615_616_512);
+    assert_eq!(counts("gpt2.json", 124_439_808.0, 0.0), 124_439_808);
+    // GPT-NeoX's output layer has no bias; the model counts one under `bias all` (50432 of
+    // 20.6B).
+    counts("gpt-neox-20b.json", 20_554_567_680.0, 1e-5);
+    let gpt2 = from_hf_config(&fixture("gpt2.json")).unwrap().shape;
+    assert!(gpt2.tied_embeddings);
+    assert_eq!((gpt2.ffn, gpt2.seq_len), (3072, 1024));
+    assert_eq!(gpt2.positions, PositionKind::Learned);
+    let qwen = from_hf_config(&fixture("qwen2-7b.json")).unwrap().shape;
+    assert_eq!((qwen.kv_heads, qwen.bias), (4, BiasKind::Qkv));
+    let neox = from_hf_config(&fixture("gpt-neox-20b.json")).unwrap().shape;
+    assert_eq!((neox.mlp, neox.norm), (MlpKind::Gelu, NormKind::LayerNorm));
+    assert_eq!(neox.positions, PositionKind::Rotary);
+    // Mistral's sliding window is read and said to be unmodelled past its width.
+    let mistral = from_hf_config(&fixture("mistral-7b-v0.1.json")).unwrap();
+    assert_eq!(mistral.shape.seq_len, 32768);
+    assert_eq!(mistral.notes.len(), 1, "{:?}", mistral.notes);
+    assert!(mistral.notes[0].contains("sliding_window 4096"));
+}
+
+#[test]
+fn bad_configs_are_refused_in_one_line_naming_the_field() {
+    let llama = fixture("llama3-8b.json");
+    let e = |text: &str| from_hf_config(text).unwrap_err().to_string();
+    let without = llama.replace("\"num_hidden_layers\": 32,", "");
+    assert_eq!(
+        e(&without),
+        "field `num_hidden_layers` is missing (llama needs it)"
+    );
+    let wrong = llama.replace("\"hidden_size\": 4096", "\"hidden_size\": \"4096\"");
+    assert_eq!(
+        e(&wrong),
+        "field `hidden_size` is \"4096\", expected a positive integer"
+    );
+    let act = llama.replace("\"silu\"", "\"relu\"");
+    assert!(e(&act).starts_with("field `hidden_act` is `relu`: "), "{}", e(&act));
+    let kv = llama.replace("\"num_key_value_heads\": 8", "\"num_key_value_heads\": 5");
+    assert_eq!(e(&kv), "kv_heads (5) must divide heads (32)");
+    let other = llama.replace("\"llama\"", "\"mixtral\"");
+    assert_eq!(
+        e(&other),
+        "model_type `mixtral`: reads llama, mistral, qwen2, gpt2 and gpt_neox"
+    );
+    assert!(matches!(
+        from_hf_config("{\"model_type\": \"llama\",\n  oops}"),
+        Err(HfError::Json { line: 2, .. })
+    ));
+    assert_eq!(e("[1, 2]"), "not a config.json: the top level is not an object");
+    let head_dim = llama.replace("\"hidden_act\"", "\"head_dim\": 160, \"hidden_act\"");
+    assert!(e(&head_dim).starts_with("field `head_dim` is 160"), "{}", e(&head_dim));
+    for e in [e(&without), e(&wrong), e(&act), e(&kv), e(&other)] {
+        assert!(!e.contains('\n'), "{e}");
+    }
+}
