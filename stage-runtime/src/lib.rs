@@ -127,6 +127,7 @@ pub mod run_nccl;
 #[cfg(all(feature = "nccl", feature = "mpi"))]
 pub mod run_nccl_mpi;
 mod setup;
+pub mod shape;
 pub mod split;
 pub mod train;
 pub mod zero;
@@ -144,6 +145,7 @@ pub use memory::{DeviceMemory, RankMemory};
 pub use mesh::{Coord, Group, GroupKind, Mesh, MeshError};
 pub use module::{GptModule, MicrobatchData, ModuleError, Output, StageModule, SyntheticModule};
 pub use run::{prepare, run, run_local, FinalParams, RunOptions, StepRecord};
+pub use shape::gpt_config;
 #[cfg(feature = "mpi")]
 pub use run_mpi::run_mpi;
 #[cfg(feature = "nccl")]
