@@ -130,7 +130,10 @@ impl Tensor {
     /// gated MLP's gate and up weights fused into one).
     pub fn concat_cols(parts: &[&Tensor]) -> Result<Tensor> {
         let rows = parts.first().map_or(0, |t| t.rows());
-        if parts.iter().any(|t| t.shape().len() != 2 || t.rows() != rows) {
+        if parts
+            .iter()
+            .any(|t| t.shape().len() != 2 || t.rows() != rows)
+        {
             let shapes: Vec<&[usize]> = parts.iter().map(|t| t.shape()).collect();
             return Err(shape_err(
                 "Tensor::concat_cols",

@@ -232,13 +232,18 @@ fn check_glu<B: Backend>(be: &B) {
     let h = randn_affine(&[2, 3, 14], "glu-h", 3.0, 0.0);
     let da = randn(&[2, 3, 7], "glu-da");
     let (hd, dad) = (be.upload(&h).unwrap(), be.upload(&da).unwrap());
-    let acts: [(GluKind, fn(f64) -> f64); 2] = [(GluKind::SwiGlu, silu64), (GluKind::GeGlu, gelu64)];
+    let acts: [(GluKind, fn(f64) -> f64); 2] =
+        [(GluKind::SwiGlu, silu64), (GluKind::GeGlu, gelu64)];
     for (kind, act) in acts {
         let what = format!("{} {kind:?}", be.name());
         let (mut want, mut want_d) = (Vec::new(), vec![0.0; h.numel()]);
         for (r, row) in h.data().chunks(14).enumerate() {
             for j in 0..7 {
-                let (g, u, d) = (row[j] as f64, row[7 + j] as f64, da.data()[r * 7 + j] as f64);
+                let (g, u, d) = (
+                    row[j] as f64,
+                    row[7 + j] as f64,
+                    da.data()[r * 7 + j] as f64,
+                );
                 want.push(act(g) * u);
                 let slope = (act(g + 1e-6) - act(g - 1e-6)) / 2e-6;
                 want_d[r * 14 + j] = d * u * slope;
@@ -255,7 +260,10 @@ fn check_glu<B: Backend>(be: &B) {
         assert_close(&format!("{what} glu_backward"), &got, &want_d, 1e-5);
         let odd = be.upload(&Tensor::zeros(&[2, 5])).unwrap();
         assert!(be.glu(&odd, kind).is_err(), "{what}: odd width");
-        assert!(be.glu_backward(&hd, &hd, kind).is_err(), "{what}: wide gradient");
+        assert!(
+            be.glu_backward(&hd, &hd, kind).is_err(),
+            "{what}: wide gradient"
+        );
     }
 }
 
@@ -370,7 +378,9 @@ fn check_rms_norm_shape<B: Backend>(be: &B, rows: usize, n: usize) {
             let ms = row.iter().map(|&v| (v as f64).powi(2)).sum::<f64>() / n as f64;
             let r = 1.0 / (ms + 1e-5).sqrt();
             let g = gamma.data();
-            row.iter().zip(g).map(move |(&v, &g)| v as f64 * r * g as f64)
+            row.iter()
+                .zip(g)
+                .map(move |(&v, &g)| v as f64 * r * g as f64)
         })
         .collect();
     assert_close(&format!("{name} cpu rms_norm"), &y, &want, 1e-5);

@@ -8,7 +8,7 @@ mod common;
 use common::{check_input, check_params, dot, randn};
 use pipewright_kernels::cpu::{self, AttnShape, GluKind};
 use pipewright_kernels::layers::{
-    Attention, Block, Heads, LmHead, Linear, Mlp, NoTp, Norm, RmsNorm, TpShard,
+    Attention, Block, Heads, Linear, LmHead, Mlp, NoTp, Norm, RmsNorm, TpShard,
 };
 use pipewright_kernels::{Cpu, Tensor};
 use std::sync::Arc;
@@ -171,7 +171,9 @@ fn grouped_query_attention_layer() {
         let (dx, ws) = a.backward_input(s, r.clone(), &mut NoTp).unwrap();
         a.backward_weight(ws).unwrap();
         let f = |a: &Attention, x: &Tensor| dot(&a.forward(x.clone(), &mut NoTp).unwrap().0, &r);
-        check_input(&format!("{kv} kv heads: layer dx"), &x, &dx, 48, |x| f(&a, x));
+        check_input(&format!("{kv} kv heads: layer dx"), &x, &dx, 48, |x| {
+            f(&a, x)
+        });
         check_params(&a, 10, |a| f(a, &x));
     }
 }

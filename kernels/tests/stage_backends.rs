@@ -212,7 +212,10 @@ fn assert_close(what: &str, got: &[f32], want: &[f32], tol: f32) {
 /// A pipeline of `n` stages of `cfg` on `be` against the CPU, step by step.
 fn agrees_with_cpu<B: Backend>(be: Arc<B>, n: usize, cfg: &GptConfig) {
     const TOL: f32 = 1e-4;
-    let (mut cpu, mut dev) = (Pipeline::of(Arc::new(Cpu), n, cfg), Pipeline::of(be, n, cfg));
+    let (mut cpu, mut dev) = (
+        Pipeline::of(Arc::new(Cpu), n, cfg),
+        Pipeline::of(be, n, cfg),
+    );
     for step in 0..STEPS {
         let (a, b) = (cpu.run(step), dev.run(step));
         let what = |x: &str| format!("{n} stages, step {step}: {x}");

@@ -145,13 +145,13 @@ pub use memory::{DeviceMemory, RankMemory};
 pub use mesh::{Coord, Group, GroupKind, Mesh, MeshError};
 pub use module::{GptModule, MicrobatchData, ModuleError, Output, StageModule, SyntheticModule};
 pub use run::{prepare, run, run_local, FinalParams, RunOptions, StepRecord};
-pub use shape::gpt_config;
 #[cfg(feature = "mpi")]
 pub use run_mpi::run_mpi;
 #[cfg(feature = "nccl")]
 pub use run_nccl::run_nccl_rank;
 #[cfg(all(feature = "nccl", feature = "mpi"))]
 pub use run_nccl_mpi::run_nccl_mpi;
+pub use shape::gpt_config;
 #[cfg(feature = "cuda")]
 pub use train::train_gpt_cuda;
 #[cfg(feature = "mpi")]

@@ -61,9 +61,17 @@ mod tests {
     #[test]
     fn the_reference_gpt_of_a_shape_has_the_shape_s_parameters() {
         let mut shapes = Vec::new();
-        for mlp in [shape::MlpKind::Gelu, shape::MlpKind::SwiGlu, shape::MlpKind::GeGlu] {
+        for mlp in [
+            shape::MlpKind::Gelu,
+            shape::MlpKind::SwiGlu,
+            shape::MlpKind::GeGlu,
+        ] {
             for norm in [shape::NormKind::LayerNorm, shape::NormKind::RmsNorm] {
-                for bias in [shape::BiasKind::All, shape::BiasKind::Qkv, shape::BiasKind::None] {
+                for bias in [
+                    shape::BiasKind::All,
+                    shape::BiasKind::Qkv,
+                    shape::BiasKind::None,
+                ] {
                     for kv_heads in [4, 2, 1] {
                         shapes.push(ModelShape {
                             kv_heads,
@@ -97,7 +105,11 @@ mod tests {
             positions: PositionKind::Rotary,
             ..tied
         };
-        let err = gpt_config(&ModelShape { tied_embeddings: false, ..rotary }).unwrap_err();
+        let err = gpt_config(&ModelShape {
+            tied_embeddings: false,
+            ..rotary
+        })
+        .unwrap_err();
         assert!(err.to_string().contains("no rotary positions"), "{err}");
     }
 }

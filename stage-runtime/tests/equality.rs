@@ -6,11 +6,11 @@ mod whole;
 
 use pipewright_kernels::gpt::GptConfig;
 use pipewright_runtime::{train_gpt, Mesh, RunOptions, TrainConfig};
-use whole::{check_params, close, single_device};
 use pipewright_schedule::search::{list_schedule, stage_weights, Knobs};
 use pipewright_schedule::{
     generate, simulate, CostModel, Placement, ScheduleKind, ScheduleSpec, StageCost, Timetable,
 };
+use whole::{check_params, close, single_device};
 
 const STEPS: u64 = 3;
 const M: u32 = 4;

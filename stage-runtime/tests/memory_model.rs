@@ -12,15 +12,13 @@
 use pipewright_kernels::gpt::{GptConfig, GptStage};
 use pipewright_kernels::layers::{Parameters, TpShard};
 use pipewright_kernels::Precision;
-use pipewright_runtime::{
-    gpt_config, train_gpt, Mesh, RunOptions, StepRecord, TrainConfig, Zero,
-};
+use pipewright_runtime::{gpt_config, train_gpt, Mesh, RunOptions, StepRecord, TrainConfig, Zero};
 use pipewright_schedule::memory::{
     predict, predict_detail, stage_parameters, Accounting, DevicePrediction, MemPrecision,
     MemoryBreakdown, MemoryConfig, ModelShape,
 };
-use pipewright_schedule::shape::{BiasKind, MlpKind, NormKind};
 use pipewright_schedule::recompute::insert;
+use pipewright_schedule::shape::{BiasKind, MlpKind, NormKind};
 use pipewright_schedule::{generate, RecomputePlan, ScheduleKind, ScheduleSpec};
 
 /// One grid point.
@@ -145,14 +143,32 @@ const SHAPE_GRID: [(usize, Point); 12] = {
         (0, pt(Interleaved1F1B, (2, 2, 2, 2), "selective", 1, R)),
         (0, pt(ZbH1, (2, 1, 2, 1), "every:1", 0, SP)),
         (0, pt(Zbv, (2, 2, 2, 1), "full", 0, (false, true, true))),
-        (0, pt(Zbv, (2, 2, 1, 2), "selective", 1, (false, true, false))),
+        (
+            0,
+            pt(Zbv, (2, 2, 1, 2), "selective", 1, (false, true, false)),
+        ),
         (1, pt(OneFOneB, (4, 1, 1, 2), "full", 1, R)),
-        (1, pt(ZbH1, (2, 1, 1, 1), "selective", 0, (false, true, false))),
+        (
+            1,
+            pt(ZbH1, (2, 1, 1, 1), "selective", 0, (false, true, false)),
+        ),
         (1, pt(Zbv, (2, 2, 1, 1), "none", 0, NO)),
-        (1, pt(Interleaved1F1B, (2, 2, 1, 1), "0:full,1:selective,3:every:2", 0, NO)),
+        (
+            1,
+            pt(
+                Interleaved1F1B,
+                (2, 2, 1, 1),
+                "0:full,1:selective,3:every:2",
+                0,
+                NO,
+            ),
+        ),
         (2, pt(ZbH1, (2, 1, 2, 2), "none", 1, NO)),
         (2, pt(OneFOneB, (2, 1, 2, 1), "every:1", 0, SP)),
-        (2, pt(Interleaved1F1B, (2, 2, 2, 1), "full", 0, (true, true, true))),
+        (
+            2,
+            pt(Interleaved1F1B, (2, 2, 2, 1), "full", 0, (true, true, true)),
+        ),
     ]
 };
 

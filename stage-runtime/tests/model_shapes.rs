@@ -90,7 +90,11 @@ fn pp_tp_dp_equals_one_device_under_interleaved_zb_h1_and_zbv() {
         (ScheduleKind::ZbH1, 1),
         (ScheduleKind::Zbv, 2),
     ];
-    let cases = [(llama(), (2, 2, 2)), (llama(), (4, 1, 1)), (mqa_geglu(), (2, 1, 2))];
+    let cases = [
+        (llama(), (2, 2, 2)),
+        (llama(), (4, 1, 1)),
+        (mqa_geglu(), (2, 1, 2)),
+    ];
     for (model, (pp, tp, dp)) in cases {
         for (kind, v) in families {
             let cfg = config(model, Mesh::new(pp, tp, dp).unwrap());
@@ -134,7 +138,10 @@ fn sequence_parallelism_trains_as_tensor_parallelism() {
             assert!(worst <= 1e-5, "{what}: {key:?} differs by {worst}");
         }
         let (a, b) = (&want.stash_bytes, &got.stash_bytes);
-        assert!(a.iter().zip(b).all(|(a, b)| b < a), "{what}: {b:?} vs {a:?}");
+        assert!(
+            a.iter().zip(b).all(|(a, b)| b < a),
+            "{what}: {b:?} vs {a:?}"
+        );
     }
 }
 

@@ -76,7 +76,11 @@ pub fn glu_backward(h: &Tensor, da: &Tensor, kind: GluKind) -> Result<Tensor> {
     if da.numel() * 2 != h.numel() || da.shape().last() != Some(&f) {
         return Err(shape_err(
             "glu_backward",
-            format!("gradient {:?} for pre-activation {:?}", da.shape(), h.shape()),
+            format!(
+                "gradient {:?} for pre-activation {:?}",
+                da.shape(),
+                h.shape()
+            ),
         ));
     }
     let mut dh = vec![0.0f32; h.numel()];

@@ -20,10 +20,10 @@ pub use gemm::{
     gemm, matmul, matmul_into, matmul_nt, matmul_stats, matmul_tn_acc, reset_matmul_stats, MatMut,
     MatRef, MatmulStats,
 };
+pub use glu::{glu, glu_backward, GluKind};
 pub use layernorm::{
     layer_norm, layer_norm_backward_input, layer_norm_backward_input_from,
     layer_norm_backward_weight, LayerNormStash,
 };
-pub use glu::{glu, glu_backward, GluKind};
 pub use loss::{cross_entropy, cross_entropy_backward};
 pub use rmsnorm::{rms_norm, rms_norm_backward_input_from, rms_norm_backward_weight};

@@ -6,9 +6,7 @@ use super::{partition, GptConfig, GptStage};
 use crate::backend::Backend;
 use crate::error::{KernelError, Result};
 use crate::init::normal_tensor;
-use crate::layers::{
-    cpu_backend, Attention, Block, Embedding, Linear, LmHead, Mlp, Norm, TpShard,
-};
+use crate::layers::{cpu_backend, Attention, Block, Embedding, Linear, LmHead, Mlp, Norm, TpShard};
 use crate::tensor::Tensor;
 use std::ops::Range;
 use std::sync::Arc;
@@ -44,7 +42,11 @@ fn init_block<B: Backend>(
             &normal_tensor(&[d, f], 0.02, seed, &p("mlp.up.weight")),
         ])?,
     };
-    let w2_name = if cfg.mlp.glu().is_some() { "down" } else { "fc2" };
+    let w2_name = if cfg.mlp.glu().is_some() {
+        "down"
+    } else {
+        "fc2"
+    };
     let w2 = normal_tensor(&[f, d], resid, seed, &p(&format!("mlp.{w2_name}.weight")));
     let b1 = zeros(cfg.bias.rest(), w1.cols());
     let (fc1, fc2) = ((&w1, b1.as_ref()), (&w2, b_o.as_ref()));

@@ -184,10 +184,7 @@ mod tests {
         assert!(ok.validate(3).is_err());
         assert!(GptConfig { vocab: 0, ..ok }.validate(1).is_err());
         assert!(ok.validate(0).is_err());
-        let gqa = GptConfig {
-            kv_heads: 2,
-            ..ok
-        };
+        let gqa = GptConfig { kv_heads: 2, ..ok };
         gqa.validate(2).unwrap();
         let err = gqa.validate(4).unwrap_err().to_string();
         assert!(

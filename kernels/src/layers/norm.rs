@@ -117,7 +117,8 @@ impl<B: Backend> RmsNorm<B> {
 
     /// Input gradient (I).
     pub fn backward_input(&self, dy: &B::Storage, stash: &B::NormStash) -> Result<B::Storage> {
-        self.be.rms_norm_backward_input(dy, &self.gamma.value, stash)
+        self.be
+            .rms_norm_backward_input(dy, &self.gamma.value, stash)
     }
 
     /// Weight gradient (W), from the forward's stash and the output gradient.

@@ -45,8 +45,8 @@
 
 use super::walk::StageBytes;
 use super::{params, MemPrecision, MemoryConfig, MemoryError, ModelShape};
-use crate::shape::{AttentionKind, PositionKind};
 use crate::recompute::Recompute;
+use crate::shape::{AttentionKind, PositionKind};
 
 const F32: u128 = 4;
 

@@ -355,7 +355,10 @@ fn the_pipewright_accounting_takes_the_reference_gpt_s_kinds_and_refuses_the_oth
     };
     // Fewer key/value heads and a gated MLP of the same width: the QKV's and MLP's stashes
     // change, nothing else.
-    let (gpt, ours) = (predict(&pw(c.shape), &tt).unwrap(), predict(&pw(llama), &tt).unwrap());
+    let (gpt, ours) = (
+        predict(&pw(c.shape), &tt).unwrap(),
+        predict(&pw(llama), &tt).unwrap(),
+    );
     assert_ne!(gpt[0].activations, ours[0].activations);
     let tied = ModelShape {
         tied_embeddings: true,
@@ -365,7 +368,10 @@ fn the_pipewright_accounting_takes_the_reference_gpt_s_kinds_and_refuses_the_oth
         positions: PositionKind::Rotary,
         ..llama
     };
-    for (shape, what) in [(tied, "no tied embeddings"), (rotary, "no rotary positions")] {
+    for (shape, what) in [
+        (tied, "no tied embeddings"),
+        (rotary, "no rotary positions"),
+    ] {
         let e = predict(&pw(shape), &tt).unwrap_err().to_string();
         assert!(e.contains(what), "{e}");
     }
