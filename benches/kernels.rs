@@ -172,7 +172,7 @@ fn gpt_shapes(c: &mut Criterion) {
     g.finish();
 }
 
-/// Each shape's step time over the baseline's, the shapes taking turns (5 rounds of 3 steps
+/// Each shape's step time over the baseline's, the shapes taking turns (10 rounds of 3 steps
 /// each, median per shape), so the machine's load moves them alike.
 fn shape_ratios() {
     let (_, tokens, targets, _) = small_gpt();
@@ -190,7 +190,7 @@ fn shape_ratios() {
             (name, m, opt, Vec::new())
         })
         .collect();
-    for round in 0..6 {
+    for round in 0..11 {
         for (_, m, opt, times) in &mut models {
             let start = Instant::now();
             for _ in 0..3 {
