@@ -222,6 +222,9 @@ fn check_gelu<B: Backend>(be: &B) {
     assert_close("gelu_backward", &got, &want, 1e-5);
 }
 
+/// A scalar activation in f64, the reference of a gated unit's.
+type Act = fn(f64) -> f64;
+
 fn silu64(v: f64) -> f64 {
     v / (1.0 + (-v).exp())
 }
@@ -232,8 +235,10 @@ fn check_glu<B: Backend>(be: &B) {
     let h = randn_affine(&[2, 3, 14], "glu-h", 3.0, 0.0);
     let da = randn(&[2, 3, 7], "glu-da");
     let (hd, dad) = (be.upload(&h).unwrap(), be.upload(&da).unwrap());
-    let acts: [(GluKind, fn(f64) -> f64); 2] =
-        [(GluKind::SwiGlu, silu64), (GluKind::GeGlu, gelu64)];
+    let acts = [
+        (GluKind::SwiGlu, silu64 as Act),
+        (GluKind::GeGlu, gelu64 as Act),
+    ];
     for (kind, act) in acts {
         let what = format!("{} {kind:?}", be.name());
         let (mut want, mut want_d) = (Vec::new(), vec![0.0; h.numel()]);
