@@ -263,6 +263,15 @@ impl Cpu {
         Cpu { precision }
     }
 
+    /// A norm's output and its stash as the backend keeps it (`x̂` in the activation format).
+    fn keep_norm(&self, (y, s): (Tensor, cpu::LayerNormStash)) -> Result<(Tensor, HostNormStash)> {
+        let stash = HostNormStash {
+            xhat: self.keep(s.xhat)?,
+            rstd: s.rstd,
+        };
+        Ok((y, stash))
+    }
+
     /// Copies of `a` and `b` rounded to what a matmul reads, or `None` in f32 (so f32
     /// matmuls run on the tensors themselves, bit-identical to before precisions existed).
     fn rounded(&self, a: &Tensor, b: &Tensor) -> Option<(Tensor, Tensor)> {
@@ -403,12 +412,7 @@ impl Backend for Cpu {
         beta: &Tensor,
         eps: f32,
     ) -> Result<(Tensor, HostNormStash)> {
-        let (y, s) = cpu::layer_norm(x, gamma, beta, eps)?;
-        let stash = HostNormStash {
-            xhat: self.keep(s.xhat)?,
-            rstd: s.rstd,
-        };
-        Ok((y, stash))
+        self.keep_norm(cpu::layer_norm(x, gamma, beta, eps)?)
     }
     fn layer_norm_backward_input(
         &self,
@@ -429,12 +433,7 @@ impl Backend for Cpu {
         cpu::layer_norm_backward_weight(dy, &*stash.xhat.restore()?, dgamma, dbeta)
     }
     fn rms_norm(&self, x: &Tensor, gamma: &Tensor, eps: f32) -> Result<(Tensor, HostNormStash)> {
-        let (y, s) = cpu::rms_norm(x, gamma, eps)?;
-        let stash = HostNormStash {
-            xhat: self.keep(s.xhat)?,
-            rstd: s.rstd,
-        };
-        Ok((y, stash))
+        self.keep_norm(cpu::rms_norm(x, gamma, eps)?)
     }
     fn rms_norm_backward_input(
         &self,

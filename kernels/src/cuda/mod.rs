@@ -247,6 +247,27 @@ impl CudaBackend {
     pub fn synchronize(&self) -> Result<()> {
         self.stream.synchronize().map_err(cuda_err)
     }
+
+    /// A norm's `x̂` as its input backward reads it, after checking the stash against the
+    /// output gradient `dy` and the scale (a stash is public, so its parts may not match).
+    fn norm_stash_for<'a>(
+        &self,
+        op: &'static str,
+        dy: &CudaTensor,
+        gamma: &CudaTensor,
+        stash: &'a CudaNormStash,
+    ) -> Result<Restored<'a, CudaTensor>> {
+        param_shape(op, dy, gamma)?;
+        let xhat = self.restore_tensor(&stash.xhat)?;
+        same_shape(op, dy, &xhat)?;
+        if stash.rstd.shape != [dy.rows()] {
+            return Err(shape_err(
+                op,
+                format!("rstd {:?} for {:?}", stash.rstd.shape, dy.shape),
+            ));
+        }
+        Ok(xhat)
+    }
 }
 
 fn same_shape(op: &'static str, a: &CudaTensor, b: &CudaTensor) -> Result<()> {
@@ -532,17 +553,7 @@ impl Backend for CudaBackend {
         gamma: &CudaTensor,
         stash: &CudaNormStash,
     ) -> Result<CudaTensor> {
-        const OP: &str = "layer_norm_backward_input";
-        param_shape(OP, dy, gamma)?;
-        let xhat = self.restore_tensor(&stash.xhat)?;
-        same_shape(OP, dy, &xhat)?;
-        // A stash is public, so its parts may not match each other.
-        if stash.rstd.shape != [dy.rows()] {
-            return Err(shape_err(
-                OP,
-                format!("rstd {:?} for {:?}", stash.rstd.shape, dy.shape),
-            ));
-        }
+        let xhat = self.norm_stash_for("layer_norm_backward_input", dy, gamma, stash)?;
         let mut dx = self.zeros(&dy.shape)?;
         self.rows.layer_norm_backward_input(
             &self.stream,
@@ -593,16 +604,7 @@ impl Backend for CudaBackend {
         gamma: &CudaTensor,
         stash: &CudaNormStash,
     ) -> Result<CudaTensor> {
-        const OP: &str = "rms_norm_backward_input";
-        param_shape(OP, dy, gamma)?;
-        let xhat = self.restore_tensor(&stash.xhat)?;
-        same_shape(OP, dy, &xhat)?;
-        if stash.rstd.shape != [dy.rows()] {
-            return Err(shape_err(
-                OP,
-                format!("rstd {:?} for {:?}", stash.rstd.shape, dy.shape),
-            ));
-        }
+        let xhat = self.norm_stash_for("rms_norm_backward_input", dy, gamma, stash)?;
         let mut dx = self.zeros(&dy.shape)?;
         let stash = (&*xhat, &stash.rstd);
         self.rows
