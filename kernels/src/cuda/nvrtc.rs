@@ -73,7 +73,13 @@ mod tests {
         // Today's shapes' kernels are among those checked: the gated units, RMSNorm's rows,
         // and grouped-query attention (every attention kernel takes the key/value heads).
         let all: Vec<String> = sources().into_iter().flat_map(|(_, _, n)| n).collect();
-        for name in ["glu_fwd", "glu_bwd", "rms_fwd", "rms_bwd_input", "attn_bwd_dkv_64"] {
+        for name in [
+            "glu_fwd",
+            "glu_bwd",
+            "rms_fwd",
+            "rms_bwd_input",
+            "attn_bwd_dkv_64",
+        ] {
             assert!(all.iter().any(|n| n == name), "{name} is not compiled");
         }
         assert!(super::super::attention::source().contains("int H, int KV, int dh"));

@@ -115,14 +115,13 @@ impl GptConfig {
                 self.n_heads, self.d_model
             )));
         }
-        self.heads().check(tp)?;
         if self.n_heads % tp != 0 || self.d_ff % tp != 0 {
             return Err(KernelError::Config(format!(
                 "tensor-parallel size {tp} must divide n_heads ({}) and d_ff ({})",
                 self.n_heads, self.d_ff
             )));
         }
-        Ok(())
+        self.heads().check(tp)
     }
 
     /// Width of one head.
