@@ -21,7 +21,10 @@ fn counts(name: &str, published: f64, tolerance: f64) -> u64 {
     let model = from_hf_config(&fixture(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
     let n = model.shape.parameters();
     let err = n as f64 / published - 1.0;
-    println!("{name}: {n} parameters, published {published:e} ({:+.3}%)", 100.0 * err);
+    println!(
+        "{name}: {n} parameters, published {published:e} ({:+.3}%)",
+        100.0 * err
+    );
     assert!(err.abs() <= tolerance, "{name}: {n} vs {published}");
     n
 }
@@ -33,7 +36,10 @@ fn llama_3_configs_give_their_published_counts_within_half_a_percent() {
     assert_eq!(counts("llama3.1-405b.json", 406e9, 0.005), 405_853_388_800);
     let m = from_hf_config(&fixture("llama3.1-405b.json")).unwrap();
     let s = m.shape;
-    assert_eq!((s.layers, s.d_model, s.heads, s.kv_heads), (126, 16384, 128, 8));
+    assert_eq!(
+        (s.layers, s.d_model, s.heads, s.kv_heads),
+        (126, 16384, 128, 8)
+    );
     assert_eq!((s.ffn, s.vocab), (53248, 128256));
     assert_eq!(s.mlp, MlpKind::SwiGlu);
     assert_eq!(s.norm, NormKind::RmsNorm);
@@ -87,7 +93,11 @@ fn bad_configs_are_refused_in_one_line_naming_the_field() {
         "field `hidden_size` is \"4096\", expected a positive integer"
     );
     let act = llama.replace("\"silu\"", "\"relu\"");
-    assert!(e(&act).starts_with("field `hidden_act` is `relu`: "), "{}", e(&act));
+    assert!(
+        e(&act).starts_with("field `hidden_act` is `relu`: "),
+        "{}",
+        e(&act)
+    );
     let kv = llama.replace("\"num_key_value_heads\": 8", "\"num_key_value_heads\": 5");
     assert_eq!(e(&kv), "kv_heads (5) must divide heads (32)");
     let other = llama.replace("\"llama\"", "\"mixtral\"");
@@ -99,9 +109,16 @@ fn bad_configs_are_refused_in_one_line_naming_the_field() {
         from_hf_config("{\"model_type\": \"llama\",\n  oops}"),
         Err(HfError::Json { line: 2, .. })
     ));
-    assert_eq!(e("[1, 2]"), "not a config.json: the top level is not an object");
+    assert_eq!(
+        e("[1, 2]"),
+        "not a config.json: the top level is not an object"
+    );
     let head_dim = llama.replace("\"hidden_act\"", "\"head_dim\": 160, \"hidden_act\"");
-    assert!(e(&head_dim).starts_with("field `head_dim` is 160"), "{}", e(&head_dim));
+    assert!(
+        e(&head_dim).starts_with("field `head_dim` is 160"),
+        "{}",
+        e(&head_dim)
+    );
     for e in [e(&without), e(&wrong), e(&act), e(&kv), e(&other)] {
         assert!(!e.contains('\n'), "{e}");
     }

@@ -67,7 +67,15 @@ fn fused_attention_keeps_a_logsumexp_and_selective_drops_the_element_wise_output
         none - 4.0 * s * h - 2.0 * s * f / 8.0
     );
     // Nothing of s x s: doubling the sequence doubles the bytes.
-    let long = config(ModelShape { seq_len: 4096, ..gpt }, 8, false, AttentionKind::Fused);
+    let long = config(
+        ModelShape {
+            seq_len: 4096,
+            ..gpt
+        },
+        8,
+        false,
+        AttentionKind::Fused,
+    );
     assert_eq!(bytes(&long, Recompute::None), 2.0 * none);
 }
 

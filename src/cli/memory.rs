@@ -34,32 +34,16 @@ pub struct MemoryArgs {
     #[arg(long, value_name = "N", help_heading = "Memory model")]
     layers: Option<u32>,
     /// Width of the residual stream.
-    #[arg(
-        long,
-        value_name = "H",
-        help_heading = "Memory model"
-    )]
+    #[arg(long, value_name = "H", help_heading = "Memory model")]
     d_model: Option<u64>,
     /// Attention heads.
-    #[arg(
-        long,
-        value_name = "A",
-        help_heading = "Memory model"
-    )]
+    #[arg(long, value_name = "A", help_heading = "Memory model")]
     heads: Option<u32>,
     /// Tokens per sequence.
-    #[arg(
-        long,
-        value_name = "S",
-        help_heading = "Memory model"
-    )]
+    #[arg(long, value_name = "S", help_heading = "Memory model")]
     seq_len: Option<u64>,
     /// Vocabulary size.
-    #[arg(
-        long,
-        value_name = "V",
-        help_heading = "Memory model"
-    )]
+    #[arg(long, value_name = "V", help_heading = "Memory model")]
     vocab: Option<u64>,
     #[command(flatten)]
     shape: ShapeArgs,
@@ -78,11 +62,7 @@ pub struct MemoryArgs {
     #[arg(long, value_name = "KIND", value_parser = parse_attention, help_heading = "Memory model")]
     attention: Option<AttentionKind>,
     /// Sequences per microbatch [default: 4, train's].
-    #[arg(
-        long,
-        value_name = "B",
-        help_heading = "Memory model"
-    )]
+    #[arg(long, value_name = "B", help_heading = "Memory model")]
     microbatch_size: Option<u64>,
     /// Tensor-parallel ranks per stage [default: 1].
     #[arg(long, help_heading = "Memory model")]
@@ -91,11 +71,7 @@ pub struct MemoryArgs {
     #[arg(long, help_heading = "Memory model")]
     dp: Option<u32>,
     /// ZeRO level, 0 or 1 [default: 0].
-    #[arg(
-        long,
-        value_name = "LEVEL",
-        help_heading = "Memory model"
-    )]
+    #[arg(long, value_name = "LEVEL", help_heading = "Memory model")]
     zero: Option<u8>,
     /// Sequence parallelism with TP (megatron accounting).
     #[arg(long, help_heading = "Memory model")]
@@ -139,8 +115,7 @@ impl MemoryArgs {
         let shape = match &self.hf_config {
             Some(path) => read_hf_config(path, self.seq_len)?.shape,
             None => {
-                let missing: Vec<&str> =
-                    shape_flags.iter().filter(|f| !f.1).map(|f| f.0).collect();
+                let missing: Vec<&str> = shape_flags.iter().filter(|f| !f.1).map(|f| f.0).collect();
                 let given = shape_flags
                     .iter()
                     .chain(&other_flags)

@@ -27,7 +27,7 @@ use super::checks::{check_outputs, Kind, Output};
 use super::commands::ReportFormat;
 use super::io::{read_text, write_atomic};
 use super::plan_searched;
-use super::shape::{describe, kind_flags, parse_attention, read_hf_config, ShapeArgs};
+use super::shape::{describe, hf_notes, kind_flags, parse_attention, read_hf_config, ShapeArgs};
 
 /// Choose TP, PP, DP, the schedule and its chunks, the microbatch size and count,
 /// recomputation, ZeRO-1 and sequence parallelism for a GPT (or, with `--profile`, a
@@ -201,7 +201,7 @@ impl PlanCmd {
         if let Some(path) = &self.calibrate {
             return super::calibrate::run(path, self.device, &cluster(&self.cluster)?);
         }
-        let req = self.request()?;
+        let (req, notes) = self.request()?;
         check_outputs([
             Output::new("--chart", self.chart.as_ref(), Kind::Image),
             Output::new(
@@ -231,6 +231,9 @@ impl PlanCmd {
             ReportFormat::Table => self.table(&req, &plan, seconds),
         };
         print!("{text}");
+        for note in notes {
+            eprintln!("{note}");
+        }
         if let (Some(path), Some(best)) = (&self.chart, plan.rows.first()) {
             chart(&req, best, path)?;
         }
@@ -251,9 +254,10 @@ impl PlanCmd {
         Ok(())
     }
 
-    fn request(&self) -> Result<PlanRequest> {
-        let mut req = match &self.profile {
-            Some(path) => self.profile_request(path)?,
+    /// The request, and notes on how a config.json was read.
+    fn request(&self) -> Result<(PlanRequest, Vec<String>)> {
+        let (mut req, notes) = match &self.profile {
+            Some(path) => (self.profile_request(path)?, Vec::new()),
             None => self.gpt_request()?,
         };
         req.precision = self.precision;
@@ -287,7 +291,7 @@ impl PlanCmd {
             // Simulate well past the top rows, so the spread reaches slower configurations.
             req.top = req.top.max(4 * k);
         }
-        Ok(req)
+        Ok((req, notes))
     }
 
     /// The GPUs and the batch, each at least 1, and the other counts checked likewise.
@@ -330,14 +334,18 @@ impl PlanCmd {
         ))
     }
 
-    fn gpt_request(&self) -> Result<PlanRequest> {
-        let shape = match &self.hf_config {
-            Some(path) => read_hf_config(path, self.seq_len)?.shape,
-            None => self.flag_shape()?,
+    fn gpt_request(&self) -> Result<(PlanRequest, Vec<String>)> {
+        let (shape, notes) = match &self.hf_config {
+            Some(path) => {
+                let model = read_hf_config(path, self.seq_len)?;
+                (model.shape, hf_notes(path, &model))
+            }
+            None => (self.flag_shape()?, Vec::new()),
         };
         let (gpus, global_batch) = self.counts()?;
         let cluster = cluster(&self.cluster)?;
-        Ok(PlanRequest::new(shape, cluster, gpus, global_batch))
+        let req = PlanRequest::new(shape, cluster, gpus, global_batch);
+        Ok((req, notes))
     }
 
     /// The shape given by flags.

@@ -115,8 +115,7 @@ pub fn parse_attention(s: &str) -> Result<AttentionKind, String> {
 }
 
 /// A Hugging Face config.json as a shape, its sequence length replaced by `seq_len` where
-/// given; errors name the file. The config's notes (what it has that is not modelled) are
-/// printed to stderr, one line each.
+/// given; errors name the file.
 pub fn read_hf_config(path: &Path, seq_len: Option<u64>) -> Result<HfModel> {
     let text = read_text(path)?;
     let mut model =
@@ -128,10 +127,26 @@ pub fn read_hf_config(path: &Path, seq_len: Option<u64>) -> Result<HfModel> {
         model.shape.seq_len = s;
         model.seq_len_field = "--seq-len";
     }
-    for note in &model.notes {
-        eprintln!("note: --hf-config {}: {note}", path.display());
-    }
     Ok(model)
+}
+
+/// What a user should know of how `model` was read from `path`: where its sequence length
+/// came from, and what the config has that is not modelled; one line each, for stderr after
+/// the work succeeded.
+pub fn hf_notes(path: &Path, model: &HfModel) -> Vec<String> {
+    let mut out = Vec::new();
+    if model.seq_len_field != "--seq-len" {
+        out.push(format!(
+            "note: --hf-config {}: sequence {} from its {} (--seq-len plans another)",
+            path.display(),
+            model.shape.seq_len,
+            model.seq_len_field
+        ));
+    }
+    for note in &model.notes {
+        out.push(format!("note: --hf-config {}: {note}", path.display()));
+    }
+    out
 }
 
 /// The shape in one phrase: sizes, then the kinds that differ from GPT-2's.

@@ -27,13 +27,15 @@
 //! - materialized: the attention core, `5as` a token, rebuilt by rerunning its two batched
 //!   matmuls and softmax from the kept Q, K and V (the paper's selective recomputation);
 //! - fused: the core keeps nothing worth dropping (rerunning it to save `4a` bytes a token
-//!   would cost its matmuls again, which is why Megatron Bridge's guide says to compare
-//!   `core_attn` recomputation with none under flash attention). What is large and cheap
-//!   there is element-wise: the norms' outputs (the QKV and MLP inputs, `2h` each, rebuilt
-//!   from the kept norm inputs) and the MLP activation's output (`2 ffn`, GeLU's output or
-//!   a gated MLP's product, rebuilt from its kept inputs), as Megatron-Core's selective
-//!   `layernorm` and activation recompute modules do. The rebuild reads and writes those
-//!   tensors once more and does no matmul.
+//!   would cost its matmuls again; NVIDIA's Megatron Bridge guide on activation
+//!   recomputation says the same: with fused or flash attention, compare `core_attn`
+//!   recomputation against none, "because those backends already rematerialize attention
+//!   internals"). What is large and cheap there is element-wise: the norms' outputs (the QKV
+//!   and MLP inputs, `2h` each, rebuilt from the kept norm inputs) and the MLP activation's
+//!   output (`2 ffn`, GeLU's output or a gated MLP's product, rebuilt from its kept inputs),
+//!   the tensors Megatron-Core's selective recompute modules `layernorm` and `moe_act` (the
+//!   latter for an MoE's experts) rebuild. The rebuild reads and writes those tensors once
+//!   more and does no matmul.
 //!
 //! Full recomputation keeps the layer input `2sbh` (`/t` with SP). Section 4.3 adds the
 //! input and output layers: the embedding's dropout mask (`sbh`, `/t` with sequence

@@ -6,8 +6,8 @@ use super::cluster::{Cluster, Precision};
 use super::model::PlanModel;
 use crate::layer_profile::LayerProfile;
 use crate::memory::ModelShape;
-use crate::shape::AttentionKind;
 use crate::recompute::{Recompute, RecomputePlan};
+use crate::shape::AttentionKind;
 use crate::spec::ScheduleKind;
 
 /// One way to run the model: every dimension the plan chooses.

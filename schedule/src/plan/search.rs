@@ -302,7 +302,8 @@ fn explain(
 /// Hardware FLOPs of one step as Narayanan et al. count them (the model's and the
 /// recomputed forward's; [`super::model::PlanModel::hardware_flops`]), where known.
 pub fn hardware_flops(req: &PlanRequest, cfg: &Config) -> Option<f64> {
-    req.model.hardware_flops(cfg, req.attention, req.global_batch as f64)
+    req.model
+        .hardware_flops(cfg, req.attention, req.global_batch as f64)
 }
 
 pub(super) fn row(

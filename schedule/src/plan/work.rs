@@ -214,9 +214,23 @@ mod tests {
         let dev = a100();
         let a = AttentionKind::Fused;
         let mha = layer(&gpt3(), 8, 1, false, a, &dev);
-        let gqa = layer(&ModelShape { kv_heads: 8, ..gpt3() }, 8, 1, false, a, &dev);
+        let gqa = layer(
+            &ModelShape {
+                kv_heads: 8,
+                ..gpt3()
+            },
+            8,
+            1,
+            false,
+            a,
+            &dev,
+        );
         let saved = mha.w - gqa.w;
         // K and V shrink from h to h/12 of 2 x 2bsh^2 FLOPs: about 15% of the linear work.
-        assert!(saved > 0.1 * mha.w && saved < 0.2 * mha.w, "{saved} of {}", mha.w);
+        assert!(
+            saved > 0.1 * mha.w && saved < 0.2 * mha.w,
+            "{saved} of {}",
+            mha.w
+        );
     }
 }

@@ -203,9 +203,7 @@ fn llama_family(f: &Fields) -> Result<HfModel, HfError> {
     };
     let bias = match f.model_type {
         "qwen2" => BiasKind::Qkv,
-        "llama" if f.flag("attention_bias", false)? || f.flag("mlp_bias", false)? => {
-            BiasKind::All
-        }
+        "llama" if f.flag("attention_bias", false)? || f.flag("mlp_bias", false)? => BiasKind::All,
         _ => BiasKind::None,
     };
     let (seq_len, seq_len_field) = pretrained_context(f)?;

@@ -129,5 +129,8 @@ fn bad_shapes_are_named() {
         kv_heads: 0,
         ..ModelShape::gpt(2, 64, 4, 256, 16, 64)
     };
-    assert_eq!(s.check().unwrap_err().to_string(), "kv_heads must be positive");
+    assert_eq!(
+        s.check().unwrap_err().to_string(),
+        "kv_heads must be positive"
+    );
 }
