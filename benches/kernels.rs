@@ -1,12 +1,14 @@
 //! Kernel benchmarks (CPU): matmul through the Tensor API against raw
-//! `matrixmultiply::sgemm` on the same buffers, and one training step of the
-//! reference GPT with its tokens/s and the fraction of time in matmul.
+//! `matrixmultiply::sgemm` on the same buffers, one training step of the
+//! reference GPT with its tokens/s and the fraction of time in matmul, and the
+//! step time of today's shapes (gated MLPs, RMSNorm, grouped-query attention)
+//! against GPT-2's at equal parameters, as ratios measured in one run.
 //!
 //! Run: `cargo bench --bench kernels -- --warm-up-time 1 --measurement-time 3`
 
 use criterion::{criterion_group, Criterion, Throughput};
 use pipewright_kernels::cpu::{self, gemm::matrixmultiply};
-use pipewright_kernels::gpt::{GptConfig, GptStage, Microbatch};
+use pipewright_kernels::gpt::{BiasKind, GptConfig, GptStage, Microbatch, MlpKind, NormKind};
 use pipewright_kernels::init::normal_tensor;
 use pipewright_kernels::layers::{NoTp, Parameters};
 use pipewright_kernels::optim::{AdamW, AdamWConfig};
@@ -129,11 +131,98 @@ fn breakdown() {
     );
 }
 
-criterion_group!(benches, matmul, gpt_step);
+/// The small GPT's shape and its variants at (nearly) its parameter count: a gated MLP
+/// of two thirds the width (three matrices for two), and with grouped-query attention the
+/// keys' and values' parameters moved into the MLP.
+fn shapes() -> Vec<(&'static str, GptConfig)> {
+    let (base, ..) = small_gpt();
+    let gated = |mlp, d_ff, kv_heads| GptConfig {
+        kv_heads,
+        d_ff,
+        mlp,
+        norm: NormKind::RmsNorm,
+        bias: BiasKind::None,
+        ..base
+    };
+    vec![
+        ("gelu_layernorm_mha", base),
+        ("swiglu_rmsnorm_mha", gated(MlpKind::SwiGlu, 344, 4)),
+        ("geglu_rmsnorm_mha", gated(MlpKind::GeGlu, 344, 4)),
+        ("swiglu_rmsnorm_gqa2", gated(MlpKind::SwiGlu, 384, 2)),
+        ("swiglu_rmsnorm_mqa", gated(MlpKind::SwiGlu, 408, 1)),
+    ]
+}
+
+fn gpt_shapes(c: &mut Criterion) {
+    let (_, tokens, targets, _) = small_gpt();
+    let mb = Microbatch {
+        tokens: &tokens,
+        targets: &targets,
+        seq: 64,
+        loss_scale: 1.0,
+    };
+    let mut g = c.benchmark_group("gpt_train_step_shapes");
+    g.sample_size(10);
+    g.throughput(Throughput::Elements(tokens.len() as u64));
+    for (name, cfg) in shapes() {
+        let mut m = GptStage::whole(&cfg, 0).unwrap();
+        let mut opt = AdamW::new(m.num_params(), AdamWConfig::default());
+        g.bench_function(name, |b| b.iter(|| train_step(&mut m, &mut opt, &mb)));
+    }
+    g.finish();
+}
+
+/// Each shape's step time over the baseline's, the shapes taking turns (10 rounds of 3 steps
+/// each, median per shape), so the machine's load moves them alike.
+fn shape_ratios() {
+    let (_, tokens, targets, _) = small_gpt();
+    let mb = Microbatch {
+        tokens: &tokens,
+        targets: &targets,
+        seq: 64,
+        loss_scale: 1.0,
+    };
+    let mut models: Vec<_> = shapes()
+        .into_iter()
+        .map(|(name, cfg)| {
+            let m = GptStage::whole(&cfg, 0).unwrap();
+            let opt = AdamW::new(m.num_params(), AdamWConfig::default());
+            (name, m, opt, Vec::new())
+        })
+        .collect();
+    for round in 0..11 {
+        for (_, m, opt, times) in &mut models {
+            let start = Instant::now();
+            for _ in 0..3 {
+                train_step(m, opt, &mb);
+            }
+            if round > 0 {
+                times.push(start.elapsed().as_secs_f64() / 3.0);
+            }
+        }
+    }
+    let median = |t: &mut Vec<f64>| {
+        t.sort_by(f64::total_cmp);
+        t[t.len() / 2]
+    };
+    let base = median(&mut models[0].3);
+    for (name, m, _, times) in &mut models {
+        let t = median(times);
+        println!(
+            "gpt shape {name}: {} params, {:.1} ms/step, {:.3}x the GeLU/LayerNorm step",
+            m.num_params(),
+            t * 1e3,
+            t / base
+        );
+    }
+}
+
+criterion_group!(benches, matmul, gpt_step, gpt_shapes);
 
 fn main() {
     benches();
     breakdown();
+    shape_ratios();
     criterion::Criterion::default()
         .configure_from_args()
         .final_summary();

@@ -222,7 +222,7 @@ fn class2_hyperparameters_are_checked_before_any_step() {
         d,
         &["train", "--heads", "3", "--steps", "1"],
         1,
-        &["n_heads (3) must divide d_model (64)"],
+        &["--heads 3 must divide --d-model 64"],
     );
     for level in ["2", "3"] {
         refused(

@@ -5,7 +5,7 @@
 //! between host and device are explicit ([`Backend::upload`],
 //! [`Backend::download`]); nothing moves implicitly.
 
-use crate::cpu::{self, AttnShape};
+use crate::cpu::{self, AttnShape, GluKind};
 use crate::error::{shape_err, Result};
 use crate::footprint::Footprint;
 use crate::kept::{HostKept, HostNormStash, Restored};
@@ -139,6 +139,15 @@ pub trait Backend {
     fn gelu(&self, x: &Self::Storage) -> Result<Self::Storage>;
     /// See [`cpu::gelu_backward`].
     fn gelu_backward(&self, x: &Self::Storage, dy: &Self::Storage) -> Result<Self::Storage>;
+    /// See [`cpu::glu`]: `act(gate) * up` of a fused `[.., 2f]` pre-activation.
+    fn glu(&self, h: &Self::Storage, kind: GluKind) -> Result<Self::Storage>;
+    /// See [`cpu::glu_backward`].
+    fn glu_backward(
+        &self,
+        h: &Self::Storage,
+        da: &Self::Storage,
+        kind: GluKind,
+    ) -> Result<Self::Storage>;
     /// See [`cpu::add`]; also the residual add.
     fn add(&self, a: &Self::Storage, b: &Self::Storage) -> Result<Self::Storage>;
     /// See [`cpu::layer_norm`].
@@ -163,6 +172,27 @@ pub trait Backend {
         stash: &Self::NormStash,
         dgamma: &mut Self::Storage,
         dbeta: &mut Self::Storage,
+    ) -> Result<()>;
+    /// See [`cpu::rms_norm`]; the stash has LayerNorm's form (`x̂`, `1/rms` per row).
+    fn rms_norm(
+        &self,
+        x: &Self::Storage,
+        gamma: &Self::Storage,
+        eps: f32,
+    ) -> Result<(Self::Storage, Self::NormStash)>;
+    /// See [`cpu::rms_norm_backward_input_from`].
+    fn rms_norm_backward_input(
+        &self,
+        dy: &Self::Storage,
+        gamma: &Self::Storage,
+        stash: &Self::NormStash,
+    ) -> Result<Self::Storage>;
+    /// See [`cpu::rms_norm_backward_weight`] (which takes the stash's `xhat`).
+    fn rms_norm_backward_weight(
+        &self,
+        dy: &Self::Storage,
+        stash: &Self::NormStash,
+        dgamma: &mut Self::Storage,
     ) -> Result<()>;
     /// See [`cpu::cross_entropy`]: the scaled mean loss (on the host, since
     /// every caller needs it there) and the softmax probabilities.
@@ -231,6 +261,15 @@ impl Cpu {
     /// The host backend computing in `precision`.
     pub const fn new(precision: Precision) -> Self {
         Cpu { precision }
+    }
+
+    /// A norm's output and its stash as the backend keeps it (`x̂` in the activation format).
+    fn keep_norm(&self, (y, s): (Tensor, cpu::LayerNormStash)) -> Result<(Tensor, HostNormStash)> {
+        let stash = HostNormStash {
+            xhat: self.keep(s.xhat)?,
+            rstd: s.rstd,
+        };
+        Ok((y, stash))
     }
 
     /// Copies of `a` and `b` rounded to what a matmul reads, or `None` in f32 (so f32
@@ -357,6 +396,12 @@ impl Backend for Cpu {
     fn gelu_backward(&self, x: &Tensor, dy: &Tensor) -> Result<Tensor> {
         cpu::gelu_backward(x, dy)
     }
+    fn glu(&self, h: &Tensor, kind: GluKind) -> Result<Tensor> {
+        cpu::glu(h, kind)
+    }
+    fn glu_backward(&self, h: &Tensor, da: &Tensor, kind: GluKind) -> Result<Tensor> {
+        cpu::glu_backward(h, da, kind)
+    }
     fn add(&self, a: &Tensor, b: &Tensor) -> Result<Tensor> {
         cpu::add(a, b)
     }
@@ -367,12 +412,7 @@ impl Backend for Cpu {
         beta: &Tensor,
         eps: f32,
     ) -> Result<(Tensor, HostNormStash)> {
-        let (y, s) = cpu::layer_norm(x, gamma, beta, eps)?;
-        let stash = HostNormStash {
-            xhat: self.keep(s.xhat)?,
-            rstd: s.rstd,
-        };
-        Ok((y, stash))
+        self.keep_norm(cpu::layer_norm(x, gamma, beta, eps)?)
     }
     fn layer_norm_backward_input(
         &self,
@@ -391,6 +431,26 @@ impl Backend for Cpu {
         dbeta: &mut Tensor,
     ) -> Result<()> {
         cpu::layer_norm_backward_weight(dy, &*stash.xhat.restore()?, dgamma, dbeta)
+    }
+    fn rms_norm(&self, x: &Tensor, gamma: &Tensor, eps: f32) -> Result<(Tensor, HostNormStash)> {
+        self.keep_norm(cpu::rms_norm(x, gamma, eps)?)
+    }
+    fn rms_norm_backward_input(
+        &self,
+        dy: &Tensor,
+        gamma: &Tensor,
+        stash: &HostNormStash,
+    ) -> Result<Tensor> {
+        let xhat = stash.xhat.restore()?;
+        cpu::rms_norm_backward_input_from(dy, gamma, &xhat, &stash.rstd)
+    }
+    fn rms_norm_backward_weight(
+        &self,
+        dy: &Tensor,
+        stash: &HostNormStash,
+        dgamma: &mut Tensor,
+    ) -> Result<()> {
+        cpu::rms_norm_backward_weight(dy, &*stash.xhat.restore()?, dgamma)
     }
     fn cross_entropy(&self, logits: &Tensor, targets: &[u32], scale: f32) -> Result<(f32, Tensor)> {
         cpu::cross_entropy(logits, targets, scale)

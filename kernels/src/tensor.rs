@@ -126,6 +126,30 @@ impl Tensor {
         Ok(self)
     }
 
+    /// Matrices with the same rows side by side: `[rows, c_0 + c_1 + ..]` (e.g. a
+    /// gated MLP's gate and up weights fused into one).
+    pub fn concat_cols(parts: &[&Tensor]) -> Result<Tensor> {
+        let rows = parts.first().map_or(0, |t| t.rows());
+        if parts
+            .iter()
+            .any(|t| t.shape().len() != 2 || t.rows() != rows)
+        {
+            let shapes: Vec<&[usize]> = parts.iter().map(|t| t.shape()).collect();
+            return Err(shape_err(
+                "Tensor::concat_cols",
+                format!("{shapes:?} are not matrices of equal rows"),
+            ));
+        }
+        let cols: usize = parts.iter().map(|t| t.cols()).sum();
+        let mut data = Vec::with_capacity(rows * cols);
+        for r in 0..rows {
+            for t in parts {
+                data.extend_from_slice(&t.data()[r * t.cols()..(r + 1) * t.cols()]);
+            }
+        }
+        Tensor::new(&[rows, cols], data)
+    }
+
     /// `self += other`, elementwise; errors on a shape mismatch.
     pub fn add_assign(&mut self, other: &Tensor) -> Result<()> {
         self.check_same("Tensor::add_assign", other)?;

@@ -5,7 +5,7 @@
 mod common;
 
 use common::randn;
-use pipewright_kernels::cpu::{self, AttnShape};
+use pipewright_kernels::cpu::{self, AttnShape, GluKind};
 use pipewright_kernels::{Backend, Tensor};
 
 /// Defines `mod $name { fn cpu(); fn cuda() }` running `$check` on each backend.
@@ -33,8 +33,10 @@ on_every_backend! {
     empty_matmuls => check_empty_matmuls,
     bias => check_bias,
     gelu => check_gelu,
+    gated_units => check_glu,
     residual_add => check_add,
     layer_norm => check_layer_norm,
+    rms_norm => check_rms_norm,
     cross_entropy => check_cross_entropy,
     embedding => check_embedding,
     attention => check_attention,
@@ -220,6 +222,56 @@ fn check_gelu<B: Backend>(be: &B) {
     assert_close("gelu_backward", &got, &want, 1e-5);
 }
 
+/// A scalar activation in f64, the reference of a gated unit's.
+type Act = fn(f64) -> f64;
+
+fn silu64(v: f64) -> f64 {
+    v / (1.0 + (-v).exp())
+}
+
+fn check_glu<B: Backend>(be: &B) {
+    // Rows of [gate | up], f = 7 (off any vector width); gates spread over the
+    // activations' curved range.
+    let h = randn_affine(&[2, 3, 14], "glu-h", 3.0, 0.0);
+    let da = randn(&[2, 3, 7], "glu-da");
+    let (hd, dad) = (be.upload(&h).unwrap(), be.upload(&da).unwrap());
+    let acts = [
+        (GluKind::SwiGlu, silu64 as Act),
+        (GluKind::GeGlu, gelu64 as Act),
+    ];
+    for (kind, act) in acts {
+        let what = format!("{} {kind:?}", be.name());
+        let (mut want, mut want_d) = (Vec::new(), vec![0.0; h.numel()]);
+        for (r, row) in h.data().chunks(14).enumerate() {
+            for j in 0..7 {
+                let (g, u, d) = (
+                    row[j] as f64,
+                    row[7 + j] as f64,
+                    da.data()[r * 7 + j] as f64,
+                );
+                want.push(act(g) * u);
+                let slope = (act(g + 1e-6) - act(g - 1e-6)) / 2e-6;
+                want_d[r * 14 + j] = d * u * slope;
+                want_d[r * 14 + 7 + j] = d * act(g);
+            }
+        }
+        let got = be.download(&be.glu(&hd, kind).unwrap()).unwrap();
+        assert_eq!(got.shape(), &[2, 3, 7], "{what}");
+        assert_close(&format!("{what} glu"), &got, &want, 1e-5);
+        let got = be
+            .download(&be.glu_backward(&hd, &dad, kind).unwrap())
+            .unwrap();
+        assert_eq!(got.shape(), h.shape(), "{what}");
+        assert_close(&format!("{what} glu_backward"), &got, &want_d, 1e-5);
+        let odd = be.upload(&Tensor::zeros(&[2, 5])).unwrap();
+        assert!(be.glu(&odd, kind).is_err(), "{what}: odd width");
+        assert!(
+            be.glu_backward(&hd, &hd, kind).is_err(),
+            "{what}: wide gradient"
+        );
+    }
+}
+
 fn check_add<B: Backend>(be: &B) {
     let (a, b) = (randn(&[2, 3, 4], "a"), randn(&[2, 3, 4], "b"));
     let (ad, bd) = (be.upload(&a).unwrap(), be.upload(&b).unwrap());
@@ -309,6 +361,60 @@ fn check_layer_norm_shape<B: Backend>(be: &B, rows: usize, n: usize) {
     let g1 = be.upload(&Tensor::zeros(&[n + 1])).unwrap();
     assert!(be.layer_norm(&xd, &g1, &bd, 1e-5).is_err());
     assert!(be.layer_norm_backward_input(&dyd, &g1, &sd).is_err());
+}
+
+fn check_rms_norm<B: Backend>(be: &B) {
+    // As LayerNorm: widths on and off the float4 path, beyond one block's pass.
+    for (rows, n) in [(6, 7), (5, 64), (3, 1028), (2, 1030), (300, 12)] {
+        check_rms_norm_shape(be, rows, n);
+    }
+}
+
+fn check_rms_norm_shape<B: Backend>(be: &B, rows: usize, n: usize) {
+    let name = format!("{} [{rows}, {n}]", be.name());
+    let x = randn_affine(&[rows, n], "rms-x", 2.0, 1.0);
+    let (gamma, dy) = (randn(&[n], "rms-g"), randn(&[rows, n], "rms-dy"));
+    // The CPU op against f64 arithmetic; then the backend against the CPU op.
+    let (y, stash) = cpu::rms_norm(&x, &gamma, 1e-5).unwrap();
+    let want: Vec<f64> = x
+        .data()
+        .chunks(n)
+        .flat_map(|row| {
+            let ms = row.iter().map(|&v| (v as f64).powi(2)).sum::<f64>() / n as f64;
+            let r = 1.0 / (ms + 1e-5).sqrt();
+            let g = gamma.data();
+            row.iter()
+                .zip(g)
+                .map(move |(&v, &g)| v as f64 * r * g as f64)
+        })
+        .collect();
+    assert_close(&format!("{name} cpu rms_norm"), &y, &want, 1e-5);
+    let (xd, gd, dyd) = (
+        be.upload(&x).unwrap(),
+        be.upload(&gamma).unwrap(),
+        be.upload(&dy).unwrap(),
+    );
+    let (yd, sd) = be.rms_norm(&xd, &gd, 1e-5).unwrap();
+    let got = be.download(&yd).unwrap();
+    assert_eq!(got.shape(), y.shape());
+    assert_close(&format!("{name} rms_norm"), &got, &f64s(&y), TOL);
+
+    let dx = cpu::rms_norm_backward_input_from(&dy, &gamma, &stash.xhat, &stash.rstd).unwrap();
+    let got = be
+        .download(&be.rms_norm_backward_input(&dyd, &gd, &sd).unwrap())
+        .unwrap();
+    assert_close(&format!("{name} rms_norm dx"), &got, &f64s(&dx), TOL);
+
+    let mut dg = randn(&[n], "rms-dg");
+    let mut dgd = be.upload(&dg).unwrap();
+    cpu::rms_norm_backward_weight(&dy, &stash.xhat, &mut dg).unwrap();
+    be.rms_norm_backward_weight(&dyd, &sd, &mut dgd).unwrap();
+    let what = format!("{name} rms_norm dgamma");
+    assert_close(&what, &be.download(&dgd).unwrap(), &f64s(&dg), TOL);
+
+    let g1 = be.upload(&Tensor::zeros(&[n + 1])).unwrap();
+    assert!(be.rms_norm(&xd, &g1, 1e-5).is_err());
+    assert!(be.rms_norm_backward_input(&dyd, &g1, &sd).is_err());
 }
 
 fn check_cross_entropy<B: Backend>(be: &B) {
@@ -414,19 +520,26 @@ fn check_attention<B: Backend>(be: &B) {
     // Odd sizes, several sequences and heads: index mistakes between heads
     // or sequences show up as mismatches. Sequences off every GPU tile
     // (8, 16, 32 rows), one head, and each padded head width.
+    // (batch, seq, heads, key/value heads, head_dim): multi-head, then
+    // grouped-query (2 and 3 query heads a group) and multi-query.
     let shapes = [
-        (2, 5, 3, 4),
-        (1, 37, 1, 16),
-        (2, 33, 2, 32),
-        (1, 70, 2, 64),
-        (1, 41, 1, 128),
-        (1, 19, 2, 100),
+        (2, 5, 3, 3, 4),
+        (1, 37, 1, 1, 16),
+        (2, 33, 2, 2, 32),
+        (1, 70, 2, 2, 64),
+        (1, 41, 1, 1, 128),
+        (1, 19, 2, 2, 100),
+        (2, 5, 4, 2, 4),
+        (2, 33, 6, 2, 32),
+        (1, 41, 4, 1, 128),
+        (1, 70, 8, 1, 64),
     ];
-    for (batch, seq, heads, head_dim) in shapes {
+    for (batch, seq, heads, kv_heads, head_dim) in shapes {
         let sh = AttnShape {
             batch,
             seq,
             heads,
+            kv_heads,
             head_dim,
         };
         check_attention_shape(be, sh);
@@ -436,7 +549,7 @@ fn check_attention<B: Backend>(be: &B) {
 fn check_attention_shape<B: Backend>(be: &B, sh: AttnShape) {
     let name = format!("{} {sh:?}", be.name());
     let (rows, w) = (sh.batch * sh.seq, sh.width());
-    let qkv = randn(&[rows, 3 * w], "attn-qkv");
+    let qkv = randn(&[rows, sh.qkv_width()], "attn-qkv");
     let (out, probs) = cpu::causal_attention(&qkv, sh).unwrap();
     let qd = be.upload(&qkv).unwrap();
     let (od, stash) = be.causal_attention(&qd, sh).unwrap();
@@ -461,6 +574,14 @@ fn check_attention_shape<B: Backend>(be: &B, sh: AttnShape) {
         ..sh
     };
     assert!(be.causal_attention(&qd, bad).is_err());
+    if sh.kv_heads > 1 {
+        // Key/value heads that do not divide the query heads (or widths that do not match).
+        let bad = AttnShape {
+            kv_heads: sh.kv_heads - 1,
+            ..sh
+        };
+        assert!(be.causal_attention(&qd, bad).is_err());
+    }
     let short = be.upload(&Tensor::zeros(&[rows, w + 1])).unwrap();
     assert!(be
         .causal_attention_backward(&qd, &od, &stash, &short, sh)
@@ -475,12 +596,7 @@ fn cuda_attention_refuses_heads_wider_than_128() {
     let Some(gpu) = pipewright_kernels::cuda::gpu_for_tests(0) else {
         return;
     };
-    let sh = AttnShape {
-        batch: 1,
-        seq: 2,
-        heads: 1,
-        head_dim: 129,
-    };
+    let sh = AttnShape::mha(1, 2, 1, 129);
     let qkv = gpu.upload(&randn(&[2, 3 * 129], "wide")).unwrap();
     let err = gpu.causal_attention(&qkv, sh).unwrap_err().to_string();
     assert!(err.contains("head_dim above the GPU kernels' 128"), "{err}");

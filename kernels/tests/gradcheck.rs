@@ -84,12 +84,7 @@ fn embedding_weight_gradients() {
 
 #[test]
 fn attention_core_gradient() {
-    let sh = AttnShape {
-        batch: 2,
-        seq: 4,
-        heads: 2,
-        head_dim: 3,
-    };
+    let sh = AttnShape::mha(2, 4, 2, 3);
     let qkv = randn(&[8, 18], "qkv");
     let r = randn(&[2, 4, 6], "r");
     let (_, probs) = cpu::causal_attention(&qkv, sh).unwrap();
@@ -102,12 +97,7 @@ fn attention_core_gradient() {
 #[test]
 fn attention_is_causal() {
     // Changing the last token must not change any earlier output.
-    let sh = AttnShape {
-        batch: 1,
-        seq: 5,
-        heads: 2,
-        head_dim: 2,
-    };
+    let sh = AttnShape::mha(1, 5, 2, 2);
     let qkv = randn(&[5, 12], "qkv");
     let (y, _) = cpu::causal_attention(&qkv, sh).unwrap();
     let mut q2 = qkv.clone();
@@ -184,14 +174,15 @@ fn attention_layer() {
 
 #[test]
 fn transformer_block() {
+    let (mut ln1, mut ln2) = (LayerNorm::new("ln1", 6), LayerNorm::new("ln2", 6));
+    ln1.gamma.value = randn(&[6], "g1");
+    ln2.beta.value = randn(&[6], "b2");
     let mut b = Block {
-        ln1: LayerNorm::new("ln1", 6),
+        ln1: ln1.into(),
         attn: attention(6, 3, 0.4),
-        ln2: LayerNorm::new("ln2", 6),
+        ln2: ln2.into(),
         mlp: mlp(6, 12),
     };
-    b.ln1.gamma.value = randn(&[6], "g1");
-    b.ln2.beta.value = randn(&[6], "b2");
     let (x, r) = (randn(&[2, 3, 6], "x"), randn(&[2, 3, 6], "r"));
     let (_, s) = b.forward(x.clone(), &mut NoTp).unwrap();
     let (dx, ws) = b.backward_input(s, r.clone(), &mut NoTp).unwrap();
@@ -204,7 +195,7 @@ fn transformer_block() {
 #[test]
 fn lm_head_with_loss() {
     let mut h = LmHead {
-        ln_f: LayerNorm::new("ln_f", 4),
+        ln_f: LayerNorm::new("ln_f", 4).into(),
         proj: Linear::new("proj", randn(&[4, 7], "w"), Some(randn(&[7], "b"))).unwrap(),
     };
     let x = randn(&[2, 3, 4], "x");

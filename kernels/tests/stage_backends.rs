@@ -6,10 +6,11 @@
 //! (`flat_grads`/`set_flat_grads`, `AdamW`, `zero_grad`).
 //! `cuda_*` (feature `cuda`): a stage on GPU 0 against the CPU, same seed:
 //! loss, input gradient, weight gradients and parameters after 3 AdamW
-//! steps within 1e-4 relative, whole and split in two. Without a usable
+//! steps within 1e-4 relative, whole and split in two, in GPT-2's shape and
+//! in Llama's (grouped-query attention, SwiGLU, RMSNorm). Without a usable
 //! GPU it prints `skipped: <why>` and passes.
 
-use pipewright_kernels::gpt::{GptConfig, GptStage, Microbatch, StageOutput};
+use pipewright_kernels::gpt::{GptConfig, GptStage, Microbatch, MlpKind, NormKind, StageOutput};
 use pipewright_kernels::layers::{NoTp, Parameters, TpShard};
 use pipewright_kernels::optim::{AdamW, AdamWConfig, DeviceAdamW};
 use pipewright_kernels::{params, Backend, Cpu, Tensor};
@@ -20,6 +21,17 @@ const STEPS: usize = 3;
 
 fn cfg() -> GptConfig {
     GptConfig::new(16, 8, 32, 4, 2)
+}
+
+/// Llama's shape: 4 query heads reading 2 key/value heads, SwiGLU, RMSNorm.
+fn llama() -> GptConfig {
+    GptConfig {
+        kv_heads: 2,
+        d_ff: 88,
+        mlp: MlpKind::SwiGlu,
+        norm: NormKind::RmsNorm,
+        ..cfg()
+    }
 }
 
 /// eps = 1e-3 keeps the comparison well-conditioned: with a tiny eps a
@@ -56,8 +68,12 @@ struct StepOut {
 
 impl<B: Backend> Pipeline<B> {
     fn new(be: Arc<B>, n: usize) -> Self {
+        Self::of(be, n, &cfg())
+    }
+
+    fn of(be: Arc<B>, n: usize, cfg: &GptConfig) -> Self {
         let stages: Vec<_> = (0..n)
-            .map(|s| GptStage::on(&be, &cfg(), SEED, s, n, TpShard::SINGLE).unwrap())
+            .map(|s| GptStage::on(&be, cfg, SEED, s, n, TpShard::SINGLE).unwrap())
             .collect();
         let opts = stages
             .iter()
@@ -193,10 +209,13 @@ fn assert_close(what: &str, got: &[f32], want: &[f32], tol: f32) {
     }
 }
 
-/// A pipeline of `n` stages on `be` against the CPU, step by step.
-fn agrees_with_cpu<B: Backend>(be: Arc<B>, n: usize) {
+/// A pipeline of `n` stages of `cfg` on `be` against the CPU, step by step.
+fn agrees_with_cpu<B: Backend>(be: Arc<B>, n: usize, cfg: &GptConfig) {
     const TOL: f32 = 1e-4;
-    let (mut cpu, mut dev) = (Pipeline::new(Arc::new(Cpu), n), Pipeline::new(be, n));
+    let (mut cpu, mut dev) = (
+        Pipeline::of(Arc::new(Cpu), n, cfg),
+        Pipeline::of(be, n, cfg),
+    );
     for step in 0..STEPS {
         let (a, b) = (cpu.run(step), dev.run(step));
         let what = |x: &str| format!("{n} stages, step {step}: {x}");
@@ -216,7 +235,8 @@ fn agrees_with_cpu<B: Backend>(be: Arc<B>, n: usize) {
 
 #[test]
 fn harness_agrees_cpu_with_itself() {
-    agrees_with_cpu(Arc::new(Cpu), 2);
+    agrees_with_cpu(Arc::new(Cpu), 2, &cfg());
+    agrees_with_cpu(Arc::new(Cpu), 2, &llama());
 }
 
 #[cfg(feature = "cuda")]
@@ -224,7 +244,9 @@ fn harness_agrees_cpu_with_itself() {
 fn cuda_stage_agrees_with_cpu() {
     if let Some(gpu) = pipewright_kernels::cuda::gpu_for_tests(0) {
         let gpu = Arc::new(gpu);
-        agrees_with_cpu(gpu.clone(), 1);
-        agrees_with_cpu(gpu, 2);
+        for cfg in [cfg(), llama()] {
+            agrees_with_cpu(gpu.clone(), 1, &cfg);
+            agrees_with_cpu(gpu.clone(), 2, &cfg);
+        }
     }
 }

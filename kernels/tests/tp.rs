@@ -7,8 +7,8 @@
 mod common;
 
 use common::{grads, randn, ThreadReduce};
-use pipewright_kernels::gpt::{GptConfig, GptStage, Microbatch, StageOutput};
-use pipewright_kernels::layers::shard::{shard_cols, shard_rows};
+use pipewright_kernels::gpt::{GptConfig, GptStage, Microbatch, MlpKind, NormKind, StageOutput};
+use pipewright_kernels::layers::shard::{shard_col_segments, shard_cols, shard_rows};
 use pipewright_kernels::layers::{Attention, Mlp, NoTp, Parameters, TpShard};
 use pipewright_kernels::Tensor;
 
@@ -35,13 +35,21 @@ fn scaled(shape: &[usize], tag: &str) -> Tensor {
     Tensor::new(shape, t.data().iter().map(|v| v * s).collect()).unwrap()
 }
 
-/// The shard of a full gradient that rank `tp` should hold, by parameter name.
-fn expected_shard(name: &str, full: &Tensor, tp: TpShard) -> Tensor {
+/// The shard of a full gradient that rank `tp` should hold, by parameter name;
+/// `kv` is the key/value columns' share of a fused QKV's (1 for multi-head).
+fn expected_shard(name: &str, full: &Tensor, tp: TpShard, kv: f64) -> Tensor {
     if name.contains("attn.qkv") {
-        shard_cols(full, 3, tp).unwrap()
+        let q = (full.cols() as f64 / (1.0 + 2.0 * kv)).round() as usize;
+        let k = (full.cols() - q) / 2;
+        shard_col_segments(full, &[q, k, k], tp).unwrap()
+    } else if name.contains("mlp.gate_up") {
+        shard_cols(full, 2, tp).unwrap()
     } else if name.contains("mlp.fc1") {
         shard_cols(full, 1, tp).unwrap()
-    } else if name.ends_with("attn.proj.weight") || name.ends_with("mlp.fc2.weight") {
+    } else if ["attn.proj.weight", "mlp.fc2.weight", "mlp.down.weight"]
+        .iter()
+        .any(|n| name.ends_with(n))
+    {
         shard_rows(full, tp).unwrap()
     } else {
         full.clone()
@@ -49,13 +57,23 @@ fn expected_shard(name: &str, full: &Tensor, tp: TpShard) -> Tensor {
 }
 
 fn compare_grads(what: &str, full: &[(String, Tensor)], shard: &[(String, Tensor)], tp: TpShard) {
+    compare_grads_kv(what, full, shard, tp, 1.0)
+}
+
+fn compare_grads_kv(
+    what: &str,
+    full: &[(String, Tensor)],
+    shard: &[(String, Tensor)],
+    tp: TpShard,
+    kv: f64,
+) {
     assert_eq!(full.len(), shard.len());
     for ((n, g), (m, s)) in full.iter().zip(shard) {
         assert_eq!(n, m);
         assert_near(
             &format!("{what} {n} rank {}", tp.rank),
             s,
-            &expected_shard(n, g, tp),
+            &expected_shard(n, g, tp, kv),
         );
     }
 }
@@ -153,7 +171,41 @@ fn attention_rejects_bad_head_splits() {
 /// (in-process) all-reduce: same loss, same gradients shard by shard.
 #[test]
 fn gpt_on_tp_threads_matches_whole() {
-    let cfg = GptConfig::new(11, 6, 16, 4, 2);
+    check_gpt_on_tp_threads(&GptConfig::new(11, 6, 16, 4, 2), &[2, 4]);
+}
+
+/// The same for a Llama-shaped GPT: grouped-query attention (2 key/value heads
+/// for 4 query heads, so each of 2 ranks holds one group), a SwiGLU MLP (gate
+/// and up split by columns together, down by rows), RMSNorm; and GeGLU with
+/// multi-query attention (one key/value head, so TP 1 only: the TP size must
+/// divide the key/value heads).
+#[test]
+fn llama_shaped_gpt_on_tp_threads_matches_whole() {
+    let gqa = GptConfig {
+        kv_heads: 2,
+        d_ff: 24,
+        mlp: MlpKind::SwiGlu,
+        norm: NormKind::RmsNorm,
+        ..GptConfig::new(11, 6, 16, 4, 2)
+    };
+    check_gpt_on_tp_threads(&gqa, &[2]);
+    let err = GptStage::new(&gqa, 9, 0, 1, TpShard::new(0, 4).unwrap()).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("key/value heads (2) must be divisible by the tensor-parallel size 4"),
+        "{err}"
+    );
+    let mqa = GptConfig {
+        kv_heads: 1,
+        mlp: MlpKind::GeGlu,
+        ..gqa
+    };
+    check_gpt_on_tp_threads(&mqa, &[]);
+}
+
+fn check_gpt_on_tp_threads(cfg: &GptConfig, sizes: &[usize]) {
+    let cfg = *cfg;
+    let kv = cfg.kv_heads as f64 / cfg.n_heads as f64;
     let tokens: Vec<u32> = (0..12).map(|i| (i * 5 % 11) as u32).collect();
     let targets: Vec<u32> = (0..12).map(|i| (i * 3 % 11) as u32).collect();
     let mb = Microbatch {
@@ -169,7 +221,7 @@ fn gpt_on_tp_threads_matches_whole() {
     };
     whole.backward(stash, None, &mut NoTp).unwrap();
     let full_grads = grads(&whole);
-    for size in [2, 4] {
+    for &size in sizes {
         let results: Vec<(f32, Vec<(String, Tensor)>)> = std::thread::scope(|s| {
             let handles: Vec<_> = ThreadReduce::group(size)
                 .into_iter()
@@ -195,7 +247,7 @@ fn gpt_on_tp_threads_matches_whole() {
                 "tp={size} loss {l} vs {loss}"
             );
             let tp = TpShard::new(rank, size).unwrap();
-            compare_grads(&format!("gpt tp={size}"), &full_grads, g, tp);
+            compare_grads_kv(&format!("gpt tp={size}"), &full_grads, g, tp, kv);
         }
         // Replicated parameters' gradients agree bit for bit across ranks.
         let first: Vec<&Tensor> = results[0].1.iter().map(|(_, g)| g).collect();

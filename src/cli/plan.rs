@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Result};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
+use pipewright::runtime::gpt_config;
 use pipewright::schedule::memory::{AttentionKind, ModelShape};
 use pipewright::schedule::plan::costs::cost_model;
 use pipewright::schedule::plan::evaluate::one_step;
@@ -456,6 +457,7 @@ impl PlanCmd {
                 None => {
                     let file = self.timetable_out.as_ref();
                     out += &format!("\nrun the best:\n  {}\n", launch(req, best, file));
+                    out += &launch_note(req);
                     out += &plan_searched::note(best, file).unwrap_or_default();
                 }
                 Some(p) => out += &format!("\nrun the best:\n{}", profile_launch(p, best).0),
@@ -589,6 +591,17 @@ pub fn launch(req: &PlanRequest, r: &PlanRow, timetable: Option<&PathBuf>) -> St
         shape.vocab,
         kind_flags(shape)
     )
+}
+
+/// What `train` refuses of the planned shape, said under the launch line (the reference GPT
+/// has every kind but tied embeddings and rotary positions).
+fn launch_note(req: &PlanRequest) -> String {
+    match req.model.gpt().map(gpt_config) {
+        Some(Err(e)) => format!(
+            "  (train refuses this line: {e}; plan without --tied-embeddings and with --positions learned for the nearest shape it trains)\n"
+        ),
+        _ => String::new(),
+    }
 }
 
 /// How to run the best configuration of a layer-list model: the user's own program, with

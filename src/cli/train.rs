@@ -10,8 +10,8 @@ use indicatif::{ProgressBar, ProgressStyle};
 use pipewright::kernels::gpt::GptConfig;
 use pipewright::kernels::optim::AdamWConfig;
 use pipewright::runtime::{
-    run, train_gpt, Coord, FinalParams, Mesh, MicrobatchId, ModuleError, RunOptions, RuntimeError,
-    StepRecord, SyntheticModule, TrainConfig, Zero,
+    gpt_config, run, train_gpt, Coord, FinalParams, Mesh, MicrobatchId, ModuleError, RunOptions,
+    RuntimeError, StepRecord, SyntheticModule, TrainConfig, Zero,
 };
 use pipewright::schedule::{simulate, Timeline, Timetable};
 use pipewright::viz::{
@@ -30,6 +30,7 @@ use super::progress::{
     oversubscribed, oversubscription_json, warn_oversubscribed, working, StepLog,
 };
 use super::search::write_measured_costs;
+use super::shape::ShapeArgs;
 use super::steady::{bench_periods, period_compare, period_json, period_line, MeasuredPeriod};
 
 /// Train the reference GPT on in-process devices (one thread per rank), or one process per
@@ -56,7 +57,8 @@ pub struct TrainCmd {
     /// formats are emulated by rounding, so they train the same numbers, not faster.
     #[arg(long, value_enum, default_value_t = PrecisionArg::F32)]
     precision: PrecisionArg,
-    /// Tensor-parallel ranks inside each pipeline stage (must divide --heads).
+    /// Tensor-parallel ranks inside each pipeline stage (must divide --heads, --kv-heads and
+    /// --ffn).
     #[arg(long, default_value_t = 1)]
     tp: usize,
     /// Data-parallel replicas of the whole pipeline.
@@ -97,6 +99,10 @@ pub struct TrainCmd {
     /// Vocabulary size of the generated task (arithmetic progressions modulo the vocabulary).
     #[arg(long, default_value_t = 64)]
     vocab: usize,
+    /// The model's kinds beyond its sizes (key/value heads, MLP, norm, biases); the reference
+    /// GPT has every one but tied embeddings and rotary positions.
+    #[command(flatten)]
+    shape: ShapeArgs,
     /// AdamW learning rate (above 0, at most 1).
     #[arg(long, default_value_t = 3e-3, allow_negative_numbers = true)]
     lr: f32,
@@ -163,13 +169,7 @@ impl TrainCmd {
                 mesh.tp
             );
         }
-        let model = GptConfig::new(
-            self.vocab,
-            self.seq_len,
-            self.d_model,
-            self.heads,
-            self.layers,
-        );
+        let model = self.model()?;
         let cfg = TrainConfig {
             mesh,
             model,
@@ -319,15 +319,29 @@ impl TrainCmd {
         at_least("--tp", self.tp, 1, "tensor-parallel ranks")?;
         at_least("--dp", self.dp, 1, "data-parallel replicas")?;
         at_least("--steps", self.steps as usize, 1, "training steps")?;
-        GptConfig::new(
-            self.vocab,
-            self.seq_len,
-            self.d_model,
-            self.heads,
-            self.layers,
-        )
-        .validate(self.tp)?;
+        self.model()?.validate(self.tp)?;
         Ok(())
+    }
+
+    /// The reference GPT of the flags: the sizes and the shape's kinds (checked; a kind the
+    /// reference lacks refused in one line).
+    fn model(&self) -> Result<GptConfig> {
+        let size =
+            |flag: &str, v: usize| u32::try_from(v).map_err(|_| anyhow!("{flag} {v} is too large"));
+        let shape = self.shape.shape(
+            size("--layers", self.layers)?,
+            self.d_model as u64,
+            size("--heads", self.heads)?,
+            self.seq_len as u64,
+            self.vocab as u64,
+        )?;
+        // The reference refuses tied embeddings and rotary positions only.
+        let flag = if shape.tied_embeddings {
+            "--tied-embeddings"
+        } else {
+            "--positions"
+        };
+        gpt_config(&shape).map_err(|e| anyhow!("{flag}: {e}"))
     }
 
     /// Where tensors live: `--device`, checked against the transport. Over NCCL each rank

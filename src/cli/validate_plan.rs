@@ -9,6 +9,7 @@
 use std::process::Command;
 
 use anyhow::{anyhow, bail, Context, Result};
+use pipewright::runtime::gpt_config;
 use pipewright::schedule::memory::{MemoryBreakdown, ModelShape};
 use pipewright::schedule::plan::fit::peaks_as_run;
 use pipewright::schedule::plan::rank::spearman;
@@ -155,9 +156,8 @@ pub fn validate(req: &PlanRequest, runs: &[(Config, f64)]) -> Result<String> {
     let Some(shape) = req.model.gpt() else {
         bail!("--validate trains the reference GPT; a --profile's model is the user's own program");
     };
-    if shape.ffn != 4 * shape.d_model {
-        bail!("--validate runs the reference GPT, whose ffn is 4 * d_model: leave --ffn out");
-    }
+    // The reference GPT takes every kind of the shape but tied embeddings and rotary positions.
+    gpt_config(shape).map_err(|e| anyhow!("--validate trains the planned shape: {e}"))?;
     let mut out = format!(
         "\nvalidation: {} configurations (the best, the slowest simulated, and between them spread by predicted time) trained in-process for {STEPS} steps each, twice (the faster period counts)\n  #  predicted s  measured s  measured/predicted  peak memory error  configuration\n",
         runs.len()

@@ -127,6 +127,7 @@ pub mod run_nccl;
 #[cfg(all(feature = "nccl", feature = "mpi"))]
 pub mod run_nccl_mpi;
 mod setup;
+pub mod shape;
 pub mod split;
 pub mod train;
 pub mod zero;
@@ -150,6 +151,7 @@ pub use run_mpi::run_mpi;
 pub use run_nccl::run_nccl_rank;
 #[cfg(all(feature = "nccl", feature = "mpi"))]
 pub use run_nccl_mpi::run_nccl_mpi;
+pub use shape::gpt_config;
 #[cfg(feature = "cuda")]
 pub use train::train_gpt_cuda;
 #[cfg(feature = "mpi")]

@@ -1,19 +1,16 @@
 //! PP x TP x DP training equals one device: same seed, same global batch, same losses and
 //! final parameters within 1e-5, for every schedule.
 
-use std::collections::HashMap;
+#[path = "common/whole.rs"]
+mod whole;
 
-use pipewright_kernels::gpt::{GptConfig, GptStage, Microbatch, StageOutput};
-use pipewright_kernels::layers::shard::{shard_cols, shard_rows};
-use pipewright_kernels::layers::{NoTp, Param, Parameters, TpShard};
-use pipewright_kernels::optim::AdamW;
-use pipewright_kernels::Tensor;
-use pipewright_runtime::data::progression_batch;
-use pipewright_runtime::{train_gpt, FinalParams, Mesh, RunOptions, TrainConfig};
+use pipewright_kernels::gpt::GptConfig;
+use pipewright_runtime::{train_gpt, Mesh, RunOptions, TrainConfig};
 use pipewright_schedule::search::{list_schedule, stage_weights, Knobs};
 use pipewright_schedule::{
     generate, simulate, CostModel, Placement, ScheduleKind, ScheduleSpec, StageCost, Timetable,
 };
+use whole::{check_params, close, single_device};
 
 const STEPS: u64 = 3;
 const M: u32 = 4;
@@ -29,91 +26,6 @@ fn config(mesh: Mesh) -> TrainConfig {
             steps: STEPS,
             ..RunOptions::default()
         },
-    }
-}
-
-/// One device, the whole global batch as `dp * m` accumulated microbatches.
-fn single_device(cfg: &TrainConfig, m: u32) -> (Vec<f32>, GptStage) {
-    let mut whole = GptStage::whole(&cfg.model, cfg.seed).unwrap();
-    let mut opt = AdamW::new(whole.num_params(), cfg.run.adamw);
-    let n = cfg.mesh.dp as u64 * u64::from(m);
-    let mut losses = Vec::new();
-    for step in 0..STEPS {
-        let mut loss = 0.0;
-        for j in 0..n {
-            let (tokens, targets) = progression_batch(
-                cfg.seed,
-                step,
-                j,
-                cfg.microbatch_size,
-                cfg.model.seq_len,
-                cfg.model.vocab,
-            );
-            let mb = Microbatch {
-                tokens: &tokens,
-                targets: &targets,
-                seq: cfg.model.seq_len,
-                loss_scale: 1.0 / n as f32,
-            };
-            let (out, stash) = whole.forward(&mb, None, &mut NoTp).unwrap();
-            let StageOutput::Loss(l) = out else {
-                panic!("whole model ends in a loss")
-            };
-            loss += l;
-            whole.backward(stash, None, &mut NoTp).unwrap();
-        }
-        opt.step(&mut whole).unwrap();
-        whole.zero_grad();
-        losses.push(loss);
-    }
-    (losses, whole)
-}
-
-/// What a TP shard of a whole-model parameter holds (the split documented in kernels' shard.rs).
-fn shard_of(name: &str, full: &Tensor, tp: TpShard) -> Tensor {
-    if name.contains("attn.qkv.") {
-        shard_cols(full, 3, tp).unwrap()
-    } else if name.contains("mlp.fc1.") {
-        shard_cols(full, 1, tp).unwrap()
-    } else if name.ends_with("attn.proj.weight") || name.ends_with("mlp.fc2.weight") {
-        shard_rows(full, tp).unwrap()
-    } else {
-        full.clone()
-    }
-}
-
-fn close(a: f32, b: f32) -> bool {
-    (a - b).abs() <= 1e-5 * a.abs().max(b.abs()).max(1.0)
-}
-
-fn check_params(cfg: &TrainConfig, stages: usize, got: &FinalParams, whole: &GptStage, what: &str) {
-    let mut full: HashMap<String, Tensor> = HashMap::new();
-    whole.visit(&mut |p: &Param| {
-        full.insert(p.name.clone(), p.value.clone());
-    });
-    assert_eq!(
-        got.len(),
-        stages * cfg.mesh.tp,
-        "{what}: one parameter set per stage and shard"
-    );
-    for (&(stage, tp), flat) in got {
-        let shard = TpShard::new(tp, cfg.mesh.tp).unwrap();
-        let layout = GptStage::new(&cfg.model, cfg.seed, stage as usize, stages, shard).unwrap();
-        let mut offset = 0;
-        layout.visit(&mut |p: &Param| {
-            let want = shard_of(&p.name, &full[&p.name], shard);
-            let n = want.numel();
-            let have = &flat[offset..offset + n];
-            for (i, (&a, &b)) in have.iter().zip(want.data()).enumerate() {
-                assert!(
-                    close(a, b),
-                    "{what}: stage {stage} tp {tp} {}[{i}]: {a} vs {b}",
-                    p.name
-                );
-            }
-            offset += n;
-        });
-        assert_eq!(offset, flat.len(), "{what}: stage {stage} tp {tp}");
     }
 }
 
@@ -134,7 +46,7 @@ fn check_timetable(tt: &Timetable, what: &str, (pp, tp, dp): (usize, usize, usiz
     let mut losses = Vec::new();
     let params = train_gpt(&cfg, tt, |s| losses.push(s.loss.unwrap()))
         .unwrap_or_else(|e| panic!("{what}: {e}"));
-    let (want, whole) = single_device(&cfg, m);
+    let (want, whole) = single_device(&cfg, m, STEPS);
     assert_eq!(losses.len(), want.len());
     for (step, (a, b)) in losses.iter().zip(&want).enumerate() {
         assert!(close(*a, *b), "{what}: step {step} loss {a} vs {b}");

@@ -2,20 +2,23 @@
 //! on the CPU over a grid that takes every value of every dimension at least once (pp 1/2/4,
 //! tp 1/2, dp 1/2, v 1/2; 1F1B, interleaved 1F1B, ZB-H1, ZBV; recompute none, selective,
 //! full, every:N and per stage, with and without explicit R actions; ZeRO 0/1; sequence
-//! parallelism off and on, with recomputation and with ZeRO-1; f32 and bf16). On every rank
-//! the predicted peak (the moment of the highest total, in a step after the first, when
-//! AdamW's state exists) is within 5% of the measured one, and on the device's largest rank
-//! every category of it is equal to the byte.
+//! parallelism off and on, with recomputation and with ZeRO-1; f32 and bf16), and a second
+//! grid of today's shapes (grouped-query attention with SwiGLU and RMSNorm, no biases;
+//! multi-query attention with GeGLU, a QKV bias only; SwiGLU with LayerNorm) over the same
+//! kinds of points. On every rank the predicted peak (the moment of the highest total, in a
+//! step after the first, when AdamW's state exists) is within 5% of the measured one, and on
+//! the device's largest rank every category of it is equal to the byte.
 
 use pipewright_kernels::gpt::{GptConfig, GptStage};
 use pipewright_kernels::layers::{Parameters, TpShard};
 use pipewright_kernels::Precision;
-use pipewright_runtime::{train_gpt, Mesh, RunOptions, StepRecord, TrainConfig, Zero};
+use pipewright_runtime::{gpt_config, train_gpt, Mesh, RunOptions, StepRecord, TrainConfig, Zero};
 use pipewright_schedule::memory::{
     predict, predict_detail, stage_parameters, Accounting, DevicePrediction, MemPrecision,
     MemoryBreakdown, MemoryConfig, ModelShape,
 };
 use pipewright_schedule::recompute::insert;
+use pipewright_schedule::shape::{BiasKind, MlpKind, NormKind};
 use pipewright_schedule::{generate, RecomputePlan, ScheduleKind, ScheduleSpec};
 
 /// One grid point.
@@ -105,9 +108,73 @@ fn shape() -> ModelShape {
     ModelShape::gpt(8, 16, 2, 64, 8, 16)
 }
 
-/// Train two steps of `p` (3 sequences a microbatch) and predict it: the second step's
-/// record and the prediction per device.
-fn run(p: &Point) -> (StepRecord, Vec<DevicePrediction>) {
+/// Today's shapes at the grid's size, 4 heads of width 4: Llama's (2 key/value heads, SwiGLU
+/// of width 40, RMSNorm, no biases), multi-query attention with GeGLU and a QKV bias only,
+/// and SwiGLU with LayerNorm and every bias.
+fn new_shapes() -> [ModelShape; 3] {
+    let base = ModelShape::gpt(8, 16, 4, 40, 8, 16);
+    [
+        ModelShape {
+            kv_heads: 2,
+            mlp: MlpKind::SwiGlu,
+            norm: NormKind::RmsNorm,
+            bias: BiasKind::None,
+            ..base
+        },
+        ModelShape {
+            kv_heads: 1,
+            mlp: MlpKind::GeGlu,
+            bias: BiasKind::Qkv,
+            ..base
+        },
+        ModelShape {
+            mlp: MlpKind::SwiGlu,
+            ..base
+        },
+    ]
+}
+
+/// Points of the second grid: (index into [`new_shapes`], point). Multi-query attention has
+/// one key/value head, so it takes no TP (the TP size must divide the key/value heads).
+const SHAPE_GRID: [(usize, Point); 12] = {
+    use ScheduleKind::*;
+    [
+        (0, pt(OneFOneB, (2, 1, 2, 1), "none", 0, NO)),
+        (0, pt(Interleaved1F1B, (2, 2, 2, 2), "selective", 1, R)),
+        (0, pt(ZbH1, (2, 1, 2, 1), "every:1", 0, SP)),
+        (0, pt(Zbv, (2, 2, 2, 1), "full", 0, (false, true, true))),
+        (
+            0,
+            pt(Zbv, (2, 2, 1, 2), "selective", 1, (false, true, false)),
+        ),
+        (1, pt(OneFOneB, (4, 1, 1, 2), "full", 1, R)),
+        (
+            1,
+            pt(ZbH1, (2, 1, 1, 1), "selective", 0, (false, true, false)),
+        ),
+        (1, pt(Zbv, (2, 2, 1, 1), "none", 0, NO)),
+        (
+            1,
+            pt(
+                Interleaved1F1B,
+                (2, 2, 1, 1),
+                "0:full,1:selective,3:every:2",
+                0,
+                NO,
+            ),
+        ),
+        (2, pt(ZbH1, (2, 1, 2, 2), "none", 1, NO)),
+        (2, pt(OneFOneB, (2, 1, 2, 1), "every:1", 0, SP)),
+        (
+            2,
+            pt(Interleaved1F1B, (2, 2, 2, 1), "full", 0, (true, true, true)),
+        ),
+    ]
+};
+
+/// Train two steps of `p` (3 sequences a microbatch) in `shape` and predict it: the second
+/// step's record and the prediction per device.
+fn run_shape(p: &Point, shape: &ModelShape) -> (StepRecord, Vec<DevicePrediction>) {
     let plan: RecomputePlan = p.plan.parse().unwrap();
     let mut tt = generate(&ScheduleSpec::new(p.kind, p.pp, p.v, M, None).unwrap());
     if p.with_r {
@@ -115,7 +182,7 @@ fn run(p: &Point) -> (StepRecord, Vec<DevicePrediction>) {
     }
     let cfg = TrainConfig {
         mesh: Mesh::new(p.pp as usize, p.tp as usize, p.dp as usize).unwrap(),
-        model: GptConfig::new(16, 8, 16, 2, 8),
+        model: gpt_config(shape).unwrap(),
         microbatch_size: 3,
         seed: 1,
         sequence_parallel: p.sp,
@@ -148,7 +215,7 @@ fn run(p: &Point) -> (StepRecord, Vec<DevicePrediction>) {
         zero: p.zero,
         sequence_parallel: p.sp,
         recompute: plan,
-        ..MemoryConfig::new(shape(), p.pp).with_accounting(Accounting::Pipewright)
+        ..MemoryConfig::new(*shape, p.pp).with_accounting(Accounting::Pipewright)
     };
     (measured, predict_detail(&mem, &tt).unwrap())
 }
@@ -162,11 +229,40 @@ fn within_5_percent(measured: &MemoryBreakdown, predicted: &MemoryBreakdown) -> 
 #[test]
 fn predicted_peaks_equal_the_measured_ones_on_every_rank_of_the_grid() {
     for p in &GRID {
+        check_point(p, &shape());
+    }
+}
+
+#[test]
+fn predicted_peaks_equal_the_measured_ones_in_today_s_shapes() {
+    let shapes = new_shapes();
+    for (i, p) in &SHAPE_GRID {
+        check_point(p, &shapes[*i]);
+    }
+}
+
+/// The measured peaks of `p` trained in `shape` against the prediction: within 5% on every
+/// rank, equal to the byte on each device's largest.
+fn check_point(p: &Point, shape: &ModelShape) {
+    {
         let at = format!(
-            "{:?} pp={} v={} tp={} dp={} {} zero={} R={} sp={}",
-            p.kind, p.pp, p.v, p.tp, p.dp, p.plan, p.zero, p.with_r, p.sp
+            "{:?} pp={} v={} tp={} dp={} {} zero={} R={} sp={} bf16={} kv={} {} {} bias {}",
+            p.kind,
+            p.pp,
+            p.v,
+            p.tp,
+            p.dp,
+            p.plan,
+            p.zero,
+            p.with_r,
+            p.sp,
+            p.bf16,
+            shape.kv_heads,
+            shape.mlp,
+            shape.norm,
+            shape.bias
         );
-        let (measured, predicted) = run(p);
+        let (measured, predicted) = run_shape(p, shape);
         let per_device = (p.tp * p.dp) as usize;
         let stashes: Vec<u64> = predicted.iter().map(|d| d.max.activations).collect();
         assert!(stashes.iter().all(|&b| b > 0), "{at}: {stashes:?}");

@@ -1,9 +1,13 @@
-//! Causal multi-head self-attention core (no projections), on a fused QKV.
+//! Causal self-attention core (no projections), on a fused QKV, with as many
+//! key/value heads as query heads (multi-head), fewer (grouped-query) or one
+//! (multi-query).
 //!
-//! Layout: `qkv` is `[batch * seq, 3 * heads * head_dim]`, each row holding
-//! all query heads, then all key heads, then all value heads
-//! (`[Q_0 .. Q_{h-1} | K_0 .. | V_0 ..]`, each `head_dim` wide). The output is
-//! `[batch, seq, heads * head_dim]`, heads side by side. Every per-head
+//! Layout: `qkv` is `[batch * seq, (heads + 2 * kv_heads) * head_dim]`, each
+//! row holding all query heads, then all key heads, then all value heads
+//! (`[Q_0 .. Q_{h-1} | K_0 .. K_{g-1} | V_0 .. V_{g-1}]`, each `head_dim`
+//! wide). Query head `h` reads key/value head `h / (heads / kv_heads)`, so
+//! consecutive query heads share one (as in Llama and Megatron). The output
+//! is `[batch, seq, heads * head_dim]`, heads side by side. Every per-head
 //! product is one sgemm on strided views of these buffers, so no head is
 //! ever copied out.
 
@@ -18,16 +22,45 @@ pub struct AttnShape {
     pub batch: usize,
     /// Tokens per sequence.
     pub seq: usize,
-    /// Heads (local to this tensor-parallel rank).
+    /// Query heads (local to this tensor-parallel rank).
     pub heads: usize,
+    /// Key/value heads (local): `heads` for multi-head attention, fewer for
+    /// grouped-query, 1 for multi-query; must divide `heads`.
+    pub kv_heads: usize,
     /// Width of one head.
     pub head_dim: usize,
 }
 
 impl AttnShape {
-    /// Width of the output rows: all heads side by side.
+    /// Multi-head attention: one key/value head per query head.
+    pub fn mha(batch: usize, seq: usize, heads: usize, head_dim: usize) -> Self {
+        Self {
+            batch,
+            seq,
+            heads,
+            kv_heads: heads,
+            head_dim,
+        }
+    }
+
+    /// Width of the output rows: all query heads side by side.
     pub fn width(&self) -> usize {
         self.heads * self.head_dim
+    }
+
+    /// Width of the key (or value) columns: all key/value heads side by side.
+    pub fn kv_width(&self) -> usize {
+        self.kv_heads * self.head_dim
+    }
+
+    /// Width of a fused qkv row: queries, keys, values.
+    pub fn qkv_width(&self) -> usize {
+        self.width() + 2 * self.kv_width()
+    }
+
+    /// Query heads per key/value head.
+    pub fn group(&self) -> usize {
+        self.heads.checked_div(self.kv_heads).unwrap_or(0)
     }
 
     /// Checks a fused qkv of shape `shape` (shared with the CUDA backend).
@@ -38,7 +71,8 @@ impl AttnShape {
             .product::<usize>()
             .checked_div(cols)
             .unwrap_or(0);
-        if rows != self.batch * self.seq || cols != 3 * self.width() {
+        let grouped = self.kv_heads > 0 && self.heads % self.kv_heads == 0;
+        if !grouped || rows != self.batch * self.seq || cols != self.qkv_width() {
             return Err(shape_err(op, format!("qkv {shape:?} for {self:?}")));
         }
         Ok(())
@@ -57,10 +91,13 @@ impl AttnShape {
         Ok(())
     }
 
-    /// Offsets of Q, K, V of head `h` in sequence `b` of a fused qkv buffer.
+    /// Offsets of Q of query head `h` and of K, V of the key/value head it
+    /// reads, in sequence `b` of a fused qkv buffer.
     fn qkv_offsets(&self, b: usize, h: usize) -> [usize; 3] {
-        let base = b * self.seq * 3 * self.width() + h * self.head_dim;
-        [base, base + self.width(), base + 2 * self.width()]
+        let row = b * self.seq * self.qkv_width();
+        let kv = (h / self.group()) * self.head_dim;
+        let k = row + self.width() + kv;
+        [row + h * self.head_dim, k, k + self.kv_width()]
     }
 }
 
@@ -86,7 +123,7 @@ fn causal_softmax(s: &mut [f32], t: usize) {
 /// probabilities `[batch, heads, seq, seq]` that the backward needs.
 pub fn causal_attention(qkv: &Tensor, sh: AttnShape) -> Result<(Tensor, Tensor)> {
     sh.check("causal_attention", qkv.shape())?;
-    let (t, dh, w3) = (sh.seq, sh.head_dim, 3 * sh.width());
+    let (t, dh, w3) = (sh.seq, sh.head_dim, sh.qkv_width());
     let scale = 1.0 / (dh as f32).sqrt();
     let mut probs = vec![0.0f32; sh.batch * sh.heads * t * t];
     let mut out = vec![0.0f32; sh.batch * t * sh.width()];
@@ -115,7 +152,8 @@ pub fn causal_attention(qkv: &Tensor, sh: AttnShape) -> Result<(Tensor, Tensor)>
 }
 
 /// Backward: the gradient of the fused `qkv` (same layout) from the output
-/// gradient `dout`, the forward's `qkv` and its saved `probs`.
+/// gradient `dout`, the forward's `qkv` and its saved `probs`. A key/value
+/// head's gradient sums those of its query heads, in head order.
 pub fn causal_attention_backward(
     qkv: &Tensor,
     probs: &Tensor,
@@ -139,6 +177,8 @@ pub fn causal_attention_backward(
 /// One (sequence, head) of the backward. With `S` the scaled scores and `P`
 /// their causal softmax: `dV = P^T dO`, `dP = dO V^T`,
 /// `dS = P * (dP - rowsum(P * dP))`, `dQ = scale dS K`, `dK = scale dS^T Q`.
+/// The first query head of a group writes its key/value head's `dK`, `dV`;
+/// the others add to them.
 #[allow(clippy::too_many_arguments)]
 fn head_backward(
     qkv: &[f32],
@@ -150,9 +190,10 @@ fn head_backward(
     b: usize,
     h: usize,
 ) {
-    let (t, dh, w, w3) = (sh.seq, sh.head_dim, sh.width(), 3 * sh.width());
+    let (t, dh, w, w3) = (sh.seq, sh.head_dim, sh.width(), sh.qkv_width());
     let scale = 1.0 / (dh as f32).sqrt();
     let [q, k, v] = sh.qkv_offsets(b, h);
+    let kv_beta = if h % sh.group() == 0 { 0.0 } else { 1.0 };
     let pm = MatRef::new(p, t, t);
     let dom = MatRef::strided(&dout[b * t * w + h * dh..], t, dh, w, 1);
     let vm = MatRef::strided(&qkv[v..], t, dh, w3, 1);
@@ -160,7 +201,7 @@ fn head_backward(
         1.0,
         pm.t(),
         dom,
-        0.0,
+        kv_beta,
         MatMut::strided(&mut dqkv[v..], t, dh, w3),
     );
     gemm(1.0, dom, vm.t(), 0.0, MatMut::new(ds, t, t));
@@ -185,7 +226,7 @@ fn head_backward(
         scale,
         dsm.t(),
         qm,
-        0.0,
+        kv_beta,
         MatMut::strided(&mut dqkv[k..], t, dh, w3),
     );
 }
@@ -196,12 +237,7 @@ mod tests {
 
     #[test]
     fn first_token_attends_only_to_itself() {
-        let sh = AttnShape {
-            batch: 1,
-            seq: 3,
-            heads: 2,
-            head_dim: 2,
-        };
+        let sh = AttnShape::mha(1, 3, 2, 2);
         let data: Vec<f32> = (0..3 * 12).map(|i| (i as f32 * 0.37).sin()).collect();
         let qkv = Tensor::new(&[3, 12], data).unwrap();
         let (out, probs) = causal_attention(&qkv, sh).unwrap();

@@ -64,12 +64,22 @@ fn fast_tanh(u: f32) -> f32 {
 /// `approximate="tanh"`): `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`.
 /// It differs from the exact erf form by under 1e-3 and is cheaper.
 pub fn gelu(x: &Tensor) -> Tensor {
-    let data = x
-        .data()
-        .iter()
-        .map(|&v| 0.5 * v * (1.0 + fast_tanh(GELU_C * (v + GELU_A * v * v * v))))
-        .collect();
+    let data = x.data().iter().map(|&v| gelu_value(v)).collect();
     Tensor::from_parts(x.shape().to_vec(), data)
+}
+
+/// GeLU of one value (the tanh form of [`gelu`]).
+#[inline]
+pub(crate) fn gelu_value(v: f32) -> f32 {
+    0.5 * v * (1.0 + fast_tanh(GELU_C * (v + GELU_A * v * v * v)))
+}
+
+/// The derivative of [`gelu_value`] at `v`.
+#[inline]
+pub(crate) fn gelu_slope(v: f32) -> f32 {
+    let t = fast_tanh(GELU_C * (v + GELU_A * v * v * v));
+    let dt = (1.0 - t * t) * GELU_C * (1.0 + 3.0 * GELU_A * v * v);
+    0.5 * (1.0 + t) + 0.5 * v * dt
 }
 
 /// Input gradient of [`gelu`]: `dy * gelu'(x)`, with `x` the forward input.
@@ -79,11 +89,7 @@ pub fn gelu_backward(x: &Tensor, dy: &Tensor) -> Result<Tensor> {
         .data()
         .iter()
         .zip(dy.data())
-        .map(|(&v, &g)| {
-            let t = fast_tanh(GELU_C * (v + GELU_A * v * v * v));
-            let dt = (1.0 - t * t) * GELU_C * (1.0 + 3.0 * GELU_A * v * v);
-            g * (0.5 * (1.0 + t) + 0.5 * v * dt)
-        })
+        .map(|(&v, &g)| g * gelu_slope(v))
         .collect();
     Ok(Tensor::from_parts(x.shape().to_vec(), data))
 }

@@ -13,7 +13,7 @@ pub struct LayerNormStash {
     pub rstd: Vec<f32>,
 }
 
-fn check_params(op: &'static str, x: &Tensor, gamma: &Tensor) -> Result<()> {
+pub(super) fn check_params(op: &'static str, x: &Tensor, gamma: &Tensor) -> Result<()> {
     if gamma.shape() != [x.cols()] {
         return Err(shape_err(
             op,

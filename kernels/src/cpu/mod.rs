@@ -8,8 +8,10 @@ pub mod attention;
 pub mod elementwise;
 pub mod embedding;
 pub mod gemm;
+pub mod glu;
 pub mod layernorm;
 pub mod loss;
+pub mod rmsnorm;
 
 pub use attention::{causal_attention, causal_attention_backward, AttnShape};
 pub use elementwise::{add, add_bias, bias_grad_acc, gelu, gelu_backward};
@@ -18,8 +20,10 @@ pub use gemm::{
     gemm, matmul, matmul_into, matmul_nt, matmul_stats, matmul_tn_acc, reset_matmul_stats, MatMut,
     MatRef, MatmulStats,
 };
+pub use glu::{glu, glu_backward, GluKind};
 pub use layernorm::{
     layer_norm, layer_norm_backward_input, layer_norm_backward_input_from,
     layer_norm_backward_weight, LayerNormStash,
 };
 pub use loss::{cross_entropy, cross_entropy_backward};
+pub use rmsnorm::{rms_norm, rms_norm_backward_input_from, rms_norm_backward_weight};

@@ -1,7 +1,9 @@
 // Fused causal attention, FlashAttention-2 style, f32 throughout.
 //
-// Layout (the CPU op's): qkv is [batch * T, 3W] with W = H * dh, each row
-// [Q_0 .. Q_{H-1} | K_0 .. | V_0 ..]; out, dout [batch * T, W]; lse, delta
+// Layout (the CPU op's): qkv is [batch * T, W + 2 KV dh] with W = H * dh,
+// each row [Q_0 .. Q_{H-1} | K_0 .. K_{KV-1} | V_0 .. V_{KV-1}]; query head h
+// reads key/value head h / (H / KV) (grouped-query attention; KV = H is
+// multi-head, KV = 1 multi-query); out, dout [batch * T, W]; lse, delta
 // [batch, H, T]. Scores are scale * q.k, causal (key <= query).
 //
 // Templates: D is the head width rounded up to a power of two in 16..128
@@ -42,6 +44,24 @@ __device__ __forceinline__ float dot4(float4 a, float4 b) {
     return (a.x * b.x + a.y * b.y) + (a.z * b.z + a.w * b.w);
 }
 
+// Pointers to the first row of sequence b's Q columns of query head h, and
+// of the K and V columns of the key/value head it reads; W3 is the qkv row.
+struct Heads {
+    const float* q;
+    const float* k;
+    const float* v;
+};
+__device__ __forceinline__ Heads heads_of(const float* qkv, int b, int h, int T, int H, int KV,
+                                          int dh) {
+    const int W = H * dh, W3 = W + 2 * KV * dh, kv = h / (H / KV);
+    const float* row = qkv + (long long)b * T * W3;
+    Heads p;
+    p.q = row + h * dh;
+    p.k = row + W + kv * dh;
+    p.v = row + W + KV * dh + kv * dh;
+    return p;
+}
+
 // Loads rows t0 .. t0 + rows - 1 of one head (columns 0 .. D - 1, zeros at
 // t >= T or d >= dh) from `src` (row stride ld) into `dst`, rotated or plain.
 template <int D, bool ROT>
@@ -62,19 +82,19 @@ __device__ void load_tile(float* dst, const float* src, long long ld, int t0, in
 // P through shared memory, O += P V (lane = head columns). Writes out and
 // lse = m + log(l) for rows < T.
 template <int D, int R>
-__device__ void attn_fwd(float* out, float* lse, const float* qkv, int T, int H, int dh,
-                         float scale) {
+__device__ void attn_fwd(float* out, float* lse, const float* qkv, int T, int H, int KV,
+                         int dh, float scale) {
     constexpr int BQ = WARPS * R, NC = (D + 31) / 32;
     __shared__ __align__(16) float Qs[BQ * D];
     __shared__ __align__(16) float Ks[TILE * D];
     __shared__ __align__(16) float Vs[TILE * D];
     __shared__ __align__(16) float Ps[BQ * TILE];
     static_assert(sizeof(float) * (BQ * D + 2 * TILE * D + BQ * TILE) <= SMEM_MAX, "smem");
-    const int W = H * dh, W3 = 3 * W;
+    const int W = H * dh, W3 = W + 2 * KV * dh;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int q0 = blockIdx.x * BQ, bh = blockIdx.y, b = bh / H, h = bh - b * H;
-    const float* base = qkv + (long long)b * T * W3 + h * dh;
-    load_tile<D, false>(Qs, base, W3, q0, BQ, T, dh);
+    const Heads hp = heads_of(qkv, b, h, T, H, KV, dh);
+    load_tile<D, false>(Qs, hp.q, W3, q0, BQ, T, dh);
     float m[R], l[R], o[R][NC];
     for (int r = 0; r < R; ++r) {
         m[r] = NEG_INF;
@@ -84,8 +104,8 @@ __device__ void attn_fwd(float* out, float* lse, const float* qkv, int T, int H,
     const int kend = min(q0 + BQ, T);
     for (int k0 = 0; k0 < kend; k0 += TILE) {
         __syncthreads();  // the last tile's readers are done (and Qs is written)
-        load_tile<D, true>(Ks, base + W, W3, k0, TILE, T, dh);
-        load_tile<D, true>(Vs, base + 2 * W, W3, k0, TILE, T, dh);
+        load_tile<D, true>(Ks, hp.k, W3, k0, TILE, T, dh);
+        load_tile<D, true>(Vs, hp.v, W3, k0, TILE, T, dh);
         __syncthreads();
         float s[R];
         for (int r = 0; r < R; ++r) s[r] = 0.0f;
@@ -158,7 +178,7 @@ attn_delta(float* delta, const float* out, const float* dout, int rows, int T, i
 // dQ += dS K (lane = head columns). Writes scale * dQ into Q's columns.
 template <int D, int R>
 __device__ void attn_bwd_dq(float* dqkv, const float* qkv, const float* dout, const float* lse,
-                            const float* delta, int T, int H, int dh, float scale) {
+                            const float* delta, int T, int H, int KV, int dh, float scale) {
     constexpr int BQ = WARPS * R, NC = (D + 31) / 32;
     __shared__ __align__(16) float Qs[BQ * D];
     __shared__ __align__(16) float Os[BQ * D];
@@ -166,11 +186,11 @@ __device__ void attn_bwd_dq(float* dqkv, const float* qkv, const float* dout, co
     __shared__ __align__(16) float Vs[TILE * D];
     __shared__ __align__(16) float Ss[BQ * TILE];
     static_assert(sizeof(float) * (2 * BQ * D + 2 * TILE * D + BQ * TILE) <= SMEM_MAX, "smem");
-    const int W = H * dh, W3 = 3 * W;
+    const int W = H * dh, W3 = W + 2 * KV * dh;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int q0 = blockIdx.x * BQ, bh = blockIdx.y, b = bh / H, h = bh - b * H;
-    const float* base = qkv + (long long)b * T * W3 + h * dh;
-    load_tile<D, false>(Qs, base, W3, q0, BQ, T, dh);
+    const Heads hp = heads_of(qkv, b, h, T, H, KV, dh);
+    load_tile<D, false>(Qs, hp.q, W3, q0, BQ, T, dh);
     load_tile<D, false>(Os, dout + (long long)b * T * W + h * dh, W, q0, BQ, T, dh);
     float lr[R], dr[R], acc[R][NC];
     for (int r = 0; r < R; ++r) {
@@ -182,8 +202,8 @@ __device__ void attn_bwd_dq(float* dqkv, const float* qkv, const float* dout, co
     const int kend = min(q0 + BQ, T);
     for (int k0 = 0; k0 < kend; k0 += TILE) {
         __syncthreads();
-        load_tile<D, true>(Ks, base + W, W3, k0, TILE, T, dh);
-        load_tile<D, true>(Vs, base + 2 * W, W3, k0, TILE, T, dh);
+        load_tile<D, true>(Ks, hp.k, W3, k0, TILE, T, dh);
+        load_tile<D, true>(Vs, hp.v, W3, k0, TILE, T, dh);
         __syncthreads();
         float s[R], dp[R];
         for (int r = 0; r < R; ++r) s[r] = dp[r] = 0.0f;
@@ -227,15 +247,16 @@ __device__ void attn_bwd_dq(float* dqkv, const float* qkv, const float* dout, co
     }
 }
 
-// dK and dV. Grid: (ceil(T / (WARPS * R)), batch * H); block: THREADS.
-// Block owns keys k0 .. k0 + WARPS * R - 1 of head (b, h), warp w keys
-// k0 + w * R + r; loops over query tiles of TILE from the one holding k0 to
-// the end: P = exp(scale k.q - lse) and dP = v.dO (lane = query), P and
+// dK and dV. Grid: (ceil(T / (WARPS * R)), batch * KV); block: THREADS.
+// Block owns keys k0 .. k0 + WARPS * R - 1 of key/value head (b, kv), warp w
+// keys k0 + w * R + r; for each query head h of the group, in order, loops
+// over query tiles of TILE from the one holding k0 to the end:
+// P = exp(scale k.q - lse) and dP = v.dO (lane = query), P and
 // dS = P (dP - delta) through shared memory, then dV += P^T dO and
-// dK += dS^T Q (lane = head columns). Writes scale * dK and dV.
+// dK += dS^T Q (lane = head columns). Writes scale * dK and dV once.
 template <int D, int R>
 __device__ void attn_bwd_dkv(float* dqkv, const float* qkv, const float* dout, const float* lse,
-                             const float* delta, int T, int H, int dh, float scale) {
+                             const float* delta, int T, int H, int KV, int dh, float scale) {
     constexpr int BK = WARPS * R, NC = (D + 31) / 32;
     __shared__ __align__(16) float Ks[BK * D];
     __shared__ __align__(16) float Vs[BK * D];
@@ -247,58 +268,62 @@ __device__ void attn_bwd_dkv(float* dqkv, const float* qkv, const float* dout, c
     __shared__ float Ds[TILE];
     static_assert(sizeof(float) * (2 * BK * D + 2 * TILE * D + 2 * BK * TILE + 2 * TILE)
                       <= SMEM_MAX, "smem");
-    const int W = H * dh, W3 = 3 * W;
+    const int W = H * dh, W3 = W + 2 * KV * dh, G = H / KV;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int k0 = blockIdx.x * BK, bh = blockIdx.y, b = bh / H, h = bh - b * H;
-    const float* base = qkv + (long long)b * T * W3 + h * dh;
-    const float* obase = dout + (long long)b * T * W + h * dh;
-    load_tile<D, false>(Ks, base + W, W3, k0, BK, T, dh);
-    load_tile<D, false>(Vs, base + 2 * W, W3, k0, BK, T, dh);
+    const int k0 = blockIdx.x * BK, bkv = blockIdx.y, b = bkv / KV, kv = bkv - b * KV;
+    const Heads first = heads_of(qkv, b, kv * G, T, H, KV, dh);
+    load_tile<D, false>(Ks, first.k, W3, k0, BK, T, dh);
+    load_tile<D, false>(Vs, first.v, W3, k0, BK, T, dh);
     float dk[R][NC], dv[R][NC];
     for (int r = 0; r < R; ++r)
         for (int c = 0; c < NC; ++c) dk[r][c] = dv[r][c] = 0.0f;
-    for (int q0 = (k0 / TILE) * TILE; q0 < T; q0 += TILE) {
-        __syncthreads();
-        load_tile<D, true>(Qs, base, W3, q0, TILE, T, dh);
-        load_tile<D, true>(Os, obase, W, q0, TILE, T, dh);
-        if (threadIdx.x < TILE) {
-            const int qi = q0 + threadIdx.x;
-            Ls[threadIdx.x] = qi < T ? lse[(long long)bh * T + qi] : 0.0f;
-            Ds[threadIdx.x] = qi < T ? delta[(long long)bh * T + qi] : 0.0f;
-        }
-        __syncthreads();
-        float s[R], dp[R];
-        for (int r = 0; r < R; ++r) s[r] = dp[r] = 0.0f;
-        for (int d = 0; d < D; d += 4) {
-            float4 q4 = *(const float4*)&Qs[rot<D>(lane, d)];
-            float4 o4 = *(const float4*)&Os[rot<D>(lane, d)];
-            for (int r = 0; r < R; ++r) {
-                s[r] += dot4(q4, *(const float4*)&Ks[(warp * R + r) * D + d]);
-                dp[r] += dot4(o4, *(const float4*)&Vs[(warp * R + r) * D + d]);
+    for (int h = kv * G; h < (kv + 1) * G; ++h) {
+        const int bh = b * H + h;
+        const float* qbase = heads_of(qkv, b, h, T, H, KV, dh).q;
+        const float* obase = dout + (long long)b * T * W + h * dh;
+        for (int q0 = (k0 / TILE) * TILE; q0 < T; q0 += TILE) {
+            __syncthreads();
+            load_tile<D, true>(Qs, qbase, W3, q0, TILE, T, dh);
+            load_tile<D, true>(Os, obase, W, q0, TILE, T, dh);
+            if (threadIdx.x < TILE) {
+                const int qi = q0 + threadIdx.x;
+                Ls[threadIdx.x] = qi < T ? lse[(long long)bh * T + qi] : 0.0f;
+                Ds[threadIdx.x] = qi < T ? delta[(long long)bh * T + qi] : 0.0f;
             }
-        }
-        const int qi = q0 + lane;
-        for (int r = 0; r < R; ++r) {
-            const int kj = k0 + warp * R + r;
-            const bool live = kj <= qi && qi < T && kj < T;
-            const float p = live ? expf(s[r] * scale - Ls[lane]) : 0.0f;
-            Ps[(warp * R + r) * TILE + lane] = p;
-            Ss[(warp * R + r) * TILE + lane] = p * (dp[r] - Ds[lane]);
-        }
-        __syncwarp();
-        for (int i = 0; i < TILE; i += 4) {
-            for (int c = 0; c < NC; ++c) {
-                const int d = lane + 32 * c;
-                if (D < 32 && d >= D) continue;
-                const float o0 = Os[rot<D>(i, d)], o1 = Os[rot<D>(i + 1, d)];
-                const float o2 = Os[rot<D>(i + 2, d)], o3 = Os[rot<D>(i + 3, d)];
-                const float x0 = Qs[rot<D>(i, d)], x1 = Qs[rot<D>(i + 1, d)];
-                const float x2 = Qs[rot<D>(i + 2, d)], x3 = Qs[rot<D>(i + 3, d)];
+            __syncthreads();
+            float s[R], dp[R];
+            for (int r = 0; r < R; ++r) s[r] = dp[r] = 0.0f;
+            for (int d = 0; d < D; d += 4) {
+                float4 q4 = *(const float4*)&Qs[rot<D>(lane, d)];
+                float4 o4 = *(const float4*)&Os[rot<D>(lane, d)];
                 for (int r = 0; r < R; ++r) {
-                    float4 p4 = *(const float4*)&Ps[(warp * R + r) * TILE + i];
-                    float4 s4 = *(const float4*)&Ss[(warp * R + r) * TILE + i];
-                    dv[r][c] += (p4.x * o0 + p4.y * o1) + (p4.z * o2 + p4.w * o3);
-                    dk[r][c] += (s4.x * x0 + s4.y * x1) + (s4.z * x2 + s4.w * x3);
+                    s[r] += dot4(q4, *(const float4*)&Ks[(warp * R + r) * D + d]);
+                    dp[r] += dot4(o4, *(const float4*)&Vs[(warp * R + r) * D + d]);
+                }
+            }
+            const int qi = q0 + lane;
+            for (int r = 0; r < R; ++r) {
+                const int kj = k0 + warp * R + r;
+                const bool live = kj <= qi && qi < T && kj < T;
+                const float p = live ? expf(s[r] * scale - Ls[lane]) : 0.0f;
+                Ps[(warp * R + r) * TILE + lane] = p;
+                Ss[(warp * R + r) * TILE + lane] = p * (dp[r] - Ds[lane]);
+            }
+            __syncwarp();
+            for (int i = 0; i < TILE; i += 4) {
+                for (int c = 0; c < NC; ++c) {
+                    const int d = lane + 32 * c;
+                    if (D < 32 && d >= D) continue;
+                    const float o0 = Os[rot<D>(i, d)], o1 = Os[rot<D>(i + 1, d)];
+                    const float o2 = Os[rot<D>(i + 2, d)], o3 = Os[rot<D>(i + 3, d)];
+                    const float x0 = Qs[rot<D>(i, d)], x1 = Qs[rot<D>(i + 1, d)];
+                    const float x2 = Qs[rot<D>(i + 2, d)], x3 = Qs[rot<D>(i + 3, d)];
+                    for (int r = 0; r < R; ++r) {
+                        float4 p4 = *(const float4*)&Ps[(warp * R + r) * TILE + i];
+                        float4 s4 = *(const float4*)&Ss[(warp * R + r) * TILE + i];
+                        dv[r][c] += (p4.x * o0 + p4.y * o1) + (p4.z * o2 + p4.w * o3);
+                        dk[r][c] += (s4.x * x0 + s4.y * x1) + (s4.z * x2 + s4.w * x3);
+                    }
                 }
             }
         }
@@ -306,12 +331,12 @@ __device__ void attn_bwd_dkv(float* dqkv, const float* qkv, const float* dout, c
     for (int r = 0; r < R; ++r) {
         const int kj = k0 + warp * R + r;
         if (kj >= T) continue;
-        float* row = dqkv + ((long long)b * T + kj) * W3 + h * dh;
+        float* row = dqkv + ((long long)b * T + kj) * W3 + W + kv * dh;
         for (int c = 0; c < NC; ++c) {
             const int d = lane + 32 * c;
             if (d < dh) {
-                row[W + d] = dk[r][c] * scale;
-                row[2 * W + d] = dv[r][c];
+                row[d] = dk[r][c] * scale;
+                row[KV * dh + d] = dv[r][c];
             }
         }
     }

@@ -9,9 +9,11 @@
 //! instead of FlashAttention-2's atomic dQ.
 //!
 //! Layouts are the CPU op's (`cpu::attention`): `qkv` is
-//! `[batch * seq, 3 * w]` with `w = heads * head_dim`, each row
-//! `[Q_0 .. Q_{h-1} | K_0 .. | V_0 ..]`; the output `[batch, seq, w]`; the
-//! logsumexp `[batch, heads, seq]`. Supported: `head_dim <= 128` (the
+//! `[batch * seq, w + 2 * kv_heads * head_dim]` with `w = heads * head_dim`,
+//! each row `[Q_0 .. Q_{h-1} | K_0 .. | V_0 ..]`, query head `h` reading
+//! key/value head `h / (heads / kv_heads)`; the output `[batch, seq, w]`; the
+//! logsumexp `[batch, heads, seq]`. The dK/dV kernel runs per key/value head
+//! and sums its query heads' contributions in head order. Supported: `head_dim <= 128` (the
 //! kernels pad it to the next of 16, 32, 64, 128), `batch * heads <= 65535`;
 //! anything else is refused with a shape error.
 
@@ -71,14 +73,14 @@ const TILES: [Tile; 4] = [
 pub(super) fn source() -> String {
     let mut src = TEMPLATES.to_string();
     let bwd = "(float* dqkv, const float* qkv, const float* dout, const float* lse, \
-               const float* delta, int T, int H, int dh, float scale)";
-    let bwd_args = "(dqkv, qkv, dout, lse, delta, T, H, dh, scale)";
+               const float* delta, int T, int H, int KV, int dh, float scale)";
+    let bwd_args = "(dqkv, qkv, dout, lse, delta, T, H, KV, dh, scale)";
     for t in &TILES {
         let d = t.d;
         src += &format!(
             "\nextern \"C\" __global__ void __launch_bounds__(THREADS) attn_fwd_{d}\
-             (float* out, float* lse, const float* qkv, int T, int H, int dh, float scale) \
-             {{ attn_fwd<{d}, {}>(out, lse, qkv, T, H, dh, scale); }}\n",
+             (float* out, float* lse, const float* qkv, int T, int H, int KV, int dh, \
+             float scale) {{ attn_fwd<{d}, {}>(out, lse, qkv, T, H, KV, dh, scale); }}\n",
             t.fwd
         );
         src += &format!(
@@ -134,15 +136,16 @@ fn tile(op: &'static str, sh: AttnShape) -> Result<usize> {
         .ok_or_else(|| shape_err(op, format!("{sh:?}: head_dim above the GPU kernels' 128")))
 }
 
-/// `ceil(n / rows_per_block) x batch * heads` blocks of [`THREADS`].
-fn grid(sh: AttnShape, rows_per_warp: usize) -> Result<LaunchConfig> {
+/// `ceil(n / rows_per_block) x batch * heads` blocks of [`THREADS`] (`heads`:
+/// the query heads, or the key/value heads for dK/dV).
+fn grid(sh: AttnShape, heads: usize, rows_per_warp: usize) -> Result<LaunchConfig> {
     let dim = |n: usize| {
         u32::try_from(n).map_err(|_| KernelError::Cuda(format!("{n} blocks exceed a grid")))
     };
     Ok(LaunchConfig {
         grid_dim: (
             dim(sh.seq.div_ceil(WARPS * rows_per_warp))?,
-            dim(sh.batch * sh.heads)?,
+            dim(sh.batch * heads)?,
             1,
         ),
         block_dim: (THREADS, 1, 1),
@@ -150,10 +153,12 @@ fn grid(sh: AttnShape, rows_per_warp: usize) -> Result<LaunchConfig> {
     })
 }
 
-/// Sizes as the kernels' ints: `T`, `H`, `dh`, and the softmax scale.
-fn dims(sh: AttnShape) -> Result<(i32, i32, i32, f32)> {
+/// Sizes as the kernels' ints: `T`, `H`, `KV`, `dh`, and the softmax scale.
+fn dims(sh: AttnShape) -> Result<([i32; 4], f32)> {
     let scale = 1.0 / (sh.head_dim as f32).sqrt();
-    Ok((int(sh.seq)?, int(sh.heads)?, int(sh.head_dim)?, scale))
+    let ints = [sh.seq, sh.heads, sh.kv_heads, sh.head_dim].map(int);
+    let [t, h, kv, dh] = ints;
+    Ok(([t?, h?, kv?, dh?], scale))
 }
 
 /// Nothing to compute (and no block to launch) for an empty shape.
@@ -193,14 +198,15 @@ impl AttnKernels {
         if empty(sh) {
             return Ok(());
         }
-        let (t, h, dh, scale) = dims(sh)?;
+        let ([t, h, kv, dh], scale) = dims(sh)?;
         let mut b = s.launch_builder(&self.per_tile[i][0]);
         b.arg(&mut out.data).arg(&mut lse.data).arg(&qkv.data);
-        b.arg(&t).arg(&h).arg(&dh).arg(&scale);
-        // SAFETY: qkv is [batch * seq, 3w], out [batch * seq, w] and lse
-        // [batch * heads * seq] (checked by the caller); blocks cover
-        // batch * heads heads and seq rows, every index guarded by t < T.
-        unsafe { b.launch(grid(sh, TILES[i].fwd)?) }
+        b.arg(&t).arg(&h).arg(&kv).arg(&dh).arg(&scale);
+        // SAFETY: qkv is [batch * seq, w + 2 kv_heads head_dim], out
+        // [batch * seq, w] and lse [batch * heads * seq], kv_heads dividing
+        // heads (checked by the caller); blocks cover batch * heads heads and
+        // seq rows, every index guarded by t < T.
+        unsafe { b.launch(grid(sh, sh.heads, TILES[i].fwd)?) }
             .map(drop)
             .map_err(cuda_err)
     }
@@ -222,7 +228,7 @@ impl AttnKernels {
         if empty(sh) {
             return Ok(());
         }
-        let (t, h, dh, scale) = dims(sh)?;
+        let ([t, h, kv, dh], scale) = dims(sh)?;
         let mut delta = s.alloc_zeros::<f32>(lse.numel()).map_err(cuda_err)?;
         let rows = int(sh.batch * sh.seq)?;
         let warps = sh.batch * sh.seq * sh.heads;
@@ -239,18 +245,17 @@ impl AttnKernels {
         // SAFETY: out and dout hold batch * seq * w floats, delta
         // batch * heads * seq; warps past batch * seq * heads return.
         unsafe { b.launch(cfg) }.map_err(cuda_err)?;
-        for (k, rows_per_warp) in [(1, TILES[i].dq), (2, TILES[i].dkv)] {
+        let dq = (1, sh.heads, TILES[i].dq);
+        let dkv = (2, sh.kv_heads, TILES[i].dkv);
+        for (k, heads, rows_per_warp) in [dq, dkv] {
             let mut b = s.launch_builder(&self.per_tile[i][k]);
             b.arg(&mut dqkv.data).arg(&qkv.data).arg(&dout.data);
-            b.arg(&lse.data)
-                .arg(&delta)
-                .arg(&t)
-                .arg(&h)
-                .arg(&dh)
-                .arg(&scale);
-            // SAFETY: as the forward; dQ writes Q's columns, dK/dV K's and
-            // V's, each (row, column) once, guarded by t < T and d < dh.
-            unsafe { b.launch(grid(sh, rows_per_warp)?) }.map_err(cuda_err)?;
+            b.arg(&lse.data).arg(&delta).arg(&t).arg(&h);
+            b.arg(&kv).arg(&dh).arg(&scale);
+            // SAFETY: as the forward; dQ (per query head) writes Q's columns,
+            // dK/dV (per key/value head) K's and V's, each (row, column) once,
+            // guarded by t < T and d < dh.
+            unsafe { b.launch(grid(sh, heads, rows_per_warp)?) }.map_err(cuda_err)?;
         }
         Ok(())
     }
@@ -262,12 +267,7 @@ mod tests {
 
     #[test]
     fn every_head_width_up_to_128_has_a_tile() {
-        let sh = |head_dim| AttnShape {
-            batch: 2,
-            seq: 3,
-            heads: 4,
-            head_dim,
-        };
+        let sh = |head_dim| AttnShape::mha(2, 3, 4, head_dim);
         for (dh, d) in [
             (1, 16),
             (16, 16),

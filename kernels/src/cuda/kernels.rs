@@ -26,6 +26,41 @@ extern "C" __global__ void gelu_bwd(float* out, const float* x, const float* dy,
         out[i] = dy[i] * (0.5f * (1.0f + t) + 0.5f * v * dt);
     }
 }
+// Gated linear units on a fused [rows, 2f] pre-activation h (gate columns,
+// then up columns): out[r, j] = act(h[r, j]) * h[r, f + j], act SiLU
+// (act == 0, SwiGLU) or the tanh GeLU above (act == 1, GeGLU). One thread
+// per output element; n = rows * f.
+__device__ __forceinline__ void glu_act(float g, int act, float* a, float* slope) {
+    if (act == 0) {
+        float s = 1.0f / (1.0f + expf(-g));
+        *a = g * s;
+        *slope = s * (1.0f + g * (1.0f - s));
+    } else {
+        float t = tanhf(GELU_C * (g + GELU_A * g * g * g));
+        float dt = (1.0f - t * t) * GELU_C * (1.0f + 3.0f * GELU_A * g * g);
+        *a = 0.5f * g * (1.0f + t);
+        *slope = 0.5f * (1.0f + t) + 0.5f * g * dt;
+    }
+}
+extern "C" __global__ void glu_fwd(float* out, const float* h, int n, int f, int act) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    long long r = i / f, j = i - r * f, g = r * 2 * f + j;
+    float a, slope;
+    glu_act(h[g], act, &a, &slope);
+    out[i] = a * h[g + f];
+}
+// dh[r, j] = da * up * act'(gate), dh[r, f + j] = da * act(gate).
+extern "C" __global__ void glu_bwd(float* dh, const float* h, const float* da, int n, int f,
+                                   int act) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    long long r = i / f, j = i - r * f, g = r * 2 * f + j;
+    float a, slope;
+    glu_act(h[g], act, &a, &slope);
+    dh[g] = da[i] * h[g + f] * slope;
+    dh[g + f] = da[i] * a;
+}
 extern "C" __global__ void add(float* out, const float* a, const float* b, int n) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) out[i] = a[i] + b[i];
@@ -62,6 +97,8 @@ extern "C" __global__ void adamw(float* x, const float* g, float* m, float* v, i
 pub(super) const NAMES: &[&str] = &[
     "gelu_fwd",
     "gelu_bwd",
+    "glu_fwd",
+    "glu_bwd",
     "add",
     "add_bias",
     "add_assign",
@@ -73,6 +110,8 @@ pub(super) const NAMES: &[&str] = &[
 pub(super) struct Kernels {
     gelu_fwd: CudaFunction,
     gelu_bwd: CudaFunction,
+    glu_fwd: CudaFunction,
+    glu_bwd: CudaFunction,
     add: CudaFunction,
     add_bias: CudaFunction,
     add_assign: CudaFunction,
@@ -95,6 +134,8 @@ impl Kernels {
         Ok(Self {
             gelu_fwd: next(),
             gelu_bwd: next(),
+            glu_fwd: next(),
+            glu_bwd: next(),
             add: next(),
             add_bias: next(),
             add_assign: next(),
@@ -132,6 +173,46 @@ impl Kernels {
         unsafe { b.launch(grid(x.numel())) }
             .map(drop)
             .map_err(cuda_err)
+    }
+
+    /// `out` (`[rows, f]`) from the fused `h` (`[rows, 2f]`); shapes checked by the caller.
+    pub(super) fn glu(
+        &self,
+        s: &Arc<CudaStream>,
+        h: &CudaTensor,
+        act: i32,
+        out: &mut CudaTensor,
+    ) -> Result<()> {
+        let (numel, f) = (out.numel(), len(out.cols())?);
+        if numel == 0 {
+            return Ok(());
+        }
+        let n = len(numel)?;
+        let mut b = s.launch_builder(&self.glu_fwd);
+        b.arg(&mut out.data).arg(&h.data).arg(&n).arg(&f).arg(&act);
+        // SAFETY: out holds n = rows * f floats, h 2n (checked shapes); guarded by i < n.
+        unsafe { b.launch(grid(numel)) }.map(drop).map_err(cuda_err)
+    }
+
+    /// `dh` (`[rows, 2f]`, every element) from `h` and `da` (`[rows, f]`).
+    pub(super) fn glu_backward(
+        &self,
+        s: &Arc<CudaStream>,
+        h: &CudaTensor,
+        da: &CudaTensor,
+        act: i32,
+        dh: &mut CudaTensor,
+    ) -> Result<()> {
+        let (numel, f) = (da.numel(), len(da.cols())?);
+        if numel == 0 {
+            return Ok(());
+        }
+        let n = len(numel)?;
+        let mut b = s.launch_builder(&self.glu_bwd);
+        b.arg(&mut dh.data).arg(&h.data).arg(&da.data);
+        b.arg(&n).arg(&f).arg(&act);
+        // SAFETY: da holds n = rows * f floats, h and dh 2n (checked shapes); guarded by i < n.
+        unsafe { b.launch(grid(numel)) }.map(drop).map_err(cuda_err)
     }
 
     pub(super) fn add(

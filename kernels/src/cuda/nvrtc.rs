@@ -70,6 +70,19 @@ mod tests {
 
     #[test]
     fn every_nvrtc_source_compiles() {
+        // Today's shapes' kernels are among those checked: the gated units, RMSNorm's rows,
+        // and grouped-query attention (every attention kernel takes the key/value heads).
+        let all: Vec<String> = sources().into_iter().flat_map(|(_, _, n)| n).collect();
+        for name in [
+            "glu_fwd",
+            "glu_bwd",
+            "rms_fwd",
+            "rms_bwd_input",
+            "attn_bwd_dkv_64",
+        ] {
+            assert!(all.iter().any(|n| n == name), "{name} is not compiled");
+        }
+        assert!(super::super::attention::source().contains("int H, int KV, int dh"));
         // SAFETY: only tries to dlopen the library.
         if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
             println!("skipped: the NVRTC library is not present");

@@ -147,6 +147,74 @@ ln_bwd_input(float* dx, const float* dy, const float* gamma, const float* xhat,
         dx[off + j] = rs * (dy[off + j] * gamma[j] - mg - xhat[off + j] * mgx);
 }
 
+// RMSNorm forward. Grid: one block of ROW_THREADS per row; the block reduces
+// the row's sum of squares in f32, rstd = 1 / sqrt(mean(x^2) + eps),
+// xhat = x * rstd, y = xhat * gamma.
+extern "C" __global__ void __launch_bounds__(ROW_THREADS)
+rms_fwd(float* y, float* xhat, float* rstd, const float* x, const float* gamma, int n,
+        float eps) {
+    __shared__ float buf[ROW_WARPS];
+    long long off = (long long)blockIdx.x * n;
+    const float* xr = x + off;
+    int nq = quads(n);
+    const float4* x4 = (const float4*)xr;
+    float q = 0.0f;
+    for (int k = threadIdx.x; k < nq; k += ROW_THREADS) {
+        float4 a = x4[k];
+        q += (a.x * a.x + a.y * a.y) + (a.z * a.z + a.w * a.w);
+    }
+    for (int j = 4 * nq + threadIdx.x; j < n; j += ROW_THREADS) q += xr[j] * xr[j];
+    float rs = 1.0f / sqrtf(block_sum(q, buf) / (float)n + eps);
+    float4* h4 = (float4*)(xhat + off);
+    float4* y4 = (float4*)(y + off);
+    const float4* g4 = (const float4*)gamma;
+    for (int k = threadIdx.x; k < nq; k += ROW_THREADS) {
+        float4 a = x4[k], g = g4[k], h, o;
+        h.x = a.x * rs; h.y = a.y * rs; h.z = a.z * rs; h.w = a.w * rs;
+        o.x = h.x * g.x; o.y = h.y * g.y; o.z = h.z * g.z; o.w = h.w * g.w;
+        h4[k] = h;
+        y4[k] = o;
+    }
+    for (int j = 4 * nq + threadIdx.x; j < n; j += ROW_THREADS) {
+        float h = xr[j] * rs;
+        xhat[off + j] = h;
+        y[off + j] = h * gamma[j];
+    }
+    if (threadIdx.x == 0) rstd[blockIdx.x] = rs;
+}
+
+// RMSNorm input gradient. Grid: one block of ROW_THREADS per row, reducing
+// sum(g * xhat) with g = dy * gamma, then dx = rstd * (g - xhat * mean(g * xhat)).
+extern "C" __global__ void __launch_bounds__(ROW_THREADS)
+rms_bwd_input(float* dx, const float* dy, const float* gamma, const float* xhat,
+              const float* rstd, int n) {
+    __shared__ float buf[ROW_WARPS];
+    long long off = (long long)blockIdx.x * n;
+    int nq = quads(n);
+    const float4* d4 = (const float4*)(dy + off);
+    const float4* h4 = (const float4*)(xhat + off);
+    const float4* g4 = (const float4*)gamma;
+    float sgx = 0.0f;
+    for (int k = threadIdx.x; k < nq; k += ROW_THREADS) {
+        float4 d = d4[k], h = h4[k], g = g4[k];
+        sgx += (d.x * g.x * h.x + d.y * g.y * h.y) + (d.z * g.z * h.z + d.w * g.w * h.w);
+    }
+    for (int j = 4 * nq + threadIdx.x; j < n; j += ROW_THREADS)
+        sgx += dy[off + j] * gamma[j] * xhat[off + j];
+    float mgx = block_sum(sgx, buf) / (float)n, rs = rstd[blockIdx.x];
+    float4* o4 = (float4*)(dx + off);
+    for (int k = threadIdx.x; k < nq; k += ROW_THREADS) {
+        float4 d = d4[k], h = h4[k], g = g4[k], o;
+        o.x = rs * (d.x * g.x - h.x * mgx);
+        o.y = rs * (d.y * g.y - h.y * mgx);
+        o.z = rs * (d.z * g.z - h.z * mgx);
+        o.w = rs * (d.w * g.w - h.w * mgx);
+        o4[k] = o;
+    }
+    for (int j = 4 * nq + threadIdx.x; j < n; j += ROW_THREADS)
+        dx[off + j] = rs * (dy[off + j] * gamma[j] - xhat[off + j] * mgx);
+}
+
 // Column sums in two deterministic stages (no atomics): `col_part*` leaves one
 // partial per (row chunk, column), `col_finish` adds a column's partials in
 // chunk order into its accumulator.

@@ -1,7 +1,7 @@
 //! Row-wise and gather/scatter kernels, compiled once per backend with NVRTC
 //! (source: `rowops.cu`, each kernel's grid and block mapping stated there):
-//! LayerNorm, softmax cross-entropy, column sums (LayerNorm weights, biases)
-//! and embedding.
+//! LayerNorm, RMSNorm, softmax cross-entropy, column sums (norm weights,
+//! biases) and embedding.
 //!
 //! A row is one block of `ROW_THREADS` threads, reduced with warp shuffles
 //! and shared memory, read as float4 where the row length allows, in f32.
@@ -22,6 +22,8 @@ pub(super) const SOURCE: &str = include_str!("rowops.cu");
 pub(super) const NAMES: &[&str] = &[
     "ln_fwd",
     "ln_bwd_input",
+    "rms_fwd",
+    "rms_bwd_input",
     "col_part2",
     "col_part1",
     "col_finish",
@@ -45,6 +47,8 @@ const MIN_CHUNK: usize = 32;
 pub(super) struct RowKernels {
     ln_fwd: CudaFunction,
     ln_bwd_input: CudaFunction,
+    rms_fwd: CudaFunction,
+    rms_bwd_input: CudaFunction,
     col_part2: CudaFunction,
     col_part1: CudaFunction,
     col_finish: CudaFunction,
@@ -119,6 +123,8 @@ impl RowKernels {
         Ok(Self {
             ln_fwd: next(),
             ln_bwd_input: next(),
+            rms_fwd: next(),
+            rms_bwd_input: next(),
             col_part2: next(),
             col_part1: next(),
             col_finish: next(),
@@ -155,6 +161,49 @@ impl RowKernels {
         unsafe { launch(b, per_row(x.rows())?) }
     }
 
+    /// RMSNorm: `x`, `y`, `xhat` are `[rows, n]`; `gamma` `[n]`; `rstd` `[rows]`.
+    pub(super) fn rms_norm(
+        &self,
+        s: &Arc<CudaStream>,
+        x: &CudaTensor,
+        gamma: &CudaTensor,
+        eps: f32,
+        out: (&mut CudaTensor, &mut CudaTensor, &mut CudaTensor),
+    ) -> Result<()> {
+        if x.rows() == 0 || x.cols() == 0 {
+            return Ok(());
+        }
+        let (y, xhat, rstd) = out;
+        let n = int(x.cols())?;
+        let mut b = s.launch_builder(&self.rms_fwd);
+        b.arg(&mut y.data).arg(&mut xhat.data).arg(&mut rstd.data);
+        b.arg(&x.data).arg(&gamma.data).arg(&n).arg(&eps);
+        // SAFETY: shapes checked by the caller; block r touches row r only.
+        unsafe { launch(b, per_row(x.rows())?) }
+    }
+
+    /// RMSNorm's input gradient: `dy`, `xhat`, `dx` are `[rows, n]`; `gamma` `[n]`;
+    /// `rstd` `[rows]`.
+    pub(super) fn rms_norm_backward_input(
+        &self,
+        s: &Arc<CudaStream>,
+        dy: &CudaTensor,
+        gamma: &CudaTensor,
+        stash: (&CudaTensor, &CudaTensor),
+        dx: &mut CudaTensor,
+    ) -> Result<()> {
+        if dy.rows() == 0 || dy.cols() == 0 {
+            return Ok(());
+        }
+        let (xhat, rstd) = stash;
+        let n = int(dy.cols())?;
+        let mut b = s.launch_builder(&self.rms_bwd_input);
+        b.arg(&mut dx.data).arg(&dy.data).arg(&gamma.data);
+        b.arg(&xhat.data).arg(&rstd.data).arg(&n);
+        // SAFETY: shapes checked by the caller; block r touches row r only.
+        unsafe { launch(b, per_row(dy.rows())?) }
+    }
+
     /// `dy`, `xhat`, `dx` are `[rows, n]`; `gamma` `[n]`; `rstd` `[rows]`.
     pub(super) fn layer_norm_backward_input(
         &self,
@@ -176,14 +225,15 @@ impl RowKernels {
         unsafe { launch(b, per_row(dy.rows())?) }
     }
 
-    /// `dy`, `xhat` are `[rows, n]`; `dgamma`, `dbeta` `[n]` (accumulated).
+    /// `dy`, `xhat` are `[rows, n]`; `dgamma`, `dbeta` `[n]` (accumulated; an RMSNorm has
+    /// no `dbeta`: its column sums are left out).
     pub(super) fn layer_norm_backward_weight(
         &self,
         s: &Arc<CudaStream>,
         dy: &CudaTensor,
         xhat: &CudaTensor,
         dgamma: &mut CudaTensor,
-        dbeta: &mut CudaTensor,
+        dbeta: Option<&mut CudaTensor>,
     ) -> Result<()> {
         let (rows, n) = (dy.rows(), dy.cols());
         if rows == 0 || n == 0 {
@@ -204,7 +254,10 @@ impl RowKernels {
         // are guarded in the kernel.
         unsafe { launch(b, col_grid(n, chunks)?) }?;
         self.col_finish(s, dgamma, &part_p, chunks, n)?;
-        self.col_finish(s, dbeta, &part_s, chunks, n)
+        match dbeta {
+            Some(dbeta) => self.col_finish(s, dbeta, &part_s, chunks, n),
+            None => Ok(()),
+        }
     }
 
     /// `acc += column sums of dy` (`[rows, n]`, `acc` `[n]`), the bias gradient.

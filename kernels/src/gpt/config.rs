@@ -1,6 +1,7 @@
 //! The reference GPT's configuration, its validation and its cut into stages.
 
 use crate::error::{KernelError, Result};
+use crate::layers::{Heads, MlpKind, NormKind};
 use std::ops::Range;
 
 /// Sizes of the reference GPT.
@@ -12,16 +13,51 @@ pub struct GptConfig {
     pub seq_len: usize,
     /// Width of the residual stream.
     pub d_model: usize,
-    /// Attention heads (must divide `d_model`).
+    /// Attention (query) heads (must divide `d_model`).
     pub n_heads: usize,
+    /// Key/value heads: `n_heads` for multi-head attention, a divisor of it for
+    /// grouped-query attention, 1 for multi-query.
+    pub kv_heads: usize,
     /// Transformer blocks.
     pub n_layers: usize,
-    /// MLP hidden width (GPT-2 uses `4 * d_model`).
+    /// MLP hidden width (GPT-2 uses `4 * d_model`; a gated MLP's gate and up
+    /// projections are each this wide, Llama's about `8/3 * d_model`).
     pub d_ff: usize,
+    /// The MLP's form: GeLU (GPT-2), or gated by SiLU or GeLU.
+    pub mlp: MlpKind,
+    /// The blocks' and the final norm's kind.
+    pub norm: NormKind,
+    /// Which linear layers have biases.
+    pub bias: BiasKind,
+}
+
+/// Which linear layers of the model have biases (norms have theirs by their kind).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum BiasKind {
+    /// Every one: QKV, attention's output, the MLP's and the LM head (GPT-2).
+    #[default]
+    All,
+    /// Only the QKV projection (Qwen2).
+    Qkv,
+    /// None (Llama, Mistral).
+    None,
+}
+
+impl BiasKind {
+    /// Whether the QKV projection has a bias.
+    pub fn qkv(self) -> bool {
+        self != BiasKind::None
+    }
+
+    /// Whether every other linear layer (attention's output, the MLP's, the head) has one.
+    pub fn rest(self) -> bool {
+        self == BiasKind::All
+    }
 }
 
 impl GptConfig {
-    /// A config with `d_ff = 4 * d_model`.
+    /// GPT-2's shape: multi-head attention, a GeLU MLP with `d_ff = 4 * d_model`,
+    /// LayerNorm.
     pub fn new(
         vocab: usize,
         seq_len: usize,
@@ -34,19 +70,33 @@ impl GptConfig {
             seq_len,
             d_model,
             n_heads,
+            kv_heads: n_heads,
             n_layers,
             d_ff: 4 * d_model,
+            mlp: MlpKind::Gelu,
+            norm: NormKind::LayerNorm,
+            bias: BiasKind::All,
         }
     }
 
-    /// Errors unless every size is positive, the heads divide `d_model`,
-    /// and `tp` divides both the heads and `d_ff`.
+    /// The attention's query and key/value heads.
+    pub fn heads(&self) -> Heads {
+        Heads {
+            query: self.n_heads,
+            kv: self.kv_heads,
+        }
+    }
+
+    /// Errors unless every size is positive, the heads divide `d_model`, the
+    /// key/value heads divide the heads, and `tp` divides the key/value heads
+    /// (then the heads too; as Megatron requires of its query groups) and `d_ff`.
     pub fn validate(&self, tp: usize) -> Result<()> {
         let sizes = [
             ("vocab", self.vocab),
             ("seq_len", self.seq_len),
             ("d_model", self.d_model),
             ("n_heads", self.n_heads),
+            ("kv_heads", self.kv_heads),
             ("n_layers", self.n_layers),
             ("d_ff", self.d_ff),
             ("tensor-parallel size", tp),
@@ -71,7 +121,7 @@ impl GptConfig {
                 self.n_heads, self.d_ff
             )));
         }
-        Ok(())
+        self.heads().check(tp)
     }
 
     /// Width of one head.
@@ -79,11 +129,25 @@ impl GptConfig {
         self.d_model / self.n_heads
     }
 
+    /// Width of the fused QKV projection's output: queries, keys, values.
+    pub fn qkv_width(&self) -> usize {
+        (self.n_heads + 2 * self.kv_heads) * self.head_dim()
+    }
+
     /// Parameters of the whole, unsharded model.
     pub fn num_params(&self) -> usize {
         let (d, f, v) = (self.d_model, self.d_ff, self.vocab);
-        let block = 4 * d + (3 * d * d + 3 * d) + (d * d + d) + (d * f + f) + (f * d + d);
-        v * d + self.seq_len * d + self.n_layers * block + 2 * d + d * v + v
+        let norm = match self.norm {
+            NormKind::LayerNorm => 2 * d,
+            NormKind::RmsNorm => d,
+        };
+        let (q, up) = (self.qkv_width(), self.mlp.fc1_width() * f);
+        let bias = |on: bool, n: usize| if on { n } else { 0 };
+        let (b_qkv, b) = (self.bias.qkv(), self.bias.rest());
+        let attn = (d * q + bias(b_qkv, q)) + (d * d + bias(b, d));
+        let mlp = (d * up + bias(b, up)) + (f * d + bias(b, d));
+        let block = 2 * norm + attn + mlp;
+        v * d + self.seq_len * d + self.n_layers * block + norm + d * v + bias(b, v)
     }
 }
 
@@ -119,6 +183,15 @@ mod tests {
         assert!(ok.validate(3).is_err());
         assert!(GptConfig { vocab: 0, ..ok }.validate(1).is_err());
         assert!(ok.validate(0).is_err());
+        let gqa = GptConfig { kv_heads: 2, ..ok };
+        gqa.validate(2).unwrap();
+        let err = gqa.validate(4).unwrap_err().to_string();
+        assert!(
+            err.contains("key/value heads (2) must be divisible by the tensor-parallel size 4"),
+            "{err}"
+        );
+        assert!(GptConfig { kv_heads: 3, ..ok }.validate(1).is_err());
+        assert!(GptConfig { kv_heads: 0, ..ok }.validate(1).is_err());
     }
 
     #[test]

@@ -13,18 +13,19 @@
 //! activations, gradients and stashes stay; see [`crate::params`] for its
 //! flat gradients and optimizer step there.
 
+mod build;
 mod config;
 
-pub use config::{partition, GptConfig};
+pub use crate::layers::{MlpKind, NormKind};
+pub use config::{partition, BiasKind, GptConfig};
 
 use crate::backend::{Backend, Cpu, Shaped};
 use crate::error::{shape_err, KernelError, Result};
 use crate::footprint::Footprint;
-use crate::init::normal_tensor;
 use crate::layers::seq;
 use crate::layers::{
-    cpu_backend, Attention, Block, BlockStash, BlockWeightStash, Embedding, HeadStash,
-    HeadWeightStash, LayerNorm, Linear, LmHead, Mlp, Param, Parameters, TpReduce, TpShard,
+    Block, BlockStash, BlockWeightStash, Embedding, HeadStash, HeadWeightStash, LmHead, Param,
+    Parameters, TpReduce, TpShard,
 };
 use crate::tensor::Tensor;
 use std::ops::Range;
@@ -152,144 +153,7 @@ fn rows<S: Shaped>(x: &S) -> usize {
     x.numel().checked_div(cols).unwrap_or(0)
 }
 
-/// The full (unsharded) initial weights of block `l`, drawn from their own
-/// streams: GPT-2's scheme (std 0.02, residual projections scaled down by
-/// `sqrt(2 * n_layers)`, zero biases).
-fn init_block<B: Backend>(
-    be: &Arc<B>,
-    cfg: &GptConfig,
-    seed: u64,
-    l: usize,
-    tp: TpShard,
-) -> Result<Block<B>> {
-    let (d, f) = (cfg.d_model, cfg.d_ff);
-    let p = |n: &str| format!("blocks.{l}.{n}");
-    let resid = 0.02 / (2.0 * cfg.n_layers as f32).sqrt();
-    let w_qkv = normal_tensor(&[d, 3 * d], 0.02, seed, &p("attn.qkv.weight"));
-    let w_o = normal_tensor(&[d, d], resid, seed, &p("attn.proj.weight"));
-    let w1 = normal_tensor(&[d, f], 0.02, seed, &p("mlp.fc1.weight"));
-    let w2 = normal_tensor(&[f, d], resid, seed, &p("mlp.fc2.weight"));
-    let (z3, zd, zf) = (
-        Tensor::zeros(&[3 * d]),
-        Tensor::zeros(&[d]),
-        Tensor::zeros(&[f]),
-    );
-    let heads = cfg.n_heads;
-    Ok(Block {
-        ln1: LayerNorm::on(be, &p("ln1"), d)?,
-        attn: Attention::from_full_on(be, &p("attn"), heads, &w_qkv, &z3, &w_o, &zd, tp)?,
-        ln2: LayerNorm::on(be, &p("ln2"), d)?,
-        mlp: Mlp::from_full_on(be, &p("mlp"), &w1, &zf, &w2, &zd, tp)?,
-    })
-}
-
-impl GptStage {
-    /// Stage `stage` of `stages` (blocks cut by [`partition`]) as TP rank
-    /// `tp`, initialised from `seed`. Any split of the same config and seed
-    /// holds exactly the numbers of the whole model.
-    pub fn new(
-        cfg: &GptConfig,
-        seed: u64,
-        stage: usize,
-        stages: usize,
-        tp: TpShard,
-    ) -> Result<Self> {
-        Self::on(&cpu_backend(), cfg, seed, stage, stages, tp)
-    }
-
-    /// The whole model on one device.
-    pub fn whole(cfg: &GptConfig, seed: u64) -> Result<Self> {
-        Self::new(cfg, seed, 0, 1, TpShard::SINGLE)
-    }
-
-    /// A stage with an explicit block range (for uneven cuts); `index` only
-    /// labels errors. `first` adds the embedding, `last` the head.
-    pub fn with_layers(
-        cfg: &GptConfig,
-        seed: u64,
-        index: usize,
-        layers: Range<usize>,
-        first: bool,
-        last: bool,
-        tp: TpShard,
-    ) -> Result<Self> {
-        let ends = (first, last);
-        Self::with_layers_on(&cpu_backend(), cfg, seed, index, layers, ends, tp)
-    }
-}
-
 impl<B: Backend> GptStage<B> {
-    /// [`GptStage::new`] on backend `be`: the same weights, drawn on the
-    /// host from `seed` and uploaded, so a device stage starts exactly
-    /// where the CPU one does.
-    pub fn on(
-        be: &Arc<B>,
-        cfg: &GptConfig,
-        seed: u64,
-        stage: usize,
-        stages: usize,
-        tp: TpShard,
-    ) -> Result<Self> {
-        let ranges = partition(cfg.n_layers, stages)?;
-        let layers = ranges.get(stage).cloned().ok_or_else(|| {
-            KernelError::Config(format!("stage {stage} of a {stages}-stage pipeline"))
-        })?;
-        let ends = (stage == 0, stage + 1 == stages);
-        Self::with_layers_on(be, cfg, seed, stage, layers, ends, tp)
-    }
-
-    /// [`GptStage::with_layers`] on backend `be`; `ends` is `(first, last)`.
-    pub fn with_layers_on(
-        be: &Arc<B>,
-        cfg: &GptConfig,
-        seed: u64,
-        index: usize,
-        layers: Range<usize>,
-        ends: (bool, bool),
-        tp: TpShard,
-    ) -> Result<Self> {
-        let (first, last) = ends;
-        cfg.validate(tp.size)?;
-        if layers.end > cfg.n_layers || layers.start > layers.end {
-            return Err(KernelError::Config(format!(
-                "layers {layers:?} of a {}-layer model",
-                cfg.n_layers
-            )));
-        }
-        let (d, v) = (cfg.d_model, cfg.vocab);
-        let embed = if first {
-            let wte = normal_tensor(&[v, d], 0.02, seed, "embed.wte");
-            let wpe = normal_tensor(&[cfg.seq_len, d], 0.01, seed, "embed.wpe");
-            Some(Embedding::on(be, "embed", &wte, &wpe)?)
-        } else {
-            None
-        };
-        let blocks = layers
-            .clone()
-            .map(|l| init_block(be, cfg, seed, l, tp))
-            .collect::<Result<Vec<_>>>()?;
-        let head = if last {
-            let w = normal_tensor(&[d, v], 0.02, seed, "head.proj.weight");
-            let proj = Linear::on(be, "head.proj", &w, Some(&Tensor::zeros(&[v])))?;
-            Some(LmHead {
-                ln_f: LayerNorm::on(be, "head.ln_f", d)?,
-                proj,
-            })
-        } else {
-            None
-        };
-        Ok(Self {
-            cfg: *cfg,
-            index,
-            layers,
-            embed,
-            blocks,
-            head,
-            be: be.clone(),
-            sp: None,
-        })
-    }
-
     /// Turns sequence parallelism on (`Some(shard)`, this stage's TP rank)
     /// or off (`None`); a group of one has nothing to split, so `tp = 1` is
     /// off. Under it the blocks keep the residual stream, the norms and their
@@ -325,24 +189,31 @@ impl<B: Backend> GptStage<B> {
             return Ok(());
         }
         let be = self.be.clone();
-        let d = self.cfg.d_model;
-        let mut flat = be.zeros(&[self.blocks.len() * 4 * d])?;
-        let mut off = 0;
+        let mut numel = 0;
         for b in &mut self.blocks {
-            for p in b.norm_params_mut() {
-                be.copy_to_offset(&p.grad, &mut flat, off)?;
-                off += p.grad.numel();
-            }
+            b.visit_norm_params_mut(&mut |p| numel += p.grad.numel());
         }
+        let mut flat = be.zeros(&[numel])?;
+        // The visitor cannot return errors: the first one is kept and returned.
+        let mut pack = |unpack: bool, flat: &mut B::Storage| -> Result<()> {
+            let (mut off, mut res) = (0, Ok(()));
+            for b in &mut self.blocks {
+                b.visit_norm_params_mut(&mut |p| {
+                    if res.is_ok() {
+                        res = if unpack {
+                            be.copy_from_offset(flat, off, &mut p.grad)
+                        } else {
+                            be.copy_to_offset(&p.grad, flat, off)
+                        };
+                    }
+                    off += p.grad.numel();
+                });
+            }
+            res
+        };
+        pack(false, &mut flat)?;
         tp.all_reduce_sum(&mut flat)?;
-        let mut off = 0;
-        for b in &mut self.blocks {
-            for p in b.norm_params_mut() {
-                be.copy_from_offset(&flat, off, &mut p.grad)?;
-                off += p.grad.numel();
-            }
-        }
-        Ok(())
+        pack(true, &mut flat)
     }
 
     /// The backend this stage runs on.

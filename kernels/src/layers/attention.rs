@@ -1,10 +1,16 @@
-//! Causal multi-head self-attention split by heads across TP ranks.
+//! Causal self-attention split by heads across TP ranks: multi-head, or with
+//! fewer key/value heads than query heads (grouped-query attention; one for
+//! multi-query).
 //!
-//! The fused QKV projection is column-parallel with three column groups
-//! (see [`shard_cols`](super::shard::shard_cols)): rank `r` owns heads
-//! `r * h/tp .. (r+1) * h/tp` for Q, K and V alike, so the attention core
-//! runs on local heads only. The output projection is row-parallel over the
-//! same head blocks, so its forward is a partial sum that the caller
+//! The fused QKV projection is column-parallel with three column segments
+//! (see [`shard_col_segments`](super::shard::shard_col_segments)): Q of
+//! `heads * head_dim` columns, then K and V of `kv_heads * head_dim` each.
+//! Rank `r` owns query heads `r * h/tp .. (r+1) * h/tp` and key/value heads
+//! `r * g/tp .. (r+1) * g/tp`, which are exactly those its query heads read,
+//! so the attention core runs on local heads only. As in Megatron, the TP
+//! size must divide the key/value heads (a group is never split, nor a
+//! key/value head replicated). The output projection is row-parallel over
+//! the query head blocks, so its forward is a partial sum that the caller
 //! all-reduces.
 
 use super::linear::{ColumnParallelLinear, RowParallelLinear};
@@ -19,11 +25,12 @@ use std::sync::Arc;
 /// A TP rank's share of an attention layer (the whole layer when `tp = 1`).
 #[derive(Debug)]
 pub struct Attention<B: Backend = Cpu> {
-    /// Fused `[d, 3 * d / tp]` projection of this rank's heads.
+    /// Fused `[d, (heads + 2 * kv_heads) * head_dim / tp]` projection of this
+    /// rank's heads.
     pub qkv: ColumnParallelLinear<B>,
     /// `[d / tp, d]` output projection with the full bias.
     pub proj: RowParallelLinear<B>,
-    heads: usize,
+    heads: Heads,
     head_dim: usize,
 }
 
@@ -33,6 +40,43 @@ super::clone_if_tensors_clone!(Attention {
     heads,
     head_dim
 });
+
+/// Query and key/value heads of an attention layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Heads {
+    /// Query heads.
+    pub query: usize,
+    /// Key/value heads: `query` (multi-head), a divisor of it (grouped-query)
+    /// or 1 (multi-query).
+    pub kv: usize,
+}
+
+impl Heads {
+    /// Multi-head attention: one key/value head per query head.
+    pub fn mha(heads: usize) -> Self {
+        Self {
+            query: heads,
+            kv: heads,
+        }
+    }
+
+    /// Errors unless both counts are positive, the key/value heads divide the
+    /// query heads and `tp` divides the key/value heads (then the query heads too).
+    pub fn check(&self, tp: usize) -> Result<()> {
+        let Heads { query, kv } = *self;
+        if query == 0 || kv == 0 || query % kv != 0 {
+            return Err(KernelError::Config(format!(
+                "{kv} key/value heads do not divide {query} query heads"
+            )));
+        }
+        if kv % tp.max(1) != 0 {
+            return Err(KernelError::Config(format!(
+                "the key/value heads ({kv}) must be divisible by the tensor-parallel size {tp}"
+            )));
+        }
+        Ok(())
+    }
+}
 
 /// What the attention input backward needs; its tensors are kept in the backend's
 /// activation format ([`Backend::keep`]).
@@ -107,25 +151,49 @@ impl<B: Backend> Attention<B> {
         b_o: &Tensor,
         tp: TpShard,
     ) -> Result<Self> {
+        let (qkv, out) = ((w_qkv, Some(b_qkv)), (w_o, Some(b_o)));
+        Self::grouped_from_full_on(be, name, Heads::mha(heads), qkv, out, tp)
+    }
+
+    /// This rank's share of attention with `heads` query and key/value heads
+    /// and full weights `w_qkv [d, (query + 2 * kv) * d / query]` (columns
+    /// `[Q | K | V]`, head-major in each) and `w_o [d, d]`, each with its
+    /// bias (`[(query + 2 * kv) * d / query]`, `[d]`) or none.
+    pub fn grouped_from_full_on(
+        be: &Arc<B>,
+        name: &str,
+        heads: Heads,
+        (w_qkv, b_qkv): (&Tensor, Option<&Tensor>),
+        (w_o, b_o): (&Tensor, Option<&Tensor>),
+        tp: TpShard,
+    ) -> Result<Self> {
         let d = w_o.cols();
-        if heads == 0 || d % heads != 0 {
+        heads.check(tp.size)?;
+        if d % heads.query != 0 {
             return Err(KernelError::Config(format!(
-                "{heads} heads do not divide d_model {d}"
+                "{} heads do not divide d_model {d}",
+                heads.query
             )));
         }
-        let local = tp.block(heads, "the number of heads")?.len();
+        let head_dim = d / heads.query;
+        let local = Heads {
+            query: tp.block(heads.query, "the number of heads")?.len(),
+            kv: tp.block(heads.kv, "the key/value heads")?.len(),
+        };
+        let kv = heads.kv * head_dim;
+        let qkv_name = format!("{name}.qkv");
         Ok(Self {
-            qkv: ColumnParallelLinear::from_full_on(
+            qkv: ColumnParallelLinear::from_segments_on(
                 be,
-                &format!("{name}.qkv"),
+                &qkv_name,
                 w_qkv,
-                Some(b_qkv),
-                3,
+                b_qkv,
+                &[d, kv, kv],
                 tp,
             )?,
-            proj: RowParallelLinear::from_full_on(be, &format!("{name}.proj"), w_o, Some(b_o), tp)?,
+            proj: RowParallelLinear::from_full_on(be, &format!("{name}.proj"), w_o, b_o, tp)?,
             heads: local,
-            head_dim: d / heads,
+            head_dim,
         })
     }
 
@@ -134,7 +202,8 @@ impl<B: Backend> Attention<B> {
             [batch, seq, _] => Ok(AttnShape {
                 batch,
                 seq,
-                heads: self.heads,
+                heads: self.heads.query,
+                kv_heads: self.heads.kv,
                 head_dim: self.head_dim,
             }),
             _ => Err(shape_err(

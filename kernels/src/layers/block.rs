@@ -3,7 +3,7 @@
 
 use super::attention::{Attention, AttentionStash, AttentionWeightStash};
 use super::mlp::{Mlp, MlpStash, MlpWeightStash};
-use super::norm::LayerNorm;
+use super::norm::Norm;
 use super::shard::TpShard;
 use super::{Param, Parameters, TpReduce};
 use crate::backend::{Backend, Cpu};
@@ -15,12 +15,12 @@ use crate::error::Result;
 #[derive(Debug)]
 pub struct Block<B: Backend = Cpu> {
     /// Norm before attention.
-    pub ln1: LayerNorm<B>,
+    pub ln1: Norm<B>,
     /// Head-split attention.
     pub attn: Attention<B>,
     /// Norm before the MLP.
-    pub ln2: LayerNorm<B>,
-    /// Column-then-row MLP.
+    pub ln2: Norm<B>,
+    /// Column-then-row MLP (plain or gated).
     pub mlp: Mlp<B>,
 }
 
@@ -198,15 +198,11 @@ impl<B: Backend> Block<B> {
 }
 
 impl<B: Backend> Block<B> {
-    /// The two norms' parameters (gamma, beta of `ln1`, then of `ln2`): under
+    /// Calls `f` on the two norms' parameters (those of `ln1`, then of `ln2`): under
     /// sequence parallelism their gradients are per-rank parts.
-    pub fn norm_params_mut(&mut self) -> [&mut Param<B::Storage>; 4] {
-        [
-            &mut self.ln1.gamma,
-            &mut self.ln1.beta,
-            &mut self.ln2.gamma,
-            &mut self.ln2.beta,
-        ]
+    pub fn visit_norm_params_mut(&mut self, f: &mut dyn FnMut(&mut Param<B::Storage>)) {
+        self.ln1.visit_mut(f);
+        self.ln2.visit_mut(f);
     }
 }
 

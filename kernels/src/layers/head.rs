@@ -1,9 +1,9 @@
-//! Final LayerNorm, LM head and cross-entropy loss: the end of the last stage.
+//! Final norm, LM head and cross-entropy loss: the end of the last stage.
 //!
 //! Replicated on every TP rank (a vocabulary-parallel head is left out).
 
 use super::linear::Linear;
-use super::norm::LayerNorm;
+use super::norm::Norm;
 use super::{Param, Parameters};
 use crate::backend::{Backend, Cpu};
 use crate::error::Result;
@@ -12,7 +12,7 @@ use crate::error::Result;
 #[derive(Debug)]
 pub struct LmHead<B: Backend = Cpu> {
     /// Final norm.
-    pub ln_f: LayerNorm<B>,
+    pub ln_f: Norm<B>,
     /// `[d, vocab]` projection with bias.
     pub proj: Linear<B>,
 }

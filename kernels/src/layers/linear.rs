@@ -9,7 +9,7 @@
 //! Every layer holds its backend (an `Arc`, shared by all layers of a
 //! stage), so its methods look the same on the CPU and on a GPU.
 
-use super::shard::{shard_cols, shard_rows, TpShard};
+use super::shard::{shard_col_segments, shard_rows, TpShard};
 use super::{cpu_backend, Param, Parameters};
 use crate::backend::{Backend, Cpu, Shaped};
 use crate::error::{shape_err, Result};
@@ -129,7 +129,7 @@ impl<B: Backend> Parameters<B::Storage> for Linear<B> {
 
 /// A TP rank's shard of a linear layer split by output features.
 ///
-/// Rank `r` holds the columns of [`shard_cols`] (weight and bias alike), so
+/// Rank `r` holds the columns of [`shard_col_segments`] (weight and bias alike), so
 /// its forward output is its slice of the full output and needs no
 /// communication. Its input gradient is a *partial sum*: the caller
 /// all-reduces it over the group.
@@ -143,7 +143,8 @@ super::clone_if_tensors_clone!(ColumnParallelLinear { local });
 
 impl ColumnParallelLinear {
     /// This rank's shard of the full `[in, out]` weight and `[out]` bias;
-    /// `groups` as in [`shard_cols`] (1 for a plain layer, 3 for fused QKV).
+    /// `groups` equal segments as in [`shard_cols`](super::shard::shard_cols) (1 for a plain
+    /// layer, 2 for a gated MLP's fused gate and up, 3 for a multi-head QKV).
     pub fn from_full(
         name: &str,
         weight: &Tensor,
@@ -165,8 +166,25 @@ impl<B: Backend> ColumnParallelLinear<B> {
         groups: usize,
         tp: TpShard,
     ) -> Result<Self> {
-        let w = shard_cols(weight, groups, tp)?;
-        let b = bias.map(|b| shard_cols(b, groups, tp)).transpose()?;
+        // Unequal groups (or none) fail the segments' sum check.
+        let segments = vec![weight.cols() / groups.max(1); groups];
+        Self::from_segments_on(be, name, weight, bias, &segments, tp)
+    }
+
+    /// This rank's shard of a weight whose columns are the consecutive
+    /// `segments` (see [`shard_col_segments`]): a grouped-query QKV.
+    pub fn from_segments_on(
+        be: &Arc<B>,
+        name: &str,
+        weight: &Tensor,
+        bias: Option<&Tensor>,
+        segments: &[usize],
+        tp: TpShard,
+    ) -> Result<Self> {
+        let w = shard_col_segments(weight, segments, tp)?;
+        let b = bias
+            .map(|b| shard_col_segments(b, segments, tp))
+            .transpose()?;
         Ok(Self {
             local: Linear::on(be, name, &w, b.as_ref())?,
         })

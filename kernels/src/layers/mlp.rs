@@ -1,27 +1,68 @@
-//! The GeLU MLP: column-parallel `fc1`, GeLU, row-parallel `fc2`.
+//! The MLP: column-parallel `fc1`, an activation, row-parallel `fc2`. Either
+//! GPT-2's (`fc1` of width `d_ff`, GeLU, biases) or gated (Shazeer 2020, as in
+//! Llama: `fc1` the gate and up projections of width `d_ff` each, fused into
+//! one `[d, 2 * d_ff]` weight, `act(gate) * up` with SiLU (SwiGLU) or GeLU
+//! (GeGLU), then `fc2` the down projection; no biases).
 //!
-//! With `tp` ranks each holds `d_ff / tp` hidden units; the hidden layer
-//! never crosses ranks. Forward needs one all-reduce (after `fc2`), the
+//! With `tp` ranks each holds `d_ff / tp` hidden units (of the gate and of
+//! the up projection alike: the fused weight is split as two column
+//! segments, so a rank's gate and up columns are the same units); the hidden
+//! layer never crosses ranks. Forward needs one all-reduce (after `fc2`), the
 //! input backward one (of the gradient reaching `fc1`'s input).
 
 use super::linear::{ColumnParallelLinear, RowParallelLinear};
 use super::shard::TpShard;
 use super::{cpu_backend, seq, Param, Parameters, TpReduce};
 use crate::backend::{Backend, Cpu};
+use crate::cpu::GluKind;
 use crate::error::Result;
 use crate::tensor::Tensor;
 use std::sync::Arc;
 
+/// The MLP's form.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum MlpKind {
+    /// GPT-2's: `fc1`, GeLU, `fc2`, with biases.
+    #[default]
+    Gelu,
+    /// Gated by SiLU (Llama, Mistral, Qwen).
+    SwiGlu,
+    /// Gated by GeLU (Gemma).
+    GeGlu,
+}
+
+impl MlpKind {
+    /// The gate's activation, or `None` for the plain GeLU MLP.
+    pub fn glu(self) -> Option<GluKind> {
+        match self {
+            MlpKind::Gelu => None,
+            MlpKind::SwiGlu => Some(GluKind::SwiGlu),
+            MlpKind::GeGlu => Some(GluKind::GeGlu),
+        }
+    }
+
+    /// Columns of `fc1` per hidden unit: 2 (gate and up) when gated.
+    pub fn fc1_width(self) -> usize {
+        if self.glu().is_some() {
+            2
+        } else {
+            1
+        }
+    }
+}
+
 /// A TP rank's shard of the MLP (the whole MLP when `tp = 1`).
 #[derive(Debug)]
 pub struct Mlp<B: Backend = Cpu> {
-    /// `[d, d_ff / tp]`.
+    /// `[d, d_ff / tp]`, or gated `[d, 2 * d_ff / tp]` (this rank's gate
+    /// columns, then its up columns).
     pub fc1: ColumnParallelLinear<B>,
-    /// `[d_ff / tp, d]`, full bias.
+    /// `[d_ff / tp, d]`, full bias (none when gated).
     pub fc2: RowParallelLinear<B>,
+    kind: MlpKind,
 }
 
-super::clone_if_tensors_clone!(Mlp { fc1, fc2 });
+super::clone_if_tensors_clone!(Mlp { fc1, fc2, kind });
 
 /// What the MLP's input backward needs, kept in the backend's activation format.
 #[derive(Debug)]
@@ -72,11 +113,56 @@ impl<B: Backend> Mlp<B> {
         b2: &Tensor,
         tp: TpShard,
     ) -> Result<Self> {
-        let (n1, n2) = (format!("{name}.fc1"), format!("{name}.fc2"));
+        Self::from_fused_on(be, name, MlpKind::Gelu, (w1, Some(b1)), (w2, Some(b2)), tp)
+    }
+
+    /// This rank's shard of an MLP of `kind` with full weights `w1 [d, d_ff]`
+    /// (gated: `[d, 2 * d_ff]`, the gate's columns then the up projection's)
+    /// and `w2 [d_ff, d]`, each with its bias or none. The parameters are
+    /// `{name}.fc1`, `{name}.fc2`, or gated `{name}.gate_up`, `{name}.down`.
+    pub fn from_fused_on(
+        be: &Arc<B>,
+        name: &str,
+        kind: MlpKind,
+        (w1, b1): (&Tensor, Option<&Tensor>),
+        (w2, b2): (&Tensor, Option<&Tensor>),
+        tp: TpShard,
+    ) -> Result<Self> {
+        let (n1, n2) = match kind {
+            MlpKind::Gelu => ("fc1", "fc2"),
+            MlpKind::SwiGlu | MlpKind::GeGlu => ("gate_up", "down"),
+        };
+        let (n1, n2) = (format!("{name}.{n1}"), format!("{name}.{n2}"));
+        let groups = kind.fc1_width();
         Ok(Self {
-            fc1: ColumnParallelLinear::from_full_on(be, &n1, w1, Some(b1), 1, tp)?,
-            fc2: RowParallelLinear::from_full_on(be, &n2, w2, Some(b2), tp)?,
+            fc1: ColumnParallelLinear::from_full_on(be, &n1, w1, b1, groups, tp)?,
+            fc2: RowParallelLinear::from_full_on(be, &n2, w2, b2, tp)?,
+            kind,
         })
+    }
+
+    /// This rank's shard of a gated MLP (`kind` SwiGLU or GeGLU) with full
+    /// weights `w_gate [d, d_ff]`, `w_up [d, d_ff]`, `w_down [d_ff, d]` and no
+    /// biases (as Llama's).
+    pub fn gated_from_full_on(
+        be: &Arc<B>,
+        name: &str,
+        kind: GluKind,
+        (w_gate, w_up): (&Tensor, &Tensor),
+        w_down: &Tensor,
+        tp: TpShard,
+    ) -> Result<Self> {
+        let fused = Tensor::concat_cols(&[w_gate, w_up])?;
+        let kind = match kind {
+            GluKind::SwiGlu => MlpKind::SwiGlu,
+            GluKind::GeGlu => MlpKind::GeGlu,
+        };
+        Self::from_fused_on(be, name, kind, (&fused, None), (w_down, None), tp)
+    }
+
+    /// The MLP's form.
+    pub fn kind(&self) -> MlpKind {
+        self.kind
     }
 
     /// Forward up to `fc2`'s partial sum (no `fc2` bias, not reduced).
@@ -93,7 +179,10 @@ impl<B: Backend> Mlp<B> {
     ) -> Result<(B::Storage, MlpStash<B>)> {
         let be = self.fc1.local.backend();
         let h = self.fc1.local.forward(&x)?;
-        let a = be.gelu(&h)?;
+        let a = match self.kind.glu() {
+            None => be.gelu(&h)?,
+            Some(k) => be.glu(&h, k)?,
+        };
         let y = self.fc2.forward_partial(&a)?;
         let x = match kept_input {
             Some(k) => k,
@@ -157,7 +246,12 @@ impl<B: Backend> Mlp<B> {
     ) -> Result<(B::Storage, MlpWeightStash<B>)> {
         let be = self.fc1.local.backend();
         let da = self.fc2.local.backward_input(&dy)?;
-        let dh = be.gelu_backward(&*be.restore(&stash.h)?, &da)?;
+        let h = be.restore(&stash.h)?;
+        let dh = match self.kind.glu() {
+            None => be.gelu_backward(&h, &da)?,
+            Some(k) => be.glu_backward(&h, &da, k)?,
+        };
+        drop(h);
         let dx = self.fc1.local.backward_input(&dh)?;
         let ws = MlpWeightStash {
             x: stash.x,

@@ -55,12 +55,12 @@ pub mod norm;
 pub mod seq;
 pub mod shard;
 
-pub use attention::{Attention, AttentionStash, AttentionWeightStash};
+pub use attention::{Attention, AttentionStash, AttentionWeightStash, Heads};
 pub use block::{Block, BlockStash, BlockWeightStash};
 pub use head::{HeadStash, HeadWeightStash, LmHead};
 pub use linear::{ColumnParallelLinear, Linear, RowParallelLinear};
-pub use mlp::{Mlp, MlpStash, MlpWeightStash};
-pub use norm::{Embedding, LayerNorm};
+pub use mlp::{Mlp, MlpKind, MlpStash, MlpWeightStash};
+pub use norm::{Embedding, LayerNorm, Norm, NormKind, RmsNorm};
 pub use shard::TpShard;
 
 use crate::backend::{Backend, Cpu, Shaped};

@@ -1,10 +1,13 @@
 //! How a full weight is cut into tensor-parallel shards.
 //!
-//! Column split (output features, [`shard_cols`]): the columns are seen as
-//! `groups` equal segments and each segment is cut into `size` contiguous
-//! blocks; rank `r` keeps block `r` of every segment, in segment order. With
-//! `groups = 1` that is the plain Megatron column split; a fused QKV weight
-//! uses `groups = 3`, so each rank keeps the Q, K and V columns of its heads.
+//! Column split (output features, [`shard_col_segments`]): the columns are
+//! seen as consecutive segments and each segment is cut into `size`
+//! contiguous blocks; rank `r` keeps block `r` of every segment, in segment
+//! order. With one segment that is the plain Megatron column split; a fused
+//! QKV weight has three (Q, then K and V, each `kv_heads * head_dim` wide), so
+//! each rank keeps the query heads and the key/value heads they read; a gated
+//! MLP's fused gate and up weight has two equal ones. [`shard_cols`] is the
+//! case of `groups` equal segments.
 //! Row split (input features, [`shard_rows`]): rank `r` keeps the `r`-th
 //! contiguous block of rows.
 
@@ -47,7 +50,8 @@ impl TpShard {
     }
 }
 
-/// This rank's column shard of `t` (`[rows, cols]`, or a `[cols]` bias).
+/// This rank's column shard of `t` (`[rows, cols]`, or a `[cols]` bias) cut
+/// into `groups` equal segments.
 pub fn shard_cols(t: &Tensor, groups: usize, tp: TpShard) -> Result<Tensor> {
     let cols = t.cols();
     if groups == 0 || cols % groups != 0 {
@@ -56,12 +60,30 @@ pub fn shard_cols(t: &Tensor, groups: usize, tp: TpShard) -> Result<Tensor> {
             format!("{cols} columns in {groups} groups"),
         ));
     }
-    let seg = cols / groups;
-    let block = tp.block(seg, "the output features")?;
+    shard_col_segments(t, &vec![cols / groups; groups], tp)
+}
+
+/// This rank's column shard of `t` (`[rows, cols]`, or a `[cols]` bias) whose
+/// columns are the consecutive `segments` (widths summing to `cols`).
+pub fn shard_col_segments(t: &Tensor, segments: &[usize], tp: TpShard) -> Result<Tensor> {
+    let cols = t.cols();
+    if segments.is_empty() || segments.iter().sum::<usize>() != cols {
+        return Err(shape_err(
+            "shard_cols",
+            format!("{cols} columns in segments {segments:?}"),
+        ));
+    }
+    let mut blocks = Vec::with_capacity(segments.len());
+    let mut start = 0;
+    for &seg in segments {
+        let b = tp.block(seg, "the output features")?;
+        blocks.push(start + b.start..start + b.end);
+        start += seg;
+    }
     let mut data = Vec::with_capacity(t.numel() / tp.size);
     for row in t.data().chunks_exact(cols.max(1)) {
-        for g in 0..groups {
-            data.extend_from_slice(&row[g * seg + block.start..g * seg + block.end]);
+        for b in &blocks {
+            data.extend_from_slice(&row[b.clone()]);
         }
     }
     let mut shape = t.shape().to_vec();
@@ -97,6 +119,16 @@ mod tests {
         let b0 = shard_cols(&bias, 1, TpShard::new(0, 2).unwrap()).unwrap();
         assert_eq!((b0.shape(), b0.data()), (&[2][..], &[0.0, 1.0][..]));
         assert!(shard_cols(&t, 3, TpShard::new(0, 3).unwrap()).is_err());
+    }
+
+    #[test]
+    fn unequal_segments_split_each_segment() {
+        // Q of 4 columns, K and V of 2 (two query heads per key/value head), 2 ranks.
+        let t = Tensor::new(&[1, 8], (0..8).map(|i| i as f32).collect()).unwrap();
+        let r1 = shard_col_segments(&t, &[4, 2, 2], TpShard::new(1, 2).unwrap()).unwrap();
+        assert_eq!(r1.data(), &[2.0, 3.0, 5.0, 7.0]);
+        assert!(shard_col_segments(&t, &[4, 2, 1], TpShard::SINGLE).is_err());
+        assert!(shard_col_segments(&t, &[6, 1, 1], TpShard::new(0, 2).unwrap()).is_err());
     }
 
     #[test]

@@ -1,26 +1,32 @@
 //! Exactly what pipewright's reference GPT (`pipewright_kernels::gpt`) stashes per microbatch
-//! on one TP rank, with `N = b * s` rows, width `d`, MLP width `f`, `a` heads, vocabulary `V`,
-//! TP size `t`. Tensor elements (activations and their gradients) are kept in the run's
+//! on one TP rank, with `N = b * s` rows, width `d`, MLP width `f`, `a` (query) heads,
+//! vocabulary `V`, TP size `t`; `q = d + 2 k` the fused QKV's width with `k` the key/value
+//! heads' width (`k = d` without grouped-query attention), `u` the MLP's up projection's width
+//! (`f`, or `2f` for a gated MLP's fused gate and up) and `g = u + f` the MLP's hidden tensors
+//! (its pre-activation and activation: `2f`, or `3f` gated). Tensor elements (activations and their gradients) are kept in the run's
 //! activation format: 4 bytes an element in f32 (and tf32) runs, 2 under
 //! [`MemPrecision::Bf16`] (the kernels' `Backend::Kept`). Per-row statistics (`1/σ`), token
 //! ids, the CPU's attention probabilities (the stand-in for what a GPU recomputes in f32)
 //! and the loss's softmax probabilities stay 4 bytes in every precision. Below, `T[..]`
 //! counts tensor elements and `R[..]` those 4-byte ones:
 //!
-//! - a block keeps both LayerNorms' `x̂` and `1/σ` (`T[2Nd] + R[2N]`), attention's input,
-//!   `qkv` and context (`T[Nd + 3Nd/t + Nd/t]`) and probabilities (`R[b(a/t)s²]`; a fused
-//!   run's logsumexp `R[b(a/t)s]` instead) and the
-//!   MLP's input, pre-activation and activation (`T[Nd + 2Nf/t]`); selective drops the
-//!   probabilities;
+//! - a block keeps both norms' `x̂` and `1/σ` (`T[2Nd] + R[2N]`; LayerNorm and RMSNorm keep
+//!   the same), attention's input, `qkv` and context (`T[Nd + Nq/t + Nd/t]`) and
+//!   probabilities (`R[b(a/t)s²]`, one per query head; a fused run's logsumexp `R[b(a/t)s]`
+//!   instead) and the MLP's input, pre-activation and activation (`T[Nd + Ng/t]`); selective
+//!   drops the probabilities;
 //! - the first stage keeps its token ids (`R[N]`), the last the head's norm, normed input,
 //!   softmax probabilities (the head is replicated, not split over t) and targets
 //!   (`T[2Nd] + R[N(2 + V)]`);
 //! - full recomputation keeps the ids on the first stage and a copy of the stage's input
 //!   (`T[Nd]`) elsewhere; `every:n` keeps that and the stashes of the blocks past the first n;
 //! - a split backward's weight stash holds, per block, both norms' stashes and input
-//!   gradients and attention's and the MLP's inputs, output gradients, `dqkv`, context and
-//!   activations (`T[8Nd + 4Nd/t + 2Nf/t] + R[2N]`), the head's `T[N(3d + V)] + R[N]` and the
-//!   embedding's gradient and ids `T[Nd] + R[N]`.
+//!   gradients and attention's and the MLP's inputs, output gradients, `dqkv`, context, the
+//!   MLP's pre-activation gradient and activation (`T[8Nd + N(q + d + g)/t] + R[2N]`), the
+//!   head's `T[N(3d + V)] + R[N]` and the embedding's gradient and ids `T[Nd] + R[N]`.
+//!
+//! Biases change no stash. The shapes it counts are the reference GPT's: any key/value
+//! heads, MLP, norm and biases, with untied embeddings and a learned position table.
 //!
 //! With sequence parallelism a rank holds `M = N / t` rows of everything outside the TP
 //! regions: the norms' stashes and the stashed inputs of attention and the MLP (`T[4Md] +
@@ -40,7 +46,7 @@
 use super::walk::StageBytes;
 use super::{params, MemPrecision, MemoryConfig, MemoryError, ModelShape};
 use crate::recompute::Recompute;
-use crate::shape::AttentionKind;
+use crate::shape::{AttentionKind, PositionKind};
 
 const F32: u128 = 4;
 
@@ -108,34 +114,29 @@ fn dims(cfg: &MemoryConfig) -> (u128, u128, u128, u128, u128) {
 }
 
 /// Refuses a shape the reference GPT does not have (it is the one model this accounting
-/// counts), naming the first field that differs.
+/// counts), naming the first field that differs: it has any key/value heads, MLP, norm and
+/// biases, but untied embeddings and a learned position table only.
 pub(super) fn check_shape(shape: &ModelShape) -> Result<(), MemoryError> {
-    let reference = ModelShape::gpt(
-        shape.layers,
-        shape.d_model,
-        shape.heads,
-        shape.ffn,
-        shape.seq_len,
-        shape.vocab,
-    );
     let differs = [
-        (
-            shape.kv_heads != reference.kv_heads,
-            format!("grouped-query attention (kv_heads {})", shape.kv_heads),
-        ),
-        (shape.mlp != reference.mlp, format!("{} MLP", shape.mlp)),
-        (shape.norm != reference.norm, format!("{}", shape.norm)),
         (shape.tied_embeddings, "tied embeddings".to_string()),
         (
-            shape.positions != reference.positions,
+            shape.positions != PositionKind::Learned,
             format!("{} positions", shape.positions),
         ),
-        (shape.bias != reference.bias, format!("bias {}", shape.bias)),
     ];
     match differs.into_iter().find(|(d, _)| *d) {
         Some((_, what)) => Err(MemoryError::NotReference(what)),
         None => Ok(()),
     }
+}
+
+/// `(q, g)`: the fused QKV's width and the MLP's hidden tensors' (pre-activation and
+/// activation), whole (before the TP split).
+fn widths(cfg: &MemoryConfig) -> (u128, u128) {
+    let sh = &cfg.shape;
+    let q = u128::from(sh.d_model + 2 * sh.kv_width());
+    let g = u128::from(sh.ffn * (sh.mlp.up_matrices() + 1));
+    (q, g)
 }
 
 /// Rows a rank holds outside the TP regions: `N / t` under sequence parallelism, else `N`.
@@ -150,10 +151,11 @@ fn slice_rows(cfg: &MemoryConfig) -> u128 {
 
 /// One block's whole stash, the attention probabilities included.
 fn block(cfg: &MemoryConfig) -> Elems {
-    let (n, d, f, t, core) = dims(cfg);
+    let (n, d, _, t, core) = dims(cfg);
+    let (q, g) = widths(cfg);
     let m = slice_rows(cfg);
     Elems {
-        tensor: 4 * m * d + 4 * n * d / t + 2 * n * f / t,
+        tensor: 4 * m * d + n * (q + d) / t + n * g / t,
         row: 2 * m + core,
     }
 }
@@ -187,7 +189,8 @@ pub(super) fn layer_bytes(cfg: &MemoryConfig, policy: Recompute) -> u64 {
 
 /// Stage `s`'s bytes per microbatch.
 pub(super) fn stage_bytes(cfg: &MemoryConfig, s: u32) -> StageBytes {
-    let (n, d, f, t, _) = dims(cfg);
+    let (n, d, _, t, _) = dims(cfg);
+    let (q, g) = widths(cfg);
     let v = u128::from(cfg.shape.vocab);
     let m = slice_rows(cfg);
     let layers = u128::from(params::stage_layers(cfg.shape.layers, cfg.stages(), s));
@@ -211,7 +214,7 @@ pub(super) fn stage_bytes(cfg: &MemoryConfig, s: u32) -> StageBytes {
         }
     };
     let block_w = Elems {
-        tensor: 4 * m * d + 4 * n * d + 4 * n * d / t + 2 * n * f / t,
+        tensor: 4 * m * d + 4 * n * d + n * (q + d) / t + n * g / t,
         row: 2 * m,
     };
     let embed_w = if first {

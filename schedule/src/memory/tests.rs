@@ -336,3 +336,43 @@ fn data_parallel_reductions_hold_the_flat_gradients_and_zero_1_its_shard_too() {
         assert!(p[0].max.activations > 0 && p[0].max.activations == once[0].max.activations);
     }
 }
+
+#[test]
+fn the_pipewright_accounting_takes_the_reference_gpt_s_kinds_and_refuses_the_others() {
+    use crate::shape::{BiasKind, MlpKind, NormKind, PositionKind};
+    let (c, tt) = pipeline(ScheduleKind::OneFOneB, 2, 1, 4);
+    let pw = |shape: ModelShape| MemoryConfig {
+        shape,
+        accounting: Accounting::Pipewright,
+        ..c.clone()
+    };
+    let llama = ModelShape {
+        kv_heads: 8,
+        mlp: MlpKind::SwiGlu,
+        norm: NormKind::RmsNorm,
+        bias: BiasKind::None,
+        ..c.shape
+    };
+    // Fewer key/value heads and a gated MLP of the same width: the QKV's and MLP's stashes
+    // change, nothing else.
+    let (gpt, ours) = (
+        predict(&pw(c.shape), &tt).unwrap(),
+        predict(&pw(llama), &tt).unwrap(),
+    );
+    assert_ne!(gpt[0].activations, ours[0].activations);
+    let tied = ModelShape {
+        tied_embeddings: true,
+        ..llama
+    };
+    let rotary = ModelShape {
+        positions: PositionKind::Rotary,
+        ..llama
+    };
+    for (shape, what) in [
+        (tied, "no tied embeddings"),
+        (rotary, "no rotary positions"),
+    ] {
+        let e = predict(&pw(shape), &tt).unwrap_err().to_string();
+        assert!(e.contains(what), "{e}");
+    }
+}

@@ -1,0 +1,115 @@
+//! The reference GPT of a model description: the one conversion from the schedule crate's
+//! [`ModelShape`] (what `plan`, the memory model and the CLI read) to the kernels'
+//! [`GptConfig`] (what trains), so a planned shape trains as planned.
+
+use pipewright_kernels::gpt::{BiasKind, GptConfig, MlpKind, NormKind};
+use pipewright_schedule::shape::{self, ModelShape, PositionKind};
+
+use crate::error::RuntimeError;
+
+/// The reference GPT of `shape`, or why it has none: it has any key/value heads, MLP, norm
+/// and biases, but untied embeddings and a learned position table only (tying across
+/// pipeline stages needs an all-reduce of the two copies' gradients, and rotary positions a
+/// kernel, that it does not have).
+pub fn gpt_config(shape: &ModelShape) -> Result<GptConfig, RuntimeError> {
+    let refuse = |what: &str| {
+        Err(RuntimeError::Model(format!(
+            "the reference GPT has no {what}: it has untied embeddings and learned positions"
+        )))
+    };
+    if shape.tied_embeddings {
+        return refuse("tied embeddings");
+    }
+    if shape.positions != PositionKind::Learned {
+        return refuse(&format!("{} positions", shape.positions));
+    }
+    let size = |name: &str, v: u64| {
+        usize::try_from(v).map_err(|_| RuntimeError::Model(format!("{name} {v} is too large")))
+    };
+    Ok(GptConfig {
+        vocab: size("vocab", shape.vocab)?,
+        seq_len: size("seq_len", shape.seq_len)?,
+        d_model: size("d_model", shape.d_model)?,
+        n_heads: size("heads", shape.heads.into())?,
+        kv_heads: size("kv_heads", shape.kv_heads.into())?,
+        n_layers: size("layers", shape.layers.into())?,
+        d_ff: size("ffn", shape.ffn)?,
+        mlp: match shape.mlp {
+            shape::MlpKind::Gelu => MlpKind::Gelu,
+            shape::MlpKind::SwiGlu => MlpKind::SwiGlu,
+            shape::MlpKind::GeGlu => MlpKind::GeGlu,
+        },
+        norm: match shape.norm {
+            shape::NormKind::LayerNorm => NormKind::LayerNorm,
+            shape::NormKind::RmsNorm => NormKind::RmsNorm,
+        },
+        bias: match shape.bias {
+            shape::BiasKind::All => BiasKind::All,
+            shape::BiasKind::Qkv => BiasKind::Qkv,
+            shape::BiasKind::None => BiasKind::None,
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pipewright_kernels::gpt::GptStage;
+    use pipewright_kernels::layers::Parameters;
+
+    /// Every kind the reference has: the built model's parameters are the shape's count.
+    #[test]
+    fn the_reference_gpt_of_a_shape_has_the_shape_s_parameters() {
+        let mut shapes = Vec::new();
+        for mlp in [
+            shape::MlpKind::Gelu,
+            shape::MlpKind::SwiGlu,
+            shape::MlpKind::GeGlu,
+        ] {
+            for norm in [shape::NormKind::LayerNorm, shape::NormKind::RmsNorm] {
+                for bias in [
+                    shape::BiasKind::All,
+                    shape::BiasKind::Qkv,
+                    shape::BiasKind::None,
+                ] {
+                    for kv_heads in [4, 2, 1] {
+                        shapes.push(ModelShape {
+                            kv_heads,
+                            mlp,
+                            norm,
+                            bias,
+                            ..ModelShape::gpt(3, 16, 4, 24, 8, 11)
+                        });
+                    }
+                }
+            }
+        }
+        for s in shapes {
+            let cfg = gpt_config(&s).unwrap();
+            let whole = GptStage::whole(&cfg, 0).unwrap();
+            assert_eq!(whole.num_params() as u64, s.parameters(), "{s:?}");
+        }
+        let gpt = ModelShape::gpt(3, 16, 4, 64, 8, 11);
+        assert_eq!(gpt_config(&gpt).unwrap(), GptConfig::new(11, 8, 16, 4, 3));
+    }
+
+    #[test]
+    fn tied_embeddings_and_rotary_positions_are_refused() {
+        let tied = ModelShape {
+            tied_embeddings: true,
+            ..ModelShape::gpt(3, 16, 4, 64, 8, 11)
+        };
+        let err = gpt_config(&tied).unwrap_err().to_string();
+        assert!(err.contains("no tied embeddings"), "{err}");
+        let rotary = ModelShape {
+            positions: PositionKind::Rotary,
+            ..tied
+        };
+        let err = gpt_config(&ModelShape {
+            tied_embeddings: false,
+            ..rotary
+        })
+        .unwrap_err();
+        assert!(err.to_string().contains("no rotary positions"), "{err}");
+    }
+}
