@@ -1,0 +1,351 @@
+"""Time every action of real PyTorch steps and write them as pipewright's timeline.
+
+PyTorch's runtime walks this rank's lowered row (`pipeline_order_with_comms[rank]`) one
+action at a time. The recorder swaps that row for a list that stamps the clock each time the
+runtime takes the next action, and wraps each stage's `forward_one_chunk`,
+`backward_one_chunk` and `backward_weight_one_chunk` to stamp when the compute itself starts
+and ends. Nothing of PyTorch's is changed otherwise: the same actions run in the same order.
+
+From the stamps, per action:
+- F, B, I, W, OVERLAP_F_B: from the start of its compute (after any wait for its input) to
+  the end of the action (the loss, on the last stage, is part of F);
+- RECV_F / RECV_B: the wait for the data, from the start of the action that needs it to the
+  start of its compute (PyTorch posts the receive earlier and waits inside the compute action);
+- SEND_F / SEND_B: posting the send;
+- PyTorch's own actions (WAIT_SEND_*, REDUCE_GRAD, UNSHARD, ...): not in pipewright's IR; their
+  time is kept per step as `runtime_ms`, to tell what a step is made of.
+
+The clock is a CUDA event on the current stream when the stages are on a GPU, and the
+monotonic clock otherwise. Ranks are aligned by a barrier when the recorder starts (exactly,
+through the shared monotonic clock, when all ranks time on the CPU of one host), and each
+recorded step is fenced by a barrier unless `fence=False`.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ._errors import RecordError
+
+_COMPUTE = ("F", "B", "I", "W")
+_NOT_IN_IR = ("WAIT_SEND_F", "WAIT_SEND_B", "UNSHARD", "RESHARD", "REDUCE_GRAD", "WAIT_REDUCE_GRAD")
+
+
+class _CpuClock:
+    def stamp(self) -> int:
+        return time.perf_counter_ns()
+
+    def reference(self) -> int:
+        return time.perf_counter_ns()
+
+    def to_ms(self, ref: int, stamps: list) -> list[float]:
+        return [(s - ref) / 1e6 for s in stamps]
+
+
+class _CudaClock:
+    def __init__(self, device: torch.device):
+        self.device = device
+
+    def stamp(self):
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()
+        return ev
+
+    def reference(self):
+        torch.cuda.synchronize(self.device)
+        return self.stamp()
+
+    def to_ms(self, ref, stamps: list) -> list[float]:
+        torch.cuda.synchronize(self.device)
+        return [ref.elapsed_time(s) for s in stamps]
+
+
+@dataclass
+class _Take:
+    """The stamps of one step on this rank."""
+
+    row: list
+    ref: Any
+    bounds: list = field(default_factory=list)  # bounds[i]: action i starts; bounds[i+1]: it ends
+    compute: dict = field(default_factory=dict)  # action index -> [start, end, start, end, ...]
+    current: int | None = None
+
+
+class _TimedRow(list):
+    """PyTorch's row, unchanged, that stamps the clock as the runtime takes each action."""
+
+    def __init__(self, row, recorder: Recorder):
+        super().__init__(row)
+        self._recorder = recorder
+
+    def __iter__(self):
+        take = self._recorder._take
+        if take is None or take.bounds:
+            yield from list.__iter__(self)
+            return
+        stamp = self._recorder._clock.stamp
+        for i, action in enumerate(list.__iter__(self)):
+            take.current = i
+            take.bounds.append(stamp())
+            yield action
+        take.bounds.append(stamp())
+        take.current = None
+
+
+def _timed(method, recorder: Recorder):
+    def wrapper(*args, **kwargs):
+        take = recorder._take
+        if take is None or take.current is None:
+            return method(*args, **kwargs)
+        spans = take.compute.setdefault(take.current, [])
+        spans.append(recorder._clock.stamp())
+        try:
+            return method(*args, **kwargs)
+        finally:
+            spans.append(recorder._clock.stamp())
+
+    wrapper.__wrapped__ = method
+    return wrapper
+
+
+class Recorder:
+    """Records real steps of a PyTorch pipeline schedule as pipewright timelines.
+
+    `schedule` is a `_PipelineScheduleRuntime` (from `pipewright.torch.schedule`, or one the
+    user loaded with `_load_csv`). Every rank of the pipeline creates its recorder and calls
+    `step` for the steps to record; `timelines`, `save_timeline` and `save_costs` gather
+    every rank's events and are collective too (rank 0 gets the result and writes files).
+    """
+
+    def __init__(self, schedule: Any, *, fence: bool = True):
+        rows = getattr(schedule, "pipeline_order_with_comms", None)
+        stages = getattr(schedule, "_stages", None)
+        if not rows or not stages:
+            raise RecordError(
+                "the schedule has no lowered timetable: record a _PipelineScheduleRuntime "
+                "that has loaded one (pipewright.torch.schedule, or _load_csv)"
+            )
+        self._sched = schedule
+        self._fence = fence
+        self._group = stages[0].group
+        self._rank = schedule.rank
+        self._ranks = schedule.pp_group_size
+        devices = {torch.device(st.device) for st in stages}
+        if len(devices) != 1:
+            raise RecordError(f"this rank's stages are on several devices {sorted(map(str, devices))}")
+        device = devices.pop()
+        self._clock = _CudaClock(device) if device.type == "cuda" else _CpuClock()
+        self._take: _Take | None = None
+        self._steps: list[dict] = []
+        for st in stages:
+            for name in ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk"):
+                method = getattr(st, name)
+                if not hasattr(method, "__wrapped__"):
+                    setattr(st, name, _timed(method, self))
+        self._ref, self._offset_ms = self._align(device)
+
+    def _align(self, device: torch.device):
+        """This rank's clock reference and its offset in ms from the earliest rank's."""
+        dist.barrier(group=self._group)
+        ref = self._clock.reference()
+        cpu = device.type != "cuda"
+        mine = (socket.gethostname(), ref if cpu else 0)
+        every: list = [None] * self._ranks
+        dist.all_gather_object(every, mine, group=self._group)
+        if cpu and len({host for host, _ in every}) == 1:
+            # One host, one monotonic clock: exact alignment, no barrier's skew.
+            return ref, (ref - min(r for _, r in every)) / 1e6
+        return ref, 0.0
+
+    def step(self, *args: Any, **kwargs: Any) -> Any:
+        """Run `schedule.step(*args, **kwargs)` and record it; returns what it returns."""
+        sched = self._sched
+        row = sched.pipeline_order_with_comms[self._rank]
+        if not isinstance(row, _TimedRow):
+            row = _TimedRow(row, self)
+            sched.pipeline_order_with_comms[self._rank] = row
+        if self._fence:
+            if isinstance(self._clock, _CudaClock):
+                torch.cuda.synchronize(self._clock.device)
+            dist.barrier(group=self._group)
+        self._take = _Take(row=list(row), ref=self._ref)
+        wall = time.perf_counter()
+        try:
+            out = sched.step(*args, **kwargs)
+        finally:
+            take, self._take = self._take, None
+        wall_ms = (time.perf_counter() - wall) * 1e3
+        if len(take.bounds) != len(take.row) + 1:
+            raise RecordError(
+                f"rank {self._rank}: the runtime did not walk its row as recorded "
+                f"({len(take.bounds)} of {len(take.row) + 1} stamps); this PyTorch's "
+                "_PipelineScheduleRuntime is not one the recorder knows"
+            )
+        self._steps.append(self._events(take, wall_ms))
+        return out
+
+    def _events(self, take: _Take, wall_ms: float) -> dict:
+        """This rank's events of one step, in ms on the aligned clock."""
+        to_ms = lambda stamps: [t + self._offset_ms for t in self._clock.to_ms(take.ref, stamps)]
+        bounds = to_ms(take.bounds)
+        compute = {i: to_ms(s) for i, s in take.compute.items()}
+        events, runtime_ms = [], 0.0
+        posted: set = set()
+        dev = self._rank
+
+        def event(stage, kind, mb, start, end):
+            events.append({"device": dev, "action": {"stage": stage, "kind": kind, "microbatch": mb},
+                           "start": start, "end": end})
+
+        def wait(part, start, end):
+            needs = {"F": "RECV_F", "B": "RECV_B", "I": "RECV_B"}.get(part.computation_type.value)
+            key = (needs, part.stage_index, part.microbatch_index)
+            if key in posted:
+                posted.discard(key)
+                event(part.stage_index, needs, part.microbatch_index, start, max(start, end))
+
+        for i, a in enumerate(take.row):
+            t0, t1 = bounds[i], bounds[i + 1]
+            kind = a.computation_type.value
+            spans = compute.get(i, [])
+            if kind in _COMPUTE or kind == "OVERLAP_F_B":
+                parts = a.sub_actions or (a,)
+                starts = spans[0::2] or [t0]
+                ends = spans[1::2]
+                for k, part in enumerate(parts):
+                    if k < len(starts):
+                        wait(part, t0 if k == 0 else ends[k - 1], starts[k])
+                if kind == "OVERLAP_F_B":
+                    f, b = parts
+                    kind = {"OVERLAP_F_B": {"b_stage": b.stage_index, "b_microbatch": b.microbatch_index}}
+                    event(f.stage_index, kind, f.microbatch_index, starts[0], t1)
+                else:
+                    event(a.stage_index, kind, a.microbatch_index, starts[0], t1)
+            elif kind in ("SEND_F", "SEND_B"):
+                event(a.stage_index, kind, a.microbatch_index, t0, t1)
+            elif kind in ("RECV_F", "RECV_B"):
+                posted.add((kind, a.stage_index, a.microbatch_index))
+            else:
+                runtime_ms += t1 - t0
+        return {"events": events, "runtime_ms": runtime_ms, "wall_ms": wall_ms,
+                "row_ms": bounds[-1] - bounds[0] if bounds else 0.0}
+
+    @property
+    def steps_recorded(self) -> int:
+        """Steps this rank has recorded."""
+        return len(self._steps)
+
+    def _meta(self) -> dict:
+        tt = getattr(self._sched, "pipewright_timetable", None)
+        return {
+            "schedule": tt.name if tt is not None else "custom",
+            "devices": self._ranks,
+            "stages": self._sched._num_stages,
+            "microbatches": self._sched._n_microbatches,
+            "source": "measured",
+            "time_unit": "ms",
+        }
+
+    def _gather(self) -> list | None:
+        every: list = [None] * self._ranks
+        dist.all_gather_object(every, self._steps, group=self._group)
+        if self._rank != 0:
+            return None
+        counts = {len(s) for s in every}
+        if len(counts) != 1:
+            raise RecordError(f"ranks recorded different numbers of steps: {[len(s) for s in every]}")
+        return every
+
+    def timelines(self) -> list[dict] | None:
+        """Every recorded step as a pipewright timeline (dicts), on rank 0; None elsewhere.
+
+        Collective: every rank of the pipeline calls it. Each step's times start at 0, the
+        start of its earliest action on any rank.
+        """
+        every = self._gather()
+        if every is None:
+            return None
+        out = []
+        for k in range(len(every[0])):
+            events = [e for rank_steps in every for e in rank_steps[k]["events"]]
+            t0 = min((e["start"] for e in events), default=0.0)
+            for e in events:
+                e["start"] -= t0
+                e["end"] -= t0
+            events.sort(key=lambda e: (e["device"], e["start"]))
+            out.append({"meta": self._meta(), "events": events})
+        return out
+
+    def breakdown(self) -> list[dict] | None:
+        """Per step and rank, on rank 0: the walk of the row, PyTorch's own actions, the
+        whole `step()` call (ms). Collective, like `timelines`."""
+        every = self._gather()
+        if every is None:
+            return None
+        return [
+            {"row_ms": [s[k]["row_ms"] for s in every],
+             "runtime_ms": [s[k]["runtime_ms"] for s in every],
+             "wall_ms": [s[k]["wall_ms"] for s in every]}
+            for k in range(len(every[0]))
+        ]
+
+    def save_timeline(self, path: str | Path, step: int = -1) -> None:
+        """Write one recorded step (default: the last) as a timeline JSON, on rank 0.
+
+        `pipewright viz --from PATH` draws it. Collective.
+        """
+        tls = self.timelines()
+        if tls is None:
+            return
+        if not tls:
+            raise RecordError("no step recorded yet: call Recorder.step first")
+        try:
+            chosen = tls[step]
+        except IndexError:
+            raise RecordError(f"step {step} was not recorded: {len(tls)} steps were") from None
+        _write_atomic(Path(path), json.dumps(chosen))
+
+    def save_costs(self, path: str | Path, *, skip: int | None = None) -> None:
+        """Write the median per-stage costs of the recorded steps as a cost file, on rank 0.
+
+        The first step is left out as warm-up when there are more (as `train --costs-out`
+        does), or the first `skip`. `pipewright search --cost-file PATH` reads it. Collective.
+        """
+        from ._costs import measured_costs
+
+        tls = self.timelines()
+        if tls is None:
+            return
+        skip = int(len(tls) > 1) if skip is None else skip
+        used = tls[skip:]
+        if not used:
+            raise RecordError(f"no step left to measure: {len(tls)} recorded, {skip} skipped")
+        _write_atomic(Path(path), json.dumps(measured_costs(used), indent=2) + "\n")
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """Write beside the target, then rename: a reader never sees half a file."""
+    import os
+    import tempfile
+
+    folder = path.parent if str(path.parent) else Path(".")
+    if not folder.is_dir():
+        raise RecordError(f"{path}: folder {folder} does not exist; create it first")
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
