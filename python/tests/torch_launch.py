@@ -16,6 +16,27 @@ PACKAGE_ROOT = HERE.parent  # python/, where `pipewright` lives when not install
 REPO = PACKAGE_ROOT.parent
 
 
+def pipewright_bin() -> str:
+    """The `pipewright` CLI: $PIPEWRIGHT_BIN, else the newest build in target/, else built now."""
+    given = os.environ.get("PIPEWRIGHT_BIN")
+    if given:
+        return given
+    built = [REPO / "target" / kind / "pipewright" for kind in ("release", "debug")]
+    found = [p for p in built if p.exists()]
+    if not found:
+        subprocess.run(["cargo", "build", "--bin", "pipewright"], cwd=REPO, check=True)
+        found = [built[1]]
+    return str(max(found, key=lambda p: p.stat().st_mtime))
+
+
+def cli(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    """Run the `pipewright` CLI; with `check`, fail the test with its stderr if it fails."""
+    done = subprocess.run([pipewright_bin(), *map(str, args)], capture_output=True, text=True, timeout=300)
+    if check and done.returncode != 0:
+        raise AssertionError(f"pipewright {' '.join(map(str, args))} failed:\n{done.stderr}")
+    return done
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
