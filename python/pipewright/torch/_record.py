@@ -79,19 +79,28 @@ class _Take:
     current: int | None = None
 
 
+class _Probe:
+    """What the row and the wrapped stage methods stamp into: the step being recorded, if any.
+
+    One per schedule, shared by all its recorders, so that any of them can record a step."""
+
+    def __init__(self):
+        self.take: _Take | None = None
+        self.stamp = None
+
+
 class _TimedRow(list):
     """PyTorch's row, unchanged, that stamps the clock as the runtime takes each action."""
 
-    def __init__(self, row, recorder: Recorder):
+    def __init__(self, row, probe: _Probe):
         super().__init__(row)
-        self._recorder = recorder
+        self._probe = probe
 
     def __iter__(self):
-        take = self._recorder._take
+        take, stamp = self._probe.take, self._probe.stamp
         if take is None or take.bounds:
             yield from list.__iter__(self)
             return
-        stamp = self._recorder._clock.stamp
         for i, action in enumerate(list.__iter__(self)):
             take.current = i
             take.bounds.append(stamp())
@@ -100,20 +109,32 @@ class _TimedRow(list):
         take.current = None
 
 
-def _timed(method, recorder: Recorder):
+def _timed(method, probe: _Probe):
     def wrapper(*args, **kwargs):
-        take = recorder._take
+        take = probe.take
         if take is None or take.current is None:
             return method(*args, **kwargs)
         spans = take.compute.setdefault(take.current, [])
-        spans.append(recorder._clock.stamp())
+        spans.append(probe.stamp())
         try:
             return method(*args, **kwargs)
         finally:
-            spans.append(recorder._clock.stamp())
+            spans.append(probe.stamp())
 
     wrapper.__wrapped__ = method
     return wrapper
+
+
+def _probe_of(schedule) -> _Probe:
+    """The schedule's probe, its stage methods wrapped once."""
+    probe = getattr(schedule, "_pipewright_probe", None)
+    if probe is None:
+        probe = _Probe()
+        for st in schedule._stages:
+            for name in ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk"):
+                setattr(st, name, _timed(getattr(st, name), probe))
+        schedule._pipewright_probe = probe
+    return probe
 
 
 class Recorder:
@@ -143,13 +164,9 @@ class Recorder:
             raise RecordError(f"this rank's stages are on several devices {sorted(map(str, devices))}")
         device = devices.pop()
         self._clock = _CudaClock(device) if device.type == "cuda" else _CpuClock()
-        self._take: _Take | None = None
+        self._probe = _probe_of(schedule)
+        self._takes: list = []
         self._steps: list[dict] = []
-        for st in stages:
-            for name in ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk"):
-                method = getattr(st, name)
-                if not hasattr(method, "__wrapped__"):
-                    setattr(st, name, _timed(method, self))
         self._ref, self._offset_ms = self._align(device)
 
     def _align(self, device: torch.device):
@@ -168,20 +185,24 @@ class Recorder:
     def step(self, *args: Any, **kwargs: Any) -> Any:
         """Run `schedule.step(*args, **kwargs)` and record it; returns what it returns."""
         sched = self._sched
+        probe = self._probe
+        if probe.take is not None:
+            raise RecordError("a step is being recorded already: recorders of one schedule take turns")
         row = sched.pipeline_order_with_comms[self._rank]
-        if not isinstance(row, _TimedRow):
-            row = _TimedRow(row, self)
+        if not isinstance(row, _TimedRow):  # (again, if the schedule loaded another timetable)
+            row = _TimedRow(row, probe)
             sched.pipeline_order_with_comms[self._rank] = row
         if self._fence:
             if isinstance(self._clock, _CudaClock):
                 torch.cuda.synchronize(self._clock.device)
             dist.barrier(group=self._group)
-        self._take = _Take(row=list(row), ref=self._ref)
+        take = probe.take = _Take(row=list(row), ref=self._ref)
+        probe.stamp = self._clock.stamp
         wall = time.perf_counter()
         try:
             out = sched.step(*args, **kwargs)
         finally:
-            take, self._take = self._take, None
+            probe.take = None
         wall_ms = (time.perf_counter() - wall) * 1e3
         if len(take.bounds) != len(take.row) + 1:
             raise RecordError(
@@ -189,7 +210,9 @@ class Recorder:
                 f"({len(take.bounds)} of {len(take.row) + 1} stamps); this PyTorch's "
                 "_PipelineScheduleRuntime is not one the recorder knows"
             )
-        self._steps.append(self._events(take, wall_ms))
+        # Stamps become times only when asked for: no clock conversion (and on a GPU no
+        # synchronisation) between the steps being recorded.
+        self._takes.append((take, wall_ms))
         return out
 
     def _events(self, take: _Take, wall_ms: float) -> dict:
@@ -241,7 +264,7 @@ class Recorder:
     @property
     def steps_recorded(self) -> int:
         """Steps this rank has recorded."""
-        return len(self._steps)
+        return len(self._steps) + len(self._takes)
 
     def _meta(self) -> dict:
         tt = getattr(self._sched, "pipewright_timetable", None)
@@ -255,6 +278,8 @@ class Recorder:
         }
 
     def _gather(self) -> list | None:
+        self._steps += [self._events(take, wall_ms) for take, wall_ms in self._takes]
+        self._takes.clear()
         every: list = [None] * self._ranks
         dist.all_gather_object(every, self._steps, group=self._group)
         if self._rank != 0:

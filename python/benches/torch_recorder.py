@@ -1,0 +1,275 @@
+#!/usr/bin/env python3
+"""pipewright.torch's recorder, measured: what it adds to a step, and how well the simulator
+predicts a recorded PyTorch step from the costs recorded in it.
+
+    python python/benches/torch_recorder.py overhead [--pairs 40]
+    python python/benches/torch_recorder.py predict [--stage sleep|linear] [--steps 7]
+
+One process per rank (gloo on the CPU), started by this script. Needs the `pipewright` CLI
+(`$PIPEWRIGHT_BIN`, else target/release/pipewright) and `pipewright.torch` importable (the
+script puts python/ on the path).
+
+overhead: 1F1B, p = 2, m = 8, each stage sleeping 1 ms in its forward and 1 ms in its
+    backward (actions of 1 ms that leave the CPU free). Plain and recorded steps alternate,
+    each between two barriers; the ratio of the medians is the recorder's cost.
+predict: for each timetable, `--steps` recorded steps after two warm-up steps; the costs are
+    the recorded steps' medians (`Recorder.save_costs`), `pipewright simulate` predicts one
+    step from them, and the measured step is the median makespan of the recorded timelines.
+    The gap is split, on the rank that finishes last, into the time it waited for data beyond
+    the simulated waits, the time it spent posting sends, in PyTorch's own actions (WAIT_SEND,
+    REDUCE_GRAD, UNSHARD, ...) and between actions (the runtime's Python). A second
+    prediction adds the measured hand-off latency (`--p2p-latency`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import timedelta
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "python"))
+
+
+def pipewright_bin() -> str:
+    return os.environ.get("PIPEWRIGHT_BIN") or str(REPO / "target" / "release" / "pipewright")
+
+
+def cli(*args) -> str:
+    done = subprocess.run([pipewright_bin(), *map(str, args)], capture_output=True, text=True)
+    if done.returncode:
+        raise SystemExit(f"pipewright {' '.join(map(str, args))}: {done.stderr.strip()}")
+    return done.stdout
+
+
+# ---------------------------------------------------------------- the workers (one per rank)
+
+
+def worker(spec: dict) -> None:
+    import torch
+    import torch.distributed as dist
+
+    import pipewright.torch as pwt
+
+    class SleepFn(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, f, b):
+            ctx.b = b
+            time.sleep(f)
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, g):
+            time.sleep(ctx.b)
+            return g, None, None
+
+    class Sleep(torch.nn.Module):
+        def __init__(self, f_ms, b_ms):
+            super().__init__()
+            self.f, self.b = f_ms / 1e3, b_ms / 1e3
+
+        def forward(self, x):
+            return SleepFn.apply(x, self.f, self.b)
+
+    torch.set_num_threads(1)
+    width = spec.get("width", 16)
+
+    def module(stage: int):
+        torch.manual_seed(stage)
+        if spec["stage"] == "sleep":
+            return torch.nn.Sequential(torch.nn.Linear(width, width), Sleep(spec["f_ms"], spec["b_ms"]))
+        return torch.nn.Sequential(*[m for _ in range(spec["layers"]) for m in
+                                     (torch.nn.Linear(width, width), torch.nn.Tanh())])
+
+    rank = int(os.environ["RANK"])
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{os.environ['MASTER_PORT']}",
+                            rank=rank, world_size=int(os.environ["WORLD_SIZE"]),
+                            timeout=timedelta(seconds=120))
+    results = []
+    for job in spec["jobs"]:
+        tt = pwt.load(job["timetable"])
+        stages = pwt.pipeline_stages(tt, module)
+        sched = pwt.schedule(tt, stages, loss_fn=torch.nn.functional.mse_loss)
+        x = torch.randn(tt.microbatches * spec.get("mb", 4), width)
+        y = torch.randn_like(x)
+        rec = pwt.Recorder(sched)
+        for _ in range(2):
+            sched.step(x, target=y)
+        if job["kind"] == "overhead":
+            # The same schedule three ways, in turn: plain, recorded, recorded without the
+            # fence (the barrier the recorder puts before each step).
+            unfenced = pwt.Recorder(sched, fence=False)
+            runs = {"plain": sched.step, "recorded": rec.step, "unfenced": unfenced.step}
+            times: dict = {k: [] for k in runs}
+            for _ in range(job["pairs"]):
+                for name, run in runs.items():
+                    dist.barrier()
+                    t0 = time.perf_counter()
+                    run(x, target=y)
+                    dist.barrier()
+                    times[name].append((time.perf_counter() - t0) * 1e3)
+            results.append({"name": job["name"], **times})
+        else:
+            for _ in range(job["steps"]):
+                rec.step(x, target=y)
+            out = Path(job["out"])
+            rec.save_costs(out / "costs.json", skip=0)
+            tls = rec.timelines()
+            extra = rec.breakdown()
+            if tls is not None:
+                (out / "steps.json").write_text(json.dumps({"timelines": tls, "breakdown": extra}))
+        dist.barrier()
+    if rank == 0:
+        Path(spec["out"]).write_text(json.dumps(results))
+    dist.destroy_process_group()
+
+
+def launch(world: int, spec: dict) -> list:
+    with tempfile.TemporaryDirectory() as tmp:
+        spec = dict(spec, out=str(Path(tmp) / "out.json"))
+        spec_path = Path(tmp) / "spec.json"
+        spec_path.write_text(json.dumps(spec))
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        procs = []
+        for r in range(world):
+            env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(world), MASTER_PORT=str(port),
+                       OMP_NUM_THREADS="1")
+            procs.append(subprocess.Popen([sys.executable, __file__, "--worker", str(spec_path)], env=env))
+        codes = [p.wait(timeout=900) for p in procs]
+        if any(codes):
+            raise SystemExit(f"workers failed: exit codes {codes}")
+        return json.loads(Path(spec["out"]).read_text())
+
+
+# ---------------------------------------------------------------- the analysis
+
+
+def overhead(args) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        csv = Path(tmp) / "1f1b.csv"
+        cli("schedule", "--schedule", "1f1b", "-p", 2, "-m", 8, "-o", csv)
+        spec = {"stage": "sleep", "f_ms": 1.0, "b_ms": 1.0,
+                "jobs": [{"kind": "overhead", "name": "1f1b", "timetable": str(csv), "pairs": args.pairs}]}
+        (r,) = launch(2, spec)
+    plain = statistics.median(r["plain"])
+    print(f"1F1B p=2 m=8, 1 ms actions, {args.pairs} rounds: plain step {plain:.3f} ms (median)")
+    for name in ("recorded", "unfenced"):
+        t = statistics.median(r[name])
+        print(f"  {name}: {t:.3f} ms, ratio {t / plain:.4f} ({(t / plain - 1) * 100:+.2f}%)")
+
+
+def split_gap(tl: dict, p: int) -> dict:
+    """On the rank that finishes last: its compute, waits for data, sends, and the rest."""
+    end = {d: max(e["end"] for e in tl["events"] if e["device"] == d) for d in range(p)}
+    last = max(end, key=end.get)
+    mine = [e for e in tl["events"] if e["device"] == last]
+    kind = lambda e: e["action"]["kind"] if isinstance(e["action"]["kind"], str) else "OVERLAP"
+    total = lambda kinds: sum(e["end"] - e["start"] for e in mine if kind(e) in kinds)
+    compute = total(("F", "B", "I", "W", "OVERLAP"))
+    waits = total(("RECV_F", "RECV_B"))
+    sends = total(("SEND_F", "SEND_B"))
+    return {"rank": last, "span": end[last], "compute": compute, "waits": waits, "sends": sends,
+            "other": end[last] - compute - waits - sends}
+
+
+def hand_off_latency(tl: dict) -> float:
+    """Median time from a producer's compute end to a waiting consumer's compute start."""
+    ends, lat = {}, []
+    for e in tl["events"]:
+        a = e["action"]
+        if a["kind"] in ("F", "B", "I"):
+            ends[(a["kind"], a["stage"], a["microbatch"])] = e["end"]
+        elif isinstance(a["kind"], dict):
+            ov = a["kind"]["OVERLAP_F_B"]
+            ends[("F", a["stage"], a["microbatch"])] = e["end"]
+            ends[("B", ov["b_stage"], ov["b_microbatch"])] = e["end"]
+    for e in tl["events"]:
+        a = e["action"]
+        if a["kind"] == "RECV_F":
+            src = ends.get(("F", a["stage"] - 1, a["microbatch"]))
+        elif a["kind"] == "RECV_B":
+            src = ends.get(("B", a["stage"] + 1, a["microbatch"])) or ends.get(("I", a["stage"] + 1, a["microbatch"]))
+        else:
+            continue
+        if src is not None and e["end"] - e["start"] > 0.01:  # the consumer was waiting
+            lat.append(e["end"] - src)
+    return statistics.median(lat) if lat else 0.0
+
+
+def predict(args) -> None:
+    families = [("1f1b", 4, 1, 16), ("interleaved-1f1b", 4, 2, 16), ("zb-h1", 4, 1, 16),
+                ("zbv", 4, 2, 16), ("dualpipev", 4, 2, 16)]
+    if args.stage == "linear":
+        families = [(f, 2, v, 8) for f, _, v, _ in families]
+    with tempfile.TemporaryDirectory() as tmp:
+        jobs = []
+        for family, p, v, m in families:
+            out = Path(tmp) / family
+            out.mkdir()
+            cli("schedule", "--schedule", family, "-p", p, "-v", v, "-m", m, "-o", out / "t.csv")
+            jobs.append({"kind": "predict", "name": family, "timetable": str(out / "t.csv"),
+                         "steps": args.steps, "out": str(out), "p": p})
+        world = max(j["p"] for j in jobs)
+        spec = {"stage": args.stage, "f_ms": 2.0, "b_ms": 4.0, "layers": args.layers,
+                "width": args.width, "mb": args.mb, "jobs": jobs}
+        if args.stage == "sleep":
+            spec["width"] = 16
+        launch(world, spec)
+        print(f"stages: {args.stage}" + (" (F = 2 ms, B = 4 ms)" if args.stage == "sleep" else
+              f" ({args.layers} x Linear({args.width}) + Tanh, {args.mb} rows a microbatch)"))
+        print("| timetable | simulated | measured | error | + hand-off latency | error | "
+              "last rank: compute, waits, sends, between actions |")
+        print("|---|---|---|---|---|---|---|")
+        for job in jobs:
+            out = Path(job["out"])
+            rec = json.loads((out / "steps.json").read_text())
+            tls = rec["timelines"]
+            measured = statistics.median(max(e["end"] for e in tl["events"]) for tl in tls)
+            sim = json.loads(cli("simulate", "--timetable", out / "t.csv", "--cost-file",
+                                 out / "costs.json", "--format", "json"))["makespan"]
+            lat = statistics.median(hand_off_latency(tl) for tl in tls)
+            sim_lat = json.loads(cli("simulate", "--timetable", out / "t.csv", "--cost-file",
+                                     out / "costs.json", "--p2p-latency", lat, "--format",
+                                     "json"))["makespan"]
+            mid = sorted(tls, key=lambda tl: max(e["end"] for e in tl["events"]))[len(tls) // 2]
+            g = split_gap(mid, job["p"])
+            print(f"| {job['name']} p={job['p']} | {sim:.2f} ms | {measured:.2f} ms | "
+                  f"{(measured / sim - 1) * 100:+.1f}% | {sim_lat:.2f} ms (latency {lat * 1e3:.0f} us) | "
+                  f"{(measured / sim_lat - 1) * 100:+.1f}% | rank {g['rank']}: {g['compute']:.1f}, "
+                  f"{g['waits']:.1f}, {g['sends']:.1f}, {g['other']:.1f} ms of {g['span']:.1f} |")
+
+
+def main() -> None:
+    if len(sys.argv) == 3 and sys.argv[1] == "--worker":
+        worker(json.loads(Path(sys.argv[2]).read_text()))
+        return
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="what", required=True)
+    o = sub.add_parser("overhead")
+    o.add_argument("--pairs", type=int, default=40, help="rounds of the three ways")
+    pr = sub.add_parser("predict")
+    pr.add_argument("--stage", choices=["sleep", "linear"], default="sleep")
+    pr.add_argument("--steps", type=int, default=7)
+    pr.add_argument("--layers", type=int, default=4)
+    pr.add_argument("--width", type=int, default=256)
+    pr.add_argument("--mb", type=int, default=64)
+    args = ap.parse_args()
+    load = os.getloadavg()[0]
+    print(f"# {platform.node()}: {os.cpu_count()} cores, load average {load:.1f}, "
+          f"python {platform.python_version()}")
+    {"overhead": overhead, "predict": predict}[args.what](args)
+
+
+if __name__ == "__main__":
+    main()
