@@ -44,7 +44,9 @@ pub mod timetable;
 pub mod validate;
 
 pub use action::{Action, ActionKind, ParseActionError};
-pub use formats::{chrome_trace, from_csv, to_csv, CsvError, CsvSource};
+pub use formats::{
+    chrome_trace, from_csv, to_csv, write_csv, CsvError, CsvForm, CsvSource, PytorchError,
+};
 pub use generators::generate;
 pub use layer_profile::{LayerProfile, ProfileError, RawLayerProfile};
 pub use recompute::{Recompute, RecomputeError, RecomputePlan};

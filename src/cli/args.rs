@@ -7,9 +7,10 @@ use std::path::Path;
 use anyhow::{bail, Result};
 use clap::parser::ValueSource;
 use clap::{ArgMatches, Args, FromArgMatches, ValueEnum};
+use pipewright::schedule::simulate::{CostOptions, CostSource};
 use pipewright::schedule::{
-    generate, recompute, CostError, CostModel, RawSpec, RecomputeError, RecomputePlan,
-    ScheduleKind, ScheduleSpec, StageCost, Timetable,
+    generate, recompute, CostModel, RawSpec, RecomputeError, RecomputePlan, ScheduleKind,
+    ScheduleSpec, StageCost, Timetable,
 };
 
 /// Which schedule to generate.
@@ -270,35 +271,22 @@ pub struct CostArgs {
 impl CostArgs {
     /// The cost model for a timetable of `stages` stages over `devices` devices.
     pub fn model(&self, stages: u32, devices: u32) -> Result<CostModel> {
-        let model = match &self.cost_file {
-            Some(path) => crate::cli::io::load_cost_file(path, stages)?,
+        let source = match &self.cost_file {
+            Some(path) => CostSource::Model(crate::cli::io::load_cost_file(path, stages)?),
             None => {
                 let mut cost = self.uniform()?;
                 cost.activation_bytes = self.activation_bytes;
                 cost.p2p_bytes = self.p2p_bytes;
-                let v = if devices == 0 {
-                    1
-                } else {
-                    stages.div_ceil(devices)
-                };
-                CostModel::uniform(stages, cost.split(v))
+                CostSource::Uniform(cost)
             }
         };
-        let mut model = model;
-        if let Some(fraction) = self.w_memory {
-            if !(0.0..=1.0).contains(&fraction) {
-                bail!(CostError::WMemory {
-                    place: "--w-memory".into(),
-                    value: fraction,
-                });
-            }
-            for stage in &mut model.stages {
-                stage.w_memory = fraction;
-            }
-        }
-        let latency = self.p2p_latency.unwrap_or(model.p2p_latency);
-        let bandwidth = self.bandwidth.or(model.bandwidth);
-        Ok(model.with_link(latency, bandwidth)?)
+        let options = CostOptions {
+            p2p_latency: self.p2p_latency,
+            bandwidth: self.bandwidth,
+            w_memory: self.w_memory,
+            ..CostOptions::from(source)
+        };
+        Ok(options.model(stages, devices)?)
     }
 
     fn uniform(&self) -> Result<StageCost> {

@@ -178,12 +178,7 @@ pub fn load_timetable(path: &Path) -> Result<Timetable> {
     };
     let Err(e) = validate(&tt) else { return Ok(tt) };
     // Point at the cell in a CSV; a JSON timetable has no lines per action.
-    let at = source.and_then(|src| {
-        let l = e.at?;
-        l.step
-            .and_then(|(s, _)| src.line_col(l.device, s))
-            .or(Some((l.device as usize + 1, 1)))
-    });
+    let at = source.and_then(|src| src.locate(&e));
     let head = match at {
         Some((line, col)) => format!("{name}:{line}:{col}: {e}"),
         None => format!("{name}: {e}"),

@@ -1,15 +1,27 @@
-//! PyTorch pipelining's CSV form: one row per rank, one action per cell (`0F0`, `1SEND_F0`).
+//! PyTorch pipelining's CSV forms: one row per rank, one action per cell (`0F0`, `1SEND_F0`).
+//!
+//! The reader takes all three forms ([`CsvForm`]) and says which it found: PyTorch's
+//! compute-only rows; PyTorch's compute+comms rows, whose sends, receives and the actions
+//! PyTorch adds (`WAIT_SEND_*`, `UNSHARD`, `RESHARD`, `REDUCE_GRAD`, `WAIT_REDUCE_GRAD`) are
+//! checked as PyTorch checks them (every send has one wait after it) and then left out, so
+//! the compute order comes back as written; and pipewright's own lowered rows, kept as they
+//! are. Reading is linear in the file's length.
 //!
 //! Empty cells (PyTorch's idle slots) are skipped. The stage-to-device map is read off the
 //! rows: a stage lives on the device whose row names it. A UTF-8 byte-order mark and trailing
 //! blank lines are accepted; a blank row between rows is refused, since it would be a device
 //! with no work (most often a row deleted by mistake).
 
-use crate::action::{Action, ParseActionError};
+use std::collections::HashMap;
+
+use super::pytorch::CsvForm;
+use crate::action::{Action, ActionKind, ParseActionError};
 use crate::spec::MAX_ACTIONS;
 use crate::timetable::Timetable;
 
-/// Write a timetable as CSV, one row per device.
+/// Write a timetable's rows as they are, one per device: PyTorch's compute-only form for a
+/// compute-only timetable, pipewright's own for a lowered one. [`write_csv`](super::write_csv)
+/// writes each of PyTorch's forms from any timetable, or says why it cannot.
 pub fn to_csv(tt: &Timetable) -> String {
     let mut out = String::with_capacity(tt.len() * 6);
     for actions in &tt.devices {
@@ -24,13 +36,29 @@ pub fn to_csv(tt: &Timetable) -> String {
     out
 }
 
-/// Where each action of an imported timetable was in the file, to report errors there.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// Where each action of an imported timetable was in the file, to report errors there, and
+/// which form the file was in.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CsvSource {
     cells: Vec<Vec<(usize, usize)>>,
+    form: CsvForm,
 }
 
 impl CsvSource {
+    /// The form the file was in.
+    pub fn form(&self) -> CsvForm {
+        self.form
+    }
+
+    /// 1-based (line, column) a validation error points at: its action's cell, or the start
+    /// of its device's row; `None` when it names no device.
+    pub fn locate(&self, e: &crate::validate::ValidationError) -> Option<(usize, usize)> {
+        let at = e.at?;
+        at.step
+            .and_then(|(s, _)| self.line_col(at.device, s))
+            .or(Some((at.device as usize + 1, 1)))
+    }
+
     /// 1-based (line, column) of the action at (device, step).
     pub fn line_col(&self, device: u32, step: u32) -> Option<(usize, usize)> {
         self.cells.get(device as usize)?.get(step as usize).copied()
@@ -81,6 +109,26 @@ pub enum CsvError {
         /// Highest stage named.
         max: u32,
     },
+    /// A `WAIT_SEND_*` with no earlier send of the same stage and microbatch in its row.
+    #[error("line {line}, column {column}: `{token}` waits for a send its row has not made before it (PyTorch refuses it: each WAIT_SEND follows its send)")]
+    WaitWithoutSend {
+        /// Line.
+        line: usize,
+        /// Column.
+        column: usize,
+        /// The wait.
+        token: String,
+    },
+    /// A send of PyTorch's compute+comms form with no wait after it in its row.
+    #[error("line {line}, column {column}: `{send}` has no WAIT_SEND after it in its row: PyTorch's compute+comms form needs one wait per send (PyTorch refuses it)")]
+    SendWithoutWait {
+        /// Line.
+        line: usize,
+        /// Column.
+        column: usize,
+        /// The send.
+        send: Action,
+    },
     /// Numbers too large to hold.
     #[error(
         "line {line}, column {column}: stages x microbatches exceeds the limit of {MAX_ACTIONS}"
@@ -93,8 +141,9 @@ pub enum CsvError {
     },
 }
 
-/// Read a CSV timetable (compute-only or lowered). The result is parsed, not validated:
-/// run [`validate`](crate::validate()) on it, and map errors to lines with [`CsvSource`].
+/// Read a CSV timetable in any of its forms ([`CsvSource::form`] says which). The result is
+/// parsed, not validated: run [`validate`](crate::validate()) on it, and map errors to lines
+/// with [`CsvSource`].
 pub fn from_csv(text: &str) -> Result<(Timetable, CsvSource), CsvError> {
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let rows: Vec<&str> = text.trim_end().lines().collect();
@@ -103,11 +152,35 @@ pub fn from_csv(text: &str) -> Result<(Timetable, CsvSource), CsvError> {
     // (device, line) of each stage's first appearance.
     let mut owner: Vec<Option<(u32, usize)>> = Vec::new();
     let (mut max_stage, mut max_mb) = (0u32, 0u32);
+    // PyTorch's compute+comms form: an action only it has was seen; the first send of any
+    // row that no wait followed.
+    let (mut pytorch_comms, mut unwaited) = (false, None);
     for (d, row) in rows.iter().enumerate() {
         let line = d + 1;
         let mut actions = Vec::new();
         let mut places = Vec::new();
+        let mut sends = Sends::default();
         for (column, token) in cells_of(row) {
+            let at = (line, column);
+            if let Some(extra) = Extra::parse(token).map_err(|source| CsvError::Token {
+                line,
+                column,
+                source,
+            })? {
+                pytorch_comms = true;
+                claim(&mut owner, extra.stage_action(), d as u32, at)?;
+                max_stage = max_stage.max(extra.stage);
+                if let Some(waited) = extra.waits_for() {
+                    if !sends.wait(waited) {
+                        return Err(CsvError::WaitWithoutSend {
+                            line,
+                            column,
+                            token: token.to_string(),
+                        });
+                    }
+                }
+                continue;
+            }
             let a: Action = token.parse().map_err(|source| CsvError::Token {
                 line,
                 column,
@@ -115,22 +188,45 @@ pub fn from_csv(text: &str) -> Result<(Timetable, CsvSource), CsvError> {
             })?;
             // An overlap names two stages and two microbatches: each counts.
             for part in a.parts() {
-                claim(&mut owner, part, d as u32, (line, column))?;
+                claim(&mut owner, part, d as u32, at)?;
                 max_stage = max_stage.max(part.stage);
                 max_mb = max_mb.max(part.microbatch);
             }
+            if matches!(a.kind, ActionKind::SendF | ActionKind::SendB) {
+                sends.send(a, at);
+            }
             actions.push(a);
-            places.push((line, column));
+            places.push(at);
         }
         if actions.is_empty() {
             return Err(CsvError::BlankRow { line });
         }
+        unwaited = unwaited.or(sends.first_unwaited());
         devices.push(actions);
         cells.push(places);
     }
     if owner.is_empty() {
         return Err(CsvError::Empty);
     }
+    let form = if pytorch_comms {
+        if let Some((send, (line, column))) = unwaited {
+            return Err(CsvError::SendWithoutWait { line, column, send });
+        }
+        // The compute order is what the file says; PyTorch's sends and receives are a
+        // function of it, placed again when the timetable is written in this form.
+        for (actions, places) in devices.iter_mut().zip(cells.iter_mut()) {
+            let keep: Vec<bool> = actions.iter().map(|a| a.kind.is_compute()).collect();
+            let mut k = keep.iter();
+            actions.retain(|_| *k.next().unwrap_or(&true));
+            let mut k = keep.iter();
+            places.retain(|_| *k.next().unwrap_or(&true));
+        }
+        CsvForm::ComputeComms
+    } else if devices.iter().flatten().any(|a| a.kind.is_comm()) {
+        CsvForm::Lowered
+    } else {
+        CsvForm::ComputeOnly
+    };
     let stage_device = owner
         .iter()
         .enumerate()
@@ -147,7 +243,100 @@ pub fn from_csv(text: &str) -> Result<(Timetable, CsvSource), CsvError> {
         stage_device,
         devices,
     };
-    Ok((tt, CsvSource { cells }))
+    Ok((tt, CsvSource { cells, form }))
+}
+
+/// One row's sends and whether each has been waited for, in the order sent.
+#[derive(Default)]
+struct Sends {
+    order: Vec<(Action, (usize, usize), bool)>,
+    at: HashMap<Action, usize>,
+}
+
+impl Sends {
+    fn send(&mut self, a: Action, place: (usize, usize)) {
+        self.at.insert(a, self.order.len());
+        self.order.push((a, place, false));
+    }
+
+    /// Mark the send `a` waited for; false when there is no such send pending.
+    fn wait(&mut self, a: Action) -> bool {
+        match self.at.remove(&a) {
+            Some(i) => {
+                self.order[i].2 = true;
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn first_unwaited(&self) -> Option<(Action, (usize, usize))> {
+        self.order
+            .iter()
+            .find(|(_, _, waited)| !waited)
+            .map(|&(a, place, _)| (a, place))
+    }
+}
+
+/// A cell of PyTorch's compute+comms form that pipewright has no action for.
+struct Extra {
+    stage: u32,
+    name: &'static str,
+    microbatch: Option<u32>,
+}
+
+impl Extra {
+    /// Longest first, as PyTorch's own regex tries them.
+    const NAMES: [&'static str; 6] = [
+        "WAIT_REDUCE_GRAD",
+        "WAIT_SEND_F",
+        "WAIT_SEND_B",
+        "REDUCE_GRAD",
+        "UNSHARD",
+        "RESHARD",
+    ];
+
+    /// `Some` when `token` is one of these, `None` when it is anything else.
+    fn parse(token: &str) -> Result<Option<Extra>, ParseActionError> {
+        let digits = token.bytes().take_while(u8::is_ascii_digit).count();
+        let rest = &token[digits..];
+        let Some(name) = Self::NAMES.into_iter().find(|n| rest.starts_with(n)) else {
+            return Ok(None);
+        };
+        let too_large = || ParseActionError::TooLarge(token.to_string());
+        if digits == 0 {
+            return Err(ParseActionError::NoStage(token.to_string()));
+        }
+        let stage = token[..digits].parse().map_err(|_| too_large())?;
+        let mb = &rest[name.len()..];
+        let microbatch = match mb {
+            "" if !name.starts_with("WAIT_SEND") => None,
+            _ if !mb.is_empty() && mb.bytes().all(|b| b.is_ascii_digit()) => {
+                Some(mb.parse().map_err(|_| too_large())?)
+            }
+            _ => return Err(ParseActionError::NoMicrobatch(token.to_string())),
+        };
+        Ok(Some(Extra {
+            stage,
+            name,
+            microbatch,
+        }))
+    }
+
+    /// An action standing for this cell's stage (and microbatch), to claim its device.
+    fn stage_action(&self) -> Action {
+        Action::new(self.stage, ActionKind::F, self.microbatch.unwrap_or(0))
+    }
+
+    /// The send a `WAIT_SEND_*` waits for.
+    fn waits_for(&self) -> Option<Action> {
+        let kind = match self.name {
+            "WAIT_SEND_F" => ActionKind::SendF,
+            "WAIT_SEND_B" => ActionKind::SendB,
+            _ => return None,
+        };
+        Some(Action::new(self.stage, kind, self.microbatch?))
+    }
 }
 
 /// Record that `a`'s stage lives on device `d` (first seen at `line`), or say where it clashes.
@@ -180,15 +369,19 @@ fn claim(
     Ok(())
 }
 
-/// Non-empty cells of a row with their 1-based columns; quotes and spaces around cells dropped.
+/// Non-empty cells of a row with their 1-based columns (in characters); quotes and spaces
+/// around cells dropped. Each character is counted once, so a row reads in linear time.
 fn cells_of(row: &str) -> impl Iterator<Item = (usize, &str)> {
-    let mut offset = 0;
+    let ascii = row.is_ascii();
+    let width = move |s: &str| if ascii { s.len() } else { s.chars().count() };
+    // Characters before the current cell.
+    let mut before = 0;
     row.split(',').filter_map(move |cell| {
-        let start = offset;
-        offset += cell.len() + 1;
-        let lead = cell.len() - cell.trim_start().len();
+        let start = before;
+        before += width(cell) + 1;
+        let lead = width(&cell[..cell.len() - cell.trim_start().len()]);
         let token = cell.trim().trim_matches('"').trim();
-        (!token.is_empty()).then(|| (row[..start + lead].chars().count() + 1, token))
+        (!token.is_empty()).then_some((start + lead + 1, token))
     })
 }
 
@@ -230,6 +423,51 @@ mod tests {
         let (tt, src) = from_csv("\u{feff}0F0,0B0\n1F0,1B0\n\n\n").unwrap();
         assert_eq!(tt.num_devices(), 2);
         assert_eq!(src.line_col(0, 1), Some((1, 5)));
+    }
+
+    #[test]
+    fn pytorchs_compute_comms_rows_read_as_their_compute_order_and_waits_are_checked() {
+        let text = "0UNSHARD,0F0,0SEND_F0,0RECV_B0,0B0,0WAIT_SEND_F0,0REDUCE_GRAD,0WAIT_REDUCE_GRAD,0RESHARD\n\
+                    1UNSHARD,1RECV_F0,1F0,1B0,1SEND_B0,1REDUCE_GRAD,1WAIT_REDUCE_GRAD,1RESHARD,1WAIT_SEND_B0\n";
+        let (tt, src) = from_csv(text).unwrap();
+        assert_eq!(src.form(), CsvForm::ComputeComms);
+        assert_eq!(crate::to_csv(&tt), "0F0,0B0\n1F0,1B0\n");
+        // Positions are those of the actions kept.
+        assert_eq!(src.line_col(1, 1), Some((2, 23)));
+        let err = from_csv(&text.replace(",1WAIT_SEND_B0", "")).unwrap_err();
+        assert_eq!(err.to_string(), "line 2, column 27: `1SEND_B0` has no WAIT_SEND after it in its row: PyTorch's compute+comms form needs one wait per send (PyTorch refuses it)");
+        let err = from_csv(&text.replace("0F0,0SEND_F0", "0F0,0WAIT_SEND_F1")).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                CsvError::WaitWithoutSend {
+                    line: 1,
+                    column: 14,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        let err = from_csv("0F0,0WAIT_SEND_F,0B0\n").unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("does not end with a microbatch number"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn pipewrights_lowered_rows_are_kept_as_they_are() {
+        let (tt, src) = from_csv("0F0,0SEND_F0,0RECV_B0,0B0\n1RECV_F0,1F0,1B0,1SEND_B0\n").unwrap();
+        assert_eq!(src.form(), CsvForm::Lowered);
+        assert_eq!(tt.len(), 8);
+    }
+
+    #[test]
+    fn columns_count_characters_not_bytes() {
+        // A no-break space is two bytes, one character.
+        let (_, src) = from_csv("0F0,\u{a0},0B0\n").unwrap();
+        assert_eq!(src.line_col(0, 1), Some((1, 7)));
     }
 
     #[test]

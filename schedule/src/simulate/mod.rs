@@ -12,12 +12,14 @@
 
 mod cost;
 mod measure;
+mod options;
 mod report;
 mod steady;
 
 pub(crate) use cost::without_position;
 pub use cost::{CostError, CostModel, RawCostFile, RawStageCost, StageCost};
 pub use measure::measured_costs;
+pub use options::{CostOptions, CostSource};
 pub use report::{DeviceReport, Report};
 pub use steady::{
     largest_span, period_of_starts, simulate_steps, split_steps, steady_period, step_starts,

@@ -1,0 +1,323 @@
+//! `search` (the fastest timetable under a memory cap) and `sweep` (families over chunk
+//! counts).
+
+use std::time::Duration;
+
+use pipewright_schedule::search::{
+    search as run_search, MemoryCap, Objective, SearchOutcome, SearchSpec,
+};
+use pipewright_schedule::{sweep as run_sweep, ScheduleKind, SweepGrid, SweepRow as RsRow};
+use pipewright_viz::{pareto_plot, ChartOptions, ParetoPoint};
+use pyo3::prelude::*;
+
+use crate::charts::{draw, Chart};
+use crate::costs::Costs;
+use crate::simulate::Simulation;
+use crate::timetable::Timetable;
+use crate::{err, to_py};
+
+/// A memory cap from a number of microbatches (`4`, `2.5`) or bytes with a unit (`"24GiB"`).
+fn cap_of(cap: &Bound<'_, PyAny>) -> PyResult<MemoryCap> {
+    let text = match cap.extract::<String>() {
+        Ok(s) => s,
+        Err(_) => cap.str()?.to_string(),
+    };
+    text.parse().map_err(err)
+}
+
+fn families(list: Option<Vec<String>>) -> PyResult<Vec<ScheduleKind>> {
+    match list {
+        None => Ok(ScheduleKind::ALL.to_vec()),
+        Some(l) => l
+            .iter()
+            .map(|s| s.parse::<ScheduleKind>().map_err(err))
+            .collect(),
+    }
+}
+
+/// What `search` found: the best timetable, every candidate, the Pareto front.
+#[pyclass(module = "pipewright", frozen)]
+pub struct SearchResult {
+    inner: SearchOutcome,
+    /// The best timetable (compute actions only), named after the candidate that made it.
+    #[pyo3(get)]
+    timetable: Py<Timetable>,
+    /// The best's one-step simulation.
+    #[pyo3(get)]
+    simulation: Py<Simulation>,
+    /// Seconds the search took.
+    #[pyo3(get)]
+    seconds: f64,
+}
+
+#[pymethods]
+impl SearchResult {
+    /// The best candidate (label, family, period, makespan, bubbles, peak, fits, ...).
+    #[getter]
+    fn best(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        to_py(py, &self.inner.candidates[self.inner.best])
+    }
+
+    /// The best fixed-family candidate, if one fits the cap.
+    #[getter]
+    fn best_fixed(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        to_py(
+            py,
+            &self.inner.best_fixed.map(|i| &self.inner.candidates[i]),
+        )
+    }
+
+    /// Every evaluated candidate, in the order tried.
+    #[getter]
+    fn candidates(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        to_py(py, &self.inner.candidates)
+    }
+
+    /// The Pareto front (no candidate both smaller and faster), by memory.
+    #[getter]
+    fn front(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        let front: Vec<_> = self
+            .inner
+            .front
+            .iter()
+            .map(|&i| &self.inner.candidates[i])
+            .collect();
+        to_py(py, &front)
+    }
+
+    /// Shapes that could not be tried, and why.
+    #[getter]
+    fn skipped(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        to_py(py, &self.inner.skipped)
+    }
+
+    /// Set when the time budget stopped the search early (budget, evaluated, total).
+    #[getter]
+    fn cut_short(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        to_py(py, &self.inner.cut_short)
+    }
+
+    /// The cap in microbatch units.
+    #[getter]
+    fn cap_microbatches(&self) -> f64 {
+        self.inner.cap_microbatches
+    }
+
+    /// The best timetable's simulated bubble chart.
+    #[pyo3(signature = (format = "svg", width = 1200, height = None, title = None))]
+    fn chart(
+        &self,
+        format: &str,
+        width: u32,
+        height: Option<u32>,
+        title: Option<String>,
+    ) -> PyResult<Chart> {
+        let label = self.inner.candidates[self.inner.best].label.clone();
+        draw(
+            &[(&self.inner.simulation.timeline, Some(label))],
+            format,
+            width,
+            height,
+            title,
+        )
+    }
+
+    /// The Pareto front of bubble against peak memory (what `search -o` draws).
+    #[pyo3(signature = (format = "svg", width = 1200, height = None, title = None))]
+    fn pareto_chart(
+        &self,
+        format: &str,
+        width: u32,
+        height: Option<u32>,
+        title: Option<String>,
+    ) -> PyResult<Chart> {
+        let found = &self.inner;
+        let points: Vec<ParetoPoint> = found
+            .candidates
+            .iter()
+            .enumerate()
+            .map(|(i, c)| ParetoPoint {
+                label: c.label.clone(),
+                peak: c.peak_microbatches,
+                bubble_fraction: match found.objective {
+                    Objective::Period => c.bubble.steady_state,
+                    Objective::Makespan => c.bubble.single_step,
+                },
+                on_front: found.front.contains(&i),
+                best: i == found.best,
+            })
+            .collect();
+        let fmt = match format {
+            "png" => pipewright_viz::ImageFormat::Png,
+            "svg" => pipewright_viz::ImageFormat::Svg,
+            _ => return Err(err(format!("format `{format}`: use svg or png"))),
+        };
+        let opts = ChartOptions {
+            width,
+            height,
+            title,
+            ..ChartOptions::default()
+        };
+        let bytes = pareto_plot(&points, Some(found.cap_microbatches), &opts, fmt).map_err(err)?;
+        Ok(Chart::new(bytes, fmt))
+    }
+
+    fn __repr__(&self) -> String {
+        let c = &self.inner.candidates[self.inner.best];
+        format!(
+            "SearchResult(best={:?}, period={}, makespan={}, candidates={})",
+            c.label,
+            c.period,
+            c.makespan,
+            self.inner.candidates.len()
+        )
+    }
+
+    /// Shows as the best timetable's bubble chart in a notebook.
+    fn _repr_svg_(&self) -> PyResult<String> {
+        self.chart("svg", 1200, None, None)?.svg_text()
+    }
+}
+
+/// Find the timetable with the smallest simulated step time on `p` devices with `m`
+/// microbatches that fits `memory_cap` (microbatches of one device's share, or bytes with a
+/// unit such as `"24GiB"`), among the fixed families and the search's own list scheduler.
+#[pyfunction]
+#[pyo3(signature = (p, m, memory_cap, costs = None, max_virtual = 4, schedules = None, list_scheduler = true, improve = 200, objective = "period", time_budget = 30.0))]
+#[allow(clippy::too_many_arguments)]
+fn search(
+    py: Python<'_>,
+    p: u32,
+    m: u32,
+    memory_cap: &Bound<'_, PyAny>,
+    costs: Option<&Costs>,
+    max_virtual: u32,
+    schedules: Option<Vec<String>>,
+    list_scheduler: bool,
+    improve: usize,
+    objective: &str,
+    time_budget: f64,
+) -> PyResult<SearchResult> {
+    if !(0.0..=1e6).contains(&time_budget) {
+        return Err(err(format!(
+            "time_budget {time_budget}: give seconds between 0 and 1000000"
+        )));
+    }
+    let model = Costs::or_default(costs)?.model(p, p)?;
+    let mut spec = SearchSpec::new(p, m, model, cap_of(memory_cap)?);
+    spec.max_virtual = max_virtual;
+    spec.families = families(schedules)?;
+    spec.list_scheduler = list_scheduler;
+    spec.improve_budget = improve;
+    spec.objective = objective.parse().map_err(err)?;
+    spec.time_budget = Some(Duration::from_secs_f64(time_budget));
+    let started = std::time::Instant::now();
+    let found = py.detach(|| run_search(&spec)).map_err(err)?;
+    let seconds = started.elapsed().as_secs_f64();
+    let mut tt = found.timetable.clone();
+    tt.name = format!("search: {}", found.candidates[found.best].label);
+    Ok(SearchResult {
+        timetable: Py::new(py, Timetable::new(tt))?,
+        simulation: Py::new(py, Simulation::new(py, found.simulation.clone())?)?,
+        inner: found,
+        seconds,
+    })
+}
+
+/// One family at one (v, m) of a sweep; `error` says why it could not run.
+#[pyclass(module = "pipewright", frozen, get_all)]
+pub struct SweepRow {
+    schedule: String,
+    virtual_stages: u32,
+    microbatches: u32,
+    makespan: Option<f64>,
+    bubble_fraction: Option<f64>,
+    period: Option<f64>,
+    throughput: Option<f64>,
+    peak_activations: Option<u32>,
+    peak_activation_bytes: Option<u64>,
+    fits: Option<bool>,
+    error: Option<String>,
+    bubble: Py<PyAny>,
+}
+
+impl SweepRow {
+    fn new(py: Python<'_>, r: RsRow) -> PyResult<Self> {
+        Ok(SweepRow {
+            bubble: to_py(py, &r.bubble)?,
+            schedule: r.schedule,
+            virtual_stages: r.virtual_stages,
+            microbatches: r.microbatches,
+            makespan: r.makespan,
+            bubble_fraction: r.bubble_fraction,
+            period: r.period,
+            throughput: r.throughput,
+            peak_activations: r.peak_activations,
+            peak_activation_bytes: r.peak_activation_bytes,
+            fits: r.fits,
+            error: r.error,
+        })
+    }
+}
+
+#[pymethods]
+impl SweepRow {
+    fn __repr__(&self) -> String {
+        match &self.error {
+            Some(e) => format!(
+                "SweepRow({} v={} m={}: {e})",
+                self.schedule, self.virtual_stages, self.microbatches
+            ),
+            None => format!(
+                "SweepRow({} v={} m={}, makespan={:?}, bubble_fraction={:?}, period={:?})",
+                self.schedule,
+                self.virtual_stages,
+                self.microbatches,
+                self.makespan.unwrap_or(f64::NAN),
+                self.bubble_fraction.unwrap_or(f64::NAN),
+                self.period.unwrap_or(f64::NAN)
+            ),
+        }
+    }
+}
+
+/// Simulate every family in `schedules` on `p` devices at each microbatch count in `m` and
+/// chunk count in `v` (families with a fixed v run at it): bubble, period, throughput and
+/// peak memory per row; `memory_cap` (bytes) marks which fit.
+#[pyfunction]
+#[pyo3(signature = (p = 4, m = vec![4, 8, 16, 32, 64], schedules = None, v = None, costs = None, memory_cap = None))]
+fn sweep(
+    py: Python<'_>,
+    p: u32,
+    m: Vec<u32>,
+    schedules: Option<Vec<String>>,
+    v: Option<Vec<u32>>,
+    costs: Option<&Costs>,
+    memory_cap: Option<u64>,
+) -> PyResult<Vec<SweepRow>> {
+    if let Some(bad) = m.iter().chain(v.iter().flatten()).find(|&&x| x == 0) {
+        return Err(err(format!("counts must be at least 1 (got {bad})")));
+    }
+    let grid = SweepGrid {
+        schedules: families(Some(schedules.unwrap_or_else(|| {
+            ["gpipe", "1f1b", "interleaved-1f1b"]
+                .map(String::from)
+                .to_vec()
+        })))?,
+        devices: p,
+        virtual_stages: v.unwrap_or_else(|| vec![2]),
+        microbatches: m,
+        memory_cap,
+    };
+    let costs = Costs::or_default(costs)?;
+    let rows = run_sweep(&grid, |stages, devices| costs.resolve(stages, devices));
+    rows.into_iter().map(|r| SweepRow::new(py, r)).collect()
+}
+
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<SearchResult>()?;
+    m.add_class::<SweepRow>()?;
+    m.add_function(wrap_pyfunction!(search, m)?)?;
+    m.add_function(wrap_pyfunction!(sweep, m)?)?;
+    Ok(())
+}

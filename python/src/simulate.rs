@@ -1,0 +1,333 @@
+//! `simulate` (one step or K unfenced steps), `Timeline`, `Report`, `Simulation`.
+
+use pipewright_schedule::simulate::{simulate_steps, SteadyState};
+use pipewright_schedule::{
+    chrome_trace, simulate as sim, Report as RsReport, Simulation as RsSim, Timeline as RsTimeline,
+};
+use pyo3::prelude::*;
+
+use crate::charts::{draw, Chart};
+use crate::costs::Costs;
+use crate::timetable::Timetable;
+use crate::{err, read_file, to_py};
+
+/// Every event of a step (device, action, start, end): simulated, or measured by a runtime
+/// (pipewright's `train --trace`, or PyTorch's through `pipewright.torch`).
+#[pyclass(module = "pipewright", frozen)]
+#[derive(Clone)]
+pub struct Timeline {
+    pub(crate) inner: RsTimeline,
+}
+
+#[pymethods]
+impl Timeline {
+    /// A timeline from its JSON (what `simulate --timeline` and `train --trace` write).
+    #[staticmethod]
+    fn from_json(text: &str) -> PyResult<Self> {
+        let inner: RsTimeline =
+            serde_json::from_str(text).map_err(|e| err(format!("not a timeline JSON: {e}")))?;
+        Ok(Timeline { inner })
+    }
+
+    /// Read a timeline file.
+    #[staticmethod]
+    fn read(path: std::path::PathBuf) -> PyResult<Self> {
+        let name = path.display().to_string();
+        let text = read_file(&name)?;
+        let inner: RsTimeline = serde_json::from_str(&text)
+            .map_err(|e| err(format!("{name} is not a timeline JSON: {e}")))?;
+        Ok(Timeline { inner })
+    }
+
+    /// The timeline as JSON (for `pipewright viz --from`).
+    fn to_json(&self) -> PyResult<String> {
+        serde_json::to_string(&self.inner).map_err(err)
+    }
+
+    /// Write it as JSON to `path` (whole or not at all).
+    fn write(&self, path: std::path::PathBuf) -> PyResult<()> {
+        crate::timetable::write_atomic(&path, self.to_json()?.as_bytes())
+    }
+
+    /// A Chrome trace (Perfetto, chrome://tracing) of it, as JSON text.
+    fn to_chrome_trace(&self) -> PyResult<String> {
+        serde_json::to_string(&chrome_trace(&self.inner)).map_err(err)
+    }
+
+    /// What the timeline is of: schedule, devices, stages, microbatches, source, time unit.
+    #[getter]
+    fn meta(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        to_py(py, &self.inner.meta)
+    }
+
+    /// The events, as dicts (`device`, `action`, `start`, `end`).
+    #[getter]
+    fn events(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        to_py(py, &self.inner.events)
+    }
+
+    /// End of the last event.
+    #[getter]
+    fn makespan(&self) -> f64 {
+        self.inner.makespan()
+    }
+
+    /// `1 - busy / (devices x span)`: the idle share of the step.
+    #[getter]
+    fn bubble_fraction(&self) -> f64 {
+        self.inner.bubble_fraction()
+    }
+
+    /// Its bubble chart.
+    #[pyo3(signature = (format = "svg", width = 1200, height = None, title = None))]
+    fn chart(
+        &self,
+        format: &str,
+        width: u32,
+        height: Option<u32>,
+        title: Option<String>,
+    ) -> PyResult<Chart> {
+        draw(&[(&self.inner, None)], format, width, height, title)
+    }
+
+    fn __len__(&self) -> usize {
+        self.inner.events.len()
+    }
+
+    fn __repr__(&self) -> String {
+        let m = &self.inner.meta;
+        format!(
+            "Timeline({:?}, devices={}, stages={}, microbatches={}, events={}, makespan={})",
+            m.schedule,
+            m.devices,
+            m.stages,
+            m.microbatches,
+            self.inner.events.len(),
+            self.inner.makespan()
+        )
+    }
+
+    /// Shows as its bubble chart in a notebook.
+    fn _repr_svg_(&self) -> PyResult<String> {
+        self.chart("svg", 1200, None, None)?.svg_text()
+    }
+}
+
+/// Makespan, ideal, bubbles and peak memory of one simulated step.
+#[pyclass(module = "pipewright", frozen)]
+pub struct Report {
+    inner: RsReport,
+}
+
+#[pymethods]
+impl Report {
+    /// Step time.
+    #[getter]
+    fn makespan(&self) -> f64 {
+        self.inner.makespan
+    }
+
+    /// Compute time of the busiest device.
+    #[getter]
+    fn ideal(&self) -> f64 {
+        self.inner.ideal
+    }
+
+    /// `1 - ideal / makespan`.
+    #[getter]
+    fn bubble_fraction(&self) -> f64 {
+        self.inner.bubble_fraction
+    }
+
+    /// Per device: busy time, bubble, peak in-flight activations (count and bytes).
+    #[getter]
+    fn devices(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        to_py(py, &self.inner.devices)
+    }
+
+    /// The whole report as a dict (what `simulate --format json` prints).
+    fn to_dict(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        to_py(py, &self.inner)
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "Report(makespan={}, ideal={}, bubble_fraction={:.4})",
+            self.inner.makespan, self.inner.ideal, self.inner.bubble_fraction
+        )
+    }
+}
+
+/// A simulated step: its `timeline` and its `report`; shows as a bubble chart.
+#[pyclass(module = "pipewright", frozen)]
+pub struct Simulation {
+    /// Every event.
+    #[pyo3(get)]
+    timeline: Py<Timeline>,
+    /// The figures.
+    #[pyo3(get)]
+    report: Py<Report>,
+}
+
+impl Simulation {
+    pub(crate) fn new(py: Python<'_>, s: RsSim) -> PyResult<Self> {
+        Ok(Simulation {
+            timeline: Py::new(py, Timeline { inner: s.timeline })?,
+            report: Py::new(py, Report { inner: s.report })?,
+        })
+    }
+}
+
+#[pymethods]
+impl Simulation {
+    /// The step's bubble chart as an image (`format="svg"` or `"png"`).
+    #[pyo3(signature = (format = "svg", width = 1200, height = None, title = None))]
+    fn chart(
+        &self,
+        format: &str,
+        width: u32,
+        height: Option<u32>,
+        title: Option<String>,
+    ) -> PyResult<Chart> {
+        let tl = &self.timeline.get().inner;
+        draw(&[(tl, None)], format, width, height, title)
+    }
+
+    fn __repr__(&self) -> String {
+        self.report
+            .get()
+            .__repr__()
+            .replacen("Report", "Simulation", 1)
+    }
+
+    /// Shows as its bubble chart in a notebook.
+    fn _repr_svg_(&self) -> PyResult<String> {
+        self.chart("svg", 1200, None, None)?.svg_text()
+    }
+}
+
+/// K steps simulated back to back, unfenced as training runs: each device starts its next
+/// step after its own last action. `period` is the steady-state time per step.
+#[pyclass(module = "pipewright", frozen)]
+pub struct SteadySimulation {
+    inner: SteadyState,
+    /// All K steps on one time axis.
+    #[pyo3(get)]
+    timeline: Py<Timeline>,
+    /// The first step on its own.
+    #[pyo3(get)]
+    single: Py<Simulation>,
+}
+
+#[pymethods]
+impl SteadySimulation {
+    /// Steps simulated, K.
+    #[getter]
+    fn steps(&self) -> u32 {
+        self.inner.report.steps
+    }
+
+    /// Steady-state time per step.
+    #[getter]
+    fn period(&self) -> f64 {
+        self.inner.report.period
+    }
+
+    /// One step's makespan on its own.
+    #[getter]
+    fn single_step_makespan(&self) -> f64 {
+        self.inner.report.single_step_makespan
+    }
+
+    /// Makespan of each of the K steps.
+    #[getter]
+    fn step_makespans(&self) -> Vec<f64> {
+        self.inner.report.step_makespans.clone()
+    }
+
+    /// The bubble against the makespan (`single_step`), the period (`steady_state`) and
+    /// the largest per-device span (`largest_span`).
+    #[getter]
+    fn bubble(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        to_py(py, &self.inner.report.bubble)
+    }
+
+    /// The whole steady-state report as a dict.
+    fn to_dict(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        to_py(py, &self.inner.report)
+    }
+
+    /// The K steps' bubble chart.
+    #[pyo3(signature = (format = "svg", width = 1200, height = None, title = None))]
+    fn chart(
+        &self,
+        format: &str,
+        width: u32,
+        height: Option<u32>,
+        title: Option<String>,
+    ) -> PyResult<Chart> {
+        draw(
+            &[(&self.inner.timeline, None)],
+            format,
+            width,
+            height,
+            title,
+        )
+    }
+
+    fn __repr__(&self) -> String {
+        let r = &self.inner.report;
+        format!(
+            "SteadySimulation(steps={}, period={}, single_step_makespan={}, steady_state_bubble={:.4})",
+            r.steps, r.period, r.single_step_makespan, r.bubble.steady_state
+        )
+    }
+
+    /// Shows as its bubble chart in a notebook.
+    fn _repr_svg_(&self) -> PyResult<String> {
+        self.chart("svg", 1200, None, None)?.svg_text()
+    }
+}
+
+/// Simulate a timetable with real durations: one step (`steps=1`, a `Simulation`), or K
+/// steps back to back, unfenced (`steps=K`, a `SteadySimulation`). Costs default to
+/// `Costs(1, 2)`.
+#[pyfunction]
+#[pyo3(signature = (timetable, costs = None, steps = 1))]
+fn simulate(
+    py: Python<'_>,
+    timetable: &Timetable,
+    costs: Option<&Costs>,
+    steps: u32,
+) -> PyResult<Py<PyAny>> {
+    let tt = &timetable.inner;
+    let model = Costs::or_default(costs)?.model(tt.num_stages(), tt.num_devices())?;
+    if steps == 1 {
+        let s = py.detach(|| sim(tt, &model)).map_err(err)?;
+        return Ok(Py::new(py, Simulation::new(py, s)?)?.into_any());
+    }
+    let s = py
+        .detach(|| simulate_steps(tt, &model, steps))
+        .map_err(err)?;
+    let single = Simulation::new(py, s.single.clone())?;
+    let steady = SteadySimulation {
+        timeline: Py::new(
+            py,
+            Timeline {
+                inner: s.timeline.clone(),
+            },
+        )?,
+        single: Py::new(py, single)?,
+        inner: s,
+    };
+    Ok(Py::new(py, steady)?.into_any())
+}
+
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<Timeline>()?;
+    m.add_class::<Report>()?;
+    m.add_class::<Simulation>()?;
+    m.add_class::<SteadySimulation>()?;
+    m.add_function(wrap_pyfunction!(simulate, m)?)?;
+    Ok(())
+}
