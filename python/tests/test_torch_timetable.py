@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+import pipewright
 import pipewright.torch as pwt
 from torch_launch import cli
 
@@ -56,27 +57,34 @@ def test_dualpipev_overlaps_are_read_with_both_parts(tmp_path):
     assert tt.microbatches == 4  # the last forwards sit inside overlaps
 
 
-def test_a_recompute_is_refused_naming_the_cell_and_what_to_do(tmp_path):
+def test_a_recompute_is_refused_naming_the_file_and_what_to_do(tmp_path):
     path = csv_file(tmp_path, "0F0,0R0,0B0\n")
     with pytest.raises(pwt.TimetableError) as e:
         pwt.load(path)
     msg = one_line(e)
-    assert msg.startswith(f"{path}:1:2: `0R0`"), msg
-    assert "activation checkpointing" in msg and "stage 0" in msg
+    assert msg.startswith(f"{path}: 1 recompute action (0R0) on stage 0"), msg
+    assert "activation checkpointing (torch.utils.checkpoint)" in msg
+    # pipewright's own writer refuses it too, in the same words.
+    done = cli("schedule", "--schedule", "1f1b", "-p", "2", "-m", "2", "--recompute", "full",
+               "-o", tmp_path / "r.csv", check=False)
+    assert done.returncode != 0 and "recompute action" in done.stderr
+    assert not (tmp_path / "r.csv").exists()
 
 
-def test_bad_cells_and_shapes_are_refused_in_one_line(tmp_path):
+def test_bad_files_are_refused_in_one_line_with_pipewrights_words(tmp_path):
     cases = {
-        "0F0,0X0\n": "1:2: `0X0` is not an action PyTorch's runtime knows",
-        "0F0,0B0\n0F1,0B1\n": "stage 0 has actions on ranks 0 and 1",
-        "0F0,0B0\n\n1F0,1B0\n": ":2: rank 1's row is empty",
-        "": "no rows",
-        "(0F0;0F1)OVERLAP_F_B\n": "is not an F&B overlap",
+        "0F0,0X0\n": "line 1, column 5: `0X0` has no known action kind",
+        "0F0,0B0\n0F1,0B1\n": "stage 0 is already on device 0",
+        "0F0,0B0\n\n1F0,1B0\n": "line 2 is blank",
+        "": "no actions",
+        "(0F0;0F1)OVERLAP_F_B\n": "is not an overlap",
+        "0F0\n": "",  # no backward: pipewright's validator names what is missing
     }
     for text, want in cases.items():
+        path = csv_file(tmp_path, text)
         with pytest.raises(pwt.TimetableError) as e:
-            pwt.load(csv_file(tmp_path, text))
-        assert want in one_line(e), (text, str(e.value))
+            pwt.load(path)
+        assert one_line(e).startswith(str(path)) and want in str(e.value), (text, str(e.value))
     with pytest.raises(pwt.TimetableError) as e:
         pwt.load(tmp_path / "missing.csv")
     assert "cannot read" in one_line(e)
@@ -87,6 +95,24 @@ def test_bad_cells_and_shapes_are_refused_in_one_line(tmp_path):
     with pytest.raises(pwt.TimetableError) as e:
         pwt.load(42)
     assert "cannot read a timetable from int" in one_line(e)
+    with pytest.raises(pwt.TimetableError) as e:
+        pwt.load(tmp_path / "bin.csv", form="lowered")
+    assert "is not one of PyTorch's" in one_line(e)
+    # They are pipewright's errors too: one except catches the engine's and the runner's.
+    assert issubclass(pwt.TorchError, pipewright.PipewrightError)
+
+
+def test_every_form_and_object_gives_pytorch_the_same_rows(tmp_path):
+    path = written(tmp_path, "z", "--schedule", "zbv", "-p", "2", "-v", "2", "-m", "4")
+    from_csv = pwt.load(path)
+    native = pipewright.Timetable.read(path)
+    lowered = csv_file(tmp_path, native.to_csv("lowered"), "lowered.csv")
+    for other in (native, lowered, pipewright.generate("zbv", p=2, v=2, m=4)):
+        tt = pwt.load(other)
+        assert (tt.rows, tt.stage_rank, tt.form) == (from_csv.rows, from_csv.stage_rank, "compute_only")
+    comms = pwt.load(native, form="compute_comms")
+    assert comms.form == "compute_comms" and any("WAIT_SEND_F" in c for c in comms.rows[0])
+    assert comms.unscaled_stage() is None  # pipewright writes PyTorch's REDUCE_GRADs
 
 
 def test_a_compute_comms_timetable_must_scale_every_stage(tmp_path):
@@ -103,9 +129,9 @@ def test_a_compute_comms_timetable_must_scale_every_stage(tmp_path):
     assert "stage 1 has no 1REDUCE_GRAD" in bad.unscaled_stage()
     early = "0F0,0SEND_F0,0REDUCE_GRAD,0WAIT_REDUCE_GRAD,0RECV_B0,0B0,0WAIT_SEND_F0\n" + rows.split("\n")[1].format(r1="1REDUCE_GRAD,1WAIT_REDUCE_GRAD,") + "\n"
     assert "comes before stage 0's last backward" in pwt.load(csv_file(tmp_path, early, "early.csv")).unscaled_stage()
-    with pytest.raises(pwt.TimetableError) as e:
-        pwt.load(csv_file(tmp_path, good, "x.csv"), form="compute_only")
-    assert "load it with form='compute_comms'" in one_line(e)
+    # Asked for compute-only, it gives PyTorch the compute order and lets PyTorch lower it.
+    plain = pwt.load(csv_file(tmp_path, good, "x.csv"), form="compute_only")
+    assert plain.rows == (("0F0", "0B0"), ("1F0", "1B0")) and plain.form == "compute_only"
 
 
 @pytest.fixture

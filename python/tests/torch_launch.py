@@ -12,8 +12,7 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-PACKAGE_ROOT = HERE.parent  # python/, where `pipewright` lives when not installed
-REPO = PACKAGE_ROOT.parent
+REPO = HERE.parents[1]
 
 
 def pipewright_bin() -> str:
@@ -53,10 +52,12 @@ def env_for(rank: int, world: int, port: int) -> dict[str, str]:
         OMP_NUM_THREADS="1",
         PYTHONDONTWRITEBYTECODE="1",
     )
-    # Prefer an installed pipewright; fall back to the source tree for pipewright.torch.
-    env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (env.get("PYTHONPATH"), str(PACKAGE_ROOT)) if p
-    )
+    # The ranks import the pipewright this process imported (installed, or a source tree
+    # with its native module built in place).
+    import pipewright
+
+    here = str(Path(pipewright.__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH")) if p)
     return env
 
 

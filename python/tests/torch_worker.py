@@ -131,7 +131,7 @@ def case_record(case, group):
     if tls is None:
         return None
     for k, tl in enumerate(tls):
-        (out / f"step{k}.json").write_text(json.dumps(tl))
+        (out / f"step{k}.json").write_text(tl.to_json())
     return {"steps": len(tls), "breakdown": breakdown}
 
 

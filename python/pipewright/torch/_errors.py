@@ -1,7 +1,13 @@
-"""The errors `pipewright.torch` raises: each a one-line message naming what is wrong."""
+"""The errors `pipewright.torch` raises: each a one-line message naming what is wrong.
+
+They are `pipewright.PipewrightError`s (so `ValueError`s): one `except` catches the engine's
+errors and the runner's alike.
+"""
+
+from pipewright import PipewrightError
 
 
-class TorchError(ValueError):
+class TorchError(PipewrightError):
     """A timetable, a stage or a recording that PyTorch's runtime cannot use as given."""
 
 

@@ -33,6 +33,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+import pipewright
+
+from ._costs import measured_costs
 from ._errors import RecordError
 
 _COMPUTE = ("F", "B", "I", "W")
@@ -289,11 +292,12 @@ class Recorder:
             raise RecordError(f"ranks recorded different numbers of steps: {[len(s) for s in every]}")
         return every
 
-    def timelines(self) -> list[dict] | None:
-        """Every recorded step as a pipewright timeline (dicts), on rank 0; None elsewhere.
+    def timelines(self) -> list[pipewright.Timeline] | None:
+        """Every recorded step as a `pipewright.Timeline`, on rank 0; None elsewhere.
 
         Collective: every rank of the pipeline calls it. Each step's times start at 0, the
-        start of its earliest action on any rank.
+        start of its earliest action on any rank; a timeline shows as its bubble chart in a
+        notebook, and `.write(path)` saves it for `pipewright viz --from`.
         """
         every = self._gather()
         if every is None:
@@ -306,7 +310,8 @@ class Recorder:
                 e["start"] -= t0
                 e["end"] -= t0
             events.sort(key=lambda e: (e["device"], e["start"]))
-            out.append({"meta": self._meta(), "events": events})
+            text = json.dumps({"meta": self._meta(), "events": events})
+            out.append(pipewright.Timeline.from_json(text))
         return out
 
     def breakdown(self) -> list[dict] | None:
@@ -332,11 +337,9 @@ class Recorder:
             return
         if not tls:
             raise RecordError("no step recorded yet: call Recorder.step first")
-        try:
-            chosen = tls[step]
-        except IndexError:
-            raise RecordError(f"step {step} was not recorded: {len(tls)} steps were") from None
-        _write_atomic(Path(path), json.dumps(chosen))
+        if not -len(tls) <= step < len(tls):
+            raise RecordError(f"step {step} was not recorded: {len(tls)} steps were")
+        _write_atomic(Path(path), tls[step].to_json())
 
     def save_costs(self, path: str | Path, *, skip: int | None = None) -> None:
         """Write the median per-stage costs of the recorded steps as a cost file, on rank 0.
@@ -344,8 +347,6 @@ class Recorder:
         The first step is left out as warm-up when there are more (as `train --costs-out`
         does), or the first `skip`. `pipewright search --cost-file PATH` reads it. Collective.
         """
-        from ._costs import measured_costs
-
         tls = self.timelines()
         if tls is None:
             return

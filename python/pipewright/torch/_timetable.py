@@ -1,10 +1,10 @@
 """A timetable as PyTorch's runtime reads it: one row of action strings per rank.
 
-pipewright writes timetables in PyTorch's CSV forms (compute-only, and compute+comms with its
-waits). This module only reads them back as PyTorch does, through PyTorch's own parser, and
-derives what building the stages needs: the number of stages and microbatches, and which rank
-holds which stage. What PyTorch's runtime cannot run is refused here, before any process
-group or stage is touched, in one line that names the cell.
+pipewright (the native package) reads and validates the timetable and writes it in PyTorch's
+CSV forms (compute-only, and compute+comms with its waits), refusing what PyTorch cannot run
+(recomputation) in one line. This module adds what building the stages needs: which rank holds
+which stage, each cell checked by PyTorch's own parser, and a check that PyTorch will scale the
+gradients of a compute+comms file. Nothing here touches a process group or a stage.
 """
 
 from __future__ import annotations
@@ -15,24 +15,12 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
+
+import pipewright
 
 from ._errors import TimetableError
 
-# PyTorch's action kinds that only a lowered (compute+comms) row holds.
-_COMM_KINDS = {
-    "SEND_F",
-    "RECV_F",
-    "SEND_B",
-    "RECV_B",
-    "WAIT_SEND_F",
-    "WAIT_SEND_B",
-    "UNSHARD",
-    "RESHARD",
-    "REDUCE_GRAD",
-    "WAIT_REDUCE_GRAD",
-}
-_RECOMPUTE = re.compile(r"^\s*(\d+)R(\d+)\s*$")
 _STAGE_KIND = re.compile(r"^(\d+)([A-Z_]+?)(\d*)$")
 
 COMPUTE_ONLY = "compute_only"
@@ -133,85 +121,73 @@ class TorchTimetable:
 def load(timetable: Any, *, form: str | None = None) -> TorchTimetable:
     """Read a timetable for PyTorch's runtime.
 
-    `timetable` is a path to a `.csv` file in PyTorch's form (compute-only or compute+comms,
-    told apart by their actions unless `form` says), a path to a pipewright `.json`
-    timetable, a `pipewright.Timetable`, or a `TorchTimetable` (returned as is).
+    `timetable` is a path to a timetable file (`.csv` in any of its forms, or pipewright's
+    `.json`), a `pipewright.Timetable`, or a `TorchTimetable` (returned as is). pipewright
+    reads and validates it first (its errors name the file, line and column); PyTorch gets
+    a compute+comms file as written, and anything else in its compute-only form, unless
+    `form` asks for the other. What PyTorch cannot run (recomputation) is refused here.
     """
     if isinstance(timetable, TorchTimetable):
         return timetable
+    if form not in (None, COMPUTE_ONLY, COMPUTE_COMMS):
+        raise TimetableError(
+            f"form {form!r} is not one of PyTorch's: use {COMPUTE_ONLY!r} or {COMPUTE_COMMS!r}"
+        )
+    if isinstance(timetable, pipewright.Timetable):
+        name = timetable.name
+        return _from_native(timetable, form, source=f"timetable {name}", name=name, text=None)
     if isinstance(timetable, (str, os.PathLike)):
         path = Path(timetable)
-        if path.suffix.lower() == ".json":
-            return from_csv_text(_native_csv(path, form), source=str(path), name=path.stem)
-        try:
-            raw = path.read_bytes()
-        except OSError as e:
-            raise TimetableError(f"cannot read {path}: {e.strerror or e}") from None
-        try:
-            text = raw.decode("utf-8-sig")
-        except UnicodeDecodeError as e:
-            raise TimetableError(
-                f"{path} is not a text file (not UTF-8 at byte {e.start})"
-            ) from None
-        return from_csv_text(text, source=str(path), name=path.stem, form=form)
-    to_csv = getattr(timetable, "to_pytorch_csv", None)
-    if callable(to_csv):
-        name = str(getattr(timetable, "name", "custom"))
-        text = to_csv(form or COMPUTE_ONLY)
-        return from_csv_text(text, source=f"timetable {name}", name=name, form=form)
+        native = _native(lambda: pipewright.Timetable.read(path))
+        text = None
+        if native.csv_form == COMPUTE_COMMS and form in (None, COMPUTE_COMMS):
+            text = path.read_text(encoding="utf-8-sig")  # PyTorch gets the file as written
+        name = native.name if native.name != "custom" else path.stem
+        return _from_native(native, form, source=str(path), name=name, text=text)
     raise TimetableError(
         f"cannot read a timetable from {type(timetable).__name__}: give a .csv or .json "
         "path, a pipewright.Timetable or a pipewright.torch.TorchTimetable"
     )
 
 
-def _native_csv(path: Path, form: str | None) -> str:
-    """A pipewright JSON timetable in PyTorch's CSV form, written by the native package."""
+def from_csv_text(text: str, *, name: str = "custom", form: str | None = None) -> TorchTimetable:
+    """A timetable from CSV text in any of its forms (as `load` reads a file)."""
+    native = _native(lambda: pipewright.Timetable.from_csv(text))
+    keep = text if native.csv_form == COMPUTE_COMMS and form in (None, COMPUTE_COMMS) else None
+    return _from_native(native, form, source=f"timetable {name}", name=name, text=keep)
+
+
+def _native(read, source: str | None = None):
+    """Call pipewright; its one-line error becomes a TimetableError naming the source."""
     try:
-        import pipewright  # the native package (py-core)
-
-        read = pipewright.Timetable.load
-    except (ImportError, AttributeError):
-        raise TimetableError(
-            f"{path}: reading a pipewright JSON timetable needs the native pipewright "
-            "package; give the timetable as PyTorch's .csv (`pipewright schedule -o x.csv`)"
-        ) from None
-    return read(str(path)).to_pytorch_csv(form or COMPUTE_ONLY)
+        return read()
+    except pipewright.PipewrightError as e:
+        msg = str(e)
+        if source and not msg.startswith(source):
+            msg = f"{source}: {msg}"
+        raise TimetableError(msg) from None
 
 
-def from_csv_text(
-    text: str, *, source: str = "timetable", name: str = "custom", form: str | None = None
-) -> TorchTimetable:
-    """Parse PyTorch's CSV text (one row per rank) and check what the runtime needs."""
-    if form not in (None, COMPUTE_ONLY, COMPUTE_COMMS):
-        raise TimetableError(
-            f"form {form!r} is not one of PyTorch's: use {COMPUTE_ONLY!r} or {COMPUTE_COMMS!r}"
-        )
-    rows = [tuple(cell.strip() for cell in row) for row in csv.reader(io.StringIO(text))]
-    while rows and not any(rows[-1]):
-        rows.pop()  # a trailing blank line is no rank
-    if not rows:
-        raise TimetableError(f"{source}: no rows; a timetable has one row per rank")
+def _from_native(native, form: str | None, *, source: str, name: str, text: str | None) -> TorchTimetable:
+    """The rows PyTorch will load, each cell parsed by PyTorch's own parser."""
+    if text is None:
+        form = form or COMPUTE_ONLY
+        text = _native(lambda: native.to_csv(form), source)
+    else:
+        form = COMPUTE_COMMS
+    rows = [tuple(c.strip() for c in row if c.strip()) for row in csv.reader(io.StringIO(text))]
+    rows = [row for row in rows if row]
     for r, row in enumerate(rows):
-        if not any(row):
-            raise TimetableError(
-                f"{source}:{r + 1}: rank {r}'s row is empty; every rank needs its actions"
-            )
-    parsed = [[_parse(cell, source, r, c) for c, cell in enumerate(row)] for r, row in enumerate(rows)]
-    has_comms = any(a.computation_type.value in _COMM_KINDS for row in parsed for a in row if a)
-    found = COMPUTE_COMMS if has_comms else COMPUTE_ONLY
-    if form == COMPUTE_ONLY and has_comms:
-        raise TimetableError(
-            f"{source}: holds communication actions, so it is PyTorch's compute+comms form, "
-            f"not compute-only; load it with form={COMPUTE_COMMS!r}"
-        )
-    stage_rank, stages, microbatches = _shape(parsed, source)
+        for c, cell in enumerate(row):
+            _parse(cell, source, r, c)
+    if len(rows) != native.devices:
+        raise TimetableError(f"{source}: {len(rows)} rows for {native.devices} devices")
     return TorchTimetable(
-        rows=tuple(tuple(c for c in row if c) for row in rows),
-        form=form or found,
-        num_stages=stages,
-        microbatches=microbatches,
-        stage_rank=tuple(stage_rank),
+        rows=tuple(rows),
+        form=form,
+        num_stages=native.stages,
+        microbatches=native.microbatches,
+        stage_rank=tuple(native.stage_device),
         name=name,
         source=source,
     )
@@ -223,13 +199,6 @@ def _parse(cell: str, source: str, r: int, c: int):
     if not cell:
         return None
     at = f"{source}:{r + 1}:{c + 1}"
-    m = _RECOMPUTE.match(cell)
-    if m:
-        raise TimetableError(
-            f"{at}: `{cell}` recomputes stage {m.group(1)} (an R action), which PyTorch's "
-            f"runtime cannot run; write the timetable without --recompute and use activation "
-            f"checkpointing (torch.utils.checkpoint) inside stage {m.group(1)}'s module instead"
-        )
     try:
         action = _Action.from_str(cell)
     except RuntimeError:
@@ -245,33 +214,6 @@ def _parse(cell: str, source: str, r: int, c: int):
             "composite action pipewright writes"
         )
     return action
-
-
-def _shape(parsed: Sequence[Sequence[Any]], source: str) -> tuple[list[int], int, int]:
-    """The stage-to-rank map, the stage count and the microbatch count of parsed rows."""
-    holder: dict[int, int] = {}
-    microbatches = 0
-    for r, row in enumerate(parsed):
-        for action in row:
-            if action is None:
-                continue
-            for part in action.sub_actions or (action,):
-                kind = part.computation_type.value
-                if kind in ("UNSHARD", "RESHARD", "REDUCE_GRAD", "WAIT_REDUCE_GRAD"):
-                    continue
-                s = part.stage_index
-                if holder.setdefault(s, r) != r:
-                    raise TimetableError(
-                        f"{source}: stage {s} has actions on ranks {holder[s]} and {r}; "
-                        "a stage lives on one rank"
-                    )
-                if kind == "F" and part.microbatch_index is not None:
-                    microbatches = max(microbatches, part.microbatch_index + 1)
-    stages = max(holder) + 1 if holder else 0
-    missing = [s for s in range(stages) if s not in holder]
-    if missing:
-        raise TimetableError(f"{source}: stage {missing[0]} has no actions on any rank")
-    return [holder[s] for s in range(stages)], stages, microbatches
 
 
 def _parts(cell: str) -> list[str]:
