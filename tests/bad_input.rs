@@ -317,7 +317,7 @@ fn class3_outputs_are_checked_before_the_work() {
     // What -o x.csv writes, --timetable x.csv reads back.
     ok(
         d,
-        &["schedule", "--schedule", "zb-h1", "-o", "x.csv", "--lower"],
+        &["schedule", "--schedule", "zb-h1", "-o", "x.csv", "--comms"],
     );
     let out = ok(d, &["simulate", "--timetable", "x.csv", "--format", "json"]);
     assert!(out.contains("\"makespan\""), "{out}");

@@ -6,13 +6,14 @@ use std::path::PathBuf;
 use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
 use pipewright::schedule::{
-    chrome_trace, lower, simulate, to_csv, validate, validate_with, Report, Semantics, Simulation,
+    chrome_trace, lower, simulate, validate, validate_with, Report, Semantics, Simulation,
 };
 
 use super::args::{CostArgs, SourceArgs, SpecArgs};
 use super::checks::{check_outputs, extension, Kind, Output};
 use super::io::{load_timetable, write_atomic};
 use super::memory::{memory_table, MemoryArgs};
+use super::timetable_out::CommsArg;
 use pipewright::schedule::memory::MemoryBreakdown;
 
 /// How `schedule` prints a timetable.
@@ -44,9 +45,12 @@ pub struct ScheduleCmd {
     /// .txt for the grid).
     #[arg(long, value_enum)]
     format: Option<TimetableFormat>,
-    /// Add the sends and receives between devices (SEND_F, RECV_F, SEND_B, RECV_B).
+    /// Add pipewright's sends and receives between devices (SEND_F, RECV_F, SEND_B, RECV_B)
+    /// to the grid or JSON. PyTorch's CSV places its own: ask for them with --comms.
     #[arg(long)]
     lower: bool,
+    #[command(flatten)]
+    comms: CommsArg,
     /// Add a recompute `R` right before each backward of the stages named: `none`, `full`,
     /// `selective`, or per stage (`0:full,1:selective`).
     #[arg(long, default_value = "none", value_name = "POLICY", value_parser = super::args::parse_recompute)]
@@ -73,7 +77,7 @@ impl ScheduleCmd {
         validate(&tt)?;
         let text = match format {
             TimetableFormat::Grid => format!("{spec}\n{}", tt.grid(None)),
-            TimetableFormat::Csv => to_csv(&tt),
+            TimetableFormat::Csv => self.comms.csv(&tt)?,
             TimetableFormat::Json => serde_json::to_string_pretty(&tt)? + "\n",
         };
         emit(self.output.as_ref(), &text)
@@ -85,7 +89,9 @@ impl ScheduleCmd {
     /// form written into it, so that what is written can be read back.
     fn format(&self) -> Result<TimetableFormat> {
         let Some(path) = &self.output else {
-            return Ok(self.format.unwrap_or(TimetableFormat::Grid));
+            let format = self.format.unwrap_or(TimetableFormat::Grid);
+            self.check_forms(format)?;
+            return Ok(format);
         };
         let by_ext = match extension(path).as_deref() {
             Some("csv") => Some(TimetableFormat::Csv),
@@ -111,12 +117,30 @@ impl ScheduleCmd {
                 path.display()
             ),
         };
+        self.check_forms(format)?;
         let kind = match format {
             TimetableFormat::Grid => Kind::Text,
             _ => Kind::Timetable,
         };
         check_outputs([Output::new("-o", Some(path), kind)])?;
         Ok(format)
+    }
+}
+
+impl ScheduleCmd {
+    /// `--comms` is for CSV; `--lower` is pipewright's own sends and receives, which a CSV
+    /// for PyTorch does not carry.
+    fn check_forms(&self, format: TimetableFormat) -> Result<()> {
+        match format {
+            TimetableFormat::Csv if self.lower && !self.comms.comms => bail!(
+                "--lower adds pipewright's own sends and receives, which PyTorch does not read: use --comms for PyTorch's compute+comms CSV, or a .json file for pipewright's lowered timetable"
+            ),
+            TimetableFormat::Csv => Ok(()),
+            _ if self.comms.comms => bail!(
+                "--comms applies to CSV (PyTorch's compute+comms form): use a .csv file or --format csv, or --lower for pipewright's own sends and receives"
+            ),
+            _ => Ok(()),
+        }
     }
 }
 

@@ -15,5 +15,6 @@ pub mod plan_searched;
 pub mod progress;
 pub mod search;
 pub mod steady;
+pub mod timetable_out;
 pub mod train;
 pub mod validate_plan;

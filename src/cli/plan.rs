@@ -26,6 +26,7 @@ use super::checks::{check_outputs, Kind, Output};
 use super::commands::ReportFormat;
 use super::io::{read_text, write_atomic};
 use super::plan_searched;
+use super::timetable_out::CommsArg;
 
 /// Choose TP, PP, DP, the schedule and its chunks, the microbatch size and count,
 /// recomputation, ZeRO-1 and sequence parallelism for a GPT (or, with `--profile`, a
@@ -123,11 +124,14 @@ pub struct PlanCmd {
     /// 0 searches none.
     #[arg(long, default_value_t = 2, value_name = "K")]
     max_searched: usize,
-    /// Write the best's timetable to FILE.csv (PyTorch's form) or FILE.json when it is a
-    /// searched one; the launch line then runs it with `train --timetable FILE`. Not with
-    /// `--profile`, whose rows are generator families only.
+    /// Write the best's timetable to FILE.csv (PyTorch's compute-only form; with --comms its
+    /// compute+comms form) or FILE.json when it is a searched one; the launch line then runs
+    /// it with `train --timetable FILE`. Not with `--profile`, whose rows are generator
+    /// families only.
     #[arg(long, value_name = "FILE")]
     timetable_out: Option<PathBuf>,
+    #[command(flatten)]
+    comms: CommsArg,
     /// Say why the best beat the runners-up (which terms of the step differ).
     #[arg(long)]
     explain: bool,
@@ -184,6 +188,11 @@ impl PlanCmd {
             return super::calibrate::run(path, self.device, &cluster(&self.cluster)?);
         }
         let req = self.request()?;
+        self.comms.check(
+            self.timetable_out
+                .as_deref()
+                .map(|p| ("--timetable-out", p)),
+        )?;
         check_outputs([
             Output::new("--chart", self.chart.as_ref(), Kind::Image),
             Output::new(
@@ -217,7 +226,7 @@ impl PlanCmd {
             chart(&req, best, path)?;
         }
         if let (Some(path), Some(best)) = (&self.timetable_out, plan.rows.first()) {
-            if plan_searched::write(best, path)? {
+            if plan_searched::write(best, path, self.comms)? {
                 eprintln!("wrote {}", path.display());
             } else {
                 eprintln!(

@@ -5,10 +5,10 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, Result};
 use pipewright::schedule::plan::PlanRow;
-use pipewright::schedule::{lower, simulate, to_csv, CostModel, Simulation, Timetable};
+use pipewright::schedule::{simulate, CostModel, Simulation, Timetable};
 
-use super::checks::extension;
 use super::io::write_atomic;
+use super::timetable_out::CommsArg;
 
 /// What the launch line calls the timetable when `--timetable-out` was not given.
 const PLACEHOLDER: &str = "TIMETABLE.csv";
@@ -18,19 +18,16 @@ pub fn timetable(best: &PlanRow) -> Option<&Timetable> {
     best.searched.as_ref().map(|s| &s.timetable)
 }
 
-/// Write the best's searched timetable to `path` (CSV in PyTorch's form, lowered, or JSON),
-/// atomically; `false` when the best is a generator family's (nothing written).
-pub fn write(best: &PlanRow, path: &Path) -> Result<bool> {
+/// Write the best's searched timetable to `path` (CSV in PyTorch's form, compute-only or
+/// with `comms` compute+comms, or JSON), atomically; `false` when the best is a generator
+/// family's (nothing written).
+pub fn write(best: &PlanRow, path: &Path, comms: CommsArg) -> Result<bool> {
     let (Some(s), Some(tt)) = (best.searched.as_ref(), timetable(best)) else {
         return Ok(false);
     };
     let mut tt = tt.clone();
     tt.name = format!("plan: searched ({})", s.label);
-    let text = if extension(path).as_deref() == Some("json") {
-        serde_json::to_string_pretty(&tt)? + "\n"
-    } else {
-        to_csv(&lower(&tt).map_err(|e| anyhow!("{e}"))?)
-    };
+    let text = comms.text(&tt, path)?;
     write_atomic(path, text.as_bytes())?;
     Ok(true)
 }

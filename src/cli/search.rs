@@ -3,13 +3,13 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Result};
+use anyhow::Result;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use pipewright::schedule::search::{
     fmt_units, search_with, Candidate, MemoryCap, Objective, Progress, SearchOutcome, SearchSpec,
 };
-use pipewright::schedule::{lower, measured_costs, to_csv, ScheduleKind, Timeline};
+use pipewright::schedule::{measured_costs, ScheduleKind, Timeline};
 use pipewright::viz::{
     bubble_chart, pareto_plot, ChartOptions, ChartPanel, ImageFormat, ParetoPoint,
 };
@@ -19,6 +19,7 @@ use super::checks::{check_outputs, in_range, Kind, Output};
 use super::commands::ReportFormat;
 use super::io::write_atomic;
 use super::memory::{memory_table, MemoryArgs};
+use super::timetable_out::CommsArg;
 use pipewright::schedule::RecomputePlan;
 
 /// Find the schedule with the smallest simulated step time that fits a memory cap.
@@ -52,10 +53,13 @@ pub struct SearchCmd {
     /// Draw the Pareto front of bubble against peak memory to FILE.svg or FILE.png.
     #[arg(long, short = 'o', value_name = "FILE")]
     output: Option<PathBuf>,
-    /// Write the best timetable to FILE.csv (PyTorch's form) or FILE.json, ready for
-    /// `train --timetable`, `simulate --timetable` or PyTorch.
+    /// Write the best timetable to FILE.csv (PyTorch's compute-only form; with --comms its
+    /// compute+comms form) or FILE.json, ready for `train --timetable`, `simulate --timetable`
+    /// or PyTorch's `_PipelineScheduleRuntime._load_csv`.
     #[arg(long, value_name = "FILE")]
     timetable_out: Option<PathBuf>,
+    #[command(flatten)]
+    comms: CommsArg,
     /// Draw the best timetable's simulated bubble chart to FILE.svg or FILE.png.
     #[arg(long, value_name = "FILE")]
     chart: Option<PathBuf>,
@@ -116,11 +120,11 @@ impl SearchCmd {
             .as_deref()
             .map(ImageFormat::from_path)
             .transpose()?;
-        let tt_json = self
-            .timetable_out
-            .as_deref()
-            .map(timetable_form)
-            .transpose()?;
+        self.comms.check(
+            self.timetable_out
+                .as_deref()
+                .map(|p| ("--timetable-out", p)),
+        )?;
         let costs = self.costs.model(self.stages, self.stages)?;
         let mut spec = SearchSpec::new(self.stages, self.microbatches, costs, cap);
         spec.max_virtual = self.max_virtual;
@@ -175,14 +179,10 @@ impl SearchCmd {
             )?;
             eprintln!("wrote {}", path.display());
         }
-        if let (Some(path), Some(json)) = (&self.timetable_out, tt_json) {
+        if let Some(path) = &self.timetable_out {
             let mut tt = found.timetable.clone();
             tt.name = format!("search: {}", found.candidates[found.best].label);
-            let text = if json {
-                serde_json::to_string_pretty(&tt)? + "\n"
-            } else {
-                to_csv(&lower(&tt)?)
-            };
+            let text = self.comms.text(&tt, path)?;
             write_atomic(path, text.as_bytes())?;
             eprintln!("wrote {}", path.display());
         }
@@ -285,23 +285,6 @@ fn show_progress(bar: &ProgressBar, p: &Progress) {
     bar.set_position(p.done as u64);
     if let (Some(v), Some(label)) = (p.best, &p.best_label) {
         bar.set_message(format!("best so far {v:.4} ({label})"));
-    }
-}
-
-/// Whether a timetable output is JSON (else CSV), from its extension.
-fn timetable_form(path: &std::path::Path) -> Result<bool> {
-    match path
-        .extension()
-        .and_then(|e| e.to_str())
-        .map(str::to_ascii_lowercase)
-        .as_deref()
-    {
-        Some("json") => Ok(true),
-        Some("csv") => Ok(false),
-        _ => bail!(
-            "--timetable-out {}: use a .csv or .json file name",
-            path.display()
-        ),
     }
 }
 
