@@ -43,7 +43,7 @@ def comms_cases(tmp: Path) -> list[dict]:
     for family, p, v in [("1f1b", 4, 1), ("interleaved-1f1b", 2, 2), ("zbv", 2, 2), ("dualpipev", 4, 2)]:
         path = tmp / f"{family}-p{p}-comms.csv"
         cli("schedule", "--schedule", family, "-p", p, "-v", v, "-m", 8, "--format", "csv",
-            "--pytorch-form", "compute-comms", "-o", path)
+            "--comms", "-o", path)
         cases.append({"kind": "grads", "name": path.stem, "timetable": str(path), "p": p,
                       "form": "compute_comms"})
     return cases

@@ -58,8 +58,9 @@ class _CudaClock:
         self.device = device
 
     def stamp(self):
+        # On the stream the stages compute on: the event completes when the GPU gets there.
         ev = torch.cuda.Event(enable_timing=True)
-        ev.record()
+        ev.record(torch.cuda.current_stream(self.device))
         return ev
 
     def reference(self):
