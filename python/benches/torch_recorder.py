@@ -126,7 +126,8 @@ def worker(spec: dict) -> None:
             tls = rec.timelines()
             extra = rec.breakdown()
             if tls is not None:
-                (out / "steps.json").write_text(json.dumps({"timelines": tls, "breakdown": extra}))
+                steps = [json.loads(t.to_json()) for t in tls]
+                (out / "steps.json").write_text(json.dumps({"timelines": steps, "breakdown": extra}))
         dist.barrier()
     if rank == 0:
         Path(spec["out"]).write_text(json.dumps(results))
