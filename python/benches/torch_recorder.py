@@ -60,33 +60,13 @@ def worker(spec: dict) -> None:
 
     import pipewright.torch as pwt
 
-    class SleepFn(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, x, f, b):
-            ctx.b = b
-            time.sleep(f)
-            return x.clone()
-
-        @staticmethod
-        def backward(ctx, g):
-            time.sleep(ctx.b)
-            return g, None, None
-
-    class Sleep(torch.nn.Module):
-        def __init__(self, f_ms, b_ms):
-            super().__init__()
-            self.f, self.b = f_ms / 1e3, b_ms / 1e3
-
-        def forward(self, x):
-            return SleepFn.apply(x, self.f, self.b)
-
     torch.set_num_threads(1)
     width = spec.get("width", 16)
 
     def module(stage: int):
         torch.manual_seed(stage)
         if spec["stage"] == "sleep":
-            return torch.nn.Sequential(torch.nn.Linear(width, width), Sleep(spec["f_ms"], spec["b_ms"]))
+            return torch.nn.Sequential(torch.nn.Linear(width, width), pwt.Sleep(spec["f_ms"], spec["b_ms"]))
         return torch.nn.Sequential(*[m for _ in range(spec["layers"]) for m in
                                      (torch.nn.Linear(width, width), torch.nn.Tanh())])
 

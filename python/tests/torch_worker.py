@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 import traceback
 from datetime import timedelta
 from pathlib import Path
@@ -32,32 +31,8 @@ def stage_module(stage: int, sleep_ms: float = 0.0) -> torch.nn.Module:
     torch.manual_seed(1000 + stage)
     layers = [torch.nn.Linear(D, D, dtype=torch.float64), torch.nn.Tanh()]
     if sleep_ms:
-        layers.append(Sleep(sleep_ms))
+        layers.append(pwt.Sleep(sleep_ms))
     return torch.nn.Sequential(*layers)
-
-
-class _SleepFn(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, seconds):
-        ctx.seconds = seconds
-        time.sleep(seconds)
-        return x.clone()
-
-    @staticmethod
-    def backward(ctx, g):
-        time.sleep(ctx.seconds)
-        return g, None
-
-
-class Sleep(torch.nn.Module):
-    """An action of a known length that leaves the CPU free: `ms` in forward and backward."""
-
-    def __init__(self, ms: float):
-        super().__init__()
-        self.seconds = ms / 1000.0
-
-    def forward(self, x):
-        return _SleepFn.apply(x, self.seconds)
 
 
 def batch(m: int, seed: int = 7) -> tuple[torch.Tensor, torch.Tensor]:

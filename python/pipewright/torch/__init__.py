@@ -14,6 +14,7 @@ from ._errors import RecordError, StageError, TimetableError, TorchError
 from ._costs import measured_costs
 from ._record import Recorder
 from ._run import pipeline_stages, schedule, stage_ranks
+from ._synthetic import Sleep
 from ._timetable import COMPUTE_COMMS, COMPUTE_ONLY, TorchTimetable, from_csv_text, load
 
 __all__ = [
@@ -21,6 +22,7 @@ __all__ = [
     "COMPUTE_ONLY",
     "RecordError",
     "Recorder",
+    "Sleep",
     "StageError",
     "TimetableError",
     "TorchError",
