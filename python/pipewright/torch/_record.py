@@ -39,7 +39,6 @@ from ._costs import measured_costs
 from ._errors import RecordError
 
 _COMPUTE = ("F", "B", "I", "W")
-_NOT_IN_IR = ("WAIT_SEND_F", "WAIT_SEND_B", "UNSHARD", "RESHARD", "REDUCE_GRAD", "WAIT_REDUCE_GRAD")
 
 
 class _CpuClock:
@@ -141,6 +140,50 @@ def _probe_of(schedule) -> _Probe:
     return probe
 
 
+class _RowEvents:
+    """One rank's row of one step as timeline events (dicts in pipewright's JSON form)."""
+
+    _NEEDS = {"F": "RECV_F", "B": "RECV_B", "I": "RECV_B"}
+
+    def __init__(self, rank: int):
+        self.rank = rank
+        self.events: list[dict] = []
+        self.runtime_ms = 0.0  # PyTorch's own actions, not in pipewright's IR
+        self._posted: set = set()  # receives posted and not yet waited for
+
+    def _event(self, stage: int, kind: Any, mb: int | None, start: float, end: float) -> None:
+        self.events.append({"device": self.rank, "start": start, "end": end,
+                            "action": {"stage": stage, "kind": kind, "microbatch": mb}})
+
+    def _wait(self, part, start: float, end: float) -> None:
+        """The wait for `part`'s input, if a receive was posted for it."""
+        needs = self._NEEDS.get(part.computation_type.value)
+        key = (needs, part.stage_index, part.microbatch_index)
+        if key in self._posted:
+            self._posted.discard(key)
+            self._event(part.stage_index, needs, part.microbatch_index, start, max(start, end))
+
+    def add(self, action, t0: float, t1: float, spans: list[float]) -> None:
+        """One action that ran from `t0` to `t1`; `spans`: its computes' starts and ends."""
+        kind = action.computation_type.value
+        if kind in _COMPUTE or kind == "OVERLAP_F_B":
+            parts = action.sub_actions or (action,)
+            starts, ends = spans[0::2] or [t0], spans[1::2]
+            for k, part in enumerate(parts[: len(starts)]):
+                self._wait(part, t0 if k == 0 else ends[k - 1], starts[k])
+            if kind == "OVERLAP_F_B":
+                f, b = parts
+                kind = {"OVERLAP_F_B": {"b_stage": b.stage_index, "b_microbatch": b.microbatch_index}}
+                action = f
+            self._event(action.stage_index, kind, action.microbatch_index, starts[0], t1)
+        elif kind in ("SEND_F", "SEND_B"):
+            self._event(action.stage_index, kind, action.microbatch_index, t0, t1)
+        elif kind in ("RECV_F", "RECV_B"):
+            self._posted.add((kind, action.stage_index, action.microbatch_index))
+        else:
+            self.runtime_ms += t1 - t0
+
+
 class Recorder:
     """Records real steps of a PyTorch pipeline schedule as pipewright timelines.
 
@@ -224,45 +267,10 @@ class Recorder:
         to_ms = lambda stamps: [t + self._offset_ms for t in self._clock.to_ms(take.ref, stamps)]
         bounds = to_ms(take.bounds)
         compute = {i: to_ms(s) for i, s in take.compute.items()}
-        events, runtime_ms = [], 0.0
-        posted: set = set()
-        dev = self._rank
-
-        def event(stage, kind, mb, start, end):
-            events.append({"device": dev, "action": {"stage": stage, "kind": kind, "microbatch": mb},
-                           "start": start, "end": end})
-
-        def wait(part, start, end):
-            needs = {"F": "RECV_F", "B": "RECV_B", "I": "RECV_B"}.get(part.computation_type.value)
-            key = (needs, part.stage_index, part.microbatch_index)
-            if key in posted:
-                posted.discard(key)
-                event(part.stage_index, needs, part.microbatch_index, start, max(start, end))
-
-        for i, a in enumerate(take.row):
-            t0, t1 = bounds[i], bounds[i + 1]
-            kind = a.computation_type.value
-            spans = compute.get(i, [])
-            if kind in _COMPUTE or kind == "OVERLAP_F_B":
-                parts = a.sub_actions or (a,)
-                starts = spans[0::2] or [t0]
-                ends = spans[1::2]
-                for k, part in enumerate(parts):
-                    if k < len(starts):
-                        wait(part, t0 if k == 0 else ends[k - 1], starts[k])
-                if kind == "OVERLAP_F_B":
-                    f, b = parts
-                    kind = {"OVERLAP_F_B": {"b_stage": b.stage_index, "b_microbatch": b.microbatch_index}}
-                    event(f.stage_index, kind, f.microbatch_index, starts[0], t1)
-                else:
-                    event(a.stage_index, kind, a.microbatch_index, starts[0], t1)
-            elif kind in ("SEND_F", "SEND_B"):
-                event(a.stage_index, kind, a.microbatch_index, t0, t1)
-            elif kind in ("RECV_F", "RECV_B"):
-                posted.add((kind, a.stage_index, a.microbatch_index))
-            else:
-                runtime_ms += t1 - t0
-        return {"events": events, "runtime_ms": runtime_ms, "wall_ms": wall_ms,
+        events = _RowEvents(self._rank)
+        for i, action in enumerate(take.row):
+            events.add(action, bounds[i], bounds[i + 1], compute.get(i, []))
+        return {"events": events.events, "runtime_ms": events.runtime_ms, "wall_ms": wall_ms,
                 "row_ms": bounds[-1] - bounds[0] if bounds else 0.0}
 
     @property
@@ -307,9 +315,7 @@ class Recorder:
         for k in range(len(every[0])):
             events = [e for rank_steps in every for e in rank_steps[k]["events"]]
             t0 = min((e["start"] for e in events), default=0.0)
-            for e in events:
-                e["start"] -= t0
-                e["end"] -= t0
+            events = [dict(e, start=e["start"] - t0, end=e["end"] - t0) for e in events]
             events.sort(key=lambda e: (e["device"], e["start"]))
             text = json.dumps({"meta": self._meta(), "events": events})
             out.append(pipewright.Timeline.from_json(text))
