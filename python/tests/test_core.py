@@ -191,3 +191,13 @@ def test_plan_ranks_configurations_and_hands_over_a_timetable():
     with pytest.raises(pw.PipewrightError, match="--cluster nowhere"):
         pw.plan(layers=8, d_model=512, heads=8, seq_len=512, gpus=8, global_batch=32,
                 cluster="nowhere")
+
+
+def test_the_stubs_name_every_export():
+    import pathlib
+
+    stubs = (pathlib.Path(pw.__file__).parent / "_native.pyi").read_text()
+    assert (pathlib.Path(pw.__file__).parent / "py.typed").exists()
+    for name in pw.__all__:
+        if name != "__version__":
+            assert f"class {name}" in stubs or f"def {name}(" in stubs, name

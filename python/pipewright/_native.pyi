@@ -1,0 +1,310 @@
+"""Type stubs of `pipewright._native`, the Rust crates seen from Python."""
+
+from os import PathLike
+from typing import Any, Literal, Optional, Sequence, Union
+
+__version__: str
+
+CsvForm = Literal["compute_only", "compute_comms", "lowered"]
+ImageFormat = Literal["svg", "png"]
+StrPath = Union[str, "PathLike[str]"]
+
+class PipewrightError(ValueError):
+    """A request pipewright refuses, with the one line the CLI prints after `error:`."""
+
+class Timetable:
+    """One training step: for each device, the actions it runs, in order."""
+
+    @staticmethod
+    def from_csv(text: str, validate: bool = True) -> Timetable:
+        """CSV in any form (PyTorch's compute-only or compute+comms, pipewright's lowered)."""
+    @staticmethod
+    def from_json(text: str, validate: bool = True) -> Timetable: ...
+    @staticmethod
+    def read(path: StrPath, validate: bool = True) -> Timetable: ...
+    def to_csv(self, form: CsvForm = "compute_only") -> str:
+        """PyTorch's compute-only or compute+comms form, or pipewright's lowered rows."""
+    def to_json(self) -> str: ...
+    def write(self, path: StrPath, comms: bool = False) -> None:
+        """`.csv` (compute-only; compute+comms with `comms=True`) or `.json`, atomically."""
+    def lower(self) -> Timetable: ...
+    def compute_only(self) -> Timetable: ...
+    def grid(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def microbatches(self) -> int: ...
+    @property
+    def devices(self) -> int: ...
+    @property
+    def stages(self) -> int: ...
+    @property
+    def stage_device(self) -> list[int]: ...
+    @property
+    def rows(self) -> list[list[str]]: ...
+    @property
+    def lowered(self) -> bool: ...
+    @property
+    def csv_form(self) -> Optional[CsvForm]: ...
+    def __len__(self) -> int: ...
+    def __eq__(self, other: object) -> bool: ...
+
+class Validated:
+    compute_actions: int
+    lowered: bool
+
+def generate(
+    schedule: str = "1f1b",
+    p: int = 4,
+    v: int = 1,
+    m: int = 8,
+    group_size: Optional[int] = None,
+    recompute: str = "none",
+) -> Timetable:
+    """A family's timetable: gpipe, 1f1b, interleaved-1f1b, looped-bfs, zb-h1, zb-h2, zbv,
+    dualpipev."""
+
+def validate(timetable: Timetable, rendezvous: bool = False) -> Validated:
+    """Complete, ordered, paired and deadlock-free, or `PipewrightError` naming where."""
+
+class Costs:
+    """Durations, sizes and link speed for the simulator."""
+
+    def __init__(
+        self,
+        f: float = 1.0,
+        b: float = 2.0,
+        w: Optional[float] = None,
+        activation_bytes: int = 0,
+        p2p_bytes: int = 0,
+        p2p_latency: Optional[float] = None,
+        bandwidth: Optional[float] = None,
+        w_memory: Optional[float] = None,
+    ) -> None: ...
+    @staticmethod
+    def from_json(text: str) -> Costs: ...
+    @staticmethod
+    def read(path: StrPath) -> Costs: ...
+    @staticmethod
+    def from_timelines(timelines: Sequence[Timeline]) -> Costs: ...
+    def with_overrides(
+        self,
+        p2p_latency: Optional[float] = None,
+        bandwidth: Optional[float] = None,
+        w_memory: Optional[float] = None,
+    ) -> Costs: ...
+    def model_dict(self, stages: int, devices: int) -> dict[str, Any]: ...
+    def to_json(self, stages: Optional[int] = None, devices: Optional[int] = None) -> str: ...
+
+class Chart:
+    """SVG or PNG bytes; shows as itself in a notebook."""
+
+    @property
+    def data(self) -> bytes: ...
+    @property
+    def format(self) -> ImageFormat: ...
+    def save(self, path: StrPath) -> None: ...
+    def _repr_svg_(self) -> Optional[str]: ...
+    def _repr_png_(self) -> Optional[bytes]: ...
+    def __len__(self) -> int: ...
+
+class Timeline:
+    """Every event of a step, simulated or measured."""
+
+    @staticmethod
+    def from_json(text: str) -> Timeline: ...
+    @staticmethod
+    def read(path: StrPath) -> Timeline: ...
+    def to_json(self) -> str: ...
+    def write(self, path: StrPath) -> None: ...
+    def to_chrome_trace(self) -> str: ...
+    @property
+    def meta(self) -> dict[str, Any]: ...
+    @property
+    def events(self) -> list[dict[str, Any]]: ...
+    @property
+    def makespan(self) -> float: ...
+    @property
+    def bubble_fraction(self) -> float: ...
+    def chart(
+        self,
+        format: ImageFormat = "svg",
+        width: int = 1200,
+        height: Optional[int] = None,
+        title: Optional[str] = None,
+    ) -> Chart: ...
+    def __len__(self) -> int: ...
+    def _repr_svg_(self) -> str: ...
+
+class Report:
+    @property
+    def makespan(self) -> float: ...
+    @property
+    def ideal(self) -> float: ...
+    @property
+    def bubble_fraction(self) -> float: ...
+    @property
+    def devices(self) -> list[dict[str, Any]]: ...
+    def to_dict(self) -> dict[str, Any]: ...
+
+class Simulation:
+    timeline: Timeline
+    report: Report
+    def chart(
+        self,
+        format: ImageFormat = "svg",
+        width: int = 1200,
+        height: Optional[int] = None,
+        title: Optional[str] = None,
+    ) -> Chart: ...
+    def _repr_svg_(self) -> str: ...
+
+class SteadySimulation:
+    timeline: Timeline
+    single: Simulation
+    @property
+    def steps(self) -> int: ...
+    @property
+    def period(self) -> float: ...
+    @property
+    def single_step_makespan(self) -> float: ...
+    @property
+    def step_makespans(self) -> list[float]: ...
+    @property
+    def bubble(self) -> dict[str, float]: ...
+    def to_dict(self) -> dict[str, Any]: ...
+    def chart(
+        self,
+        format: ImageFormat = "svg",
+        width: int = 1200,
+        height: Optional[int] = None,
+        title: Optional[str] = None,
+    ) -> Chart: ...
+    def _repr_svg_(self) -> str: ...
+
+def simulate(
+    timetable: Timetable, costs: Optional[Costs] = None, steps: int = 1
+) -> Union[Simulation, SteadySimulation]:
+    """One step (`Simulation`), or `steps` unfenced steps (`SteadySimulation`)."""
+
+def chart(
+    timelines: Sequence[Timeline],
+    labels: Optional[Sequence[str]] = None,
+    format: ImageFormat = "svg",
+    width: int = 1200,
+    height: Optional[int] = None,
+    title: Optional[str] = None,
+) -> Chart: ...
+
+class SearchResult:
+    timetable: Timetable
+    simulation: Simulation
+    seconds: float
+    @property
+    def best(self) -> dict[str, Any]: ...
+    @property
+    def best_fixed(self) -> Optional[dict[str, Any]]: ...
+    @property
+    def candidates(self) -> list[dict[str, Any]]: ...
+    @property
+    def front(self) -> list[dict[str, Any]]: ...
+    @property
+    def skipped(self) -> list[dict[str, Any]]: ...
+    @property
+    def cut_short(self) -> Optional[dict[str, Any]]: ...
+    @property
+    def cap_microbatches(self) -> float: ...
+    def chart(
+        self,
+        format: ImageFormat = "svg",
+        width: int = 1200,
+        height: Optional[int] = None,
+        title: Optional[str] = None,
+    ) -> Chart: ...
+    def pareto_chart(
+        self,
+        format: ImageFormat = "svg",
+        width: int = 1200,
+        height: Optional[int] = None,
+        title: Optional[str] = None,
+    ) -> Chart: ...
+    def _repr_svg_(self) -> str: ...
+
+def search(
+    p: int,
+    m: int,
+    memory_cap: Union[int, float, str],
+    costs: Optional[Costs] = None,
+    max_virtual: int = 4,
+    schedules: Optional[Sequence[str]] = None,
+    list_scheduler: bool = True,
+    improve: int = 200,
+    objective: Literal["period", "makespan"] = "period",
+    time_budget: float = 30.0,
+) -> SearchResult: ...
+
+class SweepRow:
+    schedule: str
+    virtual_stages: int
+    microbatches: int
+    makespan: Optional[float]
+    bubble_fraction: Optional[float]
+    period: Optional[float]
+    throughput: Optional[float]
+    peak_activations: Optional[int]
+    peak_activation_bytes: Optional[int]
+    fits: Optional[bool]
+    error: Optional[str]
+    bubble: Optional[dict[str, float]]
+
+def sweep(
+    p: int = 4,
+    m: Sequence[int] = (4, 8, 16, 32, 64),
+    schedules: Optional[Sequence[str]] = None,
+    v: Optional[Sequence[int]] = None,
+    costs: Optional[Costs] = None,
+    memory_cap: Optional[int] = None,
+) -> list[SweepRow]: ...
+
+class Plan:
+    seconds: float
+    @property
+    def rows(self) -> list[dict[str, Any]]: ...
+    @property
+    def best(self) -> Optional[dict[str, Any]]: ...
+    @property
+    def explain(self) -> list[str]: ...
+    @property
+    def cut_short(self) -> bool: ...
+    @property
+    def timetable(self) -> Optional[Timetable]: ...
+    def to_dict(self) -> dict[str, Any]: ...
+    def __len__(self) -> int: ...
+
+def plan(
+    layers: int,
+    d_model: int,
+    heads: int,
+    seq_len: int,
+    gpus: int,
+    global_batch: int,
+    *,
+    vocab: int = 51200,
+    ffn: Optional[int] = None,
+    cluster: str = "a100-80g",
+    precision: Literal["bf16", "tf32", "f32"] = "bf16",
+    tp: Optional[int] = None,
+    pp: Optional[int] = None,
+    v: Optional[int] = None,
+    microbatch_size: Optional[int] = None,
+    schedule: Optional[str] = None,
+    recompute: Optional[str] = None,
+    zero: Optional[int] = None,
+    sequence_parallel: Optional[bool] = None,
+    allow_cross_node_tp: bool = False,
+    top: int = 5,
+    max_virtual: int = 8,
+    max_microbatch_size: int = 16,
+    max_simulated: int = 200,
+    max_searched: int = 2,
+) -> Plan: ...
