@@ -189,10 +189,9 @@ def hand_off_latency(tl: dict) -> float:
 
 
 def predict(args) -> None:
-    families = [("1f1b", 4, 1, 16), ("interleaved-1f1b", 4, 2, 16), ("zb-h1", 4, 1, 16),
-                ("zbv", 4, 2, 16), ("dualpipev", 4, 2, 16)]
-    if args.stage == "linear":
-        families = [(f, 2, v, 8) for f, _, v, _ in families]
+    p, m = args.p or (4 if args.stage == "sleep" else 2), args.m
+    families = [("1f1b", p, 1, m), ("interleaved-1f1b", p, 2, m), ("zb-h1", p, 1, m),
+                ("zbv", p, 2, m), ("dualpipev", p, 2, m)]
     with tempfile.TemporaryDirectory() as tmp:
         jobs = []
         for family, p, v, m in families:
@@ -242,6 +241,8 @@ def main() -> None:
     pr = sub.add_parser("predict")
     pr.add_argument("--stage", choices=["sleep", "linear"], default="sleep")
     pr.add_argument("--steps", type=int, default=7)
+    pr.add_argument("--p", type=int, help="pipeline ranks (default 4 with sleep, 2 with linear)")
+    pr.add_argument("--m", type=int, default=16, help="microbatches")
     pr.add_argument("--layers", type=int, default=4)
     pr.add_argument("--width", type=int, default=256)
     pr.add_argument("--mb", type=int, default=64)
