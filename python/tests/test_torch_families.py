@@ -1,7 +1,7 @@
 """Every timetable pipewright writes trains in PyTorch's `_PipelineScheduleRuntime` with the
 gradients of one process (float64, 1e-6): every generator family at p = 2 and 4 (v = 2 where
 it applies), DualPipeV's overlapped F&B, a searched timetable with I/W in V placement, and
-the compute+comms form. One launch of 4 processes (gloo, CPU) runs all of them; a case of 2
+a planned one (`plan --timetable-out`), and the compute+comms form. One launch of 4 processes (gloo, CPU) runs all of them; a case of 2
 ranks runs on the first two."""
 
 from __future__ import annotations
@@ -37,6 +37,14 @@ def searched_case(tmp: Path) -> dict:
     return {"kind": "grads", "name": "searched", "timetable": str(path), "p": 4}
 
 
+def planned_case(tmp: Path) -> dict:
+    """`plan --timetable-out` for a small GPT on 4 GPUs in a pipeline of 4."""
+    path = tmp / "planned.csv"
+    cli("plan", "--layers", 8, "--d-model", 512, "--heads", 8, "--seq-len", 512, "--vocab", 8192,
+        "--gpus", 4, "--pp", 4, "--tp", 1, "--global-batch", 16, "--timetable-out", path)
+    return {"kind": "grads", "name": "planned", "timetable": str(path), "p": 4}
+
+
 def comms_cases(tmp: Path) -> list[dict]:
     """PyTorch's compute+comms form, waits included, as pipewright writes it."""
     cases = []
@@ -52,7 +60,7 @@ def comms_cases(tmp: Path) -> list[dict]:
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("families")
-    cases = family_cases(tmp) + [searched_case(tmp)] + comms_cases(tmp)
+    cases = family_cases(tmp) + [searched_case(tmp), planned_case(tmp)] + comms_cases(tmp)
     return {"cases": {c["name"]: c for c in cases}, "results": run_cases(4, cases, timeout=400)}
 
 
@@ -80,6 +88,12 @@ def test_a_searched_timetable_with_i_w_in_v_placement_trains_as_one_process(resu
     assert any(c[-2:-1] == "I" or "I" in c for c in cells) and any("W" in c for c in cells)
     assert tt.form == "compute_only"
     assert results["results"]["searched"]["max_grad_err"] <= TOLERANCE
+
+
+def test_a_planned_timetable_trains_as_one_process(results):
+    tt = pwt.load(results["cases"]["planned"]["timetable"])
+    assert tt.num_ranks == 4 and tt.num_stages >= 4
+    assert results["results"]["planned"]["max_grad_err"] <= TOLERANCE
 
 
 def test_the_compute_comms_form_loads_and_gives_the_same_gradients(results):
