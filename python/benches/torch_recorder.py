@@ -10,9 +10,11 @@ One process per rank (gloo on the CPU), started by this script. Needs the `pipew
 script puts python/ on the path).
 
 overhead: 1F1B, p = 2, m = 8, each stage sleeping 1 ms in its forward and 1 ms in its
-    backward (actions of 1 ms that leave the CPU free). Plain and recorded steps alternate,
-    each between two barriers; the ratio of the medians is the recorder's cost.
-predict: for each timetable, `--steps` recorded steps after two warm-up steps; the costs are
+    backward (actions of 1 ms that leave the CPU free). Plain steps, recorded steps and
+    recorded steps with `fence=True` take turns in a new random order each round, each
+    between two barriers; the ratios of the medians are the recorder's cost.
+predict: for each timetable, `--steps` recorded steps (fenced: each starts after a barrier, as
+    the simulator's one step does) after two warm-up steps; the costs are
     the recorded steps' medians (`Recorder.save_costs`), `pipewright simulate` predicts one
     step from them, and the measured step is the median makespan of the recorded timelines.
     The gap is split, on the rank that finishes last, into the time it waited for data beyond
@@ -27,6 +29,7 @@ import argparse
 import json
 import os
 import platform
+import random
 import socket
 import statistics
 import subprocess
@@ -81,17 +84,20 @@ def worker(spec: dict) -> None:
         sched = pwt.schedule(tt, stages, loss_fn=torch.nn.functional.mse_loss)
         x = torch.randn(tt.microbatches * spec.get("mb", 4), width)
         y = torch.randn_like(x)
-        rec = pwt.Recorder(sched)
+        rec = pwt.Recorder(sched, fence=job["kind"] == "predict")  # predict: one step on its own
         for _ in range(2):
             sched.step(x, target=y)
         if job["kind"] == "overhead":
-            # The same schedule three ways, in turn: plain, recorded, recorded without the
-            # fence (the barrier the recorder puts before each step).
-            unfenced = pwt.Recorder(sched, fence=False)
-            runs = {"plain": sched.step, "recorded": rec.step, "unfenced": unfenced.step}
+            # The same schedule three ways, in turn: plain, recorded (the default), and
+            # recorded with fence=True (a barrier before each step).
+            fenced = pwt.Recorder(sched, fence=True)
+            runs = {"plain": sched.step, "recorded": rec.step, "fenced": fenced.step}
             times: dict = {k: [] for k in runs}
-            for _ in range(job["pairs"]):
-                for name, run in runs.items():
+            order = list(runs)
+            for k in range(job["pairs"]):
+                random.Random(k).shuffle(order)  # the same order on every rank, new each round
+                for name in order:
+                    run = runs[name]
                     dist.barrier()
                     t0 = time.perf_counter()
                     run(x, target=y)
@@ -145,7 +151,7 @@ def overhead(args) -> None:
         (r,) = launch(2, spec)
     plain = statistics.median(r["plain"])
     print(f"1F1B p=2 m=8, 1 ms actions, {args.pairs} rounds: plain step {plain:.3f} ms (median)")
-    for name in ("recorded", "unfenced"):
+    for name in ("recorded", "fenced"):
         t = statistics.median(r[name])
         print(f"  {name}: {t:.3f} ms, ratio {t / plain:.4f} ({(t / plain - 1) * 100:+.2f}%)")
 

@@ -17,8 +17,8 @@ From the stamps, per action:
 
 The clock is a CUDA event on the current stream when the stages are on a GPU, and the
 monotonic clock otherwise. Ranks are aligned by a barrier when the recorder starts (exactly,
-through the shared monotonic clock, when all ranks time on the CPU of one host), and each
-recorded step is fenced by a barrier unless `fence=False`.
+through the shared monotonic clock, when all ranks time on the CPU of one host); with
+`fence=True` each recorded step starts after a barrier, as one step on its own.
 """
 
 from __future__ import annotations
@@ -193,7 +193,7 @@ class Recorder:
     every rank's events and are collective too (rank 0 gets the result and writes files).
     """
 
-    def __init__(self, schedule: Any, *, fence: bool = True):
+    def __init__(self, schedule: Any, *, fence: bool = False):
         rows = getattr(schedule, "pipeline_order_with_comms", None)
         stages = getattr(schedule, "_stages", None)
         if not rows or not stages:
