@@ -3,6 +3,7 @@
 predicts a recorded PyTorch step from the costs recorded in it.
 
     python python/benches/torch_recorder.py overhead [--pairs 40]
+    python python/benches/torch_recorder.py stamps
     python python/benches/torch_recorder.py predict [--stage sleep|linear] [--steps 7]
 
 One process per rank (gloo on the CPU), started by this script. Needs the `pipewright` CLI
@@ -13,6 +14,8 @@ overhead: 1F1B, p = 2, m = 8, each stage sleeping 1 ms in its forward and 1 ms i
     backward (actions of 1 ms that leave the CPU free). Plain steps, recorded steps and
     recorded steps with `fence=True` take turns in a new random order each round, each
     between two barriers; the ratios of the medians are the recorder's cost.
+stamps: the recorder's own work per action in one process (the row it walks, a wrapped
+    compute call), recording against not recording.
 predict: for each timetable, `--steps` recorded steps (fenced: each starts after a barrier, as
     the simulator's one step does) after two warm-up steps; the costs are
     the recorded steps' medians (`Recorder.save_costs`), `pipewright simulate` predicts one
@@ -156,6 +159,35 @@ def overhead(args) -> None:
         print(f"  {name}: {t:.3f} ms, ratio {t / plain:.4f} ({(t / plain - 1) * 100:+.2f}%)")
 
 
+def stamps(args) -> None:
+    """The recorder's own work per action, in one process: the row it walks and a wrapped
+    stage method, recording or not (the end-to-end ratio is too noisy to see it)."""
+    from pipewright.torch._record import _CpuClock, _Probe, _Take, _TimedRow, _timed
+
+    probe, clock, n = _Probe(), _CpuClock(), 200
+    row = list(range(n))
+    compute = _timed(lambda i: i, probe)
+
+    def walk(record: bool) -> float:
+        timed = _TimedRow(row, probe)
+        if record:
+            probe.take, probe.stamp = _Take(row=row, ref=0), clock.stamp
+        t = time.perf_counter()
+        for _, action in enumerate(timed):
+            compute(action)
+        t = time.perf_counter() - t
+        probe.take = None
+        return t / n * 1e6
+
+    for _ in range(50):
+        walk(False), walk(True)
+    plain = statistics.median(walk(False) for _ in range(args.rounds))
+    recorded = statistics.median(walk(True) for _ in range(args.rounds))
+    print(f"per action, one process: walking the row and one compute call {plain:.2f} us, "
+          f"recorded {recorded:.2f} us: the recorder adds {recorded - plain:.2f} us an action "
+          f"({(recorded - plain) / 10:.3f}% of a 1 ms action)")
+
+
 def split_gap(tl: dict, p: int) -> dict:
     """On the rank that finishes last: its compute, waits for data, sends, and the rest."""
     end = {d: max(e["end"] for e in tl["events"] if e["device"] == d) for d in range(p)}
@@ -244,6 +276,8 @@ def main() -> None:
     sub = ap.add_subparsers(dest="what", required=True)
     o = sub.add_parser("overhead")
     o.add_argument("--pairs", type=int, default=40, help="rounds of the three ways")
+    st = sub.add_parser("stamps")
+    st.add_argument("--rounds", type=int, default=300)
     pr = sub.add_parser("predict")
     pr.add_argument("--stage", choices=["sleep", "linear"], default="sleep")
     pr.add_argument("--steps", type=int, default=7)
@@ -256,7 +290,7 @@ def main() -> None:
     load = os.getloadavg()[0]
     print(f"# {platform.node()}: {os.cpu_count()} cores, load average {load:.1f}, "
           f"python {platform.python_version()}")
-    {"overhead": overhead, "predict": predict}[args.what](args)
+    {"overhead": overhead, "stamps": stamps, "predict": predict}[args.what](args)
 
 
 if __name__ == "__main__":
