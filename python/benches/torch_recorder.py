@@ -20,10 +20,12 @@ predict: for each timetable, `--steps` recorded steps (fenced: each starts after
     the simulator's one step does) after two warm-up steps; the costs are
     the recorded steps' medians (`Recorder.save_costs`), `pipewright simulate` predicts one
     step from them, and the measured step is the median makespan of the recorded timelines.
-    The gap is split, on the rank that finishes last, into the time it waited for data beyond
-    the simulated waits, the time it spent posting sends, in PyTorch's own actions (WAIT_SEND,
-    REDUCE_GRAD, UNSHARD, ...) and between actions (the runtime's Python). A second
-    prediction adds the measured hand-off latency (`--p2p-latency`).
+    The gap is split, on the rank that finishes last, into its compute beyond the simulated
+    busy time (medians against every action), its waits for data beyond the simulated idle
+    time, posting sends, and the rest: PyTorch's own actions (WAIT_SEND, REDUCE_GRAD,
+    UNSHARD, ...) and its Python between actions. A second prediction adds the measured
+    hand-off latency (`--p2p-latency`: from a producer's compute end to a waiting consumer's
+    compute start, median).
 """
 
 from __future__ import annotations
@@ -188,8 +190,10 @@ def stamps(args) -> None:
           f"({(recorded - plain) / 10:.3f}% of a 1 ms action)")
 
 
-def split_gap(tl: dict, p: int) -> dict:
-    """On the rank that finishes last: its compute, waits for data, sends, and the rest."""
+def split_gap(tl: dict, p: int, measured: float, sim: dict) -> dict:
+    """The gap (measured - simulated), on the rank that finishes last: its compute beyond the
+    simulated busy time, its waits for data beyond the simulated idle time, posting sends,
+    and the rest (PyTorch's own actions and its Python between actions)."""
     end = {d: max(e["end"] for e in tl["events"] if e["device"] == d) for d in range(p)}
     last = max(end, key=end.get)
     mine = [e for e in tl["events"] if e["device"] == last]
@@ -198,8 +202,9 @@ def split_gap(tl: dict, p: int) -> dict:
     compute = total(("F", "B", "I", "W", "OVERLAP"))
     waits = total(("RECV_F", "RECV_B"))
     sends = total(("SEND_F", "SEND_B"))
-    return {"rank": last, "span": end[last], "compute": compute, "waits": waits, "sends": sends,
-            "other": end[last] - compute - waits - sends}
+    busy = sim["devices"][last]["busy"]
+    return {"rank": last, "compute": compute - busy, "waits": waits - (sim["makespan"] - busy),
+            "sends": sends, "other": measured - compute - waits - sends}
 
 
 def hand_off_latency(tl: dict) -> float:
@@ -246,26 +251,25 @@ def predict(args) -> None:
         launch(world, spec)
         print(f"stages: {args.stage}" + (" (F = 2 ms, B = 4 ms)" if args.stage == "sleep" else
               f" ({args.layers} x Linear({args.width}) + Tanh, {args.mb} rows a microbatch)"))
-        print("| timetable | simulated | measured | error | + hand-off latency | error | "
-              "last rank: compute, waits, sends, between actions |")
+        print("| timetable | simulated | measured | error | gap on the last rank: compute, waits, "
+              "sends, between actions | simulated with the hand-off latency | error |")
         print("|---|---|---|---|---|---|---|")
         for job in jobs:
             out = Path(job["out"])
-            rec = json.loads((out / "steps.json").read_text())
-            tls = rec["timelines"]
-            measured = statistics.median(max(e["end"] for e in tl["events"]) for tl in tls)
-            sim = json.loads(cli("simulate", "--timetable", out / "t.csv", "--cost-file",
-                                 out / "costs.json", "--format", "json"))["makespan"]
-            lat = statistics.median(hand_off_latency(tl) for tl in tls)
-            sim_lat = json.loads(cli("simulate", "--timetable", out / "t.csv", "--cost-file",
-                                     out / "costs.json", "--p2p-latency", lat, "--format",
-                                     "json"))["makespan"]
+            tls = json.loads((out / "steps.json").read_text())["timelines"]
             mid = sorted(tls, key=lambda tl: max(e["end"] for e in tl["events"]))[len(tls) // 2]
-            g = split_gap(mid, job["p"])
-            print(f"| {job['name']} p={job['p']} | {sim:.2f} ms | {measured:.2f} ms | "
-                  f"{(measured / sim - 1) * 100:+.1f}% | {sim_lat:.2f} ms (latency {lat * 1e3:.0f} us) | "
-                  f"{(measured / sim_lat - 1) * 100:+.1f}% | rank {g['rank']}: {g['compute']:.1f}, "
-                  f"{g['waits']:.1f}, {g['sends']:.1f}, {g['other']:.1f} ms of {g['span']:.1f} |")
+            measured = max(e["end"] for e in mid["events"])  # the median step
+            simulate = lambda *more: json.loads(cli(
+                "simulate", "--timetable", out / "t.csv", "--cost-file", out / "costs.json",
+                "--format", "json", *more))
+            sim = simulate()
+            lat = statistics.median(hand_off_latency(tl) for tl in tls)
+            sim_lat = simulate("--p2p-latency", lat)["makespan"]
+            g = split_gap(mid, job["p"], measured, sim)
+            print(f"| {job['name']} p={job['p']} | {sim['makespan']:.1f} ms | {measured:.1f} ms | "
+                  f"{(measured / sim['makespan'] - 1) * 100:+.1f}% | rank {g['rank']}: "
+                  f"{g['compute']:+.1f}, {g['waits']:+.1f}, {g['sends']:+.1f}, {g['other']:+.1f} ms | "
+                  f"{sim_lat:.1f} ms ({lat * 1e3:.0f} us) | {(measured / sim_lat - 1) * 100:+.1f}% |")
 
 
 def main() -> None:
