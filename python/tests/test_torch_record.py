@@ -1,6 +1,7 @@
 """The recorder turns real PyTorch steps into pipewright timelines that the CLI checks and draws,
 with one event per action of the timetable, in causal order across ranks, and into a cost
-file that `simulate` and `search` read. One launch of 4 processes records three timetables."""
+file that `simulate` and `search` read; PyTorch's own schedule classes are recorded as they
+are. One launch of 4 processes records all of them."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ import pipewright.torch as pwt
 from torch_launch import cli, run_cases
 
 SLEEP_MS = 2.0  # each stage sleeps this long in its forward and in its backward
+# PyTorch's own schedule classes, recorded as they are (2 ranks, 2 stages each, m = 4).
+TORCH_CLASSES = {"ScheduleInterleaved1F1B": "loop", "ScheduleDualPipeV": "v"}
 RECORDED = {
     "1f1b": ("1f1b", 2, 1, 4),
     "dualpipev": ("dualpipev", 2, 2, 4),
@@ -31,9 +34,17 @@ def recorded(tmp_path_factory):
         cli("schedule", "--schedule", family, "-p", p, "-v", v, "-m", m, "-o", csv)
         cases.append({"kind": "record", "name": name, "timetable": str(csv), "p": p,
                       "out_dir": str(out), "steps": 3, "warmup": 1, "sleep_ms": SLEEP_MS})
+    for cls, placement in TORCH_CLASSES.items():
+        out = tmp / cls
+        out.mkdir()
+        cases.append({"kind": "record_torch", "name": cls, "class": cls, "placement": placement,
+                      "p": 2, "m": 4, "out_dir": str(out), "sleep_ms": SLEEP_MS})
     results = run_cases(4, cases, timeout=300)
-    return {name: (Path(c["out_dir"]), Path(c["timetable"]), results[name]) for name, c in
-            zip(RECORDED, cases)}
+    recorded = {name: (Path(c["out_dir"]), Path(c["timetable"]), results[name]) for name, c in
+                zip(RECORDED, cases)}
+    for c in cases[len(RECORDED):]:
+        recorded[c["name"]] = (Path(c["out_dir"]), Path(c["out_dir"]) / "torch.csv", results[c["name"]])
+    return recorded
 
 
 def expected_compute(tt: pwt.TorchTimetable) -> list:
@@ -139,3 +150,21 @@ def test_the_cost_file_holds_the_measured_stage_times(recorded, name):
     report = json.loads(cli("simulate", "--timetable", csv, "--cost-file", out / "costs.json",
                             "--format", "json").stdout)
     assert report["makespan"] > 0
+
+
+@pytest.mark.parametrize("cls", list(TORCH_CLASSES))
+def test_pytorchs_own_schedules_are_recorded_as_they_run(recorded, cls):
+    """A run that uses PyTorch's own schedule class, unchanged, measures for `search` too."""
+    out, dumped, _ = recorded[cls]
+    tt = pwt.load(dumped)  # PyTorch's own rows, as it dumps them, read by pipewright
+    tl = json.loads((out / "timeline.json").read_text())
+    assert tl["meta"]["schedule"] == cls and tl["meta"]["stages"] == 4
+    got = sorted((e["device"], e["action"]["stage"], json.dumps(e["action"]["kind"]),
+                  e["action"]["microbatch"]) for e in compute_events(tl))
+    assert got == expected_compute(tt)
+    cli("viz", "--from", out / "timeline.json", "-o", out / "chart.svg")
+    costs = json.loads((out / "costs.json").read_text())
+    assert all(c["f"] >= SLEEP_MS for c in costs["stages"])
+    found = cli("search", "-p", 2, "-m", 4, "--cost-file", out / "costs.json", "--memory-cap", 2,
+                "--time-budget", 10, "--timetable-out", out / "best.csv").stdout
+    assert "best:" in found and pwt.load(out / "best.csv").num_ranks == 2

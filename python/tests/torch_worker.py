@@ -110,7 +110,31 @@ def case_record(case, group):
     return {"steps": len(tls), "breakdown": breakdown}
 
 
-CASES = {"grads": case_grads, "record": case_record}
+def case_record_torch(case, group):
+    """Record one of PyTorch's own schedule classes, unchanged; dump its compute-only rows."""
+    from torch.distributed.pipelining import PipelineStage, schedules
+
+    p, m, v = case["p"], case["m"], 2
+    rank = dist.get_rank(group)
+    cls = getattr(schedules, case["class"])
+    mine = [rank, 2 * p - 1 - rank] if case["placement"] == "v" else [rank, rank + p]
+    stages = [PipelineStage(stage_module(s, case.get("sleep_ms", 0.0)), s, p * v,
+                            torch.device("cpu"), group=group) for s in sorted(mine)]
+    sched = cls(stages, n_microbatches=m, loss_fn=loss_fn)
+    rec = pwt.Recorder(sched)
+    x, y = batch(m)
+    sched.step(x, target=y)
+    for _ in range(2):
+        rec.step(x, target=y)
+    out = Path(case["out_dir"])
+    rec.save_timeline(out / "timeline.json")
+    rec.save_costs(out / "costs.json")
+    if rank == 0:
+        sched._dump_csv(str(out / "torch.csv"), format="compute_only")
+    return {"stages": stages[0].num_stages} if rank == 0 else None
+
+
+CASES = {"grads": case_grads, "record": case_record, "record_torch": case_record_torch}
 
 
 def main() -> int:

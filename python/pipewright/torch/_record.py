@@ -187,8 +187,9 @@ class _RowEvents:
 class Recorder:
     """Records real steps of a PyTorch pipeline schedule as pipewright timelines.
 
-    `schedule` is a `_PipelineScheduleRuntime` (from `pipewright.torch.schedule`, or one the
-    user loaded with `_load_csv`). Every rank of the pipeline creates its recorder and calls
+    `schedule` is a `_PipelineScheduleRuntime`: from `pipewright.torch.schedule`, one the
+    user loaded with `_load_csv`, or PyTorch's own interleaved, looped, zero-bubble and V
+    schedules (`ScheduleInterleaved1F1B`, `ScheduleDualPipeV`, ...), which are ones too. Every rank of the pipeline creates its recorder and calls
     `step` for the steps to record; `timelines`, `save_timeline` and `save_costs` gather
     every rank's events and are collective too (rank 0 gets the result and writes files).
     """
@@ -198,8 +199,10 @@ class Recorder:
         stages = getattr(schedule, "_stages", None)
         if not rows or not stages:
             raise RecordError(
-                "the schedule has no lowered timetable: record a _PipelineScheduleRuntime "
-                "that has loaded one (pipewright.torch.schedule, or _load_csv)"
+                f"{type(schedule).__name__} runs its own loop, not a timetable: record a "
+                "_PipelineScheduleRuntime (pipewright.torch.schedule on `pipewright schedule "
+                "-o x.csv` of the same family, PyTorch's interleaved, looped, zero-bubble and "
+                "V schedules, or any that has loaded a CSV)"
             )
         self._sched = schedule
         self._fence = fence
@@ -281,7 +284,7 @@ class Recorder:
     def _meta(self) -> dict:
         tt = getattr(self._sched, "pipewright_timetable", None)
         return {
-            "schedule": tt.name if tt is not None else "custom",
+            "schedule": tt.name if tt is not None else type(self._sched).__name__,
             "devices": self._ranks,
             "stages": self._sched._num_stages,
             "microbatches": self._sched._n_microbatches,
