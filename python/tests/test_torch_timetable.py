@@ -166,3 +166,13 @@ def test_stages_that_do_not_match_the_timetable_are_refused(tmp_path, world_of_o
     x = torch.randn(2, 2)
     sched.step(x, target=torch.randn(2, 2))  # one rank, two stages: it runs
     assert all(p.grad is not None for st in stages for p in st.submod.parameters())
+
+
+def test_a_schedule_that_runs_its_own_loop_cannot_be_recorded(world_of_one):
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+
+    stage = PipelineStage(torch.nn.Linear(2, 2), 0, 1, torch.device("cpu"))
+    with pytest.raises(pwt.RecordError) as e:
+        pwt.Recorder(Schedule1F1B(stage, 2, loss_fn=torch.nn.functional.mse_loss))
+    msg = one_line(e)
+    assert msg.startswith("Schedule1F1B runs its own loop") and "pipewright schedule" in msg
