@@ -251,12 +251,13 @@ def predict(args) -> None:
         launch(world, spec)
         print(f"stages: {args.stage}" + (" (F = 2 ms, B = 4 ms)" if args.stage == "sleep" else
               f" ({args.layers} x Linear({args.width}) + Tanh, {args.mb} rows a microbatch)"))
-        print("| timetable | simulated | measured | error | gap on the last rank: compute, waits, "
+        print("| timetable | simulated | measured, median step | error | gap on the last rank: compute, waits, "
               "sends, between actions | simulated with the hand-off latency | error |")
         print("|---|---|---|---|---|---|---|")
         for job in jobs:
             out = Path(job["out"])
             tls = json.loads((out / "steps.json").read_text())["timelines"]
+            spans = sorted(max(e["end"] for e in tl["events"]) for tl in tls)
             mid = sorted(tls, key=lambda tl: max(e["end"] for e in tl["events"]))[len(tls) // 2]
             measured = max(e["end"] for e in mid["events"])  # the median step
             simulate = lambda *more: json.loads(cli(
@@ -266,7 +267,8 @@ def predict(args) -> None:
             lat = statistics.median(hand_off_latency(tl) for tl in tls)
             sim_lat = simulate("--p2p-latency", lat)["makespan"]
             g = split_gap(mid, job["p"], measured, sim)
-            print(f"| {job['name']} p={job['p']} | {sim['makespan']:.1f} ms | {measured:.1f} ms | "
+            print(f"| {job['name']} p={job['p']} | {sim['makespan']:.1f} ms | {measured:.1f} ms "
+                  f"(fastest {spans[0]:.1f}) | "
                   f"{(measured / sim['makespan'] - 1) * 100:+.1f}% | rank {g['rank']}: "
                   f"{g['compute']:+.1f}, {g['waits']:+.1f}, {g['sends']:+.1f}, {g['other']:+.1f} ms | "
                   f"{sim_lat:.1f} ms ({lat * 1e3:.0f} us) | {(measured / sim_lat - 1) * 100:+.1f}% |")
