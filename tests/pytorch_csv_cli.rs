@@ -227,3 +227,43 @@ fn train_runs_both_forms() {
     // Same compute order, same model, same seed: the same losses.
     assert_eq!(losses[0], losses[1]);
 }
+
+#[test]
+fn a_searched_timetable_with_recomputation_is_refused_as_csv_before_any_output() {
+    let t = tempfile::tempdir().unwrap();
+    let d = Some(t.path());
+    let mut args = vec![
+        "search",
+        "-p",
+        "2",
+        "-m",
+        "4",
+        "--activation-bytes",
+        "4000",
+        "--p2p-bytes",
+        "1000",
+        "--memory-cap",
+        "1.5",
+        "--schedules",
+        "1f1b",
+        "--no-list",
+        "--chart",
+        "c.svg",
+        "--timetable-out",
+    ];
+    args.push("best.csv");
+    refused_in(
+        d,
+        &args,
+        Some(1),
+        &["recompute actions (0R0", "activation checkpointing"],
+    );
+    assert!(
+        std::fs::read_dir(t.path()).unwrap().next().is_none(),
+        "a refused search wrote a file"
+    );
+    // As pipewright's JSON it is written, with its recomputation.
+    *args.last_mut().unwrap() = "best.json";
+    ok_in(d, &args);
+    assert!(read(t.path(), "best.json").contains("\"R\""));
+}

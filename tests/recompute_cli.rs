@@ -26,19 +26,19 @@ fn bad_policies_are_refused_in_one_line() {
 
 #[test]
 fn schedule_writes_r_before_each_backward_of_the_named_stages() {
-    let csv = ok(&[
-        "schedule",
-        "-p",
-        "2",
-        "-m",
-        "2",
-        "--recompute",
-        "1:full",
-        "--format",
-        "csv",
-    ]);
-    assert_eq!(csv.lines().nth(1), Some("1F0,1R0,1B0,1F1,1R1,1B1"), "{csv}");
-    assert!(!csv.lines().next().unwrap().contains('R'), "{csv}");
+    let args = ["schedule", "-p", "2", "-m", "2", "--recompute", "1:full"];
+    let grid = ok(&args);
+    let row = |d: u32| -> String {
+        let line = grid.lines().find(|l| l.starts_with(&format!("dev {d}")));
+        let cells = line.and_then(|l| l.split('|').nth(1)).unwrap_or_default();
+        cells.split_whitespace().collect::<Vec<_>>().join(",")
+    };
+    assert_eq!(row(1), "1F0,1R0,1B0,1F1,1R1,1B1", "{grid}");
+    assert!(!row(0).contains('R'), "{grid}");
+    // PyTorch's CSV has no recompute action: refused in one line naming them.
+    let mut csv = args.to_vec();
+    csv.extend(["--format", "csv"]);
+    refused(&csv, 1, "2 recompute actions (1R0, 1R1) on stage 1");
 }
 
 fn sim(policy: &str) -> serde_json::Value {

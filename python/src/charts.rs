@@ -85,7 +85,7 @@ impl Chart {
     }
 }
 
-fn image_format(format: &str) -> PyResult<ImageFormat> {
+pub(crate) fn image_format(format: &str) -> PyResult<ImageFormat> {
     match format.to_ascii_lowercase().as_str() {
         "svg" => Ok(ImageFormat::Svg),
         "png" => Ok(ImageFormat::Png),

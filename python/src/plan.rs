@@ -155,7 +155,7 @@ fn plan(
             return Err(err(format!("{name} must be at least 1")));
         }
     }
-    if d_model % u64::from(heads) != 0 {
+    if !d_model.is_multiple_of(u64::from(heads)) {
         return Err(err(format!(
             "heads {heads} does not divide d_model {d_model}: each head needs a whole share of the width"
         )));

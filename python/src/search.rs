@@ -3,14 +3,12 @@
 
 use std::time::Duration;
 
-use pipewright_schedule::search::{
-    search as run_search, MemoryCap, Objective, SearchOutcome, SearchSpec,
-};
+use pipewright_schedule::search::{search as run_search, MemoryCap, SearchOutcome, SearchSpec};
 use pipewright_schedule::{sweep as run_sweep, ScheduleKind, SweepGrid, SweepRow as RsRow};
 use pipewright_viz::{pareto_plot, ChartOptions, ParetoPoint};
 use pyo3::prelude::*;
 
-use crate::charts::{draw, Chart};
+use crate::charts::{draw, image_format, Chart};
 use crate::costs::Costs;
 use crate::simulate::Simulation;
 use crate::timetable::Timetable;
@@ -132,26 +130,8 @@ impl SearchResult {
         title: Option<String>,
     ) -> PyResult<Chart> {
         let found = &self.inner;
-        let points: Vec<ParetoPoint> = found
-            .candidates
-            .iter()
-            .enumerate()
-            .map(|(i, c)| ParetoPoint {
-                label: c.label.clone(),
-                peak: c.peak_microbatches,
-                bubble_fraction: match found.objective {
-                    Objective::Period => c.bubble.steady_state,
-                    Objective::Makespan => c.bubble.single_step,
-                },
-                on_front: found.front.contains(&i),
-                best: i == found.best,
-            })
-            .collect();
-        let fmt = match format {
-            "png" => pipewright_viz::ImageFormat::Png,
-            "svg" => pipewright_viz::ImageFormat::Svg,
-            _ => return Err(err(format!("format `{format}`: use svg or png"))),
-        };
+        let points = ParetoPoint::of_search(found);
+        let fmt = image_format(format)?;
         let opts = ChartOptions {
             width,
             height,

@@ -231,11 +231,27 @@ pub(crate) fn write_atomic(path: &std::path::Path, bytes: &[u8]) -> PyResult<()>
     let mut tmp = tempfile::NamedTempFile::new_in(dir)
         .map_err(|e| err(format!("cannot write in {}: {e}", dir.display())))?;
     tmp.write_all(bytes)
+        .and_then(|()| keep_permissions(tmp.as_file(), path))
         .and_then(|()| tmp.as_file().sync_all())
         .map_err(|e| err(format!("cannot write {name}: {e}")))?;
     tmp.persist(path)
         .map_err(|e| err(format!("cannot write {name}: {}", e.error)))?;
     Ok(())
+}
+
+/// A replaced file keeps its mode; a new one gets the usual 0644, not the temporary file's
+/// private 0600.
+fn keep_permissions(tmp: &std::fs::File, path: &std::path::Path) -> std::io::Result<()> {
+    match std::fs::metadata(path) {
+        Ok(meta) => tmp.set_permissions(meta.permissions()),
+        #[cfg(unix)]
+        Err(_) => {
+            use std::os::unix::fs::PermissionsExt;
+            tmp.set_permissions(std::fs::Permissions::from_mode(0o644))
+        }
+        #[cfg(not(unix))]
+        Err(_) => Ok(()),
+    }
 }
 
 /// Generate a timetable of a schedule family.

@@ -217,6 +217,12 @@ impl PlanCmd {
         bar.finish_and_clear();
         let plan = result.map_err(|e| anyhow!("{e}"))?;
         let seconds = started.elapsed().as_secs_f64();
+        // A searched best's timetable text first: what PyTorch cannot run is refused before
+        // any output.
+        let tt_text = match (&self.timetable_out, plan.rows.first()) {
+            (Some(path), Some(best)) => Some((path, plan_searched::text(best, path, self.comms)?)),
+            _ => None,
+        };
         let text = match self.format {
             ReportFormat::Json => json(&req, &plan, seconds, self.timetable_out.as_ref())?,
             ReportFormat::Table => self.table(&req, &plan, seconds),
@@ -225,8 +231,9 @@ impl PlanCmd {
         if let (Some(path), Some(best)) = (&self.chart, plan.rows.first()) {
             chart(&req, best, path)?;
         }
-        if let (Some(path), Some(best)) = (&self.timetable_out, plan.rows.first()) {
-            if plan_searched::write(best, path, self.comms)? {
+        if let Some((path, text)) = tt_text {
+            if let Some(text) = text {
+                write_atomic(path, text.as_bytes())?;
                 eprintln!("wrote {}", path.display());
             } else {
                 eprintln!(

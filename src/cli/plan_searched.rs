@@ -7,7 +7,6 @@ use anyhow::{anyhow, Result};
 use pipewright::schedule::plan::PlanRow;
 use pipewright::schedule::{simulate, CostModel, Simulation, Timetable};
 
-use super::io::write_atomic;
 use super::timetable_out::CommsArg;
 
 /// What the launch line calls the timetable when `--timetable-out` was not given.
@@ -18,18 +17,16 @@ pub fn timetable(best: &PlanRow) -> Option<&Timetable> {
     best.searched.as_ref().map(|s| &s.timetable)
 }
 
-/// Write the best's searched timetable to `path` (CSV in PyTorch's form, compute-only or
-/// with `comms` compute+comms, or JSON), atomically; `false` when the best is a generator
-/// family's (nothing written).
-pub fn write(best: &PlanRow, path: &Path, comms: CommsArg) -> Result<bool> {
+/// The text of the best's searched timetable for `path` (CSV in PyTorch's form,
+/// compute-only or with `comms` compute+comms, or JSON); `None` when the best is a generator
+/// family's (nothing to write).
+pub fn text(best: &PlanRow, path: &Path, comms: CommsArg) -> Result<Option<String>> {
     let (Some(s), Some(tt)) = (best.searched.as_ref(), timetable(best)) else {
-        return Ok(false);
+        return Ok(None);
     };
     let mut tt = tt.clone();
     tt.name = format!("plan: searched ({})", s.label);
-    let text = comms.text(&tt, path)?;
-    write_atomic(path, text.as_bytes())?;
-    Ok(true)
+    comms.text(&tt, path).map(Some)
 }
 
 /// The schedule flags of the launch line: the family's, or for a searched best the

@@ -150,6 +150,15 @@ impl SearchCmd {
         bar.finish_and_clear();
         let found = found?;
         let secs = started.elapsed().as_secs_f64();
+        // The timetable's text first: what PyTorch cannot run is refused before any output.
+        let tt_text = match &self.timetable_out {
+            Some(path) => {
+                let mut tt = found.timetable.clone();
+                tt.name = format!("search: {}", found.candidates[found.best].label);
+                Some((path, self.comms.text(&tt, path)?))
+            }
+            None => None,
+        };
         match self.format {
             ReportFormat::Json => println!("{}", json_report(&found, secs)),
             ReportFormat::Table => {
@@ -162,7 +171,7 @@ impl SearchCmd {
         }
         if let (Some(path), Some(fmt)) = (&self.output, plot_fmt) {
             let bytes = pareto_plot(
-                &points(&found),
+                &ParetoPoint::of_search(&found),
                 Some(found.cap_microbatches),
                 &ChartOptions::default(),
                 fmt,
@@ -179,10 +188,7 @@ impl SearchCmd {
             )?;
             eprintln!("wrote {}", path.display());
         }
-        if let Some(path) = &self.timetable_out {
-            let mut tt = found.timetable.clone();
-            tt.name = format!("search: {}", found.candidates[found.best].label);
-            let text = self.comms.text(&tt, path)?;
+        if let Some((path, text)) = tt_text {
             write_atomic(path, text.as_bytes())?;
             eprintln!("wrote {}", path.display());
         }
@@ -311,24 +317,6 @@ fn line(c: &Candidate) -> String {
         c.peak_bytes
             .map_or(String::new(), |b| format!(" ({b} bytes)"))
     )
-}
-
-fn points(found: &SearchOutcome) -> Vec<ParetoPoint> {
-    found
-        .candidates
-        .iter()
-        .enumerate()
-        .map(|(i, c)| ParetoPoint {
-            label: c.label.clone(),
-            peak: c.peak_microbatches,
-            bubble_fraction: match found.objective {
-                Objective::Period => c.bubble.steady_state,
-                Objective::Makespan => c.bubble.single_step,
-            },
-            on_front: found.front.contains(&i),
-            best: i == found.best,
-        })
-        .collect()
 }
 
 fn json_report(found: &SearchOutcome, secs: f64) -> serde_json::Value {

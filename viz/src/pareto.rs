@@ -6,6 +6,7 @@ use crate::canvas::{frame, render, Anchor, Canvas, TextSpec};
 use crate::layout::plot_size;
 use crate::style::{format_number, nice_ticks, series_color, Rgb};
 use crate::{ChartOptions, ImageFormat, VizError};
+use pipewright_schedule::search::{Objective, SearchOutcome};
 
 /// One candidate of a search.
 #[derive(Clone, Debug, PartialEq)]
@@ -20,6 +21,28 @@ pub struct ParetoPoint {
     pub on_front: bool,
     /// The chosen schedule.
     pub best: bool,
+}
+
+impl ParetoPoint {
+    /// Every candidate of a search as a point, its bubble the one the search minimised
+    /// (steady-state for the period, single-step for the makespan).
+    pub fn of_search(found: &SearchOutcome) -> Vec<ParetoPoint> {
+        found
+            .candidates
+            .iter()
+            .enumerate()
+            .map(|(i, c)| ParetoPoint {
+                label: c.label.clone(),
+                peak: c.peak_microbatches,
+                bubble_fraction: match found.objective {
+                    Objective::Period => c.bubble.steady_state,
+                    Objective::Makespan => c.bubble.single_step,
+                },
+                on_front: found.front.contains(&i),
+                best: i == found.best,
+            })
+            .collect()
+    }
 }
 
 const DEFAULT_HEIGHT: u32 = 520;

@@ -22,7 +22,7 @@
 //!
 //! [`lower`]: crate::lower
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::fmt;
 
 use crate::action::{Action, ActionKind};
@@ -273,11 +273,45 @@ fn reduce_grad(row: &[Op], microbatches: u32) -> Vec<Op> {
     out
 }
 
-/// An action as a set key (stage, kind, microbatch); overlaps are never keys, their parts are.
+/// A send as a key (stage, kind, microbatch).
 type Key = (u32, ActionKind, u32);
 
 fn key(a: Action) -> Key {
     (a.stage, a.kind, a.microbatch)
+}
+
+/// Which simple actions and receives have been placed, one bit per kind for each (stage,
+/// microbatch): an action of a stage only ever runs on that stage's rank, so one table
+/// serves every rank (a dense table, not a hash set: this is most of the writer's work).
+struct Placed {
+    bits: Vec<u16>,
+    microbatches: usize,
+}
+
+impl Placed {
+    fn new(tt: &Timetable) -> Self {
+        let microbatches = tt.microbatches as usize;
+        Placed {
+            bits: vec![0; tt.stage_device.len() * microbatches],
+            microbatches,
+        }
+    }
+
+    fn slot(&self, s: u32, mb: u32) -> Option<usize> {
+        let i = s as usize * self.microbatches + mb as usize;
+        (i < self.bits.len() && (mb as usize) < self.microbatches).then_some(i)
+    }
+
+    fn insert(&mut self, a: Action) {
+        if let Some(i) = self.slot(a.stage, a.microbatch) {
+            self.bits[i] |= 1 << a.kind.index();
+        }
+    }
+
+    fn has(&self, s: u32, kind: ActionKind, mb: u32) -> bool {
+        self.slot(s, mb)
+            .is_some_and(|i| self.bits[i] & (1 << kind.index()) != 0)
+    }
 }
 
 /// `_add_send_recv`: ranks take turns in order; a rank places its next action when its
@@ -290,10 +324,7 @@ fn send_recv(tt: &Timetable, rows: Vec<&[Op]>) -> Result<Vec<Vec<Op>>, PytorchEr
         .iter()
         .map(|r| Vec::with_capacity(r.len() * 2))
         .collect();
-    let mut seen: Vec<HashSet<Key>> = rows
-        .iter()
-        .map(|r| HashSet::with_capacity(r.len() * 2))
-        .collect();
+    let mut seen = Placed::new(tt);
     let mut next = vec![0usize; rows.len()];
     let mut live: Vec<usize> = (0..rows.len()).filter(|&d| !rows[d].is_empty()).collect();
     // The send an action's part needs, and the receive that pairs with it.
@@ -316,18 +347,21 @@ fn send_recv(tt: &Timetable, rows: Vec<&[Op]>) -> Result<Vec<Vec<Op>>, PytorchEr
         for &d in &live {
             let op = rows[d][next[d]];
             if let Op::Act(a) = op {
-                if !a.parts().all(|p| ready(p, &seen[d], stages)) {
+                if !a
+                    .parts()
+                    .all(|p| ready(p, &seen, stages, |s| dev(s) as usize == d))
+                {
                     continue;
                 }
                 out[d].push(op);
                 for p in a.parts() {
-                    seen[d].insert(key(p));
+                    seen.insert(p);
                     if let Some((send, recv)) = comms(p, d) {
                         out[d].push(Op::Act(send));
-                        seen[d].insert(key(send));
+                        seen.insert(send);
                         let to = dev(recv.stage) as usize;
                         out[to].push(Op::Act(recv));
-                        seen[to].insert(key(recv));
+                        seen.insert(recv);
                     }
                 }
             } else {
@@ -355,18 +389,17 @@ fn send_recv(tt: &Timetable, rows: Vec<&[Op]>) -> Result<Vec<Vec<Op>>, PytorchEr
     Ok(out)
 }
 
-/// `_ready_to_schedule`: a forward needs its input received or made here; a backward its
-/// output gradient; everything else is ready.
-fn ready(p: Action, seen: &HashSet<Key>, stages: u32) -> bool {
+/// `_ready_to_schedule`: a forward needs its input received or made here (`here` says
+/// whether a stage is on this rank); a backward its output gradient; everything else is
+/// ready.
+fn ready(p: Action, seen: &Placed, stages: u32, here: impl Fn(u32) -> bool) -> bool {
+    use ActionKind::{RecvB, RecvF, B, F, I};
     let (s, mb) = (p.stage, p.microbatch);
     match p.kind {
-        ActionKind::F if s != 0 => {
-            seen.contains(&(s, ActionKind::RecvF, mb)) || seen.contains(&(s - 1, ActionKind::F, mb))
-        }
-        ActionKind::B | ActionKind::I if s + 1 != stages => {
-            seen.contains(&(s, ActionKind::RecvB, mb))
-                || seen.contains(&(s + 1, ActionKind::I, mb))
-                || seen.contains(&(s + 1, ActionKind::B, mb))
+        F if s != 0 => seen.has(s, RecvF, mb) || (here(s - 1) && seen.has(s - 1, F, mb)),
+        B | I if s + 1 != stages => {
+            seen.has(s, RecvB, mb)
+                || (here(s + 1) && (seen.has(s + 1, I, mb) || seen.has(s + 1, B, mb)))
         }
         _ => true,
     }
@@ -411,6 +444,7 @@ fn wait_send(row: Vec<Op>) -> Vec<Op> {
 mod tests {
     use super::*;
     use crate::{from_csv, generate, lower, recompute, RecomputePlan, ScheduleKind, ScheduleSpec};
+    use std::collections::HashSet;
 
     fn one_f_one_b() -> Timetable {
         generate(&ScheduleSpec::new(ScheduleKind::OneFOneB, 2, 1, 2, None).unwrap())
