@@ -10,6 +10,13 @@
 See docs/python-torch.md.
 """
 
+try:
+    import torch as _torch  # noqa: F401  (PyTorch is this subpackage's one requirement)
+except ImportError:
+    raise ImportError(
+        "pipewright.torch needs PyTorch: pip install torch (or pip install \"./python[torch]\")"
+    ) from None
+
 from ._errors import RecordError, StageError, TimetableError, TorchError
 from ._costs import measured_costs
 from ._record import Recorder
