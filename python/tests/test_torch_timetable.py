@@ -3,6 +3,7 @@ what it cannot run in one line, before any process group or stage is touched."""
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 from pathlib import Path
 
@@ -176,3 +177,26 @@ def test_a_schedule_that_runs_its_own_loop_cannot_be_recorded(world_of_one):
         pwt.Recorder(Schedule1F1B(stage, 2, loss_fn=torch.nn.functional.mse_loss))
     msg = one_line(e)
     assert msg.startswith("Schedule1F1B runs its own loop") and "pipewright schedule" in msg
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU: the CUDA-event clock is not exercised")
+def test_the_recorder_times_a_gpu_with_cuda_events(tmp_path, world_of_one):
+    """One rank, two stages on cuda:0 (a local hand-off, no transfer): the recorder's clock is
+    CUDA events, and the step's events come out ordered and inside the step."""
+    tt = pwt.load(csv_file(tmp_path, "0F0,1F0,0F1,1F1,1B0,0B0,1B1,0B1\n"))
+    dev = torch.device("cuda", 0)
+    stages = pwt.pipeline_stages(
+        tt, lambda s: torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Tanh()).to(dev), device=dev)
+    sched = pwt.schedule(tt, stages, loss_fn=torch.nn.functional.mse_loss)
+    rec = pwt.Recorder(sched)
+    x, y = torch.randn(8, 64, device=dev), torch.randn(8, 64, device=dev)
+    for _ in range(3):
+        rec.step(x, target=y)
+    tls = rec.timelines()
+    assert len(tls) == 3
+    events = json.loads(tls[-1].to_json())["events"]
+    assert len(events) == 8 and all(e["action"]["kind"] in "FB" for e in events)
+    ordered = sorted(events, key=lambda e: e["start"])
+    assert ordered[0]["start"] == 0.0
+    assert all(a["end"] <= b["start"] + 1e-3 for a, b in zip(ordered, ordered[1:]))
+    assert all(e["end"] > e["start"] for e in events)
