@@ -1,0 +1,33 @@
+"""A cost file from recorded timelines: what `train --costs-out` writes, for `search`.
+
+pipewright computes it (`Costs.from_timelines`, the median duration of each stage's F, B, I
+and W over the steps given, as `train --costs-out` does); this module only hands it the
+recorder's timelines and gives the file's text back as a dict.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pipewright
+
+from ._errors import RecordError
+
+
+def measured_costs(timelines: list) -> dict[str, Any]:
+    """The cost file (a dict, JSON-ready) of the median per-stage costs of `timelines`
+    (`pipewright.Timeline`s, or timeline dicts or JSON text)."""
+    if not timelines:
+        raise RecordError("measured costs: no recorded steps given")
+    try:
+        steps = [_timeline(t) for t in timelines]
+        return json.loads(pipewright.Costs.from_timelines(steps).to_json())
+    except pipewright.PipewrightError as e:
+        raise RecordError(str(e)) from None
+
+
+def _timeline(t: Any) -> "pipewright.Timeline":
+    if isinstance(t, pipewright.Timeline):
+        return t
+    return pipewright.Timeline.from_json(t if isinstance(t, str) else json.dumps(t))

@@ -1,0 +1,387 @@
+"""Time every action of real PyTorch steps and write them as pipewright's timeline.
+
+PyTorch's runtime walks this rank's lowered row (`pipeline_order_with_comms[rank]`) one
+action at a time. The recorder swaps that row for a list that stamps the clock each time the
+runtime takes the next action, and wraps each stage's `forward_one_chunk`,
+`backward_one_chunk` and `backward_weight_one_chunk` to stamp when the compute itself starts
+and ends. Nothing of PyTorch's is changed otherwise: the same actions run in the same order.
+
+From the stamps, per action:
+- F, B, I, W, OVERLAP_F_B: from the start of its compute (after any wait for its input) to
+  the end of the action (the loss, on the last stage, is part of F);
+- RECV_F / RECV_B: the wait for the data, from the start of the action that needs it to the
+  start of its compute (PyTorch posts the receive earlier and waits inside the compute action);
+- SEND_F / SEND_B: posting the send;
+- PyTorch's own actions (WAIT_SEND_*, REDUCE_GRAD, UNSHARD, ...): not in pipewright's IR; their
+  time is kept per step as `runtime_ms`, to tell what a step is made of.
+
+The clock is a CUDA event on the current stream when the stages are on a GPU, and the
+monotonic clock otherwise. Ranks are aligned by a barrier when the recorder starts (exactly,
+through the shared monotonic clock, when all ranks time on the CPU of one host); with
+`fence=True` each recorded step starts after a barrier, as one step on its own.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+import pipewright
+
+from ._costs import measured_costs
+from ._errors import RecordError
+
+_COMPUTE = ("F", "B", "I", "W")
+
+
+class _CpuClock:
+    def stamp(self) -> int:
+        return time.perf_counter_ns()
+
+    def reference(self) -> int:
+        return time.perf_counter_ns()
+
+    def to_ms(self, ref: int, stamps: list) -> list[float]:
+        return [(s - ref) / 1e6 for s in stamps]
+
+
+class _CudaClock:
+    def __init__(self, device: torch.device):
+        self.device = device
+
+    def stamp(self):
+        # On the stream the stages compute on: the event completes when the GPU gets there.
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record(torch.cuda.current_stream(self.device))
+        return ev
+
+    def reference(self):
+        torch.cuda.synchronize(self.device)
+        return self.stamp()
+
+    def to_ms(self, ref, stamps: list) -> list[float]:
+        torch.cuda.synchronize(self.device)
+        return [ref.elapsed_time(s) for s in stamps]
+
+
+@dataclass
+class _Take:
+    """The stamps of one step on this rank."""
+
+    row: list
+    ref: Any
+    bounds: list = field(default_factory=list)  # bounds[i]: action i starts; bounds[i+1]: it ends
+    compute: dict = field(default_factory=dict)  # action index -> [start, end, start, end, ...]
+    current: int | None = None
+
+
+class _Probe:
+    """What the row and the wrapped stage methods stamp into: the step being recorded, if any.
+
+    One per schedule, shared by all its recorders, so that any of them can record a step."""
+
+    def __init__(self):
+        self.take: _Take | None = None
+        self.stamp = None
+
+
+class _TimedRow(list):
+    """PyTorch's row, unchanged, that stamps the clock as the runtime takes each action."""
+
+    def __init__(self, row, probe: _Probe):
+        super().__init__(row)
+        self._probe = probe
+
+    def __iter__(self):
+        take, stamp = self._probe.take, self._probe.stamp
+        if take is None or take.bounds:
+            yield from list.__iter__(self)
+            return
+        for i, action in enumerate(list.__iter__(self)):
+            take.current = i
+            take.bounds.append(stamp())
+            yield action
+        take.bounds.append(stamp())
+        take.current = None
+
+
+def _timed(method, probe: _Probe):
+    def wrapper(*args, **kwargs):
+        take = probe.take
+        if take is None or take.current is None:
+            return method(*args, **kwargs)
+        spans = take.compute.setdefault(take.current, [])
+        spans.append(probe.stamp())
+        try:
+            return method(*args, **kwargs)
+        finally:
+            spans.append(probe.stamp())
+
+    wrapper.__wrapped__ = method
+    return wrapper
+
+
+def _probe_of(schedule) -> _Probe:
+    """The schedule's probe, its stage methods wrapped once."""
+    probe = getattr(schedule, "_pipewright_probe", None)
+    if probe is None:
+        probe = _Probe()
+        for st in schedule._stages:
+            for name in ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk"):
+                setattr(st, name, _timed(getattr(st, name), probe))
+        schedule._pipewright_probe = probe
+    return probe
+
+
+class _RowEvents:
+    """One rank's row of one step as timeline events (dicts in pipewright's JSON form)."""
+
+    _NEEDS = {"F": "RECV_F", "B": "RECV_B", "I": "RECV_B"}
+
+    def __init__(self, rank: int):
+        self.rank = rank
+        self.events: list[dict] = []
+        self.runtime_ms = 0.0  # PyTorch's own actions, not in pipewright's IR
+        self._posted: set = set()  # receives posted and not yet waited for
+
+    def _event(self, stage: int, kind: Any, mb: int | None, start: float, end: float) -> None:
+        self.events.append({"device": self.rank, "start": start, "end": end,
+                            "action": {"stage": stage, "kind": kind, "microbatch": mb}})
+
+    def _wait(self, part, start: float, end: float) -> None:
+        """The wait for `part`'s input, if a receive was posted for it."""
+        needs = self._NEEDS.get(part.computation_type.value)
+        key = (needs, part.stage_index, part.microbatch_index)
+        if key in self._posted:
+            self._posted.discard(key)
+            self._event(part.stage_index, needs, part.microbatch_index, start, max(start, end))
+
+    def add(self, action, t0: float, t1: float, spans: list[float]) -> None:
+        """One action that ran from `t0` to `t1`; `spans`: its computes' starts and ends."""
+        kind = action.computation_type.value
+        if kind in _COMPUTE or kind == "OVERLAP_F_B":
+            parts = action.sub_actions or (action,)
+            starts, ends = spans[0::2] or [t0], spans[1::2]
+            for k, part in enumerate(parts[: len(starts)]):
+                self._wait(part, t0 if k == 0 else ends[k - 1], starts[k])
+            if kind == "OVERLAP_F_B":
+                f, b = parts
+                kind = {"OVERLAP_F_B": {"b_stage": b.stage_index, "b_microbatch": b.microbatch_index}}
+                action = f
+            self._event(action.stage_index, kind, action.microbatch_index, starts[0], t1)
+        elif kind in ("SEND_F", "SEND_B"):
+            self._event(action.stage_index, kind, action.microbatch_index, t0, t1)
+        elif kind in ("RECV_F", "RECV_B"):
+            self._posted.add((kind, action.stage_index, action.microbatch_index))
+        else:
+            self.runtime_ms += t1 - t0
+
+
+class Recorder:
+    """Records real steps of a PyTorch pipeline schedule as pipewright timelines.
+
+    `schedule` is a `_PipelineScheduleRuntime`: from `pipewright.torch.schedule`, one the
+    user loaded with `_load_csv`, or PyTorch's own interleaved, looped, zero-bubble and V
+    schedules (`ScheduleInterleaved1F1B`, `ScheduleDualPipeV`, ...), which are ones too. Every rank of the pipeline creates its recorder and calls
+    `step` for the steps to record; `timelines`, `save_timeline` and `save_costs` gather
+    every rank's events and are collective too (rank 0 gets the result and writes files).
+    """
+
+    def __init__(self, schedule: Any, *, fence: bool = False):
+        rows = getattr(schedule, "pipeline_order_with_comms", None)
+        stages = getattr(schedule, "_stages", None)
+        if not rows or not stages:
+            raise RecordError(
+                f"{type(schedule).__name__} runs its own loop, not a timetable: record a "
+                "_PipelineScheduleRuntime (pipewright.torch.schedule on `pipewright schedule "
+                "-o x.csv` of the same family, PyTorch's interleaved, looped, zero-bubble and "
+                "V schedules, or any that has loaded a CSV)"
+            )
+        self._sched = schedule
+        self._fence = fence
+        self._group = stages[0].group
+        self._rank = schedule.rank
+        self._ranks = schedule.pp_group_size
+        devices = {torch.device(st.device) for st in stages}
+        if len(devices) != 1:
+            raise RecordError(f"this rank's stages are on several devices {sorted(map(str, devices))}")
+        device = devices.pop()
+        self._clock = _CudaClock(device) if device.type == "cuda" else _CpuClock()
+        self._probe = _probe_of(schedule)
+        self._takes: list = []
+        self._steps: list[dict] = []
+        self._ref, self._offset_ms = self._align(device)
+
+    def _align(self, device: torch.device):
+        """This rank's clock reference and its offset in ms from the earliest rank's."""
+        dist.barrier(group=self._group)
+        ref = self._clock.reference()
+        cpu = device.type != "cuda"
+        mine = (socket.gethostname(), ref if cpu else 0)
+        every: list = [None] * self._ranks
+        dist.all_gather_object(every, mine, group=self._group)
+        if cpu and len({host for host, _ in every}) == 1:
+            # One host, one monotonic clock: exact alignment, no barrier's skew.
+            return ref, (ref - min(r for _, r in every)) / 1e6
+        return ref, 0.0
+
+    def step(self, *args: Any, **kwargs: Any) -> Any:
+        """Run `schedule.step(*args, **kwargs)` and record it; returns what it returns."""
+        sched = self._sched
+        probe = self._probe
+        if probe.take is not None:
+            raise RecordError("a step is being recorded already: recorders of one schedule take turns")
+        row = sched.pipeline_order_with_comms[self._rank]
+        if not isinstance(row, _TimedRow):  # (again, if the schedule loaded another timetable)
+            row = _TimedRow(row, probe)
+            sched.pipeline_order_with_comms[self._rank] = row
+        if self._fence:
+            if isinstance(self._clock, _CudaClock):
+                torch.cuda.synchronize(self._clock.device)
+            dist.barrier(group=self._group)
+        take = probe.take = _Take(row=list(row), ref=self._ref)
+        probe.stamp = self._clock.stamp
+        wall = time.perf_counter()
+        try:
+            out = sched.step(*args, **kwargs)
+        finally:
+            probe.take = None
+        wall_ms = (time.perf_counter() - wall) * 1e3
+        if len(take.bounds) != len(take.row) + 1:
+            raise RecordError(
+                f"rank {self._rank}: the runtime did not walk its row as recorded "
+                f"({len(take.bounds)} of {len(take.row) + 1} stamps); this PyTorch's "
+                "_PipelineScheduleRuntime is not one the recorder knows"
+            )
+        # Stamps become times only when asked for: no clock conversion (and on a GPU no
+        # synchronisation) between the steps being recorded.
+        self._takes.append((take, wall_ms))
+        return out
+
+    def _events(self, take: _Take, wall_ms: float) -> dict:
+        """This rank's events of one step, in ms on the aligned clock."""
+        to_ms = lambda stamps: [t + self._offset_ms for t in self._clock.to_ms(take.ref, stamps)]
+        bounds = to_ms(take.bounds)
+        compute = {i: to_ms(s) for i, s in take.compute.items()}
+        events = _RowEvents(self._rank)
+        for i, action in enumerate(take.row):
+            events.add(action, bounds[i], bounds[i + 1], compute.get(i, []))
+        return {"events": events.events, "runtime_ms": events.runtime_ms, "wall_ms": wall_ms,
+                "row_ms": bounds[-1] - bounds[0] if bounds else 0.0}
+
+    @property
+    def steps_recorded(self) -> int:
+        """Steps this rank has recorded."""
+        return len(self._steps) + len(self._takes)
+
+    def _meta(self) -> dict:
+        tt = getattr(self._sched, "pipewright_timetable", None)
+        return {
+            "schedule": tt.name if tt is not None else type(self._sched).__name__,
+            "devices": self._ranks,
+            "stages": self._sched._num_stages,
+            "microbatches": self._sched._n_microbatches,
+            "source": "measured",
+            "time_unit": "ms",
+        }
+
+    def _gather(self) -> list | None:
+        self._steps += [self._events(take, wall_ms) for take, wall_ms in self._takes]
+        self._takes.clear()
+        every: list = [None] * self._ranks
+        dist.all_gather_object(every, self._steps, group=self._group)
+        if self._rank != 0:
+            return None
+        counts = {len(s) for s in every}
+        if len(counts) != 1:
+            raise RecordError(f"ranks recorded different numbers of steps: {[len(s) for s in every]}")
+        return every
+
+    def timelines(self) -> list[pipewright.Timeline] | None:
+        """Every recorded step as a `pipewright.Timeline`, on rank 0; None elsewhere.
+
+        Collective: every rank of the pipeline calls it. Each step's times start at 0, the
+        start of its earliest action on any rank; a timeline shows as its bubble chart in a
+        notebook, and `.write(path)` saves it for `pipewright viz --from`.
+        """
+        every = self._gather()
+        if every is None:
+            return None
+        out = []
+        for k in range(len(every[0])):
+            events = [e for rank_steps in every for e in rank_steps[k]["events"]]
+            t0 = min((e["start"] for e in events), default=0.0)
+            events = [dict(e, start=e["start"] - t0, end=e["end"] - t0) for e in events]
+            events.sort(key=lambda e: (e["device"], e["start"]))
+            text = json.dumps({"meta": self._meta(), "events": events})
+            out.append(pipewright.Timeline.from_json(text))
+        return out
+
+    def breakdown(self) -> list[dict] | None:
+        """Per step and rank, on rank 0: the walk of the row, PyTorch's own actions, the
+        whole `step()` call (ms). Collective, like `timelines`."""
+        every = self._gather()
+        if every is None:
+            return None
+        return [
+            {"row_ms": [s[k]["row_ms"] for s in every],
+             "runtime_ms": [s[k]["runtime_ms"] for s in every],
+             "wall_ms": [s[k]["wall_ms"] for s in every]}
+            for k in range(len(every[0]))
+        ]
+
+    def save_timeline(self, path: str | Path, step: int = -1) -> None:
+        """Write one recorded step (default: the last) as a timeline JSON, on rank 0.
+
+        `pipewright viz --from PATH` draws it. Collective.
+        """
+        tls = self.timelines()
+        if tls is None:
+            return
+        if not tls:
+            raise RecordError("no step recorded yet: call Recorder.step first")
+        if not -len(tls) <= step < len(tls):
+            raise RecordError(f"step {step} was not recorded: {len(tls)} steps were")
+        _write_atomic(Path(path), tls[step].to_json())
+
+    def save_costs(self, path: str | Path, *, skip: int | None = None) -> None:
+        """Write the median per-stage costs of the recorded steps as a cost file, on rank 0.
+
+        The first step is left out as warm-up when there are more (as `train --costs-out`
+        does), or the first `skip`. `pipewright search --cost-file PATH` reads it. Collective.
+        """
+        tls = self.timelines()
+        if tls is None:
+            return
+        skip = int(len(tls) > 1) if skip is None else skip
+        used = tls[skip:]
+        if not used:
+            raise RecordError(f"no step left to measure: {len(tls)} recorded, {skip} skipped")
+        _write_atomic(Path(path), json.dumps(measured_costs(used), indent=2) + "\n")
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """Write beside the target, then rename: a reader never sees half a file."""
+    import os
+    import tempfile
+
+    folder = path.parent if str(path.parent) else Path(".")
+    if not folder.is_dir():
+        raise RecordError(f"{path}: folder {folder} does not exist; create it first")
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
