@@ -165,14 +165,14 @@ fn plan(
             "zero: the ZeRO level is 0 or 1 (ZeRO-2/3 do not fit a pipeline)",
         ));
     }
-    let shape = ModelShape {
+    let shape = ModelShape::gpt(
         layers,
         d_model,
         heads,
-        ffn: ffn.unwrap_or(4 * d_model),
+        ffn.unwrap_or(4 * d_model),
         seq_len,
         vocab,
-    };
+    );
     let mut req = PlanRequest::new(shape, self::cluster(cluster)?, gpus, global_batch);
     req.precision = precision.parse().map_err(err)?;
     req.fixed = Fixed {
