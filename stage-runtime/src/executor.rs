@@ -24,12 +24,18 @@ use crate::comm::{shard_range, CommError, Communicator, Direction, ReduceOp, Tag
 use crate::error::RuntimeError;
 use crate::memory::{Category, DeviceMemory, Meter, RankMemory};
 use crate::mesh::{Coord, Group, GroupKind, Mesh};
+use crate::module::unimplemented_method;
 use crate::module::{MicrobatchData, ModuleError, Output, StageModule};
 use crate::run::RunOptions;
-use crate::setup::{check_backward_split, kept_whole, set_recompute};
+use crate::setup::{
+    check_backward_split, check_methods, kept_whole, needed_for, set_recompute, Sizes,
+};
 use crate::zero::Zero;
 
+mod boundary;
 mod grads;
+
+use boundary::{boundary_error, Handoffs};
 
 /// What one device did in one step.
 #[derive(Clone, Debug, Default)]
@@ -74,6 +80,10 @@ pub struct Executor<C: Communicator, M: StageModule<Tensor = C::Tensor>> {
     /// cap), those without an `R`.
     whole: HashSet<(u32, u32)>,
     check_finite: bool,
+    /// Parameter and gradient bytes of modules that do not report them.
+    sizes: Sizes,
+    /// Each stage's hand-off shapes, fixed by its first forward.
+    handoffs: HashMap<u32, Handoffs>,
 }
 
 /// A stage's gradient reduction in flight: a DP all-reduce, or under ZeRO-1 a
@@ -202,6 +212,7 @@ where
         {
             return Err(RuntimeError::NoShardedOptimizer { stage, dp: mesh.dp });
         }
+        let sizes = check_methods(&mut modules, mesh.dp, sharded, opts.check_finite)?;
         Ok(Executor {
             comm,
             mesh,
@@ -217,6 +228,8 @@ where
             recompute,
             whole,
             check_finite: opts.check_finite,
+            sizes,
+            handoffs: HashMap::new(),
         })
     }
 
@@ -235,6 +248,24 @@ where
             pp: device as usize,
             ..self.coord
         })
+    }
+
+    /// A module's error in `action` (or between actions, at `stage`); a method the module
+    /// does not implement is named with what needed it.
+    fn module_fail(
+        &self,
+        step: u64,
+        action: Option<Action>,
+        stage: u32,
+        e: ModuleError,
+    ) -> RuntimeError {
+        match unimplemented_method(&e) {
+            Some(method) => {
+                let why = needed_for(method, self.mesh.dp);
+                self.fail(step, action, format!("stage {stage}: {why}"))
+            }
+            None => self.fail(step, action, e),
+        }
     }
 
     fn fail(&self, step: u64, action: Option<Action>, message: impl ToString) -> RuntimeError {
@@ -310,8 +341,13 @@ where
     /// Set the meter's parameters, gradients and optimizer state to what the modules hold.
     fn count_module_state(&self, mem: &mut Meter) {
         let sum = |f: fn(&M) -> usize| self.modules.values().map(|m| f(m) as u64).sum();
-        mem.set(Category::Parameters, sum(M::parameter_bytes));
-        mem.set(Category::Gradients, sum(M::gradient_bytes));
+        // Modules that do not report their sizes are counted from their flat views.
+        let (params, grads) = self
+            .sizes
+            .values()
+            .fold((0, 0), |(p, g), (dp, dg)| (p + dp, g + dg));
+        mem.set(Category::Parameters, sum(M::parameter_bytes) + params);
+        mem.set(Category::Gradients, sum(M::gradient_bytes) + grads);
         mem.set(Category::OptimizerState, sum(M::optimizer_state_bytes));
     }
 
@@ -453,8 +489,12 @@ where
             tt,
             recompute,
             whole,
+            handoffs,
+            check_finite,
             ..
         } = self;
+        let check_finite = *check_finite;
+        let shapes = handoffs.entry(a.stage).or_default();
         let module = modules
             .get_mut(&a.stage)
             .ok_or_else(|| RuntimeError::missing_stage(a.stage))?;
@@ -472,6 +512,9 @@ where
                     } else {
                         Some(take(&mut st.fwd_in, key, "input")?)
                     };
+                    if let Some(x) = &input {
+                        shapes.input(x);
+                    }
                     // The input moves into the stash (or is dropped): no longer a buffer.
                     let held = input.as_ref().map_or(0, tensor_bytes);
                     st.mem.sub(Category::Buffers, held);
@@ -490,12 +533,23 @@ where
                     st.keep_bytes(kept);
                     st.kept = st.kept.max(kept as u64);
                     st.stash.insert(key, stash);
+                    let last = a.stage + 1 == stages;
                     match out {
-                        Output::Loss(l) => {
+                        Output::Loss(l) if last => {
                             *st.loss.get_or_insert(0.0) += l;
                             loss = Some(l);
                         }
-                        Output::Hidden(t) if a.stage + 1 < stages => {
+                        Output::Loss(_) => {
+                            let msg = format!(
+                                "stage {} returned a loss, but only the last stage ({}) may: \
+                                 the others return Output::Hidden for the next stage",
+                                a.stage,
+                                stages - 1
+                            );
+                            return Err(msg.into());
+                        }
+                        Output::Hidden(t) if !last => {
+                            shapes.output(a.stage, &t, check_finite)?;
                             st.mem.add(Category::Buffers, tensor_bytes(&t));
                             if tt.stage_device[a.stage as usize + 1] == here {
                                 st.fwd_in.insert((a.stage + 1, a.microbatch), t);
@@ -504,7 +558,12 @@ where
                             }
                         }
                         Output::Hidden(_) => {
-                            return Err("the last stage returned activations, not a loss".into())
+                            let msg = format!(
+                                "stage {} is the last stage, but it returned activations \
+                                 (Output::Hidden), not a loss",
+                                a.stage
+                            );
+                            return Err(msg.into());
                         }
                     }
                 }
@@ -532,7 +591,16 @@ where
                         st.wstash.insert(key, ws);
                         g
                     };
+                    if a.stage > 0 && grad_in.is_none() {
+                        let msg = format!(
+                            "stage {} returned no input gradient: every stage after the first \
+                             returns the gradient of its input",
+                            a.stage
+                        );
+                        return Err(msg.into());
+                    }
                     if let (Some(g), true) = (grad_in, a.stage > 0) {
+                        shapes.input_grad(a.stage, &g, check_finite)?;
                         st.mem.add(Category::Buffers, tensor_bytes(&g));
                         if tt.stage_device[a.stage as usize - 1] == here {
                             st.bwd_in.insert((a.stage - 1, a.microbatch), g);
@@ -558,7 +626,10 @@ where
             }
             Ok(())
         });
-        result.map_err(|e| self.fail(step, Some(a), e))?;
+        result.map_err(|e| {
+            let at = (self.mesh.rank(self.coord), self.coord, step);
+            boundary_error(&e, at, a).unwrap_or_else(|| self.module_fail(step, Some(a), a.stage, e))
+        })?;
         match loss {
             Some(l) if self.check_finite && !l.is_finite() => {
                 Err(self.non_finite(step, a.stage, Some(a.microbatch), "loss", l))

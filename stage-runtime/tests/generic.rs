@@ -6,7 +6,7 @@
 use pipewright_kernels::gpt::StageOutput;
 use pipewright_kernels::layers::{TpReduce, TpShard};
 use pipewright_kernels::optim::AdamWConfig;
-use pipewright_kernels::{KernelError, Tensor};
+use pipewright_kernels::{KernelError, Shaped, Tensor};
 use pipewright_runtime::comm::CommError;
 use pipewright_runtime::{
     gpt_data, run_local, train_gpt, Coord, GptModule, HostOps, LocalOps, Mesh, MicrobatchData,
@@ -17,6 +17,13 @@ use pipewright_schedule::{generate, ScheduleKind, ScheduleSpec};
 /// A tensor the runtime has never heard of.
 #[derive(Debug)]
 struct Boxed(Box<Tensor>);
+
+// A device tensor knows its shape without a download.
+impl Shaped for Boxed {
+    fn shape(&self) -> &[usize] {
+        self.0.shape()
+    }
+}
 
 /// A message in transit (on a GPU: a tensor and its ready event).
 struct Parcel(Tensor);
@@ -133,6 +140,11 @@ impl StageModule for BoxedGpt {
 
     fn set_flat_grads(&mut self, grads: Boxed) -> Result<(), ModuleError> {
         self.0.set_flat_grads(*grads.0)
+    }
+
+    // Its gradients are not host tensors: without this the NaN check refuses the run.
+    fn non_finite_grad(&mut self) -> Result<Option<f32>, ModuleError> {
+        self.0.non_finite_grad()
     }
 
     fn optimizer_step(&mut self, cfg: &AdamWConfig) -> Result<(), ModuleError> {
