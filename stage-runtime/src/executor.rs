@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use pipewright_kernels::layers::TpReduce;
 use pipewright_kernels::optim::AdamWConfig;
-use pipewright_kernels::KernelError;
+use pipewright_kernels::{Footprint, KernelError};
 use pipewright_schedule::{Action, ActionKind, Event, Recompute, Timetable};
 use tokio::task::JoinHandle;
 
@@ -529,7 +529,7 @@ where
                     if let Some(&policy) = policy {
                         module.set_recompute(policy)?;
                     }
-                    let kept = module.stash_bytes(&stash);
+                    let kept = stash.bytes();
                     st.keep_bytes(kept);
                     st.kept = st.kept.max(kept as u64);
                     st.stash.insert(key, stash);
@@ -580,14 +580,14 @@ where
                     if recompute.contains_key(&a.stage) && !st.rebuilt.remove(&key) {
                         stash = rebuild(module, &data, stash, &mut tp, st)?;
                     }
-                    st.free_bytes(module.stash_bytes(&stash));
+                    st.free_bytes(stash.bytes());
                     let grad_in = if a.kind == ActionKind::B {
                         let g = module.backward(stash, grad_out, &mut tp)?;
                         st.live -= 1;
                         g
                     } else {
                         let (g, ws) = module.backward_input(stash, grad_out, &mut tp)?;
-                        st.keep_bytes(module.weight_stash_bytes(&ws));
+                        st.keep_bytes(ws.bytes());
                         st.wstash.insert(key, ws);
                         g
                     };
@@ -617,7 +617,7 @@ where
                 }
                 ActionKind::W => {
                     let ws = take(&mut st.wstash, key, "weight stash (its I)")?;
-                    st.free_bytes(module.weight_stash_bytes(&ws));
+                    st.free_bytes(ws.bytes());
                     module.backward_weight(ws)?;
                     st.live -= 1;
                 }
@@ -650,10 +650,10 @@ fn rebuild<M: StageModule>(
     tp: &mut dyn TpReduce<M::Tensor>,
     st: &mut StateOf<M>,
 ) -> Result<M::Stash, ModuleError> {
-    let before = module.stash_bytes(&stash);
+    let before = stash.bytes();
     let full = module.recompute(data, stash, tp)?;
     st.free_bytes(before);
-    st.keep_bytes(module.stash_bytes(&full));
+    st.keep_bytes(full.bytes());
     Ok(full)
 }
 

@@ -131,6 +131,14 @@ pub mod split;
 pub mod train;
 pub mod zero;
 
+/// The kernels crate, whose types [`StageModule`] and [`split::Layer`] use.
+pub use pipewright_kernels as kernels;
+pub use pipewright_kernels::gpt::StageOutput;
+pub use pipewright_kernels::layers::{NoTp, Param, Parameters, TpReduce};
+pub use pipewright_kernels::optim::AdamWConfig;
+pub use pipewright_kernels::{Footprint, Shaped, Tensor};
+pub use pipewright_schedule::Recompute;
+
 pub use batch::{MicrobatchId, StepBatch};
 #[cfg(feature = "cuda")]
 pub use comm::cuda_local::run_cuda_local;
@@ -142,7 +150,9 @@ pub use executor::{Executor, StepOutcome};
 pub use local_gpu::{choose_gpu, GpuChoiceError};
 pub use memory::{DeviceMemory, RankMemory};
 pub use mesh::{Coord, Group, GroupKind, Mesh, MeshError};
-pub use module::{GptModule, MicrobatchData, ModuleError, Output, StageModule, SyntheticModule};
+pub use module::{
+    GptModule, MicrobatchData, ModuleError, Output, StageModule, SyntheticModule, Unimplemented,
+};
 pub use run::{prepare, run, run_local, FinalParams, RunOptions, StepRecord};
 #[cfg(feature = "mpi")]
 pub use run_mpi::run_mpi;

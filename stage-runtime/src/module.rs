@@ -15,8 +15,12 @@ use pipewright_schedule::{Recompute, StageCost};
 
 use crate::data::TokenBatch;
 
-/// A boxed error from user code.
-pub type ModuleError = Box<dyn std::error::Error + Send + Sync>;
+/// An error from user code: a module's methods and the run's closures return it, and `?`
+/// converts into it a user's own `Box<dyn Error>`, any error type (the kernels',
+/// `std::io::Error`, a candle or anyhow error), a `String` or a `&str`. The runtime reads it
+/// on the rank's own thread, so it need not be `Send`; a `Box<dyn Error + Send + Sync>`
+/// converts with `.map_err(|e| e as ModuleError)`.
+pub type ModuleError = Box<dyn std::error::Error>;
 
 /// What a default method of [`StageModule`] returns when the module did not implement it:
 /// the runtime tells it apart from the module's own errors, so that a run whose answer
@@ -84,10 +88,13 @@ pub trait StageModule {
     /// One microbatch of the user's data (`()` for modules that read none): built on every
     /// rank by the run's data function, never sent between ranks.
     type Data;
-    /// What forward keeps for the input backward.
-    type Stash;
-    /// What the input backward keeps for the weight backward.
-    type WeightStash;
+    /// What forward keeps for the input backward. Its [`Footprint`] is the bytes the
+    /// runtime's stash peaks and measured memory count for it: a stash of tensors, norm
+    /// stashes, tuples, `Vec`s and `Option`s of them is counted as it is, and a stash type of
+    /// the module's own says its bytes (`#[derive(Footprint)]` sums its fields).
+    type Stash: Footprint;
+    /// What the input backward keeps for the weight backward (counted the same way).
+    type WeightStash: Footprint;
 
     /// Forward of one microbatch; `input` is `None` on the first stage.
     fn forward(
@@ -156,18 +163,6 @@ pub trait StageModule {
     ) -> Result<Self::Stash, ModuleError> {
         let _ = (mb, stash, tp);
         Err(unimplemented("recompute"))
-    }
-
-    /// Bytes a forward's stash keeps alive, for the runtime's stash peaks (0 when unknown).
-    fn stash_bytes(&self, stash: &Self::Stash) -> usize {
-        let _ = stash;
-        0
-    }
-
-    /// Bytes an input backward's weight stash keeps alive until its W (0 when unknown).
-    fn weight_stash_bytes(&self, stash: &Self::WeightStash) -> usize {
-        let _ = stash;
-        0
     }
 
     /// The accumulated gradients as one flat tensor in a fixed order, for the data-parallel
@@ -388,14 +383,6 @@ impl<B: Backend> StageModule for GptModule<B> {
     ) -> Result<Stash<B>, ModuleError> {
         let gmb = self.microbatch(mb);
         Ok(self.stage.recompute(&gmb, stash, tp)?)
-    }
-
-    fn stash_bytes(&self, stash: &Stash<B>) -> usize {
-        stash.bytes()
-    }
-
-    fn weight_stash_bytes(&self, stash: &WeightStash<B>) -> usize {
-        stash.bytes()
     }
 
     fn backward_input(
