@@ -82,6 +82,17 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
+//! `run` on a mesh of one device is the reference every parallel run should equal: with
+//! `dp` replicas of `m` microbatches, run the same modules' whole model as one stage on
+//! `Mesh::new(1, 1, 1)` under `generate(&ScheduleSpec::new(ScheduleKind::GPipe, 1, 1, dp *
+//! m, None)?)`: the same global batch ([`MicrobatchId::global`]) and loss scale.
+//!
+//! The runtime checks the module where it hands something over. Before the first step it
+//! refuses, naming the stage and the method, a module that lacks a method the run's answer
+//! depends on (`flat_grads` and `set_flat_grads` with more than one data-parallel replica;
+//! see [`StageModule`]); at every hand-off it checks a forward's output and an input
+//! gradient against the shapes they must have ([`RuntimeError::HandOff`]).
+//!
 //! The reference GPT is one such user ([`GptModule`], [`train_gpt`]):
 //!
 //! ```

@@ -24,7 +24,67 @@ use crate::module::{MicrobatchData, ModuleError, Output, StageModule};
 /// One layer of a user's model on host tensors, with a split backward; its parameters are
 /// the kernels' [`Parameters`] (`#[derive(Parameters)]` writes their visit for a layer built
 /// of the kernels' layers). What it keeps between passes is its own types, counted by their
-/// [`Footprint`] for the runtime's measured memory and the profile.
+/// [`Footprint`] for the runtime's measured memory and the profile:
+///
+/// ```
+/// use pipewright_runtime::split::Layer;
+/// use pipewright_runtime::{Footprint, ModuleError, Param, Parameters, Tensor};
+///
+/// #[derive(Footprint)] // its bytes: the sum of its fields'
+/// struct Kept { x: Tensor }
+///
+/// struct Identity;
+///
+/// impl Parameters for Identity {
+///     fn visit(&self, _: &mut dyn FnMut(&Param)) {}
+///     fn visit_mut(&mut self, _: &mut dyn FnMut(&mut Param)) {}
+/// }
+///
+/// impl Layer for Identity {
+///     type Stash = Kept;
+///     type WeightStash = ();
+///     fn forward(&mut self, x: &Tensor) -> Result<(Tensor, Kept), ModuleError> {
+///         Ok((x.clone(), Kept { x: x.clone() }))
+///     }
+///     fn backward_input(&mut self, _: Kept, dy: &Tensor) -> Result<(Tensor, ()), ModuleError> {
+///         Ok((dy.clone(), ()))
+///     }
+///     fn backward_weight(&mut self, _: ()) -> Result<(), ModuleError> {
+///         Ok(())
+///     }
+/// }
+/// assert_eq!(Kept { x: Tensor::zeros(&[2, 3]) }.bytes(), 24);
+/// ```
+///
+/// A stash whose bytes are not known does not compile (it would count as 0 bytes):
+///
+/// ```compile_fail,E0277
+/// use pipewright_runtime::split::Layer;
+/// use pipewright_runtime::{ModuleError, Param, Parameters, Tensor};
+///
+/// struct Kept { x: Tensor } // no Footprint
+///
+/// struct Identity;
+///
+/// impl Parameters for Identity {
+///     fn visit(&self, _: &mut dyn FnMut(&Param)) {}
+///     fn visit_mut(&mut self, _: &mut dyn FnMut(&mut Param)) {}
+/// }
+///
+/// impl Layer for Identity {
+///     type Stash = Kept;
+///     type WeightStash = ();
+///     fn forward(&mut self, x: &Tensor) -> Result<(Tensor, Kept), ModuleError> {
+///         Ok((x.clone(), Kept { x: x.clone() }))
+///     }
+///     fn backward_input(&mut self, _: Kept, dy: &Tensor) -> Result<(Tensor, ()), ModuleError> {
+///         Ok((dy.clone(), ()))
+///     }
+///     fn backward_weight(&mut self, _: ()) -> Result<(), ModuleError> {
+///         Ok(())
+///     }
+/// }
+/// ```
 pub trait Layer: Parameters {
     /// What the forward keeps for the input backward.
     type Stash: Footprint + 'static;
