@@ -298,6 +298,12 @@ impl StageModule for Stage {
     fn flat_params(&mut self) -> Result<Option<Vec<f32>>, ModuleError> {
         host::flat_params(&self.layers)
     }
+
+    // For the measured memory (parameters and gradients the runtime counts from the flat
+    // views; the optimizer's state only the module knows).
+    fn optimizer_state_bytes(&self) -> usize {
+        self.opt.state_bytes()
+    }
 }
 
 // ---- Training it: one `run` call, on any mesh; a mesh of one device is the reference. ----

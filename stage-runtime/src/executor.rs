@@ -82,8 +82,8 @@ pub struct Executor<C: Communicator, M: StageModule<Tensor = C::Tensor>> {
     check_finite: bool,
     /// Parameter and gradient bytes of modules that do not report them.
     sizes: Sizes,
-    /// Each stage's hand-off shapes, fixed by its first forward.
-    handoffs: HashMap<u32, Handoffs>,
+    /// Each stage's hand-off shapes, fixed by its first forward (by stage).
+    handoffs: Vec<Handoffs>,
 }
 
 /// A stage's gradient reduction in flight: a DP all-reduce, or under ZeRO-1 a
@@ -213,6 +213,7 @@ where
             return Err(RuntimeError::NoShardedOptimizer { stage, dp: mesh.dp });
         }
         let sizes = check_methods(&mut modules, mesh.dp, sharded, opts.check_finite)?;
+        let handoffs = (0..tt.num_stages()).map(|_| Handoffs::default()).collect();
         Ok(Executor {
             comm,
             mesh,
@@ -229,7 +230,7 @@ where
             whole,
             check_finite: opts.check_finite,
             sizes,
-            handoffs: HashMap::new(),
+            handoffs,
         })
     }
 
@@ -494,7 +495,9 @@ where
             ..
         } = self;
         let check_finite = *check_finite;
-        let shapes = handoffs.entry(a.stage).or_default();
+        let shapes = handoffs
+            .get_mut(a.stage as usize)
+            .ok_or_else(|| RuntimeError::missing_stage(a.stage))?;
         let module = modules
             .get_mut(&a.stage)
             .ok_or_else(|| RuntimeError::missing_stage(a.stage))?;
