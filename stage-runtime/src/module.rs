@@ -52,8 +52,10 @@ pub struct MicrobatchData<'a, D = ()> {
     pub index: u32,
     /// The user's data of this microbatch (inputs for the first stage, targets for the last).
     pub data: &'a D,
-    /// Multiplies the loss and its gradient: `1 / (dp * m)`, the microbatches of the global
-    /// batch, so summed losses and gradients are those of the global batch's mean.
+    /// `1 / (dp * m)`, one over the microbatches of the global batch. The last stage's
+    /// module multiplies its loss *and* the loss's gradient by it; the runtime sums the
+    /// scaled losses and gradients over the global batch, which makes them the global
+    /// batch's mean (whatever `dp` and `m`, so every mesh trains like one device).
     pub loss_scale: f32,
 }
 
