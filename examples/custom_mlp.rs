@@ -12,11 +12,8 @@
 //! `pipewright plan --profile FILE --gpus N --global-batch SAMPLES`.
 
 use pipewright::kernels::init::normal_tensor;
-use pipewright::kernels::layers::{Linear, NoTp, Param, Parameters};
-use pipewright::kernels::optim::AdamWConfig;
-use pipewright::kernels::Tensor;
-use pipewright::runtime::split::{layer_profile, split, Balance, Layer, LayerStage, LayerStash};
-use pipewright::runtime::{run, MicrobatchData, MicrobatchId, ModuleError, Output, StageModule};
+use pipewright::prelude::*;
+use pipewright::runtime::split::layer_profile;
 
 // ---- The user's model: everything up to "Training it" is what a user writes. ----
 
@@ -42,7 +39,13 @@ pub fn rows(id: MicrobatchId) -> Result<Rows, ModuleError> {
     Ok(Rows { x, y })
 }
 
-/// Mean squared error of the predictions, times the runtime's loss scale; and its gradient.
+/// The first layer's input.
+fn features(rows: &Rows) -> Result<Tensor, ModuleError> {
+    Ok(rows.x.clone())
+}
+
+/// Mean squared error of the predictions and its gradient, both times the runtime's loss
+/// scale (`1 / (dp * m)`: the runtime sums the global batch's microbatches).
 fn mse(pred: &Tensor, rows: &Rows, scale: f32) -> Result<(f32, Tensor), ModuleError> {
     let s = scale / ROWS as f32;
     let err: Vec<f32> = pred
@@ -56,37 +59,32 @@ fn mse(pred: &Tensor, rows: &Rows, scale: f32) -> Result<(f32, Tensor), ModuleEr
 }
 
 /// A linear layer, then a ReLU unless it is the model's last.
+#[derive(Parameters)]
+#[parameters(lin)]
 struct Dense {
     lin: Linear,
     relu: bool,
 }
 
-impl Parameters for Dense {
-    fn visit(&self, f: &mut dyn FnMut(&Param)) {
-        self.lin.visit(f)
-    }
-    fn visit_mut(&mut self, f: &mut dyn FnMut(&mut Param)) {
-        self.lin.visit_mut(f)
-    }
-}
-
 impl Layer for Dense {
-    fn forward(&mut self, x: &Tensor) -> Result<(Tensor, LayerStash), ModuleError> {
+    /// Input and output.
+    type Stash = (Tensor, Tensor);
+    /// Input and output gradient.
+    type WeightStash = (Tensor, Tensor);
+
+    fn forward(&mut self, x: &Tensor) -> Result<(Tensor, Self::Stash), ModuleError> {
         let mut y = self.lin.forward(x)?;
         if self.relu {
             y.data_mut().iter_mut().for_each(|v| *v = v.max(0.0));
         }
-        Ok((y.clone(), Box::new((x.clone(), y))))
+        Ok((y.clone(), (x.clone(), y)))
     }
 
     fn backward_input(
         &mut self,
-        stash: LayerStash,
+        (x, y): Self::Stash,
         dy: &Tensor,
-    ) -> Result<(Tensor, LayerStash), ModuleError> {
-        let (x, y) = *stash
-            .downcast::<(Tensor, Tensor)>()
-            .map_err(|_| "not my stash")?;
+    ) -> Result<(Tensor, Self::WeightStash), ModuleError> {
         let mut dy = dy.clone();
         if self.relu {
             dy.data_mut()
@@ -94,43 +92,65 @@ impl Layer for Dense {
                 .zip(y.data())
                 .for_each(|(d, &y)| *d *= f32::from(y > 0.0));
         }
-        Ok((self.lin.backward_input(&dy)?, Box::new((x, dy))))
+        Ok((self.lin.backward_input(&dy)?, (x, dy)))
     }
 
-    fn backward_weight(&mut self, stash: LayerStash) -> Result<(), ModuleError> {
-        let (x, dy) = *stash
-            .downcast::<(Tensor, Tensor)>()
-            .map_err(|_| "not my stash")?;
+    fn backward_weight(&mut self, (x, dy): Self::WeightStash) -> Result<(), ModuleError> {
         Ok(self.lin.backward_weight(&x, &dy)?)
     }
 }
 
 /// Layer `k` of `n`, seeded by its index (so the whole model and its stages hold the same
 /// weights).
-pub fn layer(k: usize, n: usize) -> Box<dyn Layer> {
+pub fn layer(k: usize, n: usize) -> Result<BoxedLayer, ModuleError> {
     let (i, o) = (
         if k == 0 { IN } else { WIDTH },
         if k + 1 == n { 1 } else { WIDTH },
     );
     let w = normal_tensor(&[i, o], (2.0 / i as f32).sqrt(), 7, &format!("w{k}"));
-    let lin = Linear::new(&format!("l{k}"), w, Some(Tensor::zeros(&[o]))).expect("valid shapes");
-    Box::new(Dense {
+    let lin = Linear::new(&format!("l{k}"), w, Some(Tensor::zeros(&[o])))?;
+    Ok(Box::new(Dense {
         lin,
         relu: k + 1 < n,
-    })
+    }))
 }
 
-/// The stage of layers `range` of `n`: the first reads the features, the last ends in the loss.
-pub fn stage(range: std::ops::Range<usize>, n: usize) -> LayerStage<Rows> {
-    let input = (range.start == 0).then(|| Box::new(|r: &Rows| r.x.clone()) as Box<_>);
-    let loss = (range.end == n).then(|| Box::new(mse) as Box<_>);
-    LayerStage::new(range.map(|k| layer(k, n)).collect(), input, loss)
+// ---- Training it: one `run` call, on any mesh; a mesh of one device is the reference. ----
+
+/// The losses of `opts.steps` steps of the `n`-layer model on `mesh` under `tt`, cut into
+/// the timetable's stages by parameter count.
+pub fn train(
+    mesh: Mesh,
+    tt: &Timetable,
+    n: usize,
+    opts: &RunOptions,
+) -> Result<Vec<f32>, ModuleError> {
+    let stages = tt.num_stages() as usize;
+    let cuts = cut(n, stages, Balance::Parameters, None, |k| layer(k, n))?.stages;
+    let make = |_, s| LayerStage::part(&cuts, s, |k| layer(k, n), features, mse);
+    let mut losses = Vec::new();
+    run(mesh, tt, make, rows, opts, |step| {
+        losses.push(step.loss.unwrap_or(f32::NAN))
+    })?;
+    Ok(losses)
 }
 
-/// Cut `n` layers into `stages` stages by parameter count.
-pub fn partition(n: usize, stages: usize) -> Result<Vec<std::ops::Range<usize>>, ModuleError> {
-    let mut layers: Vec<_> = (0..n).map(|k| layer(k, n)).collect();
-    Ok(split(&mut layers, stages, Balance::Parameters, None)?.stages)
+/// The one-device reference: the same global batch of `microbatches` microbatches per step
+/// (`dp * m` of a run with `dp` replicas) on a mesh of one device.
+pub fn one_device(n: usize, microbatches: u32, opts: &RunOptions) -> Result<Vec<f32>, ModuleError> {
+    let tt = generate(&ScheduleSpec::new(
+        ScheduleKind::GPipe,
+        1,
+        1,
+        microbatches,
+        None,
+    )?);
+    train(Mesh::new(1, 1, 1)?, &tt, n, opts)
+}
+
+/// Whether two losses agree within 1e-5, relative.
+pub fn close(a: f32, b: f32) -> bool {
+    (a - b).abs() <= 1e-5 * a.abs().max(b.abs()).max(1.0)
 }
 
 // ---- Profiling it for `pipewright plan --profile`. ----
@@ -138,11 +158,11 @@ pub fn partition(n: usize, stages: usize) -> Result<Vec<std::ops::Range<usize>>,
 /// The `n`-layer model profiled on one microbatch of `ROWS` rows (5 passes, medians), as
 /// the profile file's JSON.
 pub fn profile_json(n: usize) -> Result<String, ModuleError> {
-    let mut layers: Vec<_> = (0..n).map(|k| layer(k, n)).collect();
+    let mut layers = (0..n).map(|k| layer(k, n)).collect::<Result<Vec<_>, _>>()?;
     let sample = normal_tensor(&[ROWS, IN], 1.0, 0, "sample");
     let device = format!("this CPU (example custom_mlp, {ROWS} rows of {IN} features)");
     let profile = layer_profile(&mut layers, &sample, ROWS as u64, 5, &device)?;
-    Ok(serde_json::to_string_pretty(&profile.to_raw()).map_err(|e| e.to_string())? + "\n")
+    Ok(serde_json::to_string_pretty(&profile.to_raw())? + "\n")
 }
 
 /// Write the profile to `path` atomically (a temporary file beside it, then a rename).
@@ -158,55 +178,8 @@ fn write_profile(n: usize, path: &std::path::Path) -> Result<(), ModuleError> {
     Ok(())
 }
 
-// ---- Training it, on 2 pipeline devices and on one. ----
-
-/// The losses of `steps` steps of the whole model on one device, over the same global batch
-/// of `microbatches` microbatches per step.
-pub fn one_device(
-    layers: usize,
-    microbatches: u32,
-    steps: u64,
-    cfg: &AdamWConfig,
-) -> Result<Vec<f32>, ModuleError> {
-    let mut whole = stage(0..layers, layers);
-    let mut losses = Vec::new();
-    for step in 0..steps {
-        let mut total = 0.0;
-        for microbatch in 0..microbatches {
-            let id = MicrobatchId {
-                step,
-                dp: 0,
-                microbatch,
-                microbatches,
-            };
-            let data = rows(id)?;
-            let mb = MicrobatchData {
-                index: microbatch,
-                data: &data,
-                loss_scale: 1.0 / microbatches as f32,
-            };
-            let (out, stash) = whole.forward(&mb, None, &mut NoTp)?;
-            if let Output::Loss(l) = out {
-                total += l;
-            }
-            whole.backward(stash, None, &mut NoTp)?;
-        }
-        whole.optimizer_step(cfg)?;
-        losses.push(total);
-    }
-    Ok(losses)
-}
-
-/// Whether two losses agree within 1e-5, relative.
-pub fn close(a: f32, b: f32) -> bool {
-    (a - b).abs() <= 1e-5 * a.abs().max(b.abs()).max(1.0)
-}
-
 #[allow(dead_code)]
 fn main() -> Result<(), ModuleError> {
-    use pipewright::runtime::{Mesh, RunOptions};
-    use pipewright::schedule::{generate, ScheduleKind, ScheduleSpec};
-
     let (layers, steps) = (6, 30);
     let args: Vec<String> = std::env::args().collect();
     if let Some(i) = args.iter().position(|a| a == "--profile") {
@@ -220,8 +193,6 @@ fn main() -> Result<(), ModuleError> {
         4,
         None,
     )?);
-    let cuts = partition(layers, tt.num_stages() as usize)?;
-    println!("{} stages of {layers} layers: {cuts:?}", cuts.len());
     let opts = RunOptions {
         steps,
         adamw: AdamWConfig {
@@ -230,16 +201,8 @@ fn main() -> Result<(), ModuleError> {
         },
         ..RunOptions::default()
     };
-    let mut piped = Vec::new();
-    run(
-        Mesh::new(2, 1, 1)?,
-        &tt,
-        |_, s| Ok(stage(cuts[s as usize].clone(), layers)),
-        rows,
-        &opts,
-        |s| piped.push(s.loss.unwrap_or(f32::NAN)),
-    )?;
-    let single = one_device(layers, tt.microbatches, steps, &opts.adamw)?;
+    let piped = train(Mesh::new(2, 1, 1)?, &tt, layers, &opts)?;
+    let single = one_device(layers, tt.microbatches, &opts)?;
     for (step, (a, b)) in piped.iter().zip(&single).enumerate().step_by(5) {
         println!("step {step:2}: 2 devices {a:.6}  one device {b:.6}");
     }

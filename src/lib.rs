@@ -1,7 +1,32 @@
 //! pipewright: pipeline-parallel training with schedules that are data.
+//!
+//! The one crate to depend on: [`schedule`] (timetables, validator, simulator, planner),
+//! [`runtime`] (meshes, the per-device runtime, [`runtime::StageModule`] and layer lists),
+//! [`kernels`] (tensors, layers with split backward, optimizers) and [`viz`] (bubble charts).
+//! Cargo features `mpi`, `cuda`, `nccl` and `candle` turn on the runtime's transports and
+//! bridges. [`prelude`] holds what a model needs.
 #![deny(missing_docs)]
 
 pub use pipewright_kernels as kernels;
 pub use pipewright_runtime as runtime;
 pub use pipewright_schedule as schedule;
 pub use pipewright_viz as viz;
+
+/// What a model trained through pipewright uses, in one import: `use pipewright::prelude::*;`.
+pub mod prelude {
+    pub use pipewright_kernels::layers::{LayerNorm, Linear, NoTp, Param, Parameters, TpReduce};
+    pub use pipewright_kernels::optim::AdamWConfig;
+    pub use pipewright_kernels::{Footprint, Tensor};
+    pub use pipewright_runtime::host::{self, HostAdamW};
+    pub use pipewright_runtime::split::{cut, Balance, BoxedLayer, Layer, LayerStage};
+    pub use pipewright_runtime::{
+        run, Coord, FinalParams, Mesh, MicrobatchData, MicrobatchId, ModuleError, Output,
+        RunOptions, RuntimeError, StageModule, StepRecord,
+    };
+    pub use pipewright_schedule::{generate, ScheduleKind, ScheduleSpec, Timetable};
+}
+
+// Every Rust block of the README compiles and runs as a doctest (`cargo test --doc`).
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

@@ -6,9 +6,10 @@
 #[path = "../examples/custom_mlp.rs"]
 mod custom_mlp;
 
-use custom_mlp::{close, one_device, partition, rows, stage};
+use custom_mlp::{close, one_device, train};
+use pipewright::kernels::layers::Parameters;
 use pipewright::kernels::optim::AdamWConfig;
-use pipewright::runtime::{run, Mesh, RunOptions};
+use pipewright::runtime::{Mesh, RunOptions};
 use pipewright::schedule::{generate, ScheduleKind, ScheduleSpec};
 
 const LAYERS: usize = 8;
@@ -21,7 +22,6 @@ fn check(kind: ScheduleKind, v: u32, pp: usize, dp: usize) {
         4
     };
     let tt = generate(&ScheduleSpec::new(kind, pp as u32, v, m, None).unwrap());
-    let cuts = partition(LAYERS, tt.num_stages() as usize).unwrap();
     let opts = RunOptions {
         steps: STEPS,
         adamw: AdamWConfig {
@@ -31,17 +31,9 @@ fn check(kind: ScheduleKind, v: u32, pp: usize, dp: usize) {
         ..RunOptions::default()
     };
     let what = format!("{} pp={pp} v={v} dp={dp}", tt.name);
-    let mut got = Vec::new();
-    run(
-        Mesh::new(pp, 1, dp).unwrap(),
-        &tt,
-        |_, s| Ok(stage(cuts[s as usize].clone(), LAYERS)),
-        rows,
-        &opts,
-        |s| got.push(s.loss.unwrap()),
-    )
-    .unwrap_or_else(|e| panic!("{what}: {e}"));
-    let want = one_device(LAYERS, dp as u32 * m, STEPS, &opts.adamw).unwrap();
+    let got = train(Mesh::new(pp, 1, dp).unwrap(), &tt, LAYERS, &opts)
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+    let want = one_device(LAYERS, dp as u32 * m, &opts).unwrap();
     assert_eq!(got.len(), want.len(), "{what}");
     for (step, (a, b)) in got.iter().zip(&want).enumerate() {
         assert!(close(*a, *b), "{what}: step {step}: {a} vs one device {b}");
@@ -74,7 +66,7 @@ fn the_example_s_profile_is_planned() {
     let p = pipewright::schedule::LayerProfile::from_json(&text).unwrap();
     assert_eq!(p.len(), LAYERS);
     for (k, l) in p.layers.iter().enumerate() {
-        let layer = custom_mlp::layer(k, LAYERS);
+        let layer = custom_mlp::layer(k, LAYERS).unwrap();
         assert_eq!(l.params, layer.num_params() as u64);
         assert_eq!(l.param_bytes, 4 * l.params);
         assert!(l.stash_bytes > 0 && l.weight_stash_bytes > 0 && l.output_bytes > 0);

@@ -38,17 +38,57 @@ impl<T: Footprint> Footprint for Vec<T> {
     }
 }
 
-impl<A: Footprint, B: Footprint> Footprint for (A, B) {
+impl<T: Footprint + ?Sized> Footprint for Box<T> {
     fn bytes(&self) -> usize {
-        self.0.bytes() + self.1.bytes()
+        (**self).bytes()
     }
 }
 
-impl Footprint for u32 {
+impl<T: Footprint, const N: usize> Footprint for [T; N] {
     fn bytes(&self) -> usize {
-        std::mem::size_of::<u32>()
+        self.iter().map(Footprint::bytes).sum()
     }
 }
+
+/// Tuples (up to six) hold the sum of their parts.
+macro_rules! tuples {
+    ($(($($t:ident . $i:tt),+)),* $(,)?) => {$(
+        impl<$($t: Footprint),+> Footprint for ($($t,)+) {
+            fn bytes(&self) -> usize {
+                0 $(+ self.$i.bytes())+
+            }
+        }
+    )*};
+}
+
+tuples!(
+    (A.0),
+    (A.0, B.1),
+    (A.0, B.1, C.2),
+    (A.0, B.1, C.2, D.3),
+    (A.0, B.1, C.2, D.3, E.4),
+    (A.0, B.1, C.2, D.3, E.4, F.5),
+);
+
+/// Nothing kept (a stage or layer whose backward needs nothing).
+impl Footprint for () {
+    fn bytes(&self) -> usize {
+        0
+    }
+}
+
+/// Plain values (row statistics, token ids, flags, scalars) hold their size.
+macro_rules! plain {
+    ($($t:ty),*) => {$(
+        impl Footprint for $t {
+            fn bytes(&self) -> usize {
+                std::mem::size_of::<$t>()
+            }
+        }
+    )*};
+}
+
+plain!(bool, u8, u16, u32, u64, usize, i8, i16, i32, i64, isize, f32, f64);
 
 #[cfg(feature = "cuda")]
 mod cuda {
@@ -88,5 +128,8 @@ mod tests {
         };
         assert_eq!(s.bytes(), 72);
         assert_eq!(Some(vec![1u32, 2]).bytes(), 8);
+        // A layer's own pair of a norm stash and a tensor counts both, as do triples.
+        assert_eq!((s.clone(), Tensor::zeros(&[2])).bytes(), 80);
+        assert_eq!((1.0f32, vec![0.5f64; 3], ()).bytes(), 28);
     }
 }

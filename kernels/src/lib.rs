@@ -81,5 +81,7 @@ pub mod tensor;
 pub use backend::{Backend, Cpu, Shaped};
 pub use error::{KernelError, Result};
 pub use footprint::Footprint;
+/// `#[derive(Footprint)]`: a stash's bytes as the sum of its fields' (see [`pipewright_derive`]).
+pub use pipewright_derive::Footprint;
 pub use precision::Precision;
 pub use tensor::{DType, Tensor};

@@ -22,7 +22,7 @@ use candle_core::{DType, Device, Module, Var};
 use candle_nn::{AdamW, Optimizer, ParamsAdamW, VarMap};
 use pipewright_kernels::layers::TpReduce;
 use pipewright_kernels::optim::AdamWConfig;
-use pipewright_kernels::Tensor;
+use pipewright_kernels::{Footprint, Tensor};
 
 use crate::module::{MicrobatchData, ModuleError, Output, StageModule};
 
@@ -88,6 +88,16 @@ pub struct CandleStash {
     input: Option<Var>,
     out: CandleTensor,
     is_loss: bool,
+}
+
+/// The tensors the stash holds itself: the input and the output. Candle's autograd graph
+/// behind the output keeps the chunk's intermediate tensors too, which candle does not
+/// expose, so a candle stage's stash peaks are a lower bound.
+impl Footprint for CandleStash {
+    fn bytes(&self) -> usize {
+        let bytes = |t: &CandleTensor| t.elem_count() * t.dtype().size_in_bytes();
+        self.input.as_ref().map_or(0, |v| bytes(v.as_tensor())) + bytes(&self.out)
+    }
 }
 
 impl<D> CandleStage<D> {

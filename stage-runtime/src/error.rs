@@ -72,7 +72,7 @@ pub enum RuntimeError {
         dp: usize,
     },
     /// A loss or gradient was NaN or infinite (with [`RunOptions::check_finite`](crate::RunOptions::check_finite)).
-    #[error("rank {rank} (pp {pp}, tp {tp}, dp {dp}), step {step}, stage {stage}, {at}: the {what} is {value} (non-finite); the run stops at this step", pp = .coord.pp, tp = .coord.tp, dp = .coord.dp, at = microbatch.map_or("its gradients summed over the step's microbatches".to_string(), |m| format!("microbatch {m}")))]
+    #[error("rank {rank} (pp {pp}, tp {tp}, dp {dp}), step {step}, stage {stage}, {at}: the {what} is {value} (non-finite); the run stops at this step", pp = .coord.pp, tp = .coord.tp, dp = .coord.dp, at = non_finite_at(.microbatch, .what))]
     NonFinite {
         /// Global rank.
         rank: usize,
@@ -84,14 +84,66 @@ pub enum RuntimeError {
         stage: u32,
         /// The microbatch of a loss; `None` for gradients (summed over the step).
         microbatch: Option<u32>,
-        /// `loss` or `gradient`.
+        /// `loss`, `gradient`, `forward output`, `input gradient`, or `parameter` (read at
+        /// the end of the run, for modules whose gradients the per-step check cannot see).
         what: &'static str,
         /// The first non-finite value found.
         value: f32,
     },
+    /// What a stage handed over has the wrong shape: a forward's output against the hand-off's
+    /// shape (fixed by the stage's first forward), or an input gradient against the input it
+    /// belongs to. Named at the stage that produced it.
+    #[error("rank {rank} (pp {pp}, tp {tp}, dp {dp}), step {step}{at}: {said}", pp = .coord.pp, tp = .coord.tp, dp = .coord.dp, at = describe(&Some(*.action)), said = handoff(.action.stage, .what, .got, .want))]
+    HandOff {
+        /// Global rank.
+        rank: usize,
+        /// Its coordinates.
+        coord: Coord,
+        /// Training step.
+        step: u64,
+        /// The action that produced it (its stage is the producing stage).
+        action: Action,
+        /// `forward output` or `input gradient`.
+        what: &'static str,
+        /// Its shape.
+        got: Box<[usize]>,
+        /// The shape it should have.
+        want: Box<[usize]>,
+    },
+    /// A stage's module lacks a method this run's answer depends on (or says it has no
+    /// gradients while it holds parameters): refused before the first step.
+    #[error("stage {stage}: {message}")]
+    Module {
+        /// The stage.
+        stage: u32,
+        /// The method at fault.
+        method: &'static str,
+        /// What is missing, why this run needs it, and what to do.
+        message: String,
+    },
     /// A stage the timetable puts on a device has no module there.
     #[error("no module for stage {0} on this device")]
     MissingStage(u32),
+}
+
+fn handoff(stage: u32, what: &str, got: &[usize], want: &[usize]) -> String {
+    if what == "input gradient" {
+        format!("stage {stage}'s input gradient has shape {got:?}, but the input it belongs to has {want:?}")
+    } else {
+        format!(
+            "stage {stage}'s {what} has shape {got:?}, but its hand-off to stage {next} has \
+             {want:?} (fixed by its first forward: every microbatch hands over one shape)",
+            next = stage + 1
+        )
+    }
+}
+
+fn non_finite_at(microbatch: &Option<u32>, what: &str) -> String {
+    match (microbatch, what) {
+        (Some(m), _) => format!("microbatch {m}"),
+        (None, "gradient") => "its gradients summed over the step's microbatches".into(),
+        (None, _) => "after the optimizer step".into(),
+    }
 }
 
 fn describe(action: &Option<Action>) -> String {

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use pipewright_kernels::layers::TpReduce;
 use pipewright_kernels::optim::AdamWConfig;
-use pipewright_kernels::KernelError;
+use pipewright_kernels::{Footprint, KernelError};
 use pipewright_schedule::{Action, ActionKind, Event, Recompute, Timetable};
 use tokio::task::JoinHandle;
 
@@ -24,12 +24,18 @@ use crate::comm::{shard_range, CommError, Communicator, Direction, ReduceOp, Tag
 use crate::error::RuntimeError;
 use crate::memory::{Category, DeviceMemory, Meter, RankMemory};
 use crate::mesh::{Coord, Group, GroupKind, Mesh};
+use crate::module::unimplemented_method;
 use crate::module::{MicrobatchData, ModuleError, Output, StageModule};
 use crate::run::RunOptions;
-use crate::setup::{check_backward_split, kept_whole, set_recompute};
+use crate::setup::{
+    check_backward_split, check_methods, kept_whole, needed_for, set_recompute, Sizes,
+};
 use crate::zero::Zero;
 
+mod boundary;
 mod grads;
+
+use boundary::{boundary_error, Handoffs};
 
 /// What one device did in one step.
 #[derive(Clone, Debug, Default)]
@@ -74,6 +80,10 @@ pub struct Executor<C: Communicator, M: StageModule<Tensor = C::Tensor>> {
     /// cap), those without an `R`.
     whole: HashSet<(u32, u32)>,
     check_finite: bool,
+    /// Parameter and gradient bytes of modules that do not report them.
+    sizes: Sizes,
+    /// Each stage's hand-off shapes, fixed by its first forward (by stage).
+    handoffs: Vec<Handoffs>,
 }
 
 /// A stage's gradient reduction in flight: a DP all-reduce, or under ZeRO-1 a
@@ -202,6 +212,8 @@ where
         {
             return Err(RuntimeError::NoShardedOptimizer { stage, dp: mesh.dp });
         }
+        let sizes = check_methods(&mut modules, mesh.dp, sharded, opts.check_finite)?;
+        let handoffs = (0..tt.num_stages()).map(|_| Handoffs::default()).collect();
         Ok(Executor {
             comm,
             mesh,
@@ -217,6 +229,8 @@ where
             recompute,
             whole,
             check_finite: opts.check_finite,
+            sizes,
+            handoffs,
         })
     }
 
@@ -235,6 +249,24 @@ where
             pp: device as usize,
             ..self.coord
         })
+    }
+
+    /// A module's error in `action` (or between actions, at `stage`); a method the module
+    /// does not implement is named with what needed it.
+    fn module_fail(
+        &self,
+        step: u64,
+        action: Option<Action>,
+        stage: u32,
+        e: ModuleError,
+    ) -> RuntimeError {
+        match unimplemented_method(&e) {
+            Some(method) => {
+                let why = needed_for(method, self.mesh.dp);
+                self.fail(step, action, format!("stage {stage}: {why}"))
+            }
+            None => self.fail(step, action, e),
+        }
     }
 
     fn fail(&self, step: u64, action: Option<Action>, message: impl ToString) -> RuntimeError {
@@ -310,8 +342,13 @@ where
     /// Set the meter's parameters, gradients and optimizer state to what the modules hold.
     fn count_module_state(&self, mem: &mut Meter) {
         let sum = |f: fn(&M) -> usize| self.modules.values().map(|m| f(m) as u64).sum();
-        mem.set(Category::Parameters, sum(M::parameter_bytes));
-        mem.set(Category::Gradients, sum(M::gradient_bytes));
+        // Modules that do not report their sizes are counted from their flat views.
+        let (params, grads) = self
+            .sizes
+            .values()
+            .fold((0, 0), |(p, g), (dp, dg)| (p + dp, g + dg));
+        mem.set(Category::Parameters, sum(M::parameter_bytes) + params);
+        mem.set(Category::Gradients, sum(M::gradient_bytes) + grads);
         mem.set(Category::OptimizerState, sum(M::optimizer_state_bytes));
     }
 
@@ -453,8 +490,14 @@ where
             tt,
             recompute,
             whole,
+            handoffs,
+            check_finite,
             ..
         } = self;
+        let check_finite = *check_finite;
+        let shapes = handoffs
+            .get_mut(a.stage as usize)
+            .ok_or_else(|| RuntimeError::missing_stage(a.stage))?;
         let module = modules
             .get_mut(&a.stage)
             .ok_or_else(|| RuntimeError::missing_stage(a.stage))?;
@@ -472,6 +515,9 @@ where
                     } else {
                         Some(take(&mut st.fwd_in, key, "input")?)
                     };
+                    if let Some(x) = &input {
+                        shapes.input(x);
+                    }
                     // The input moves into the stash (or is dropped): no longer a buffer.
                     let held = input.as_ref().map_or(0, tensor_bytes);
                     st.mem.sub(Category::Buffers, held);
@@ -486,16 +532,27 @@ where
                     if let Some(&policy) = policy {
                         module.set_recompute(policy)?;
                     }
-                    let kept = module.stash_bytes(&stash);
+                    let kept = stash.bytes();
                     st.keep_bytes(kept);
                     st.kept = st.kept.max(kept as u64);
                     st.stash.insert(key, stash);
+                    let last = a.stage + 1 == stages;
                     match out {
-                        Output::Loss(l) => {
+                        Output::Loss(l) if last => {
                             *st.loss.get_or_insert(0.0) += l;
                             loss = Some(l);
                         }
-                        Output::Hidden(t) if a.stage + 1 < stages => {
+                        Output::Loss(_) => {
+                            let msg = format!(
+                                "stage {} returned a loss, but only the last stage ({}) may: \
+                                 the others return Output::Hidden for the next stage",
+                                a.stage,
+                                stages - 1
+                            );
+                            return Err(msg.into());
+                        }
+                        Output::Hidden(t) if !last => {
+                            shapes.output(a.stage, &t, check_finite)?;
                             st.mem.add(Category::Buffers, tensor_bytes(&t));
                             if tt.stage_device[a.stage as usize + 1] == here {
                                 st.fwd_in.insert((a.stage + 1, a.microbatch), t);
@@ -504,7 +561,12 @@ where
                             }
                         }
                         Output::Hidden(_) => {
-                            return Err("the last stage returned activations, not a loss".into())
+                            let msg = format!(
+                                "stage {} is the last stage, but it returned activations \
+                                 (Output::Hidden), not a loss",
+                                a.stage
+                            );
+                            return Err(msg.into());
                         }
                     }
                 }
@@ -521,18 +583,27 @@ where
                     if recompute.contains_key(&a.stage) && !st.rebuilt.remove(&key) {
                         stash = rebuild(module, &data, stash, &mut tp, st)?;
                     }
-                    st.free_bytes(module.stash_bytes(&stash));
+                    st.free_bytes(stash.bytes());
                     let grad_in = if a.kind == ActionKind::B {
                         let g = module.backward(stash, grad_out, &mut tp)?;
                         st.live -= 1;
                         g
                     } else {
                         let (g, ws) = module.backward_input(stash, grad_out, &mut tp)?;
-                        st.keep_bytes(module.weight_stash_bytes(&ws));
+                        st.keep_bytes(ws.bytes());
                         st.wstash.insert(key, ws);
                         g
                     };
+                    if a.stage > 0 && grad_in.is_none() {
+                        let msg = format!(
+                            "stage {} returned no input gradient: every stage after the first \
+                             returns the gradient of its input",
+                            a.stage
+                        );
+                        return Err(msg.into());
+                    }
                     if let (Some(g), true) = (grad_in, a.stage > 0) {
+                        shapes.input_grad(a.stage, &g, check_finite)?;
                         st.mem.add(Category::Buffers, tensor_bytes(&g));
                         if tt.stage_device[a.stage as usize - 1] == here {
                             st.bwd_in.insert((a.stage - 1, a.microbatch), g);
@@ -549,7 +620,7 @@ where
                 }
                 ActionKind::W => {
                     let ws = take(&mut st.wstash, key, "weight stash (its I)")?;
-                    st.free_bytes(module.weight_stash_bytes(&ws));
+                    st.free_bytes(ws.bytes());
                     module.backward_weight(ws)?;
                     st.live -= 1;
                 }
@@ -558,7 +629,10 @@ where
             }
             Ok(())
         });
-        result.map_err(|e| self.fail(step, Some(a), e))?;
+        result.map_err(|e| {
+            let at = (self.mesh.rank(self.coord), self.coord, step);
+            boundary_error(&e, at, a).unwrap_or_else(|| self.module_fail(step, Some(a), a.stage, e))
+        })?;
         match loss {
             Some(l) if self.check_finite && !l.is_finite() => {
                 Err(self.non_finite(step, a.stage, Some(a.microbatch), "loss", l))
@@ -579,10 +653,10 @@ fn rebuild<M: StageModule>(
     tp: &mut dyn TpReduce<M::Tensor>,
     st: &mut StateOf<M>,
 ) -> Result<M::Stash, ModuleError> {
-    let before = module.stash_bytes(&stash);
+    let before = stash.bytes();
     let full = module.recompute(data, stash, tp)?;
     st.free_bytes(before);
-    st.keep_bytes(module.stash_bytes(&full));
+    st.keep_bytes(full.bytes());
     Ok(full)
 }
 

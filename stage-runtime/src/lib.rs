@@ -82,6 +82,17 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
+//! `run` on a mesh of one device is the reference every parallel run should equal: with
+//! `dp` replicas of `m` microbatches, run the same modules' whole model as one stage on
+//! `Mesh::new(1, 1, 1)` under `generate(&ScheduleSpec::new(ScheduleKind::GPipe, 1, 1, dp *
+//! m, None)?)`: the same global batch ([`MicrobatchId::global`]) and loss scale.
+//!
+//! The runtime checks the module where it hands something over. Before the first step it
+//! refuses, naming the stage and the method, a module that lacks a method the run's answer
+//! depends on (`flat_grads` and `set_flat_grads` with more than one data-parallel replica;
+//! see [`StageModule`]); at every hand-off it checks a forward's output and an input
+//! gradient against the shapes they must have ([`RuntimeError::HandOff`]).
+//!
 //! The reference GPT is one such user ([`GptModule`], [`train_gpt`]):
 //!
 //! ```
@@ -132,6 +143,14 @@ pub mod split;
 pub mod train;
 pub mod zero;
 
+/// The kernels crate, whose types [`StageModule`] and [`split::Layer`] use.
+pub use pipewright_kernels as kernels;
+pub use pipewright_kernels::gpt::StageOutput;
+pub use pipewright_kernels::layers::{NoTp, Param, Parameters, TpReduce};
+pub use pipewright_kernels::optim::AdamWConfig;
+pub use pipewright_kernels::{Footprint, Shaped, Tensor};
+pub use pipewright_schedule::Recompute;
+
 pub use batch::{MicrobatchId, StepBatch};
 #[cfg(feature = "cuda")]
 pub use comm::cuda_local::run_cuda_local;
@@ -143,7 +162,9 @@ pub use executor::{Executor, StepOutcome};
 pub use local_gpu::{choose_gpu, GpuChoiceError};
 pub use memory::{DeviceMemory, RankMemory};
 pub use mesh::{Coord, Group, GroupKind, Mesh, MeshError};
-pub use module::{GptModule, MicrobatchData, ModuleError, Output, StageModule, SyntheticModule};
+pub use module::{
+    GptModule, MicrobatchData, ModuleError, Output, StageModule, SyntheticModule, Unimplemented,
+};
 pub use run::{prepare, run, run_local, FinalParams, RunOptions, StepRecord};
 #[cfg(feature = "mpi")]
 pub use run_mpi::run_mpi;

@@ -10,13 +10,38 @@ use pipewright_kernels::gpt::{
 };
 use pipewright_kernels::layers::{TpReduce, TpShard};
 use pipewright_kernels::optim::{AdamWConfig, DeviceAdamW, ShardedAdamW};
-use pipewright_kernels::{params, Backend, Cpu, Footprint, Tensor};
+use pipewright_kernels::{params, Backend, Cpu, Footprint, Shaped, Tensor};
 use pipewright_schedule::{Recompute, StageCost};
 
 use crate::data::TokenBatch;
 
-/// A boxed error from user code.
-pub type ModuleError = Box<dyn std::error::Error + Send + Sync>;
+/// An error from user code: a module's methods and the run's closures return it, and `?`
+/// converts into it a user's own `Box<dyn Error>`, any error type (the kernels',
+/// `std::io::Error`, a candle or anyhow error), a `String` or a `&str`. The runtime reads it
+/// on the rank's own thread, so it need not be `Send`; a `Box<dyn Error + Send + Sync>`
+/// converts with `.map_err(|e| e as ModuleError)`.
+pub type ModuleError = Box<dyn std::error::Error>;
+
+/// What a default method of [`StageModule`] returns when the module did not implement it:
+/// the runtime tells it apart from the module's own errors, so that a run whose answer
+/// depends on the method is refused before its first step, naming the stage and the method
+/// ([`RuntimeError::Missing`](crate::RuntimeError::Missing)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("its module does not implement {method}")]
+pub struct Unimplemented {
+    /// The method.
+    pub method: &'static str,
+}
+
+/// The [`Unimplemented`] error of `method`, boxed.
+fn unimplemented(method: &'static str) -> ModuleError {
+    Box::new(Unimplemented { method })
+}
+
+/// The method `e` says is not implemented, when it is an [`Unimplemented`].
+pub fn unimplemented_method(e: &ModuleError) -> Option<&'static str> {
+    e.downcast_ref::<Unimplemented>().map(|u| u.method)
+}
 
 /// One microbatch as every stage sees it: the user's own data `D` (the module's
 /// [`StageModule::Data`], built on this rank by the run's data function) and the runtime's
@@ -27,8 +52,10 @@ pub struct MicrobatchData<'a, D = ()> {
     pub index: u32,
     /// The user's data of this microbatch (inputs for the first stage, targets for the last).
     pub data: &'a D,
-    /// Multiplies the loss and its gradient: `1 / (dp * m)`, the microbatches of the global
-    /// batch, so summed losses and gradients are those of the global batch's mean.
+    /// `1 / (dp * m)`, one over the microbatches of the global batch. The last stage's
+    /// module multiplies its loss *and* the loss's gradient by it; the runtime sums the
+    /// scaled losses and gradients over the global batch, which makes them the global
+    /// batch's mean (whatever `dp` and `m`, so every mesh trains like one device).
     pub loss_scale: f32,
 }
 
@@ -43,9 +70,6 @@ impl<D> Copy for MicrobatchData<'_, D> {}
 
 const NO_SHARD: &str = "this stage cannot shard its optimizer (ZeRO-1): it implements neither \
      optimizer_step_shard nor set_flat_params";
-
-const NO_SPLIT: &str =
-    "this stage has only a full backward (B), not an input (I) and weight (W) part";
 
 /// What a stage's forward produces.
 pub type Output<T = Tensor> = StageOutput<T>;
@@ -62,14 +86,17 @@ pub type Output<T = Tensor> = StageOutput<T>;
 /// of timetables with I or W actions are then refused before the first step.
 pub trait StageModule {
     /// The tensors it takes and returns (the communicator's).
-    type Tensor;
+    type Tensor: Shaped;
     /// One microbatch of the user's data (`()` for modules that read none): built on every
     /// rank by the run's data function, never sent between ranks.
     type Data;
-    /// What forward keeps for the input backward.
-    type Stash;
-    /// What the input backward keeps for the weight backward.
-    type WeightStash;
+    /// What forward keeps for the input backward. Its [`Footprint`] is the bytes the
+    /// runtime's stash peaks and measured memory count for it: a stash of tensors, norm
+    /// stashes, tuples, `Vec`s and `Option`s of them is counted as it is, and a stash type of
+    /// the module's own says its bytes (`#[derive(Footprint)]` sums its fields).
+    type Stash: Footprint;
+    /// What the input backward keeps for the weight backward (counted the same way).
+    type WeightStash: Footprint;
 
     /// Forward of one microbatch; `input` is `None` on the first stage.
     fn forward(
@@ -94,13 +121,13 @@ pub trait StageModule {
         tp: &mut dyn TpReduce<Self::Tensor>,
     ) -> Result<(Option<Self::Tensor>, Self::WeightStash), ModuleError> {
         let _ = (stash, grad_out, tp);
-        Err(NO_SPLIT.into())
+        Err(unimplemented("backward_input"))
     }
 
     /// Weight-gradient backward (W): accumulate into the gradients.
     fn backward_weight(&mut self, stash: Self::WeightStash) -> Result<(), ModuleError> {
         let _ = stash;
-        Err(NO_SPLIT.into())
+        Err(unimplemented("backward_weight"))
     }
 
     /// Full backward (B): I then W. A module with only a full backward implements this.
@@ -127,62 +154,72 @@ pub trait StageModule {
     /// [`set_recompute`](Self::set_recompute), so the backward can run: the runtime calls it
     /// once per microbatch, just before its first backward (B or I) or at the timetable's
     /// `R` action. With `tp > 1` every TP rank of the stage recomputes together (a full
-    /// recompute reruns the forward's all-reduces). Only called after `set_recompute`.
+    /// recompute reruns the forward's all-reduces). Only called after `set_recompute`
+    /// accepted a policy, so a module that accepts one implements this (the default is an
+    /// error, never a stash passed on as it was).
     fn recompute(
         &mut self,
         mb: &MicrobatchData<'_, Self::Data>,
         stash: Self::Stash,
         tp: &mut dyn TpReduce<Self::Tensor>,
     ) -> Result<Self::Stash, ModuleError> {
-        let _ = (mb, tp);
-        Ok(stash)
-    }
-
-    /// Bytes a forward's stash keeps alive, for the runtime's stash peaks (0 when unknown).
-    fn stash_bytes(&self, stash: &Self::Stash) -> usize {
-        let _ = stash;
-        0
-    }
-
-    /// Bytes an input backward's weight stash keeps alive until its W (0 when unknown).
-    fn weight_stash_bytes(&self, stash: &Self::WeightStash) -> usize {
-        let _ = stash;
-        0
+        let _ = (mb, stash, tp);
+        Err(unimplemented("recompute"))
     }
 
     /// The accumulated gradients as one flat tensor in a fixed order, for the data-parallel
-    /// all-reduce; `None` when the stage has no parameters (then there is nothing to reduce).
+    /// all-reduce; `Ok(None)` says the stage has no parameters (nothing to reduce).
+    ///
+    /// A run with more than one data-parallel replica needs it, and
+    /// [`set_flat_grads`](Self::set_flat_grads), from every stage: without them each
+    /// replica would step on its own gradients. Such a run refuses a module that does not
+    /// implement them before its first step (a stage without parameters returns `Ok(None)`);
+    /// with one replica it is optional ([`runtime::host`](crate::host) has both for
+    /// parameters the kernels' `Parameters` visits).
     fn flat_grads(&mut self) -> Result<Option<Self::Tensor>, ModuleError> {
-        Ok(None)
+        Err(unimplemented("flat_grads"))
     }
 
     /// The first NaN or infinite value of the accumulated gradients, `None` when all are
     /// finite: the run's once-per-step check before the optimizer
     /// ([`RunOptions::check_finite`](crate::RunOptions::check_finite)). The default scans
-    /// [`flat_grads`](Self::flat_grads) when they are host [`Tensor`]s; a module whose
-    /// gradients live elsewhere overrides it (the GPT on a GPU downloads them), or they go
-    /// unchecked.
+    /// [`flat_grads`](Self::flat_grads) when they are host [`Tensor`]s (a module that does not
+    /// implement `flat_grads` is checked through its losses and, at the end of the run, its
+    /// parameters); a module whose gradients live elsewhere implements it (the GPT on a GPU
+    /// downloads them), or a run with the check is refused before its first step.
     fn non_finite_grad(&mut self) -> Result<Option<f32>, ModuleError>
     where
         Self::Tensor: 'static,
     {
-        let Some(g) = self.flat_grads()? else {
-            return Ok(None);
+        let g = match self.flat_grads() {
+            Ok(Some(g)) => g,
+            Ok(None) => return Ok(None),
+            Err(e) if unimplemented_method(&e).is_some() => return Ok(None),
+            Err(e) => return Err(e),
         };
-        let host = (&g as &dyn std::any::Any).downcast_ref::<Tensor>();
-        Ok(host.and_then(|t| first_non_finite(t.data())))
+        match (&g as &dyn std::any::Any).downcast_ref::<Tensor>() {
+            Some(host) => Ok(first_non_finite(host.data())),
+            None => Err(unimplemented("non_finite_grad")),
+        }
     }
 
     /// Replace the gradients with `grads` (the reduced [`flat_grads`](Self::flat_grads)).
     fn set_flat_grads(&mut self, grads: Self::Tensor) -> Result<(), ModuleError> {
         let _ = grads;
-        Err("this stage has no gradients to set".into())
+        Err(unimplemented("set_flat_grads"))
     }
 
     /// One AdamW step from the accumulated gradients (the module keeps its own state, made
-    /// from `cfg` on the first step), then zero the gradients. Nothing without parameters.
+    /// from `cfg` on the first step), then zero the gradients. The default does nothing for
+    /// a module without parameters, and refuses one whose [`flat_grads`](Self::flat_grads)
+    /// or [`flat_params`](Self::flat_params) shows some (they would never change).
     fn optimizer_step(&mut self, cfg: &AdamWConfig) -> Result<(), ModuleError> {
         let _ = cfg;
+        let grads = matches!(self.flat_grads(), Ok(Some(_)));
+        let params = matches!(self.flat_params(), Ok(Some(p)) if !p.is_empty());
+        if grads || params {
+            return Err(unimplemented("optimizer_step"));
+        }
         Ok(())
     }
 
@@ -348,14 +385,6 @@ impl<B: Backend> StageModule for GptModule<B> {
     ) -> Result<Stash<B>, ModuleError> {
         let gmb = self.microbatch(mb);
         Ok(self.stage.recompute(&gmb, stash, tp)?)
-    }
-
-    fn stash_bytes(&self, stash: &Stash<B>) -> usize {
-        stash.bytes()
-    }
-
-    fn weight_stash_bytes(&self, stash: &WeightStash<B>) -> usize {
-        stash.bytes()
     }
 
     fn backward_input(
@@ -568,6 +597,11 @@ impl StageModule for SyntheticModule {
     fn backward_weight(&mut self, _: ()) -> Result<(), ModuleError> {
         occupy(self.w);
         Ok(())
+    }
+
+    /// No parameters: nothing to reduce over data-parallel replicas.
+    fn flat_grads(&mut self) -> Result<Option<Tensor>, ModuleError> {
+        Ok(None)
     }
 
     /// Full recomputation reruns the forward: it takes the forward's time again.

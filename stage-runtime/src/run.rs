@@ -23,7 +23,7 @@ use crate::error::RuntimeError;
 use crate::executor::{Executor, StepOutcome};
 use crate::memory::RankMemory;
 use crate::mesh::{Coord, Mesh};
-use crate::module::{ModuleError, StageModule};
+use crate::module::{first_non_finite, ModuleError, StageModule};
 use crate::zero::Zero;
 
 /// How to run.
@@ -353,9 +353,21 @@ where
             let flat = m
                 .flat_params()
                 .map_err(|e| fail(format!("reading the parameters of stage {stage}: {e}")))?;
-            if let Some(p) = flat {
-                params.insert((stage, coord.tp), p);
+            let Some(p) = flat else { continue };
+            // The last step's update, which no later loss will see (and the only check of a
+            // module whose gradients the per-step check cannot read).
+            if let Some(value) = first_non_finite(&p).filter(|_| ctx.opts.check_finite) {
+                return Err(RuntimeError::NonFinite {
+                    rank,
+                    coord,
+                    step: ctx.opts.steps.saturating_sub(1),
+                    stage,
+                    microbatch: None,
+                    what: "parameter",
+                    value,
+                });
             }
+            params.insert((stage, coord.tp), p);
         }
     }
     Ok(params)

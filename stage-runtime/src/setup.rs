@@ -8,7 +8,8 @@ use pipewright_schedule::{Action, ActionKind, Recompute, RecomputePlan, Timetabl
 
 use crate::error::RuntimeError;
 use crate::executor::guard;
-use crate::module::StageModule;
+use crate::module::{unimplemented_method, ModuleError, StageModule};
+use pipewright_kernels::Shaped;
 
 /// Refuse a row asking a module with only a full backward for an I or W action, naming
 /// the schedule, the stage and the first such action.
@@ -73,4 +74,112 @@ pub(crate) fn kept_whole(
     let mut whole = pipewright_schedule::recompute::kept_whole(row);
     whole.retain(|(s, _)| recompute.contains_key(s));
     whole
+}
+
+/// Why a run needs `method` of a stage's module, for the one line that refuses it.
+pub(crate) fn needed_for(method: &str, dp: usize) -> String {
+    match method {
+        "flat_grads" | "set_flat_grads" => format!(
+            "its module does not implement {method}, which dp = {dp} needs: flat_grads and \
+             set_flat_grads sum a stage's gradients over the data-parallel replicas, and \
+             without them each replica would step on its own gradients (a stage without \
+             parameters returns Ok(None) from flat_grads)"
+        ),
+        "non_finite_grad" => "its module does not implement non_finite_grad, which the NaN check \
+             (RunOptions::check_finite, on by default) needs for gradients that are not host \
+             tensors: implement it, or turn the check off"
+            .into(),
+        "optimizer_step" => "its module does not implement optimizer_step, but it holds \
+             parameters (flat_grads or flat_params shows them), which would never change"
+            .into(),
+        "recompute" => "its module accepted a recompute policy (set_recompute) but does not \
+             implement recompute, which must rebuild what the policy dropped"
+            .into(),
+        "backward_input" | "backward_weight" => format!(
+            "its module does not implement {method}, which the schedule's I and W actions need \
+             (a module with only a full backward returns false from splits_backward)"
+        ),
+        other => format!("its module does not implement {other}"),
+    }
+}
+
+/// What the executor learns about its modules before step 0: the parameter and gradient
+/// bytes of modules that do not say them (from their flat views), by stage.
+pub(crate) type Sizes = HashMap<u32, (u64, u64)>;
+
+/// Refuse, before the first step, a module missing a method this run's answer depends on,
+/// naming the stage and the method: under `dp > 1`, `flat_grads` and `set_flat_grads`
+/// (probed by setting the gradients to themselves, zero before the first step); with the NaN
+/// check, a `non_finite_grad` that can read the gradients. Returns the sizes of modules
+/// that do not report them.
+pub(crate) fn check_methods<M: StageModule>(
+    modules: &mut HashMap<u32, M>,
+    dp: usize,
+    sharded: bool,
+    check_finite: bool,
+) -> Result<Sizes, RuntimeError>
+where
+    M::Tensor: 'static,
+{
+    let mut stages: Vec<u32> = modules.keys().copied().collect();
+    stages.sort_unstable();
+    let mut sizes = Sizes::new();
+    for stage in stages {
+        let module = modules
+            .get_mut(&stage)
+            .ok_or(RuntimeError::MissingStage(stage))?;
+        let refuse = |method: &'static str, message: String| RuntimeError::Module {
+            stage,
+            method,
+            message,
+        };
+        let failed = |method: &'static str, e: ModuleError| {
+            let message = match unimplemented_method(&e) {
+                Some(_) => needed_for(method, dp),
+                None => format!("{method} failed before the first step: {e}"),
+            };
+            refuse(method, message)
+        };
+        let grads = guard(|| module.flat_grads());
+        let params = if module.parameter_bytes() == 0 {
+            let flat = guard(|| module.flat_params()).map_err(|e| failed("flat_params", e))?;
+            flat.map_or(0, |p| p.len())
+        } else {
+            0
+        };
+        let grad_numel = match &grads {
+            Ok(Some(g)) => g.numel(),
+            _ => 0,
+        };
+        if dp > 1 {
+            match grads {
+                Err(e) => return Err(failed("flat_grads", e)),
+                Ok(None) if params > 0 => {
+                    let message = format!(
+                        "its module's flat_grads says it has no gradients, but flat_params \
+                         shows {params} parameters: dp = {dp} sums a stage's gradients over \
+                         the data-parallel replicas through flat_grads and set_flat_grads"
+                    );
+                    return Err(refuse("flat_grads", message));
+                }
+                Ok(Some(g)) if !sharded => {
+                    guard(|| module.set_flat_grads(g)).map_err(|e| failed("set_flat_grads", e))?
+                }
+                Ok(_) => {}
+            }
+        }
+        if check_finite {
+            guard(|| module.non_finite_grad()).map_err(|e| failed("non_finite_grad", e))?;
+        }
+        let f32s = |n: usize| 4 * n as u64;
+        let grad_bytes = if module.gradient_bytes() == 0 {
+            f32s(grad_numel)
+        } else {
+            0
+        };
+        if params > 0 || grad_bytes > 0 {
+            sizes.insert(stage, (f32s(params), grad_bytes));
+        }
+    }
+    Ok(sizes)
 }

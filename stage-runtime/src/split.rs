@@ -10,7 +10,7 @@ use std::any::Any;
 use std::fmt;
 use std::ops::Range;
 
-use pipewright_kernels::layers::{Param, Parameters, TpReduce};
+use pipewright_kernels::layers::{Parameters, TpReduce};
 use pipewright_kernels::optim::AdamWConfig;
 use pipewright_kernels::{params, Footprint, Tensor};
 use pipewright_schedule::{RawCostFile, RawStageCost, Recompute};
@@ -21,52 +21,155 @@ pub use profile::{layer_profile, measure, profile, LayerMeasure};
 use crate::host::{self, HostAdamW};
 use crate::module::{MicrobatchData, ModuleError, Output, StageModule};
 
-/// What a layer keeps from one pass to the next (its own type, behind `Any`).
-pub type LayerStash = Box<dyn Any>;
-
 /// One layer of a user's model on host tensors, with a split backward; its parameters are
-/// the kernels' [`Parameters`].
+/// the kernels' [`Parameters`] (`#[derive(Parameters)]` writes their visit for a layer built
+/// of the kernels' layers). What it keeps between passes is its own types, counted by their
+/// [`Footprint`] for the runtime's measured memory and the profile:
+///
+/// ```
+/// use pipewright_runtime::split::Layer;
+/// use pipewright_runtime::{Footprint, ModuleError, Param, Parameters, Tensor};
+///
+/// #[derive(Footprint)] // its bytes: the sum of its fields'
+/// struct Kept { x: Tensor }
+///
+/// struct Identity;
+///
+/// impl Parameters for Identity {
+///     fn visit(&self, _: &mut dyn FnMut(&Param)) {}
+///     fn visit_mut(&mut self, _: &mut dyn FnMut(&mut Param)) {}
+/// }
+///
+/// impl Layer for Identity {
+///     type Stash = Kept;
+///     type WeightStash = ();
+///     fn forward(&mut self, x: &Tensor) -> Result<(Tensor, Kept), ModuleError> {
+///         Ok((x.clone(), Kept { x: x.clone() }))
+///     }
+///     fn backward_input(&mut self, _: Kept, dy: &Tensor) -> Result<(Tensor, ()), ModuleError> {
+///         Ok((dy.clone(), ()))
+///     }
+///     fn backward_weight(&mut self, _: ()) -> Result<(), ModuleError> {
+///         Ok(())
+///     }
+/// }
+/// assert_eq!(Kept { x: Tensor::zeros(&[2, 3]) }.bytes(), 24);
+/// ```
+///
+/// A stash whose bytes are not known does not compile (it would count as 0 bytes):
+///
+/// ```compile_fail,E0277
+/// use pipewright_runtime::split::Layer;
+/// use pipewright_runtime::{ModuleError, Param, Parameters, Tensor};
+///
+/// struct Kept { x: Tensor } // no Footprint
+///
+/// struct Identity;
+///
+/// impl Parameters for Identity {
+///     fn visit(&self, _: &mut dyn FnMut(&Param)) {}
+///     fn visit_mut(&mut self, _: &mut dyn FnMut(&mut Param)) {}
+/// }
+///
+/// impl Layer for Identity {
+///     type Stash = Kept;
+///     type WeightStash = ();
+///     fn forward(&mut self, x: &Tensor) -> Result<(Tensor, Kept), ModuleError> {
+///         Ok((x.clone(), Kept { x: x.clone() }))
+///     }
+///     fn backward_input(&mut self, _: Kept, dy: &Tensor) -> Result<(Tensor, ()), ModuleError> {
+///         Ok((dy.clone(), ()))
+///     }
+///     fn backward_weight(&mut self, _: ()) -> Result<(), ModuleError> {
+///         Ok(())
+///     }
+/// }
+/// ```
 pub trait Layer: Parameters {
+    /// What the forward keeps for the input backward.
+    type Stash: Footprint + 'static;
+    /// What the input backward keeps for the weight backward.
+    type WeightStash: Footprint + 'static;
+
     /// Forward: the output and what the input backward needs.
-    fn forward(&mut self, x: &Tensor) -> Result<(Tensor, LayerStash), ModuleError>;
+    fn forward(&mut self, x: &Tensor) -> Result<(Tensor, Self::Stash), ModuleError>;
     /// Input backward (I): the input gradient and what the weight backward needs.
     fn backward_input(
+        &mut self,
+        stash: Self::Stash,
+        dy: &Tensor,
+    ) -> Result<(Tensor, Self::WeightStash), ModuleError>;
+    /// Weight backward (W): accumulate the parameters' gradients.
+    fn backward_weight(&mut self, stash: Self::WeightStash) -> Result<(), ModuleError>;
+}
+
+/// A stash of some layer, its type erased so that layers of different types share a list,
+/// with its bytes counted from its type when it was made.
+pub struct LayerStash {
+    value: Box<dyn Any>,
+    bytes: usize,
+}
+
+impl LayerStash {
+    fn new<T: Footprint + 'static>(value: T) -> Self {
+        let bytes = value.bytes();
+        LayerStash {
+            value: Box::new(value),
+            bytes,
+        }
+    }
+
+    fn take<T: 'static>(self) -> Result<T, ModuleError> {
+        match self.value.downcast::<T>() {
+            Ok(v) => Ok(*v),
+            Err(_) => Err("a layer was given another layer's stash".into()),
+        }
+    }
+}
+
+impl Footprint for LayerStash {
+    fn bytes(&self) -> usize {
+        self.bytes
+    }
+}
+
+/// A [`Layer`] of any stash types, as a list of layers holds it (`Box<dyn DynLayer>`): every
+/// `Layer` is one, so `Box::new(my_layer)` goes wherever a [`BoxedLayer`] is asked for.
+pub trait DynLayer: Parameters {
+    /// [`Layer::forward`], its stash erased.
+    fn forward_dyn(&mut self, x: &Tensor) -> Result<(Tensor, LayerStash), ModuleError>;
+    /// [`Layer::backward_input`] of a stash of this layer's forward.
+    fn backward_input_dyn(
         &mut self,
         stash: LayerStash,
         dy: &Tensor,
     ) -> Result<(Tensor, LayerStash), ModuleError>;
-    /// Weight backward (W): accumulate the parameters' gradients.
-    fn backward_weight(&mut self, stash: LayerStash) -> Result<(), ModuleError>;
+    /// [`Layer::backward_weight`] of a stash of this layer's input backward.
+    fn backward_weight_dyn(&mut self, stash: LayerStash) -> Result<(), ModuleError>;
+}
 
-    /// Bytes `stash` (one of this layer's, from its forward or its input backward) keeps
-    /// alive, for the runtime's measured memory and the profile. The default knows the
-    /// common stash types ([`stash_bytes`]); a layer with its own stash type says its size
-    /// here, or it counts 0.
-    fn stash_bytes(&self, stash: &LayerStash) -> usize {
-        stash_bytes(stash)
+impl<L: Layer> DynLayer for L {
+    fn forward_dyn(&mut self, x: &Tensor) -> Result<(Tensor, LayerStash), ModuleError> {
+        let (y, s) = self.forward(x)?;
+        Ok((y, LayerStash::new(s)))
+    }
+
+    fn backward_input_dyn(
+        &mut self,
+        stash: LayerStash,
+        dy: &Tensor,
+    ) -> Result<(Tensor, LayerStash), ModuleError> {
+        let (dx, ws) = self.backward_input(stash.take()?, dy)?;
+        Ok((dx, LayerStash::new(ws)))
+    }
+
+    fn backward_weight_dyn(&mut self, stash: LayerStash) -> Result<(), ModuleError> {
+        self.backward_weight(stash.take()?)
     }
 }
 
-/// Bytes of a stash of a common type: a `Tensor`, `Vec<Tensor>`, `Option<Tensor>`, a pair
-/// or triple of tensors, `(Tensor, Vec<Tensor>)`, or `()`; 0 for any other type.
-pub fn stash_bytes(stash: &LayerStash) -> usize {
-    let s: &dyn Any = &**stash;
-    if let Some(t) = s.downcast_ref::<Tensor>() {
-        t.bytes()
-    } else if let Some(v) = s.downcast_ref::<Vec<Tensor>>() {
-        v.bytes()
-    } else if let Some(o) = s.downcast_ref::<Option<Tensor>>() {
-        o.bytes()
-    } else if let Some(p) = s.downcast_ref::<(Tensor, Tensor)>() {
-        p.bytes()
-    } else if let Some((a, b, c)) = s.downcast_ref::<(Tensor, Tensor, Tensor)>() {
-        a.bytes() + b.bytes() + c.bytes()
-    } else if let Some(p) = s.downcast_ref::<(Tensor, Vec<Tensor>)>() {
-        p.bytes()
-    } else {
-        0
-    }
-}
+/// A layer of a list of layers.
+pub type BoxedLayer = Box<dyn DynLayer>;
 
 /// How [`split`] balances the stages.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -159,7 +262,7 @@ impl fmt::Display for Partition {
 /// Cut `layers` into `stages` contiguous stages balanced by `balance`. Balancing by time
 /// runs [`profile`] on `sample` (the first layer's input) and leaves the gradients zero.
 pub fn split(
-    layers: &mut [Box<dyn Layer>],
+    layers: &mut [BoxedLayer],
     stages: usize,
     balance: Balance,
     sample: Option<&Tensor>,
@@ -174,6 +277,52 @@ pub fn split(
     };
     let ranges = if balance == Balance::Uniform {
         uniform(layers.len(), stages)?
+    } else {
+        balanced(&weights, stages)?
+    };
+    Ok(Partition {
+        stages: ranges,
+        weights,
+        balance,
+    })
+}
+
+/// The cuts of a model of `n` layers into `stages` stages, without building the whole model:
+/// `layer(k)` builds layer `k` when the balance needs it (by parameters: to count them; by
+/// time: to profile it on the previous layer's output, `sample` being the first layer's
+/// input), and it is dropped before the next is built. Equal to [`split`] of the whole list.
+pub fn cut(
+    n: usize,
+    stages: usize,
+    balance: Balance,
+    sample: Option<&Tensor>,
+    layer: impl Fn(usize) -> Result<BoxedLayer, ModuleError>,
+) -> Result<Partition, SplitError> {
+    check_counts(n, stages)?;
+    let build = |k: usize| {
+        layer(k).map_err(|e| SplitError::Profile {
+            layer: k,
+            message: format!("building it: {e}"),
+        })
+    };
+    let weights: Vec<f64> = match balance {
+        Balance::Uniform => vec![1.0; n],
+        Balance::Parameters => (0..n)
+            .map(|k| Ok(build(k)?.num_params() as f64))
+            .collect::<Result<_, SplitError>>()?,
+        Balance::Time { repeats } => {
+            let mut x = sample.ok_or(SplitError::NoSample)?.clone();
+            let mut w = Vec::with_capacity(n);
+            for k in 0..n {
+                let (m, y) = profile::measure_one(k, &mut *build(k)?, &x, repeats)?;
+                w.push(m.cost.f + m.cost.i + m.cost.w);
+                x = y;
+            }
+            w
+        }
+    };
+    let ranges = if balance == Balance::Uniform {
+        uniform(n, stages)?
     } else {
         balanced(&weights, stages)?
     };
@@ -235,24 +384,14 @@ pub fn cost_file(profile: &[LayerCost], partition: &[Range<usize>]) -> RawCostFi
     }
 }
 
-/// The loss of a model's last layer's output against a microbatch's data, times the loss
-/// scale: the loss and its gradient.
+/// The loss of a model's last layer's output against a microbatch's data, and its gradient,
+/// both multiplied by the loss scale (the third argument, `1 / (dp * m)`): the runtime sums
+/// the scaled losses and gradients of the global batch's `dp * m` microbatches, which is the
+/// global batch's mean.
 pub type LossFn<D> = dyn Fn(&Tensor, &D, f32) -> Result<(f32, Tensor), ModuleError>;
 
 /// The first stage's input from a microbatch's data.
-pub type InputFn<D> = dyn Fn(&D) -> Tensor;
-
-/// A stage's layers, in order, with their parameters visited in that order.
-struct Stack(Vec<Box<dyn Layer>>);
-
-impl Parameters for Stack {
-    fn visit(&self, f: &mut dyn FnMut(&Param)) {
-        self.0.iter().for_each(|l| l.visit(f));
-    }
-    fn visit_mut(&mut self, f: &mut dyn FnMut(&mut Param)) {
-        self.0.iter_mut().for_each(|l| l.visit_mut(f));
-    }
-}
+pub type InputFn<D> = dyn Fn(&D) -> Result<Tensor, ModuleError>;
 
 /// One stage of a layer-list model: its layers, the model's input function on the first
 /// stage and its loss on the last, AdamW over its parameters. It offers full recomputation
@@ -260,7 +399,8 @@ impl Parameters for Stack {
 /// result twice, as a forward without dropout or other hidden state does); a layer's stash
 /// is its own opaque type, so selective recomputation is not offered.
 pub struct LayerStage<D> {
-    layers: Stack,
+    /// In order; their parameters are visited in that order.
+    layers: Vec<BoxedLayer>,
     input: Option<Box<InputFn<D>>>,
     loss: Option<Box<LossFn<D>>>,
     opt: HostAdamW,
@@ -268,12 +408,14 @@ pub struct LayerStage<D> {
 }
 
 /// What a [`LayerStage`]'s forward keeps for its backward.
+#[derive(pipewright_kernels::Footprint)]
 pub struct LayerStageStash {
     layers: Vec<LayerStash>,
     loss_grad: Option<Tensor>,
     /// The stage's input, kept alone under full recomputation (`None` on the first stage,
     /// whose input the data rebuilds).
     input: Option<Tensor>,
+    #[footprint(skip)]
     slim: bool,
 }
 
@@ -281,17 +423,42 @@ impl<D> LayerStage<D> {
     /// A stage of `layers`; `input` for the first stage, `loss` for the last (both for a
     /// model of one stage).
     pub fn new(
-        layers: Vec<Box<dyn Layer>>,
+        layers: Vec<BoxedLayer>,
         input: Option<Box<InputFn<D>>>,
         loss: Option<Box<LossFn<D>>>,
     ) -> Self {
         LayerStage {
-            layers: Stack(layers),
+            layers,
             input,
             loss,
             opt: HostAdamW::default(),
             full_recompute: false,
         }
+    }
+
+    /// Stage `stage` of a model cut at `cuts` (from [`cut`] or [`split`]): its layers built by
+    /// `layer(k)`, the model's `input` function if it is the first stage and its `loss` if it
+    /// is the last. A run's `make` closure is then `|_, s| LayerStage::part(&cuts, s, layer,
+    /// input, loss)`, and `part(&[0..n], 0, ..)` is the whole model on one device.
+    pub fn part<I, L>(
+        cuts: &[Range<usize>],
+        stage: u32,
+        layer: impl Fn(usize) -> Result<BoxedLayer, ModuleError>,
+        input: I,
+        loss: L,
+    ) -> Result<Self, ModuleError>
+    where
+        I: Fn(&D) -> Result<Tensor, ModuleError> + 'static,
+        L: Fn(&Tensor, &D, f32) -> Result<(f32, Tensor), ModuleError> + 'static,
+    {
+        let range = cuts
+            .get(stage as usize)
+            .ok_or_else(|| format!("stage {stage} is not one of the {} cuts", cuts.len()))?;
+        let last = cuts.last().map_or(0, |r| r.end);
+        let layers = range.clone().map(layer).collect::<Result<_, _>>()?;
+        let input = (range.start == 0).then(|| Box::new(input) as Box<InputFn<D>>);
+        let loss = (range.end == last).then(|| Box::new(loss) as Box<LossFn<D>>);
+        Ok(LayerStage::new(layers, input, loss))
     }
 
     /// The forward, keeping every layer's stash (`keep`) or none of them.
@@ -303,12 +470,12 @@ impl<D> LayerStage<D> {
     ) -> Result<(Output, LayerStageStash), ModuleError> {
         let mut x = match (input, &self.input) {
             (Some(x), _) => x,
-            (None, Some(f)) => f(mb.data),
+            (None, Some(f)) => f(mb.data)?,
             (None, None) => return Err("a first stage needs an input function".into()),
         };
-        let mut layers = Vec::with_capacity(self.layers.0.len());
-        for layer in &mut self.layers.0 {
-            let (y, s) = layer.forward(&x)?;
+        let mut layers = Vec::with_capacity(self.layers.len());
+        for layer in &mut self.layers {
+            let (y, s) = layer.forward_dyn(&x)?;
             if keep {
                 layers.push(s);
             }
@@ -388,8 +555,8 @@ impl<D> StageModule for LayerStage<D> {
         let stashes = stash.layers;
         let mut dy = grad_out.or(stash.loss_grad).ok_or("no output gradient")?;
         let mut ws = Vec::with_capacity(stashes.len());
-        for (layer, s) in self.layers.0.iter_mut().zip(stashes).rev() {
-            let (dx, w) = layer.backward_input(s, &dy)?;
+        for (layer, s) in self.layers.iter_mut().zip(stashes).rev() {
+            let (dx, w) = layer.backward_input_dyn(s, &dy)?;
             ws.push(w);
             dy = dx;
         }
@@ -397,10 +564,10 @@ impl<D> StageModule for LayerStage<D> {
     }
 
     fn backward_weight(&mut self, ws: Self::WeightStash) -> Result<(), ModuleError> {
-        let layers = self.layers.0.iter_mut().rev();
+        let layers = self.layers.iter_mut().rev();
         layers
             .zip(ws)
-            .try_for_each(|(layer, w)| layer.backward_weight(w))
+            .try_for_each(|(layer, w)| layer.backward_weight_dyn(w))
     }
 
     fn flat_grads(&mut self) -> Result<Option<Tensor>, ModuleError> {
@@ -434,18 +601,6 @@ impl<D> StageModule for LayerStage<D> {
 
     fn set_flat_params(&mut self, values: Tensor) -> Result<(), ModuleError> {
         host::set_flat_params(&mut self.layers, values)
-    }
-
-    fn stash_bytes(&self, stash: &LayerStageStash) -> usize {
-        let layers = self.layers.0.iter().zip(&stash.layers);
-        let own: usize = layers.map(|(l, s)| l.stash_bytes(s)).sum();
-        own + stash.loss_grad.bytes() + stash.input.bytes()
-    }
-
-    fn weight_stash_bytes(&self, ws: &Vec<LayerStash>) -> usize {
-        // The input backward pushed them last layer first.
-        let layers = self.layers.0.iter().rev().zip(ws);
-        layers.map(|(l, s)| l.stash_bytes(s)).sum()
     }
 
     fn optimizer_state_bytes(&self) -> usize {

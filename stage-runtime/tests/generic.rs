@@ -6,7 +6,7 @@
 use pipewright_kernels::gpt::StageOutput;
 use pipewright_kernels::layers::{TpReduce, TpShard};
 use pipewright_kernels::optim::AdamWConfig;
-use pipewright_kernels::{KernelError, Tensor};
+use pipewright_kernels::{KernelError, Shaped, Tensor};
 use pipewright_runtime::comm::CommError;
 use pipewright_runtime::{
     gpt_data, run_local, train_gpt, Coord, GptModule, HostOps, LocalOps, Mesh, MicrobatchData,
@@ -17,6 +17,13 @@ use pipewright_schedule::{generate, ScheduleKind, ScheduleSpec};
 /// A tensor the runtime has never heard of.
 #[derive(Debug)]
 struct Boxed(Box<Tensor>);
+
+// A device tensor knows its shape without a download.
+impl Shaped for Boxed {
+    fn shape(&self) -> &[usize] {
+        self.0.shape()
+    }
+}
 
 /// A message in transit (on a GPU: a tensor and its ready event).
 struct Parcel(Tensor);
@@ -135,6 +142,11 @@ impl StageModule for BoxedGpt {
         self.0.set_flat_grads(*grads.0)
     }
 
+    // Its gradients are not host tensors: without this the NaN check refuses the run.
+    fn non_finite_grad(&mut self) -> Result<Option<f32>, ModuleError> {
+        self.0.non_finite_grad()
+    }
+
     fn optimizer_step(&mut self, cfg: &AdamWConfig) -> Result<(), ModuleError> {
         self.0.optimizer_step(cfg)
     }
@@ -207,4 +219,97 @@ fn a_tensor_type_of_its_own_trains_to_the_host_runs_bits() {
         assert_eq!(got, want, "{zero:?}");
         assert_eq!(got_params, want_params, "{zero:?}");
     }
+}
+
+/// A stage of device-like tensors with gradients (`flat_grads`) but no `non_finite_grad`:
+/// the default cannot read its gradients.
+struct Unreadable {
+    last: bool,
+}
+
+impl StageModule for Unreadable {
+    type Tensor = Boxed;
+    type Data = ();
+    type Stash = ();
+    type WeightStash = ();
+
+    fn forward(
+        &mut self,
+        _: &MicrobatchData<'_>,
+        _: Option<Boxed>,
+        _: &mut dyn TpReduce<Boxed>,
+    ) -> Result<(StageOutput<Boxed>, ()), ModuleError> {
+        let out = match self.last {
+            true => StageOutput::Loss(1.0),
+            false => StageOutput::Hidden(Boxed(Box::new(Tensor::zeros(&[2])))),
+        };
+        Ok((out, ()))
+    }
+
+    fn backward_input(
+        &mut self,
+        _: (),
+        _: Option<Boxed>,
+        _: &mut dyn TpReduce<Boxed>,
+    ) -> Result<(Option<Boxed>, ()), ModuleError> {
+        Ok((Some(Boxed(Box::new(Tensor::zeros(&[2])))), ()))
+    }
+
+    fn backward_weight(&mut self, _: ()) -> Result<(), ModuleError> {
+        Ok(())
+    }
+
+    fn flat_grads(&mut self) -> Result<Option<Boxed>, ModuleError> {
+        Ok(Some(Boxed(Box::new(Tensor::zeros(&[3])))))
+    }
+
+    fn optimizer_step(&mut self, _: &AdamWConfig) -> Result<(), ModuleError> {
+        Ok(())
+    }
+}
+
+/// The NaN check (on by default) refuses, before the first step and naming the stage and the
+/// method, gradients it cannot read; with the check off the same stages run.
+#[test]
+fn the_nan_check_refuses_gradients_it_cannot_read() {
+    let tt = generate(&ScheduleSpec::new(ScheduleKind::OneFOneB, 2, 1, 2, None).unwrap());
+    let train = |check_finite: bool| {
+        let opts = RunOptions {
+            check_finite,
+            ..RunOptions::default()
+        };
+        let make = |_: Coord, s: u32, _: &BoxedOps| Ok(Unreadable { last: s == 1 });
+        let mut steps = 0;
+        let r = run_local(
+            Mesh::new(2, 1, 1).unwrap(),
+            &tt,
+            |_| Ok(BoxedOps),
+            make,
+            |_| Ok(()),
+            &opts,
+            |_| steps += 1,
+        );
+        (steps, r)
+    };
+    let (steps, r) = train(true);
+    let e = r.unwrap_err();
+    let line = e.to_string();
+    assert!(
+        matches!(
+            e,
+            pipewright_runtime::RuntimeError::Module {
+                method: "non_finite_grad",
+                ..
+            }
+        ),
+        "{line}"
+    );
+    assert!(
+        line.contains("non_finite_grad") && line.contains("check_finite"),
+        "{line}"
+    );
+    assert_eq!(steps, 0);
+    let (steps, r) = train(false);
+    r.unwrap();
+    assert_eq!(steps, 1);
 }

@@ -24,7 +24,7 @@ use crate::error::{shape_err, KernelError, Result};
 use crate::footprint::Footprint;
 use crate::layers::seq;
 use crate::layers::{
-    Block, BlockStash, BlockWeightStash, Embedding, HeadStash, HeadWeightStash, LmHead, Param,
+    Block, BlockStash, BlockWeightStash, Embedding, HeadStash, HeadWeightStash, LmHead,
     Parameters, TpReduce, TpShard,
 };
 use crate::tensor::Tensor;
@@ -123,7 +123,8 @@ pub struct WeightStash<B: Backend = Cpu> {
 
 /// One pipeline stage (and one TP rank) of the reference GPT, on backend
 /// `B` (the host by default).
-#[derive(Debug)]
+#[derive(Debug, Parameters)]
+#[parameters(tensor = B::Storage, embed, blocks, head)]
 pub struct GptStage<B: Backend = Cpu> {
     cfg: GptConfig,
     index: usize,
@@ -525,26 +526,5 @@ impl<B: Backend> GptStage<B> {
         let (dx, ws) = self.backward_input(stash, grad_out, tp)?;
         self.backward_weight(ws)?;
         Ok(dx)
-    }
-}
-
-impl<B: Backend> Parameters<B::Storage> for GptStage<B> {
-    fn visit(&self, f: &mut dyn FnMut(&Param<B::Storage>)) {
-        if let Some(e) = &self.embed {
-            e.visit(f);
-        }
-        self.blocks.iter().for_each(|b| b.visit(f));
-        if let Some(h) = &self.head {
-            h.visit(f);
-        }
-    }
-    fn visit_mut(&mut self, f: &mut dyn FnMut(&mut Param<B::Storage>)) {
-        if let Some(e) = &mut self.embed {
-            e.visit_mut(f);
-        }
-        self.blocks.iter_mut().for_each(|b| b.visit_mut(f));
-        if let Some(h) = &mut self.head {
-            h.visit_mut(f);
-        }
     }
 }

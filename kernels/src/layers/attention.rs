@@ -15,7 +15,7 @@
 
 use super::linear::{ColumnParallelLinear, RowParallelLinear};
 use super::shard::TpShard;
-use super::{cpu_backend, seq, Param, Parameters, TpReduce};
+use super::{cpu_backend, seq, Parameters, TpReduce};
 use crate::backend::{Backend, Cpu, Shaped};
 use crate::cpu::AttnShape;
 use crate::error::{shape_err, KernelError, Result};
@@ -23,7 +23,8 @@ use crate::tensor::Tensor;
 use std::sync::Arc;
 
 /// A TP rank's share of an attention layer (the whole layer when `tp = 1`).
-#[derive(Debug)]
+#[derive(Debug, Parameters)]
+#[parameters(tensor = B::Storage, qkv.local, proj.local)]
 pub struct Attention<B: Backend = Cpu> {
     /// Fused `[d, (heads + 2 * kv_heads) * head_dim / tp]` projection of this
     /// rank's heads.
@@ -351,16 +352,5 @@ impl<B: Backend> Attention<B> {
         self.qkv.local.backward_weight(&x, &dqkv)?;
         let (ctx, dy) = (be.restore(&ws.ctx)?, be.restore(&ws.dy)?);
         self.proj.local.backward_weight(&ctx, &dy)
-    }
-}
-
-impl<B: Backend> Parameters<B::Storage> for Attention<B> {
-    fn visit(&self, f: &mut dyn FnMut(&Param<B::Storage>)) {
-        self.qkv.local.visit(f);
-        self.proj.local.visit(f);
-    }
-    fn visit_mut(&mut self, f: &mut dyn FnMut(&mut Param<B::Storage>)) {
-        self.qkv.local.visit_mut(f);
-        self.proj.local.visit_mut(f);
     }
 }

@@ -12,7 +12,8 @@ use crate::error::Result;
 /// A TP rank's share of one transformer block. Norms are replicated; the
 /// residual stream is whole on every rank (after the all-reduces), or with
 /// sequence parallelism ([`super::seq`]) this rank's `seq / t` slice of it.
-#[derive(Debug)]
+#[derive(Debug, Parameters)]
+#[parameters(tensor = B::Storage, ln1, attn, ln2, mlp)]
 pub struct Block<B: Backend = Cpu> {
     /// Norm before attention.
     pub ln1: Norm<B>,
@@ -203,20 +204,5 @@ impl<B: Backend> Block<B> {
     pub fn visit_norm_params_mut(&mut self, f: &mut dyn FnMut(&mut Param<B::Storage>)) {
         self.ln1.visit_mut(f);
         self.ln2.visit_mut(f);
-    }
-}
-
-impl<B: Backend> Parameters<B::Storage> for Block<B> {
-    fn visit(&self, f: &mut dyn FnMut(&Param<B::Storage>)) {
-        self.ln1.visit(f);
-        self.attn.visit(f);
-        self.ln2.visit(f);
-        self.mlp.visit(f);
-    }
-    fn visit_mut(&mut self, f: &mut dyn FnMut(&mut Param<B::Storage>)) {
-        self.ln1.visit_mut(f);
-        self.attn.visit_mut(f);
-        self.ln2.visit_mut(f);
-        self.mlp.visit_mut(f);
     }
 }

@@ -4,12 +4,13 @@
 
 use super::linear::Linear;
 use super::norm::Norm;
-use super::{Param, Parameters};
+use super::Parameters;
 use crate::backend::{Backend, Cpu};
 use crate::error::Result;
 
 /// Final norm and projection to vocabulary logits.
-#[derive(Debug)]
+#[derive(Debug, Parameters)]
+#[parameters(tensor = B::Storage, ln_f, proj)]
 pub struct LmHead<B: Backend = Cpu> {
     /// Final norm.
     pub ln_f: Norm<B>,
@@ -102,16 +103,5 @@ impl<B: Backend> LmHead<B> {
         self.ln_f.backward_weight(&*be.restore(&ws.dn)?, &ws.ln)?;
         self.proj
             .backward_weight(&*be.restore(&ws.n)?, &*be.restore(&ws.dlogits)?)
-    }
-}
-
-impl<B: Backend> Parameters<B::Storage> for LmHead<B> {
-    fn visit(&self, f: &mut dyn FnMut(&Param<B::Storage>)) {
-        self.ln_f.visit(f);
-        self.proj.visit(f);
-    }
-    fn visit_mut(&mut self, f: &mut dyn FnMut(&mut Param<B::Storage>)) {
-        self.ln_f.visit_mut(f);
-        self.proj.visit_mut(f);
     }
 }

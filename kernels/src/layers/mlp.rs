@@ -12,7 +12,7 @@
 
 use super::linear::{ColumnParallelLinear, RowParallelLinear};
 use super::shard::TpShard;
-use super::{cpu_backend, seq, Param, Parameters, TpReduce};
+use super::{cpu_backend, seq, Parameters, TpReduce};
 use crate::backend::{Backend, Cpu};
 use crate::cpu::GluKind;
 use crate::error::Result;
@@ -52,7 +52,8 @@ impl MlpKind {
 }
 
 /// A TP rank's shard of the MLP (the whole MLP when `tp = 1`).
-#[derive(Debug)]
+#[derive(Debug, Parameters)]
+#[parameters(tensor = B::Storage, fc1.local, fc2.local)]
 pub struct Mlp<B: Backend = Cpu> {
     /// `[d, d_ff / tp]`, or gated `[d, 2 * d_ff / tp]` (this rank's gate
     /// columns, then its up columns).
@@ -281,16 +282,5 @@ impl<B: Backend> Mlp<B> {
         self.fc1.local.backward_weight(&x, &dh)?;
         let (a, dy) = (be.restore(&ws.a)?, be.restore(&ws.dy)?);
         self.fc2.local.backward_weight(&a, &dy)
-    }
-}
-
-impl<B: Backend> Parameters<B::Storage> for Mlp<B> {
-    fn visit(&self, f: &mut dyn FnMut(&Param<B::Storage>)) {
-        self.fc1.local.visit(f);
-        self.fc2.local.visit(f);
-    }
-    fn visit_mut(&mut self, f: &mut dyn FnMut(&mut Param<B::Storage>)) {
-        self.fc1.local.visit_mut(f);
-        self.fc2.local.visit_mut(f);
     }
 }

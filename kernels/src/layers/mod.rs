@@ -186,6 +186,44 @@ pub trait Parameters<S: Shaped = Tensor> {
     }
 }
 
+/// `#[derive(Parameters)]` with `#[parameters(a, b)]`: a layer's visit as its parts' visits,
+/// in the order listed ([`pipewright_derive`]).
+pub use pipewright_derive::Parameters;
+
+/// A parameter visits itself: a layer's own `Param` fields are parts like any other.
+impl<S: Shaped> Parameters<S> for Param<S> {
+    fn visit(&self, f: &mut dyn FnMut(&Param<S>)) {
+        f(self)
+    }
+    fn visit_mut(&mut self, f: &mut dyn FnMut(&mut Param<S>)) {
+        f(self)
+    }
+}
+
+/// An optional part (a bias, the embedding of the first stage only) visits when present.
+impl<S: Shaped, P: Parameters<S>> Parameters<S> for Option<P> {
+    fn visit(&self, f: &mut dyn FnMut(&Param<S>)) {
+        if let Some(p) = self {
+            p.visit(f);
+        }
+    }
+    fn visit_mut(&mut self, f: &mut dyn FnMut(&mut Param<S>)) {
+        if let Some(p) = self {
+            p.visit_mut(f);
+        }
+    }
+}
+
+/// A boxed part (a layer of a list of layers of different types).
+impl<S: Shaped, P: Parameters<S> + ?Sized> Parameters<S> for Box<P> {
+    fn visit(&self, f: &mut dyn FnMut(&Param<S>)) {
+        (**self).visit(f)
+    }
+    fn visit_mut(&mut self, f: &mut dyn FnMut(&mut Param<S>)) {
+        (**self).visit_mut(f)
+    }
+}
+
 /// A list of parameter owners (a stack of layers) visits each in order.
 impl<S: Shaped, P: Parameters<S>> Parameters<S> for Vec<P> {
     fn visit(&self, f: &mut dyn FnMut(&Param<S>)) {

@@ -27,7 +27,7 @@ use crate::mesh::{Group, GroupKind};
 /// the calling rank's thread (and, on a GPU, queues work on that rank's stream).
 pub trait LocalOps {
     /// What the ranks exchange.
-    type Tensor;
+    type Tensor: pipewright_kernels::Shaped;
     /// A tensor in transit between rank threads (on a GPU: with the event that says its
     /// contents are ready).
     type Message: Send;

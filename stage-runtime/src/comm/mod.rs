@@ -173,7 +173,7 @@ pub(crate) fn check_shard(len: usize, numel: usize, n: usize, pos: usize) -> Res
 #[allow(async_fn_in_trait)]
 pub trait Communicator {
     /// The tensors this transport moves.
-    type Tensor;
+    type Tensor: pipewright_kernels::Shaped;
     /// A collective that has been started and not yet waited on.
     type Pending;
 

@@ -145,15 +145,14 @@ where
                 continue;
             }
             let before = module.optimizer_state_bytes();
-            guard(|| module.optimizer_step(&cfg)).map_err(|e| {
-                RuntimeError::device(
-                    self.mesh.rank(self.coord),
-                    self.coord,
-                    step,
-                    None,
-                    format!("optimizer of stage {stage}: {e}"),
-                )
-            })?;
+            if let Err(e) = guard(|| module.optimizer_step(&cfg)) {
+                let message = match unimplemented_method(&e) {
+                    Some(method) => format!("stage {stage}: {}", needed_for(method, self.mesh.dp)),
+                    None => format!("optimizer of stage {stage}: {e}"),
+                };
+                let rank = self.mesh.rank(self.coord);
+                return Err(RuntimeError::device(rank, self.coord, step, None, message));
+            }
             // AdamW's state appears on the first step: counted from then on.
             let grown = module.optimizer_state_bytes().saturating_sub(before);
             mem.add(Category::OptimizerState, grown as u64);

@@ -8,7 +8,7 @@ use std::time::Instant;
 use pipewright_kernels::{params, Footprint, Tensor};
 use pipewright_schedule::layer_profile::{LayerProfile, ProfiledLayer};
 
-use super::{Layer, LayerCost, SplitError};
+use super::{BoxedLayer, DynLayer, LayerCost, SplitError};
 use crate::module::ModuleError;
 
 /// One layer measured on one microbatch.
@@ -20,7 +20,7 @@ pub struct LayerMeasure {
     pub params: u64,
     /// Bytes of the parameters' values.
     pub param_bytes: u64,
-    /// Bytes of the forward's stash ([`Layer::stash_bytes`]).
+    /// Bytes of the forward's stash (its [`Footprint`]).
     pub stash_bytes: u64,
     /// Bytes of the input backward's weight stash.
     pub weight_stash_bytes: u64,
@@ -32,7 +32,7 @@ pub struct LayerMeasure {
 /// layer's input; each layer gets the previous one's output), `repeats` times (at least
 /// once), keeping the medians; the gradients this accumulates are zeroed.
 pub fn profile(
-    layers: &mut [Box<dyn Layer>],
+    layers: &mut [BoxedLayer],
     sample: &Tensor,
     repeats: usize,
 ) -> Result<Vec<LayerCost>, SplitError> {
@@ -45,56 +45,66 @@ pub fn profile(
 /// [`profile`], with each layer's parameters, stash bytes after its forward, weight-stash
 /// bytes after its input backward and output bytes, for a microbatch of `sample`'s size.
 pub fn measure(
-    layers: &mut [Box<dyn Layer>],
+    layers: &mut [BoxedLayer],
     sample: &Tensor,
     repeats: usize,
 ) -> Result<Vec<LayerMeasure>, SplitError> {
-    let mut runs = vec![Vec::new(); layers.len()];
-    let mut sizes = vec![LayerMeasure::default(); layers.len()];
-    for _ in 0..repeats.max(1) {
-        let mut x = sample.clone();
-        for (k, layer) in layers.iter_mut().enumerate() {
-            let bad = |e: ModuleError| SplitError::Profile {
-                layer: k,
-                message: e.to_string(),
-            };
-            let t0 = Instant::now();
-            let (y, stash) = layer.forward(&x).map_err(bad)?;
-            let t1 = Instant::now();
-            let stash_bytes = layer.stash_bytes(&stash);
-            let dy = Tensor::new(y.shape(), vec![1.0; y.numel()]).map_err(|e| bad(e.into()))?;
-            let t2 = Instant::now();
-            let (_, ws) = layer.backward_input(stash, &dy).map_err(bad)?;
-            let t3 = Instant::now();
-            let weight_stash_bytes = layer.stash_bytes(&ws);
-            let t4 = Instant::now();
-            layer.backward_weight(ws).map_err(bad)?;
-            let ms = |a: Instant, b: Instant| (b - a).as_secs_f64() * 1e3;
-            runs[k].push(LayerCost {
-                f: ms(t0, t1),
-                i: ms(t2, t3),
-                w: ms(t4, Instant::now()),
-            });
-            sizes[k] = LayerMeasure {
-                cost: LayerCost::default(),
-                params: layer.num_params() as u64,
-                param_bytes: params::storage_bytes(&**layer).0 as u64,
-                stash_bytes: stash_bytes as u64,
-                weight_stash_bytes: weight_stash_bytes as u64,
-                output_bytes: y.bytes() as u64,
-            };
-            x = y;
-        }
+    let mut x = sample.clone();
+    let mut out = Vec::with_capacity(layers.len());
+    for (k, layer) in layers.iter_mut().enumerate() {
+        let (m, y) = measure_one(k, &mut **layer, &x, repeats)?;
+        out.push(m);
+        x = y;
     }
-    layers.iter_mut().for_each(|l| l.zero_grad());
-    Ok(runs
-        .iter()
-        .zip(sizes)
-        .map(|(r, m)| LayerMeasure {
-            cost: median(r),
-            ..m
-        })
-        .collect())
+    Ok(out)
+}
+
+/// Layer `k` measured on its input `x`, `repeats` times (at least once), keeping the
+/// medians and leaving its gradients zero; with its output, the next layer's input.
+pub(crate) fn measure_one(
+    k: usize,
+    layer: &mut dyn DynLayer,
+    x: &Tensor,
+    repeats: usize,
+) -> Result<(LayerMeasure, Tensor), SplitError> {
+    let bad = |e: ModuleError| SplitError::Profile {
+        layer: k,
+        message: e.to_string(),
+    };
+    let mut runs = Vec::new();
+    let mut last = None;
+    for _ in 0..repeats.max(1) {
+        let t0 = Instant::now();
+        let (y, stash) = layer.forward_dyn(x).map_err(bad)?;
+        let t1 = Instant::now();
+        let stash_bytes = stash.bytes();
+        let dy = Tensor::new(y.shape(), vec![1.0; y.numel()]).map_err(|e| bad(e.into()))?;
+        let t2 = Instant::now();
+        let (_, ws) = layer.backward_input_dyn(stash, &dy).map_err(bad)?;
+        let t3 = Instant::now();
+        let weight_stash_bytes = ws.bytes();
+        let t4 = Instant::now();
+        layer.backward_weight_dyn(ws).map_err(bad)?;
+        let ms = |a: Instant, b: Instant| (b - a).as_secs_f64() * 1e3;
+        runs.push(LayerCost {
+            f: ms(t0, t1),
+            i: ms(t2, t3),
+            w: ms(t4, Instant::now()),
+        });
+        let sizes = LayerMeasure {
+            cost: LayerCost::default(),
+            params: layer.num_params() as u64,
+            param_bytes: params::storage_bytes(layer).0 as u64,
+            stash_bytes: stash_bytes as u64,
+            weight_stash_bytes: weight_stash_bytes as u64,
+            output_bytes: y.bytes() as u64,
+        };
+        last = Some((sizes, y));
+    }
+    layer.zero_grad();
+    let (sizes, y) = last.ok_or_else(|| bad("no pass ran".into()))?;
+    let cost = median(&runs);
+    Ok((LayerMeasure { cost, ..sizes }, y))
 }
 
 fn median(runs: &[LayerCost]) -> LayerCost {
@@ -114,7 +124,7 @@ fn median(runs: &[LayerCost]) -> LayerCost {
 /// microbatch of `samples` samples, on `device` (free text: where it was measured). Write it
 /// with `serde_json` of [`LayerProfile::to_raw`].
 pub fn layer_profile(
-    layers: &mut [Box<dyn Layer>],
+    layers: &mut [BoxedLayer],
     sample: &Tensor,
     samples: u64,
     repeats: usize,

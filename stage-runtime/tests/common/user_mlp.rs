@@ -4,47 +4,44 @@
 use std::ops::Range;
 
 use pipewright_kernels::init::normal_tensor;
-use pipewright_kernels::layers::{Linear, Param, Parameters};
+use pipewright_kernels::layers::{Linear, Parameters};
 use pipewright_kernels::Tensor;
-use pipewright_runtime::split::{Layer, LayerStage, LayerStash, LossFn};
+use pipewright_runtime::split::{BoxedLayer, Layer, LayerStage, LossFn};
 use pipewright_runtime::{MicrobatchId, ModuleError};
 
 /// A dense layer with an optional ReLU, as a user would write it.
+#[derive(Parameters)]
+#[parameters(lin)]
 pub struct Dense {
     lin: Linear,
     relu: bool,
 }
 
-pub fn dense(k: usize, i: usize, o: usize, relu: bool) -> Box<dyn Layer> {
+pub fn dense(k: usize, i: usize, o: usize, relu: bool) -> BoxedLayer {
     let w = normal_tensor(&[i, o], (1.0 / i as f32).sqrt(), 5, &format!("w{k}"));
     let lin = Linear::new(&format!("l{k}"), w, Some(Tensor::zeros(&[o]))).unwrap();
     Box::new(Dense { lin, relu })
 }
 
-impl Parameters for Dense {
-    fn visit(&self, f: &mut dyn FnMut(&Param)) {
-        self.lin.visit(f)
-    }
-    fn visit_mut(&mut self, f: &mut dyn FnMut(&mut Param)) {
-        self.lin.visit_mut(f)
-    }
-}
-
 impl Layer for Dense {
-    fn forward(&mut self, x: &Tensor) -> Result<(Tensor, LayerStash), ModuleError> {
+    /// Input and output.
+    type Stash = (Tensor, Tensor);
+    /// Input and output gradient.
+    type WeightStash = (Tensor, Tensor);
+
+    fn forward(&mut self, x: &Tensor) -> Result<(Tensor, Self::Stash), ModuleError> {
         let mut y = self.lin.forward(x)?;
         if self.relu {
             y.data_mut().iter_mut().for_each(|v| *v = v.max(0.0));
         }
-        Ok((y.clone(), Box::new((x.clone(), y))))
+        Ok((y.clone(), (x.clone(), y)))
     }
 
     fn backward_input(
         &mut self,
-        stash: LayerStash,
+        (x, y): Self::Stash,
         dy: &Tensor,
-    ) -> Result<(Tensor, LayerStash), ModuleError> {
-        let (x, y) = *stash.downcast::<(Tensor, Tensor)>().map_err(|_| "stash")?;
+    ) -> Result<(Tensor, Self::WeightStash), ModuleError> {
         let mut dy = dy.clone();
         if self.relu {
             let mask = y.data().iter().map(|&v| f32::from(v > 0.0));
@@ -53,23 +50,22 @@ impl Layer for Dense {
                 .zip(mask)
                 .for_each(|(d, m)| *d *= m);
         }
-        Ok((self.lin.backward_input(&dy)?, Box::new((x, dy))))
+        Ok((self.lin.backward_input(&dy)?, (x, dy)))
     }
 
-    fn backward_weight(&mut self, stash: LayerStash) -> Result<(), ModuleError> {
-        let (x, dy) = *stash.downcast::<(Tensor, Tensor)>().map_err(|_| "stash")?;
+    fn backward_weight(&mut self, (x, dy): Self::WeightStash) -> Result<(), ModuleError> {
         Ok(self.lin.backward_weight(&x, &dy)?)
     }
 }
 
 /// Layer `k` of `n`: widths vary so parameters and times differ between layers.
-pub fn layer(k: usize, n: usize) -> Box<dyn Layer> {
+pub fn layer(k: usize, n: usize) -> BoxedLayer {
     let width = |k: usize| if k == 0 { 4 } else { 8 + 8 * (k % 3) };
     let out = if k + 1 == n { 1 } else { width(k + 1) };
     dense(k, width(k), out, k + 1 < n)
 }
 
-pub fn model(n: usize) -> Vec<Box<dyn Layer>> {
+pub fn model(n: usize) -> Vec<BoxedLayer> {
     (0..n).map(|k| layer(k, n)).collect()
 }
 
@@ -95,7 +91,7 @@ pub fn mse() -> Box<LossFn<Rows>> {
 pub fn stage(range: Range<usize>, n: usize) -> LayerStage<Rows> {
     let first = range.start == 0;
     let last = range.end == n;
-    let input = first.then(|| Box::new(|r: &Rows| r.0.clone()) as Box<_>);
+    let input = first.then(|| Box::new(|r: &Rows| Ok(r.0.clone())) as Box<_>);
     let layers = range.map(|k| layer(k, n)).collect();
     LayerStage::new(layers, input, last.then(mse))
 }
