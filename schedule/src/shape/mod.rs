@@ -345,6 +345,9 @@ impl ModelShape {
                 return Err(ShapeError::NotDividing { a, x, b, y });
             }
         }
+        if self.positions == PositionKind::Rotary && self.head_dim() % 2 != 0 {
+            return Err(ShapeError::OddRotaryHead(self.head_dim()));
+        }
         Ok(())
     }
 }
@@ -355,6 +358,9 @@ pub enum ShapeError {
     /// A size that must be at least 1.
     #[error("{0} must be positive")]
     NotPositive(&'static str),
+    /// Rotary positions turn pairs of a head's dimensions: its width must be even.
+    #[error("rotary positions turn pairs of a head's dimensions: the head width {0} (d_model / heads) is not even")]
+    OddRotaryHead(u64),
     /// A size that must divide another.
     #[error("{a} ({x}) must divide {b} ({y})")]
     NotDividing {

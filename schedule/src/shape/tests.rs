@@ -154,6 +154,17 @@ fn rope_theta_reads_writes_and_refuses_what_is_not_a_base() {
 }
 
 #[test]
+fn rotary_positions_need_an_even_head_width() {
+    let odd = ModelShape::gpt(2, 60, 4, 256, 16, 64);
+    odd.check().unwrap();
+    let rotary = ModelShape {
+        positions: PositionKind::Rotary,
+        ..odd
+    };
+    assert_eq!(rotary.check().unwrap_err(), ShapeError::OddRotaryHead(15));
+}
+
+#[test]
 fn bad_shapes_are_named() {
     let s = ModelShape {
         kv_heads: 3,
