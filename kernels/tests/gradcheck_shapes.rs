@@ -189,6 +189,7 @@ fn rotary_attention_layer() {
         let heads = Heads { query: 4, kv };
         let plain = gqa(16, heads, 0.5);
         let mut a = gqa(16, heads, 0.5).with_rotary(table.clone()).unwrap();
+        assert!(a.is_rotary() && !plain.is_rotary());
         let (x, r) = (randn(&[2, 3, 16], "x"), randn(&[2, 3, 16], "r"));
         let (y, s) = a.forward(x.clone(), &mut NoTp).unwrap();
         // Position 0 turns by nothing and attends only to itself: the first row of each
