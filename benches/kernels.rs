@@ -159,7 +159,10 @@ fn shapes() -> Vec<(&'static str, GptConfig)> {
         ("swiglu_rmsnorm_gqa2", gated(MlpKind::SwiGlu, 384, 2)),
         ("swiglu_rmsnorm_mqa", gated(MlpKind::SwiGlu, 408, 1)),
         ("gelu_layernorm_mha_rope", rope(base)),
-        ("swiglu_rmsnorm_gqa2_rope", rope(gated(MlpKind::SwiGlu, 384, 2))),
+        (
+            "swiglu_rmsnorm_gqa2_rope",
+            rope(gated(MlpKind::SwiGlu, 384, 2)),
+        ),
     ]
 }
 
@@ -230,7 +233,10 @@ fn shape_ratios() {
     let step = |name: &str| steps.iter().find(|s| s.0 == name).map(|s| s.1);
     for (name, t) in &steps {
         if let Some(learned) = name.strip_suffix("_rope").and_then(step) {
-            println!("gpt shape {name}: {:.3}x the same shape with a learned table", t / learned);
+            println!(
+                "gpt shape {name}: {:.3}x the same shape with a learned table",
+                t / learned
+            );
         }
     }
 }
