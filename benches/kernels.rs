@@ -2,13 +2,16 @@
 //! `matrixmultiply::sgemm` on the same buffers, one training step of the
 //! reference GPT with its tokens/s and the fraction of time in matmul, and the
 //! step time of today's shapes (gated MLPs, RMSNorm, grouped-query attention)
-//! against GPT-2's at equal parameters, as ratios measured in one run.
+//! against GPT-2's at equal parameters, and rotary positions against a learned table at
+//! the same shape, as ratios measured in one run.
 //!
 //! Run: `cargo bench --bench kernels -- --warm-up-time 1 --measurement-time 3`
 
 use criterion::{criterion_group, Criterion, Throughput};
 use pipewright_kernels::cpu::{self, gemm::matrixmultiply};
-use pipewright_kernels::gpt::{BiasKind, GptConfig, GptStage, Microbatch, MlpKind, NormKind};
+use pipewright_kernels::gpt::{
+    BiasKind, GptConfig, GptStage, Microbatch, MlpKind, NormKind, Positions,
+};
 use pipewright_kernels::init::normal_tensor;
 use pipewright_kernels::layers::{NoTp, Parameters};
 use pipewright_kernels::optim::{AdamW, AdamWConfig};
@@ -133,7 +136,8 @@ fn breakdown() {
 
 /// The small GPT's shape and its variants at (nearly) its parameter count: a gated MLP
 /// of two thirds the width (three matrices for two), and with grouped-query attention the
-/// keys' and values' parameters moved into the MLP.
+/// keys' and values' parameters moved into the MLP; then GPT-2's and Llama's (GQA) shapes
+/// with rotary positions in place of the table (`_rope`, compared with their learned twins).
 fn shapes() -> Vec<(&'static str, GptConfig)> {
     let (base, ..) = small_gpt();
     let gated = |mlp, d_ff, kv_heads| GptConfig {
@@ -144,12 +148,21 @@ fn shapes() -> Vec<(&'static str, GptConfig)> {
         bias: BiasKind::None,
         ..base
     };
+    let rope = |cfg: GptConfig| GptConfig {
+        positions: Positions::ROTARY,
+        ..cfg
+    };
     vec![
         ("gelu_layernorm_mha", base),
         ("swiglu_rmsnorm_mha", gated(MlpKind::SwiGlu, 344, 4)),
         ("geglu_rmsnorm_mha", gated(MlpKind::GeGlu, 344, 4)),
         ("swiglu_rmsnorm_gqa2", gated(MlpKind::SwiGlu, 384, 2)),
         ("swiglu_rmsnorm_mqa", gated(MlpKind::SwiGlu, 408, 1)),
+        ("gelu_layernorm_mha_rope", rope(base)),
+        (
+            "swiglu_rmsnorm_gqa2_rope",
+            rope(gated(MlpKind::SwiGlu, 384, 2)),
+        ),
     ]
 }
 
@@ -206,14 +219,25 @@ fn shape_ratios() {
         t[t.len() / 2]
     };
     let base = median(&mut models[0].3);
+    let mut steps = Vec::new();
     for (name, m, _, times) in &mut models {
         let t = median(times);
+        steps.push((*name, t));
         println!(
             "gpt shape {name}: {} params, {:.1} ms/step, {:.3}x the GeLU/LayerNorm step",
             m.num_params(),
             t * 1e3,
             t / base
         );
+    }
+    let step = |name: &str| steps.iter().find(|s| s.0 == name).map(|s| s.1);
+    for (name, t) in &steps {
+        if let Some(learned) = name.strip_suffix("_rope").and_then(step) {
+            println!(
+                "gpt shape {name}: {:.3}x the same shape with a learned table",
+                t / learned
+            );
+        }
     }
 }
 

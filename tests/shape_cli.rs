@@ -53,7 +53,7 @@ fn plan_reads_a_config_json_prints_its_parameters_and_launches_its_shape() {
         .unwrap_or_else(|| panic!("no launch line in {out}"));
     assert!(
         launch.ends_with(
-            "--seq-len 8192 --vocab 128256 --ffn 14336 --kv-heads 8 --mlp swiglu --norm rmsnorm --positions rotary --bias none"
+            "--seq-len 8192 --vocab 128256 --ffn 14336 --kv-heads 8 --mlp swiglu --norm rmsnorm --positions rotary --rope-theta 500000 --bias none"
         ),
         "{launch}"
     );
@@ -65,6 +65,7 @@ fn plan_reads_a_config_json_prints_its_parameters_and_launches_its_shape() {
     assert_eq!(json["model"]["parameters"], 8_030_261_248u64);
     assert_eq!(json["model"]["kv_heads"], 8);
     assert_eq!(json["model"]["mlp"], "swiglu");
+    assert_eq!(json["model"]["rope_theta"], 500_000.0);
     assert_eq!(json["attention"], "fused");
     // --seq-len replaces the config's; --attention the cluster's.
     let short = common::plan::ok(
@@ -200,10 +201,44 @@ fn simulate_predicts_a_config_jsons_memory_under_either_attention() {
     // The scores (5 bytes x 32 heads x 4096 positions / tp 8, 81,920 a token) more than
     // double a materialized layer (54,272 a token besides them); fused keeps a logsumexp.
     assert!(materialized > 2 * fused, "{materialized} vs {fused}");
-    // The reference GPT's exact accounting takes grouped-query attention, SwiGLU and RMSNorm,
-    // but not Llama's rotary positions: refused, naming them.
+    // The reference GPT's exact accounting takes grouped-query attention, SwiGLU, RMSNorm
+    // and Llama's rotary positions (they change no stash: the turned queries and keys are
+    // kept in place of the projection's output).
+    let out = common::ok(&[
+        "simulate",
+        "--stages",
+        "2",
+        "--format",
+        "json",
+        "--hf-config",
+        &llama,
+        "--seq-len",
+        "512",
+        "--microbatch-size",
+        "1",
+    ]);
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert!(
+        v["predicted_memory"][0]["activations"].as_u64().unwrap() > 0,
+        "{out}"
+    );
+    // A tied Llama is not the reference GPT: refused, naming the tie.
+    let dir = tempfile::tempdir().unwrap();
+    let tied = dir.path().join("tied.json");
+    let text = std::fs::read_to_string(&llama).unwrap();
+    let text = text.replace(
+        "\"tie_word_embeddings\": false",
+        "\"tie_word_embeddings\": true",
+    );
+    std::fs::write(&tied, text).unwrap();
     common::refused(
-        &["simulate", "--stages", "2", "--hf-config", &llama],
-        &["pipewright accounting", "no rotary positions"],
+        &[
+            "simulate",
+            "--stages",
+            "2",
+            "--hf-config",
+            tied.to_str().unwrap(),
+        ],
+        &["pipewright accounting", "no tied embeddings"],
     );
 }

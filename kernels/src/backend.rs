@@ -5,6 +5,7 @@
 //! between host and device are explicit ([`Backend::upload`],
 //! [`Backend::download`]); nothing moves implicitly.
 
+use crate::cpu::rotary::Turn;
 use crate::cpu::{self, AttnShape, GluKind};
 use crate::error::{shape_err, Result};
 use crate::footprint::Footprint;
@@ -209,13 +210,13 @@ pub trait Backend {
         targets: &[u32],
         scale: f32,
     ) -> Result<Self::Storage>;
-    /// See [`cpu::embedding`] (token plus positional embedding).
+    /// See [`cpu::embedding`] (token plus, where there is a table, positional embedding).
     fn embedding(
         &self,
         ids: &[u32],
         seq: usize,
         wte: &Self::Storage,
-        wpe: &Self::Storage,
+        wpe: Option<&Self::Storage>,
     ) -> Result<Self::Storage>;
     /// See [`cpu::embedding_backward_weight`].
     fn embedding_backward_weight(
@@ -224,7 +225,17 @@ pub trait Backend {
         seq: usize,
         dy: &Self::Storage,
         dwte: &mut Self::Storage,
-        dwpe: &mut Self::Storage,
+        dwpe: Option<&mut Self::Storage>,
+    ) -> Result<()>;
+    /// See [`cpu::rotary::rotate`]: turns the query and key heads of a fused `qkv` in place
+    /// by their positions' angles (`table` from [`cpu::rotary_table`], uploaded), or back
+    /// by them (the backward, on a gradient).
+    fn rotary(
+        &self,
+        qkv: &mut Self::Storage,
+        table: &Self::Storage,
+        sh: AttnShape,
+        dir: Turn,
     ) -> Result<()>;
     /// See [`cpu::causal_attention`]: the output and what the backward needs.
     fn causal_attention(
@@ -458,7 +469,13 @@ impl Backend for Cpu {
     fn cross_entropy_backward(&self, probs: Tensor, targets: &[u32], scale: f32) -> Result<Tensor> {
         cpu::cross_entropy_backward(probs, targets, scale)
     }
-    fn embedding(&self, ids: &[u32], seq: usize, wte: &Tensor, wpe: &Tensor) -> Result<Tensor> {
+    fn embedding(
+        &self,
+        ids: &[u32],
+        seq: usize,
+        wte: &Tensor,
+        wpe: Option<&Tensor>,
+    ) -> Result<Tensor> {
         cpu::embedding(ids, seq, wte, wpe)
     }
     fn embedding_backward_weight(
@@ -467,9 +484,12 @@ impl Backend for Cpu {
         seq: usize,
         dy: &Tensor,
         dwte: &mut Tensor,
-        dwpe: &mut Tensor,
+        dwpe: Option<&mut Tensor>,
     ) -> Result<()> {
         cpu::embedding_backward_weight(ids, seq, dy, dwte, dwpe)
+    }
+    fn rotary(&self, qkv: &mut Tensor, table: &Tensor, sh: AttnShape, dir: Turn) -> Result<()> {
+        cpu::rotary::rotate(qkv, table, sh, dir)
     }
     fn causal_attention(&self, qkv: &Tensor, sh: AttnShape) -> Result<(Tensor, Tensor)> {
         cpu::causal_attention(qkv, sh)

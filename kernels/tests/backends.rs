@@ -40,6 +40,7 @@ on_every_backend! {
     cross_entropy => check_cross_entropy,
     embedding => check_embedding,
     attention => check_attention,
+    rotary => check_rotary,
 }
 
 fn assert_close(what: &str, got: &Tensor, want: &[f64], tol: f64) {
@@ -484,19 +485,32 @@ fn check_embedding<B: Backend>(be: &B) {
     let (wte, wpe) = (randn(&[13, 6], "emb-wte"), randn(&[8, 6], "emb-wpe"));
     // Three sequences of 5 with repeated tokens, so the scatter-add collides.
     let ids: Vec<u32> = (0..15u32).map(|i| (i * i + 1) % 13).collect();
-    let y = cpu::embedding(&ids, 5, &wte, &wpe).unwrap();
+    let y = cpu::embedding(&ids, 5, &wte, Some(&wpe)).unwrap();
     let (ted, ped) = (be.upload(&wte).unwrap(), be.upload(&wpe).unwrap());
+    let ped = Some(&ped);
     let got = be
-        .download(&be.embedding(&ids, 5, &ted, &ped).unwrap())
+        .download(&be.embedding(&ids, 5, &ted, ped).unwrap())
         .unwrap();
     assert_eq!(got.shape(), &[3, 5, 6]);
     assert_close(&format!("{name} embedding"), &got, &f64s(&y), TOL);
+    // Without a position table (rotary positions): the token rows themselves.
+    let tokens = be
+        .download(&be.embedding(&ids, 5, &ted, None).unwrap())
+        .unwrap();
+    for (row, &id) in tokens.data().chunks(6).zip(&ids) {
+        assert_eq!(
+            row,
+            &wte.data()[id as usize * 6..][..6],
+            "{name} tokens only"
+        );
+    }
 
     let dy = randn(&[3, 5, 6], "emb-dy");
     let (mut dwte, mut dwpe) = (randn(&[13, 6], "emb-dwte"), randn(&[8, 6], "emb-dwpe"));
     let (mut dted, mut dped) = (be.upload(&dwte).unwrap(), be.upload(&dwpe).unwrap());
-    cpu::embedding_backward_weight(&ids, 5, &dy, &mut dwte, &mut dwpe).unwrap();
-    be.embedding_backward_weight(&ids, 5, &be.upload(&dy).unwrap(), &mut dted, &mut dped)
+    cpu::embedding_backward_weight(&ids, 5, &dy, &mut dwte, Some(&mut dwpe)).unwrap();
+    let dyd = be.upload(&dy).unwrap();
+    be.embedding_backward_weight(&ids, 5, &dyd, &mut dted, Some(&mut dped))
         .unwrap();
     // Every backend adds a row's gradient in the CPU's order: same bits.
     let bits = |t: &Tensor| t.data().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
@@ -504,14 +518,20 @@ fn check_embedding<B: Backend>(be: &B) {
     assert_eq!(bits(&be.download(&dted).unwrap()), bits(&dwte), "{what}");
     let what = format!("{name} embedding dwpe");
     assert_eq!(bits(&be.download(&dped).unwrap()), bits(&dwpe), "{what}");
-
-    assert!(
-        be.embedding(&[0, 13], 2, &ted, &ped).is_err(),
-        "id 13 of 13"
+    // Without a table only the token rows take the gradient (again: twice the sum).
+    be.embedding_backward_weight(&ids, 5, &dyd, &mut dted, None)
+        .unwrap();
+    cpu::embedding_backward_weight(&ids, 5, &dy, &mut dwte, None).unwrap();
+    assert_eq!(
+        bits(&be.download(&dted).unwrap()),
+        bits(&dwte),
+        "{name} tokens only"
     );
-    assert!(be.embedding(&ids[1..], 5, &ted, &ped).is_err());
+
+    assert!(be.embedding(&[0, 13], 2, &ted, ped).is_err(), "id 13 of 13");
+    assert!(be.embedding(&ids[1..], 5, &ted, ped).is_err());
     assert!(
-        be.embedding(&[0; 9], 9, &ted, &ped).is_err(),
+        be.embedding(&[0; 9], 9, &ted, ped).is_err(),
         "9 > 8 positions"
     );
 }
@@ -666,5 +686,66 @@ fn kept_tensors_on_gpu() {
             return;
         };
         check_kept(&gpu.with_precision(p));
+    }
+}
+
+/// RoPE against its definition (Su et al. 2021, eq. 34, in the rotate-half pairing): each
+/// pair `(x_i, x_{i + dh/2})` of a query or key head at position `p`, read as the complex
+/// number `x_i + j x_{i + dh/2}`, times `e^{j p theta^(-2i/dh)}`, in f64; values untouched.
+/// Grouped-query heads, sequences of different positions, a head width of 128; the inverse
+/// (the backward) undoes it. The GPU turns every pair to the CPU's bits.
+fn check_rotary<B: Backend>(be: &B) {
+    use pipewright_kernels::cpu::rotary::Turn;
+    let name = be.name();
+    for (batch, seq, heads, kv_heads, head_dim, theta) in [
+        (2, 5, 4, 2, 6, 10_000.0),
+        (1, 37, 2, 1, 128, 500_000.0),
+        (3, 4, 3, 3, 2, 100.0),
+    ] {
+        let sh = AttnShape {
+            batch,
+            seq,
+            heads,
+            kv_heads,
+            head_dim,
+        };
+        let x = randn(&[batch * seq, sh.qkv_width()], "rope-x");
+        let table = cpu::rotary_table(seq + 3, head_dim, theta).unwrap();
+        let half = head_dim / 2;
+        let mut want = f64s(&x);
+        for (r, row) in want.chunks_mut(sh.qkv_width()).enumerate() {
+            let p = (r % seq) as f64;
+            for head in row[..(heads + kv_heads) * head_dim].chunks_mut(head_dim) {
+                for i in 0..half {
+                    let angle = p * theta.powf(-2.0 * i as f64 / head_dim as f64);
+                    let (re, im) = (head[i], head[i + half]);
+                    let (c, s) = (angle.cos(), angle.sin());
+                    head[i] = re * c - im * s;
+                    head[i + half] = re * s + im * c;
+                }
+            }
+        }
+        let what = format!("{name} rotary {sh:?}");
+        let mut host = x.clone();
+        cpu::rotary(&mut host, &table, sh).unwrap();
+        assert_close(&what, &host, &want, 1e-5);
+        let (mut dev, tdev) = (be.upload(&x).unwrap(), be.upload(&table).unwrap());
+        be.rotary(&mut dev, &tdev, sh, Turn::Forward).unwrap();
+        let got = be.download(&dev).unwrap();
+        let bits = |t: &Tensor| t.data().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&got), bits(&host), "{what}: the CPU's bits");
+        be.rotary(&mut dev, &tdev, sh, Turn::Inverse).unwrap();
+        assert_close(
+            &format!("{what} inverse"),
+            &be.download(&dev).unwrap(),
+            &f64s(&x),
+            1e-5,
+        );
+        let short = be.upload(&cpu::rotary_table(seq - 1, head_dim, theta).unwrap());
+        let err = be.rotary(&mut dev, &short.unwrap(), sh, Turn::Forward);
+        assert!(
+            err.is_err(),
+            "{what}: a table of fewer positions than the sequence"
+        );
     }
 }

@@ -4,7 +4,7 @@
 mod common;
 
 use common::check_params;
-use pipewright_kernels::gpt::{GptConfig, GptStage, Microbatch, StageOutput};
+use pipewright_kernels::gpt::{GptConfig, GptStage, Microbatch, Positions, StageOutput};
 use pipewright_kernels::layers::{NoTp, Parameters, TpShard};
 use pipewright_kernels::optim::{AdamW, AdamWConfig};
 use pipewright_kernels::KernelError;
@@ -147,9 +147,15 @@ fn scaled_microbatches_accumulate_to_the_whole_batch() {
     assert!(max < 1e-6, "accumulated gradients differ by {max}");
 }
 
+/// Learned positions, and rotary ones (no position table: the queries and keys turn, with a
+/// base small enough that every pair turns visibly over 4 positions).
 #[test]
 fn whole_model_gradient_check() {
-    let cfg = GptConfig::new(7, 4, 8, 2, 2);
+    let learned = GptConfig::new(7, 4, 8, 2, 2);
+    let rotary = GptConfig {
+        positions: Positions::Rotary { theta: 10.0 },
+        ..learned
+    };
     let (tokens, targets) = data(2, 4, 7);
     let mb = Microbatch {
         tokens: &tokens,
@@ -157,19 +163,21 @@ fn whole_model_gradient_check() {
         seq: 4,
         loss_scale: 1.0,
     };
-    let mut m = GptStage::whole(&cfg, 5).unwrap();
-    // Larger weights than GPT-2's 0.02 so every path carries a testable signal.
-    m.visit_mut(&mut |p| {
-        if p.decay || p.name.contains("wpe") {
-            p.value.scale(20.0);
-        }
-    });
-    let (_, stash) = m.forward(&mb, None, &mut NoTp).unwrap();
-    m.backward(stash, None, &mut NoTp).unwrap();
-    let checked = check_params(&m, 4, |m| {
-        loss_of(m.forward(&mb, None, &mut NoTp).unwrap().0) as f64
-    });
-    assert!(checked > 80, "{checked}");
+    for (cfg, want) in [(learned, 80), (rotary, 76)] {
+        let mut m = GptStage::whole(&cfg, 5).unwrap();
+        // Larger weights than GPT-2's 0.02 so every path carries a testable signal.
+        m.visit_mut(&mut |p| {
+            if p.decay || p.name.contains("wpe") {
+                p.value.scale(20.0);
+            }
+        });
+        let (_, stash) = m.forward(&mb, None, &mut NoTp).unwrap();
+        m.backward(stash, None, &mut NoTp).unwrap();
+        let checked = check_params(&m, 4, |m| {
+            loss_of(m.forward(&mb, None, &mut NoTp).unwrap().0) as f64
+        });
+        assert!(checked > want, "{cfg:?}: {checked}");
+    }
 }
 
 #[test]

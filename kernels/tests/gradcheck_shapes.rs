@@ -1,5 +1,6 @@
 //! Finite-difference gradient checks of the kernels and layers of today's
-//! model shapes (grouped-query and multi-query attention, gated MLPs, RMSNorm),
+//! model shapes (grouped-query and multi-query attention, gated MLPs, RMSNorm,
+//! rotary positions),
 //! input backward (I) and weight backward (W) alike, and grouped-query
 //! attention against multi-head attention with its key/value heads repeated.
 
@@ -176,6 +177,43 @@ fn grouped_query_attention_layer() {
         });
         check_params(&a, 10, |a| f(a, &x));
     }
+}
+
+/// Attention with rotary positions, I and W, with 4, 2 and 1 key/value heads: the
+/// rotation's backward (the inverse rotation) is the gradient of the forward.
+#[test]
+fn rotary_attention_layer() {
+    // Base 10: both pairs of a 4-wide head turn visibly over 3 positions.
+    let table = Arc::new(cpu::rotary_table(3, 4, 10.0).unwrap());
+    for kv in [4, 2, 1] {
+        let heads = Heads { query: 4, kv };
+        let plain = gqa(16, heads, 0.5);
+        let mut a = gqa(16, heads, 0.5).with_rotary(table.clone()).unwrap();
+        assert!(a.is_rotary() && !plain.is_rotary());
+        let (x, r) = (randn(&[2, 3, 16], "x"), randn(&[2, 3, 16], "r"));
+        let (y, s) = a.forward(x.clone(), &mut NoTp).unwrap();
+        // Position 0 turns by nothing and attends only to itself: the first row of each
+        // sequence is attention's without rotary positions; later rows are not.
+        let (y0, _) = plain.forward(x.clone(), &mut NoTp).unwrap();
+        for b in 0..2 {
+            let row = |t: &Tensor, p: usize| t.data()[(b * 3 + p) * 16..][..16].to_vec();
+            assert_eq!(row(&y, 0), row(&y0, 0));
+            assert_ne!(row(&y, 2), row(&y0, 2));
+        }
+        let (dx, ws) = a.backward_input(s, r.clone(), &mut NoTp).unwrap();
+        a.backward_weight(ws).unwrap();
+        let f = |a: &Attention, x: &Tensor| dot(&a.forward(x.clone(), &mut NoTp).unwrap().0, &r);
+        check_input(&format!("rotary, {kv} kv heads: dx"), &x, &dx, 48, |x| {
+            f(&a, x)
+        });
+        check_params(&a, 10, |a| f(a, &x));
+    }
+    let odd = cpu::rotary_table(3, 2, 10.0).unwrap();
+    let err = gqa(16, Heads { query: 4, kv: 2 }, 0.5).with_rotary(Arc::new(odd));
+    assert!(
+        err.is_err(),
+        "a table for heads of width 2 on heads of width 4"
+    );
 }
 
 #[test]

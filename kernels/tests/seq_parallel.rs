@@ -6,7 +6,7 @@
 mod common;
 
 use common::{grads, ThreadReduce};
-use pipewright_kernels::gpt::{GptConfig, GptStage, Microbatch, StageOutput};
+use pipewright_kernels::gpt::{GptConfig, GptStage, Microbatch, Positions, StageOutput};
 use pipewright_kernels::layers::TpShard;
 use pipewright_kernels::{Footprint, Tensor};
 
@@ -75,9 +75,22 @@ fn run(cfg: GptConfig, mb: Microbatch<'_>, size: usize, sp: bool) -> Vec<Rank> {
     })
 }
 
+/// Learned positions, and rotary ones: attention gathers the whole sequence before its
+/// projection, so every rank turns each row by its place in the whole sequence, not in
+/// the rank's slice.
 #[test]
 fn sequence_parallel_equals_tensor_parallel() {
-    let cfg = GptConfig::new(13, 8, 16, 4, 4);
+    let learned = GptConfig::new(13, 8, 16, 4, 4);
+    let rotary = GptConfig {
+        positions: Positions::ROTARY,
+        ..learned
+    };
+    for cfg in [learned, rotary] {
+        sequence_parallel_equals_tensor_parallel_in(cfg);
+    }
+}
+
+fn sequence_parallel_equals_tensor_parallel_in(cfg: GptConfig) {
     let tokens: Vec<u32> = (0..24).map(|i| (i * 5 % 13) as u32).collect();
     let targets: Vec<u32> = (0..24).map(|i| (i * 3 % 13) as u32).collect();
     let mb = Microbatch {

@@ -10,7 +10,9 @@
 //! in Llama's (grouped-query attention, SwiGLU, RMSNorm). Without a usable
 //! GPU it prints `skipped: <why>` and passes.
 
-use pipewright_kernels::gpt::{GptConfig, GptStage, Microbatch, MlpKind, NormKind, StageOutput};
+use pipewright_kernels::gpt::{
+    GptConfig, GptStage, Microbatch, MlpKind, NormKind, Positions, StageOutput,
+};
 use pipewright_kernels::layers::{NoTp, Parameters, TpShard};
 use pipewright_kernels::optim::{AdamW, AdamWConfig, DeviceAdamW};
 use pipewright_kernels::{params, Backend, Cpu, Tensor};
@@ -23,13 +25,15 @@ fn cfg() -> GptConfig {
     GptConfig::new(16, 8, 32, 4, 2)
 }
 
-/// Llama's shape: 4 query heads reading 2 key/value heads, SwiGLU, RMSNorm.
+/// Llama's shape: 4 query heads reading 2 key/value heads, SwiGLU, RMSNorm, rotary
+/// positions (Llama 3's base).
 fn llama() -> GptConfig {
     GptConfig {
         kv_heads: 2,
         d_ff: 88,
         mlp: MlpKind::SwiGlu,
         norm: NormKind::RmsNorm,
+        positions: Positions::Rotary { theta: 500_000.0 },
         ..cfg()
     }
 }

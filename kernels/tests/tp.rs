@@ -7,7 +7,9 @@
 mod common;
 
 use common::{grads, randn, ThreadReduce};
-use pipewright_kernels::gpt::{GptConfig, GptStage, Microbatch, MlpKind, NormKind, StageOutput};
+use pipewright_kernels::gpt::{
+    GptConfig, GptStage, Microbatch, MlpKind, NormKind, Positions, StageOutput,
+};
 use pipewright_kernels::layers::shard::{shard_col_segments, shard_cols, shard_rows};
 use pipewright_kernels::layers::{Attention, Mlp, NoTp, Parameters, TpShard};
 use pipewright_kernels::Tensor;
@@ -175,7 +177,8 @@ fn gpt_on_tp_threads_matches_whole() {
 }
 
 /// The same for a Llama-shaped GPT: grouped-query attention (2 key/value heads
-/// for 4 query heads, so each of 2 ranks holds one group), a SwiGLU MLP (gate
+/// for 4 query heads, so each of 2 ranks holds one group) with rotary positions
+/// (each rank turns its own heads), a SwiGLU MLP (gate
 /// and up split by columns together, down by rows), RMSNorm; and GeGLU with
 /// multi-query attention (one key/value head, so TP 1 only: the TP size must
 /// divide the key/value heads).
@@ -186,6 +189,7 @@ fn llama_shaped_gpt_on_tp_threads_matches_whole() {
         d_ff: 24,
         mlp: MlpKind::SwiGlu,
         norm: NormKind::RmsNorm,
+        positions: Positions::ROTARY,
         ..GptConfig::new(11, 6, 16, 4, 2)
     };
     check_gpt_on_tp_threads(&gqa, &[2]);

@@ -78,6 +78,52 @@ fn every_family_reads_with_its_own_field_names() {
     assert!(mistral.notes[0].contains("sliding_window 4096"));
 }
 
+/// Each family's base of rotary angles, under its own name, and what the reference's plain
+/// rotary embeddings leave out said in a note.
+#[test]
+fn rotary_bases_are_read_and_unmodelled_rotary_variants_noted() {
+    let theta = |name: &str| {
+        from_hf_config(&fixture(name))
+            .unwrap()
+            .shape
+            .rope_theta
+            .get()
+    };
+    assert_eq!(theta("llama3-8b.json"), 500_000.0);
+    assert_eq!(theta("mistral-7b-v0.1.json"), 10_000.0);
+    assert_eq!(theta("qwen2-7b.json"), 1_000_000.0);
+    assert_eq!(theta("gpt-neox-20b.json"), 10_000.0);
+    assert!(from_hf_config(&fixture("llama3-8b.json"))
+        .unwrap()
+        .notes
+        .is_empty());
+    let l31 = from_hf_config(&fixture("llama3.1-405b.json")).unwrap();
+    assert_eq!(l31.notes.len(), 1, "{:?}", l31.notes);
+    assert!(l31.notes[0].contains("rope_scaling `llama3` is not modelled"));
+    let neox = from_hf_config(&fixture("gpt-neox-20b.json")).unwrap();
+    assert_eq!(neox.notes.len(), 1, "{:?}", neox.notes);
+    assert!(neox.notes[0].contains("rotary_pct 0.25 is not modelled"));
+    // Absent: 10000; in the newer layout, under rope_parameters.
+    let llama = fixture("llama3-8b.json");
+    let absent = llama.replace("\"rope_theta\": 500000.0,", "");
+    assert_eq!(
+        from_hf_config(&absent).unwrap().shape.rope_theta.get(),
+        10_000.0
+    );
+    let nested = llama.replace(
+        "\"rope_theta\": 500000.0,",
+        "\"rope_parameters\": {\"rope_theta\": 250000.0, \"rope_type\": \"default\"},",
+    );
+    let m = from_hf_config(&nested).unwrap();
+    assert_eq!((m.shape.rope_theta.get(), m.notes.len()), (250_000.0, 0));
+    let e = |text: &str| from_hf_config(text).unwrap_err().to_string();
+    let bad = llama.replace("\"rope_theta\": 500000.0", "\"rope_theta\": -1");
+    assert_eq!(
+        e(&bad),
+        "field `rope_theta` is -1, expected a number above 0"
+    );
+}
+
 #[test]
 fn bad_configs_are_refused_in_one_line_naming_the_field() {
     let llama = fixture("llama3-8b.json");

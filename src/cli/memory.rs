@@ -52,7 +52,7 @@ pub struct MemoryArgs {
     #[arg(
         long,
         value_name = "FILE",
-        conflicts_with_all = ["layers", "d_model", "heads", "vocab", "ffn", "kv_heads", "mlp", "norm", "tied_embeddings", "positions", "bias"],
+        conflicts_with_all = ["layers", "d_model", "heads", "vocab", "ffn", "kv_heads", "mlp", "norm", "tied_embeddings", "positions", "rope_theta", "bias"],
         help_heading = "Memory model"
     )]
     hf_config: Option<PathBuf>,

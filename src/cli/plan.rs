@@ -16,6 +16,7 @@ use pipewright::schedule::plan::listed::configuration;
 use pipewright::schedule::plan::{
     plan, Cluster, Fixed, Plan, PlanModel, PlanRequest, PlanRow, Precision, Progress,
 };
+use pipewright::schedule::shape::PositionKind;
 use pipewright::schedule::LayerProfile;
 use pipewright::schedule::{Recompute, ScheduleKind};
 use pipewright::viz::{
@@ -44,7 +45,7 @@ pub struct PlanCmd {
     #[arg(
         long,
         value_name = "FILE",
-        conflicts_with_all = ["layers", "d_model", "heads", "ffn", "kv_heads", "mlp", "norm", "tied_embeddings", "positions", "bias", "hf_config", "attention", "seq_len", "vocab", "tp", "sequence_parallel", "validate", "calibrate", "timetable_out"]
+        conflicts_with_all = ["layers", "d_model", "heads", "ffn", "kv_heads", "mlp", "norm", "tied_embeddings", "positions", "rope_theta", "bias", "hf_config", "attention", "seq_len", "vocab", "tp", "sequence_parallel", "validate", "calibrate", "timetable_out"]
     )]
     profile: Option<PathBuf>,
     /// Plan the model of a Hugging Face config.json (llama, mistral, qwen2, gpt2, gpt_neox):
@@ -54,7 +55,7 @@ pub struct PlanCmd {
     #[arg(
         long,
         value_name = "FILE",
-        conflicts_with_all = ["layers", "d_model", "heads", "ffn", "kv_heads", "mlp", "norm", "tied_embeddings", "positions", "bias", "vocab"]
+        conflicts_with_all = ["layers", "d_model", "heads", "ffn", "kv_heads", "mlp", "norm", "tied_embeddings", "positions", "rope_theta", "bias", "vocab"]
     )]
     hf_config: Option<PathBuf>,
     /// Transformer blocks.
@@ -594,11 +595,11 @@ pub fn launch(req: &PlanRequest, r: &PlanRow, timetable: Option<&PathBuf>) -> St
 }
 
 /// What `train` refuses of the planned shape, said under the launch line (the reference GPT
-/// has every kind but tied embeddings and rotary positions).
+/// has every kind but tied embeddings).
 fn launch_note(req: &PlanRequest) -> String {
     match req.model.gpt().map(gpt_config) {
         Some(Err(e)) => format!(
-            "  (train refuses this line: {e}; plan without --tied-embeddings and with --positions learned for the nearest shape it trains)\n"
+            "  (train refuses this line: {e}; plan without --tied-embeddings for the nearest shape it trains)\n"
         ),
         _ => String::new(),
     }
@@ -674,6 +675,8 @@ fn json(
                 "layers": s.layers, "d_model": s.d_model, "heads": s.heads,
                 "kv_heads": s.kv_heads, "ffn": s.ffn, "mlp": s.mlp, "norm": s.norm,
                 "tied_embeddings": s.tied_embeddings, "positions": s.positions,
+                // The base of rotary angles; null under learned positions, which have none.
+                "rope_theta": (s.positions == PositionKind::Rotary).then_some(s.rope_theta),
                 "bias": s.bias, "seq_len": s.seq_len, "vocab": s.vocab,
                 "parameters": s.parameters(),
             }),

@@ -10,7 +10,7 @@ use anyhow::{anyhow, bail, Result};
 use clap::Args;
 use pipewright::schedule::shape::hf::{from_hf_config, HfModel};
 use pipewright::schedule::shape::{
-    AttentionKind, BiasKind, MlpKind, ModelShape, NormKind, PositionKind, ShapeError,
+    AttentionKind, BiasKind, MlpKind, ModelShape, NormKind, PositionKind, RopeTheta, ShapeError,
 };
 
 use super::io::read_text;
@@ -46,6 +46,10 @@ pub struct ShapeArgs {
     /// [default: learned].
     #[arg(long, value_name = "KIND", value_parser = parse_kind::<PositionKind>, help_heading = "Model shape")]
     pub positions: Option<PositionKind>,
+    /// The base of rotary positions' angles (Hugging Face's rope_theta: 500000 in Llama 3,
+    /// 1000000 in Qwen2); with --positions rotary only [default: 10000].
+    #[arg(long, value_name = "THETA", value_parser = parse_kind::<RopeTheta>, help_heading = "Model shape")]
+    pub rope_theta: Option<RopeTheta>,
     /// Biases of the linear layers: all, qkv (Qwen2) or none (Llama) [default: all].
     #[arg(long, value_name = "KIND", value_parser = parse_kind::<BiasKind>, help_heading = "Model shape")]
     pub bias: Option<BiasKind>,
@@ -61,6 +65,7 @@ impl ShapeArgs {
             ("--norm", self.norm.is_some()),
             ("--tied-embeddings", self.tied_embeddings),
             ("--positions", self.positions.is_some()),
+            ("--rope-theta", self.rope_theta.is_some()),
             ("--bias", self.bias.is_some()),
         ]
         .into_iter()
@@ -79,6 +84,10 @@ impl ShapeArgs {
         vocab: u64,
     ) -> Result<ModelShape> {
         let mlp = self.mlp.unwrap_or_default();
+        let positions = self.positions.unwrap_or_default();
+        if self.rope_theta.is_some() && positions != PositionKind::Rotary {
+            bail!("--rope-theta is the base of rotary positions: also give --positions rotary");
+        }
         let shape = ModelShape {
             layers,
             d_model,
@@ -90,7 +99,8 @@ impl ShapeArgs {
             mlp,
             norm: self.norm.unwrap_or_default(),
             tied_embeddings: self.tied_embeddings,
-            positions: self.positions.unwrap_or_default(),
+            positions,
+            rope_theta: self.rope_theta.unwrap_or_default(),
             bias: self.bias.unwrap_or_default(),
         };
         shape.check().map_err(|e| anyhow!("{}", flag_error(&e)))?;
@@ -106,6 +116,9 @@ pub fn flag_error(e: &ShapeError) -> String {
         ShapeError::NotDividing { a, x, b, y } => {
             format!("{} {x} must divide {} {y}", flag(a), flag(b))
         }
+        ShapeError::OddRotaryHead(w) => format!(
+            "--positions rotary turns pairs of a head's dimensions: the head width {w} (--d-model / --heads) is not even"
+        ),
     }
 }
 
@@ -196,6 +209,9 @@ pub fn kind_flags(s: &ModelShape) -> String {
     }
     if s.positions != PositionKind::Learned {
         out += &format!(" --positions {}", s.positions);
+        if s.rope_theta != RopeTheta::DEFAULT {
+            out += &format!(" --rope-theta {}", s.rope_theta);
+        }
     }
     if s.bias != BiasKind::All {
         out += &format!(" --bias {}", s.bias);

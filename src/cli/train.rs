@@ -99,8 +99,8 @@ pub struct TrainCmd {
     /// Vocabulary size of the generated task (arithmetic progressions modulo the vocabulary).
     #[arg(long, default_value_t = 64)]
     vocab: usize,
-    /// The model's kinds beyond its sizes (key/value heads, MLP, norm, biases); the reference
-    /// GPT has every one but tied embeddings and rotary positions.
+    /// The model's kinds beyond its sizes (key/value heads, MLP, norm, positions, biases); the
+    /// reference GPT has every one but tied embeddings.
     #[command(flatten)]
     shape: ShapeArgs,
     /// AdamW learning rate (above 0, at most 1).
@@ -335,13 +335,8 @@ impl TrainCmd {
             self.seq_len as u64,
             self.vocab as u64,
         )?;
-        // The reference refuses tied embeddings and rotary positions only.
-        let flag = if shape.tied_embeddings {
-            "--tied-embeddings"
-        } else {
-            "--positions"
-        };
-        gpt_config(&shape).map_err(|e| anyhow!("{flag}: {e}"))
+        // The reference refuses tied embeddings only.
+        gpt_config(&shape).map_err(|e| anyhow!("--tied-embeddings: {e}"))
     }
 
     /// Where tensors live: `--device`, checked against the transport. Over NCCL each rank

@@ -156,7 +156,7 @@ pub fn validate(req: &PlanRequest, runs: &[(Config, f64)]) -> Result<String> {
     let Some(shape) = req.model.gpt() else {
         bail!("--validate trains the reference GPT; a --profile's model is the user's own program");
     };
-    // The reference GPT takes every kind of the shape but tied embeddings and rotary positions.
+    // The reference GPT takes every kind of the shape but tied embeddings.
     gpt_config(shape).map_err(|e| anyhow!("--validate trains the planned shape: {e}"))?;
     let mut out = format!(
         "\nvalidation: {} configurations (the best, the slowest simulated, and between them spread by predicted time) trained in-process for {STEPS} steps each, twice (the faster period counts)\n  #  predicted s  measured s  measured/predicted  peak memory error  configuration\n",

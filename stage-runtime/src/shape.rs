@@ -2,26 +2,20 @@
 //! [`ModelShape`] (what `plan`, the memory model and the CLI read) to the kernels'
 //! [`GptConfig`] (what trains), so a planned shape trains as planned.
 
-use pipewright_kernels::gpt::{BiasKind, GptConfig, MlpKind, NormKind};
+use pipewright_kernels::gpt::{BiasKind, GptConfig, MlpKind, NormKind, Positions};
 use pipewright_schedule::shape::{self, ModelShape, PositionKind};
 
 use crate::error::RuntimeError;
 
-/// The reference GPT of `shape`, or why it has none: it has any key/value heads, MLP, norm
-/// and biases, but untied embeddings and a learned position table only (tying across
-/// pipeline stages needs an all-reduce of the two copies' gradients, and rotary positions a
-/// kernel, that it does not have).
+/// The reference GPT of `shape`, or why it has none: it has any key/value heads, MLP, norm,
+/// biases and positions (a learned table, or rotary with the shape's base), but untied
+/// embeddings only (tying across pipeline stages needs an all-reduce of the two copies'
+/// gradients between the first and the last stage, which it does not have).
 pub fn gpt_config(shape: &ModelShape) -> Result<GptConfig, RuntimeError> {
-    let refuse = |what: &str| {
-        Err(RuntimeError::Model(format!(
-            "the reference GPT has no {what}: it has untied embeddings and learned positions"
-        )))
-    };
     if shape.tied_embeddings {
-        return refuse("tied embeddings");
-    }
-    if shape.positions != PositionKind::Learned {
-        return refuse(&format!("{} positions", shape.positions));
+        return Err(RuntimeError::Model(
+            "the reference GPT has no tied embeddings: its LM head is its own matrix".into(),
+        ));
     }
     let size = |name: &str, v: u64| {
         usize::try_from(v).map_err(|_| RuntimeError::Model(format!("{name} {v} is too large")))
@@ -48,6 +42,12 @@ pub fn gpt_config(shape: &ModelShape) -> Result<GptConfig, RuntimeError> {
             shape::BiasKind::Qkv => BiasKind::Qkv,
             shape::BiasKind::None => BiasKind::None,
         },
+        positions: match shape.positions {
+            PositionKind::Learned => Positions::Learned,
+            PositionKind::Rotary => Positions::Rotary {
+                theta: shape.rope_theta.get(),
+            },
+        },
     })
 }
 
@@ -73,13 +73,16 @@ mod tests {
                     shape::BiasKind::None,
                 ] {
                     for kv_heads in [4, 2, 1] {
-                        shapes.push(ModelShape {
-                            kv_heads,
-                            mlp,
-                            norm,
-                            bias,
-                            ..ModelShape::gpt(3, 16, 4, 24, 8, 11)
-                        });
+                        for positions in [PositionKind::Learned, PositionKind::Rotary] {
+                            shapes.push(ModelShape {
+                                kv_heads,
+                                mlp,
+                                norm,
+                                bias,
+                                positions,
+                                ..ModelShape::gpt(3, 16, 4, 24, 8, 11)
+                            });
+                        }
                     }
                 }
             }
@@ -94,22 +97,19 @@ mod tests {
     }
 
     #[test]
-    fn tied_embeddings_and_rotary_positions_are_refused() {
+    fn rotary_positions_map_with_their_base_and_tied_embeddings_are_refused() {
+        let rotary = ModelShape {
+            positions: PositionKind::Rotary,
+            rope_theta: "500000".parse().unwrap(),
+            ..ModelShape::gpt(3, 16, 4, 64, 8, 11)
+        };
+        let cfg = gpt_config(&rotary).unwrap();
+        assert_eq!(cfg.positions, Positions::Rotary { theta: 500_000.0 });
         let tied = ModelShape {
             tied_embeddings: true,
-            ..ModelShape::gpt(3, 16, 4, 64, 8, 11)
+            ..rotary
         };
         let err = gpt_config(&tied).unwrap_err().to_string();
         assert!(err.contains("no tied embeddings"), "{err}");
-        let rotary = ModelShape {
-            positions: PositionKind::Rotary,
-            ..tied
-        };
-        let err = gpt_config(&ModelShape {
-            tied_embeddings: false,
-            ..rotary
-        })
-        .unwrap_err();
-        assert!(err.to_string().contains("no rotary positions"), "{err}");
     }
 }

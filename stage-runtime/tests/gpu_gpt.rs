@@ -164,13 +164,13 @@ fn cuda_local_pp2_tp2_sequence_parallel_matches_cpu() {
     check_cuda_local_with(cfg, &timetable(ScheduleKind::OneFOneB, 2, 1, 4));
 }
 
-/// A Llama-shaped GPT (4 query heads reading 2 key/value heads, SwiGLU, RMSNorm, no biases)
-/// on the GPU's grouped-query attention, gated-unit and RMSNorm kernels, pp2 x tp2 x dp2 under
-/// ZB-H1 with sequence parallelism, against the same run on the CPU. Compile-checked only:
-/// not yet run on a GPU.
+/// A Llama-shaped GPT (4 query heads reading 2 key/value heads, SwiGLU, RMSNorm, rotary
+/// positions of Llama 3's base, no biases) on the GPU's grouped-query attention, rotary,
+/// gated-unit and RMSNorm kernels, pp2 x tp2 x dp2 under ZB-H1 with sequence parallelism,
+/// against the same run on the CPU. Compile-checked only: not yet run on a GPU.
 #[test]
 fn cuda_local_llama_shape_pp2_tp2_dp2_matches_cpu() {
-    use pipewright_kernels::gpt::{BiasKind, MlpKind, NormKind};
+    use pipewright_kernels::gpt::{BiasKind, MlpKind, NormKind, Positions};
     let mut cfg = config(Mesh::new(2, 2, 2).unwrap());
     cfg.model = GptConfig {
         kv_heads: 2,
@@ -178,6 +178,7 @@ fn cuda_local_llama_shape_pp2_tp2_dp2_matches_cpu() {
         mlp: MlpKind::SwiGlu,
         norm: NormKind::RmsNorm,
         bias: BiasKind::None,
+        positions: Positions::Rotary { theta: 500_000.0 },
         ..cfg.model
     };
     cfg.sequence_parallel = true;

@@ -3,7 +3,8 @@
 //! tp 1/2, dp 1/2, v 1/2; 1F1B, interleaved 1F1B, ZB-H1, ZBV; recompute none, selective,
 //! full, every:N and per stage, with and without explicit R actions; ZeRO 0/1; sequence
 //! parallelism off and on, with recomputation and with ZeRO-1; f32 and bf16), and a second
-//! grid of today's shapes (grouped-query attention with SwiGLU and RMSNorm, no biases;
+//! grid of today's shapes (grouped-query attention with SwiGLU, RMSNorm and rotary positions,
+//! no biases;
 //! multi-query attention with GeGLU, a QKV bias only; SwiGLU with LayerNorm) over the same
 //! kinds of points. On every rank the predicted peak (the moment of the highest total, in a
 //! step after the first, when AdamW's state exists) is within 5% of the measured one, and on
@@ -18,7 +19,7 @@ use pipewright_schedule::memory::{
     MemoryBreakdown, MemoryConfig, ModelShape,
 };
 use pipewright_schedule::recompute::insert;
-use pipewright_schedule::shape::{BiasKind, MlpKind, NormKind};
+use pipewright_schedule::shape::{BiasKind, MlpKind, NormKind, PositionKind};
 use pipewright_schedule::{generate, RecomputePlan, ScheduleKind, ScheduleSpec};
 
 /// One grid point.
@@ -109,8 +110,8 @@ fn shape() -> ModelShape {
 }
 
 /// Today's shapes at the grid's size, 4 heads of width 4: Llama's (2 key/value heads, SwiGLU
-/// of width 40, RMSNorm, no biases), multi-query attention with GeGLU and a QKV bias only,
-/// and SwiGLU with LayerNorm and every bias.
+/// of width 40, RMSNorm, rotary positions of Llama 3's base, no biases), multi-query
+/// attention with GeGLU and a QKV bias only, and SwiGLU with LayerNorm and every bias.
 fn new_shapes() -> [ModelShape; 3] {
     let base = ModelShape::gpt(8, 16, 4, 40, 8, 16);
     [
@@ -118,6 +119,8 @@ fn new_shapes() -> [ModelShape; 3] {
             kv_heads: 2,
             mlp: MlpKind::SwiGlu,
             norm: NormKind::RmsNorm,
+            positions: PositionKind::Rotary,
+            rope_theta: "500000".parse().unwrap(),
             bias: BiasKind::None,
             ..base
         },
@@ -246,7 +249,7 @@ fn predicted_peaks_equal_the_measured_ones_in_today_s_shapes() {
 fn check_point(p: &Point, shape: &ModelShape) {
     {
         let at = format!(
-            "{:?} pp={} v={} tp={} dp={} {} zero={} R={} sp={} bf16={} kv={} {} {} bias {}",
+            "{:?} pp={} v={} tp={} dp={} {} zero={} R={} sp={} bf16={} kv={} {} {} {} bias {}",
             p.kind,
             p.pp,
             p.v,
@@ -260,6 +263,7 @@ fn check_point(p: &Point, shape: &ModelShape) {
             shape.kv_heads,
             shape.mlp,
             shape.norm,
+            shape.positions,
             shape.bias
         );
         let (measured, predicted) = run_shape(p, shape);

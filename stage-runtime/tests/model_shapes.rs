@@ -1,12 +1,12 @@
-//! The reference GPT in today's shapes (grouped-query attention, a gated MLP, RMSNorm) trains
-//! like the GPT-2-shaped one: PP x TP x DP equals one device under interleaved 1F1B, ZB-H1 and
-//! ZBV; sequence parallelism equals TP without it; every recomputation policy is
-//! bit-identical; bf16 stays close to f32.
+//! The reference GPT in today's shapes (grouped-query attention, a gated MLP, RMSNorm, rotary
+//! positions) trains like the GPT-2-shaped one: PP x TP x DP equals one device under
+//! interleaved 1F1B, ZB-H1 and ZBV; sequence parallelism equals TP without it; every
+//! recomputation policy is bit-identical; bf16 stays close to f32.
 
 #[path = "common/whole.rs"]
 mod whole;
 
-use pipewright_kernels::gpt::{BiasKind, GptConfig, MlpKind, NormKind};
+use pipewright_kernels::gpt::{BiasKind, GptConfig, MlpKind, NormKind, Positions};
 use pipewright_kernels::Precision;
 use pipewright_runtime::{train_gpt, FinalParams, Mesh, RunOptions, TrainConfig};
 use pipewright_schedule::{generate, ScheduleKind, ScheduleSpec, Timetable};
@@ -16,7 +16,8 @@ const STEPS: u64 = 3;
 const M: u32 = 4;
 
 /// Llama's shape, small: 4 query heads reading 2 key/value heads, SwiGLU of width 40, RMSNorm,
-/// no biases.
+/// no biases, rotary positions (base 100, so both pairs of a 4-wide head turn visibly over
+/// 8 positions).
 fn llama() -> GptConfig {
     GptConfig {
         kv_heads: 2,
@@ -24,17 +25,20 @@ fn llama() -> GptConfig {
         mlp: MlpKind::SwiGlu,
         norm: NormKind::RmsNorm,
         bias: BiasKind::None,
+        positions: Positions::Rotary { theta: 100.0 },
         ..GptConfig::new(16, 8, 16, 4, 8)
     }
 }
 
-/// Multi-query attention with a GeGLU MLP, LayerNorm and a QKV bias only (Qwen2's biases).
+/// Multi-query attention with a GeGLU MLP, LayerNorm, a QKV bias only (Qwen2's biases) and a
+/// learned position table.
 fn mqa_geglu() -> GptConfig {
     GptConfig {
         kv_heads: 1,
         mlp: MlpKind::GeGlu,
         norm: NormKind::LayerNorm,
         bias: BiasKind::Qkv,
+        positions: Positions::Learned,
         ..llama()
     }
 }

@@ -1,4 +1,5 @@
-//! Token embedding plus learned positional embedding.
+//! Token embedding plus, where the model has one, a learned positional embedding (a model
+//! with rotary positions has no table: its positions enter in attention, see [`super::rotary`]).
 //!
 //! Token ids are not differentiable, so the backward has only a weight part.
 
@@ -7,7 +8,7 @@ use crate::tensor::Tensor;
 
 /// Checks ids and table shapes before any work (shared with the CUDA
 /// backend, which must validate before launching a kernel).
-pub(crate) fn check(ids: &[u32], seq: usize, wte: &[usize], wpe: &[usize]) -> Result<()> {
+pub(crate) fn check(ids: &[u32], seq: usize, wte: &[usize], wpe: Option<&[usize]>) -> Result<()> {
     let d = wte.last().copied().unwrap_or(1);
     if seq == 0 || ids.len() % seq != 0 {
         return Err(shape_err(
@@ -15,17 +16,19 @@ pub(crate) fn check(ids: &[u32], seq: usize, wte: &[usize], wpe: &[usize]) -> Re
             format!("{} ids are not whole sequences of {seq}", ids.len()),
         ));
     }
-    if wte.len() != 2 || wpe.len() != 2 || wpe[1] != d {
+    if wte.len() != 2 || wpe.is_some_and(|p| p.len() != 2 || p[1] != d) {
         return Err(shape_err(
             "embedding",
             format!("tables {wte:?} and {wpe:?}"),
         ));
     }
-    if seq > wpe[0] {
-        return Err(shape_err(
-            "embedding",
-            format!("sequence of {seq} beyond {} positions", wpe[0]),
-        ));
+    if let Some(&[positions, _]) = wpe {
+        if seq > positions {
+            return Err(shape_err(
+                "embedding",
+                format!("sequence of {seq} beyond {positions} positions"),
+            ));
+        }
     }
     let vocab = wte[0];
     match ids.iter().find(|&&t| t as usize >= vocab) {
@@ -35,30 +38,37 @@ pub(crate) fn check(ids: &[u32], seq: usize, wte: &[usize], wpe: &[usize]) -> Re
 }
 
 /// `out[b, t] = wte[ids[b, t]] + wpe[t]` for ids of shape `[batch, seq]`
-/// (flattened); the result is `[batch, seq, d]`.
-pub fn embedding(ids: &[u32], seq: usize, wte: &Tensor, wpe: &Tensor) -> Result<Tensor> {
-    check(ids, seq, wte.shape(), wpe.shape())?;
+/// (flattened), or `wte[ids[b, t]]` without a position table; the result is
+/// `[batch, seq, d]`.
+pub fn embedding(ids: &[u32], seq: usize, wte: &Tensor, wpe: Option<&Tensor>) -> Result<Tensor> {
+    check(ids, seq, wte.shape(), wpe.map(Tensor::shape))?;
     let d = wte.cols();
     let mut out = vec![0.0f32; ids.len() * d];
     for (i, (row, &id)) in out.chunks_exact_mut(d).zip(ids).enumerate() {
         let tok = &wte.data()[id as usize * d..][..d];
-        let pos = &wpe.data()[(i % seq) * d..][..d];
-        for ((o, a), b) in row.iter_mut().zip(tok).zip(pos) {
-            *o = a + b;
+        match wpe {
+            Some(wpe) => {
+                let pos = &wpe.data()[(i % seq) * d..][..d];
+                for ((o, a), b) in row.iter_mut().zip(tok).zip(pos) {
+                    *o = a + b;
+                }
+            }
+            None => row.copy_from_slice(tok),
         }
     }
     Ok(Tensor::from_parts(vec![ids.len() / seq, seq, d], out))
 }
 
-/// Weight gradient: `dwte[ids[i]] += dy[i]`, `dwpe[i % seq] += dy[i]`.
+/// Weight gradient: `dwte[ids[i]] += dy[i]`, and `dwpe[i % seq] += dy[i]` where the model
+/// has a position table.
 pub fn embedding_backward_weight(
     ids: &[u32],
     seq: usize,
     dy: &Tensor,
     dwte: &mut Tensor,
-    dwpe: &mut Tensor,
+    mut dwpe: Option<&mut Tensor>,
 ) -> Result<()> {
-    check(ids, seq, dwte.shape(), dwpe.shape())?;
+    check(ids, seq, dwte.shape(), dwpe.as_deref().map(Tensor::shape))?;
     let d = dwte.cols();
     if dy.numel() != ids.len() * d {
         return Err(shape_err(
@@ -73,8 +83,10 @@ pub fn embedding_backward_weight(
     for (i, (g, &id)) in dy.data().chunks_exact(d).zip(ids).enumerate() {
         let tok = &mut dwte.data_mut()[id as usize * d..][..d];
         tok.iter_mut().zip(g).for_each(|(a, b)| *a += b);
-        let pos = &mut dwpe.data_mut()[(i % seq) * d..][..d];
-        pos.iter_mut().zip(g).for_each(|(a, b)| *a += b);
+        if let Some(dwpe) = dwpe.as_deref_mut() {
+            let pos = &mut dwpe.data_mut()[(i % seq) * d..][..d];
+            pos.iter_mut().zip(g).for_each(|(a, b)| *a += b);
+        }
     }
     Ok(())
 }
@@ -87,7 +99,7 @@ mod tests {
     fn gathers_and_scatters() {
         let wte = Tensor::new(&[3, 2], vec![0.0, 1.0, 10.0, 11.0, 20.0, 21.0]).unwrap();
         let wpe = Tensor::new(&[2, 2], vec![0.5, 0.5, 0.25, 0.25]).unwrap();
-        let y = embedding(&[2, 1, 1, 1], 2, &wte, &wpe).unwrap();
+        let y = embedding(&[2, 1, 1, 1], 2, &wte, Some(&wpe)).unwrap();
         assert_eq!(y.shape(), &[2, 2, 2]);
         assert_eq!(
             y.data(),
@@ -95,9 +107,14 @@ mod tests {
         );
         let (mut dwte, mut dwpe) = (Tensor::zeros(&[3, 2]), Tensor::zeros(&[2, 2]));
         let dy = Tensor::new(&[2, 2, 2], vec![1.0; 8]).unwrap();
-        embedding_backward_weight(&[2, 1, 1, 1], 2, &dy, &mut dwte, &mut dwpe).unwrap();
+        embedding_backward_weight(&[2, 1, 1, 1], 2, &dy, &mut dwte, Some(&mut dwpe)).unwrap();
         assert_eq!(dwte.data(), &[0.0, 0.0, 3.0, 3.0, 1.0, 1.0]);
         assert_eq!(dwpe.data(), &[2.0, 2.0, 2.0, 2.0]);
+        // Without a position table (rotary positions): the token rows alone.
+        let y = embedding(&[2, 1, 1, 1], 2, &wte, None).unwrap();
+        assert_eq!(y.data(), &[20.0, 21.0, 10.0, 11.0, 10.0, 11.0, 10.0, 11.0]);
+        embedding_backward_weight(&[2, 1, 1, 1], 2, &dy, &mut dwte, None).unwrap();
+        assert_eq!(dwte.data(), &[0.0, 0.0, 6.0, 6.0, 2.0, 2.0]);
     }
 
     #[test]
@@ -105,10 +122,11 @@ mod tests {
         let wte = Tensor::zeros(&[3, 2]);
         let wpe = Tensor::zeros(&[2, 2]);
         assert!(matches!(
-            embedding(&[0, 3], 2, &wte, &wpe),
+            embedding(&[0, 3], 2, &wte, Some(&wpe)),
             Err(KernelError::TokenOutOfRange { id: 3, .. })
         ));
-        assert!(embedding(&[0, 1, 2], 2, &wte, &wpe).is_err());
-        assert!(embedding(&[0, 1, 2], 3, &wte, &wpe).is_err());
+        assert!(embedding(&[0, 1, 2], 2, &wte, Some(&wpe)).is_err());
+        assert!(embedding(&[0, 1, 2], 3, &wte, Some(&wpe)).is_err());
+        assert!(embedding(&[0, 1, 2], 3, &wte, None).is_ok());
     }
 }

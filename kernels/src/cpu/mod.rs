@@ -12,6 +12,7 @@ pub mod glu;
 pub mod layernorm;
 pub mod loss;
 pub mod rmsnorm;
+pub mod rotary;
 
 pub use attention::{causal_attention, causal_attention_backward, AttnShape};
 pub use elementwise::{add, add_bias, bias_grad_acc, gelu, gelu_backward};
@@ -27,3 +28,4 @@ pub use layernorm::{
 };
 pub use loss::{cross_entropy, cross_entropy_backward};
 pub use rmsnorm::{rms_norm, rms_norm_backward_input_from, rms_norm_backward_weight};
+pub use rotary::{rotary, rotary_backward, rotary_table};

@@ -75,6 +75,7 @@ impl CudaBackend {
             kernels: self.kernels.clone(),
             rows: self.rows.clone(),
             attn: self.attn.clone(),
+            rotary: self.rotary.clone(),
             mixed: self.mixed.clone(),
             precision: self.precision,
             stream,

@@ -16,9 +16,11 @@ mod kernels;
 pub use kept::CudaKept;
 mod mixed;
 mod nvrtc;
+mod rotary;
 mod rowops;
 
 use crate::backend::{check_range, Backend, Shaped};
+use crate::cpu::rotary::Turn;
 use crate::cpu::{self, AttnShape, GluKind};
 use crate::error::{shape_err, KernelError, Result};
 use crate::kept::Restored;
@@ -144,6 +146,7 @@ pub struct CudaBackend {
     kernels: kernels::Kernels,
     rows: rowops::RowKernels,
     attn: attention::AttnKernels,
+    rotary: rotary::RotaryKernels,
     /// f32 to bf16 conversions for reduced-precision matmuls and activations.
     mixed: mixed::MixedKernels,
     precision: Precision,
@@ -182,6 +185,7 @@ impl CudaBackend {
             kernels,
             rows,
             attn,
+            rotary: rotary::RotaryKernels::compile(&ctx)?,
             mixed: mixed::MixedKernels::compile(&ctx)?,
             precision: Precision::F32,
         })
@@ -669,13 +673,13 @@ impl Backend for CudaBackend {
         ids: &[u32],
         seq: usize,
         wte: &CudaTensor,
-        wpe: &CudaTensor,
+        wpe: Option<&CudaTensor>,
     ) -> Result<CudaTensor> {
-        cpu::embedding::check(ids, seq, &wte.shape, &wpe.shape)?;
+        cpu::embedding::check(ids, seq, &wte.shape, wpe.map(|p| &p.shape[..]))?;
         let dev_ids = self.upload_ids(ids)?;
         let mut out = self.zeros(&[ids.len() / seq, seq, wte.cols()])?;
         self.rows
-            .embedding(&self.stream, &dev_ids, seq, wte, wpe, &mut out)?;
+            .embedding(&self.stream, &dev_ids, seq, (wte, wpe), &mut out)?;
         Ok(out)
     }
 
@@ -685,9 +689,10 @@ impl Backend for CudaBackend {
         seq: usize,
         dy: &CudaTensor,
         dwte: &mut CudaTensor,
-        dwpe: &mut CudaTensor,
+        dwpe: Option<&mut CudaTensor>,
     ) -> Result<()> {
-        cpu::embedding::check(ids, seq, &dwte.shape, &dwpe.shape)?;
+        let positions = dwpe.as_ref().map(|p| &p.shape[..]);
+        cpu::embedding::check(ids, seq, &dwte.shape, positions)?;
         let d = dwte.cols();
         if dy.numel() != ids.len() * d {
             return Err(shape_err(
@@ -697,6 +702,17 @@ impl Backend for CudaBackend {
         }
         self.rows
             .embedding_backward_weight(&self.stream, ids, seq, dy, dwte, dwpe)
+    }
+
+    fn rotary(
+        &self,
+        qkv: &mut CudaTensor,
+        table: &CudaTensor,
+        sh: AttnShape,
+        dir: Turn,
+    ) -> Result<()> {
+        cpu::rotary::check("rotary", &qkv.shape, &table.shape, sh)?;
+        self.rotary.rotate(&self.stream, qkv, table, sh, dir)
     }
 
     fn causal_attention(

@@ -65,13 +65,19 @@ mod tests {
                 super::super::attention::source(),
                 super::super::attention::names(),
             ),
+            (
+                "rotary",
+                super::super::rotary::SOURCE.to_string(),
+                owned(super::super::rotary::NAMES),
+            ),
         ]
     }
 
     #[test]
     fn every_nvrtc_source_compiles() {
         // Today's shapes' kernels are among those checked: the gated units, RMSNorm's rows,
-        // and grouped-query attention (every attention kernel takes the key/value heads).
+        // grouped-query attention (every attention kernel takes the key/value heads) and
+        // rotary positions (and the embedding without a position table).
         let all: Vec<String> = sources().into_iter().flat_map(|(_, _, n)| n).collect();
         for name in [
             "glu_fwd",
@@ -79,10 +85,13 @@ mod tests {
             "rms_fwd",
             "rms_bwd_input",
             "attn_bwd_dkv_64",
+            "rope",
+            "emb_fwd",
         ] {
             assert!(all.iter().any(|n| n == name), "{name} is not compiled");
         }
         assert!(super::super::attention::source().contains("int H, int KV, int dh"));
+        assert!(super::super::rowops::SOURCE.contains("int seq, int has_pos"));
         // SAFETY: only tries to dlopen the library.
         if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
             println!("skipped: the NVRTC library is not present");

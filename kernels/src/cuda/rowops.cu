@@ -352,14 +352,16 @@ ce_bwd(float* g, const unsigned int* targets, int v, float k) {
 }
 
 // Embedding forward, one thread per output element of the [rows, d] result:
-// out[r] = wte[ids[r]] + wpe[r % seq]; 1024-thread blocks.
+// out[r] = wte[ids[r]] + wpe[r % seq], or wte[ids[r]] alone where has_pos is 0 (rotary
+// positions: no table, wpe is not read); 1024-thread blocks.
 extern "C" __global__ void emb_fwd(float* out, const unsigned int* ids, const float* wte,
-                                   const float* wpe, int n, int d, int seq) {
+                                   const float* wpe, int n, int d, int seq, int has_pos) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     int r = i / d;
     int j = i - r * d;
-    out[i] = wte[(long long)ids[r] * d + j] + wpe[(long long)(r % seq) * d + j];
+    float tok = wte[(long long)ids[r] * d + j];
+    out[i] = has_pos ? tok + wpe[(long long)(r % seq) * d + j] : tok;
 }
 
 // Token embedding gradient without atomics. Grid: one block of ROW_THREADS

@@ -338,27 +338,30 @@ impl RowKernels {
     }
 
     /// `ids` `[rows]` (each below the vocabulary, checked by the caller),
-    /// tables `[vocab, d]` and `[positions >= seq, d]`, `out` `[rows, d]`.
+    /// tables `[vocab, d]` and, if the model has one, `[positions >= seq, d]`, `out`
+    /// `[rows, d]`.
     pub(super) fn embedding(
         &self,
         s: &Arc<CudaStream>,
         ids: &CudaSlice<u32>,
         seq: usize,
-        wte: &CudaTensor,
-        wpe: &CudaTensor,
+        (wte, wpe): (&CudaTensor, Option<&CudaTensor>),
         out: &mut CudaTensor,
     ) -> Result<()> {
         let (numel, d, seq) = (out.numel(), int(out.cols())?, int(seq)?);
         let n = int(numel)?;
+        let has_pos = i32::from(wpe.is_some());
+        // Without a table the kernel reads no position: any buffer stands in for it.
+        let wpe = wpe.unwrap_or(wte);
         let mut b = s.launch_builder(&self.emb_fwd);
         b.arg(&mut out.data).arg(ids).arg(&wte.data).arg(&wpe.data);
-        b.arg(&n).arg(&d).arg(&seq);
+        b.arg(&n).arg(&d).arg(&seq).arg(&has_pos);
         // SAFETY: shapes and ids checked by the caller; guarded by i < n.
         unsafe { launch(b, per_elem(numel)?) }
     }
 
     /// Adds `dy` (`[rows, d]`, rows in whole sequences of `seq`) into the
-    /// rows of `dwte` named by `ids` and into `dwpe`'s first `seq` rows.
+    /// rows of `dwte` named by `ids` and into `dwpe`'s first `seq` rows, if there is one.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn embedding_backward_weight(
         &self,
@@ -367,7 +370,7 @@ impl RowKernels {
         seq: usize,
         dy: &CudaTensor,
         dwte: &mut CudaTensor,
-        dwpe: &mut CudaTensor,
+        dwpe: Option<&mut CudaTensor>,
     ) -> Result<()> {
         let d = dwte.cols();
         if ids.is_empty() || d == 0 {
@@ -384,6 +387,9 @@ impl RowKernels {
         // by the caller; block u reads start[u], start[u + 1] (tok.len() + 1
         // entries) and writes row tok[u] only, each token once.
         unsafe { launch(b, per_row(tok.len())?) }?;
+        let Some(dwpe) = dwpe else {
+            return Ok(());
+        };
         let (nseq, seqi) = (int(ids.len() / seq)?, int(seq)?);
         let mut b = s.launch_builder(&self.emb_bwd_pos);
         b.arg(&mut dwpe.data)

@@ -2,8 +2,9 @@
 //! weights, drawn whole from their own streams and cut for the TP rank, so
 //! any split of a config and seed holds exactly the numbers of the whole model.
 
-use super::{partition, GptConfig, GptStage};
+use super::{partition, GptConfig, GptStage, Positions};
 use crate::backend::Backend;
+use crate::cpu::rotary_table;
 use crate::error::{KernelError, Result};
 use crate::init::normal_tensor;
 use crate::layers::{cpu_backend, Attention, Block, Embedding, Linear, LmHead, Mlp, Norm, TpShard};
@@ -19,8 +20,8 @@ use std::sync::Arc;
 fn init_block<B: Backend>(
     be: &Arc<B>,
     cfg: &GptConfig,
-    seed: u64,
-    l: usize,
+    (seed, l): (u64, usize),
+    rotary: Option<&Arc<B::Storage>>,
     tp: TpShard,
 ) -> Result<Block<B>> {
     let (d, f) = (cfg.d_model, cfg.d_ff);
@@ -33,7 +34,10 @@ fn init_block<B: Backend>(
     let (b_qkv, b_o) = (zeros(cfg.bias.qkv(), q), zeros(cfg.bias.rest(), d));
     let qkv = (&w_qkv, b_qkv.as_ref());
     let out = (&w_o, b_o.as_ref());
-    let attn = Attention::grouped_from_full_on(be, &p("attn"), cfg.heads(), qkv, out, tp)?;
+    let mut attn = Attention::grouped_from_full_on(be, &p("attn"), cfg.heads(), qkv, out, tp)?;
+    if let Some(table) = rotary {
+        attn = attn.with_rotary(table.clone())?;
+    }
     // GeLU's fc1 and fc2, or the gated MLP's gate and up (fused) and down.
     let w1 = match cfg.mlp.glu() {
         None => normal_tensor(&[d, f], 0.02, seed, &p("mlp.fc1.weight")),
@@ -135,14 +139,27 @@ impl<B: Backend> GptStage<B> {
         let (d, v) = (cfg.d_model, cfg.vocab);
         let embed = if first {
             let wte = normal_tensor(&[v, d], 0.02, seed, "embed.wte");
-            let wpe = normal_tensor(&[cfg.seq_len, d], 0.01, seed, "embed.wpe");
-            Some(Embedding::on(be, "embed", &wte, &wpe)?)
+            let wpe = match cfg.positions {
+                Positions::Learned => {
+                    Some(normal_tensor(&[cfg.seq_len, d], 0.01, seed, "embed.wpe"))
+                }
+                Positions::Rotary { .. } => None,
+            };
+            Some(Embedding::on(be, "embed", &wte, wpe.as_ref())?)
         } else {
             None
         };
+        // One rotary table for the stage's blocks (positions up to the config's sequence).
+        let rotary = match cfg.positions {
+            Positions::Rotary { theta } if !layers.is_empty() => {
+                let table = rotary_table(cfg.seq_len, cfg.head_dim(), theta)?;
+                Some(Arc::new(be.upload(&table)?))
+            }
+            _ => None,
+        };
         let blocks = layers
             .clone()
-            .map(|l| init_block(be, cfg, seed, l, tp))
+            .map(|l| init_block(be, cfg, (seed, l), rotary.as_ref(), tp))
             .collect::<Result<Vec<_>>>()?;
         let head = if last {
             let w = normal_tensor(&[d, v], 0.02, seed, "head.proj.weight");

@@ -1,15 +1,16 @@
 //! The reference GPT's configuration, its validation and its cut into stages.
 
+use crate::cpu::rotary::{check_config, DEFAULT_THETA};
 use crate::error::{KernelError, Result};
 use crate::layers::{Heads, MlpKind, NormKind};
 use std::ops::Range;
 
 /// Sizes of the reference GPT.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct GptConfig {
     /// Vocabulary size.
     pub vocab: usize,
-    /// Longest sequence (rows of the position table).
+    /// Longest sequence (rows of the position table, or of the rotary table).
     pub seq_len: usize,
     /// Width of the residual stream.
     pub d_model: usize,
@@ -29,6 +30,30 @@ pub struct GptConfig {
     pub norm: NormKind,
     /// Which linear layers have biases.
     pub bias: BiasKind,
+    /// How positions enter: a learned table (GPT-2) or rotary embeddings (Llama).
+    pub positions: Positions,
+}
+
+/// How positions enter the reference GPT.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub enum Positions {
+    /// A learned table of `seq_len` rows added to the token embedding (GPT-2).
+    #[default]
+    Learned,
+    /// Rotary embeddings of every query and key head (Su et al. 2021, in Hugging Face's
+    /// rotate-half pairing: [`crate::cpu::rotary`]) with angles `p * theta^(-2i/head_dim)`:
+    /// no parameters. Llama 2 and Mistral 7B v0.1 use `theta` 10000, Llama 3 500000.
+    Rotary {
+        /// The base of the angles (Hugging Face's `rope_theta`).
+        theta: f64,
+    },
+}
+
+impl Positions {
+    /// Rotary positions with the default base, 10000.
+    pub const ROTARY: Positions = Positions::Rotary {
+        theta: DEFAULT_THETA,
+    };
 }
 
 /// Which linear layers of the model have biases (norms have theirs by their kind).
@@ -76,6 +101,7 @@ impl GptConfig {
             mlp: MlpKind::Gelu,
             norm: NormKind::LayerNorm,
             bias: BiasKind::All,
+            positions: Positions::Learned,
         }
     }
 
@@ -121,6 +147,9 @@ impl GptConfig {
                 self.n_heads, self.d_ff
             )));
         }
+        if let Positions::Rotary { theta } = self.positions {
+            check_config(self.head_dim(), theta)?;
+        }
         self.heads().check(tp)
     }
 
@@ -147,7 +176,11 @@ impl GptConfig {
         let attn = (d * q + bias(b_qkv, q)) + (d * d + bias(b, d));
         let mlp = (d * up + bias(b, up)) + (f * d + bias(b, d));
         let block = 2 * norm + attn + mlp;
-        v * d + self.seq_len * d + self.n_layers * block + norm + d * v + bias(b, v)
+        let positions = match self.positions {
+            Positions::Learned => self.seq_len * d,
+            Positions::Rotary { .. } => 0,
+        };
+        v * d + positions + self.n_layers * block + norm + d * v + bias(b, v)
     }
 }
 
@@ -192,6 +225,27 @@ mod tests {
         );
         assert!(GptConfig { kv_heads: 3, ..ok }.validate(1).is_err());
         assert!(GptConfig { kv_heads: 0, ..ok }.validate(1).is_err());
+        let rotary = GptConfig {
+            positions: Positions::ROTARY,
+            ..ok
+        };
+        rotary.validate(2).unwrap();
+        let odd = GptConfig {
+            d_model: 12,
+            ..rotary
+        }
+        .validate(1)
+        .unwrap_err();
+        assert!(
+            odd.to_string().contains("head width 3 is not even"),
+            "{odd}"
+        );
+        let theta = |theta| GptConfig {
+            positions: Positions::Rotary { theta },
+            ..ok
+        };
+        assert!(theta(-1.0).validate(1).is_err());
+        assert!(theta(f64::INFINITY).validate(1).is_err());
     }
 
     #[test]

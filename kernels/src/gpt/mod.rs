@@ -17,7 +17,7 @@ mod build;
 mod config;
 
 pub use crate::layers::{MlpKind, NormKind};
-pub use config::{partition, BiasKind, GptConfig};
+pub use config::{partition, BiasKind, GptConfig, Positions};
 
 use crate::backend::{Backend, Cpu, Shaped};
 use crate::error::{shape_err, KernelError, Result};

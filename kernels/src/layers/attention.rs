@@ -12,11 +12,19 @@
 //! key/value head replicated). The output projection is row-parallel over
 //! the query head blocks, so its forward is a partial sum that the caller
 //! all-reduces.
+//!
+//! With rotary positions ([`Attention::with_rotary`]) the queries and keys are turned by
+//! their positions between the QKV projection and the core ([`crate::cpu::rotary`]). The
+//! stash keeps the turned `qkv` in place of the projection's output (the same size): the
+//! core's backward reads the turned values, and the rotation's own backward (the inverse
+//! rotation) needs no activation, so rotary positions add nothing to a stash and a
+//! recomputed core reads the forward's bits.
 
 use super::linear::{ColumnParallelLinear, RowParallelLinear};
 use super::shard::TpShard;
 use super::{cpu_backend, seq, Parameters, TpReduce};
 use crate::backend::{Backend, Cpu, Shaped};
+use crate::cpu::rotary::Turn;
 use crate::cpu::AttnShape;
 use crate::error::{shape_err, KernelError, Result};
 use crate::tensor::Tensor;
@@ -33,13 +41,17 @@ pub struct Attention<B: Backend = Cpu> {
     pub proj: RowParallelLinear<B>,
     heads: Heads,
     head_dim: usize,
+    /// The rotary table (`[positions, head_dim]` cosines and sines) where positions are
+    /// rotary, shared by the blocks of a stage.
+    rotary: Option<Arc<B::Storage>>,
 }
 
 super::clone_if_tensors_clone!(Attention {
     qkv,
     proj,
     heads,
-    head_dim
+    head_dim,
+    rotary
 });
 
 /// Query and key/value heads of an attention layer.
@@ -84,6 +96,8 @@ impl Heads {
 #[derive(Debug)]
 pub struct AttentionStash<B: Backend = Cpu> {
     x: B::Kept,
+    /// What the core read: the projection's output, its queries and keys turned where
+    /// positions are rotary.
     qkv: B::Kept,
     /// The backend's own record of the attention core (probabilities on the
     /// CPU, logsumexp on a GPU); `None` once dropped for selective
@@ -195,7 +209,31 @@ impl<B: Backend> Attention<B> {
             proj: RowParallelLinear::from_full_on(be, &format!("{name}.proj"), w_o, b_o, tp)?,
             heads: local,
             head_dim,
+            rotary: None,
         })
+    }
+
+    /// This attention with rotary positions: queries and keys turned by `table`, the
+    /// cosines and sines of [`crate::cpu::rotary_table`] (uploaded) for at least the
+    /// longest sequence's positions at this attention's head width.
+    pub fn with_rotary(mut self, table: Arc<B::Storage>) -> Result<Self> {
+        match *table.shape() {
+            [_, dh] if dh == self.head_dim && dh % 2 == 0 => {}
+            _ => {
+                return Err(KernelError::Config(format!(
+                    "a rotary table {:?} for heads of width {} (it needs an even width)",
+                    table.shape(),
+                    self.head_dim
+                )))
+            }
+        }
+        self.rotary = Some(table);
+        Ok(self)
+    }
+
+    /// Whether queries and keys are turned by rotary positions.
+    pub fn is_rotary(&self) -> bool {
+        self.rotary.is_some()
     }
 
     fn shape_of(&self, x: &B::Storage) -> Result<AttnShape> {
@@ -233,6 +271,13 @@ impl<B: Backend> Attention<B> {
         // (selective recomputation) or a GPU backward recomputing the probabilities from it
         // sees the forward's own bits.
         be.round_activation(&mut qkv)?;
+        if let Some(table) = &self.rotary {
+            // Positions are the rows' places in the whole sequence: under sequence
+            // parallelism the input was gathered before the projection. The turned values
+            // are stored as the projection's output is (a bf16 run rounds them again).
+            be.rotary(&mut qkv, table, shape, Turn::Forward)?;
+            be.round_activation(&mut qkv)?;
+        }
         let (ctx, core) = be.causal_attention(&qkv, shape)?;
         let y = self.proj.forward_partial(&ctx)?;
         let x = match kept_input {
@@ -322,7 +367,11 @@ impl<B: Backend> Attention<B> {
         let dctx = self.proj.local.backward_input(&dy)?;
         let be = self.qkv.local.backend();
         let (qkv, ctx) = (be.restore(&stash.qkv)?, be.restore(&stash.ctx)?);
-        let dqkv = be.causal_attention_backward(&qkv, &ctx, core, &dctx, stash.shape)?;
+        let mut dqkv = be.causal_attention_backward(&qkv, &ctx, core, &dctx, stash.shape)?;
+        if let Some(table) = &self.rotary {
+            // The gradient of the turned queries and keys, turned back: that of the projection's.
+            be.rotary(&mut dqkv, table, stash.shape, Turn::Inverse)?;
+        }
         let dx = self.qkv.local.backward_input(&dqkv)?;
         let ws = AttentionWeightStash {
             x: stash.x,

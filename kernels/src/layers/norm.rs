@@ -256,14 +256,14 @@ impl<B: Backend> Parameters<B::Storage> for Norm<B> {
     }
 }
 
-/// Token embedding `[vocab, d]` plus learned positions `[max_seq, d]`.
-/// Replicated on every TP rank (it is small next to the blocks).
+/// Token embedding `[vocab, d]` plus learned positions `[max_seq, d]`, or tokens alone where
+/// positions are rotary. Replicated on every TP rank (it is small next to the blocks).
 #[derive(Debug)]
 pub struct Embedding<B: Backend = Cpu> {
     /// Token table.
     pub wte: Param<B::Storage>,
-    /// Position table.
-    pub wpe: Param<B::Storage>,
+    /// Position table; none where positions are rotary (they enter in attention).
+    pub wpe: Option<Param<B::Storage>>,
     be: Arc<B>,
 }
 
@@ -272,40 +272,46 @@ super::clone_if_tensors_clone!(Embedding { wte, wpe, be });
 impl Embedding {
     /// A layer from its two tables (`{name}.wte`, `{name}.wpe`).
     pub fn new(name: &str, wte: Tensor, wpe: Tensor) -> Self {
-        Self::on(&cpu_backend(), name, &wte, &wpe).expect("the host backend does not fail")
+        Self::on(&cpu_backend(), name, &wte, Some(&wpe)).expect("the host backend does not fail")
     }
 }
 
 impl<B: Backend> Embedding<B> {
-    /// [`Embedding::new`] on `be`, from host tables (uploaded).
-    pub fn on(be: &Arc<B>, name: &str, wte: &Tensor, wpe: &Tensor) -> Result<Self> {
+    /// [`Embedding::new`] on `be`, from host tables (uploaded); without `wpe`, tokens only.
+    pub fn on(be: &Arc<B>, name: &str, wte: &Tensor, wpe: Option<&Tensor>) -> Result<Self> {
+        let wpe = wpe.map(|t| Param::on(&**be, format!("{name}.wpe"), t, false));
         Ok(Self {
             wte: Param::on(&**be, format!("{name}.wte"), wte, true)?,
-            wpe: Param::on(&**be, format!("{name}.wpe"), wpe, false)?,
+            wpe: wpe.transpose()?,
             be: be.clone(),
         })
     }
 
     /// `[batch, seq, d]` embeddings of `ids` (`batch * seq` of them).
     pub fn forward(&self, ids: &[u32], seq: usize) -> Result<B::Storage> {
-        self.be
-            .embedding(ids, seq, &self.wte.value, &self.wpe.value)
+        let wpe = self.wpe.as_ref().map(|p| &p.value);
+        self.be.embedding(ids, seq, &self.wte.value, wpe)
     }
 
     /// Weight gradient (W); there is no input gradient.
     pub fn backward_weight(&mut self, ids: &[u32], seq: usize, dy: &B::Storage) -> Result<()> {
+        let dwpe = self.wpe.as_mut().map(|p| &mut p.grad);
         self.be
-            .embedding_backward_weight(ids, seq, dy, &mut self.wte.grad, &mut self.wpe.grad)
+            .embedding_backward_weight(ids, seq, dy, &mut self.wte.grad, dwpe)
     }
 }
 
 impl<B: Backend> Parameters<B::Storage> for Embedding<B> {
     fn visit(&self, f: &mut dyn FnMut(&Param<B::Storage>)) {
         f(&self.wte);
-        f(&self.wpe);
+        if let Some(p) = &self.wpe {
+            f(p);
+        }
     }
     fn visit_mut(&mut self, f: &mut dyn FnMut(&mut Param<B::Storage>)) {
         f(&mut self.wte);
-        f(&mut self.wpe);
+        if let Some(p) = &mut self.wpe {
+            f(p);
+        }
     }
 }

@@ -25,8 +25,11 @@
 //!   MLP's pre-activation gradient and activation (`T[8Nd + N(q + d + g)/t] + R[2N]`), the
 //!   head's `T[N(3d + V)] + R[N]` and the embedding's gradient and ids `T[Nd] + R[N]`.
 //!
-//! Biases change no stash. The shapes it counts are the reference GPT's: any key/value
-//! heads, MLP, norm and biases, with untied embeddings and a learned position table.
+//! Biases change no stash, and neither do rotary positions: attention keeps its queries and
+//! keys turned in place of the projection's output (the `qkv` above is what the core read),
+//! the rotation's backward needs no activation, and the embedding keeps its ids with or
+//! without a position table. The shapes it counts are the reference GPT's: any key/value
+//! heads, MLP, norm, biases and positions, with untied embeddings.
 //!
 //! With sequence parallelism a rank holds `M = N / t` rows of everything outside the TP
 //! regions: the norms' stashes and the stashed inputs of attention and the MLP (`T[4Md] +
@@ -46,7 +49,7 @@
 use super::walk::StageBytes;
 use super::{params, MemPrecision, MemoryConfig, MemoryError, ModelShape};
 use crate::recompute::Recompute;
-use crate::shape::{AttentionKind, PositionKind};
+use crate::shape::AttentionKind;
 
 const F32: u128 = 4;
 
@@ -114,20 +117,13 @@ fn dims(cfg: &MemoryConfig) -> (u128, u128, u128, u128, u128) {
 }
 
 /// Refuses a shape the reference GPT does not have (it is the one model this accounting
-/// counts), naming the first field that differs: it has any key/value heads, MLP, norm and
-/// biases, but untied embeddings and a learned position table only.
+/// counts), naming what differs: it has any key/value heads, MLP, norm, biases and
+/// positions, but untied embeddings only.
 pub(super) fn check_shape(shape: &ModelShape) -> Result<(), MemoryError> {
-    let differs = [
-        (shape.tied_embeddings, "tied embeddings".to_string()),
-        (
-            shape.positions != PositionKind::Learned,
-            format!("{} positions", shape.positions),
-        ),
-    ];
-    match differs.into_iter().find(|(d, _)| *d) {
-        Some((_, what)) => Err(MemoryError::NotReference(what)),
-        None => Ok(()),
+    if shape.tied_embeddings {
+        return Err(MemoryError::NotReference("tied embeddings".into()));
     }
+    Ok(())
 }
 
 /// `(q, g)`: the fused QKV's width and the MLP's hidden tensors' (pre-activation and

@@ -338,7 +338,7 @@ fn data_parallel_reductions_hold_the_flat_gradients_and_zero_1_its_shard_too() {
 }
 
 #[test]
-fn the_pipewright_accounting_takes_the_reference_gpt_s_kinds_and_refuses_the_others() {
+fn the_pipewright_accounting_takes_the_reference_gpt_s_kinds_and_refuses_tied_embeddings() {
     use crate::shape::{BiasKind, MlpKind, NormKind, PositionKind};
     let (c, tt) = pipeline(ScheduleKind::OneFOneB, 2, 1, 4);
     let pw = |shape: ModelShape| MemoryConfig {
@@ -360,19 +360,24 @@ fn the_pipewright_accounting_takes_the_reference_gpt_s_kinds_and_refuses_the_oth
         predict(&pw(llama), &tt).unwrap(),
     );
     assert_ne!(gpt[0].activations, ours[0].activations);
-    let tied = ModelShape {
-        tied_embeddings: true,
-        ..llama
-    };
+    // Rotary positions: the reference keeps the turned queries and keys in place of the
+    // projection's output, so every stash is the learned table's, to the byte; only the
+    // first stage's parameters lose the table.
     let rotary = ModelShape {
         positions: PositionKind::Rotary,
         ..llama
     };
-    for (shape, what) in [
-        (tied, "no tied embeddings"),
-        (rotary, "no rotary positions"),
-    ] {
-        let e = predict(&pw(shape), &tt).unwrap_err().to_string();
-        assert!(e.contains(what), "{e}");
+    let turned = predict(&pw(rotary), &tt).unwrap();
+    for (a, b) in turned.iter().zip(&ours) {
+        assert_eq!(a.activations, b.activations);
     }
+    let table = 4 * llama.seq_len * llama.d_model;
+    assert_eq!(turned[0].parameters + table, ours[0].parameters);
+    assert_eq!(turned[1].parameters, ours[1].parameters);
+    let tied = ModelShape {
+        tied_embeddings: true,
+        ..llama
+    };
+    let e = predict(&pw(tied), &tt).unwrap_err().to_string();
+    assert!(e.contains("no tied embeddings"), "{e}");
 }

@@ -7,6 +7,12 @@
 //! otherwise) and `gpt_neox` (LayerNorm, rotary, untied by default). Each family's defaults
 //! are those of its `transformers` configuration class when a field is absent.
 //!
+//! Rotary positions' base is `rope_theta` (`rope_parameters.rope_theta` in the newer layout;
+//! `rotary_emb_base` in GPT-NeoX's older configs), 10000 where absent. What the reference
+//! model's rotary embeddings do not model is said in a note: a `rope_scaling` other than the
+//! default (Llama 3.1's `llama3` frequencies) and GPT-NeoX's partial rotation (`rotary_pct`
+//! below 1); neither changes a parameter, FLOP or byte of the plan.
+//!
 //! The sequence length is the context the model was pretrained at: `rope_scaling`'s
 //! `original_max_position_embeddings` where a context extension names it (Llama 3.1: 8192),
 //! else `max_position_embeddings` (`n_positions` for GPT-2). A caller may plan another.
@@ -15,7 +21,7 @@
 
 use serde_json::{Map, Value};
 
-use super::{BiasKind, MlpKind, ModelShape, NormKind, PositionKind, ShapeError};
+use super::{BiasKind, MlpKind, ModelShape, NormKind, PositionKind, RopeTheta, ShapeError};
 
 /// A config.json as a shape, with what was read and what could not be modelled.
 #[derive(Clone, Debug, PartialEq)]
@@ -107,6 +113,21 @@ impl Fields<'_> {
                     field,
                     got: v.to_string(),
                     want: "a positive integer",
+                }),
+            },
+        }
+    }
+
+    /// A finite number above 0 (integer or not), or `None` where the field is absent or null.
+    fn positive(&self, field: &'static str) -> Result<Option<f64>, HfError> {
+        match self.map.get(field) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => match v.as_f64() {
+                Some(x) if x.is_finite() && x > 0.0 => Ok(Some(x)),
+                _ => Err(HfError::Wrong {
+                    field,
+                    got: v.to_string(),
+                    want: "a number above 0",
                 }),
             },
         }
@@ -207,6 +228,13 @@ fn llama_family(f: &Fields) -> Result<HfModel, HfError> {
         _ => BiasKind::None,
     };
     let (seq_len, seq_len_field) = pretrained_context(f)?;
+    let mut notes = Vec::new();
+    let rope_theta = rope_theta(f, &["rope_theta"])?;
+    if let Some(kind) = rope_scaling(f)? {
+        notes.push(format!(
+            "rope_scaling `{kind}` is not modelled: the reference GPT's rotary angles are unscaled"
+        ));
+    }
     let shape = ModelShape {
         layers: f.need_u32("num_hidden_layers")?,
         d_model: d,
@@ -225,9 +253,9 @@ fn llama_family(f: &Fields) -> Result<HfModel, HfError> {
         norm: NormKind::RmsNorm,
         tied_embeddings: f.flag("tie_word_embeddings", false)?,
         positions: PositionKind::Rotary,
+        rope_theta,
         bias,
     };
-    let mut notes = Vec::new();
     if let Some(w) = f.count("sliding_window")? {
         if f.flag("use_sliding_window", f.model_type == "mistral")? && w < seq_len {
             notes.push(format!(
@@ -241,6 +269,56 @@ fn llama_family(f: &Fields) -> Result<HfModel, HfError> {
         seq_len_field,
         notes,
     })
+}
+
+/// Rotary positions' base: the first of `fields` given, else `rope_parameters.rope_theta`
+/// (the newer layout), else 10000.
+fn rope_theta(f: &Fields, fields: &[&'static str]) -> Result<RopeTheta, HfError> {
+    for &field in fields {
+        if let Some(theta) = f.positive(field)? {
+            return RopeTheta::new(theta).map_err(|_| HfError::Wrong {
+                field,
+                got: theta.to_string(),
+                want: "a number above 0",
+            });
+        }
+    }
+    const NESTED: &str = "rope_parameters.rope_theta";
+    if let Some(Value::Object(p)) = f.map.get("rope_parameters") {
+        if let Some(v) = p.get("rope_theta") {
+            return v
+                .as_f64()
+                .and_then(|x| RopeTheta::new(x).ok())
+                .ok_or_else(|| HfError::Wrong {
+                    field: NESTED,
+                    got: v.to_string(),
+                    want: "a number above 0",
+                });
+        }
+    }
+    Ok(RopeTheta::DEFAULT)
+}
+
+/// The kind of a `rope_scaling` (or `rope_parameters`) that changes the angles, if any:
+/// its `rope_type` (or older `type`) where that is not `default`.
+fn rope_scaling(f: &Fields) -> Result<Option<String>, HfError> {
+    for field in ["rope_scaling", "rope_parameters"] {
+        let Some(Value::Object(s)) = f.map.get(field) else {
+            continue;
+        };
+        match s.get("rope_type").or_else(|| s.get("type")) {
+            Some(Value::String(kind)) if kind != "default" => return Ok(Some(kind.clone())),
+            Some(Value::String(_)) | None => {}
+            Some(v) => {
+                return Err(HfError::Wrong {
+                    field: "rope_scaling.rope_type",
+                    got: v.to_string(),
+                    want: "a string",
+                })
+            }
+        }
+    }
+    Ok(None)
 }
 
 /// The context the model was pretrained at (see the module's note).
@@ -299,13 +377,22 @@ fn gpt2(f: &Fields) -> Result<HfModel, HfError> {
     })
 }
 
-/// GPT-NeoX (Pythia): Llama's names, a plain GeLU MLP, LayerNorm, rotary positions.
+/// GPT-NeoX (Pythia): Llama's names, a plain GeLU MLP, LayerNorm, rotary positions (on a
+/// quarter of each head by default: `rotary_pct`).
 fn gpt_neox(f: &Fields) -> Result<HfModel, HfError> {
     plain_gelu(f, "hidden_act")?;
     let (seq_len, seq_len_field) = pretrained_context(f)?;
+    let mut notes = Vec::new();
+    let pct = f.positive("rotary_pct")?.unwrap_or(0.25);
+    if pct < 1.0 {
+        notes.push(format!(
+            "rotary_pct {pct} is not modelled: the reference GPT turns every dimension of a head"
+        ));
+    }
     let shape = ModelShape {
         tied_embeddings: f.flag("tie_word_embeddings", false)?,
         positions: PositionKind::Rotary,
+        rope_theta: rope_theta(f, &["rope_theta", "rotary_emb_base"])?,
         ..ModelShape::gpt(
             f.need_u32("num_hidden_layers")?,
             f.need("hidden_size")?,
@@ -319,6 +406,6 @@ fn gpt_neox(f: &Fields) -> Result<HfModel, HfError> {
         shape,
         model_type: "gpt_neox".into(),
         seq_len_field,
-        notes: Vec::new(),
+        notes,
     })
 }

@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 pub mod hf;
 mod kinds;
 
-pub use kinds::{AttentionKind, BiasKind, MlpKind, NormKind, PositionKind};
+pub use kinds::{AttentionKind, BiasKind, MlpKind, NormKind, PositionKind, RopeTheta};
 
 /// A decoder-only transformer's shape (the memory model's and plan's unit of "a model").
 ///
@@ -64,6 +64,9 @@ pub struct ModelShape {
     pub tied_embeddings: bool,
     /// How positions enter: a learned table of `seq_len` rows, or rotary (no parameters).
     pub positions: PositionKind,
+    /// The base of rotary positions' angles (read where `positions` is rotary; the
+    /// reference model's alone: it changes no count).
+    pub rope_theta: RopeTheta,
     /// Which linear layers carry biases.
     pub bias: BiasKind,
 }
@@ -89,6 +92,8 @@ struct RawShape {
     #[serde(default)]
     positions: PositionKind,
     #[serde(default)]
+    rope_theta: RopeTheta,
+    #[serde(default)]
     bias: BiasKind,
 }
 
@@ -106,6 +111,7 @@ impl From<RawShape> for ModelShape {
             norm: r.norm,
             tied_embeddings: r.tied_embeddings,
             positions: r.positions,
+            rope_theta: r.rope_theta,
             bias: r.bias,
         }
     }
@@ -161,6 +167,7 @@ impl ModelShape {
             norm: NormKind::LayerNorm,
             tied_embeddings: false,
             positions: PositionKind::Learned,
+            rope_theta: RopeTheta::DEFAULT,
             bias: BiasKind::All,
         }
     }
@@ -338,6 +345,9 @@ impl ModelShape {
                 return Err(ShapeError::NotDividing { a, x, b, y });
             }
         }
+        if self.positions == PositionKind::Rotary && self.head_dim() % 2 != 0 {
+            return Err(ShapeError::OddRotaryHead(self.head_dim()));
+        }
         Ok(())
     }
 }
@@ -348,6 +358,9 @@ pub enum ShapeError {
     /// A size that must be at least 1.
     #[error("{0} must be positive")]
     NotPositive(&'static str),
+    /// Rotary positions turn pairs of a head's dimensions: its width must be even.
+    #[error("rotary positions turn pairs of a head's dimensions: the head width {0} (d_model / heads) is not even")]
+    OddRotaryHead(u64),
     /// A size that must divide another.
     #[error("{a} ({x}) must divide {b} ({y})")]
     NotDividing {

@@ -116,6 +116,55 @@ fn old_json_without_the_new_fields_reads_as_the_gpt_it_described() {
 }
 
 #[test]
+fn rope_theta_reads_writes_and_refuses_what_is_not_a_base() {
+    let json = r#"{"layers":2,"d_model":64,"heads":4,"ffn":256,"seq_len":16,"vocab":64,"positions":"rotary","rope_theta":500000.0}"#;
+    let s: ModelShape = serde_json::from_str(json).unwrap();
+    assert_eq!(
+        (s.positions, s.rope_theta.get()),
+        (PositionKind::Rotary, 500_000.0)
+    );
+    let back: ModelShape = serde_json::from_str(&serde_json::to_string(&s).unwrap()).unwrap();
+    assert_eq!(back, s);
+    assert_eq!(
+        ModelShape::gpt(2, 64, 4, 256, 16, 64).rope_theta,
+        RopeTheta::DEFAULT
+    );
+    // The same model whatever its base: no count changes.
+    assert_eq!(
+        s.parameters(),
+        ModelShape {
+            rope_theta: RopeTheta::DEFAULT,
+            ..s
+        }
+        .parameters()
+    );
+    assert_eq!(RopeTheta::DEFAULT.to_string(), "10000");
+    assert_eq!("1e6".parse::<RopeTheta>().unwrap().to_string(), "1000000");
+    for bad in ["0", "-1", "inf", "NaN", "x"] {
+        assert!(bad.parse::<RopeTheta>().is_err(), "{bad}");
+    }
+    let negative = json.replace("500000.0", "-2");
+    let e = serde_json::from_str::<ModelShape>(&negative)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("rope_theta must be a finite number above 0"),
+        "{e}"
+    );
+}
+
+#[test]
+fn rotary_positions_need_an_even_head_width() {
+    let odd = ModelShape::gpt(2, 60, 4, 256, 16, 64);
+    odd.check().unwrap();
+    let rotary = ModelShape {
+        positions: PositionKind::Rotary,
+        ..odd
+    };
+    assert_eq!(rotary.check().unwrap_err(), ShapeError::OddRotaryHead(15));
+}
+
+#[test]
 fn bad_shapes_are_named() {
     let s = ModelShape {
         kv_heads: 3,
