@@ -1,8 +1,6 @@
 //! Flags shared by several subcommands.
 
-use std::path::PathBuf;
-
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Result};
 use clap::parser::ValueSource;
@@ -11,6 +9,8 @@ use pipewright::schedule::{
     generate, recompute, CostError, CostModel, RawSpec, RecomputeError, RecomputePlan,
     ScheduleKind, ScheduleSpec, StageCost, Timetable,
 };
+
+use super::outputs::Input;
 
 /// Which schedule to generate.
 #[derive(Args, Debug, Clone)]
@@ -153,6 +153,11 @@ impl FileShape {
 }
 
 impl SourceArgs {
+    /// The file it reads, for [`Outputs::plan`](super::outputs::Outputs::plan).
+    pub fn inputs(&self) -> impl Iterator<Item = Option<Input<'_>>> {
+        std::iter::once(Input::new("--timetable", self.timetable.as_ref()))
+    }
+
     /// Whether schedule flag `id` (its clap id, e.g. `stages`) was given on the command line.
     pub fn given(&self, id: &str) -> bool {
         self.given.contains(&id)
@@ -268,6 +273,11 @@ pub struct CostArgs {
 }
 
 impl CostArgs {
+    /// The file it reads, for [`Outputs::plan`](super::outputs::Outputs::plan).
+    pub fn inputs(&self) -> impl Iterator<Item = Option<Input<'_>>> {
+        std::iter::once(Input::new("--cost-file", self.cost_file.as_ref()))
+    }
+
     /// The cost model for a timetable of `stages` stages over `devices` devices.
     pub fn model(&self, stages: u32, devices: u32) -> Result<CostModel> {
         let model = match &self.cost_file {

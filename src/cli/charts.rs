@@ -12,13 +12,14 @@ use pipewright::schedule::{
 };
 use pipewright::viz::{
     bubble_chart, drawable, sweep_plot, terminal_chart, ChartOptions, ChartPanel, ImageFormat,
-    SweepPoint, SweepSeries,
+    SweepPoint, SweepSeries, MIN_TERM_COLUMNS as MIN_COLUMNS,
 };
 
 use super::args::{CostArgs, FileShape, SourceArgs};
-use super::checks::{check_outputs, Kind, Output};
+use super::checks::{Kind, Output};
 use super::commands::simulation;
-use super::io::write_atomic;
+use super::console;
+use super::outputs::{Input, Outputs};
 
 /// Where a chart goes.
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -28,6 +29,9 @@ pub enum VizFormat {
     /// An image file (needs -o FILE.svg or FILE.png).
     Image,
 }
+
+/// Widest terminal chart drawn.
+const MAX_COLUMNS: usize = 65535;
 
 /// Image size flags.
 #[derive(Args, Debug, Clone)]
@@ -77,7 +81,7 @@ pub struct VizCmd {
     /// `term` prints the chart as text (the default without -o).
     #[arg(long, value_enum)]
     format: Option<VizFormat>,
-    /// Width of the terminal chart in columns.
+    /// Width of the terminal chart in columns (24 to 65535).
     #[arg(long, default_value_t = 100)]
     columns: usize,
     /// Draw K consecutive unfenced steps on one time axis (as `simulate --steps K` runs
@@ -90,11 +94,23 @@ pub struct VizCmd {
 
 impl VizCmd {
     pub fn run(&self) -> Result<()> {
-        check_outputs([Output::new("-o", self.output.as_ref(), Kind::Image)])?;
+        let mut outs = Outputs::plan(
+            self.source
+                .inputs()
+                .chain(self.costs.inputs())
+                .chain([Input::new("--from", self.from.as_ref())]),
+            [Output::new("-o", self.output.as_ref(), Kind::Image)],
+        )?;
         if self.compare.is_some() && self.source.given("schedule") {
             bail!("--schedule does not apply with --compare, which names the schedules: leave --schedule out");
         }
         super::steady::check_steps(self.steps)?;
+        if !(MIN_COLUMNS..=MAX_COLUMNS).contains(&self.columns) {
+            bail!(
+                "--columns {}: the terminal chart takes {MIN_COLUMNS} to {MAX_COLUMNS} columns",
+                self.columns
+            );
+        }
         let runs = self.timelines()?;
         for (tl, _) in &runs {
             drawable(tl)?;
@@ -106,7 +122,7 @@ impl VizCmd {
         };
         if to_term {
             for (tl, _) in &runs {
-                println!("{}", terminal_chart(tl, self.columns));
+                console::println(&terminal_chart(tl, self.columns))?;
             }
         }
         let Some(path) = &self.output else {
@@ -128,9 +144,8 @@ impl VizCmd {
             })
             .collect();
         let bytes = bubble_chart(&panels, &self.image.options(None), fmt)?;
-        write_atomic(path, &bytes)?;
-        eprintln!("wrote {}", path.display());
-        Ok(())
+        outs.stage("-o", &bytes)?;
+        outs.commit()
     }
 
     /// The timelines to draw, each with its report (for memory).
@@ -259,7 +274,10 @@ pub struct SweepCmd {
 
 impl SweepCmd {
     pub fn run(&self) -> Result<()> {
-        check_outputs([Output::new("-o", self.output.as_ref(), Kind::Image)])?;
+        let mut outs = Outputs::plan(
+            self.costs.inputs(),
+            [Output::new("-o", self.output.as_ref(), Kind::Image)],
+        )?;
         let grid = self.grid()?;
         let spinner = super::progress::working("sweep: simulating the grid");
         let rows = sweep(&grid, |stages, devices| {
@@ -268,11 +286,11 @@ impl SweepCmd {
                 .map_err(|e| format!("{e:#}"))
         });
         spinner.finish_and_clear();
-        match self.format {
-            SweepFormat::Json => println!("{}", serde_json::to_string_pretty(&rows)?),
-            SweepFormat::Csv => print!("{}", csv_rows(&rows)),
-            SweepFormat::Table => print!("{}", table(&rows, grid.memory_cap)),
-        }
+        let text = match self.format {
+            SweepFormat::Json => serde_json::to_string_pretty(&rows)? + "\n",
+            SweepFormat::Csv => csv_rows(&rows),
+            SweepFormat::Table => table(&rows, grid.memory_cap),
+        };
         if let Some(path) = &self.output {
             if rows.iter().all(|r| r.error.is_some()) {
                 bail!(
@@ -282,10 +300,10 @@ impl SweepCmd {
             }
             let fmt = ImageFormat::from_path(path)?;
             let bytes = sweep_plot(&series(&rows), &self.image.options(grid.memory_cap), fmt)?;
-            write_atomic(path, &bytes)?;
-            eprintln!("wrote {}", path.display());
+            outs.stage("-o", &bytes)?;
         }
-        Ok(())
+        outs.commit()?;
+        console::print(&text)
     }
 
     fn grid(&self) -> Result<SweepGrid> {

@@ -1,45 +1,9 @@
-//! Reading timetables and writing files without ever leaving a half-written one.
+//! Reading files: timetables, timelines, cost files, each named for what it is.
 
-use std::io::Write;
 use std::path::Path;
 
 use anyhow::{anyhow, bail, Context, Result};
 use pipewright::schedule::{from_csv, validate, CostModel, Timeline, Timetable};
-
-/// Write `bytes` to `path` atomically: a temporary file beside it, then a rename.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
-    let mut tmp = tempfile::NamedTempFile::new_in(dir)
-        .with_context(|| format!("cannot write in {}", dir.display()))?;
-    tmp.write_all(bytes)
-        .and_then(|()| keep_permissions(tmp.as_file(), path))
-        .and_then(|()| tmp.as_file().sync_all())
-        .with_context(|| format!("cannot write {}", path.display()))?;
-    tmp.persist(path)
-        .map_err(|e| anyhow!("cannot write {}: {}", path.display(), e.error))?;
-    Ok(())
-}
-
-/// A replaced file keeps its mode; a new one gets the usual 0644 rather than the
-/// temporary file's private 0600.
-fn keep_permissions(tmp: &std::fs::File, path: &Path) -> std::io::Result<()> {
-    let perms = match std::fs::metadata(path) {
-        Ok(meta) => meta.permissions(),
-        Err(_) => {
-            #[cfg(unix)]
-            {
-                use std::os::unix::fs::PermissionsExt;
-                std::fs::Permissions::from_mode(0o644)
-            }
-            #[cfg(not(unix))]
-            return Ok(());
-        }
-    };
-    tmp.set_permissions(perms)
-}
 
 /// What a file is, judged from its content, so that a file given where another kind is
 /// wanted is named for what it is ("this is a cost file, not a timetable").

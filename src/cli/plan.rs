@@ -22,9 +22,11 @@ use pipewright::viz::{
 };
 
 use super::args::Device;
-use super::checks::{check_outputs, Kind, Output};
+use super::checks::{Kind, Output};
 use super::commands::ReportFormat;
-use super::io::{read_text, write_atomic};
+use super::console;
+use super::io::read_text;
+use super::outputs::{Input, Outputs};
 use super::plan_searched;
 
 /// Choose TP, PP, DP, the schedule and its chunks, the microbatch size and count,
@@ -180,18 +182,26 @@ fn parse_policy(s: &str) -> std::result::Result<Recompute, String> {
 
 impl PlanCmd {
     pub fn run(&self) -> Result<()> {
+        let cluster_file = Input::maybe_file("--cluster", &self.cluster);
         if let Some(path) = &self.calibrate {
-            return super::calibrate::run(path, self.device, &cluster(&self.cluster)?);
+            let outs = Outputs::plan(
+                [cluster_file],
+                [Output::new("--calibrate", Some(path), Kind::Json)],
+            )?;
+            return super::calibrate::run(outs, self.device, &cluster(&self.cluster)?);
         }
+        let mut outs = Outputs::plan(
+            [cluster_file, Input::new("--profile", self.profile.as_ref())],
+            [
+                Output::new("--chart", self.chart.as_ref(), Kind::Image),
+                Output::new(
+                    "--timetable-out",
+                    self.timetable_out.as_ref(),
+                    Kind::Timetable,
+                ),
+            ],
+        )?;
         let req = self.request()?;
-        check_outputs([
-            Output::new("--chart", self.chart.as_ref(), Kind::Image),
-            Output::new(
-                "--timetable-out",
-                self.timetable_out.as_ref(),
-                Kind::Timetable,
-            ),
-        ])?;
         let started = Instant::now();
         let bar = bar();
         let mut show = |p: &Progress| {
@@ -212,23 +222,23 @@ impl PlanCmd {
             ReportFormat::Json => json(&req, &plan, seconds, self.timetable_out.as_ref())?,
             ReportFormat::Table => self.table(&req, &plan, seconds),
         };
-        print!("{text}");
         if let (Some(path), Some(best)) = (&self.chart, plan.rows.first()) {
-            chart(&req, best, path)?;
+            outs.stage("--chart", &chart(&req, best, path)?)?;
         }
         if let (Some(path), Some(best)) = (&self.timetable_out, plan.rows.first()) {
-            if plan_searched::write(best, path)? {
-                eprintln!("wrote {}", path.display());
-            } else {
-                eprintln!(
+            match plan_searched::text(best, path)? {
+                Some(text) => outs.stage("--timetable-out", text.as_bytes())?,
+                None => console::note(&format!(
                     "--timetable-out {}: not written, the best is a generator family (--schedule names it)",
                     path.display()
-                );
+                )),
             }
         }
+        outs.commit()?;
+        console::print(&text)?;
         if let Some(k) = self.validate {
             let runs = super::validate_plan::spread(&plan.simulated, k);
-            print!("{}", super::validate_plan::validate(&req, &runs)?);
+            console::print(&super::validate_plan::validate(&req, &runs)?)?;
         }
         Ok(())
     }
@@ -448,8 +458,8 @@ fn memory_table(best: &PlanRow) -> String {
 }
 
 /// The best's one step, every microbatch, as a bubble chart, with its predicted peak memory
-/// per pipeline device by category under it.
-fn chart(req: &PlanRequest, best: &PlanRow, path: &Path) -> Result<()> {
+/// per pipeline device by category under it: the image's bytes.
+fn chart(req: &PlanRequest, best: &PlanRow, path: &Path) -> Result<Vec<u8>> {
     let fmt = ImageFormat::from_path(path)?;
     let (costs, _) = cost_model(req, &best.config);
     let mut sim = match plan_searched::one_step(best, &costs) {
@@ -464,12 +474,7 @@ fn chart(req: &PlanRequest, best: &PlanRow, path: &Path) -> Result<()> {
         devices: &best.memory,
     };
     let opts = ChartOptions::default();
-    write_atomic(
-        path,
-        &bubble_chart_with_memory(&[panel], &[bars], &opts, fmt)?,
-    )?;
-    eprintln!("wrote {}", path.display());
-    Ok(())
+    Ok(bubble_chart_with_memory(&[panel], &[bars], &opts, fmt)?)
 }
 
 fn bar() -> ProgressBar {

@@ -8,7 +8,6 @@ use pipewright::schedule::plan::PlanRow;
 use pipewright::schedule::{lower, simulate, to_csv, CostModel, Simulation, Timetable};
 
 use super::checks::extension;
-use super::io::write_atomic;
 
 /// What the launch line calls the timetable when `--timetable-out` was not given.
 const PLACEHOLDER: &str = "TIMETABLE.csv";
@@ -18,11 +17,11 @@ pub fn timetable(best: &PlanRow) -> Option<&Timetable> {
     best.searched.as_ref().map(|s| &s.timetable)
 }
 
-/// Write the best's searched timetable to `path` (CSV in PyTorch's form, lowered, or JSON),
-/// atomically; `false` when the best is a generator family's (nothing written).
-pub fn write(best: &PlanRow, path: &Path) -> Result<bool> {
+/// The best's searched timetable as the text of `path` (CSV in PyTorch's form, lowered, or
+/// JSON); `None` when the best is a generator family's (nothing to write).
+pub fn text(best: &PlanRow, path: &Path) -> Result<Option<String>> {
     let (Some(s), Some(tt)) = (best.searched.as_ref(), timetable(best)) else {
-        return Ok(false);
+        return Ok(None);
     };
     let mut tt = tt.clone();
     tt.name = format!("plan: searched ({})", s.label);
@@ -31,8 +30,7 @@ pub fn write(best: &PlanRow, path: &Path) -> Result<bool> {
     } else {
         to_csv(&lower(&tt).map_err(|e| anyhow!("{e}"))?)
     };
-    write_atomic(path, text.as_bytes())?;
-    Ok(true)
+    Ok(Some(text))
 }
 
 /// The schedule flags of the launch line: the family's, or for a searched best the
