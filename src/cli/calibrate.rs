@@ -136,13 +136,10 @@ fn hand_off_latency() -> f64 {
 }
 
 fn memory_gib() -> f64 {
-    let text = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
-    let kib = text
-        .lines()
-        .find_map(|l| l.strip_prefix("MemTotal:"))
-        .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
-        .unwrap_or(0.0);
-    kib / f64::from(1u32 << 20)
+    match super::budget::machine_memory() {
+        u64::MAX => 0.0, // unknown
+        bytes => bytes as f64 / f64::from(1u32 << 30),
+    }
 }
 
 /// Measure `device` (`links` gives a GPU's links, which one GPU cannot measure), print what

@@ -30,6 +30,10 @@ pub enum VizFormat {
     Image,
 }
 
+/// Most stage-microbatch steps one sweep simulates: about two minutes on one core at the
+/// simulator's rate of about 400,000 a second (`simulate` at p = 64, m = 2048).
+const SWEEP_WORK: u64 = 1 << 26;
+
 /// Widest terminal chart drawn.
 const MAX_COLUMNS: usize = 65535;
 
@@ -120,6 +124,9 @@ impl VizCmd {
             (Some(VizFormat::Image), None) => bail!("--format image needs -o FILE.svg or FILE.png"),
             (_, Some(_)) => false,
         };
+        if to_term && self.memory {
+            bail!("--memory adds a panel to the image: give -o FILE.svg or FILE.png too");
+        }
         if to_term {
             for (tl, _) in &runs {
                 console::println(&terminal_chart(tl, self.columns))?;
@@ -150,6 +157,7 @@ impl VizCmd {
 
     /// The timelines to draw, each with its report (for memory).
     fn timelines(&self) -> Result<Vec<(Timeline, Report)>> {
+        self.flags_apply()?;
         if let Some(path) = &self.from {
             let tl = read_timeline(path)?;
             let meta = &tl.meta;
@@ -188,6 +196,11 @@ impl VizCmd {
             };
             let spec = ScheduleSpec::new(kind, s.stages, v, s.microbatches, group)
                 .with_context(|| format!("--compare {name}"))?;
+            super::budget::timetable(
+                &format!("--compare {name}"),
+                u64::from(spec.stages()) * u64::from(s.microbatches),
+                u64::from(self.steps),
+            )?;
             if self.steps > 1 {
                 out.push(self.steady(&generate(&spec))?);
                 continue;
@@ -204,8 +217,31 @@ impl VizCmd {
 }
 
 impl VizCmd {
+    /// Refuse a flag that would change nothing: times beside a timeline (whose times are
+    /// given), recomputation beside one (its R's are in it), sizes without a memory panel.
+    fn flags_apply(&self) -> Result<()> {
+        if let Some(path) = &self.from {
+            let from = path.display();
+            if let Some(flag) = self.costs.time_flags().first() {
+                bail!("{flag} does not apply with --from {from}: a timeline's times are measured or simulated already; leave {flag} out");
+            }
+            if !self.source.recompute.is_none() {
+                bail!("--recompute does not apply with --from {from}: a timeline holds its R actions already; leave --recompute out");
+            }
+        }
+        let sizes = self.costs.size_flags();
+        let only_sizes = sizes
+            .iter()
+            .find(|f| **f != "--cost-file" || self.from.is_some());
+        if let (false, Some(flag)) = (self.memory, only_sizes) {
+            bail!("{flag} sizes the activations of the memory panel: add --memory, or leave {flag} out");
+        }
+        Ok(())
+    }
+
     /// `--steps K` of one timetable: its K-step timeline and a report over all of it.
     fn steady(&self, tt: &pipewright::schedule::Timetable) -> Result<(Timeline, Report)> {
+        super::steady::fits_steps(tt, self.steps)?;
         let model = self.costs.model(tt.num_stages(), tt.num_devices())?;
         let s = pipewright::schedule::simulate::simulate_steps(tt, &model, self.steps)?;
         Ok(super::steady::steady_chart(s, &model))
@@ -319,13 +355,48 @@ impl SweepCmd {
         }
         let vs = parse_counts(&self.virtual_stages).context("--virtual")?;
         let ms = parse_counts(&self.microbatches).context("--microbatches")?;
-        Ok(SweepGrid {
+        if let Some(zero) = [("--virtual", &vs), ("--microbatches", &ms)]
+            .into_iter()
+            .find(|(_, counts)| counts.contains(&0))
+        {
+            bail!(
+                "{} `{}`: counts must be at least 1",
+                zero.0,
+                match zero.0 {
+                    "--virtual" => &self.virtual_stages,
+                    _ => &self.microbatches,
+                }
+            );
+        }
+        let grid = SweepGrid {
             schedules,
             devices: self.stages,
             virtual_stages: vs,
             microbatches: ms,
             memory_cap: self.cap_bytes()?,
-        })
+        };
+        self.bounded(&grid)?;
+        Ok(grid)
+    }
+
+    /// Refuse a grid whose largest simulation this machine cannot hold, or whose
+    /// simulations together would run for longer than a sweep should.
+    fn bounded(&self, grid: &SweepGrid) -> Result<()> {
+        let steps = u64::from(pipewright::schedule::sweep::SWEEP_STEPS);
+        let spm = |&(_, v, m): &(ScheduleKind, u32, u32)| {
+            u64::from(self.stages) * u64::from(v) * u64::from(m)
+        };
+        let shapes = grid.shapes();
+        let largest = shapes.iter().map(spm).max().unwrap_or(0);
+        super::budget::timetable("the sweep's largest combination", largest, steps)?;
+        let total = shapes.iter().map(spm).fold(0u64, u64::saturating_add);
+        if total.saturating_mul(steps) > SWEEP_WORK {
+            bail!(
+                "the sweep simulates {} combinations of {total} stage-microbatches in all ({steps} steps each), more than the {SWEEP_WORK} a sweep takes (minutes here): narrow --microbatches, --virtual or --schedules",
+                shapes.len()
+            );
+        }
+        Ok(())
     }
 
     /// The cap in bytes: read by the one cap parser `search` uses; microbatch units are

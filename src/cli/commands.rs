@@ -62,6 +62,7 @@ impl ScheduleCmd {
     pub fn run(&self) -> Result<()> {
         let (format, mut outs) = self.format()?;
         let spec = self.spec.spec()?;
+        self.spec.fits(1)?;
         let mut tt = pipewright::schedule::generate(&spec);
         if !self.recompute.is_none() {
             self.recompute

@@ -140,16 +140,15 @@ impl MemoryArgs {
             ),
             (Some(_), true) => {}
         }
-        let layers = self.layers.unwrap_or(0);
         let d_model = self.d_model.unwrap_or(0);
-        let shape = ModelShape {
-            layers,
+        let mut shape = gpt_shape(
+            self.layers.unwrap_or(0),
             d_model,
-            heads: self.heads.unwrap_or(0),
-            ffn: self.ffn.unwrap_or(4 * d_model),
-            seq_len: self.seq_len.unwrap_or(0),
-            vocab: self.vocab.unwrap_or(0),
-        };
+            self.heads.unwrap_or(0),
+            self.seq_len.unwrap_or(0),
+            self.vocab.unwrap_or(0),
+        );
+        shape.ffn = self.ffn.unwrap_or(d_model.saturating_mul(4));
         Ok(Some(MemoryConfig {
             shape,
             precision: match self.precision {
@@ -182,14 +181,30 @@ impl MemoryArgs {
             return Ok(None);
         };
         cfg.check().map_err(|e| anyhow!("{e}"))?;
+        super::budget::representable(&cfg, tt.microbatches)?;
         Ok(Some(predict(&cfg, tt).map_err(|e| anyhow!("{e}"))?))
     }
 }
 
-/// Bytes for people: GiB, MiB or KiB with two decimals, or bytes.
+/// The reference GPT's shape (an MLP of 4 * d_model) for the memory model.
+pub fn gpt_shape(layers: u32, d_model: u64, heads: u32, seq_len: u64, vocab: u64) -> ModelShape {
+    ModelShape {
+        layers,
+        d_model,
+        heads,
+        ffn: d_model.saturating_mul(4),
+        seq_len,
+        vocab,
+    }
+}
+
+/// Bytes for people: EiB down to KiB with two decimals, or bytes.
 pub fn human(bytes: u64) -> String {
     let b = bytes as f64;
     match bytes {
+        n if n >= 1 << 60 => format!("{:.2} EiB", b / (1u64 << 60) as f64),
+        n if n >= 1 << 50 => format!("{:.2} PiB", b / (1u64 << 50) as f64),
+        n if n >= 1 << 40 => format!("{:.2} TiB", b / (1u64 << 40) as f64),
         n if n >= 1 << 30 => format!("{:.2} GiB", b / f64::from(1u32 << 30)),
         n if n >= 1 << 20 => format!("{:.2} MiB", b / f64::from(1u32 << 20)),
         n if n >= 1 << 10 => format!("{:.2} KiB", b / 1024.0),

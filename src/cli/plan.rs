@@ -237,7 +237,8 @@ impl PlanCmd {
         outs.commit()?;
         console::print(&text)?;
         if let Some(k) = self.validate {
-            let runs = super::validate_plan::spread(&plan.simulated, k);
+            let fit = super::validate_plan::fitting(&req, &plan.simulated)?;
+            let runs = super::validate_plan::spread(&fit, k);
             console::print(&super::validate_plan::validate(&req, &runs)?)?;
         }
         Ok(())
@@ -265,9 +266,11 @@ impl PlanCmd {
         };
         req.allow_cross_node_tp = self.allow_cross_node_tp;
         req.top = self.top;
-        req.max_virtual = self.max_virtual;
         req.max_microbatch_size = self.max_microbatch_size;
-        req.max_simulated = self.max_simulated.max(1);
+        self.check_fixed()?;
+        // A fixed v is honoured even above the largest v the search would try by itself.
+        req.max_virtual = self.max_virtual.max(self.v.unwrap_or(0));
+        req.max_simulated = self.max_simulated;
         req.max_searched = self.max_searched;
         if let Some(k) = self.validate {
             if k < 2 {
@@ -277,6 +280,33 @@ impl PlanCmd {
             req.top = req.top.max(4 * k);
         }
         Ok(req)
+    }
+
+    /// Fixed dimensions that contradict each other, and counts of 0, refused by name before
+    /// the search (a fixed dimension is honoured, or the request is refused).
+    fn check_fixed(&self) -> Result<()> {
+        if self.max_simulated == 0 {
+            bail!("--max-simulated 0: at least 1 configuration must be simulated to rank any");
+        }
+        if self.v == Some(0) || self.pp == Some(0) || self.tp == Some(0) {
+            bail!("--tp, --pp and --v must be at least 1");
+        }
+        let Some(kind) = self.schedule else {
+            return Ok(());
+        };
+        match (kind.fixed_virtual(), self.v) {
+            (Some(fv), Some(v)) if v != fv => bail!(
+                "--v {v} contradicts --schedule {kind}, which places exactly {fv} stages on each device"
+            ),
+            (None, Some(v)) if v > 1 && !kind.supports_virtual() => bail!(
+                "--v {v} contradicts --schedule {kind}, which places one stage on each device (interleaved-1f1b and looped-bfs take v > 1)"
+            ),
+            _ => {}
+        }
+        if self.pp == Some(1) && kind != ScheduleKind::OneFOneB {
+            bail!("--schedule {kind} with --pp 1: one device runs every schedule as the same sequence of forwards and backwards; leave --schedule out, or give --pp 2 or more");
+        }
+        Ok(())
     }
 
     /// The GPUs and the batch, each at least 1, and the other counts checked likewise.

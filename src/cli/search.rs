@@ -125,6 +125,25 @@ impl SearchCmd {
             .as_deref()
             .map(timetable_form)
             .transpose()?;
+        super::checks::at_least(
+            "--max-virtual",
+            self.max_virtual as usize,
+            1,
+            "chunks per device",
+        )?;
+        // A candidate's timetable at the largest v, simulated over a few steps, and the best
+        // one kept beside it.
+        let spm = u64::from(self.stages) * u64::from(self.microbatches);
+        super::budget::timetable(
+            &format!(
+                "search p={} m={} up to v={}",
+                self.stages,
+                self.microbatches,
+                self.max_virtual.max(2)
+            ),
+            spm * u64::from(self.max_virtual.max(2)),
+            2,
+        )?;
         let costs = self.costs.model(self.stages, self.stages)?;
         let mut spec = SearchSpec::new(self.stages, self.microbatches, costs, cap);
         spec.max_virtual = self.max_virtual;
@@ -137,6 +156,7 @@ impl SearchCmd {
             .config(self.stages, 1, &RecomputePlan::default())?;
         if let Some(mem) = &spec.memory {
             mem.check().map_err(|e| anyhow::anyhow!("{e}"))?;
+            super::budget::representable(mem, self.microbatches)?;
         }
         if let Some(list) = &self.schedules {
             spec.families = list

@@ -26,12 +26,14 @@ use super::checks::{at_least, in_range, Kind, Output};
 use super::commands::ReportFormat;
 use super::console::{self, Lines};
 use super::measured;
+use super::memory::gpt_shape;
 use super::outputs::Outputs;
 use super::progress::{
     oversubscribed, oversubscription_json, warn_oversubscribed, working, StepLog,
 };
 use super::search::stage_measured_costs;
 use super::steady::{bench_periods, period_compare, period_json, period_line, MeasuredPeriod};
+use pipewright::schedule::memory::{Accounting, MemPrecision, MemoryConfig};
 
 /// Train the reference GPT on in-process devices (one thread per rank), or one process per
 /// rank over MPI (`mpirun -np <pp*tp*dp> pipewright train --transport mpi ...`), or one
@@ -194,8 +196,19 @@ impl TrainCmd {
                 check_finite: !self.allow_non_finite,
             },
         };
-        let tokens = (cfg.global_batch(tt.microbatches) * self.seq_len) as f64;
+        let tokens = cfg.global_batch(tt.microbatches) as f64 * self.seq_len as f64;
         let device = self.device()?;
+        if device == Device::Cpu {
+            let ranks_here = match self.transport {
+                Transport::Local => mesh.world_size() as u64,
+                _ => 1,
+            };
+            super::budget::training(&self.memory_config(&tt, &mesh), &tt, ranks_here)?;
+        }
+        if self.costs_out.is_some() {
+            let spm = u64::from(tt.num_stages()) * u64::from(tt.microbatches);
+            super::budget::timetable("--costs-out (every step's timeline kept)", spm, self.steps)?;
+        }
         let universe = match self.transport {
             Transport::Mpi => Some(mpi_universe()?),
             Transport::Nccl => Some(nccl_universe()?),
@@ -319,6 +332,11 @@ impl TrainCmd {
             "sequences per microbatch",
         )?;
         at_least("--heads", self.heads, 1, "attention heads")?;
+        for (flag, value) in [("--layers", self.layers), ("--heads", self.heads)] {
+            if u32::try_from(value).is_err() {
+                bail!("{flag} {value}: at most {}", u32::MAX);
+            }
+        }
         at_least("--d-model", self.d_model, 1, "width of the residual stream")?;
         at_least("--tp", self.tp, 1, "tensor-parallel ranks")?;
         at_least("--dp", self.dp, 1, "data-parallel replicas")?;
@@ -332,6 +350,33 @@ impl TrainCmd {
         )
         .validate(self.tp)?;
         Ok(())
+    }
+
+    /// The memory model's view of this run (pipewright's own accounting of the reference
+    /// GPT), for the estimate made before anything is allocated.
+    fn memory_config(&self, tt: &Timetable, mesh: &Mesh) -> MemoryConfig {
+        let u32_of = |x: usize| u32::try_from(x).unwrap_or(u32::MAX);
+        let shape = gpt_shape(
+            u32_of(self.layers),
+            self.d_model as u64,
+            u32_of(self.heads),
+            self.seq_len as u64,
+            self.vocab as u64,
+        );
+        MemoryConfig {
+            precision: match self.precision {
+                PrecisionArg::Bf16 => MemPrecision::Bf16,
+                _ => MemPrecision::F32,
+            },
+            tp: u32_of(mesh.tp),
+            dp: u32_of(mesh.dp),
+            v: (tt.num_stages() / tt.num_devices().max(1)).max(1),
+            microbatch_size: self.microbatch_size as u64,
+            sequence_parallel: self.sequence_parallel,
+            zero: self.zero as u8,
+            recompute: self.source.recompute.clone(),
+            ..MemoryConfig::new(shape, u32_of(mesh.pp)).with_accounting(Accounting::Pipewright)
+        }
     }
 
     /// Where tensors live: `--device`, checked against the transport. Over NCCL each rank
@@ -565,7 +610,16 @@ impl BenchCmd {
             .as_deref()
             .map(ImageFormat::from_path)
             .transpose()?;
+        at_least(
+            "--steps",
+            self.steps as usize,
+            1,
+            "steps to run and measure",
+        )?;
         let (tt, _) = self.source.timetable()?;
+        // Each step's timeline is kept, on top of the runtime's own per-action state.
+        let spm = u64::from(tt.num_stages()) * u64::from(tt.microbatches);
+        super::budget::timetable("bench", spm, self.steps.saturating_mul(2).saturating_add(8))?;
         let model = self.costs.model(tt.num_stages(), tt.num_devices())?;
         let sim = simulate(&tt, &model)?;
         let mesh = Mesh::new(tt.num_devices() as usize, 1, 1)?;
@@ -579,7 +633,7 @@ impl BenchCmd {
         // Synthetic stages read no data.
         let data = |_| Ok(());
         let opts = RunOptions {
-            steps: self.steps.max(1),
+            steps: self.steps,
             ..RunOptions::default()
         };
         let mut steps = Vec::new();
