@@ -140,11 +140,14 @@ fn first(v: &serde_json::Value, kind: &str, device: u64) -> usize {
         .unwrap()
 }
 
+/// An edit of a timeline's JSON.
+type Edit = Box<dyn FnOnce(&mut serde_json::Value)>;
+
 #[test]
 fn class6_a_timeline_that_contradicts_itself_is_not_drawn() {
     let d = tempfile::tempdir().unwrap();
     let d = d.path();
-    let cases: Vec<(&str, Box<dyn FnOnce(&mut serde_json::Value)>, &str)> = vec![
+    let cases: Vec<(&str, Edit, &str)> = vec![
         (
             "backwards.json",
             Box::new(|v| {

@@ -343,6 +343,9 @@ impl SweepCmd {
     }
 
     fn grid(&self) -> Result<SweepGrid> {
+        super::checks::at_least("--stages", self.stages as usize, 1, "pipeline devices")?;
+        // The costs are the same for every combination: a bad file is refused once, here.
+        self.costs.model(self.stages, self.stages)?;
         let schedules = self
             .schedules
             .split(',')

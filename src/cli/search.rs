@@ -131,6 +131,7 @@ impl SearchCmd {
             1,
             "chunks per device",
         )?;
+        super::checks::at_least("--top", self.top, 1, "candidates listed")?;
         // A candidate's timetable at the largest v, simulated over a few steps, and the best
         // one kept beside it.
         let spm = u64::from(self.stages) * u64::from(self.microbatches);

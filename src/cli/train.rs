@@ -383,6 +383,9 @@ impl TrainCmd {
     /// takes the GPU of its local rank, so a device named on the command line (the same for
     /// every rank) cannot be honoured.
     fn device(&self) -> Result<Device> {
+        if cfg!(not(feature = "cuda")) && matches!(self.device, Some(Device::Cuda(_))) {
+            bail!(NO_CUDA);
+        }
         match (self.transport, self.device) {
             (Transport::Nccl, None | Some(Device::Cuda(0))) => Ok(Device::Cuda(0)),
             (Transport::Nccl, Some(Device::Cpu)) => {
@@ -515,8 +518,11 @@ fn train_cuda(
     _: usize,
     _: impl FnMut(&StepRecord),
 ) -> Result<FinalParams> {
-    bail!("--device cuda: this pipewright was built without CUDA; rebuild with: cargo build --release --features cuda")
+    bail!(NO_CUDA)
 }
+
+/// Why `--device cuda` cannot run in this build.
+const NO_CUDA: &str = "--device cuda: this pipewright was built without CUDA; rebuild with: cargo build --release --features cuda";
 
 /// A run stopped by the NaN check says how to train on regardless.
 fn non_finite_hint(e: anyhow::Error) -> anyhow::Error {

@@ -578,16 +578,33 @@ fn evaluate_all(
     let mut best_label = None;
     let mut all = Vec::with_capacity(jobs.len());
     let order = budget::order(jobs, spec.devices, spec.microbatches);
-    let (first, over): (Vec<usize>, Vec<usize>) = order
-        .into_iter()
-        .partition(|&i| !over_cap(&jobs[i], spec, shapes));
-    for i in first.into_iter().chain(over) {
+    // Over-cap fixed families are met on the first pass and put off to the second.
+    let mut over = Vec::new();
+    let mut k = 0;
+    loop {
+        let (i, first) = match (order.get(k), over.get(k.wrapping_sub(order.len()))) {
+            (Some(&i), _) => (i, true),
+            (None, Some(&i)) => (i, false),
+            (None, None) => break,
+        };
+        k += 1;
         // The first job always runs (the likeliest to fit), so any budget returns something.
         if !all.is_empty() && deadline.passed() {
             break;
         }
         let job = &jobs[i];
-        let result = match evaluate(job, spec, shapes, unit) {
+        let generated = match (first, job) {
+            (true, Job::Fixed(s)) => Some(generate(s)),
+            _ => None,
+        };
+        if generated
+            .as_ref()
+            .is_some_and(|tt| over_cap(tt, job, spec, shapes))
+        {
+            over.push(i);
+            continue;
+        }
+        let result = match evaluate(job, spec, shapes, unit, generated) {
             Ok((cand, Some((timetable, simulation)))) => {
                 let (a, b) = key(&cand, spec.objective);
                 let k = (a, b, u8::from(!matches!(job, Job::Fixed(_))));
@@ -618,14 +635,14 @@ fn evaluate_all(
 
 /// Whether a fixed family's timetable is over a cap in microbatches, by the same peak
 /// [`describe`] judges it by (generating a timetable is cheap beside simulating it).
-fn over_cap(job: &Job, spec: &SearchSpec, shapes: &[Option<Shape>]) -> bool {
-    let (Job::Fixed(s), MemoryCap::Microbatches(cap)) = (job, spec.cap) else {
+fn over_cap(tt: &Timetable, job: &Job, spec: &SearchSpec, shapes: &[Option<Shape>]) -> bool {
+    let MemoryCap::Microbatches(cap) = spec.cap else {
         return false;
     };
     let Some(shape) = &shapes[job.v() as usize] else {
         return false;
     };
-    let peak = peak_units_kept(&generate(s), &shape.weights, &shape.held, &shape.kept)
+    let peak = peak_units_kept(tt, &shape.weights, &shape.held, &shape.kept)
         .into_iter()
         .fold(0.0, f64::max);
     peak > cap + 1e-9
@@ -633,11 +650,13 @@ fn over_cap(job: &Job, spec: &SearchSpec, shapes: &[Option<Shape>]) -> bool {
 
 type Kept = Option<(Timetable, Simulation)>;
 
+/// Evaluate one job; `generated` is a fixed family's timetable when already made.
 fn evaluate(
     job: &Job,
     spec: &SearchSpec,
     shapes: &[Option<Shape>],
     unit: Option<f64>,
+    generated: Option<Timetable>,
 ) -> Result<(Candidate, Kept), (String, String)> {
     let (p, m) = (spec.devices, spec.microbatches);
     let Some(shape) = &shapes[job.v() as usize] else {
@@ -647,7 +666,7 @@ fn evaluate(
         Job::Fixed(s) => (
             fixed_label(s.kind(), s.virtual_stages(), grouped(s)),
             s.kind().name().to_string(),
-            generate(s),
+            generated.unwrap_or_else(|| generate(s)),
         ),
         Job::List(k) => match list_schedule(p, m, &shape.costs, &shape.weights, *k) {
             Some(tt) => (k.label(), "list".to_string(), tt),

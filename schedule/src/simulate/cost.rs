@@ -601,7 +601,7 @@ pub enum CostError {
         stages: u32,
     },
     /// A step's times add up past what a number can hold.
-    #[error("the costs of one step add up to {} time units, past what the simulator can time (each value is finite, their sum is not): give the costs in a larger unit", total_text(*total))]
+    #[error("the costs of one step add up {} (each value is finite, their sum is not): give the costs in a larger unit", total_text(*total))]
     TimeTotal {
         /// The sum.
         total: f64,
@@ -625,8 +625,8 @@ pub enum CostError {
 /// A sum for an error line: its value, or that it overflowed.
 fn total_text(total: f64) -> String {
     if total.is_finite() {
-        format!("{total:e}")
+        format!("to {total:e} time units, past what the simulator can time")
     } else {
-        "more than the largest number".into()
+        "past the largest number the simulator can time".into()
     }
 }
