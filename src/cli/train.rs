@@ -383,9 +383,19 @@ impl TrainCmd {
     /// takes the GPU of its local rank, so a device named on the command line (the same for
     /// every rank) cannot be honoured.
     fn device(&self) -> Result<Device> {
-        if cfg!(not(feature = "cuda")) && matches!(self.device, Some(Device::Cuda(_))) {
+        let device = self.device_for_transport()?;
+        // Before the run's notes: an in-process GPU run this build cannot make.
+        if cfg!(not(feature = "cuda"))
+            && self.transport == Transport::Local
+            && matches!(device, Device::Cuda(_))
+        {
             bail!(NO_CUDA);
         }
+        Ok(device)
+    }
+
+    /// `--device` against `--transport`.
+    fn device_for_transport(&self) -> Result<Device> {
         match (self.transport, self.device) {
             (Transport::Nccl, None | Some(Device::Cuda(0))) => Ok(Device::Cuda(0)),
             (Transport::Nccl, Some(Device::Cpu)) => {
