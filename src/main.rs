@@ -2,7 +2,6 @@
 
 mod cli;
 
-use std::io::Write;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -53,7 +52,14 @@ fn usage_error(e: clap::Error) -> ExitCode {
         e.kind(),
         DisplayHelp | DisplayVersion | DisplayHelpOnMissingArgumentOrSubcommand
     ) {
-        e.exit();
+        // Help to a closed pipe ends quietly; to a full disk, one line.
+        return match e.print() {
+            Err(io) if io.kind() != std::io::ErrorKind::BrokenPipe => {
+                cli::console::note(&format!("error: cannot write to standard output: {io}"));
+                ExitCode::FAILURE
+            }
+            _ => ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(2)),
+        };
     }
     let text = e.render().to_string();
     let mut lines = text.lines().map(str::trim).filter(|l| !l.is_empty());
@@ -78,7 +84,7 @@ fn usage_error(e: clap::Error) -> ExitCode {
     for tip in tips {
         line += &format!("; {tip}");
     }
-    let _ = std::io::stderr().write_all(format!("{line} (see --help)\n").as_bytes());
+    cli::console::note(&format!("{} (see --help)", cli::console::words_cut(&line)));
     ExitCode::from(2)
 }
 
@@ -100,13 +106,12 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        // The reader of our output went away (`pipewright ... | head`): nothing is wrong.
+        Err(e) if cli::console::is_closed_pipe(&e) => ExitCode::SUCCESS,
         Err(e) => {
-            // One line: the chain of causes, outermost first.
-            let msg: Vec<String> = e.chain().map(ToString::to_string).collect();
-            // One write: under mpirun every rank's line shares one terminal, and eprintln!
-            // writes in pieces that other ranks' lines can split.
-            let line = format!("error: {}\n", msg.join(": "));
-            let _ = std::io::stderr().write_all(line.as_bytes());
+            // One line: the chain of causes, outermost first, long words cut; written in
+            // one write, since under mpirun every rank's line shares one terminal.
+            cli::console::note(&format!("error: {}", cli::console::one_line(&e)));
             ExitCode::FAILURE
         }
     }

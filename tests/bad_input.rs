@@ -321,8 +321,14 @@ fn class3_outputs_are_checked_before_the_work() {
     );
     let out = ok(d, &["simulate", "--timetable", "x.csv", "--format", "json"]);
     assert!(out.contains("\"makespan\""), "{out}");
-    ok(d, &["schedule", "-o", "x.txt"]);
-    let grid = std::fs::read_to_string(d.join("x.txt")).unwrap();
+    // The grid is for people: no file of it is offered, since nothing reads it back.
+    refused(
+        d,
+        &["schedule", "-o", "x.txt"],
+        1,
+        &["-o x.txt", "nothing reads it back"],
+    );
+    let grid = ok(d, &["schedule"]);
     assert!(grid.starts_with("1f1b p=4"), "{grid}");
 }
 

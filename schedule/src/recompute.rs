@@ -59,6 +59,9 @@ pub enum RecomputeError {
     /// A policy name that is not one of ours.
     #[error("unknown recompute policy '{0}' (none, full, selective, every:N, or per stage as 0:full,1:selective)")]
     Unknown(String),
+    /// `every:N` with an `N` that is not a whole number of at least 1.
+    #[error("recompute policy '{0}': every:N recomputes the first N layers of each stage, so N is a whole number of at least 1 (every:0 would recompute nothing: that is none)")]
+    BadEvery(String),
     /// A `stage:policy` pair whose stage is not a number.
     #[error("recompute '{0}': the stage before ':' must be a number")]
     BadStage(String),
@@ -84,7 +87,8 @@ impl FromStr for Recompute {
             "selective" => Ok(Recompute::Selective),
             other => match other.strip_prefix("every:").map(str::parse::<u32>) {
                 Some(Ok(n)) if n > 0 => Ok(Recompute::Every(n)),
-                _ => Err(RecomputeError::Unknown(other.to_string())),
+                Some(_) => Err(RecomputeError::BadEvery(other.to_string())),
+                None => Err(RecomputeError::Unknown(other.to_string())),
             },
         }
     }
@@ -131,11 +135,9 @@ impl RecomputePlan {
 impl FromStr for RecomputePlan {
     type Err = RecomputeError;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        if let Ok(policy) = s.parse() {
-            return Ok(RecomputePlan::uniform(policy));
-        }
         if !s.contains(':') || s.trim().starts_with("every") {
-            return Err(RecomputeError::Unknown(s.trim().to_string()));
+            // One policy for every stage; its own error names what is wrong with it.
+            return s.parse().map(RecomputePlan::uniform);
         }
         let mut plan = RecomputePlan::default();
         for pair in s.split(',') {
@@ -201,6 +203,10 @@ mod tests {
         assert_eq!((p.of(0), p.of(1)), (Recompute::Every(1), Recompute::Full));
         for bad in ["every:0", "every:x", "every", "1:every:-1"] {
             assert!(bad.parse::<RecomputePlan>().is_err(), "{bad}");
+        }
+        for bad in ["every:0", "1:every:0", "every:x"] {
+            let e = bad.parse::<RecomputePlan>().unwrap_err().to_string();
+            assert!(e.contains("at least 1") && !e.contains("unknown"), "{e}");
         }
     }
 }

@@ -81,26 +81,32 @@ pub fn sweep<F>(grid: &SweepGrid, costs: F) -> Vec<SweepRow>
 where
     F: Fn(u32, u32) -> Result<CostModel, String>,
 {
-    let mut rows = Vec::new();
-    for &kind in &grid.schedules {
-        let fixed;
-        let vs: &[u32] = match kind.fixed_virtual() {
-            Some(v) => {
-                fixed = [v];
-                &fixed
-            }
-            None if kind.supports_virtual() => &grid.virtual_stages,
-            None => &[1],
-        };
-        for &v in vs {
-            for &m in &grid.microbatches {
-                let row = run_one(kind, grid.devices, v, m, grid.memory_cap, &costs)
-                    .unwrap_or_else(|e| SweepRow::failed(kind, v, m, e));
-                rows.push(row);
+    grid.shapes()
+        .into_iter()
+        .map(|(kind, v, m)| {
+            run_one(kind, grid.devices, v, m, grid.memory_cap, &costs)
+                .unwrap_or_else(|e| SweepRow::failed(kind, v, m, e))
+        })
+        .collect()
+}
+
+impl SweepGrid {
+    /// Every (family, v, m) the grid simulates, in order: the grid's `v`s for a family that
+    /// interleaves, its own `v` for a V-shaped one, 1 for the others.
+    pub fn shapes(&self) -> Vec<(ScheduleKind, u32, u32)> {
+        let mut out = Vec::new();
+        for &kind in &self.schedules {
+            let vs: Vec<u32> = match kind.fixed_virtual() {
+                Some(v) => vec![v],
+                None if kind.supports_virtual() => self.virtual_stages.clone(),
+                None => vec![1],
+            };
+            for v in vs {
+                out.extend(self.microbatches.iter().map(|&m| (kind, v, m)));
             }
         }
+        out
     }
-    rows
 }
 
 fn run_one<F>(

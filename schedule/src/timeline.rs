@@ -5,6 +5,9 @@
 
 use serde::{Deserialize, Serialize};
 
+mod check;
+pub use check::{TimelineError, MAX_DEVICES};
+
 use crate::action::{Action, ActionKind};
 
 /// Where a timeline came from.

@@ -364,8 +364,52 @@ fn check_shape(tt: &Timetable) -> Result<(), ValidationError> {
     Ok(())
 }
 
-/// Range, placement and duplicate checks, building the position index.
+/// Range and placement checks of every action, then the forwards counted: a timetable
+/// whose numbers name more stage-microbatches than it has forwards is incomplete, and is
+/// refused before the dense index is built, so that a file naming microbatch 268435455 in
+/// one cell costs what its cells cost, not a table of every number below it.
+fn check_sparse(tt: &Timetable) -> Result<(), ValidationError> {
+    let m = tt.microbatches;
+    let mut forwards = 0u64;
+    for (d, actions) in tt.devices.iter().enumerate() {
+        let d = d as u32;
+        for (step, &whole) in actions.iter().enumerate() {
+            for a in whole.parts() {
+                index_one(tt, m, d, a)
+                    .map_err(|problem| ValidationError::at(d, step as u32, whole, problem))?;
+                forwards += u64::from(a.kind == ActionKind::F);
+            }
+        }
+    }
+    let keys = u64::from(tt.num_stages()) * u64::from(m);
+    if forwards >= keys {
+        return Ok(());
+    }
+    // The first missing forward in (stage, microbatch) order lies within the first
+    // `forwards + 1` keys.
+    let present: std::collections::HashSet<(u32, u32)> = tt
+        .devices
+        .iter()
+        .flatten()
+        .flat_map(|a| a.parts())
+        .filter(|a| a.kind == ActionKind::F)
+        .map(|a| (a.stage, a.microbatch))
+        .collect();
+    let missing = (0..tt.num_stages())
+        .flat_map(|s| (0..m).map(move |mb| (s, mb)))
+        .find(|k| !present.contains(k));
+    match missing {
+        Some((stage, mb)) => Err(ValidationError::on(
+            tt.stage_device[stage as usize],
+            Problem::MissingForward(Action::new(stage, ActionKind::F, mb)),
+        )),
+        None => Ok(()),
+    }
+}
+
+/// Duplicate checks, building the position index (ranges checked by [`check_sparse`]).
 fn index_actions(tt: &Timetable) -> Result<Positions, ValidationError> {
+    check_sparse(tt)?;
     let (stages, m) = (tt.num_stages(), tt.microbatches);
     let mut p = Positions {
         m,
@@ -378,7 +422,6 @@ fn index_actions(tt: &Timetable) -> Result<Positions, ValidationError> {
             let err = |problem| ValidationError::at(d, step, whole, problem);
             // An overlap's F and B both sit at its step: later checks see two actions there.
             for a in whole.parts() {
-                index_one(tt, m, d, a).map_err(err)?;
                 let key = p.key(a.stage, a.microbatch);
                 let slot = &mut p.pos[key][a.kind.index()];
                 if *slot != NONE {

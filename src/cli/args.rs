@@ -1,8 +1,6 @@
 //! Flags shared by several subcommands.
 
-use std::path::PathBuf;
-
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Result};
 use clap::parser::ValueSource;
@@ -12,6 +10,8 @@ use pipewright::schedule::{
     generate, recompute, CostModel, RawSpec, RecomputeError, RecomputePlan, ScheduleKind,
     ScheduleSpec, StageCost, Timetable,
 };
+
+use super::outputs::Input;
 
 /// Which schedule to generate.
 #[derive(Args, Debug, Clone)]
@@ -44,6 +44,21 @@ impl SpecArgs {
             group_size: self.group_size,
         };
         Ok(ScheduleSpec::from_raw(&raw)?)
+    }
+
+    /// Refuse a timetable this machine could not hold `times` over (steps, panels) while
+    /// simulating it.
+    pub fn fits(&self, times: u64) -> Result<()> {
+        let spm =
+            u64::from(self.stages) * u64::from(self.virtual_stages) * u64::from(self.microbatches);
+        super::budget::timetable(
+            &format!(
+                "p={} v={} m={}",
+                self.stages, self.virtual_stages, self.microbatches
+            ),
+            spm,
+            times,
+        )
     }
 }
 
@@ -154,6 +169,11 @@ impl FileShape {
 }
 
 impl SourceArgs {
+    /// The file it reads, for [`Outputs::plan`](super::outputs::Outputs::plan).
+    pub fn inputs(&self) -> impl Iterator<Item = Option<Input<'_>>> {
+        std::iter::once(Input::new("--timetable", self.timetable.as_ref()))
+    }
+
     /// Whether schedule flag `id` (its clap id, e.g. `stages`) was given on the command line.
     pub fn given(&self, id: &str) -> bool {
         self.given.contains(&id)
@@ -169,6 +189,7 @@ impl SourceArgs {
             }
             None => {
                 let spec = self.spec.spec()?;
+                self.spec.fits(1)?;
                 (generate(&spec), Some(spec))
             }
         };
@@ -225,14 +246,14 @@ pub struct CostArgs {
     /// Uniform costs F,B[,W]: forward, full backward and (optionally) its weight part, for
     /// one microbatch on one device's share of the model. With --virtual v each chunk costs
     /// 1/v of this. W defaults to B/2; the input part I is B - W.
+    /// [default: 1,2]
     #[arg(
         long,
-        default_value = "1,2",
         value_name = "F,B[,W]",
         conflicts_with = "cost_file",
         allow_hyphen_values = true
     )]
-    pub cost: String,
+    pub cost: Option<String>,
     /// JSON cost file with per-stage costs: {"default": {"f":..,"b":..,"w":..,
     /// "activation_bytes":..,"p2p_bytes":..}, "stages": [{..}, ...], "p2p_latency":..,
     /// "bandwidth":..}. Stage entries override the default, one entry per stage.
@@ -244,39 +265,51 @@ pub struct CostArgs {
     /// Link bandwidth in bytes per cost unit (default: infinite; overrides the cost file).
     #[arg(long, value_name = "BYTES", allow_negative_numbers = true)]
     pub bandwidth: Option<f64>,
-    /// Activation bytes one device's share stashes per microbatch (split over v chunks).
+    /// Activation bytes one device's share stashes per microbatch (split over v chunks):
+    /// bytes, or with a unit (1MiB, 2.5GB) [default: 0].
     #[arg(
         long,
-        default_value_t = 0,
         value_name = "BYTES",
-        conflicts_with = "cost_file"
+        conflicts_with = "cost_file",
+        value_parser = parse_byte_count
     )]
-    pub activation_bytes: u64,
+    pub activation_bytes: Option<u64>,
     /// Fraction of a stage's activations still held after its input backward (I) until its
     /// weight backward (W), in [0, 1]; the rest is freed when I ends (overrides the cost
     /// file). Default 1: W holds all of them. The zero-bubble paper's transformer layer keeps
     /// M_W/M_B = 32h/(34h+5as), e.g. 0.366 for h=2304, a=24, s=1024.
     #[arg(long, value_name = "FRACTION", allow_negative_numbers = true)]
     pub w_memory: Option<f64>,
-    /// Bytes sent at each stage boundary per microbatch (activation or its gradient).
+    /// Bytes sent at each stage boundary per microbatch (activation or its gradient):
+    /// bytes, or with a unit (1MiB) [default: 0].
     #[arg(
         long,
-        default_value_t = 0,
         value_name = "BYTES",
-        conflicts_with = "cost_file"
+        conflicts_with = "cost_file",
+        value_parser = parse_byte_count
     )]
-    pub p2p_bytes: u64,
+    pub p2p_bytes: Option<u64>,
+}
+
+/// A byte count, read by the one byte parser of every byte flag (and of memory caps' units).
+pub fn parse_byte_count(s: &str) -> std::result::Result<u64, String> {
+    pipewright::schedule::search::parse_bytes(s).map_err(|e| e.to_string())
 }
 
 impl CostArgs {
+    /// The file it reads, for [`Outputs::plan`](super::outputs::Outputs::plan).
+    pub fn inputs(&self) -> impl Iterator<Item = Option<Input<'_>>> {
+        std::iter::once(Input::new("--cost-file", self.cost_file.as_ref()))
+    }
+
     /// The cost model for a timetable of `stages` stages over `devices` devices.
     pub fn model(&self, stages: u32, devices: u32) -> Result<CostModel> {
         let source = match &self.cost_file {
             Some(path) => CostSource::Model(crate::cli::io::load_cost_file(path, stages)?),
             None => {
                 let mut cost = self.uniform()?;
-                cost.activation_bytes = self.activation_bytes;
-                cost.p2p_bytes = self.p2p_bytes;
+                cost.activation_bytes = self.activation_bytes.unwrap_or(0);
+                cost.p2p_bytes = self.p2p_bytes.unwrap_or(0);
                 CostSource::Uniform(cost)
             }
         };
@@ -289,9 +322,35 @@ impl CostArgs {
         Ok(options.model(stages, devices)?)
     }
 
+    /// The cost flags given on the command line that set times (they mean nothing beside a
+    /// timeline, whose times are given).
+    pub fn time_flags(&self) -> Vec<&'static str> {
+        [
+            ("--cost", self.cost.is_some()),
+            ("--p2p-latency", self.p2p_latency.is_some()),
+            ("--bandwidth", self.bandwidth.is_some()),
+            ("--p2p-bytes", self.p2p_bytes.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(flag, given)| given.then_some(flag))
+        .collect()
+    }
+
+    /// The cost flags given that size activations (what a memory panel draws).
+    pub fn size_flags(&self) -> Vec<&'static str> {
+        [
+            ("--activation-bytes", self.activation_bytes.is_some()),
+            ("--w-memory", self.w_memory.is_some()),
+            ("--cost-file", self.cost_file.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(flag, given)| given.then_some(flag))
+        .collect()
+    }
+
     fn uniform(&self) -> Result<StageCost> {
-        let parts = self
-            .cost
+        let text = self.cost.as_deref().unwrap_or("1,2");
+        let parts = text
             .split(',')
             .map(|x| x.trim().parse::<f64>())
             .map(|x| x.ok().filter(|x| x.is_finite()).ok_or(()))
@@ -301,8 +360,7 @@ impl CostArgs {
             Some(&[f, b]) => Ok(StageCost::new(f, b, None)?),
             Some(&[f, b, w]) => Ok(StageCost::new(f, b, Some(w))?),
             _ => bail!(
-                "--cost `{}`: expected two or three finite numbers F,B[,W], e.g. 1,2 or 1,2,1",
-                self.cost
+                "--cost `{text}`: expected two or three finite numbers F,B[,W], e.g. 1,2 or 1,2,1"
             ),
         }
     }

@@ -15,7 +15,6 @@
 //! each with the machine's memory divided among them. bf16 and tf32 are emulated by rounding
 //! on the CPU, no faster than f32, so all three peaks are the measured one.
 
-use std::path::Path;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -26,8 +25,7 @@ use pipewright::schedule::plan::efficiency::{fit, MatmulSample};
 use pipewright::schedule::plan::{Cluster, Efficiency, Link, PeakTflops};
 
 use super::args::Device;
-use super::checks::{check_outputs, Kind, Output};
-use super::io::write_atomic;
+use super::outputs::Outputs;
 
 /// Least time spent timing each measurement.
 const SPAN: Duration = Duration::from_millis(40);
@@ -138,20 +136,15 @@ fn hand_off_latency() -> f64 {
 }
 
 fn memory_gib() -> f64 {
-    let text = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
-    let kib = text
-        .lines()
-        .find_map(|l| l.strip_prefix("MemTotal:"))
-        .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
-        .unwrap_or(0.0);
-    kib / f64::from(1u32 << 20)
+    match super::budget::machine_memory() {
+        u64::MAX => 0.0, // unknown
+        bytes => bytes as f64 / f64::from(1u32 << 30),
+    }
 }
 
 /// Measure `device` (`links` gives a GPU's links, which one GPU cannot measure), print what
 /// was measured, and write the cluster file.
-pub fn run(path: &Path, device: Device, links: &Cluster) -> Result<()> {
-    let owned = path.to_path_buf();
-    check_outputs([Output::new("--calibrate", Some(&owned), Kind::Json)])?;
+pub fn run(mut outs: Outputs, device: Device, links: &Cluster) -> Result<()> {
     let (cluster, summary) = match device {
         Device::Cpu => measure_cpu()?,
         Device::Cuda(n) => measure_cuda(n, links)?,
@@ -159,13 +152,10 @@ pub fn run(path: &Path, device: Device, links: &Cluster) -> Result<()> {
     cluster
         .check()
         .map_err(|e| anyhow::anyhow!("calibration: {e}"))?;
-    println!("{summary}");
-    write_atomic(
-        path,
-        (serde_json::to_string_pretty(&cluster)? + "\n").as_bytes(),
-    )?;
-    eprintln!("wrote {}", path.display());
-    Ok(())
+    let text = serde_json::to_string_pretty(&cluster)? + "\n";
+    outs.stage("--calibrate", text.as_bytes())?;
+    outs.commit()?;
+    super::console::println(&summary)
 }
 
 #[cfg(feature = "cuda")]

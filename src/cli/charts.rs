@@ -12,13 +12,14 @@ use pipewright::schedule::{
 };
 use pipewright::viz::{
     bubble_chart, drawable, sweep_plot, terminal_chart, ChartOptions, ChartPanel, ImageFormat,
-    SweepPoint, SweepSeries,
+    SweepPoint, SweepSeries, MIN_TERM_COLUMNS as MIN_COLUMNS,
 };
 
 use super::args::{CostArgs, FileShape, SourceArgs};
-use super::checks::{check_outputs, Kind, Output};
+use super::checks::{Kind, Output};
 use super::commands::simulation;
-use super::io::write_atomic;
+use super::console;
+use super::outputs::{Input, Outputs};
 
 /// Where a chart goes.
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -28,6 +29,13 @@ pub enum VizFormat {
     /// An image file (needs -o FILE.svg or FILE.png).
     Image,
 }
+
+/// Most stage-microbatch steps one sweep simulates: about two minutes on one core at the
+/// simulator's rate of about 400,000 a second (`simulate` at p = 64, m = 2048).
+const SWEEP_WORK: u64 = 1 << 26;
+
+/// Widest terminal chart drawn.
+const MAX_COLUMNS: usize = 65535;
 
 /// Image size flags.
 #[derive(Args, Debug, Clone)]
@@ -77,7 +85,7 @@ pub struct VizCmd {
     /// `term` prints the chart as text (the default without -o).
     #[arg(long, value_enum)]
     format: Option<VizFormat>,
-    /// Width of the terminal chart in columns.
+    /// Width of the terminal chart in columns (24 to 65535).
     #[arg(long, default_value_t = 100)]
     columns: usize,
     /// Draw K consecutive unfenced steps on one time axis (as `simulate --steps K` runs
@@ -90,11 +98,23 @@ pub struct VizCmd {
 
 impl VizCmd {
     pub fn run(&self) -> Result<()> {
-        check_outputs([Output::new("-o", self.output.as_ref(), Kind::Image)])?;
+        let mut outs = Outputs::plan(
+            self.source
+                .inputs()
+                .chain(self.costs.inputs())
+                .chain([Input::new("--from", self.from.as_ref())]),
+            [Output::new("-o", self.output.as_ref(), Kind::Image)],
+        )?;
         if self.compare.is_some() && self.source.given("schedule") {
             bail!("--schedule does not apply with --compare, which names the schedules: leave --schedule out");
         }
         super::steady::check_steps(self.steps)?;
+        if !(MIN_COLUMNS..=MAX_COLUMNS).contains(&self.columns) {
+            bail!(
+                "--columns {}: the terminal chart takes {MIN_COLUMNS} to {MAX_COLUMNS} columns",
+                self.columns
+            );
+        }
         let runs = self.timelines()?;
         for (tl, _) in &runs {
             drawable(tl)?;
@@ -104,9 +124,12 @@ impl VizCmd {
             (Some(VizFormat::Image), None) => bail!("--format image needs -o FILE.svg or FILE.png"),
             (_, Some(_)) => false,
         };
+        if to_term && self.memory {
+            bail!("--memory adds a panel to the image: give -o FILE.svg or FILE.png too");
+        }
         if to_term {
             for (tl, _) in &runs {
-                println!("{}", terminal_chart(tl, self.columns));
+                console::println(&terminal_chart(tl, self.columns))?;
             }
         }
         let Some(path) = &self.output else {
@@ -128,13 +151,13 @@ impl VizCmd {
             })
             .collect();
         let bytes = bubble_chart(&panels, &self.image.options(None), fmt)?;
-        write_atomic(path, &bytes)?;
-        eprintln!("wrote {}", path.display());
-        Ok(())
+        outs.stage("-o", &bytes)?;
+        outs.commit()
     }
 
     /// The timelines to draw, each with its report (for memory).
     fn timelines(&self) -> Result<Vec<(Timeline, Report)>> {
+        self.flags_apply()?;
         if let Some(path) = &self.from {
             let tl = read_timeline(path)?;
             let meta = &tl.meta;
@@ -173,6 +196,11 @@ impl VizCmd {
             };
             let spec = ScheduleSpec::new(kind, s.stages, v, s.microbatches, group)
                 .with_context(|| format!("--compare {name}"))?;
+            super::budget::timetable(
+                &format!("--compare {name}"),
+                u64::from(spec.stages()) * u64::from(s.microbatches),
+                u64::from(self.steps),
+            )?;
             if self.steps > 1 {
                 out.push(self.steady(&generate(&spec))?);
                 continue;
@@ -189,8 +217,31 @@ impl VizCmd {
 }
 
 impl VizCmd {
+    /// Refuse a flag that would change nothing: times beside a timeline (whose times are
+    /// given), recomputation beside one (its R's are in it), sizes without a memory panel.
+    fn flags_apply(&self) -> Result<()> {
+        if let Some(path) = &self.from {
+            let from = path.display();
+            if let Some(flag) = self.costs.time_flags().first() {
+                bail!("{flag} does not apply with --from {from}: a timeline's times are measured or simulated already; leave {flag} out");
+            }
+            if !self.source.recompute.is_none() {
+                bail!("--recompute does not apply with --from {from}: a timeline holds its R actions already; leave --recompute out");
+            }
+        }
+        let sizes = self.costs.size_flags();
+        let only_sizes = sizes
+            .iter()
+            .find(|f| **f != "--cost-file" || self.from.is_some());
+        if let (false, Some(flag)) = (self.memory, only_sizes) {
+            bail!("{flag} sizes the activations of the memory panel: add --memory, or leave {flag} out");
+        }
+        Ok(())
+    }
+
     /// `--steps K` of one timetable: its K-step timeline and a report over all of it.
     fn steady(&self, tt: &pipewright::schedule::Timetable) -> Result<(Timeline, Report)> {
+        super::steady::fits_steps(tt, self.steps)?;
         let model = self.costs.model(tt.num_stages(), tt.num_devices())?;
         let s = pipewright::schedule::simulate::simulate_steps(tt, &model, self.steps)?;
         Ok(super::steady::steady_chart(s, &model))
@@ -259,7 +310,10 @@ pub struct SweepCmd {
 
 impl SweepCmd {
     pub fn run(&self) -> Result<()> {
-        check_outputs([Output::new("-o", self.output.as_ref(), Kind::Image)])?;
+        let mut outs = Outputs::plan(
+            self.costs.inputs(),
+            [Output::new("-o", self.output.as_ref(), Kind::Image)],
+        )?;
         let grid = self.grid()?;
         let spinner = super::progress::working("sweep: simulating the grid");
         let rows = sweep(&grid, |stages, devices| {
@@ -268,11 +322,11 @@ impl SweepCmd {
                 .map_err(|e| format!("{e:#}"))
         });
         spinner.finish_and_clear();
-        match self.format {
-            SweepFormat::Json => println!("{}", serde_json::to_string_pretty(&rows)?),
-            SweepFormat::Csv => print!("{}", csv_rows(&rows)),
-            SweepFormat::Table => print!("{}", table(&rows, grid.memory_cap)),
-        }
+        let text = match self.format {
+            SweepFormat::Json => serde_json::to_string_pretty(&rows)? + "\n",
+            SweepFormat::Csv => csv_rows(&rows),
+            SweepFormat::Table => table(&rows, grid.memory_cap),
+        };
         if let Some(path) = &self.output {
             if rows.iter().all(|r| r.error.is_some()) {
                 bail!(
@@ -282,13 +336,16 @@ impl SweepCmd {
             }
             let fmt = ImageFormat::from_path(path)?;
             let bytes = sweep_plot(&series(&rows), &self.image.options(grid.memory_cap), fmt)?;
-            write_atomic(path, &bytes)?;
-            eprintln!("wrote {}", path.display());
+            outs.stage("-o", &bytes)?;
         }
-        Ok(())
+        outs.commit()?;
+        console::print(&text)
     }
 
     fn grid(&self) -> Result<SweepGrid> {
+        super::checks::at_least("--stages", self.stages as usize, 1, "pipeline devices")?;
+        // The costs are the same for every combination: a bad file is refused once, here.
+        self.costs.model(self.stages, self.stages)?;
         let schedules = self
             .schedules
             .split(',')
@@ -301,13 +358,48 @@ impl SweepCmd {
         }
         let vs = parse_counts(&self.virtual_stages).context("--virtual")?;
         let ms = parse_counts(&self.microbatches).context("--microbatches")?;
-        Ok(SweepGrid {
+        if let Some(zero) = [("--virtual", &vs), ("--microbatches", &ms)]
+            .into_iter()
+            .find(|(_, counts)| counts.contains(&0))
+        {
+            bail!(
+                "{} `{}`: counts must be at least 1",
+                zero.0,
+                match zero.0 {
+                    "--virtual" => &self.virtual_stages,
+                    _ => &self.microbatches,
+                }
+            );
+        }
+        let grid = SweepGrid {
             schedules,
             devices: self.stages,
             virtual_stages: vs,
             microbatches: ms,
             memory_cap: self.cap_bytes()?,
-        })
+        };
+        self.bounded(&grid)?;
+        Ok(grid)
+    }
+
+    /// Refuse a grid whose largest simulation this machine cannot hold, or whose
+    /// simulations together would run for longer than a sweep should.
+    fn bounded(&self, grid: &SweepGrid) -> Result<()> {
+        let steps = u64::from(pipewright::schedule::sweep::SWEEP_STEPS);
+        let spm = |&(_, v, m): &(ScheduleKind, u32, u32)| {
+            u64::from(self.stages) * u64::from(v) * u64::from(m)
+        };
+        let shapes = grid.shapes();
+        let largest = shapes.iter().map(spm).max().unwrap_or(0);
+        super::budget::timetable("the sweep's largest combination", largest, steps)?;
+        let total = shapes.iter().map(spm).fold(0u64, u64::saturating_add);
+        if total.saturating_mul(steps) > SWEEP_WORK {
+            bail!(
+                "the sweep simulates {} combinations of {total} stage-microbatches in all ({steps} steps each), more than the {SWEEP_WORK} a sweep takes (minutes here): narrow --microbatches, --virtual or --schedules",
+                shapes.len()
+            );
+        }
+        Ok(())
     }
 
     /// The cap in bytes: read by the one cap parser `search` uses; microbatch units are

@@ -10,9 +10,11 @@ use pipewright::schedule::{
 };
 
 use super::args::{CostArgs, SourceArgs, SpecArgs};
-use super::checks::{check_outputs, extension, Kind, Output};
-use super::io::{load_timetable, write_atomic};
+use super::checks::{extension, Kind, Output};
+use super::console;
+use super::io::load_timetable;
 use super::memory::{memory_table, MemoryArgs};
+use super::outputs::Outputs;
 use super::timetable_out::CommsArg;
 use pipewright::schedule::memory::MemoryBreakdown;
 
@@ -41,8 +43,8 @@ pub enum ReportFormat {
 pub struct ScheduleCmd {
     #[command(flatten)]
     spec: SpecArgs,
-    /// Output form (default: grid, or with -o the form its extension names: .csv, .json,
-    /// .txt for the grid).
+    /// Output form (default: grid, or with -o the form its extension names: .csv or .json;
+    /// the grid is for people and goes to standard output only).
     #[arg(long, value_enum)]
     format: Option<TimetableFormat>,
     /// Add pipewright's sends and receives between devices (SEND_F, RECV_F, SEND_B, RECV_B)
@@ -62,8 +64,9 @@ pub struct ScheduleCmd {
 
 impl ScheduleCmd {
     pub fn run(&self) -> Result<()> {
-        let format = self.format()?;
+        let (format, mut outs) = self.format()?;
         let spec = self.spec.spec()?;
+        self.spec.fits(1)?;
         let mut tt = pipewright::schedule::generate(&spec);
         if !self.recompute.is_none() {
             self.recompute
@@ -80,25 +83,35 @@ impl ScheduleCmd {
             TimetableFormat::Csv => self.comms.csv(&tt)?,
             TimetableFormat::Json => serde_json::to_string_pretty(&tt)? + "\n",
         };
-        emit(self.output.as_ref(), &text)
+        if outs.has("-o") {
+            outs.stage("-o", text.as_bytes())?;
+            return outs.commit();
+        }
+        console::print(&text)
     }
 }
 
 impl ScheduleCmd {
     /// The output form: --format, else -o's extension; a file's extension must name the
     /// form written into it, so that what is written can be read back.
-    fn format(&self) -> Result<TimetableFormat> {
+    fn format(&self) -> Result<(TimetableFormat, Outputs)> {
         let Some(path) = &self.output else {
             let format = self.format.unwrap_or(TimetableFormat::Grid);
             self.check_forms(format)?;
-            return Ok(format);
+            let outs = Outputs::plan([], [])?;
+            return Ok((format, outs));
         };
         let by_ext = match extension(path).as_deref() {
             Some("csv") => Some(TimetableFormat::Csv),
             Some("json") => Some(TimetableFormat::Json),
-            Some("txt") => Some(TimetableFormat::Grid),
             _ => None,
         };
+        if self.format == Some(TimetableFormat::Grid) || extension(path).as_deref() == Some("txt") {
+            bail!(
+                "-o {}: the grid is for people and nothing reads it back; write a timetable as .csv (PyTorch's form) or .json, or print the grid (--format grid) to standard output",
+                path.display()
+            );
+        }
         let format = match (self.format, by_ext) {
             (Some(f), Some(e)) if f != e => bail!(
                 "-o {} holds {:?} but --format {:?} was asked for: use a .{} file name or leave --format out",
@@ -106,24 +119,19 @@ impl ScheduleCmd {
                 e,
                 f,
                 match f {
-                    TimetableFormat::Csv => "csv",
                     TimetableFormat::Json => "json",
-                    TimetableFormat::Grid => "txt",
+                    _ => "csv",
                 }
             ),
             (_, Some(e)) => e,
             (Some(_), None) | (None, None) => bail!(
-                "-o {}: use a .csv (PyTorch's form), .json or .txt (the grid) file name",
+                "-o {}: use a .csv (PyTorch's form) or .json file name",
                 path.display()
             ),
         };
         self.check_forms(format)?;
-        let kind = match format {
-            TimetableFormat::Grid => Kind::Text,
-            _ => Kind::Timetable,
-        };
-        check_outputs([Output::new("-o", Some(path), kind)])?;
-        Ok(format)
+        let outs = Outputs::plan([], [Output::new("-o", Some(path), Kind::Timetable)])?;
+        Ok((format, outs))
     }
 }
 
@@ -162,13 +170,41 @@ pub struct ValidateCmd {
 
 impl ValidateCmd {
     pub fn run(&self) -> Result<()> {
+        let verdict = self.verdict();
+        let text = match (&verdict, self.format) {
+            (Ok(v), ReportFormat::Json) => v.to_string(),
+            (Ok(v), ReportFormat::Table) => format!(
+                "{}: valid: {} devices, {} stages, {} microbatches, {} compute actions{}",
+                self.file.display(),
+                v["devices"],
+                v["stages"],
+                v["microbatches"],
+                v["compute_actions"],
+                if v["lowered"] == true {
+                    ", lowered"
+                } else {
+                    ""
+                }
+            ),
+            // A program reading the verdict gets one on failure too; the error line follows.
+            (Err(e), ReportFormat::Json) => serde_json::json!({"valid": false,
+                "file": self.file.display().to_string(), "error": console::one_line(e)})
+            .to_string(),
+            (Err(_), ReportFormat::Table) => return verdict.map(drop),
+        };
+        console::println(&text)?;
+        verdict.map(drop)
+    }
+
+    /// The verdict as JSON: the timetable's shape when it is valid.
+    fn verdict(&self) -> Result<serde_json::Value> {
         let tt = match load_timetable(&self.file) {
             Ok(tt) => tt,
             Err(e) => {
                 if let (true, Some(bad)) =
                     (self.grid, e.downcast_ref::<super::io::InvalidTimetable>())
                 {
-                    eprint!("{}", bad.grid);
+                    console::note(bad.grid.trim_end());
                 }
                 return Err(e);
             }
@@ -181,20 +217,10 @@ impl ValidateCmd {
         let v = validate_with(&tt, semantics)
             .map_err(|e| anyhow::anyhow!("{}: {e}", self.file.display()))?;
         let (p, s, m) = (tt.num_devices(), tt.num_stages(), tt.microbatches);
-        match self.format {
-            ReportFormat::Json => println!(
-                "{}",
-                serde_json::json!({"valid": true, "devices": p, "stages": s, "microbatches": m,
-                    "compute_actions": v.compute_actions, "lowered": v.lowered})
-            ),
-            ReportFormat::Table => println!(
-                "{}: valid: {p} devices, {s} stages, {m} microbatches, {} compute actions{}",
-                self.file.display(),
-                v.compute_actions,
-                if v.lowered { ", lowered" } else { "" }
-            ),
-        }
-        Ok(())
+        Ok(
+            serde_json::json!({"valid": true, "devices": p, "stages": s, "microbatches": m,
+            "compute_actions": v.compute_actions, "lowered": v.lowered}),
+        )
     }
 }
 
@@ -220,59 +246,77 @@ pub struct SimulateCmd {
     /// --timeline and --trace then hold all K steps.
     #[arg(long, default_value_t = 1, value_name = "K")]
     steps: u32,
+    /// With --format json, add each device's stashed activations over time (`memory`: a
+    /// sample at every change, as large as the timeline); without it the JSON is the summary.
+    #[arg(long)]
+    memory_series: bool,
     #[command(flatten)]
     memory: MemoryArgs,
 }
 
 impl SimulateCmd {
     pub fn run(&self) -> Result<()> {
-        check_outputs([
-            Output::new("--timeline", self.timeline.as_ref(), Kind::Json),
-            Output::new("--trace", self.trace.as_ref(), Kind::Json),
-        ])?;
+        let mut outs = Outputs::plan(
+            self.source.inputs().chain(self.costs.inputs()),
+            [
+                Output::new("--timeline", self.timeline.as_ref(), Kind::Json),
+                Output::new("--trace", self.trace.as_ref(), Kind::Json),
+            ],
+        )?;
         super::steady::check_steps(self.steps)?;
+        if self.memory_series && self.format != ReportFormat::Json {
+            bail!("--memory-series adds to the JSON report: give --format json too");
+        }
+        if self.memory_series && self.steps > 1 {
+            bail!(
+                "--memory-series is a single step's series: leave it out with --steps {}",
+                self.steps
+            );
+        }
         let memory = self.predicted()?;
-        if self.steps > 1 {
+        let text = if self.steps > 1 {
             let spinner =
                 super::progress::working(format!("simulate: {} unfenced steps", self.steps));
-            let r = self.run_steady(memory.as_deref());
+            let r = self.run_steady(memory.as_deref(), &mut outs);
             spinner.finish_and_clear();
-            return r;
-        }
-        let sim = self.simulation()?;
-        self.write_timeline(&sim.timeline)?;
-        match self.format {
-            ReportFormat::Json => {
-                let report = with_memory(serde_json::to_value(&sim.report)?, memory.as_deref())?;
-                println!("{}", serde_json::to_string_pretty(&report)?)
+            r?
+        } else {
+            let sim = self.simulation()?;
+            self.write_timeline(&sim.timeline, &mut outs)?;
+            match self.format {
+                ReportFormat::Json => {
+                    let mut report = serde_json::to_value(&sim.report)?;
+                    if !self.memory_series {
+                        drop_memory_series(&mut report);
+                    }
+                    let report = with_memory(report, memory.as_deref())?;
+                    serde_json::to_string_pretty(&report)? + "\n"
+                }
+                ReportFormat::Table => {
+                    table(&title(&self.source, &sim), &sim.report)
+                        + &memory.as_deref().map(memory_table).unwrap_or_default()
+                }
             }
-            ReportFormat::Table => {
-                print!("{}", table(&title(&self.source, &sim), &sim.report));
-                print!(
-                    "{}",
-                    memory.as_deref().map(memory_table).unwrap_or_default()
-                );
-            }
-        }
-        Ok(())
+        };
+        outs.commit()?;
+        console::print(&text)
     }
 
     /// `--steps K` with K > 1: the steady-state report.
-    fn run_steady(&self, memory: Option<&[MemoryBreakdown]>) -> Result<()> {
+    fn run_steady(&self, memory: Option<&[MemoryBreakdown]>, outs: &mut Outputs) -> Result<String> {
         use super::steady::{steady_json, steady_simulation, steady_table};
         let s = steady_simulation(&self.source, &self.costs, self.steps)?;
-        self.write_timeline(&s.timeline)?;
-        match self.format {
+        self.write_timeline(&s.timeline, outs)?;
+        Ok(match self.format {
             ReportFormat::Json => {
                 let report = with_memory(steady_json(&s), memory)?;
-                println!("{}", serde_json::to_string_pretty(&report)?)
+                serde_json::to_string_pretty(&report)? + "\n"
             }
             ReportFormat::Table => {
-                print!("{}", steady_table(&title(&self.source, &s.single), &s));
-                print!("{}", memory.map(memory_table).unwrap_or_default());
+                steady_table(&title(&self.source, &s.single), &s)
+                    + &memory.map(memory_table).unwrap_or_default()
             }
-        }
-        Ok(())
+        })
     }
 
     /// Each device's predicted memory, when the model's shape is given.
@@ -284,15 +328,17 @@ impl SimulateCmd {
         self.memory.predict(&tt, &self.source.recompute)
     }
 
-    fn write_timeline(&self, timeline: &pipewright::schedule::Timeline) -> Result<()> {
-        if let Some(path) = &self.timeline {
-            write_atomic(path, serde_json::to_string(timeline)?.as_bytes())?;
+    fn write_timeline(
+        &self,
+        timeline: &pipewright::schedule::Timeline,
+        outs: &mut Outputs,
+    ) -> Result<()> {
+        if outs.has("--timeline") {
+            outs.stage("--timeline", serde_json::to_string(timeline)?.as_bytes())?;
         }
-        if let Some(path) = &self.trace {
-            write_atomic(
-                path,
-                serde_json::to_string(&chrome_trace(timeline))?.as_bytes(),
-            )?;
+        if outs.has("--trace") {
+            let trace = serde_json::to_string(&chrome_trace(timeline))?;
+            outs.stage("--trace", trace.as_bytes())?;
         }
         Ok(())
     }
@@ -300,6 +346,15 @@ impl SimulateCmd {
     /// Generate or load, then simulate.
     pub fn simulation(&self) -> Result<Simulation> {
         simulation(&self.source, &self.costs)
+    }
+}
+
+/// The summary: each device's figures without its sample of every change in memory.
+fn drop_memory_series(report: &mut serde_json::Value) {
+    if let Some(devices) = report["devices"].as_array_mut() {
+        for d in devices.iter_mut().filter_map(|d| d.as_object_mut()) {
+            d.remove("memory");
+        }
     }
 }
 
@@ -373,15 +428,5 @@ fn percent(x: f64) -> String {
         format!("{:.2}%", 100.0 * x)
     } else {
         "undefined (the step takes no time)".into()
-    }
-}
-
-fn emit(output: Option<&PathBuf>, text: &str) -> Result<()> {
-    match output {
-        Some(path) => write_atomic(path, text.as_bytes()),
-        None => {
-            print!("{text}");
-            Ok(())
-        }
     }
 }

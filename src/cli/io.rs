@@ -1,45 +1,11 @@
-//! Reading timetables and writing files without ever leaving a half-written one.
+//! Reading files: timetables, timelines, cost files, each named for what it is.
 
-use std::io::Write;
 use std::path::Path;
 
 use anyhow::{anyhow, bail, Context, Result};
+
+use super::memory::human;
 use pipewright::schedule::{from_csv, validate, CostModel, Timeline, Timetable};
-
-/// Write `bytes` to `path` atomically: a temporary file beside it, then a rename.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
-    let mut tmp = tempfile::NamedTempFile::new_in(dir)
-        .with_context(|| format!("cannot write in {}", dir.display()))?;
-    tmp.write_all(bytes)
-        .and_then(|()| keep_permissions(tmp.as_file(), path))
-        .and_then(|()| tmp.as_file().sync_all())
-        .with_context(|| format!("cannot write {}", path.display()))?;
-    tmp.persist(path)
-        .map_err(|e| anyhow!("cannot write {}: {}", path.display(), e.error))?;
-    Ok(())
-}
-
-/// A replaced file keeps its mode; a new one gets the usual 0644 rather than the
-/// temporary file's private 0600.
-fn keep_permissions(tmp: &std::fs::File, path: &Path) -> std::io::Result<()> {
-    let perms = match std::fs::metadata(path) {
-        Ok(meta) => meta.permissions(),
-        Err(_) => {
-            #[cfg(unix)]
-            {
-                use std::os::unix::fs::PermissionsExt;
-                std::fs::Permissions::from_mode(0o644)
-            }
-            #[cfg(not(unix))]
-            return Ok(());
-        }
-    };
-    tmp.set_permissions(perms)
-}
 
 /// What a file is, judged from its content, so that a file given where another kind is
 /// wanted is named for what it is ("this is a cost file, not a timetable").
@@ -69,9 +35,10 @@ impl FileKind {
         }
     }
 
-    /// Judge JSON text by its top-level keys.
+    /// Judge JSON text by its top-level keys (the values are skipped, not built).
     pub fn of(text: &str) -> FileKind {
-        let Ok(serde_json::Value::Object(map)) = serde_json::from_str(text) else {
+        type Keys = std::collections::HashMap<String, serde::de::IgnoredAny>;
+        let Ok(map) = serde_json::from_str::<Keys>(text) else {
             return if text.trim_start().starts_with(['{', '[']) {
                 FileKind::OtherJson
             } else {
@@ -94,11 +61,45 @@ impl FileKind {
     }
 }
 
+/// Largest file pipewright reads: far beyond any timetable, timeline, cost, cluster or
+/// profile file it writes (a timeline of a million events is about 120 MB).
+pub const MAX_INPUT: u64 = 1 << 30;
+
 /// A text file's content without a UTF-8 byte-order mark; one line naming the file when it
-/// cannot be read or is not text.
+/// cannot be read, is not text, is not a file (a folder, a device such as /dev/zero), or is
+/// larger than [`MAX_INPUT`] (a pipe is read up to that much, then refused).
 pub fn read_text(path: &Path) -> Result<String> {
+    use std::io::Read;
     let name = path.display();
-    let bytes = std::fs::read(path).with_context(|| format!("cannot read {name}"))?;
+    let meta = std::fs::metadata(path).with_context(|| format!("cannot read {name}"))?;
+    let kind = meta.file_type();
+    if kind.is_dir() {
+        bail!("{name} is a folder, not a file");
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        if kind.is_char_device() || kind.is_block_device() || kind.is_socket() {
+            bail!("{name} is a device, not a file");
+        }
+    }
+    let limit = human(MAX_INPUT);
+    if meta.is_file() && meta.len() > MAX_INPUT {
+        bail!(
+            "{name} is {}, more than the {limit} pipewright reads",
+            human(meta.len())
+        );
+    }
+    let file = std::fs::File::open(path).with_context(|| format!("cannot read {name}"))?;
+    let mut bytes = Vec::new();
+    file.take(MAX_INPUT + 1)
+        .read_to_end(&mut bytes)
+        .with_context(|| format!("cannot read {name}"))?;
+    if bytes.len() as u64 > MAX_INPUT {
+        bail!("{name} goes on past the {limit} pipewright reads");
+    }
+    // The text, and what is parsed from it, held at once.
+    super::budget::fits(&format!("reading {name}"), bytes.len() as u64 * 8)?;
     let text = String::from_utf8(bytes).map_err(|e| {
         anyhow!(
             "{name} is not a text file (not UTF-8 at byte {})",
@@ -141,25 +142,8 @@ pub fn load_timeline(path: &Path) -> Result<Timeline> {
     expect_kind(path, &text, FileKind::Timeline)?;
     let tl: Timeline = serde_json::from_str(&text)
         .with_context(|| format!("{} is not a timeline JSON", path.display()))?;
-    // Per-device figures allocate by `meta.devices`: a corrupt count must not exhaust memory.
-    const MAX_DEVICES: u32 = 1 << 16;
-    let meta = &tl.meta;
-    if meta.devices == 0 || meta.devices > MAX_DEVICES || meta.stages > MAX_DEVICES * 64 {
-        bail!(
-            "{}: meta says {} devices and {} stages; expected 1 to {MAX_DEVICES} devices",
-            path.display(),
-            meta.devices,
-            meta.stages
-        );
-    }
-    if let Some(e) = tl.events.iter().find(|e| e.device >= meta.devices) {
-        bail!(
-            "{}: an event runs on device {}, but meta says {} devices",
-            path.display(),
-            e.device,
-            meta.devices
-        );
-    }
+    // Checked as strictly as a timetable before anything is drawn or measured from it.
+    tl.check().map_err(|e| anyhow!("{}: {e}", path.display()))?;
     Ok(tl)
 }
 
@@ -168,7 +152,14 @@ pub fn load_timeline(path: &Path) -> Result<Timeline> {
 pub fn load_timetable(path: &Path) -> Result<Timetable> {
     let name = path.display();
     let text = read_text(path)?;
-    let (tt, source) = if text.trim_start().starts_with(['{', '[']) {
+    // The name decides the reader where it can, so a .json file's error is JSON's; other
+    // names are judged by their first character.
+    let json = match super::checks::extension(path).as_deref() {
+        Some("json") => true,
+        Some("csv") => false,
+        _ => text.trim_start().starts_with(['{', '[']),
+    };
+    let (tt, source) = if json {
         expect_kind(path, &text, FileKind::Timetable)?;
         let tt: Timetable = serde_json::from_str(&text).map_err(|e| anyhow!("{name}: {e}"))?;
         (tt, None)
@@ -176,6 +167,10 @@ pub fn load_timetable(path: &Path) -> Result<Timetable> {
         let (tt, source) = from_csv(&text).map_err(|e| anyhow!("{name}: {e}"))?;
         (tt, Some(source))
     };
+    // Validating and simulating cost memory per action; its numbers are checked before any
+    // table is built by them (the validator's `check_sparse`).
+    let spm = (tt.compute_len() / 2) as u64;
+    super::budget::timetable(&name.to_string(), spm, 1)?;
     let Err(e) = validate(&tt) else { return Ok(tt) };
     // Point at the cell in a CSV; a JSON timetable has no lines per action.
     let at = source.and_then(|src| src.locate(&e));

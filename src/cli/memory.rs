@@ -172,14 +172,18 @@ impl MemoryArgs {
             return Ok(None);
         };
         cfg.check().map_err(|e| anyhow!("{e}"))?;
+        super::budget::representable(&cfg, tt.microbatches)?;
         Ok(Some(predict(&cfg, tt).map_err(|e| anyhow!("{e}"))?))
     }
 }
 
-/// Bytes for people: GiB, MiB or KiB with two decimals, or bytes.
+/// Bytes for people: EiB down to KiB with two decimals, or bytes.
 pub fn human(bytes: u64) -> String {
     let b = bytes as f64;
     match bytes {
+        n if n >= 1 << 60 => format!("{:.2} EiB", b / (1u64 << 60) as f64),
+        n if n >= 1 << 50 => format!("{:.2} PiB", b / (1u64 << 50) as f64),
+        n if n >= 1 << 40 => format!("{:.2} TiB", b / (1u64 << 40) as f64),
         n if n >= 1 << 30 => format!("{:.2} GiB", b / f64::from(1u32 << 30)),
         n if n >= 1 << 20 => format!("{:.2} MiB", b / f64::from(1u32 << 20)),
         n if n >= 1 << 10 => format!("{:.2} KiB", b / 1024.0),

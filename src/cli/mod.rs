@@ -1,15 +1,18 @@
 //! The `pipewright` command line.
 
 pub mod args;
+pub mod budget;
 pub mod calibrate;
 #[cfg(feature = "cuda")]
 mod calibrate_cuda;
 pub mod charts;
 pub mod checks;
 pub mod commands;
+pub mod console;
 pub mod io;
 pub mod measured;
 pub mod memory;
+pub mod outputs;
 pub mod plan;
 pub mod plan_searched;
 pub mod progress;

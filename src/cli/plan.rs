@@ -24,9 +24,11 @@ use pipewright::viz::{
 };
 
 use super::args::Device;
-use super::checks::{check_outputs, Kind, Output};
+use super::checks::{Kind, Output};
 use super::commands::ReportFormat;
-use super::io::{read_text, write_atomic};
+use super::console;
+use super::io::read_text;
+use super::outputs::{Input, Outputs};
 use super::plan_searched;
 use super::shape::{describe, hf_notes, kind_flags, parse_attention, read_hf_config, ShapeArgs};
 use super::timetable_out::CommsArg;
@@ -203,23 +205,35 @@ fn parse_policy(s: &str) -> std::result::Result<Recompute, String> {
 
 impl PlanCmd {
     pub fn run(&self) -> Result<()> {
+        let cluster_file = Input::maybe_file("--cluster", &self.cluster);
         if let Some(path) = &self.calibrate {
-            return super::calibrate::run(path, self.device, &cluster(&self.cluster)?);
+            let outs = Outputs::plan(
+                [cluster_file],
+                [Output::new("--calibrate", Some(path), Kind::Json)],
+            )?;
+            return super::calibrate::run(outs, self.device, &cluster(&self.cluster)?);
         }
+        let mut outs = Outputs::plan(
+            [
+                cluster_file,
+                Input::new("--profile", self.profile.as_ref()),
+                Input::new("--hf-config", self.hf_config.as_ref()),
+            ],
+            [
+                Output::new("--chart", self.chart.as_ref(), Kind::Image),
+                Output::new(
+                    "--timetable-out",
+                    self.timetable_out.as_ref(),
+                    Kind::Timetable,
+                ),
+            ],
+        )?;
         let (req, notes) = self.request()?;
         self.comms.check(
             self.timetable_out
                 .as_deref()
                 .map(|p| ("--timetable-out", p)),
         )?;
-        check_outputs([
-            Output::new("--chart", self.chart.as_ref(), Kind::Image),
-            Output::new(
-                "--timetable-out",
-                self.timetable_out.as_ref(),
-                Kind::Timetable,
-            ),
-        ])?;
         let started = Instant::now();
         let bar = bar();
         let mut show = |p: &Progress| {
@@ -246,27 +260,27 @@ impl PlanCmd {
             ReportFormat::Json => json(&req, &plan, seconds, self.timetable_out.as_ref())?,
             ReportFormat::Table => self.table(&req, &plan, seconds),
         };
-        print!("{text}");
-        for note in notes {
-            eprintln!("{note}");
-        }
         if let (Some(path), Some(best)) = (&self.chart, plan.rows.first()) {
-            chart(&req, best, path)?;
+            outs.stage("--chart", &chart(&req, best, path)?)?;
         }
         if let Some((path, text)) = tt_text {
-            if let Some(text) = text {
-                write_atomic(path, text.as_bytes())?;
-                eprintln!("wrote {}", path.display());
-            } else {
-                eprintln!(
+            match text {
+                Some(text) => outs.stage("--timetable-out", text.as_bytes())?,
+                None => console::note(&format!(
                     "--timetable-out {}: not written, the best is a generator family (--schedule names it)",
                     path.display()
-                );
+                )),
             }
         }
+        outs.commit()?;
+        console::print(&text)?;
+        for note in notes {
+            console::note(&note);
+        }
         if let Some(k) = self.validate {
-            let runs = super::validate_plan::spread(&plan.simulated, k);
-            print!("{}", super::validate_plan::validate(&req, &runs)?);
+            let fit = super::validate_plan::fitting(&req, &plan.simulated)?;
+            let runs = super::validate_plan::spread(&fit, k);
+            console::print(&super::validate_plan::validate(&req, &runs)?)?;
         }
         Ok(())
     }
@@ -297,9 +311,11 @@ impl PlanCmd {
         };
         req.allow_cross_node_tp = self.allow_cross_node_tp;
         req.top = self.top;
-        req.max_virtual = self.max_virtual;
         req.max_microbatch_size = self.max_microbatch_size;
-        req.max_simulated = self.max_simulated.max(1);
+        self.check_fixed()?;
+        // A fixed v is honoured even above the largest v the search would try by itself.
+        req.max_virtual = self.max_virtual.max(self.v.unwrap_or(0));
+        req.max_simulated = self.max_simulated;
         req.max_searched = self.max_searched;
         if let Some(k) = self.validate {
             if k < 2 {
@@ -309,6 +325,33 @@ impl PlanCmd {
             req.top = req.top.max(4 * k);
         }
         Ok((req, notes))
+    }
+
+    /// Fixed dimensions that contradict each other, and counts of 0, refused by name before
+    /// the search (a fixed dimension is honoured, or the request is refused).
+    fn check_fixed(&self) -> Result<()> {
+        if self.max_simulated == 0 {
+            bail!("--max-simulated 0: at least 1 configuration must be simulated to rank any");
+        }
+        if self.v == Some(0) || self.pp == Some(0) || self.tp == Some(0) {
+            bail!("--tp, --pp and --v must be at least 1");
+        }
+        let Some(kind) = self.schedule else {
+            return Ok(());
+        };
+        match (kind.fixed_virtual(), self.v) {
+            (Some(fv), Some(v)) if v != fv => bail!(
+                "--v {v} contradicts --schedule {kind}, which places exactly {fv} stages on each device"
+            ),
+            (None, Some(v)) if v > 1 && !kind.supports_virtual() => bail!(
+                "--v {v} contradicts --schedule {kind}, which places one stage on each device (interleaved-1f1b and looped-bfs take v > 1)"
+            ),
+            _ => {}
+        }
+        if self.pp == Some(1) && kind != ScheduleKind::OneFOneB {
+            bail!("--schedule {kind} with --pp 1: one device runs every schedule as the same sequence of forwards and backwards; leave --schedule out, or give --pp 2 or more");
+        }
+        Ok(())
     }
 
     /// The GPUs and the batch, each at least 1, and the other counts checked likewise.
@@ -490,8 +533,8 @@ fn memory_table(best: &PlanRow) -> String {
 }
 
 /// The best's one step, every microbatch, as a bubble chart, with its predicted peak memory
-/// per pipeline device by category under it.
-fn chart(req: &PlanRequest, best: &PlanRow, path: &Path) -> Result<()> {
+/// per pipeline device by category under it: the image's bytes.
+fn chart(req: &PlanRequest, best: &PlanRow, path: &Path) -> Result<Vec<u8>> {
     let fmt = ImageFormat::from_path(path)?;
     let (costs, _) = cost_model(req, &best.config);
     let mut sim = match plan_searched::one_step(best, &costs) {
@@ -506,12 +549,7 @@ fn chart(req: &PlanRequest, best: &PlanRow, path: &Path) -> Result<()> {
         devices: &best.memory,
     };
     let opts = ChartOptions::default();
-    write_atomic(
-        path,
-        &bubble_chart_with_memory(&[panel], &[bars], &opts, fmt)?,
-    )?;
-    eprintln!("wrote {}", path.display());
-    Ok(())
+    Ok(bubble_chart_with_memory(&[panel], &[bars], &opts, fmt)?)
 }
 
 fn bar() -> ProgressBar {

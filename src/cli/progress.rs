@@ -98,7 +98,7 @@ pub fn oversubscription_json(threads: usize) -> Value {
 /// Says on stderr that the run is oversubscribed, once.
 pub fn warn_oversubscribed(threads: usize) {
     if let Some(note) = oversubscribed(threads) {
-        eprintln!("{note}");
+        super::console::note(&note);
     }
 }
 

@@ -15,10 +15,11 @@ use pipewright::viz::{
 };
 
 use super::args::CostArgs;
-use super::checks::{check_outputs, in_range, Kind, Output};
+use super::checks::{in_range, Kind, Output};
 use super::commands::ReportFormat;
-use super::io::write_atomic;
+use super::console;
 use super::memory::{memory_table, MemoryArgs};
+use super::outputs::Outputs;
 use super::timetable_out::CommsArg;
 use pipewright::schedule::RecomputePlan;
 
@@ -92,15 +93,18 @@ pub struct SearchCmd {
 
 impl SearchCmd {
     pub fn run(&self) -> Result<()> {
-        check_outputs([
-            Output::new("-o", self.output.as_ref(), Kind::Image),
-            Output::new("--chart", self.chart.as_ref(), Kind::Image),
-            Output::new(
-                "--timetable-out",
-                self.timetable_out.as_ref(),
-                Kind::Timetable,
-            ),
-        ])?;
+        let mut outs = Outputs::plan(
+            self.costs.inputs(),
+            [
+                Output::new("-o", self.output.as_ref(), Kind::Image),
+                Output::new("--chart", self.chart.as_ref(), Kind::Image),
+                Output::new(
+                    "--timetable-out",
+                    self.timetable_out.as_ref(),
+                    Kind::Timetable,
+                ),
+            ],
+        )?;
         in_range(
             "--time-budget",
             self.time_budget,
@@ -125,6 +129,26 @@ impl SearchCmd {
                 .as_deref()
                 .map(|p| ("--timetable-out", p)),
         )?;
+        super::checks::at_least(
+            "--max-virtual",
+            self.max_virtual as usize,
+            1,
+            "chunks per device",
+        )?;
+        super::checks::at_least("--top", self.top, 1, "candidates listed")?;
+        // A candidate's timetable at the largest v, simulated over a few steps, and the best
+        // one kept beside it.
+        let spm = u64::from(self.stages) * u64::from(self.microbatches);
+        super::budget::timetable(
+            &format!(
+                "search p={} m={} up to v={}",
+                self.stages,
+                self.microbatches,
+                self.max_virtual.max(2)
+            ),
+            spm * u64::from(self.max_virtual.max(2)),
+            2,
+        )?;
         let costs = self.costs.model(self.stages, self.stages)?;
         let mut spec = SearchSpec::new(self.stages, self.microbatches, costs, cap);
         spec.max_virtual = self.max_virtual;
@@ -137,6 +161,7 @@ impl SearchCmd {
             .config(self.stages, 1, &RecomputePlan::default())?;
         if let Some(mem) = &spec.memory {
             mem.check().map_err(|e| anyhow::anyhow!("{e}"))?;
+            super::budget::representable(mem, self.microbatches)?;
         }
         if let Some(list) = &self.schedules {
             spec.families = list
@@ -155,44 +180,41 @@ impl SearchCmd {
             Some(path) => {
                 let mut tt = found.timetable.clone();
                 tt.name = format!("search: {}", found.candidates[found.best].label);
-                Some((path, self.comms.text(&tt, path)?))
+                Some(self.comms.text(&tt, path)?)
             }
             None => None,
         };
-        match self.format {
-            ReportFormat::Json => println!("{}", json_report(&found, secs)),
+        let report = match self.format {
+            ReportFormat::Json => json_report(&found, secs).to_string() + "\n",
             ReportFormat::Table => {
-                print!("{}", self.table(&found, secs));
                 let plan = RecomputePlan::default();
-                if let Some(m) = self.memory.predict(&found.timetable, &plan)? {
-                    print!("best timetable's {}", memory_table(&m));
-                }
+                let memory = self.memory.predict(&found.timetable, &plan)?;
+                self.table(&found, secs)
+                    + &memory.map_or(String::new(), |m| {
+                        format!("best timetable's {}", memory_table(&m))
+                    })
             }
-        }
-        if let (Some(path), Some(fmt)) = (&self.output, plot_fmt) {
+        };
+        if let Some(fmt) = plot_fmt {
             let bytes = pareto_plot(
                 &ParetoPoint::of_search(&found),
                 Some(found.cap_microbatches),
                 &ChartOptions::default(),
                 fmt,
             )?;
-            write_atomic(path, &bytes)?;
-            eprintln!("wrote {}", path.display());
+            outs.stage("-o", &bytes)?;
         }
-        if let (Some(path), Some(fmt)) = (&self.chart, chart_fmt) {
+        if let Some(fmt) = chart_fmt {
             let label = &found.candidates[found.best].label;
             let panel = ChartPanel::new(&found.simulation.timeline).with_label(label.clone());
-            write_atomic(
-                path,
-                &bubble_chart(&[panel], &ChartOptions::default(), fmt)?,
-            )?;
-            eprintln!("wrote {}", path.display());
+            let bytes = bubble_chart(&[panel], &ChartOptions::default(), fmt)?;
+            outs.stage("--chart", &bytes)?;
         }
-        if let Some((path, text)) = tt_text {
-            write_atomic(path, text.as_bytes())?;
-            eprintln!("wrote {}", path.display());
+        if let Some(text) = tt_text {
+            outs.stage("--timetable-out", text.as_bytes())?;
         }
-        Ok(())
+        outs.commit()?;
+        console::print(&report)
     }
 
     fn table(&self, found: &SearchOutcome, secs: f64) -> String {
@@ -334,20 +356,20 @@ fn json_report(found: &SearchOutcome, secs: f64) -> serde_json::Value {
     })
 }
 
-/// Write the per-stage costs measured over `steps` (the first is left out as warm-up when
-/// there are more) as a cost file for `simulate --cost-file` and `search --cost-file`.
-pub fn write_measured_costs(path: &std::path::Path, steps: &[Timeline]) -> Result<()> {
+/// Stage the per-stage costs measured over `steps` (the first is left out as warm-up when
+/// there are more) as `--costs-out`, a cost file for `simulate --cost-file` and `search
+/// --cost-file`.
+pub fn stage_measured_costs(outs: &mut Outputs, steps: &[Timeline]) -> Result<()> {
+    let Some(path) = outs.path("--costs-out").map(|p| p.display().to_string()) else {
+        return Ok(());
+    };
     let used: Vec<&Timeline> = steps.iter().skip(usize::from(steps.len() > 1)).collect();
     let raw = measured_costs(&used)?;
-    write_atomic(
-        path,
-        (serde_json::to_string_pretty(&raw)? + "\n").as_bytes(),
-    )?;
-    eprintln!(
-        "wrote {} (per-stage costs in {}, median of {} steps)",
-        path.display(),
+    let note = format!(
+        "wrote {path} (per-stage costs in {}, median of {} steps)",
         raw.time_unit.as_deref().unwrap_or("?"),
         used.len()
     );
-    Ok(())
+    let text = serde_json::to_string_pretty(&raw)? + "\n";
+    outs.stage_noted("--costs-out", text.as_bytes(), Some(note))
 }

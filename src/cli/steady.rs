@@ -25,8 +25,19 @@ pub fn check_steps(steps: u32) -> Result<()> {
 /// Simulate `steps` (at least 2) unfenced steps of the timetable the flags name.
 pub fn steady_simulation(source: &SourceArgs, costs: &CostArgs, steps: u32) -> Result<SteadyState> {
     let (tt, _) = source.timetable()?;
+    fits_steps(&tt, steps)?;
     let model = costs.model(tt.num_stages(), tt.num_devices())?;
     Ok(simulate_steps(&tt, &model, steps)?)
+}
+
+/// Refuse `steps` unfenced steps of `tt` that this machine could not hold.
+pub fn fits_steps(tt: &Timetable, steps: u32) -> Result<()> {
+    let spm = u64::from(tt.num_stages()) * u64::from(tt.microbatches);
+    super::budget::timetable(
+        &format!("{} steps of {}", steps, tt.name),
+        spm,
+        u64::from(steps),
+    )
 }
 
 /// The JSON of `simulate --steps K`: the single step and the steady state side by side,

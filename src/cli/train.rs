@@ -22,16 +22,18 @@ use super::args::{
     mpi_universe, nccl_universe, parse_device, CostArgs, Device, MpiUniverse, PrecisionArg,
     SourceArgs, Transport,
 };
-use super::checks::{at_least, check_outputs, in_range, Kind, Output};
+use super::checks::{at_least, in_range, Kind, Output};
 use super::commands::ReportFormat;
-use super::io::write_atomic;
+use super::console::{self, Lines};
 use super::measured;
+use super::outputs::Outputs;
 use super::progress::{
     oversubscribed, oversubscription_json, warn_oversubscribed, working, StepLog,
 };
-use super::search::write_measured_costs;
+use super::search::stage_measured_costs;
 use super::shape::ShapeArgs;
 use super::steady::{bench_periods, period_compare, period_json, period_line, MeasuredPeriod};
+use pipewright::schedule::memory::{Accounting, MemPrecision, MemoryConfig, ModelShape};
 
 /// Train the reference GPT on in-process devices (one thread per rank), or one process per
 /// rank over MPI (`mpirun -np <pp*tp*dp> pipewright train --transport mpi ...`), or one
@@ -133,11 +135,14 @@ pub struct TrainCmd {
 
 impl TrainCmd {
     pub fn run(&self) -> Result<()> {
-        check_outputs([
-            Output::new("--trace", self.trace.as_ref(), Kind::Json),
-            Output::new("--chart", self.chart.as_ref(), Kind::Image),
-            Output::new("--costs-out", self.costs_out.as_ref(), Kind::Json),
-        ])?;
+        let mut outs = Outputs::plan(
+            self.source.inputs(),
+            [
+                Output::new("--trace", self.trace.as_ref(), Kind::Json),
+                Output::new("--chart", self.chart.as_ref(), Kind::Image),
+                Output::new("--costs-out", self.costs_out.as_ref(), Kind::Json),
+            ],
+        )?;
         self.check_numbers()?;
         let chart_format = self
             .chart
@@ -157,10 +162,10 @@ impl TrainCmd {
         let zero = Zero::from_level(self.zero, mesh.pp)
             .map_err(|e| anyhow!("--zero {}: {e}", self.zero))?;
         if zero == Zero::One && mesh.dp == 1 {
-            eprintln!("warning: --zero 1 with --dp 1 changes nothing: the one replica holds all the optimizer state");
+            console::note("warning: --zero 1 with --dp 1 changes nothing: the one replica holds all the optimizer state");
         }
         if self.sequence_parallel && mesh.tp == 1 {
-            eprintln!("warning: --sequence-parallel with --tp 1 changes nothing: there is no group to split the sequence over");
+            console::note("warning: --sequence-parallel with --tp 1 changes nothing: there is no group to split the sequence over");
         }
         if self.sequence_parallel && self.seq_len % mesh.tp != 0 {
             bail!(
@@ -190,8 +195,19 @@ impl TrainCmd {
                 check_finite: !self.allow_non_finite,
             },
         };
-        let tokens = (cfg.global_batch(tt.microbatches) * self.seq_len) as f64;
+        let tokens = cfg.global_batch(tt.microbatches) as f64 * self.seq_len as f64;
         let device = self.device()?;
+        if device == Device::Cpu {
+            let ranks_here = match self.transport {
+                Transport::Local => mesh.world_size() as u64,
+                _ => 1,
+            };
+            super::budget::training(&self.memory_config(&tt, &mesh)?, &tt, ranks_here)?;
+        }
+        if self.costs_out.is_some() {
+            let spm = u64::from(tt.num_stages()) * u64::from(tt.microbatches);
+            super::budget::timetable("--costs-out (every step's timeline kept)", spm, self.steps)?;
+        }
         let universe = match self.transport {
             Transport::Mpi => Some(mpi_universe()?),
             Transport::Nccl => Some(nccl_universe()?),
@@ -210,6 +226,7 @@ impl TrainCmd {
         let mut first_loss = None;
         let mut timelines = Vec::new();
         let mut period = MeasuredPeriod::default();
+        let mut lines = Lines::default();
         let on_step = |s: &StepRecord| {
             if self.costs_out.is_some() {
                 timelines.push(s.timeline.clone());
@@ -220,13 +237,13 @@ impl TrainCmd {
             first_loss.get_or_insert(loss);
             let tps = tokens / s.seconds.max(1e-9);
             match self.format {
-                ReportFormat::Json => println!(
-                    "{}",
-                    serde_json::json!({"step": s.step, "loss": loss, "tokens_per_second": tps,
+                ReportFormat::Json => lines.line(
+                    &serde_json::json!({"step": s.step, "loss": loss, "tokens_per_second": tps,
                         "seconds": s.seconds, "bubble_fraction": s.bubble_fraction(), "peak_stash": s.peak_stash,
                         "peak_stash_bytes": s.peak_stash_bytes, "kept_per_microbatch": s.kept_per_microbatch,
                         "optimizer_state_bytes": s.optimizer_state_bytes, "memory": s.memory,
                         "steady_state_period_ms": period_ms, "oversubscribed": oversubscribed})
+                    .to_string(),
                 ),
                 ReportFormat::Table => {
                     bar.set_message(format!(
@@ -236,7 +253,7 @@ impl TrainCmd {
                     ));
                     bar.inc(1);
                     if let Some(line) = log.line(s.step, loss, tps, s.seconds) {
-                        println!("{line}");
+                        lines.line(&line);
                     }
                 }
             }
@@ -254,6 +271,7 @@ impl TrainCmd {
         // Cleared before an error too, so a stopped run's one line stands alone.
         bar.finish_and_clear();
         let finished = finished?;
+        lines.finish()?;
         if finished.is_none() {
             return Ok(()); // an MPI or NCCL rank other than 0: rank 0 reports
         }
@@ -261,25 +279,23 @@ impl TrainCmd {
         let Some(last) = last else {
             bail!("no step ran (--steps 0?)")
         };
-        if self.format == ReportFormat::Table {
-            println!(
-                "{} on pp={} tp={} dp={}: {} steps, loss {:.4} -> {:.4}, last step {:.1} ms, {:.0} tokens/s, measured bubble {:.1}%{}",
-                tt.name, mesh.pp, mesh.tp, mesh.dp, self.steps, first_loss.unwrap_or(f32::NAN),
-                last.loss.unwrap_or(f32::NAN), last.seconds * 1e3, tokens / last.seconds.max(1e-9), 100.0 * last.bubble_fraction(),
-                period_line(period_ms, tokens)
-            );
-            println!("{}", measured::peak_line(&last, &mesh));
-        }
-        if let Some(path) = &self.costs_out {
-            write_measured_costs(path, &timelines)?;
-        }
-        let chart = self.chart.as_ref().zip(chart_format);
+        stage_measured_costs(&mut outs, &timelines)?;
         let devices = last.device_peaks(&mesh);
         let bars = MemoryBars {
             label: format!("measured peak memory per device (step {})", last.step),
             devices: &devices,
         };
-        write_outputs(&last.timeline, self.trace.as_ref(), chart, bars)
+        stage_outputs(&mut outs, &last.timeline, chart_format, bars)?;
+        outs.commit()?;
+        if self.format == ReportFormat::Table {
+            console::println(&format!(
+                "{} on pp={} tp={} dp={}: {} steps, loss {:.4} -> {:.4}, last step {:.1} ms, {:.0} tokens/s, measured bubble {:.1}%{}\n{}",
+                tt.name, mesh.pp, mesh.tp, mesh.dp, self.steps, first_loss.unwrap_or(f32::NAN),
+                last.loss.unwrap_or(f32::NAN), last.seconds * 1e3, tokens / last.seconds.max(1e-9), 100.0 * last.bubble_fraction(),
+                period_line(period_ms, tokens), measured::peak_line(&last, &mesh)
+            ))?;
+        }
+        Ok(())
     }
 }
 
@@ -315,6 +331,11 @@ impl TrainCmd {
             "sequences per microbatch",
         )?;
         at_least("--heads", self.heads, 1, "attention heads")?;
+        for (flag, value) in [("--layers", self.layers), ("--heads", self.heads)] {
+            if u32::try_from(value).is_err() {
+                bail!("{flag} {value}: at most {}", u32::MAX);
+            }
+        }
         at_least("--d-model", self.d_model, 1, "width of the residual stream")?;
         at_least("--tp", self.tp, 1, "tensor-parallel ranks")?;
         at_least("--dp", self.dp, 1, "data-parallel replicas")?;
@@ -323,26 +344,64 @@ impl TrainCmd {
         Ok(())
     }
 
-    /// The reference GPT of the flags: the sizes and the shape's kinds (checked; a kind the
-    /// reference lacks refused in one line).
-    fn model(&self) -> Result<GptConfig> {
+    /// The model's description from the flags: the sizes and the shape's kinds.
+    fn shape(&self) -> Result<ModelShape> {
         let size =
             |flag: &str, v: usize| u32::try_from(v).map_err(|_| anyhow!("{flag} {v} is too large"));
-        let shape = self.shape.shape(
+        self.shape.shape(
             size("--layers", self.layers)?,
             self.d_model as u64,
             size("--heads", self.heads)?,
             self.seq_len as u64,
             self.vocab as u64,
-        )?;
+        )
+    }
+
+    /// The reference GPT of the flags (checked; a kind the reference lacks refused in one
+    /// line).
+    fn model(&self) -> Result<GptConfig> {
         // The reference refuses tied embeddings only.
-        gpt_config(&shape).map_err(|e| anyhow!("--tied-embeddings: {e}"))
+        gpt_config(&self.shape()?).map_err(|e| anyhow!("--tied-embeddings: {e}"))
+    }
+
+    /// The memory model's view of this run (pipewright's own accounting of the reference
+    /// GPT), for the estimate made before anything is allocated.
+    fn memory_config(&self, tt: &Timetable, mesh: &Mesh) -> Result<MemoryConfig> {
+        let u32_of = |x: usize| u32::try_from(x).unwrap_or(u32::MAX);
+        Ok(MemoryConfig {
+            precision: match self.precision {
+                PrecisionArg::Bf16 => MemPrecision::Bf16,
+                _ => MemPrecision::F32,
+            },
+            tp: u32_of(mesh.tp),
+            dp: u32_of(mesh.dp),
+            v: (tt.num_stages() / tt.num_devices().max(1)).max(1),
+            microbatch_size: self.microbatch_size as u64,
+            sequence_parallel: self.sequence_parallel,
+            zero: self.zero as u8,
+            recompute: self.source.recompute.clone(),
+            ..MemoryConfig::new(self.shape()?, u32_of(mesh.pp))
+                .with_accounting(Accounting::Pipewright)
+        })
     }
 
     /// Where tensors live: `--device`, checked against the transport. Over NCCL each rank
     /// takes the GPU of its local rank, so a device named on the command line (the same for
     /// every rank) cannot be honoured.
     fn device(&self) -> Result<Device> {
+        let device = self.device_for_transport()?;
+        // Before the run's notes: an in-process GPU run this build cannot make.
+        if cfg!(not(feature = "cuda"))
+            && self.transport == Transport::Local
+            && matches!(device, Device::Cuda(_))
+        {
+            bail!(NO_CUDA);
+        }
+        Ok(device)
+    }
+
+    /// `--device` against `--transport`.
+    fn device_for_transport(&self) -> Result<Device> {
         match (self.transport, self.device) {
             (Transport::Nccl, None | Some(Device::Cuda(0))) => Ok(Device::Cuda(0)),
             (Transport::Nccl, Some(Device::Cpu)) => {
@@ -475,8 +534,11 @@ fn train_cuda(
     _: usize,
     _: impl FnMut(&StepRecord),
 ) -> Result<FinalParams> {
-    bail!("--device cuda: this pipewright was built without CUDA; rebuild with: cargo build --release --features cuda")
+    bail!(NO_CUDA)
 }
+
+/// Why `--device cuda` cannot run in this build.
+const NO_CUDA: &str = "--device cuda: this pipewright was built without CUDA; rebuild with: cargo build --release --features cuda";
 
 /// A run stopped by the NaN check says how to train on regardless.
 fn non_finite_hint(e: anyhow::Error) -> anyhow::Error {
@@ -506,21 +568,21 @@ fn progress(steps: u64, show: bool) -> ProgressBar {
     bar
 }
 
-fn write_outputs(
+/// Stage `--trace` and `--chart` of the last step, when asked for.
+fn stage_outputs(
+    outs: &mut Outputs,
     timeline: &Timeline,
-    trace: Option<&PathBuf>,
-    chart: Option<(&PathBuf, ImageFormat)>,
+    chart: Option<ImageFormat>,
     memory: MemoryBars<'_>,
 ) -> Result<()> {
-    if let Some(path) = trace {
-        write_atomic(path, serde_json::to_string(timeline)?.as_bytes())?;
+    if outs.has("--trace") {
+        outs.stage("--trace", serde_json::to_string(timeline)?.as_bytes())?;
     }
-    if let Some((path, fmt)) = chart {
+    if let Some(fmt) = chart {
         let panels = [ChartPanel::new(timeline)];
         let opts = ChartOptions::default();
         let bytes = bubble_chart_with_memory(&panels, &[memory], &opts, fmt)?;
-        write_atomic(path, &bytes)?;
-        eprintln!("wrote {}", path.display());
+        outs.stage("--chart", &bytes)?;
     }
     Ok(())
 }
@@ -557,12 +619,29 @@ pub struct BenchCmd {
 
 impl BenchCmd {
     pub fn run(&self) -> Result<()> {
-        check_outputs([
-            Output::new("--trace", self.trace.as_ref(), Kind::Json),
-            Output::new("--chart", self.chart.as_ref(), Kind::Image),
-            Output::new("--costs-out", self.costs_out.as_ref(), Kind::Json),
-        ])?;
+        let mut outs = Outputs::plan(
+            self.source.inputs().chain(self.costs.inputs()),
+            [
+                Output::new("--trace", self.trace.as_ref(), Kind::Json),
+                Output::new("--chart", self.chart.as_ref(), Kind::Image),
+                Output::new("--costs-out", self.costs_out.as_ref(), Kind::Json),
+            ],
+        )?;
+        let chart_format = self
+            .chart
+            .as_deref()
+            .map(ImageFormat::from_path)
+            .transpose()?;
+        at_least(
+            "--steps",
+            self.steps as usize,
+            1,
+            "steps to run and measure",
+        )?;
         let (tt, _) = self.source.timetable()?;
+        // Each step's timeline is kept, on top of the runtime's own per-action state.
+        let spm = u64::from(tt.num_stages()) * u64::from(tt.microbatches);
+        super::budget::timetable("bench", spm, self.steps.saturating_mul(2).saturating_add(8))?;
         let model = self.costs.model(tt.num_stages(), tt.num_devices())?;
         let sim = simulate(&tt, &model)?;
         let mesh = Mesh::new(tt.num_devices() as usize, 1, 1)?;
@@ -576,7 +655,7 @@ impl BenchCmd {
         // Synthetic stages read no data.
         let data = |_| Ok(());
         let opts = RunOptions {
-            steps: self.steps.max(1),
+            steps: self.steps,
             ..RunOptions::default()
         };
         let mut steps = Vec::new();
@@ -618,50 +697,42 @@ impl BenchCmd {
         let predicted = sim.report.makespan;
         let actions = tt.len();
         let overhead_us = (measured - predicted) * 1e3 / actions as f64;
-        match self.format {
-            ReportFormat::Json => println!(
-                "{}",
-                serde_json::json!({"measured_ms": measured, "simulated_ms": predicted, "ratio": (predicted > 0.0).then(|| measured / predicted),
+        let report = match self.format {
+            ReportFormat::Json => serde_json::json!({"measured_ms": measured, "simulated_ms": predicted, "ratio": (predicted > 0.0).then(|| measured / predicted),
                     "compute_actions": actions, "overhead_us_per_action": overhead_us,
                     "measured_bubble": median.bubble_fraction(), "simulated_bubble": sim.report.bubble_fraction,
                     "steady_state": period_json(measured_period, simulated_period),
-                    "threads": (self.transport == Transport::Local).then(|| oversubscription_json(threads))})
-            ),
-            ReportFormat::Table => println!(
-                "{}: measured {measured:.3} ms, simulated {predicted:.3} ms ({}), {actions} compute actions, {overhead_us:.2} us overhead per action; bubble measured {:.2}% vs simulated {:.2}%",
+                    "threads": (self.transport == Transport::Local).then(|| oversubscription_json(threads))}).to_string(),
+            ReportFormat::Table => format!(
+                "{}: measured {measured:.3} ms, simulated {predicted:.3} ms ({}), {actions} compute actions, {overhead_us:.2} us overhead per action; bubble measured {:.2}% vs simulated {:.2}%\n{}",
                 tt.name,
                 if predicted > 0.0 { format!("{:+.2}%", 100.0 * (measured / predicted - 1.0)) } else { "no simulated time".into() },
                 100.0 * median.bubble_fraction(),
-                100.0 * sim.report.bubble_fraction
+                100.0 * sim.report.bubble_fraction,
+                period_compare(measured_period, simulated_period)
             ),
+        };
+        if outs.has("--trace") {
+            outs.stage(
+                "--trace",
+                serde_json::to_string(&median.timeline)?.as_bytes(),
+            )?;
         }
-        if self.format == ReportFormat::Table {
-            println!("{}", period_compare(measured_period, simulated_period));
-        }
-        if let Some(path) = &self.trace {
-            write_atomic(path, serde_json::to_string(&median.timeline)?.as_bytes())?;
-        }
-        if let Some(path) = &self.costs_out {
-            let mut ordered: Vec<&StepRecord> = steps.iter().collect();
-            ordered.sort_by_key(|s| s.step);
-            let timelines: Vec<_> = ordered.iter().map(|s| s.timeline.clone()).collect();
-            write_measured_costs(path, &timelines)?;
-        }
-        if let Some(path) = &self.chart {
+        let mut ordered: Vec<&StepRecord> = steps.iter().collect();
+        ordered.sort_by_key(|s| s.step);
+        let timelines: Vec<_> = ordered.iter().map(|s| s.timeline.clone()).collect();
+        stage_measured_costs(&mut outs, &timelines)?;
+        if let Some(fmt) = chart_format {
             let mut simulated = sim.timeline.clone();
             simulated.meta.time_unit = "ms".into();
             let panels = [
                 ChartPanel::new(&median.timeline).with_label("measured"),
                 ChartPanel::new(&simulated).with_label("simulated"),
             ];
-            let bytes = bubble_chart(
-                &panels,
-                &ChartOptions::default(),
-                ImageFormat::from_path(path)?,
-            )?;
-            write_atomic(path, &bytes)?;
-            eprintln!("wrote {}", path.display());
+            let bytes = bubble_chart(&panels, &ChartOptions::default(), fmt)?;
+            outs.stage("--chart", &bytes)?;
         }
-        Ok(())
+        outs.commit()?;
+        console::println(&report)
     }
 }

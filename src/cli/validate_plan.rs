@@ -10,6 +10,8 @@ use std::process::Command;
 
 use anyhow::{anyhow, bail, Context, Result};
 use pipewright::runtime::gpt_config;
+
+use super::memory::human;
 use pipewright::schedule::memory::{MemoryBreakdown, ModelShape};
 use pipewright::schedule::plan::fit::peaks_as_run;
 use pipewright::schedule::plan::rank::spearman;
@@ -73,12 +75,7 @@ fn measure(req: &PlanRequest, shape: &ModelShape, c: &Config) -> Result<(f64, Ve
         .output()
         .context("running `train`")?;
     if !out.status.success() {
-        let err = String::from_utf8_lossy(&out.stderr);
-        bail!(
-            "train of {} failed: {}",
-            c,
-            err.lines().last().unwrap_or("")
-        );
+        bail!("train of {c} failed: {}", child_failure(&out));
     }
     let text = String::from_utf8_lossy(&out.stdout);
     let last = text
@@ -107,6 +104,65 @@ fn measure(req: &PlanRequest, shape: &ModelShape, c: &Config) -> Result<(f64, Ve
         .map(|d| d.iter().copied().max().unwrap_or(0))
         .collect();
     Ok((period, devices))
+}
+
+/// Why a child `train` failed: its `error:` line, or how it ended (a signal: killed, most
+/// often by the kernel for memory), never an unrelated note.
+fn child_failure(out: &std::process::Output) -> String {
+    let err = String::from_utf8_lossy(&out.stderr);
+    if let Some(line) = err.lines().find_map(|l| l.strip_prefix("error: ")) {
+        return line.to_string();
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::process::ExitStatusExt;
+        if let Some(sig) = out.status.signal() {
+            let why = if sig == 9 {
+                " (most often the kernel, out of memory)"
+            } else {
+                ""
+            };
+            return format!("killed by signal {sig}{why}");
+        }
+    }
+    format!("{}, with no error line", out.status)
+}
+
+/// Bytes an in-process run of `c` holds: each pipeline device's predicted peak for every
+/// one of its `tp x dp` ranks (with half again for what the model leaves out).
+fn in_process_bytes(req: &PlanRequest, c: &Config) -> Result<u64> {
+    let peaks = peaks_as_run(req, c).map_err(|e| anyhow!("{e}"))?;
+    let ranks = u64::from(c.tp) * u64::from(c.dp);
+    let all = peaks
+        .iter()
+        .map(|m| m.total().saturating_mul(ranks))
+        .fold(0u64, u64::saturating_add);
+    Ok(all.saturating_add(all / 2))
+}
+
+/// The configurations an in-process run of which fits this machine's memory; refused in one
+/// line with the figures when fewer than 2 do.
+pub fn fitting(req: &PlanRequest, simulated: &[(Config, f64)]) -> Result<Vec<(Config, f64)>> {
+    let have = super::budget::machine_memory();
+    let mut smallest: Option<u64> = None;
+    let mut out = Vec::new();
+    for (c, t) in simulated {
+        let need = in_process_bytes(req, c)?;
+        smallest = Some(smallest.map_or(need, |s| s.min(need)));
+        if need <= have {
+            out.push((*c, *t));
+        }
+    }
+    if out.len() < 2 {
+        bail!(
+            "--validate trains configurations in-process here, and {} of the {} simulated fit this machine's {} (the smallest needs {}): plan a smaller model, or calibrate a cluster of this machine (--calibrate)",
+            out.len(),
+            simulated.len(),
+            human(have),
+            human(smallest.unwrap_or(0))
+        );
+    }
+    Ok(out)
 }
 
 /// Largest relative error of the predicted per-device peaks against the measured ones

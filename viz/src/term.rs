@@ -48,8 +48,9 @@ pub fn terminal_chart(timeline: &Timeline, columns: usize) -> String {
             .map_or(String::new(), |b| format!("{:.1}%", 100.0 * b));
         let label = format!("dev {d}");
         out.push(format!(
-            "{label:>label_w$}|{cells}|{pct:>PCT_W$}",
-            label_w = label_w - 1
+            "{}|{cells}|{}",
+            pad_left(&label, label_w - 1),
+            pad_left(&pct, PCT_W)
         ));
     }
     out.push(axis(label_w, body, span, &timeline.meta.time_unit));
@@ -143,7 +144,14 @@ fn axis(label_w: usize, body: usize, span: f64, unit: &str) -> String {
     let end = format!("{} {unit}", format_number(span));
     let room = (body + 1).saturating_sub(end.len() + 1);
     let end = if room == 0 { String::new() } else { end };
-    format!("{:label_w$}0{:>w$}", "", end, w = body + 1 - 1)
+    format!("{}0{}", " ".repeat(label_w), pad_left(&end, body))
+}
+
+/// `s` right-aligned in `width` characters. Built by hand: `format!`'s runtime widths stop
+/// at 65535, and a chart may be wider.
+fn pad_left(s: &str, width: usize) -> String {
+    let n = s.chars().count();
+    format!("{}{s}", " ".repeat(width.saturating_sub(n)))
 }
 
 /// Legend, wrapped to `columns`.
@@ -207,6 +215,21 @@ mod tests {
         ]);
         let refs: Vec<&Event> = t.events.iter().collect();
         assert_eq!(buckets(&refs, 0.0, 4.0, 8, 1, 1), "FF..BBBB");
+    }
+
+    #[test]
+    fn any_width_draws_without_a_panic() {
+        let ev = Event {
+            device: 0,
+            action: Action::new(0, ActionKind::F, 0),
+            start: 0.0,
+            end: 1.0,
+        };
+        for columns in [0, 1, 24, 70_000, 200_000] {
+            let s = terminal_chart(&tl(vec![ev]), columns);
+            let widest = s.lines().map(|l| l.chars().count()).max().unwrap_or(0);
+            assert!(widest <= columns.max(MIN_COLUMNS), "{columns}: {widest}");
+        }
     }
 
     #[test]

@@ -57,8 +57,25 @@ pub fn structure(req: &PlanRequest) -> String {
     if enumerate(&free).is_empty() {
         return batch(req);
     }
-    // Some fixed dimension rules everything out: name the first whose release helps.
     let f = &req.fixed;
+    // --tp and --pp fixed together fix dp: say so when it cannot split the batch.
+    if let (Some(tp), Some(pp)) = (f.tp, f.pp) {
+        let group = u64::from(tp) * u64::from(pp);
+        let gpus = u64::from(req.gpus);
+        if gpus % group != 0 {
+            return format!("--tp {tp} x --pp {pp} = {group} does not divide --gpus {gpus}: every GPU must be in one pipeline of tp x pp GPUs");
+        }
+        let dp = gpus / group;
+        if req.global_batch % dp != 0 {
+            return format!(
+                "global batch {} {} cannot be split over dp = {dp} replicas (--gpus {gpus} / (--tp {tp} x --pp {pp})): give a batch that {dp} divides, e.g. {}",
+                req.global_batch,
+                req.model.batch_unit(),
+                req.global_batch.div_ceil(dp) * dp
+            );
+        }
+    }
+    // Some fixed dimension rules everything out: name the first whose release helps.
     let releases: [(&str, String, Fixed); 7] = [
         (
             "--tp",
@@ -167,6 +184,30 @@ fn batch(req: &PlanRequest) -> String {
         .rev()
         .find(|&b| with(b));
     let dps: Vec<u64> = divisors(u64::from(req.gpus));
+    // The fewest replicas any tp x pp leaves: a batch below it cannot give each one a
+    // sequence, whatever the GPU count's divisors.
+    let widest = tp_options(&PlanRequest {
+        fixed: Fixed::default(),
+        ..req.clone()
+    })
+    .into_iter()
+    .flat_map(|tp| {
+        divisors(u64::from(req.gpus / tp))
+            .into_iter()
+            .filter(|&pp| pp <= u64::from(req.model.layers()))
+            .map(move |pp| u64::from(tp) * pp)
+    })
+    .max()
+    .unwrap_or(1);
+    let least_dp = u64::from(req.gpus) / widest;
+    if req.global_batch < least_dp {
+        return format!(
+            "global batch {} {unit} is too small for {} GPUs: the widest pipeline they allow is tp x pp = {widest} GPUs, which leaves dp = {least_dp} replicas, each needing at least one; give a batch of at least {least_dp} that dp divides, or fewer GPUs",
+            req.global_batch,
+            req.gpus,
+            unit = req.model.batch_unit()
+        );
+    }
     let near = match (down, up) {
         (Some(d), Some(u)) => format!("{d} or {u}"),
         (Some(d), None) => d.to_string(),

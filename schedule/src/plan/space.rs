@@ -49,16 +49,17 @@ pub fn tp_options(req: &PlanRequest) -> Vec<u32> {
 /// the layers can fill (`pp * v <= layers`).
 pub fn schedules(req: &PlanRequest, pp: u32, m: u32) -> Vec<(ScheduleKind, u32)> {
     let mut out = Vec::new();
-    let families: Vec<ScheduleKind> = if pp == 1 {
+    let families: Vec<ScheduleKind> = match req.fixed.schedule {
+        // A fixed family is honoured, or the configuration is not one: on one device only
+        // 1F1B stands for all (any other family there would be a row labelled as what it is
+        // not).
+        Some(kind) if pp == 1 && kind != ScheduleKind::OneFOneB => return out,
+        Some(kind) => vec![kind],
         // One device: every family is the same sequence of F and B.
-        vec![ScheduleKind::OneFOneB]
-    } else {
-        ScheduleKind::ALL.to_vec()
+        None if pp == 1 => vec![ScheduleKind::OneFOneB],
+        None => ScheduleKind::ALL.to_vec(),
     };
     for kind in families {
-        if req.fixed.schedule.is_some_and(|f| f != kind) && pp > 1 {
-            continue;
-        }
         // GPipe and looped BFS hold every microbatch at once, with the bubble of 1F1B and
         // interleaving: past 16p microbatches they cost m/p times the memory for nothing, and
         // walking their timetables would cost the plan seconds. Tried only when fixed.
@@ -72,7 +73,7 @@ pub fn schedules(req: &PlanRequest, pp: u32, m: u32) -> Vec<(ScheduleKind, u32)>
             None => vec![1],
         };
         for v in vs {
-            if req.fixed.v.is_some_and(|f| f != v) && pp > 1 {
+            if req.fixed.v.is_some_and(|f| f != v) {
                 continue;
             }
             let fits = u64::from(pp) * u64::from(v) <= u64::from(req.model.layers());

@@ -11,6 +11,8 @@
 //! last action of its step): those gaps are what unfenced steps pay for, so W work pulled
 //! forward into them shortens the busiest span, and the score is the multi-step period.
 
+use std::collections::HashMap;
+
 use crate::action::{Action, ActionKind};
 use crate::simulate::{simulate_steps, CostModel, SteadyState};
 use crate::timetable::Timetable;
@@ -42,7 +44,7 @@ pub fn improve(tt: &Timetable, how: &Improve<'_>) -> Option<(Timetable, SteadySt
     loop {
         let (cur_tt, cur_sim) = best.as_ref().map_or((tt, &start), |(t, s)| (t, s));
         let mut moved = None;
-        for (d, from, to) in gap_moves(cur_tt, cur_sim) {
+        for (d, from, to) in gap_moves(cur_tt, cur_sim, how.deadline) {
             if spent >= how.budget || how.deadline.passed() {
                 break;
             }
@@ -90,8 +92,14 @@ fn score(s: &SteadyState, objective: Objective) -> (f64, f64, f64) {
     }
 }
 
-/// Moves `(device, from, to)` that put a later W into an idle gap, biggest gaps first.
-fn gap_moves(tt: &Timetable, steady: &SteadyState) -> Vec<(usize, usize, usize)> {
+/// Moves `(device, from, to)` that put a later W into an idle gap, biggest gaps first. Lazy:
+/// the caller stops at its first improvement, its budget or its deadline, and finding one
+/// move costs one pass over a device's row, not one per earlier action.
+fn gap_moves<'a>(
+    tt: &'a Timetable,
+    steady: &SteadyState,
+    deadline: super::budget::Deadline,
+) -> impl Iterator<Item = (usize, usize, usize)> + 'a {
     let sim = &steady.single;
     let mut gaps: Vec<(f64, usize, usize)> = Vec::new();
     let mut prev_end = vec![sim.timeline.start(); tt.devices.len()];
@@ -106,27 +114,50 @@ fn gap_moves(tt: &Timetable, steady: &SteadyState) -> Vec<(usize, usize, usize)>
         index[d] += 1;
     }
     gaps.sort_by(|a, b| b.0.total_cmp(&a.0));
+    let positions: Vec<HashMap<(ActionKind, u32, u32), usize>> = tt
+        .devices
+        .iter()
+        .map(|list| first_positions(list))
+        .collect();
+    // A gap with nothing to move costs a pass over its row: the deadline is checked per gap.
     gaps.into_iter()
-        .filter_map(|(_, d, at)| {
+        .take_while(move |_| !deadline.passed())
+        .filter_map(move |(_, d, at)| {
             let list = &tt.devices[d];
-            let from = (at + 1..list.len()).find(|&j| movable_before(list, j, at))?;
+            let from =
+                (at + 1..list.len()).find(|&j| movable_before(list, &positions[d], j, at))?;
             Some((d, from, at))
         })
-        .collect()
+}
+
+/// Where each (kind, stage, microbatch) first appears in a row (an overlap's parts at its
+/// position).
+fn first_positions(list: &[Action]) -> HashMap<(ActionKind, u32, u32), usize> {
+    let mut out = HashMap::new();
+    for (i, a) in list.iter().enumerate() {
+        for x in a.parts() {
+            out.entry((x.kind, x.stage, x.microbatch)).or_insert(i);
+        }
+    }
+    out
 }
 
 /// Whether the W or R at `j` may run before position `at`: what it waits on (a W's own I, an
 /// R's own F) already ran by then. An R pulled forward regrows its stash sooner, which the
 /// cap check of the move weighs.
-fn movable_before(list: &[Action], j: usize, at: usize) -> bool {
+fn movable_before(
+    list: &[Action],
+    positions: &HashMap<(ActionKind, u32, u32), usize>,
+    j: usize,
+    at: usize,
+) -> bool {
     let a = list[j];
     let needs = match a.kind {
         ActionKind::W => ActionKind::I,
         ActionKind::R => ActionKind::F,
         _ => return false,
     };
-    list[..at]
-        .iter()
-        .flat_map(|x| x.parts())
-        .any(|x| x.kind == needs && x.stage == a.stage && x.microbatch == a.microbatch)
+    positions
+        .get(&(needs, a.stage, a.microbatch))
+        .is_some_and(|&p| p < at)
 }

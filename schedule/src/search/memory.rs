@@ -47,18 +47,10 @@ impl FromStr for MemoryCap {
         if value <= 0.0 {
             return Err(CapError::NotPositive(text.to_string()));
         }
-        let scale: f64 = match unit.trim().to_ascii_lowercase().as_str() {
-            "" => return Ok(MemoryCap::Microbatches(value)),
-            "b" => 1.0,
-            "kb" => 1e3,
-            "mb" => 1e6,
-            "gb" => 1e9,
-            "kib" => 1024.0,
-            "mib" => 1024f64.powi(2),
-            "gib" => 1024f64.powi(3),
-            "tib" => 1024f64.powi(4),
-            _ => return Err(bad()),
-        };
+        if unit.trim().is_empty() {
+            return Ok(MemoryCap::Microbatches(value));
+        }
+        let scale = unit_scale(unit).ok_or_else(bad)?;
         let bytes = (value * scale).round();
         if bytes < 1.0 {
             return Err(CapError::NotPositive(text.to_string()));
@@ -68,6 +60,46 @@ impl FromStr for MemoryCap {
         }
         Ok(MemoryCap::Bytes(bytes as u64))
     }
+}
+
+/// Bytes in one of `unit` (`B`, `kB`, `MB`, `GB`, `KiB`, `MiB`, `GiB`, `TiB`, any case;
+/// empty is bytes): the one unit table of every byte count pipewright reads.
+fn unit_scale(unit: &str) -> Option<f64> {
+    Some(match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "kb" => 1e3,
+        "mb" => 1e6,
+        "gb" => 1e9,
+        "kib" => 1024.0,
+        "mib" => 1024f64.powi(2),
+        "gib" => 1024f64.powi(3),
+        "tib" => 1024f64.powi(4),
+        _ => return None,
+    })
+}
+
+/// A byte count that is not one.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("`{0}` is not a byte count: give a whole number of bytes (4096) or a number with a unit (1MiB, 2.5GB; units B, kB, MB, GB, KiB, MiB, GiB, TiB)")]
+pub struct BytesError(pub String);
+
+/// A byte count: a number of bytes, or a number with a unit (`1MiB`, `2.5GB`), the same
+/// units as a memory cap in bytes; 0 is a count too.
+pub fn parse_bytes(text: &str) -> Result<u64, BytesError> {
+    let t = text.trim();
+    let bad = || BytesError(text.to_string());
+    let split = t.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    if unit.trim().is_empty() {
+        // Plain bytes: read exactly, every u64 included.
+        return num.trim().parse().map_err(|_| bad());
+    }
+    let value: f64 = num.trim().parse().map_err(|_| bad())?;
+    let bytes = (value * unit_scale(unit).ok_or_else(bad)?).round();
+    if !(value.is_finite() && value >= 0.0 && bytes < u64::MAX as f64) {
+        return Err(bad());
+    }
+    Ok(bytes as u64)
 }
 
 impl fmt::Display for MemoryCap {
@@ -82,8 +114,9 @@ impl fmt::Display for MemoryCap {
 /// Bytes of one unit for a cost model: the model's activation bytes per microbatch over `p`
 /// devices; `None` when the costs carry no activation sizes.
 pub fn unit_bytes(costs: &CostModel, devices: u32) -> Option<f64> {
-    let total: u64 = costs.stages.iter().map(|c| c.activation_bytes).sum();
-    (total > 0 && devices > 0).then(|| total as f64 / f64::from(devices))
+    // In floating point: sizes near 2^64 each must not wrap their sum.
+    let total: f64 = costs.stages.iter().map(|c| c.activation_bytes as f64).sum();
+    (total > 0.0 && devices > 0).then(|| total / f64::from(devices))
 }
 
 /// Weight of each stage in units: its share of the activation bytes, or `p / S` when the

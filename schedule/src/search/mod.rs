@@ -49,8 +49,8 @@ use serde::Serialize;
 pub use budget::{CutShort, Progress};
 pub use list::{list_schedule, Knobs};
 pub use memory::{
-    held_weights, kept_weights, peak_units, peak_units_held, peak_units_kept, stage_weights,
-    unit_bytes, CapError, MemoryCap,
+    held_weights, kept_weights, parse_bytes, peak_units, peak_units_held, peak_units_kept,
+    stage_weights, unit_bytes, BytesError, CapError, MemoryCap,
 };
 pub use rounds::{round_schedule, RoundKnobs};
 
@@ -253,6 +253,18 @@ pub enum SearchError {
     /// Nothing could even be tried.
     #[error("no candidate could be built: {0}")]
     NoCandidates(String),
+    /// The time budget ran out before any candidate that fits was found.
+    #[error("the time budget of {budget_seconds} s ran out after {evaluated} of {total} candidates, none of which fits a cap of {cap} per device (raise the time budget, or the cap)")]
+    OutOfTime {
+        /// The budget, in seconds.
+        budget_seconds: f64,
+        /// Candidates evaluated.
+        evaluated: usize,
+        /// Candidates there were.
+        total: usize,
+        /// The cap as given.
+        cap: String,
+    },
     /// The memory model refuses the configuration.
     #[error(transparent)]
     Memory(#[from] MemoryError),
@@ -322,7 +334,10 @@ pub fn search_with(
     if p == 0 || m == 0 {
         return Err(SearchError::Empty { p, m });
     }
-    let mut unit = unit_bytes(&spec.costs.resample(p)?, p);
+    let per_device = spec.costs.resample(p)?;
+    // Sums first: costs each finite but adding up past f64 would fail every candidate.
+    per_device.check_totals(p, u64::from(m) * u64::from(PERIOD_STEPS))?;
+    let mut unit = unit_bytes(&per_device, p);
     let cap = match (spec.cap, &spec.memory) {
         (MemoryCap::Microbatches(x), _) => x,
         (MemoryCap::Bytes(b), Some(mem)) => {
@@ -380,6 +395,23 @@ pub fn search_with(
         }
     }
     let (Some(mut best), Some(mut best_index)) = (best, best_index) else {
+        if let Some(cut) = cut_short {
+            return Err(SearchError::OutOfTime {
+                budget_seconds: cut.budget_seconds,
+                evaluated: cut.evaluated,
+                total: cut.total,
+                cap: spec.cap.to_string(),
+            });
+        }
+        if candidates.is_empty() {
+            if let Some(first) = skipped.first() {
+                // Nothing was simulated at all: say why, not that nothing fits.
+                return Err(SearchError::NoCandidates(format!(
+                    "{}: {}",
+                    first.label, first.reason
+                )));
+            }
+        }
         let passage = spec
             .list_scheduler
             .then(|| least_passage(p, spec.max_virtual, &shapes))
@@ -528,9 +560,11 @@ struct Best {
     simulation: Simulation,
 }
 
-/// Evaluate the jobs in [`budget::order`] until all are done or the deadline has passed with
-/// one fitting: `(job index, result)` in the order evaluated. Only the best fitting timetable
-/// is kept (large searches make hundreds of them). Sequential on purpose: this crate has no
+/// Evaluate the jobs in [`budget::order`] until all are done or the deadline has passed:
+/// `(job index, result)` in the order evaluated, at least one. A fixed family whose peak is over a cap in
+/// microbatches cannot win, so it is simulated (for the Pareto front) only after every job
+/// that can; the deadline then cuts those first. Only the best fitting timetable is kept
+/// (large searches make hundreds of them). Sequential on purpose: this crate has no
 /// threads, and the budget bounds the time (BENCHMARKS.md).
 fn evaluate_all(
     jobs: &[Job],
@@ -543,12 +577,34 @@ fn evaluate_all(
     let mut best: Option<Best> = None;
     let mut best_label = None;
     let mut all = Vec::with_capacity(jobs.len());
-    for i in budget::order(jobs, spec.devices, spec.microbatches) {
-        if best.is_some() && deadline.passed() {
+    let order = budget::order(jobs, spec.devices, spec.microbatches);
+    // Over-cap fixed families are met on the first pass and put off to the second.
+    let mut over = Vec::new();
+    let mut k = 0;
+    loop {
+        let (i, first) = match (order.get(k), over.get(k.wrapping_sub(order.len()))) {
+            (Some(&i), _) => (i, true),
+            (None, Some(&i)) => (i, false),
+            (None, None) => break,
+        };
+        k += 1;
+        // The first job always runs (the likeliest to fit), so any budget returns something.
+        if !all.is_empty() && deadline.passed() {
             break;
         }
         let job = &jobs[i];
-        let result = match evaluate(job, spec, shapes, unit) {
+        let generated = match (first, job) {
+            (true, Job::Fixed(s)) => Some(generate(s)),
+            _ => None,
+        };
+        if generated
+            .as_ref()
+            .is_some_and(|tt| over_cap(tt, job, spec, shapes))
+        {
+            over.push(i);
+            continue;
+        }
+        let result = match evaluate(job, spec, shapes, unit, generated) {
             Ok((cand, Some((timetable, simulation)))) => {
                 let (a, b) = key(&cand, spec.objective);
                 let k = (a, b, u8::from(!matches!(job, Job::Fixed(_))));
@@ -577,13 +633,30 @@ fn evaluate_all(
     (all, best)
 }
 
+/// Whether a fixed family's timetable is over a cap in microbatches, by the same peak
+/// [`describe`] judges it by (generating a timetable is cheap beside simulating it).
+fn over_cap(tt: &Timetable, job: &Job, spec: &SearchSpec, shapes: &[Option<Shape>]) -> bool {
+    let MemoryCap::Microbatches(cap) = spec.cap else {
+        return false;
+    };
+    let Some(shape) = &shapes[job.v() as usize] else {
+        return false;
+    };
+    let peak = peak_units_kept(tt, &shape.weights, &shape.held, &shape.kept)
+        .into_iter()
+        .fold(0.0, f64::max);
+    peak > cap + 1e-9
+}
+
 type Kept = Option<(Timetable, Simulation)>;
 
+/// Evaluate one job; `generated` is a fixed family's timetable when already made.
 fn evaluate(
     job: &Job,
     spec: &SearchSpec,
     shapes: &[Option<Shape>],
     unit: Option<f64>,
+    generated: Option<Timetable>,
 ) -> Result<(Candidate, Kept), (String, String)> {
     let (p, m) = (spec.devices, spec.microbatches);
     let Some(shape) = &shapes[job.v() as usize] else {
@@ -593,7 +666,7 @@ fn evaluate(
         Job::Fixed(s) => (
             fixed_label(s.kind(), s.virtual_stages(), grouped(s)),
             s.kind().name().to_string(),
-            generate(s),
+            generated.unwrap_or_else(|| generate(s)),
         ),
         Job::List(k) => match list_schedule(p, m, &shape.costs, &shape.weights, *k) {
             Some(tt) => (k.label(), "list".to_string(), tt),

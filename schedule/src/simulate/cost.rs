@@ -144,6 +144,47 @@ impl CostModel {
         }
     }
 
+    /// Refuse costs whose sums over a run of `microbatches` microbatches on `stages` stages
+    /// cannot be represented, though each value on its own can: a step's time (every action
+    /// and transfer, one after another) past `f64`'s range would make the makespan infinite
+    /// and the bubble 100%, and activation bytes held at once past `u64` would wrap.
+    pub fn check_totals(&self, stages: u32, microbatches: u64) -> Result<(), CostError> {
+        let m = microbatches as f64;
+        let used = &self.stages[..(stages as usize).min(self.stages.len())];
+        let transfer = self.p2p_latency
+            + used
+                .iter()
+                .map(|c| self.bandwidth.map_or(0.0, |bw| c.p2p_bytes as f64 / bw))
+                .fold(0.0, f64::max);
+        let time: f64 = used
+            .iter()
+            .map(|c| {
+                let per = c.f + c.b + c.i + c.w + c.r.unwrap_or(c.f) + c.overlap.unwrap_or(0.0);
+                per * m
+                    + 4.0 * m * c.p2p_time.unwrap_or(0.0).max(transfer)
+                    + c.optimizer
+                    + c.dp_allreduce
+            })
+            .sum();
+        // Headroom: the simulator adds start and end times of what it sums here.
+        if !(time.is_finite() && time < f64::MAX / 16.0) {
+            return Err(CostError::TimeTotal { total: time });
+        }
+        let bytes: u128 = used
+            .iter()
+            .map(|c| {
+                let held = u128::from(c.activation_bytes) + u128::from(c.kept_bytes.unwrap_or(0));
+                (held + 2 * u128::from(c.p2p_bytes)) * u128::from(microbatches)
+            })
+            .sum();
+        if bytes > u128::from(u64::MAX) {
+            return Err(CostError::BytesTotal {
+                total: bytes as f64,
+            });
+        }
+        Ok(())
+    }
+
     /// Time of a compute action: its stage's cost of its kind; for an F&B overlap, the
     /// forward stage's `overlap` time, or else the sum of the F's and the B's times.
     pub fn duration(&self, a: Action) -> f64 {
@@ -559,6 +600,18 @@ pub enum CostError {
         /// Stages wanted.
         stages: u32,
     },
+    /// A step's times add up past what a number can hold.
+    #[error("the costs of one step add up {} (each value is finite, their sum is not): give the costs in a larger unit", total_text(*total))]
+    TimeTotal {
+        /// The sum.
+        total: f64,
+    },
+    /// A step's activation and hand-off bytes add up past 2^64.
+    #[error("the activation and hand-off bytes of one step add up to {total:e}, past the 2^64 bytes a count can hold (each value fits, their sum does not): give smaller sizes")]
+    BytesTotal {
+        /// The sum.
+        total: f64,
+    },
     /// The model has fewer stage entries than the timetable has stages.
     #[error("the cost model has {given} stages, but the timetable has {stages}")]
     ModelStages {
@@ -567,4 +620,13 @@ pub enum CostError {
         /// Stages in the timetable.
         stages: u32,
     },
+}
+
+/// A sum for an error line: its value, or that it overflowed.
+fn total_text(total: f64) -> String {
+    if total.is_finite() {
+        format!("to {total:e} time units, past what the simulator can time")
+    } else {
+        "past the largest number the simulator can time".into()
+    }
 }

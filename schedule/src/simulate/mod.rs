@@ -79,6 +79,7 @@ fn prepare<'t>(
         }
         .into());
     }
+    costs.check_totals(stages, u64::from(tt.microbatches))?;
     let checked = validate(tt)?;
     Ok(if checked.lowered {
         std::borrow::Cow::Borrowed(tt)

@@ -115,6 +115,9 @@ pub fn simulate_steps(
     if steps < 2 || m.checked_mul(steps).is_none() {
         return Err(bad);
     }
+    costs
+        .check_totals(tt.num_stages(), u64::from(m) * u64::from(steps))
+        .map_err(SimError::from)?;
     let lowered = prepare(tt, costs)?;
     let many = repeat(&lowered, steps);
     let bounds = Boundaries::new(&lowered, costs);
@@ -176,12 +179,7 @@ fn repeat(tt: &Timetable, steps: u32) -> Timetable {
         .iter()
         .map(|row| {
             (0..steps)
-                .flat_map(|k| {
-                    row.iter().map(move |a| Action {
-                        microbatch: k * m + a.microbatch,
-                        ..*a
-                    })
-                })
+                .flat_map(|k| row.iter().map(move |&a| shifted(a, k * m)))
                 .collect()
         })
         .collect();
@@ -217,6 +215,25 @@ pub fn split_steps(timeline: &Timeline, m: u32) -> Vec<Timeline> {
         }
     }
     out
+}
+
+/// `a` with every microbatch it names (an overlap's backward part too) moved up by `by`.
+fn shifted(a: Action, by: u32) -> Action {
+    let kind = match a.kind {
+        ActionKind::Overlap {
+            b_stage,
+            b_microbatch,
+        } => ActionKind::Overlap {
+            b_stage,
+            b_microbatch: b_microbatch + by,
+        },
+        k => k,
+    };
+    Action {
+        microbatch: a.microbatch + by,
+        kind,
+        ..a
+    }
 }
 
 fn renumber(a: Action, m: u32) -> Action {

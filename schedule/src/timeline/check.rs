@@ -1,0 +1,227 @@
+//! A timeline checked as strictly as a timetable before anything is drawn or measured
+//! from it: every event inside the numbers its `meta` gives, no event ending before it
+//! starts, no two computations at once on one device, and the compute events, taken in
+//! time order per device, a valid timetable (complete, each action once, in dependency
+//! order). A timeline the simulator or the runtime wrote always passes; a hand-edited or
+//! corrupted one is refused naming its first bad event.
+
+use std::collections::HashMap;
+
+use super::{Event, Timeline};
+use crate::timetable::Timetable;
+use crate::validate::{validate, ValidationError};
+
+/// Most devices a timeline may name: per-device figures allocate by this count.
+pub const MAX_DEVICES: u32 = 1 << 16;
+
+/// Why a timeline cannot be trusted.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum TimelineError {
+    /// Counts outside what any run has.
+    #[error("meta says {devices} devices and {stages} stages: expected 1 to {MAX_DEVICES} devices and at least one stage per device")]
+    Meta {
+        /// `meta.devices`.
+        devices: u32,
+        /// `meta.stages`.
+        stages: u32,
+    },
+    /// Nothing happened.
+    #[error("the timeline has no events")]
+    NoEvents,
+    /// More devices than computations: some device did nothing.
+    #[error("meta says {devices} devices, but the timeline has {compute} compute events: every device of a step computes")]
+    Idle {
+        /// `meta.devices`.
+        devices: u32,
+        /// Compute events.
+        compute: usize,
+    },
+    /// An event outside the numbers of `meta`, or with a time that is not a number.
+    #[error("event {index} ({what}): {why}")]
+    BadEvent {
+        /// Position in `events`.
+        index: usize,
+        /// The event, as `device 1: 2F3 at 4..5`.
+        what: String,
+        /// What is wrong.
+        why: String,
+    },
+    /// Two computations at once on one device.
+    #[error("device {device}: {second} starts at {start}, before {first} ends at {end}: one device computes one thing at a time")]
+    Overlap {
+        /// Device.
+        device: u32,
+        /// The earlier action.
+        first: String,
+        /// Its end.
+        end: f64,
+        /// The action that starts inside it.
+        second: String,
+        /// Its start.
+        start: f64,
+    },
+    /// A stage whose events run on two devices.
+    #[error(
+        "stage {stage} runs on device {first} and on device {second}: a stage lives on one device"
+    )]
+    TwoDevices {
+        /// Stage.
+        stage: u32,
+        /// The device of its first event.
+        first: u32,
+        /// Another.
+        second: u32,
+    },
+    /// A stage of `meta` with no event at all.
+    #[error("stage {0} has no events")]
+    NoStage(u32),
+    /// The compute events in time order are not a valid timetable.
+    #[error("its compute in time order is not a valid step: {0}")]
+    Invalid(ValidationError),
+}
+
+fn show(e: &Event) -> String {
+    format!(
+        "device {}: {} at {}..{}",
+        e.device, e.action, e.start, e.end
+    )
+}
+
+impl Timeline {
+    /// Check the timeline (see the module's text); `Ok` with nothing changed.
+    pub fn check(&self) -> Result<(), TimelineError> {
+        let meta = &self.meta;
+        if meta.devices == 0 || meta.devices > MAX_DEVICES || meta.stages < meta.devices {
+            return Err(TimelineError::Meta {
+                devices: meta.devices,
+                stages: meta.stages,
+            });
+        }
+        if self.events.is_empty() {
+            return Err(TimelineError::NoEvents);
+        }
+        // Every device computes: per-device tables are then bounded by the events.
+        let compute = self.compute_events().count();
+        if meta.devices as usize > compute {
+            return Err(TimelineError::Idle {
+                devices: meta.devices,
+                compute,
+            });
+        }
+        for (index, e) in self.events.iter().enumerate() {
+            if let Some(why) = event_problem(self, e) {
+                return Err(TimelineError::BadEvent {
+                    index,
+                    what: show(e),
+                    why,
+                });
+            }
+        }
+        let tt = self.compute_timetable()?;
+        no_overlap(self)?;
+        validate(&tt).map_err(TimelineError::Invalid)?;
+        Ok(())
+    }
+
+    /// The compute events as a timetable: each device's in time order, stages placed where
+    /// their events run.
+    fn compute_timetable(&self) -> Result<Timetable, TimelineError> {
+        let meta = &self.meta;
+        let mut rows: Vec<Vec<&Event>> = vec![Vec::new(); meta.devices as usize];
+        let mut placed: HashMap<u32, u32> = HashMap::new();
+        for e in self.compute_events() {
+            rows[e.device as usize].push(e);
+            for part in e.action.parts() {
+                match placed.insert(part.stage, e.device) {
+                    Some(d) if d != e.device => {
+                        return Err(TimelineError::TwoDevices {
+                            stage: part.stage,
+                            first: d,
+                            second: e.device,
+                        })
+                    }
+                    _ => {}
+                }
+            }
+        }
+        // Every stage named in `meta` has an event (so `meta.stages` is bounded by them).
+        if let Some(s) = (0..meta.stages).find(|s| !placed.contains_key(s)) {
+            return Err(TimelineError::NoStage(s));
+        }
+        let stage_device = (0..meta.stages).map(|s| placed[&s]).collect();
+        let devices = rows
+            .into_iter()
+            .map(|mut row| {
+                row.sort_by(|a, b| a.start.total_cmp(&b.start).then(a.end.total_cmp(&b.end)));
+                row.into_iter().map(|e| e.action).collect()
+            })
+            .collect();
+        Ok(Timetable {
+            name: meta.schedule.clone(),
+            microbatches: meta.microbatches,
+            stage_device,
+            devices,
+        })
+    }
+}
+
+/// What is wrong with one event on its own, if anything.
+fn event_problem(tl: &Timeline, e: &Event) -> Option<String> {
+    let meta = &tl.meta;
+    if !(e.start.is_finite() && e.end.is_finite()) {
+        return Some("its times must be finite numbers".into());
+    }
+    if e.end < e.start {
+        return Some(format!(
+            "it ends at {} before it starts at {}",
+            e.end, e.start
+        ));
+    }
+    if e.device >= meta.devices {
+        return Some(format!("meta says {} devices", meta.devices));
+    }
+    for a in e.action.parts() {
+        if a.stage >= meta.stages {
+            return Some(format!(
+                "stage {} does not exist (meta says {} stages)",
+                a.stage, meta.stages
+            ));
+        }
+        if a.microbatch >= meta.microbatches {
+            return Some(format!(
+                "microbatch {} does not exist (meta says {} microbatches)",
+                a.microbatch, meta.microbatches
+            ));
+        }
+    }
+    None
+}
+
+/// No device computes two things at once (touching ends are fine; so are zero-length
+/// events, and rounding of recorded times by a part in a billion).
+fn no_overlap(tl: &Timeline) -> Result<(), TimelineError> {
+    let mut rows: Vec<Vec<&Event>> = vec![Vec::new(); tl.meta.devices as usize];
+    for e in tl.compute_events() {
+        rows[e.device as usize].push(e);
+    }
+    for (d, mut row) in rows.into_iter().enumerate() {
+        row.sort_by(|a, b| a.start.total_cmp(&b.start).then(a.end.total_cmp(&b.end)));
+        for pair in row.windows(2) {
+            let (a, b) = (pair[0], pair[1]);
+            let slack = 1e-9 * a.end.abs().max(1.0);
+            if b.start < a.end - slack {
+                return Err(TimelineError::Overlap {
+                    device: d as u32,
+                    first: a.action.to_string(),
+                    end: a.end,
+                    second: b.action.to_string(),
+                    start: b.start,
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

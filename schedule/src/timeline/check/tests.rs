@@ -1,0 +1,87 @@
+use super::*;
+use crate::action::{Action, ActionKind};
+use crate::simulate::{simulate, simulate_steps, CostModel, StageCost};
+use crate::spec::{ScheduleKind, ScheduleSpec};
+
+fn simulated() -> Timeline {
+    let spec = ScheduleSpec::new(ScheduleKind::OneFOneB, 2, 1, 3, None).unwrap();
+    let tt = crate::generate(&spec);
+    let costs = CostModel::uniform(2, StageCost::new(1.0, 2.0, None).unwrap());
+    simulate(&tt, &costs).unwrap().timeline
+}
+
+fn edited(f: impl FnOnce(&mut Timeline)) -> TimelineError {
+    let mut tl = simulated();
+    f(&mut tl);
+    tl.check().unwrap_err()
+}
+
+fn first_of(tl: &Timeline, kind: ActionKind, device: u32) -> usize {
+    tl.events
+        .iter()
+        .position(|e| e.action.kind == kind && e.device == device)
+        .unwrap()
+}
+
+#[test]
+fn what_the_simulator_writes_passes_one_step_or_many() {
+    simulated().check().unwrap();
+    let spec = ScheduleSpec::new(ScheduleKind::Zbv, 2, 2, 4, None).unwrap();
+    let tt = crate::generate(&spec);
+    let costs = CostModel::uniform(4, StageCost::new(1.0, 2.0, Some(1.0)).unwrap());
+    simulate_steps(&tt, &costs, 3)
+        .unwrap()
+        .timeline
+        .check()
+        .unwrap();
+}
+
+#[test]
+fn contradictions_are_refused_naming_the_event() {
+    let e = edited(|tl| {
+        let i = first_of(tl, ActionKind::B, 0);
+        tl.events[i].end = tl.events[i].start - 1.0;
+    });
+    assert!(e.to_string().contains("before it starts"), "{e}");
+    let e = edited(|tl| tl.events.clear());
+    assert_eq!(e, TimelineError::NoEvents);
+    let e = edited(|tl| tl.events[0].action.microbatch = 7);
+    assert!(e.to_string().contains("microbatch 7 does not exist"), "{e}");
+    let e = edited(|tl| tl.events[0].action.stage = 9);
+    assert!(e.to_string().contains("stage 9 does not exist"), "{e}");
+    let e = edited(|tl| tl.events[0].start = f64::NAN);
+    assert!(e.to_string().contains("finite"), "{e}");
+    // A duplicated event: the same forward twice.
+    let e = edited(|tl| {
+        let i = first_of(tl, ActionKind::F, 0);
+        let mut again = tl.events[i];
+        again.start += 100.0;
+        again.end += 100.0;
+        tl.events.push(again);
+    });
+    assert!(e.to_string().contains("duplicated"), "{e}");
+    // Two computations at once on one device.
+    let e = edited(|tl| {
+        let i = first_of(tl, ActionKind::B, 1);
+        tl.events[i].start -= 0.5;
+    });
+    assert!(matches!(e, TimelineError::Overlap { device: 1, .. }), "{e}");
+    // An event missing: the step is incomplete.
+    let e = edited(|tl| {
+        let i = first_of(tl, ActionKind::B, 1);
+        tl.events.remove(i);
+    });
+    assert!(e.to_string().contains("no backward"), "{e}");
+    let e = edited(|tl| tl.meta.microbatches = 100_000_000);
+    assert!(e.to_string().contains("missing"), "{e}");
+    let e = edited(|tl| tl.meta.devices = 0);
+    assert!(matches!(e, TimelineError::Meta { .. }), "{e}");
+    let e = edited(|tl| {
+        let i = first_of(tl, ActionKind::F, 0);
+        tl.events[i].action = Action::new(1, ActionKind::F, 0);
+    });
+    assert!(
+        matches!(e, TimelineError::TwoDevices { stage: 1, .. }),
+        "{e}"
+    );
+}
