@@ -143,6 +143,8 @@ fn in_process_bytes(req: &PlanRequest, c: &Config) -> Result<u64> {
 /// The configurations an in-process run of which fits this machine's memory; refused in one
 /// line with the figures when fewer than 2 do.
 pub fn fitting(req: &PlanRequest, simulated: &[(Config, f64)]) -> Result<Vec<(Config, f64)>> {
+    // What cannot be trained at all is refused first, before what does not fit.
+    trainable(req)?;
     let have = super::budget::machine_memory();
     let mut smallest: Option<u64> = None;
     let mut out = Vec::new();
@@ -207,13 +209,18 @@ pub fn spread(simulated: &[(Config, f64)], k: usize) -> Vec<(Config, f64)> {
         .collect()
 }
 
-/// Run every configuration, print predicted against measured and their rank correlation.
-pub fn validate(req: &PlanRequest, runs: &[(Config, f64)]) -> Result<String> {
+/// The planned shape, when the reference GPT can train it (every kind but tied embeddings).
+fn trainable(req: &PlanRequest) -> Result<&ModelShape> {
     let Some(shape) = req.model.gpt() else {
         bail!("--validate trains the reference GPT; a --profile's model is the user's own program");
     };
-    // The reference GPT takes every kind of the shape but tied embeddings.
     gpt_config(shape).map_err(|e| anyhow!("--validate trains the planned shape: {e}"))?;
+    Ok(shape)
+}
+
+/// Run every configuration, print predicted against measured and their rank correlation.
+pub fn validate(req: &PlanRequest, runs: &[(Config, f64)]) -> Result<String> {
+    let shape = trainable(req)?;
     let mut out = format!(
         "\nvalidation: {} configurations (the best, the slowest simulated, and between them spread by predicted time) trained in-process for {STEPS} steps each, twice (the faster period counts)\n  #  predicted s  measured s  measured/predicted  peak memory error  configuration\n",
         runs.len()

@@ -129,6 +129,20 @@ pub enum CsvError {
         /// The send.
         send: Action,
     },
+    /// A stage number the file is too short to hold every stage below it for.
+    #[error("line {line}, column {column}: stage {stage}, but a file of {bytes} bytes holds at most {most} stages (every stage from 0 to {stage} must be on some row)")]
+    StageBeyondFile {
+        /// The stage named.
+        stage: u32,
+        /// Bytes in the file.
+        bytes: usize,
+        /// Most stages a file of this length can name.
+        most: usize,
+        /// Line.
+        line: usize,
+        /// Column.
+        column: usize,
+    },
     /// Numbers too large to hold.
     #[error(
         "line {line}, column {column}: stages x microbatches exceeds the limit of {MAX_ACTIONS}"
@@ -150,7 +164,14 @@ pub fn from_csv(text: &str) -> Result<(Timetable, CsvSource), CsvError> {
     let mut devices = Vec::with_capacity(rows.len());
     let mut cells = Vec::with_capacity(rows.len());
     // (device, line) of each stage's first appearance.
-    let mut owner: Vec<Option<(u32, usize)>> = Vec::new();
+    let mut owner = Owners {
+        slots: Vec::new(),
+        // Each stage needs a cell of at least 3 bytes (`0F0`) and a separator, so a stage
+        // number past this bound leaves a stage below it on no row: refused before the table
+        // is sized by it (a 12-byte file must not allocate by a stage number of 2^28).
+        most: (text.len() + 1) / 4,
+        bytes: text.len(),
+    };
     let (mut max_stage, mut max_mb) = (0u32, 0u32);
     // PyTorch's compute+comms form: an action only it has was seen; the first send of any
     // row that no wait followed.
@@ -205,7 +226,7 @@ pub fn from_csv(text: &str) -> Result<(Timetable, CsvSource), CsvError> {
         devices.push(actions);
         cells.push(places);
     }
-    if owner.is_empty() {
+    if owner.slots.is_empty() {
         return Err(CsvError::Empty);
     }
     let form = if pytorch_comms {
@@ -228,6 +249,7 @@ pub fn from_csv(text: &str) -> Result<(Timetable, CsvSource), CsvError> {
         CsvForm::ComputeOnly
     };
     let stage_device = owner
+        .slots
         .iter()
         .enumerate()
         .map(|(s, o)| {
@@ -339,9 +361,16 @@ impl Extra {
     }
 }
 
+/// (device, line) of each stage's first appearance, and how many stages the file can hold.
+struct Owners {
+    slots: Vec<Option<(u32, usize)>>,
+    most: usize,
+    bytes: usize,
+}
+
 /// Record that `a`'s stage lives on device `d` (first seen at `line`), or say where it clashes.
 fn claim(
-    owner: &mut Vec<Option<(u32, usize)>>,
+    owner: &mut Owners,
     a: Action,
     d: u32,
     (line, column): (usize, usize),
@@ -350,11 +379,20 @@ fn claim(
         return Err(CsvError::TooLarge { line, column });
     }
     let slot = a.stage as usize;
-    if owner.len() <= slot {
-        owner.resize(slot + 1, None);
+    if slot >= owner.most {
+        return Err(CsvError::StageBeyondFile {
+            stage: a.stage,
+            bytes: owner.bytes,
+            most: owner.most,
+            line,
+            column,
+        });
     }
-    match owner[slot] {
-        None => owner[slot] = Some((d, line)),
+    if owner.slots.len() <= slot {
+        owner.slots.resize(slot + 1, None);
+    }
+    match owner.slots[slot] {
+        None => owner.slots[slot] = Some((d, line)),
         Some((device, first_line)) if device != d => {
             return Err(CsvError::StageOnTwoDevices {
                 stage: a.stage,
@@ -468,6 +506,19 @@ mod tests {
         // A no-break space is two bytes, one character.
         let (_, src) = from_csv("0F0,\u{a0},0B0\n").unwrap();
         assert_eq!(src.line_col(0, 1), Some((1, 7)));
+    }
+
+    #[test]
+    fn a_stage_number_past_what_the_file_can_hold_is_refused_before_sizing_by_it() {
+        let err = from_csv("268435455F0\n").unwrap_err();
+        assert!(
+            matches!(err, CsvError::StageBeyondFile { stage: 268435455, .. }),
+            "{err}"
+        );
+        assert!(err.to_string().starts_with("line 1, column 1: stage 268435455"), "{err}");
+        // The tightest file that holds stage 2: three rows of one cell each.
+        let (tt, _) = from_csv("0F0\n1F0\n2F0").unwrap();
+        assert_eq!(tt.num_stages(), 3);
     }
 
     #[test]
