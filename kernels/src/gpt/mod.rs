@@ -24,8 +24,8 @@ use crate::error::{shape_err, KernelError, Result};
 use crate::footprint::Footprint;
 use crate::layers::seq;
 use crate::layers::{
-    Block, BlockStash, BlockWeightStash, Embedding, HeadStash, HeadWeightStash, LmHead,
-    Parameters, TpReduce, TpShard,
+    Block, BlockStash, BlockWeightStash, Embedding, HeadStash, HeadWeightStash, LmHead, Parameters,
+    TpReduce, TpShard,
 };
 use crate::tensor::Tensor;
 use std::ops::Range;

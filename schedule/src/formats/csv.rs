@@ -512,10 +512,20 @@ mod tests {
     fn a_stage_number_past_what_the_file_can_hold_is_refused_before_sizing_by_it() {
         let err = from_csv("268435455F0\n").unwrap_err();
         assert!(
-            matches!(err, CsvError::StageBeyondFile { stage: 268435455, .. }),
+            matches!(
+                err,
+                CsvError::StageBeyondFile {
+                    stage: 268435455,
+                    ..
+                }
+            ),
             "{err}"
         );
-        assert!(err.to_string().starts_with("line 1, column 1: stage 268435455"), "{err}");
+        assert!(
+            err.to_string()
+                .starts_with("line 1, column 1: stage 268435455"),
+            "{err}"
+        );
         // The tightest file that holds stage 2: three rows of one cell each.
         let (tt, _) = from_csv("0F0\n1F0\n2F0").unwrap();
         assert_eq!(tt.num_stages(), 3);
