@@ -5,7 +5,11 @@
 //!   as its parts' visits, in the order listed (that order is the flat order of gradients
 //!   and optimizer state). A part is anything that implements `Parameters`: a `Param`, a
 //!   kernels layer, an `Option`, `Vec` or `Box` of them. `tensor = B::Storage` names the
-//!   tensor type of a backend-generic layer (the host `Tensor` by default).
+//!   tensor type of a backend-generic layer (the host `Tensor` by default). A field whose
+//!   type holds parameters but is not listed does not compile (its weights would never be
+//!   trained); `#[parameters(skip)]` on the field says it is frozen on purpose. (Checked for
+//!   fields of concrete types: a field whose type names the struct's generic parameters is
+//!   not.)
 //! - `#[derive(Footprint)]`: a stash's bytes as the sum of its fields' (each a `Footprint`);
 //!   `#[footprint(skip)]` leaves out a field that holds no stashed memory (a flag).
 //!
@@ -24,7 +28,8 @@
 use proc_macro::TokenStream;
 use proc_macro2::{Span, TokenStream as Tokens};
 use proc_macro_crate::{crate_name, FoundCrate};
-use quote::quote;
+use quote::{quote, quote_spanned};
+use syn::spanned::Spanned;
 use syn::parse::{Parse, ParseStream};
 use syn::punctuated::Punctuated;
 use syn::{parse_macro_input, Data, DeriveInput, Fields, Ident, Token, Type};
@@ -103,7 +108,9 @@ fn parameters(input: &DeriveInput) -> syn::Result<Tokens> {
     let (impl_g, ty_g, where_g) = input.generics.split_for_impl();
     let params = quote!(#krate::layers::Parameters<#tensor>);
     let param = quote!(#krate::layers::Param<#tensor>);
+    let unlisted = unlisted_checks(input, &parts, &tensor, &params)?;
     Ok(quote! {
+        #unlisted
         impl #impl_g #params for #name #ty_g #where_g {
             fn visit(&self, f: &mut dyn FnMut(&#param)) {
                 #( <_ as #params>::visit(&self.#parts, f); )*
@@ -113,6 +120,96 @@ fn parameters(input: &DeriveInput) -> syn::Result<Tokens> {
             }
         }
     })
+}
+
+/// A compile error for each field that holds parameters but is neither listed nor marked
+/// `#[parameters(skip)]`: its weights would get gradients that no optimizer step or
+/// data-parallel reduction ever reads, and the model would train with them frozen, silently.
+///
+/// Whether a field's type implements `Parameters` is asked at compile time by the inherent
+/// const of a probe type (chosen only where the bound holds) over a trait's default. That
+/// resolves for concrete types only, so a field whose type names the struct's own generic
+/// parameters is not checked.
+fn unlisted_checks(
+    input: &DeriveInput,
+    parts: &[Punctuated<Ident, Token![.]>],
+    tensor: &Tokens,
+    params: &Tokens,
+) -> syn::Result<Tokens> {
+    let Data::Struct(data) = &input.data else {
+        return Ok(Tokens::new());
+    };
+    let listed: Vec<&Ident> = parts.iter().filter_map(|p| p.first()).collect();
+    let generics: Vec<String> = input
+        .generics
+        .params
+        .iter()
+        .map(|g| match g {
+            syn::GenericParam::Type(t) => t.ident.to_string(),
+            syn::GenericParam::Lifetime(l) => l.lifetime.ident.to_string(),
+            syn::GenericParam::Const(c) => c.ident.to_string(),
+        })
+        .collect();
+    if mentions(tensor, &generics) {
+        // A backend-generic layer (`tensor = B::Storage`): nothing concrete to ask about.
+        return Ok(Tokens::new());
+    }
+    let mut asserts = Vec::new();
+    for field in &data.fields {
+        let Some(id) = &field.ident else { continue };
+        let ty = &field.ty;
+        if listed.contains(&id) || skipped(field)? || mentions(&quote!(#ty), &generics) {
+            continue;
+        }
+        let message = format!(
+            "field `{id}` of `{}` holds parameters but is not in #[parameters(..)]: its \
+             weights would never be stepped or reduced over data-parallel replicas; list it, \
+             or mark it #[parameters(skip)] if it is frozen",
+            input.ident
+        );
+        asserts.push(quote_spanned!(ty.span()=> assert!(!<Probe<#ty>>::HOLDS, #message);));
+    }
+    if asserts.is_empty() {
+        return Ok(Tokens::new());
+    }
+    Ok(quote! {
+        const _: () = {
+            struct Probe<T: ?Sized>(::core::marker::PhantomData<T>);
+            trait Fallback { const HOLDS: bool = false; }
+            impl<T: ?Sized> Fallback for Probe<T> {}
+            #[allow(dead_code)]
+            impl<T: ?Sized + #params> Probe<T> { const HOLDS: bool = true; }
+            #( #asserts )*
+        };
+    })
+}
+
+/// Whether a field says `#[parameters(skip)]`.
+fn skipped(field: &syn::Field) -> syn::Result<bool> {
+    let mut skip = false;
+    for attr in field.attrs.iter().filter(|a| a.path().is_ident("parameters")) {
+        attr.parse_nested_meta(|meta| {
+            if meta.path.is_ident("skip") {
+                skip = true;
+                Ok(())
+            } else {
+                Err(meta.error("expected #[parameters(skip)] on a field"))
+            }
+        })?;
+    }
+    Ok(skip)
+}
+
+/// Whether tokens (a type) name any of `generics` (by identifier, anywhere in them).
+fn mentions(ty: &Tokens, generics: &[String]) -> bool {
+    fn walk(tokens: Tokens, generics: &[String]) -> bool {
+        tokens.into_iter().any(|t| match t {
+            proc_macro2::TokenTree::Ident(i) => generics.iter().any(|g| i == g),
+            proc_macro2::TokenTree::Group(g) => walk(g.stream(), generics),
+            _ => false,
+        })
+    }
+    !generics.is_empty() && walk(ty.clone(), generics)
 }
 
 fn footprint(input: &DeriveInput) -> syn::Result<Tokens> {

@@ -85,6 +85,36 @@ use crate::module::{MicrobatchData, ModuleError, Output, StageModule};
 ///     }
 /// }
 /// ```
+///
+/// `#[derive(Parameters)]` lists the fields that hold parameters; one left out of the list
+/// would train frozen without a word, so it does not compile:
+///
+/// ```compile_fail,E0080
+/// use pipewright_runtime::kernels::layers::Linear;
+/// use pipewright_runtime::Parameters;
+///
+/// #[derive(Parameters)]
+/// #[parameters(up)]
+/// struct Pair { up: Linear, down: Linear, scale: f32 } // `down` is not listed
+/// ```
+///
+/// unless it is frozen on purpose:
+///
+/// ```
+/// use pipewright_runtime::kernels::layers::Linear;
+/// use pipewright_runtime::{Parameters, Tensor};
+///
+/// #[derive(Parameters)]
+/// #[parameters(up)]
+/// struct Pair { up: Linear, #[parameters(skip)] down: Linear, scale: f32 }
+///
+/// let lin = |n: &str| Linear::new(n, Tensor::zeros(&[2, 2]), None);
+/// let pair = Pair { up: lin("up")?, down: lin("down")?, scale: 1.0 };
+/// let mut count = 0;
+/// pair.visit(&mut |_| count += 1);
+/// assert_eq!(count, 1);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub trait Layer: Parameters {
     /// What the forward keeps for the input backward.
     type Stash: Footprint + 'static;
