@@ -29,9 +29,9 @@ use proc_macro::TokenStream;
 use proc_macro2::{Span, TokenStream as Tokens};
 use proc_macro_crate::{crate_name, FoundCrate};
 use quote::{quote, quote_spanned};
-use syn::spanned::Spanned;
 use syn::parse::{Parse, ParseStream};
 use syn::punctuated::Punctuated;
+use syn::spanned::Spanned;
 use syn::{parse_macro_input, Data, DeriveInput, Fields, Ident, Token, Type};
 
 /// `#[derive(Parameters)]`: see the crate docs.
@@ -187,7 +187,11 @@ fn unlisted_checks(
 /// Whether a field says `#[parameters(skip)]`.
 fn skipped(field: &syn::Field) -> syn::Result<bool> {
     let mut skip = false;
-    for attr in field.attrs.iter().filter(|a| a.path().is_ident("parameters")) {
+    for attr in field
+        .attrs
+        .iter()
+        .filter(|a| a.path().is_ident("parameters"))
+    {
         attr.parse_nested_meta(|meta| {
             if meta.path.is_ident("skip") {
                 skip = true;

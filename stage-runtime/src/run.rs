@@ -24,6 +24,7 @@ use crate::executor::{Executor, StepOutcome};
 use crate::memory::RankMemory;
 use crate::mesh::{Coord, Mesh};
 use crate::module::{first_non_finite, ModuleError, StageModule};
+use crate::setup::check_replicas_agree;
 use crate::zero::Zero;
 
 /// How to run.
@@ -140,7 +141,9 @@ pub fn prepare(tt: &Timetable, mesh: &Mesh) -> Result<Timetable, RuntimeError> {
 /// for a stage; `data(id)` builds one microbatch of the user's data on every rank that needs
 /// it (see [`MicrobatchId`]; the runtime adds the loss scale). `on_step` sees
 /// each step as soon as every rank has finished it. On any failure every rank stops and the
-/// error of the rank that failed first is returned.
+/// error of the rank that failed first is returned. Under `dp > 1`, `make` must build every
+/// replica of a stage with the same parameters: each replica's module is built once more
+/// before the run and compared with replica 0's, and replicas that differ are refused.
 pub fn run<M, MF, DF, CB>(
     mesh: Mesh,
     tt: &Timetable,
@@ -155,6 +158,7 @@ where
     DF: Fn(MicrobatchId) -> Result<M::Data, ModuleError> + Sync,
     CB: FnMut(&StepRecord),
 {
+    check_replicas_agree(mesh, &prepare(tt, &mesh)?, &make)?;
     let make = |c: Coord, s: u32, _: &HostOps| make(c, s);
     run_local(mesh, tt, |_| Ok(HostOps), make, data, opts, on_step)
 }

@@ -8,6 +8,7 @@ use pipewright_schedule::{Action, ActionKind, Recompute, RecomputePlan, Timetabl
 
 use crate::error::RuntimeError;
 use crate::executor::guard;
+use crate::mesh::{Coord, Mesh};
 use crate::module::{unimplemented_method, ModuleError, StageModule};
 use pipewright_kernels::Shaped;
 
@@ -182,4 +183,74 @@ where
         }
     }
     Ok(sizes)
+}
+
+/// Refuse, before any rank starts, data-parallel replicas of a stage that would start from
+/// different parameters: the gradient all-reduce keeps replicas in step only from an equal
+/// start, and a `make` that draws its weights from a thread's random generator or from the
+/// replica index would train `dp` different models while the run reports replica 0's (issue
+/// 24's class: nothing would show the split). Builds each replica's module once more, one at a
+/// time, on the calling thread, and compares its `flat_params` bit for bit with replica 0's;
+/// a module that does not show its parameters cannot be compared and is left to its author.
+/// Only under `dp > 1`, so a one-replica run pays nothing.
+pub(crate) fn check_replicas_agree<M, MF>(
+    mesh: Mesh,
+    tt: &Timetable,
+    make: &MF,
+) -> Result<(), RuntimeError>
+where
+    M: StageModule,
+    MF: Fn(Coord, u32) -> Result<M, ModuleError>,
+{
+    if mesh.dp < 2 {
+        return Ok(());
+    }
+    for stage in 0..tt.num_stages() {
+        let pp = tt.stage_device[stage as usize] as usize;
+        for tp in 0..mesh.tp {
+            let params = |dp: usize| {
+                let coord = Coord { pp, tp, dp };
+                let fail = |m: String| RuntimeError::device(mesh.rank(coord), coord, 0, None, m);
+                let mut module =
+                    make(coord, stage).map_err(|e| fail(format!("building stage {stage}: {e}")))?;
+                guard(|| module.flat_params())
+                    .map_err(|e| fail(format!("stage {stage}: flat_params failed: {e}")))
+            };
+            let Some(first) = params(0)? else { continue };
+            for dp in 1..mesh.dp {
+                let Some(other) = params(dp)? else { continue };
+                if let Some(message) = differ(&first, &other, dp, mesh.tp > 1, tp) {
+                    return Err(RuntimeError::Module {
+                        stage,
+                        method: "make",
+                        message,
+                    });
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Why replica `dp`'s parameters are not replica 0's, if they are not (bit for bit).
+fn differ(first: &[f32], other: &[f32], dp: usize, with_tp: bool, tp: usize) -> Option<String> {
+    let at = if with_tp {
+        format!(" (tp rank {tp})")
+    } else {
+        String::new()
+    };
+    let what = if first.len() != other.len() {
+        format!("{} parameters against {}", first.len(), other.len())
+    } else {
+        let i = first
+            .iter()
+            .zip(other)
+            .position(|(a, b)| a.to_bits() != b.to_bits())?;
+        format!("parameter {i} is {} against {}", first[i], other[i])
+    };
+    Some(format!(
+        "data-parallel replicas 0 and {dp}{at} build it with different parameters ({what}): \
+         every replica must start from the same values, as one device would; build each \
+         layer from its index or from a seed that depends on neither the replica nor the call"
+    ))
 }

@@ -496,3 +496,51 @@ fn unreported_sizes_are_counted_from_the_flat_views() {
         assert!(peak.activations > 0, "rank {rank}: stashes counted");
     }
 }
+
+/// dp = 2 from a `make` whose weights differ between replicas: every replica would train its
+/// own model while the run reported replica 0's.
+fn replicas_differ(make: impl Fn(Coord, u32) -> Result<Whole, ModuleError> + Sync) -> String {
+    let tt = generate(&ScheduleSpec::new(ScheduleKind::OneFOneB, 2, 1, 4, None).unwrap());
+    let mut steps = 0;
+    let r = run(
+        Mesh::new(2, 1, 2).unwrap(),
+        &tt,
+        make,
+        data,
+        &opts(2),
+        |_| steps += 1,
+    );
+    assert_eq!(steps, 0, "a step ran");
+    let (stage, method, line) = refusal(&r.expect_err("replicas start apart"));
+    assert_eq!(method, "make", "{line}");
+    assert!(
+        line.starts_with(&format!("stage {stage}: data-parallel replicas 0 and 1")),
+        "{line}"
+    );
+    line
+}
+
+#[test]
+fn dp_2_refuses_replicas_that_start_from_different_weights() {
+    // Weights from a generator that moves on with every call (a thread's RNG, say).
+    let calls = std::sync::atomic::AtomicUsize::new(0);
+    let line = replicas_differ(|_, s| {
+        let mut c = chain(s as usize * 2..(s as usize + 1) * 2);
+        let n = calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        c.layers[0].weight.value.data_mut()[0] += n as f32;
+        Ok(Whole(c))
+    });
+    assert!(
+        line.contains("stage 0") && line.contains("parameter 0 is"),
+        "{line}"
+    );
+    // Weights seeded by the replica: stage 1's second layer differs at its first bias value.
+    let line = replicas_differ(|coord, s| {
+        let mut c = chain(s as usize * 2..(s as usize + 1) * 2);
+        if s == 1 {
+            c.layers[1].bias.as_mut().unwrap().value.data_mut()[0] = coord.dp as f32;
+        }
+        Ok(Whole(c))
+    });
+    assert!(line.contains("stage 1"), "{line}");
+}
