@@ -47,7 +47,7 @@ pub enum MemoryRequestError {
     #[error(transparent)]
     Shape(#[from] ShapeRequestError),
     /// A configuration the model refuses.
-    #[error("{0}")]
+    #[error(transparent)]
     Memory(#[from] MemoryError),
     /// Sizes whose figures pass what 64-bit counts hold.
     #[error("the memory model's figures for {layers} layers of d_model {d_model} (ffn {ffn}, vocab {vocab}, seq-len {seq_len}, {microbatch_size} sequences per microbatch) pass 2^60 bytes (about {rough:.1e}): check the sizes")]
