@@ -35,11 +35,27 @@ pub struct Timetable {
     pub(crate) inner: Tt,
     /// The CSV form it was read from, if it was.
     form: Option<CsvForm>,
+    /// The recompute policy `generate` inserted, for the memory model of `simulate` (as the
+    /// CLI's `--recompute` reaches it); none for a timetable read from text, whose `R`
+    /// actions the model takes as full recomputation.
+    pub(crate) recompute: RecomputePlan,
 }
 
 impl Timetable {
     pub(crate) fn new(inner: Tt) -> Self {
-        Timetable { inner, form: None }
+        Timetable {
+            inner,
+            form: None,
+            recompute: RecomputePlan::default(),
+        }
+    }
+
+    /// `inner`, derived from this timetable, keeping its recompute policy.
+    fn derived(&self, inner: Tt) -> Self {
+        Timetable {
+            recompute: self.recompute.clone(),
+            ..Timetable::new(inner)
+        }
     }
 }
 
@@ -62,8 +78,8 @@ fn parse(text: &str, name: &str, check: bool) -> PyResult<Timetable> {
         }
     }
     Ok(Timetable {
-        inner: tt,
         form: source.map(|s| s.form()),
+        ..Timetable::new(tt)
     })
 }
 
@@ -129,12 +145,12 @@ impl Timetable {
 
     /// The same timetable with pipewright's sends and receives (`SEND_F`, `RECV_F`, ...).
     fn lower(&self) -> PyResult<Self> {
-        Ok(Timetable::new(lower(&self.inner).map_err(err)?))
+        Ok(self.derived(lower(&self.inner).map_err(err)?))
     }
 
     /// The same timetable without sends and receives.
     fn compute_only(&self) -> Self {
-        Timetable::new(self.inner.compute_only())
+        self.derived(self.inner.compute_only())
     }
 
     /// A readable grid: one row per device, one column per step.
@@ -282,7 +298,10 @@ fn generate(
             .map_err(|e| err(format!("--recompute: {e}")))?;
         tt = recompute::insert(&tt, &plan);
     }
-    Ok(Timetable::new(tt))
+    Ok(Timetable {
+        recompute: plan,
+        ..Timetable::new(tt)
+    })
 }
 
 /// What `validate` proved.
