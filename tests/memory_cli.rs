@@ -163,5 +163,8 @@ fn search_caps_the_whole_rank_and_partial_shapes_are_refused_by_name() {
         &[&["simulate", "--stages", "2", "--tp", "3"][..], &SHAPE].concat(),
         &["memory model: tp (3) must divide heads (4)"],
     );
-    assert_eq!(line.trim_end(), "error: memory model: tp (3) must divide heads (4)");
+    assert_eq!(
+        line.trim_end(),
+        "error: memory model: tp (3) must divide heads (4)"
+    );
 }
