@@ -3,11 +3,12 @@
 
 use pipewright_schedule::plan::evaluate::timetable as family_timetable;
 use pipewright_schedule::plan::launch::{launch, model_line, profile_launch, report_json};
+use pipewright_schedule::plan::request::parse_policy;
 use pipewright_schedule::plan::{
     plan as run_plan, Cluster, Fixed, Plan as RsPlan, PlanModel, PlanRequest, RawPlanRequest,
 };
 use pipewright_schedule::shape::{AttentionKind, ShapeRequest};
-use pipewright_schedule::{Recompute, ScheduleKind};
+use pipewright_schedule::ScheduleKind;
 use pyo3::prelude::*;
 
 use crate::shape::{kind, kinds, named_text};
@@ -221,9 +222,9 @@ fn plan(
                 .transpose()
                 .map_err(err)?,
             recompute: recompute
-                .map(|r| r.parse::<Recompute>())
+                .map(parse_policy)
                 .transpose()
-                .map_err(err)?,
+                .map_err(|e| err(format!("--recompute: {e}")))?,
             zero,
             sequence_parallel,
         },

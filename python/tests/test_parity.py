@@ -76,7 +76,7 @@ def small_llama(tmp_path):
 
 
 def test_a_llama_plan_from_kinds_is_the_clis():
-    for extra in [{}, dict(attention="fused", precision="f32", tp=2),
+    for extra in [{}, dict(attention="fused", precision="f32", tp=2, recompute="selective"),
                   dict(tied_embeddings=True, schedule="zbv", zero=1)]:
         plan = pw.plan(**LLAMA, **PLAN, **extra)
         same_plan(plan.to_dict(), cli_json("plan", *flags(**LLAMA, **PLAN, **extra)))
@@ -142,6 +142,11 @@ def test_plan_refuses_a_bad_request_in_the_clis_words(tmp_path):
     for bad, words in [(dict(mlp="relu"), "relu"), (dict(norm="batchnorm"), "batchnorm"),
                        (dict(zero=2), "--zero 2: the ZeRO level is 0 or 1")]:
         assert words in refused("", pw.plan, **{**LLAMA, **bad}, **PLAN)
+    # The plan fixes one of the policies it searches; `every:N` is simulate's, not plan's.
+    assert "`every:2`: expected none, selective or full" in cli_error(
+        "plan", *flags(**LLAMA, **PLAN), "--recompute", "every:2")
+    refused("--recompute: `every:2`: expected none, selective or full", pw.plan, **LLAMA,
+            recompute="every:2", **PLAN)
     nowhere = tmp_path / "missing.json"
     refused(f"cannot read {nowhere}", pw.plan, hf_config=nowhere, **PLAN)
     refused(f"{tmp_path} is a folder, not a file", pw.plan, hf_config=tmp_path, **PLAN)

@@ -16,7 +16,7 @@ use pipewright::schedule::plan::launch::{
     launch, model_line, profile_launch, report_json, searched_note,
 };
 use pipewright::schedule::plan::listed::configuration;
-use pipewright::schedule::plan::request::cluster_of;
+use pipewright::schedule::plan::request::{cluster_of, parse_policy};
 use pipewright::schedule::plan::{
     plan, Cluster, Fixed, Plan, PlanRequest, PlanRow, Precision, Progress, RawPlanRequest,
 };
@@ -195,15 +195,6 @@ fn parse_precision(s: &str) -> std::result::Result<Precision, String> {
 fn parse_schedule(s: &str) -> std::result::Result<ScheduleKind, String> {
     s.parse()
         .map_err(|e: pipewright::schedule::SpecError| e.to_string())
-}
-
-fn parse_policy(s: &str) -> std::result::Result<Recompute, String> {
-    match s {
-        "none" => Ok(Recompute::None),
-        "selective" => Ok(Recompute::Selective),
-        "full" => Ok(Recompute::Full),
-        _ => Err(format!("`{s}`: expected none, selective or full")),
-    }
 }
 
 impl PlanCmd {

@@ -156,6 +156,17 @@ pub enum PlanRequestError {
     },
 }
 
+/// `--recompute`'s policy for a plan, fixed on every stage: none, selective or full, the
+/// policies the plan searches (not `every:N` or a per-stage list, which `simulate` takes).
+pub fn parse_policy(s: &str) -> Result<Recompute, String> {
+    match s {
+        "none" => Ok(Recompute::None),
+        "selective" => Ok(Recompute::Selective),
+        "full" => Ok(Recompute::Full),
+        _ => Err(format!("`{s}`: expected none, selective or full")),
+    }
+}
+
 /// A planned request, with notes on how a config.json was read (one line each, for after
 /// the work succeeded).
 pub type Built = (PlanRequest, Vec<String>);
