@@ -363,6 +363,14 @@ class Plan:
     def model(self) -> str: ...
     @property
     def parameters(self) -> Optional[int]: ...
+    def chart(
+        self,
+        format: ImageFormat = "svg",
+        width: int = 1200,
+        height: Optional[int] = None,
+        title: Optional[str] = None,
+    ) -> Optional[Chart]:
+        """The best's simulated step with its predicted memory, as `plan --chart` draws it."""
     def launch(self, timetable: Optional[StrPath] = None) -> Optional[str]:
         """How to run the best, as `pipewright plan` prints it under "run the best:"."""
     def to_dict(self) -> dict[str, Any]:

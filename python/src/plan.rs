@@ -2,15 +2,20 @@
 //! ZeRO, SP) for a GPT on a cluster, ranked by predicted step time.
 
 use pipewright_schedule::plan::evaluate::timetable as family_timetable;
-use pipewright_schedule::plan::launch::{launch, model_line, profile_launch, report_json};
+use pipewright_schedule::plan::launch::{
+    launch, model_line, profile_launch, report_json, row_step,
+};
+use pipewright_schedule::plan::listed::configuration;
 use pipewright_schedule::plan::request::parse_policy;
 use pipewright_schedule::plan::{
     plan as run_plan, Cluster, Fixed, Plan as RsPlan, PlanModel, PlanRequest, RawPlanRequest,
 };
 use pipewright_schedule::shape::{AttentionKind, ShapeRequest};
-use pipewright_schedule::ScheduleKind;
+use pipewright_schedule::{RecomputePlan, ScheduleKind};
+use pipewright_viz::{bubble_chart_with_memory, ChartOptions, ChartPanel, MemoryBars};
 use pyo3::prelude::*;
 
+use crate::charts::{image_format, Chart};
 use crate::shape::{kind, kinds, named_text};
 use crate::timetable::Timetable;
 use crate::{err, read_file, to_py};
@@ -80,7 +85,40 @@ impl Plan {
             }
             None => family_timetable(&best.config, best.config.microbatches).map_err(err)?,
         };
-        Ok(Some(Timetable::new(tt)))
+        let mut out = Timetable::new(tt);
+        out.recompute = RecomputePlan::uniform(best.config.recompute);
+        Ok(Some(out))
+    }
+
+    /// The best configuration's simulated step (all its microbatches, in seconds) as a
+    /// bubble chart with each pipeline device's predicted peak memory beside it: what
+    /// `plan --chart` draws. None when nothing fits.
+    #[pyo3(signature = (format = "svg", width = 1200, height = None, title = None))]
+    fn chart(
+        &self,
+        format: &str,
+        width: u32,
+        height: Option<u32>,
+        title: Option<String>,
+    ) -> PyResult<Option<Chart>> {
+        let Some(best) = self.inner.rows.first() else {
+            return Ok(None);
+        };
+        let fmt = image_format(format)?;
+        let sim = row_step(&self.request, best).map_err(err)?;
+        let panel = ChartPanel::new(&sim.timeline).with_label(configuration(best));
+        let bars = MemoryBars {
+            label: "predicted peak memory per pipeline device (its fullest GPU)".into(),
+            devices: &best.memory,
+        };
+        let opts = ChartOptions {
+            width,
+            height,
+            title,
+            ..ChartOptions::default()
+        };
+        let bytes = bubble_chart_with_memory(&[panel], &[bars], &opts, fmt).map_err(err)?;
+        Ok(Some(Chart::new(bytes, fmt)))
     }
 
     /// The whole plan as a dict: what `plan --format json` prints (the cluster, the model

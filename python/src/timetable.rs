@@ -35,9 +35,9 @@ pub struct Timetable {
     pub(crate) inner: Tt,
     /// The CSV form it was read from, if it was.
     form: Option<CsvForm>,
-    /// The recompute policy `generate` inserted, for the memory model of `simulate` (as the
-    /// CLI's `--recompute` reaches it); none for a timetable read from text, whose `R`
-    /// actions the model takes as full recomputation.
+    /// The recompute policy `generate` inserted (or a plan's best runs), for the memory
+    /// model of `simulate` (as the CLI's `--recompute` reaches it); none for a timetable read
+    /// from text, whose `R` actions the model takes as full recomputation.
     pub(crate) recompute: RecomputePlan,
 }
 

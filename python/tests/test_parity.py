@@ -90,6 +90,21 @@ def test_a_llama_plan_from_kinds_is_the_clis():
             assert flag in line, line
 
 
+def test_a_plans_chart_and_timetable_are_the_clis(tmp_path):
+    plan = pw.plan(**LLAMA, **PLAN, recompute="selective", pp=2, schedule="1f1b")
+    cli("plan", *flags(**LLAMA, **PLAN, recompute="selective", pp=2, schedule="1f1b"),
+        "--chart", str(tmp_path / "best.svg"))
+    assert plan.chart().data == (tmp_path / "best.svg").read_bytes()
+    assert plan.chart("png", width=600).data[:8] == b"\x89PNG\r\n\x1a\n"
+    # The best's timetable carries its recomputation to the memory model, as
+    # `simulate --recompute selective` does for the same family.
+    cfg = plan.best["config"]
+    ours = pw.simulate(plan.timetable, shape=pw.Shape(**LLAMA)).predicted_memory
+    theirs = cli_json("simulate", "-p", str(cfg["pp"]), "-m", str(cfg["microbatches"]),
+                      "--recompute", "selective", *flags(**LLAMA))["predicted_memory"]
+    assert [{k: v for k, v in o.items() if k != "total"} for o in ours] == theirs
+
+
 def test_a_llama_plan_from_its_hf_config_is_the_clis(tmp_path):
     path, config, kinds = small_llama(tmp_path)
     run = dict(gpus=2, global_batch=8, precision="f32", tp=2, max_searched=0)

@@ -9,11 +9,9 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use pipewright::runtime::gpt_config;
 use pipewright::schedule::memory::AttentionKind;
-use pipewright::schedule::plan::costs::cost_model;
-use pipewright::schedule::plan::evaluate::one_step;
 use pipewright::schedule::plan::explain::seconds;
 use pipewright::schedule::plan::launch::{
-    launch, model_line, profile_launch, report_json, searched_note,
+    launch, model_line, profile_launch, report_json, row_step, searched_note,
 };
 use pipewright::schedule::plan::listed::configuration;
 use pipewright::schedule::plan::request::{cluster_of, parse_policy};
@@ -439,13 +437,7 @@ fn memory_table(best: &PlanRow) -> String {
 /// per pipeline device by category under it: the image's bytes.
 fn chart(req: &PlanRequest, best: &PlanRow, path: &Path) -> Result<Vec<u8>> {
     let fmt = ImageFormat::from_path(path)?;
-    let (costs, _) = cost_model(req, &best.config);
-    let mut sim = match plan_searched::one_step(best, &costs) {
-        Some(sim) => sim?,
-        None => one_step(&best.config, &costs).map_err(|e| anyhow!("{e}"))?,
-    };
-    // The plan's costs are in seconds.
-    sim.timeline.meta.time_unit = "s".into();
+    let sim = row_step(req, best).map_err(|e| anyhow!("{e}"))?;
     let panel = ChartPanel::new(&sim.timeline).with_label(configuration(best));
     let bars = MemoryBars {
         label: "predicted peak memory per pipeline device (its fullest GPU)".into(),

@@ -3,9 +3,9 @@
 
 use std::path::Path;
 
-use anyhow::{anyhow, Result};
+use anyhow::Result;
 use pipewright::schedule::plan::PlanRow;
-use pipewright::schedule::{simulate, CostModel, Simulation, Timetable};
+use pipewright::schedule::Timetable;
 
 use super::timetable_out::CommsArg;
 
@@ -24,9 +24,4 @@ pub fn text(best: &PlanRow, path: &Path, comms: CommsArg) -> Result<Option<Strin
     let mut tt = tt.clone();
     tt.name = format!("plan: searched ({})", s.label);
     comms.text(&tt, path).map(Some)
-}
-
-/// One step of the best's searched timetable, for its chart.
-pub fn one_step(best: &PlanRow, costs: &CostModel) -> Option<Result<Simulation>> {
-    timetable(best).map(|tt| simulate(tt, costs).map_err(|e| anyhow!("{e}")))
 }

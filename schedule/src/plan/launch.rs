@@ -1,6 +1,7 @@
 //! What a plan hands its user, the same from every face: the model in one phrase, the best
 //! configuration as a launch line (`pipewright train` over NCCL for a GPT; the user's own
-//! program for a layer-list model), and the whole plan as `plan --format json` prints it.
+//! program for a layer-list model), the whole plan as `plan --format json` prints it, and
+//! the best's simulated step its chart draws.
 
 use serde_json::{json, Value};
 
@@ -9,8 +10,23 @@ use crate::shape::request::{describe, kind_flags};
 use crate::shape::PositionKind;
 
 use super::config::PlanRequest;
+use super::costs::cost_model;
+use super::evaluate::one_step;
 use super::model::PlanModel;
 use super::search::{Plan, PlanRow};
+use super::PlanError;
+
+/// A row's simulated step, as the plan's chart draws it: its searched timetable's or its
+/// family's, at the plan's costs, in seconds.
+pub fn row_step(req: &PlanRequest, row: &PlanRow) -> Result<crate::Simulation, PlanError> {
+    let (costs, _) = cost_model(req, &row.config);
+    let mut sim = match &row.searched {
+        Some(s) => crate::simulate(&s.timetable, &costs)?,
+        None => one_step(&row.config, &costs)?,
+    };
+    sim.timeline.meta.time_unit = "s".into();
+    Ok(sim)
+}
 
 /// What the launch line calls a searched timetable when no file was named for it.
 pub const PLACEHOLDER: &str = "TIMETABLE.csv";
