@@ -1,5 +1,6 @@
 //! `Costs`: what the simulator charges, as the CLI's cost flags give it.
 
+use pipewright_input::{expect_kind, FileKind};
 use pipewright_schedule::simulate::{CostOptions, CostSource};
 use pipewright_schedule::{measured_costs, CostModel, RawCostFile};
 use pyo3::prelude::*;
@@ -60,6 +61,8 @@ impl Costs {
     /// Costs from a cost file's text, checked now at the file's own stage count (its
     /// per-stage list is fitted to a timetable's stages when one is simulated).
     fn file(text: String, name: String) -> PyResult<Self> {
+        // A timetable or a timeline given as costs is named for what it is, as `--cost-file`.
+        expect_kind(&name, &text, FileKind::CostFile).map_err(err)?;
         let listed = serde_json::from_str::<RawCostFile>(&text)
             .ok()
             .and_then(|raw| raw.stages.map(|s| s.len()))

@@ -1,5 +1,6 @@
 //! `Timetable`, `generate`, `validate`: the timetable IR and its text forms.
 
+use pipewright_input::{expect_kind, FileKind};
 use pipewright_schedule::{
     from_csv, generate as gen, lower, recompute, validate_with, write_csv, CsvForm, CsvSource,
     RawSpec, RecomputePlan, ScheduleSpec, Semantics, Timetable as Tt,
@@ -63,6 +64,8 @@ impl Timetable {
 /// validate it, naming `name` and for CSV the line and column, as the CLI does.
 fn parse(text: &str, name: &str, check: bool) -> PyResult<Timetable> {
     let (tt, source): (Tt, Option<CsvSource>) = if text.trim_start().starts_with(['{', '[']) {
+        // A timeline or a cost file given as a timetable is named for what it is, as the CLI.
+        expect_kind(name, text, FileKind::Timetable).map_err(err)?;
         let tt = serde_json::from_str(text).map_err(|e| err(format!("{name}: {e}")))?;
         (tt, None)
     } else {

@@ -191,6 +191,20 @@ def test_a_bad_timeline_is_refused_in_the_clis_words(tmp_path):
     refused("json is a timetable", pw.Timeline.from_json, pw.generate("1f1b").to_json())
 
 
+def test_a_file_of_another_kind_is_named_for_what_it_is(tmp_path):
+    timeline = tmp_path / "t.json"
+    pw.simulate(pw.generate("1f1b", p=2, m=2)).timeline.write(timeline)
+    timetable = tmp_path / "tt.json"
+    pw.generate("1f1b", p=2, m=2).write(timetable)
+    for call, args in [(pw.Costs.read, ["simulate", "--cost-file", str(timeline)]),
+                       (pw.Timetable.read, ["validate", str(timeline)]),
+                       (pw.Timeline.read, ["viz", "--from", str(timetable)])]:
+        path = timeline if "--from" not in args else timetable
+        assert refused(f"{path} is a ", call, path) == cli_error(*args)
+    refused("costs is a timeline", pw.Costs.from_json, timeline.read_text())
+    refused("json is a timeline", pw.Timetable.from_json, timeline.read_text())
+
+
 def test_simulate_predicts_memory_as_the_clis_simulate():
     shape = pw.Shape(**LLAMA)
     mesh = dict(microbatch_size=2, precision="bf16", accounting="megatron", tp=2, dp=2, zero=1,
