@@ -8,7 +8,8 @@
 //!   kind is wanted is named for what it is.
 //! - [`timeline_from_text`]: a timeline read and checked ([`Timeline::check`]) before
 //!   anything is drawn or measured from it.
-//! - [`machine_memory`] and [`fits`]: a request's estimate against this machine's memory.
+//! - [`machine_memory`], [`fits`] and [`timetable_fits`]: a request's estimate against this
+//!   machine's memory.
 //!
 //! `pipewright-schedule` stays pure (no IO); the reading and the machine's figures live here.
 
@@ -150,6 +151,25 @@ pub fn fits(what: &str, need: u64) -> Result<(), InputError> {
         });
     }
     Ok(())
+}
+
+/// Bytes one stage-microbatch (its F and backward, their sends and receives) costs a face
+/// that builds, validates and simulates a timetable and keeps its timeline: measured at
+/// about 1 KiB (`simulate --timeline` at p = 64, m = 2048), doubled.
+pub const PER_STAGE_MICROBATCH: u64 = 2048;
+
+/// Refuse a timetable of `spm` stage-microbatches (p * v * m), `times` over (steps,
+/// panels), called `what`, when simulating it would not fit this machine.
+pub fn timetable_fits(what: &str, spm: u64, times: u64) -> Result<(), InputError> {
+    let need = spm
+        .saturating_mul(times.max(1))
+        .saturating_mul(PER_STAGE_MICROBATCH);
+    let times = if times > 1 {
+        format!(" x {times}")
+    } else {
+        String::new()
+    };
+    fits(&format!("{what} ({spm} stage-microbatches{times})"), need)
 }
 
 /// Refuse a text of `len` bytes called `name` that pipewright would not read from a file:

@@ -84,3 +84,17 @@ fn files_are_text_files_or_refused_by_name() {
         assert_eq!(e.to_string(), "/dev/zero is a device, not a file");
     }
 }
+
+#[test]
+fn a_timetable_past_this_machine_is_refused_with_its_figure() {
+    assert!(timetable_fits("p=2 v=1 m=4", 8, 1).is_ok());
+    let e = timetable_fits("search p=64", u64::MAX / 4, 2)
+        .unwrap_err()
+        .to_string();
+    let want = format!(
+        "search p=64 ({} stage-microbatches x 2) needs about ",
+        u64::MAX / 4
+    );
+    assert!(e.starts_with(&want), "{e}");
+    assert!(e.contains("of memory, more than this machine's"), "{e}");
+}

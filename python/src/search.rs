@@ -8,6 +8,7 @@ use pipewright_schedule::{sweep as run_sweep, ScheduleKind, SweepGrid, SweepRow 
 use pipewright_viz::{pareto_plot, ChartOptions, ParetoPoint};
 use pyo3::prelude::*;
 
+use pipewright_input::timetable_fits;
 use pipewright_schedule::RecomputePlan;
 
 use crate::charts::{draw, image_format, Chart};
@@ -213,6 +214,15 @@ fn search(
         accounting,
         attention,
     )?;
+    // A candidate's timetable at the largest v, simulated over a few steps, and the best
+    // one kept beside it: refused when this machine could not hold it, as the CLI's search.
+    let top_v = max_virtual.max(2);
+    timetable_fits(
+        &format!("search p={p} m={m} up to v={top_v}"),
+        u64::from(p) * u64::from(m) * u64::from(top_v),
+        2,
+    )
+    .map_err(err)?;
     let model = Costs::or_default(costs)?.model(p, p)?;
     let mut spec = SearchSpec::new(p, m, model, cap_of(memory_cap)?);
     spec.max_virtual = max_virtual;
@@ -334,6 +344,14 @@ fn sweep(
         microbatches: m,
         memory_cap,
     };
+    let largest = grid
+        .shapes()
+        .iter()
+        .map(|&(_, v, m)| u64::from(p) * u64::from(v) * u64::from(m))
+        .max()
+        .unwrap_or(0);
+    let steps = u64::from(pipewright_schedule::sweep::SWEEP_STEPS);
+    timetable_fits("the sweep's largest combination", largest, steps).map_err(err)?;
     let rows = run_sweep(&grid, |stages, devices| costs.resolve(stages, devices));
     rows.into_iter().map(|r| SweepRow::new(py, r)).collect()
 }

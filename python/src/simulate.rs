@@ -6,7 +6,7 @@ use pipewright_schedule::{
 };
 use pyo3::prelude::*;
 
-use pipewright_input::{read_timeline, timeline_from_text};
+use pipewright_input::{read_timeline, timeline_from_text, timetable_fits};
 use pipewright_schedule::memory::MemoryBreakdown;
 
 use crate::charts::{draw, Chart};
@@ -347,6 +347,13 @@ fn simulate(
         let s = py.detach(|| sim(tt, &model)).map_err(err)?;
         return Ok(Py::new(py, Simulation::new(py, s, memory.as_deref())?)?.into_any());
     }
+    let spm = u64::from(tt.num_stages()) * u64::from(tt.microbatches);
+    timetable_fits(
+        &format!("{steps} steps of {}", tt.name),
+        spm,
+        u64::from(steps),
+    )
+    .map_err(err)?;
     let s = py
         .detach(|| simulate_steps(tt, &model, steps))
         .map_err(err)?;

@@ -1,6 +1,6 @@
 //! `Timetable`, `generate`, `validate`: the timetable IR and its text forms.
 
-use pipewright_input::{expect_kind, FileKind};
+use pipewright_input::{expect_kind, timetable_fits, FileKind};
 use pipewright_schedule::{
     from_csv, generate as gen, lower, recompute, validate_with, write_csv, CsvForm, CsvSource,
     RawSpec, RecomputePlan, ScheduleSpec, Semantics, Timetable as Tt,
@@ -72,6 +72,9 @@ fn parse(text: &str, name: &str, check: bool) -> PyResult<Timetable> {
         let (tt, src) = from_csv(text).map_err(|e| err(format!("{name}: {e}")))?;
         (tt, Some(src))
     };
+    // Validating and simulating cost memory per action: refused here when they would not
+    // fit, as the CLI's reader refuses it.
+    timetable_fits(name, (tt.compute_len() / 2) as u64, 1).map_err(err)?;
     if check {
         if let Err(e) = validate_with(&tt, Semantics::Buffered) {
             return Err(match source.as_ref().and_then(|s| s.locate(&e)) {
@@ -292,6 +295,9 @@ fn generate(
         group_size,
     };
     let spec = ScheduleSpec::from_raw(&raw).map_err(err)?;
+    // What the machine cannot hold is refused before it is built, as `schedule` refuses it.
+    let spm = u64::from(p) * u64::from(v) * u64::from(m);
+    timetable_fits(&format!("p={p} v={v} m={m}"), spm, 1).map_err(err)?;
     let mut tt = gen(&spec);
     let plan: RecomputePlan = recompute
         .parse()

@@ -256,6 +256,23 @@ def test_memory_keywords_refuse_bad_input_in_one_line():
     refused("the memory model's figures for 4096 layers", pw.simulate, tt, shape=huge)
 
 
+def test_what_this_machine_cannot_hold_is_refused_before_it_is_built():
+    # Each far beyond any machine (hundreds of GiB or more): refused in one line with the
+    # figure, as the CLI refuses it, instead of being killed for memory.
+    for call, args in [
+        (lambda: pw.generate("1f1b", p=64, m=4_000_000), ["schedule", "-p", "64", "-m", "4000000"]),
+        (lambda: pw.search(64, 4_000_000, 4), ["search", "-p", "64", "-m", "4000000",
+                                                "--memory-cap", "4"]),
+        (lambda: pw.sweep(64, [4_000_000]), ["sweep", "-p", "64", "--microbatches", "4000000"]),
+    ]:
+        words = cli_error(*args)
+        assert "stage-microbatches" in words and "of memory, more than this machine's" in words
+        assert refused("", call) == words
+    # The CLI takes at most 1000 steps; Python's bound is the machine's memory.
+    refused("100000 steps of 1f1b (2048 stage-microbatches x 100000) needs about",
+            pw.simulate, pw.generate("1f1b", p=8, m=256), steps=100_000)
+
+
 def test_byte_arguments_take_the_clis_units():
     costs = pw.Costs(1, 2, activation_bytes="1MiB", p2p_bytes="2kB")
     assert costs.model_dict(1, 1)["stages"][0]["activation_bytes"] == 2**20

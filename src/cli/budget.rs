@@ -9,11 +9,6 @@ use anyhow::{anyhow, Result};
 use pipewright::schedule::memory::{predict, rough_bytes, MemoryConfig};
 use pipewright::schedule::Timetable;
 
-/// Bytes one stage-microbatch (its F and backward, their sends and receives) costs a command
-/// that builds, validates and simulates a timetable and writes its timeline: measured at
-/// about 1 KiB (`simulate --timeline` at p = 64, m = 2048), doubled.
-pub const PER_STAGE_MICROBATCH: u64 = 2048;
-
 pub use pipewright::input::machine_memory;
 
 /// Refuse `what` when it needs more than this machine's memory.
@@ -22,23 +17,9 @@ pub fn fits(what: &str, need: u64) -> Result<()> {
 }
 
 /// Refuse a timetable of `spm` stage-microbatches (p * v * m), `times` over (steps, panels),
-/// when simulating it would not fit.
+/// when simulating it would not fit (`pipewright::input::timetable_fits`, Python's too).
 pub fn timetable(what: &str, spm: u64, times: u64) -> Result<()> {
-    let need = spm
-        .saturating_mul(times.max(1))
-        .saturating_mul(PER_STAGE_MICROBATCH);
-    fits(
-        &format!(
-            "{what} ({} stage-microbatches{})",
-            spm,
-            if times > 1 {
-                format!(" x {times}")
-            } else {
-                String::new()
-            }
-        ),
-        need,
-    )
+    Ok(pipewright::input::timetable_fits(what, spm, times)?)
 }
 
 /// Refuse a training run whose ranks (`ranks_here` of them in this process: every rank of
