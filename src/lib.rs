@@ -2,11 +2,13 @@
 //!
 //! The one crate to depend on: [`schedule`] (timetables, validator, simulator, planner),
 //! [`runtime`] (meshes, the per-device runtime, [`runtime::StageModule`] and layer lists),
-//! [`kernels`] (tensors, layers with split backward, optimizers) and [`viz`] (bubble charts).
+//! [`kernels`] (tensors, layers with split backward, optimizers), [`viz`] (bubble charts) and
+//! [`input`] (files read within this machine's limits, timelines checked on the way in).
 //! Cargo features `mpi`, `cuda`, `nccl` and `candle` turn on the runtime's transports and
 //! bridges. [`prelude`] holds what a model needs.
 #![deny(missing_docs)]
 
+pub use pipewright_input as input;
 pub use pipewright_kernels as kernels;
 pub use pipewright_runtime as runtime;
 pub use pipewright_schedule as schedule;

@@ -8,6 +8,11 @@ __version__: str
 CsvForm = Literal["compute_only", "compute_comms", "lowered"]
 ImageFormat = Literal["svg", "png"]
 StrPath = Union[str, "PathLike[str]"]
+# A file's path, its JSON text (starting with `{`), or its JSON as a dict.
+JsonSource = Union[str, "PathLike[str]", dict[str, Any]]
+Precision = Literal["bf16", "tf32", "f32"]
+Accounting = Literal["pipewright", "megatron"]
+Attention = Literal["materialized", "fused"]
 
 class PipewrightError(ValueError):
     """A request pipewright refuses, with the one line the CLI prints after `error:`."""
@@ -75,12 +80,13 @@ class Costs:
         f: float = 1.0,
         b: float = 2.0,
         w: Optional[float] = None,
-        activation_bytes: int = 0,
-        p2p_bytes: int = 0,
+        activation_bytes: Union[int, str, None] = None,
+        p2p_bytes: Union[int, str, None] = None,
         p2p_latency: Optional[float] = None,
         bandwidth: Optional[float] = None,
         w_memory: Optional[float] = None,
-    ) -> None: ...
+    ) -> None:
+        """`activation_bytes` and `p2p_bytes` (default 0): bytes, or with a unit (`"1MiB"`)."""
     @staticmethod
     def from_json(text: str) -> Costs: ...
     @staticmethod
@@ -112,9 +118,11 @@ class Timeline:
     """Every event of a step, simulated or measured."""
 
     @staticmethod
-    def from_json(text: str) -> Timeline: ...
+    def from_json(text: str) -> Timeline:
+        """Checked as `pipewright viz --from` checks a timeline (errors call the text `json`)."""
     @staticmethod
-    def read(path: StrPath) -> Timeline: ...
+    def read(path: StrPath) -> Timeline:
+        """Read and checked as `pipewright viz --from` reads it, naming the file."""
     def to_json(self) -> str: ...
     def write(self, path: StrPath) -> None: ...
     def to_chrome_trace(self) -> str: ...
@@ -147,9 +155,54 @@ class Report:
     def devices(self) -> list[dict[str, Any]]: ...
     def to_dict(self) -> dict[str, Any]: ...
 
+class Shape:
+    """A GPT's shape: sizes and kinds (GPT-2's unless given), or a Hugging Face config."""
+
+    def __init__(
+        self,
+        layers: int,
+        d_model: int,
+        heads: int,
+        seq_len: int,
+        vocab: int,
+        *,
+        ffn: Optional[int] = None,
+        kv_heads: Optional[int] = None,
+        mlp: Optional[Literal["gelu", "swiglu", "geglu"]] = None,
+        norm: Optional[Literal["layernorm", "rmsnorm"]] = None,
+        tied_embeddings: bool = False,
+        positions: Optional[Literal["learned", "rotary"]] = None,
+        rope_theta: Optional[float] = None,
+        bias: Optional[Literal["all", "qkv", "none"]] = None,
+    ) -> None: ...
+    @staticmethod
+    def from_hf_config(config: JsonSource, seq_len: Optional[int] = None) -> Shape:
+        """llama, mistral, qwen2, gpt2, gpt_neox, as `--hf-config` reads them."""
+    @property
+    def layers(self) -> int: ...
+    @property
+    def d_model(self) -> int: ...
+    @property
+    def heads(self) -> int: ...
+    @property
+    def kv_heads(self) -> int: ...
+    @property
+    def ffn(self) -> int: ...
+    @property
+    def seq_len(self) -> int: ...
+    @property
+    def vocab(self) -> int: ...
+    @property
+    def parameters(self) -> int: ...
+    @property
+    def notes(self) -> list[str]: ...
+    def to_dict(self) -> dict[str, Any]: ...
+    def __eq__(self, other: object) -> bool: ...
+
 class Simulation:
     timeline: Timeline
     report: Report
+    predicted_memory: Optional[list[dict[str, int]]]
     def chart(
         self,
         format: ImageFormat = "svg",
@@ -162,6 +215,7 @@ class Simulation:
 class SteadySimulation:
     timeline: Timeline
     single: Simulation
+    predicted_memory: Optional[list[dict[str, int]]]
     @property
     def steps(self) -> int: ...
     @property
@@ -183,9 +237,22 @@ class SteadySimulation:
     def _repr_svg_(self) -> str: ...
 
 def simulate(
-    timetable: Timetable, costs: Optional[Costs] = None, steps: int = 1
+    timetable: Timetable,
+    costs: Optional[Costs] = None,
+    steps: int = 1,
+    *,
+    shape: Optional[Shape] = None,
+    tp: Optional[int] = None,
+    dp: Optional[int] = None,
+    zero: Optional[int] = None,
+    microbatch_size: Optional[int] = None,
+    sequence_parallel: bool = False,
+    precision: Optional[Precision] = None,
+    accounting: Optional[Accounting] = None,
+    attention: Optional[Attention] = None,
 ) -> Union[Simulation, SteadySimulation]:
-    """One step (`Simulation`), or `steps` unfenced steps (`SteadySimulation`)."""
+    """One step (`Simulation`), or `steps` unfenced steps (`SteadySimulation`); with a
+    `shape`, each device's predicted memory (`predicted_memory`)."""
 
 def chart(
     timelines: Sequence[Timeline],
@@ -200,6 +267,7 @@ class SearchResult:
     timetable: Timetable
     simulation: Simulation
     seconds: float
+    predicted_memory: Optional[list[dict[str, int]]]
     @property
     def best(self) -> dict[str, Any]: ...
     @property
@@ -241,7 +309,18 @@ def search(
     improve: int = 200,
     objective: Literal["period", "makespan"] = "period",
     time_budget: float = 30.0,
-) -> SearchResult: ...
+    *,
+    shape: Optional[Shape] = None,
+    tp: Optional[int] = None,
+    dp: Optional[int] = None,
+    zero: Optional[int] = None,
+    microbatch_size: Optional[int] = None,
+    sequence_parallel: bool = False,
+    precision: Optional[Precision] = None,
+    accounting: Optional[Accounting] = None,
+    attention: Optional[Attention] = None,
+) -> SearchResult:
+    """With a `shape`, a cap in bytes bounds each rank's whole predicted memory."""
 
 class SweepRow:
     schedule: str
@@ -263,11 +342,13 @@ def sweep(
     schedules: Optional[Sequence[str]] = None,
     v: Optional[Sequence[int]] = None,
     costs: Optional[Costs] = None,
-    memory_cap: Optional[int] = None,
-) -> list[SweepRow]: ...
+    memory_cap: Union[int, float, str, None] = None,
+) -> list[SweepRow]:
+    """`memory_cap` in microbatches (`4`) or bytes with a unit (`"24GiB"`), as `search`'s."""
 
 class Plan:
     seconds: float
+    notes: list[str]
     @property
     def rows(self) -> list[dict[str, Any]]: ...
     @property
@@ -278,21 +359,46 @@ class Plan:
     def cut_short(self) -> bool: ...
     @property
     def timetable(self) -> Optional[Timetable]: ...
-    def to_dict(self) -> dict[str, Any]: ...
+    @property
+    def model(self) -> str: ...
+    @property
+    def parameters(self) -> Optional[int]: ...
+    def chart(
+        self,
+        format: ImageFormat = "svg",
+        width: int = 1200,
+        height: Optional[int] = None,
+        title: Optional[str] = None,
+    ) -> Optional[Chart]:
+        """The best's simulated step with its predicted memory, as `plan --chart` draws it."""
+    def launch(self, timetable: Optional[StrPath] = None) -> Optional[str]:
+        """How to run the best, as `pipewright plan` prints it under "run the best:"."""
+    def to_dict(self) -> dict[str, Any]:
+        """What `pipewright plan --format json` prints."""
     def __len__(self) -> int: ...
 
 def plan(
-    layers: int,
-    d_model: int,
-    heads: int,
-    seq_len: int,
-    gpus: int,
-    global_batch: int,
+    layers: Optional[int] = None,
+    d_model: Optional[int] = None,
+    heads: Optional[int] = None,
+    seq_len: Optional[int] = None,
+    gpus: Optional[int] = None,
+    global_batch: Optional[int] = None,
     *,
-    vocab: int = 51200,
+    vocab: Optional[int] = None,
     ffn: Optional[int] = None,
+    kv_heads: Optional[int] = None,
+    mlp: Optional[Literal["gelu", "swiglu", "geglu"]] = None,
+    norm: Optional[Literal["layernorm", "rmsnorm"]] = None,
+    tied_embeddings: bool = False,
+    positions: Optional[Literal["learned", "rotary"]] = None,
+    rope_theta: Optional[float] = None,
+    bias: Optional[Literal["all", "qkv", "none"]] = None,
+    hf_config: Optional[JsonSource] = None,
+    profile: Optional[JsonSource] = None,
+    attention: Optional[Attention] = None,
     cluster: str = "a100-80g",
-    precision: Literal["bf16", "tf32", "f32"] = "bf16",
+    precision: Precision = "bf16",
     tp: Optional[int] = None,
     pp: Optional[int] = None,
     v: Optional[int] = None,
@@ -307,4 +413,5 @@ def plan(
     max_microbatch_size: int = 16,
     max_simulated: int = 200,
     max_searched: int = 2,
-) -> Plan: ...
+) -> Plan:
+    """`pipewright plan`: every keyword is its flag of the same name, checked in its words."""

@@ -1,11 +1,12 @@
 //! `Costs`: what the simulator charges, as the CLI's cost flags give it.
 
+use pipewright_input::{expect_kind, FileKind};
 use pipewright_schedule::simulate::{CostOptions, CostSource};
 use pipewright_schedule::{measured_costs, CostModel, RawCostFile};
 use pyo3::prelude::*;
 
 use crate::simulate::Timeline;
-use crate::{err, read_file, to_py};
+use crate::{byte_count, err, read_file, to_py};
 
 /// Durations, sizes and link speed for the simulator: uniform per device (`Costs(f, b)`), or
 /// per stage from a cost file (`Costs.read(path)`, `Costs.from_json(text)`), or measured
@@ -53,13 +54,15 @@ impl Costs {
     pub(crate) fn or_default(costs: Option<&Costs>) -> PyResult<Costs> {
         match costs {
             Some(c) => Ok(c.clone()),
-            None => Costs::new(1.0, 2.0, None, 0, 0, None, None, None),
+            None => Costs::new(1.0, 2.0, None, None, None, None, None, None),
         }
     }
 
     /// Costs from a cost file's text, checked now at the file's own stage count (its
     /// per-stage list is fitted to a timetable's stages when one is simulated).
     fn file(text: String, name: String) -> PyResult<Self> {
+        // A timetable or a timeline given as costs is named for what it is, as `--cost-file`.
+        expect_kind(&name, &text, FileKind::CostFile).map_err(err)?;
         let listed = serde_json::from_str::<RawCostFile>(&text)
             .ok()
             .and_then(|raw| raw.stages.map(|s| s.len()))
@@ -81,22 +84,29 @@ impl Costs {
     /// Uniform costs of one device's share of the model per microbatch: forward `f`, full
     /// backward `b` and its weight part `w` (default b/2); with v chunks per device each
     /// costs 1/v. `activation_bytes` are stashed per microbatch, `p2p_bytes` cross each
-    /// stage boundary; `p2p_latency` and `bandwidth` (bytes per cost unit, default infinite)
+    /// stage boundary (both bytes, or with a unit as the CLI's flags: `"1MiB"`); `p2p_latency` and `bandwidth` (bytes per cost unit, default infinite)
     /// time the transfers; `w_memory` is the fraction of activations held from I until W.
     #[new]
-    #[pyo3(signature = (f = 1.0, b = 2.0, w = None, activation_bytes = 0, p2p_bytes = 0, p2p_latency = None, bandwidth = None, w_memory = None))]
+    #[pyo3(signature = (f = 1.0, b = 2.0, w = None, activation_bytes = None, p2p_bytes = None, p2p_latency = None, bandwidth = None, w_memory = None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         f: f64,
         b: f64,
         w: Option<f64>,
-        activation_bytes: u64,
-        p2p_bytes: u64,
+        activation_bytes: Option<&Bound<'_, PyAny>>,
+        p2p_bytes: Option<&Bound<'_, PyAny>>,
         p2p_latency: Option<f64>,
         bandwidth: Option<f64>,
         w_memory: Option<f64>,
     ) -> PyResult<Self> {
-        let options = CostOptions::uniform(f, b, w, activation_bytes, p2p_bytes).map_err(err)?;
+        let options = CostOptions::uniform(
+            f,
+            b,
+            w,
+            activation_bytes.map_or(Ok(0), |b| byte_count(b, "activation_bytes"))?,
+            p2p_bytes.map_or(Ok(0), |b| byte_count(b, "p2p_bytes"))?,
+        )
+        .map_err(err)?;
         let costs = Costs {
             base: Base::Uniform(options),
             p2p_latency,

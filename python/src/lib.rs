@@ -11,6 +11,7 @@ mod charts;
 mod costs;
 mod plan;
 mod search;
+mod shape;
 mod simulate;
 mod timetable;
 
@@ -32,20 +33,21 @@ pub(crate) fn to_py<T: serde::Serialize>(py: Python<'_>, value: &T) -> PyResult<
     Ok(py.import("json")?.call_method1("loads", (text,))?.unbind())
 }
 
-/// Text from `str` or `bytes`-like arguments that name a file: read it, with the file in
-/// the error like the CLI's.
+/// A text file's content, refused as the CLI refuses it (`pipewright_input::read_text`: the
+/// same size limit, folders and devices, non-UTF-8 bytes, in the same words).
 pub(crate) fn read_file(path: &str) -> PyResult<String> {
-    let bytes = std::fs::read(path).map_err(|e| err(format!("cannot read {path}: {e}")))?;
-    let text = String::from_utf8(bytes).map_err(|e| {
-        err(format!(
-            "{path} is not a text file (not UTF-8 at byte {})",
-            e.utf8_error().valid_up_to()
-        ))
-    })?;
-    Ok(match text.strip_prefix('\u{feff}') {
-        Some(rest) => rest.to_string(),
-        None => text,
-    })
+    pipewright_input::read_text(std::path::Path::new(path)).map_err(err)
+}
+
+/// A byte count as the CLI's byte flags take it: a whole number of bytes, or text with a
+/// unit (`"1MiB"`, `"2.5GB"`), read by the schedule crate's one byte parser; errors name
+/// the keyword.
+pub(crate) fn byte_count(value: &Bound<'_, PyAny>, name: &str) -> PyResult<u64> {
+    let text = match value.extract::<String>() {
+        Ok(s) => s,
+        Err(_) => value.str()?.to_string(),
+    };
+    pipewright_schedule::search::parse_bytes(&text).map_err(|e| err(format!("{name}: {e}")))
 }
 
 #[pymodule]
@@ -58,5 +60,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     charts::register(m)?;
     search::register(m)?;
     plan::register(m)?;
+    shape::register(m)?;
     Ok(())
 }

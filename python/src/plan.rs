@@ -1,36 +1,46 @@
 //! `plan`: the whole parallel configuration (TP, PP, DP, schedule, microbatches, recompute,
 //! ZeRO, SP) for a GPT on a cluster, ranked by predicted step time.
 
-use pipewright_schedule::memory::ModelShape;
 use pipewright_schedule::plan::evaluate::timetable as family_timetable;
-use pipewright_schedule::plan::{plan as run_plan, Cluster, Fixed, Plan as RsPlan, PlanRequest};
-use pipewright_schedule::{Recompute, ScheduleKind};
+use pipewright_schedule::plan::launch::{
+    launch, model_line, profile_launch, report_json, row_step,
+};
+use pipewright_schedule::plan::listed::configuration;
+use pipewright_schedule::plan::request::parse_policy;
+use pipewright_schedule::plan::{
+    plan as run_plan, Cluster, Fixed, Plan as RsPlan, PlanModel, PlanRequest, RawPlanRequest,
+};
+use pipewright_schedule::shape::{AttentionKind, ShapeRequest};
+use pipewright_schedule::{RecomputePlan, ScheduleKind};
+use pipewright_viz::{bubble_chart_with_memory, ChartOptions, ChartPanel, MemoryBars};
 use pyo3::prelude::*;
 
+use crate::charts::{image_format, Chart};
+use crate::shape::{kind, kinds, named_text};
 use crate::timetable::Timetable;
 use crate::{err, read_file, to_py};
 
-/// A preset name (`a100-80g`, `h100-80g`) or a cluster JSON file, as `--cluster` takes it.
-fn cluster(arg: &str) -> PyResult<Cluster> {
-    if let Some(c) = Cluster::preset(arg) {
-        return Ok(c);
+/// The text of the cluster file `arg` names, where it names no preset and the file exists
+/// (as the CLI reads `--cluster`).
+fn cluster_file(arg: &str) -> PyResult<Option<String>> {
+    if Cluster::preset(arg).is_some() || !std::path::Path::new(arg).exists() {
+        return Ok(None);
     }
-    if !std::path::Path::new(arg).exists() {
-        return Err(err(format!(
-            "--cluster {arg}: neither a preset ({}) nor a file",
-            Cluster::PRESETS.join(", ")
-        )));
-    }
-    Cluster::from_json(&read_file(arg)?).map_err(|e| err(format!("--cluster {arg}: {e}")))
+    read_file(arg).map(Some)
 }
 
 /// The ranked configurations; `best` is the first row, `timetable` its timetable.
 #[pyclass(module = "pipewright", frozen)]
 pub struct Plan {
     inner: RsPlan,
+    request: PlanRequest,
     /// Seconds the plan took.
     #[pyo3(get)]
     seconds: f64,
+    /// How a Hugging Face config was read (`note: --hf-config ...` lines, as the CLI prints
+    /// them on stderr); empty otherwise.
+    #[pyo3(get)]
+    notes: Vec<String>,
 }
 
 #[pymethods]
@@ -75,12 +85,76 @@ impl Plan {
             }
             None => family_timetable(&best.config, best.config.microbatches).map_err(err)?,
         };
-        Ok(Some(Timetable::new(tt)))
+        let mut out = Timetable::new(tt);
+        out.recompute = RecomputePlan::uniform(best.config.recompute);
+        Ok(Some(out))
     }
 
-    /// The whole plan as a dict (what `plan --format json` holds about the rows).
+    /// The best configuration's simulated step (all its microbatches, in seconds) as a
+    /// bubble chart with each pipeline device's predicted peak memory beside it: what
+    /// `plan --chart` draws. None when nothing fits.
+    #[pyo3(signature = (format = "svg", width = 1200, height = None, title = None))]
+    fn chart(
+        &self,
+        format: &str,
+        width: u32,
+        height: Option<u32>,
+        title: Option<String>,
+    ) -> PyResult<Option<Chart>> {
+        let Some(best) = self.inner.rows.first() else {
+            return Ok(None);
+        };
+        let fmt = image_format(format)?;
+        let sim = row_step(&self.request, best).map_err(err)?;
+        let panel = ChartPanel::new(&sim.timeline).with_label(configuration(best));
+        let bars = MemoryBars {
+            label: "predicted peak memory per pipeline device (its fullest GPU)".into(),
+            devices: &best.memory,
+        };
+        let opts = ChartOptions {
+            width,
+            height,
+            title,
+            ..ChartOptions::default()
+        };
+        let bytes = bubble_chart_with_memory(&[panel], &[bars], &opts, fmt).map_err(err)?;
+        Ok(Some(Chart::new(bytes, fmt)))
+    }
+
+    /// The whole plan as a dict: what `plan --format json` prints (the cluster, the model
+    /// with its parameter count, every row, the search's counts, the launch).
     fn to_dict(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
-        to_py(py, &self.inner)
+        to_py(
+            py,
+            &report_json(&self.request, &self.inner, self.seconds, None),
+        )
+    }
+
+    /// The model in one phrase, as the plan table's first line gives it (a GPT's sizes,
+    /// kinds and parameters, or the profile's summary).
+    #[getter]
+    fn model(&self) -> String {
+        model_line(&self.request)
+    }
+
+    /// A GPT's parameters, each counted once (None for a layer-list profile).
+    #[getter]
+    fn parameters(&self) -> Option<u64> {
+        self.request.model.gpt().map(|s| s.parameters())
+    }
+
+    /// How to run the best, as the CLI prints it under "run the best:": `pipewright train`
+    /// over NCCL for a GPT (a searched best's timetable as the file `timetable` names, where
+    /// it is written; else `TIMETABLE.csv`), the user's own program for a layer-list model;
+    /// None when nothing fits.
+    #[pyo3(signature = (timetable = None))]
+    fn launch(&self, timetable: Option<std::path::PathBuf>) -> Option<String> {
+        let best = self.inner.rows.first()?;
+        let file = timetable.map(|p| p.display().to_string());
+        Some(match &self.request.model {
+            PlanModel::Gpt(_) => launch(&self.request, best, file.as_deref()),
+            PlanModel::Layers(p) => profile_launch(p, best).0,
+        })
     }
 
     fn __len__(&self) -> usize {
@@ -106,22 +180,33 @@ impl Plan {
 }
 
 /// Choose TP, PP, DP, the schedule and its chunks, the microbatch size and count,
-/// recomputation, ZeRO-1 and sequence parallelism for a GPT on `gpus` GPUs of `cluster`:
-/// memory first, then the simulator, ranked by predicted step time. Keyword arguments fix a
-/// dimension (`tp=2`, `schedule="zbv"`) as `pipewright plan`'s flags do.
+/// recomputation, ZeRO-1 and sequence parallelism for a GPT (its sizes and kinds, or a Hugging
+/// Face config) or a layer-list model's profile on `gpus` GPUs of `cluster`: memory first,
+/// then the simulator, ranked by predicted step time. Every keyword is `pipewright plan`'s
+/// flag of the same name, checked by the same code in the same words.
 #[pyfunction]
-#[pyo3(signature = (layers, d_model, heads, seq_len, gpus, global_batch, *, vocab = 51200, ffn = None, cluster = "a100-80g", precision = "bf16", tp = None, pp = None, v = None, microbatch_size = None, schedule = None, recompute = None, zero = None, sequence_parallel = None, allow_cross_node_tp = false, top = 5, max_virtual = 8, max_microbatch_size = 16, max_simulated = 200, max_searched = 2))]
+#[pyo3(signature = (layers = None, d_model = None, heads = None, seq_len = None, gpus = None, global_batch = None, *, vocab = None, ffn = None, kv_heads = None, mlp = None, norm = None, tied_embeddings = false, positions = None, rope_theta = None, bias = None, hf_config = None, profile = None, attention = None, cluster = "a100-80g", precision = "bf16", tp = None, pp = None, v = None, microbatch_size = None, schedule = None, recompute = None, zero = None, sequence_parallel = None, allow_cross_node_tp = false, top = 5, max_virtual = 8, max_microbatch_size = 16, max_simulated = 200, max_searched = 2))]
 #[allow(clippy::too_many_arguments)]
 fn plan(
     py: Python<'_>,
-    layers: u32,
-    d_model: u64,
-    heads: u32,
-    seq_len: u64,
-    gpus: u32,
-    global_batch: u64,
-    vocab: u64,
+    layers: Option<u32>,
+    d_model: Option<u64>,
+    heads: Option<u32>,
+    seq_len: Option<u64>,
+    gpus: Option<u32>,
+    global_batch: Option<u64>,
+    vocab: Option<u64>,
     ffn: Option<u64>,
+    kv_heads: Option<u32>,
+    mlp: Option<&str>,
+    norm: Option<&str>,
+    tied_embeddings: bool,
+    positions: Option<&str>,
+    rope_theta: Option<f64>,
+    bias: Option<&str>,
+    hf_config: Option<&Bound<'_, PyAny>>,
+    profile: Option<&Bound<'_, PyAny>>,
+    attention: Option<&str>,
     cluster: &str,
     precision: &str,
     tp: Option<u32>,
@@ -139,69 +224,63 @@ fn plan(
     max_simulated: usize,
     max_searched: usize,
 ) -> PyResult<Plan> {
-    for (name, value) in [
-        ("layers", u64::from(layers)),
-        ("d_model", d_model),
-        ("heads", u64::from(heads)),
-        ("seq_len", seq_len),
-        ("vocab", vocab),
-        ("gpus", u64::from(gpus)),
-        ("global_batch", global_batch),
-        ("top", top as u64),
-        ("max_virtual", u64::from(max_virtual)),
-        ("max_microbatch_size", max_microbatch_size),
-    ] {
-        if value == 0 {
-            return Err(err(format!("{name} must be at least 1")));
-        }
-    }
-    if !d_model.is_multiple_of(u64::from(heads)) {
-        return Err(err(format!(
-            "heads {heads} does not divide d_model {d_model}: each head needs a whole share of the width"
-        )));
-    }
-    if zero.is_some_and(|z| z > 1) {
-        return Err(err(
-            "zero: the ZeRO level is 0 or 1 (ZeRO-2/3 do not fit a pipeline)",
-        ));
-    }
-    let shape = ModelShape::gpt(
-        layers,
-        d_model,
-        heads,
-        ffn.unwrap_or(4 * d_model),
-        seq_len,
-        vocab,
-    );
-    let mut req = PlanRequest::new(shape, self::cluster(cluster)?, gpus, global_batch);
-    req.precision = precision.parse().map_err(err)?;
-    req.fixed = Fixed {
-        tp,
-        pp,
-        v,
-        microbatch_size,
-        schedule: schedule
-            .map(|s| s.parse::<ScheduleKind>())
-            .transpose()
-            .map_err(err)?,
-        recompute: recompute
-            .map(|r| r.parse::<Recompute>())
-            .transpose()
-            .map_err(err)?,
-        zero,
-        sequence_parallel,
+    let raw = RawPlanRequest {
+        shape: ShapeRequest {
+            layers,
+            d_model,
+            heads,
+            seq_len,
+            vocab,
+            kinds: kinds(
+                ffn,
+                kv_heads,
+                mlp,
+                norm,
+                tied_embeddings,
+                positions,
+                rope_theta,
+                bias,
+            )?,
+            hf_config: hf_config.map(|c| named_text(c, "config")).transpose()?,
+        },
+        profile: profile.map(|p| named_text(p, "profile")).transpose()?,
+        gpus,
+        global_batch,
+        cluster: cluster.to_string(),
+        cluster_file: cluster_file(cluster)?,
+        precision: precision.parse().map_err(err)?,
+        attention: kind::<AttentionKind>(attention)?,
+        fixed: Fixed {
+            tp,
+            pp,
+            v,
+            microbatch_size,
+            schedule: schedule
+                .map(|s| s.parse::<ScheduleKind>())
+                .transpose()
+                .map_err(err)?,
+            recompute: recompute
+                .map(parse_policy)
+                .transpose()
+                .map_err(|e| err(format!("--recompute: {e}")))?,
+            zero,
+            sequence_parallel,
+        },
+        allow_cross_node_tp,
+        top,
+        max_virtual,
+        max_microbatch_size,
+        max_simulated,
+        max_searched,
     };
-    req.allow_cross_node_tp = allow_cross_node_tp;
-    req.top = top;
-    req.max_virtual = max_virtual;
-    req.max_microbatch_size = max_microbatch_size;
-    req.max_simulated = max_simulated.max(1);
-    req.max_searched = max_searched;
+    let (request, notes) = raw.build().map_err(err)?;
     let started = std::time::Instant::now();
-    let inner = py.detach(|| run_plan(&req, &mut |_| {})).map_err(err)?;
+    let inner = py.detach(|| run_plan(&request, &mut |_| {})).map_err(err)?;
     Ok(Plan {
         inner,
+        request,
         seconds: started.elapsed().as_secs_f64(),
+        notes,
     })
 }
 

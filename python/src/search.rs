@@ -8,8 +8,12 @@ use pipewright_schedule::{sweep as run_sweep, ScheduleKind, SweepGrid, SweepRow 
 use pipewright_viz::{pareto_plot, ChartOptions, ParetoPoint};
 use pyo3::prelude::*;
 
+use pipewright_input::timetable_fits;
+use pipewright_schedule::RecomputePlan;
+
 use crate::charts::{draw, image_format, Chart};
 use crate::costs::Costs;
+use crate::shape::{memory_request, memory_to_py, Shape};
 use crate::simulate::Simulation;
 use crate::timetable::Timetable;
 use crate::{err, to_py};
@@ -46,6 +50,10 @@ pub struct SearchResult {
     /// Seconds the search took.
     #[pyo3(get)]
     seconds: f64,
+    /// With a `shape`, each pipeline device's predicted memory under the best timetable
+    /// (bytes by category and their `total`, as `search` prints it); else None.
+    #[pyo3(get)]
+    predicted_memory: Option<Py<PyAny>>,
 }
 
 #[pymethods]
@@ -162,8 +170,11 @@ impl SearchResult {
 /// Find the timetable with the smallest simulated step time on `p` devices with `m`
 /// microbatches that fits `memory_cap` (microbatches of one device's share, or bytes with a
 /// unit such as `"24GiB"`), among the fixed families and the search's own list scheduler.
+/// With a `shape` (and the mesh beside it, the CLI's memory flags), a cap in bytes bounds
+/// each rank's whole predicted memory, not its activations alone, and `predicted_memory`
+/// gives the best's.
 #[pyfunction]
-#[pyo3(signature = (p, m, memory_cap, costs = None, max_virtual = 4, schedules = None, list_scheduler = true, improve = 200, objective = "period", time_budget = 30.0))]
+#[pyo3(signature = (p, m, memory_cap, costs = None, max_virtual = 4, schedules = None, list_scheduler = true, improve = 200, objective = "period", time_budget = 30.0, *, shape = None, tp = None, dp = None, zero = None, microbatch_size = None, sequence_parallel = false, precision = None, accounting = None, attention = None))]
 #[allow(clippy::too_many_arguments)]
 fn search(
     py: Python<'_>,
@@ -177,12 +188,41 @@ fn search(
     improve: usize,
     objective: &str,
     time_budget: f64,
+    shape: Option<&Shape>,
+    tp: Option<u32>,
+    dp: Option<u32>,
+    zero: Option<u8>,
+    microbatch_size: Option<u64>,
+    sequence_parallel: bool,
+    precision: Option<&str>,
+    accounting: Option<&str>,
+    attention: Option<&str>,
 ) -> PyResult<SearchResult> {
     if !(0.0..=1e6).contains(&time_budget) {
         return Err(err(format!(
             "time_budget {time_budget}: give seconds between 0 and 1000000"
         )));
     }
+    let memory = memory_request(
+        shape,
+        tp,
+        dp,
+        zero,
+        microbatch_size,
+        sequence_parallel,
+        precision,
+        accounting,
+        attention,
+    )?;
+    // A candidate's timetable at the largest v, simulated over a few steps, and the best
+    // one kept beside it: refused when this machine could not hold it, as the CLI's search.
+    let top_v = max_virtual.max(2);
+    timetable_fits(
+        &format!("search p={p} m={m} up to v={top_v}"),
+        u64::from(p) * u64::from(m) * u64::from(top_v),
+        2,
+    )
+    .map_err(err)?;
     let model = Costs::or_default(costs)?.model(p, p)?;
     let mut spec = SearchSpec::new(p, m, model, cap_of(memory_cap)?);
     spec.max_virtual = max_virtual;
@@ -191,14 +231,22 @@ fn search(
     spec.improve_budget = improve;
     spec.objective = objective.parse().map_err(err)?;
     spec.time_budget = Some(Duration::from_secs_f64(time_budget));
+    spec.memory = memory
+        .checked(p, 1, &RecomputePlan::default(), m)
+        .map_err(err)?;
     let started = std::time::Instant::now();
     let found = py.detach(|| run_search(&spec)).map_err(err)?;
     let seconds = started.elapsed().as_secs_f64();
+    let predicted = memory
+        .predict(&found.timetable, &RecomputePlan::default())
+        .map_err(err)?;
     let mut tt = found.timetable.clone();
     tt.name = format!("search: {}", found.candidates[found.best].label);
+    let sim = Simulation::new(py, found.simulation.clone(), predicted.as_deref())?;
     Ok(SearchResult {
         timetable: Py::new(py, Timetable::new(tt))?,
-        simulation: Py::new(py, Simulation::new(py, found.simulation.clone())?)?,
+        simulation: Py::new(py, sim)?,
+        predicted_memory: memory_to_py(py, predicted.as_deref())?,
         inner: found,
         seconds,
     })
@@ -263,7 +311,9 @@ impl SweepRow {
 
 /// Simulate every family in `schedules` on `p` devices at each microbatch count in `m` and
 /// chunk count in `v` (families with a fixed v run at it): bubble, period, throughput and
-/// peak memory per row; `memory_cap` (bytes) marks which fit.
+/// peak memory per row; `memory_cap` marks which fit, in `search`'s and the CLI's units
+/// (microbatches of one device's share, `4`, or bytes with a unit, `"24GiB"`; both need
+/// the costs' `activation_bytes`).
 #[pyfunction]
 #[pyo3(signature = (p = 4, m = vec![4, 8, 16, 32, 64], schedules = None, v = None, costs = None, memory_cap = None))]
 fn sweep(
@@ -273,11 +323,16 @@ fn sweep(
     schedules: Option<Vec<String>>,
     v: Option<Vec<u32>>,
     costs: Option<&Costs>,
-    memory_cap: Option<u64>,
+    memory_cap: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<Vec<SweepRow>> {
     if let Some(bad) = m.iter().chain(v.iter().flatten()).find(|&&x| x == 0) {
         return Err(err(format!("counts must be at least 1 (got {bad})")));
     }
+    let costs = Costs::or_default(costs)?;
+    let memory_cap = match memory_cap {
+        Some(cap) => Some(cap_of(cap)?.bytes(&costs.model(p, p)?, p).map_err(err)?),
+        None => None,
+    };
     let grid = SweepGrid {
         schedules: families(Some(schedules.unwrap_or_else(|| {
             ["gpipe", "1f1b", "interleaved-1f1b"]
@@ -289,7 +344,14 @@ fn sweep(
         microbatches: m,
         memory_cap,
     };
-    let costs = Costs::or_default(costs)?;
+    let largest = grid
+        .shapes()
+        .iter()
+        .map(|&(_, v, m)| u64::from(p) * u64::from(v) * u64::from(m))
+        .max()
+        .unwrap_or(0);
+    let steps = u64::from(pipewright_schedule::sweep::SWEEP_STEPS);
+    timetable_fits("the sweep's largest combination", largest, steps).map_err(err)?;
     let rows = run_sweep(&grid, |stages, devices| costs.resolve(stages, devices));
     rows.into_iter().map(|r| SweepRow::new(py, r)).collect()
 }

@@ -6,10 +6,14 @@ use pipewright_schedule::{
 };
 use pyo3::prelude::*;
 
+use pipewright_input::{read_timeline, timeline_from_text, timetable_fits};
+use pipewright_schedule::memory::MemoryBreakdown;
+
 use crate::charts::{draw, Chart};
 use crate::costs::Costs;
+use crate::shape::{memory_request, memory_to_py, Shape};
 use crate::timetable::Timetable;
-use crate::{err, read_file, to_py};
+use crate::{err, to_py};
 
 /// Every event of a step (device, action, start, end): simulated, or measured by a runtime
 /// (pipewright's `train --trace`, or PyTorch's through `pipewright.torch`).
@@ -21,21 +25,20 @@ pub struct Timeline {
 
 #[pymethods]
 impl Timeline {
-    /// A timeline from its JSON (what `simulate --timeline` and `train --trace` write).
+    /// A timeline from its JSON (what `simulate --timeline`, `train --trace` and
+    /// `pipewright.torch`'s recorder write), checked as `pipewright viz --from` checks it
+    /// (events inside its `meta`, no device computing two things at once, its compute a
+    /// valid step) and within the size the CLI reads; errors call the text `json`.
     #[staticmethod]
     fn from_json(text: &str) -> PyResult<Self> {
-        let inner: RsTimeline =
-            serde_json::from_str(text).map_err(|e| err(format!("not a timeline JSON: {e}")))?;
+        let inner = timeline_from_text("json", text).map_err(err)?;
         Ok(Timeline { inner })
     }
 
-    /// Read a timeline file.
+    /// Read a timeline file, refused as `pipewright viz --from` refuses it (naming the file).
     #[staticmethod]
     fn read(path: std::path::PathBuf) -> PyResult<Self> {
-        let name = path.display().to_string();
-        let text = read_file(&name)?;
-        let inner: RsTimeline = serde_json::from_str(&text)
-            .map_err(|e| err(format!("{name} is not a timeline JSON: {e}")))?;
+        let inner = read_timeline(&path).map_err(err)?;
         Ok(Timeline { inner })
     }
 
@@ -167,13 +170,22 @@ pub struct Simulation {
     /// The figures.
     #[pyo3(get)]
     report: Py<Report>,
+    /// With a `shape`, each pipeline device's predicted memory (bytes by category and their
+    /// `total`, what `simulate --format json` gives as `predicted_memory`); else None.
+    #[pyo3(get)]
+    predicted_memory: Option<Py<PyAny>>,
 }
 
 impl Simulation {
-    pub(crate) fn new(py: Python<'_>, s: RsSim) -> PyResult<Self> {
+    pub(crate) fn new(
+        py: Python<'_>,
+        s: RsSim,
+        memory: Option<&[MemoryBreakdown]>,
+    ) -> PyResult<Self> {
         Ok(Simulation {
             timeline: Py::new(py, Timeline { inner: s.timeline })?,
             report: Py::new(py, Report { inner: s.report })?,
+            predicted_memory: memory_to_py(py, memory)?,
         })
     }
 }
@@ -217,6 +229,9 @@ pub struct SteadySimulation {
     /// The first step on its own.
     #[pyo3(get)]
     single: Py<Simulation>,
+    /// With a `shape`, each pipeline device's predicted memory (as `Simulation`'s).
+    #[pyo3(get)]
+    predicted_memory: Option<Py<PyAny>>,
 }
 
 #[pymethods]
@@ -291,25 +306,58 @@ impl SteadySimulation {
 
 /// Simulate a timetable with real durations: one step (`steps=1`, a `Simulation`), or K
 /// steps back to back, unfenced (`steps=K`, a `SteadySimulation`). Costs default to
-/// `Costs(1, 2)`.
+/// `Costs(1, 2)`. With a `shape` (and the mesh beside it: `tp`, `dp`, `zero`,
+/// `microbatch_size`, `sequence_parallel`, `precision`, `accounting`, `attention`, the
+/// CLI's memory flags), the memory model predicts each device's memory
+/// (`predicted_memory`).
 #[pyfunction]
-#[pyo3(signature = (timetable, costs = None, steps = 1))]
+#[pyo3(signature = (timetable, costs = None, steps = 1, *, shape = None, tp = None, dp = None, zero = None, microbatch_size = None, sequence_parallel = false, precision = None, accounting = None, attention = None))]
+#[allow(clippy::too_many_arguments)]
 fn simulate(
     py: Python<'_>,
     timetable: &Timetable,
     costs: Option<&Costs>,
     steps: u32,
+    shape: Option<&Shape>,
+    tp: Option<u32>,
+    dp: Option<u32>,
+    zero: Option<u8>,
+    microbatch_size: Option<u64>,
+    sequence_parallel: bool,
+    precision: Option<&str>,
+    accounting: Option<&str>,
+    attention: Option<&str>,
 ) -> PyResult<Py<PyAny>> {
     let tt = &timetable.inner;
+    let memory = memory_request(
+        shape,
+        tp,
+        dp,
+        zero,
+        microbatch_size,
+        sequence_parallel,
+        precision,
+        accounting,
+        attention,
+    )?
+    .predict(tt, &timetable.recompute)
+    .map_err(err)?;
     let model = Costs::or_default(costs)?.model(tt.num_stages(), tt.num_devices())?;
     if steps == 1 {
         let s = py.detach(|| sim(tt, &model)).map_err(err)?;
-        return Ok(Py::new(py, Simulation::new(py, s)?)?.into_any());
+        return Ok(Py::new(py, Simulation::new(py, s, memory.as_deref())?)?.into_any());
     }
+    let spm = u64::from(tt.num_stages()) * u64::from(tt.microbatches);
+    timetable_fits(
+        &format!("{steps} steps of {}", tt.name),
+        spm,
+        u64::from(steps),
+    )
+    .map_err(err)?;
     let s = py
         .detach(|| simulate_steps(tt, &model, steps))
         .map_err(err)?;
-    let single = Simulation::new(py, s.single.clone())?;
+    let single = Simulation::new(py, s.single.clone(), memory.as_deref())?;
     let steady = SteadySimulation {
         timeline: Py::new(
             py,
@@ -318,6 +366,7 @@ fn simulate(
             },
         )?,
         single: Py::new(py, single)?,
+        predicted_memory: memory_to_py(py, memory.as_deref())?,
         inner: s,
     };
     Ok(Py::new(py, steady)?.into_any())

@@ -1,5 +1,6 @@
 //! `Timetable`, `generate`, `validate`: the timetable IR and its text forms.
 
+use pipewright_input::{expect_kind, timetable_fits, FileKind};
 use pipewright_schedule::{
     from_csv, generate as gen, lower, recompute, validate_with, write_csv, CsvForm, CsvSource,
     RawSpec, RecomputePlan, ScheduleSpec, Semantics, Timetable as Tt,
@@ -35,11 +36,27 @@ pub struct Timetable {
     pub(crate) inner: Tt,
     /// The CSV form it was read from, if it was.
     form: Option<CsvForm>,
+    /// The recompute policy `generate` inserted (or a plan's best runs), for the memory
+    /// model of `simulate` (as the CLI's `--recompute` reaches it); none for a timetable read
+    /// from text, whose `R` actions the model takes as full recomputation.
+    pub(crate) recompute: RecomputePlan,
 }
 
 impl Timetable {
     pub(crate) fn new(inner: Tt) -> Self {
-        Timetable { inner, form: None }
+        Timetable {
+            inner,
+            form: None,
+            recompute: RecomputePlan::default(),
+        }
+    }
+
+    /// `inner`, derived from this timetable, keeping its recompute policy.
+    fn derived(&self, inner: Tt) -> Self {
+        Timetable {
+            recompute: self.recompute.clone(),
+            ..Timetable::new(inner)
+        }
     }
 }
 
@@ -47,12 +64,17 @@ impl Timetable {
 /// validate it, naming `name` and for CSV the line and column, as the CLI does.
 fn parse(text: &str, name: &str, check: bool) -> PyResult<Timetable> {
     let (tt, source): (Tt, Option<CsvSource>) = if text.trim_start().starts_with(['{', '[']) {
+        // A timeline or a cost file given as a timetable is named for what it is, as the CLI.
+        expect_kind(name, text, FileKind::Timetable).map_err(err)?;
         let tt = serde_json::from_str(text).map_err(|e| err(format!("{name}: {e}")))?;
         (tt, None)
     } else {
         let (tt, src) = from_csv(text).map_err(|e| err(format!("{name}: {e}")))?;
         (tt, Some(src))
     };
+    // Validating and simulating cost memory per action: refused here when they would not
+    // fit, as the CLI's reader refuses it.
+    timetable_fits(name, (tt.compute_len() / 2) as u64, 1).map_err(err)?;
     if check {
         if let Err(e) = validate_with(&tt, Semantics::Buffered) {
             return Err(match source.as_ref().and_then(|s| s.locate(&e)) {
@@ -62,8 +84,8 @@ fn parse(text: &str, name: &str, check: bool) -> PyResult<Timetable> {
         }
     }
     Ok(Timetable {
-        inner: tt,
         form: source.map(|s| s.form()),
+        ..Timetable::new(tt)
     })
 }
 
@@ -129,12 +151,12 @@ impl Timetable {
 
     /// The same timetable with pipewright's sends and receives (`SEND_F`, `RECV_F`, ...).
     fn lower(&self) -> PyResult<Self> {
-        Ok(Timetable::new(lower(&self.inner).map_err(err)?))
+        Ok(self.derived(lower(&self.inner).map_err(err)?))
     }
 
     /// The same timetable without sends and receives.
     fn compute_only(&self) -> Self {
-        Timetable::new(self.inner.compute_only())
+        self.derived(self.inner.compute_only())
     }
 
     /// A readable grid: one row per device, one column per step.
@@ -273,6 +295,9 @@ fn generate(
         group_size,
     };
     let spec = ScheduleSpec::from_raw(&raw).map_err(err)?;
+    // What the machine cannot hold is refused before it is built, as `schedule` refuses it.
+    let spm = u64::from(p) * u64::from(v) * u64::from(m);
+    timetable_fits(&format!("p={p} v={v} m={m}"), spm, 1).map_err(err)?;
     let mut tt = gen(&spec);
     let plan: RecomputePlan = recompute
         .parse()
@@ -282,7 +307,10 @@ fn generate(
             .map_err(|e| err(format!("--recompute: {e}")))?;
         tt = recompute::insert(&tt, &plan);
     }
-    Ok(Timetable::new(tt))
+    Ok(Timetable {
+        recompute: plan,
+        ..Timetable::new(tt)
+    })
 }
 
 /// What `validate` proved.

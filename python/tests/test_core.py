@@ -186,7 +186,7 @@ def test_plan_ranks_configurations_and_hands_over_a_timetable():
     fixed = pw.plan(layers=8, d_model=512, heads=8, seq_len=512, gpus=8, global_batch=32,
                     pp=4, schedule="1f1b")
     assert all(r["config"]["pp"] == 4 for r in fixed.rows)
-    with pytest.raises(pw.PipewrightError, match="heads 7 does not divide d_model 512"):
+    with pytest.raises(pw.PipewrightError, match="--heads 7 must divide --d-model 512"):
         pw.plan(layers=8, d_model=512, heads=7, seq_len=512, gpus=8, global_batch=32)
     with pytest.raises(pw.PipewrightError, match="--cluster nowhere"):
         pw.plan(layers=8, d_model=512, heads=8, seq_len=512, gpus=8, global_batch=32,

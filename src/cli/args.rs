@@ -400,6 +400,16 @@ pub enum PrecisionArg {
     Bf16,
 }
 
+impl From<PrecisionArg> for pipewright::schedule::plan::Precision {
+    fn from(p: PrecisionArg) -> Self {
+        match p {
+            PrecisionArg::F32 => Self::F32,
+            PrecisionArg::Tf32 => Self::Tf32,
+            PrecisionArg::Bf16 => Self::Bf16,
+        }
+    }
+}
+
 impl From<PrecisionArg> for pipewright::kernels::Precision {
     fn from(p: PrecisionArg) -> Self {
         match p {

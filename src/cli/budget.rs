@@ -5,70 +5,21 @@
 //! later. The estimates are deliberately generous upper bounds: they refuse what cannot fit,
 //! not what merely might not.
 
-use anyhow::{anyhow, bail, Result};
-use pipewright::schedule::memory::{predict, MemoryConfig};
+use anyhow::{anyhow, Result};
+use pipewright::schedule::memory::{predict, rough_bytes, MemoryConfig};
 use pipewright::schedule::Timetable;
 
-use super::memory::human;
-
-/// Bytes one stage-microbatch (its F and backward, their sends and receives) costs a command
-/// that builds, validates and simulates a timetable and writes its timeline: measured at
-/// about 1 KiB (`simulate --timeline` at p = 64, m = 2048), doubled.
-pub const PER_STAGE_MICROBATCH: u64 = 2048;
-
-/// This machine's memory: the physical memory, or the control group's limit when lower.
-pub fn machine_memory() -> u64 {
-    let total = std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|t| {
-            t.lines()
-                .find_map(|l| l.strip_prefix("MemTotal:"))
-                .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
-        })
-        .map(|kib| kib.saturating_mul(1024));
-    let cgroup = std::fs::read_to_string("/sys/fs/cgroup/memory.max")
-        .ok()
-        .and_then(|t| t.trim().parse::<u64>().ok());
-    match (total, cgroup) {
-        (Some(t), Some(c)) => t.min(c),
-        (Some(t), None) => t,
-        (None, Some(c)) => c,
-        // Not Linux: assume a large machine rather than refuse what may fit.
-        (None, None) => u64::MAX,
-    }
-}
+pub use pipewright::input::machine_memory;
 
 /// Refuse `what` when it needs more than this machine's memory.
 pub fn fits(what: &str, need: u64) -> Result<()> {
-    let have = machine_memory();
-    if need > have {
-        bail!(
-            "{what} needs about {} of memory, more than this machine's {}",
-            human(need),
-            human(have)
-        );
-    }
-    Ok(())
+    Ok(pipewright::input::fits(what, need)?)
 }
 
 /// Refuse a timetable of `spm` stage-microbatches (p * v * m), `times` over (steps, panels),
-/// when simulating it would not fit.
+/// when simulating it would not fit (`pipewright::input::timetable_fits`, Python's too).
 pub fn timetable(what: &str, spm: u64, times: u64) -> Result<()> {
-    let need = spm
-        .saturating_mul(times.max(1))
-        .saturating_mul(PER_STAGE_MICROBATCH);
-    fits(
-        &format!(
-            "{what} ({} stage-microbatches{})",
-            spm,
-            if times > 1 {
-                format!(" x {times}")
-            } else {
-                String::new()
-            }
-        ),
-        need,
-    )
+    Ok(pipewright::input::timetable_fits(what, spm, times)?)
 }
 
 /// Refuse a training run whose ranks (`ranks_here` of them in this process: every rank of
@@ -101,34 +52,4 @@ pub fn training(cfg: &MemoryConfig, tt: &Timetable, ranks_here: u64) -> Result<(
         .saturating_add(here / 2)
         .saturating_add(ranks_here << 23);
     fits(&what, need)
-}
-
-/// Refuse a model shape whose memory figures pass 2^60 bytes: the memory model counts in
-/// 64-bit integers, and a prediction that wrapped would print totals smaller than their
-/// parts.
-pub fn representable(cfg: &MemoryConfig, microbatches: u32) -> Result<()> {
-    let rough = rough_bytes(cfg, microbatches);
-    if rough > (1u64 << 60) as f64 {
-        bail!(
-            "the memory model's figures for {} layers of d_model {} (ffn {}, vocab {}, seq-len {}, {} sequences per microbatch) pass 2^60 bytes (about {:.1e}): check the sizes",
-            cfg.shape.layers, cfg.shape.d_model, cfg.shape.ffn, cfg.shape.vocab, cfg.shape.seq_len, cfg.microbatch_size, rough
-        );
-    }
-    Ok(())
-}
-
-/// Bytes of a GPT's training in the large: f32 parameters with gradients and AdamW moments
-/// (16 bytes each) and every microbatch's activations held at once, per replica.
-fn rough_bytes(cfg: &MemoryConfig, microbatches: u32) -> f64 {
-    let s = &cfg.shape;
-    let (l, d, v, seq) = (
-        f64::from(s.layers),
-        s.d_model as f64,
-        s.vocab as f64,
-        s.seq_len as f64,
-    );
-    let (b, a, f) = (cfg.microbatch_size as f64, f64::from(s.heads), s.ffn as f64);
-    let params = l * (4.0 * d * d + 2.0 * d * f + 13.0 * d) + 2.0 * v * d + seq * d;
-    let per_microbatch = b * seq * (l * (16.0 * d + 2.0 * f + a * seq) + 2.0 * v) * 4.0;
-    (16.0 * params + per_microbatch * f64::from(microbatches)) * f64::from(cfg.dp)
 }

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
-use pipewright::schedule::search::{unit_bytes, MemoryCap};
+use pipewright::schedule::search::MemoryCap;
 use pipewright::schedule::{
     best, generate, parse_counts, simulate, sweep, Report, ScheduleKind, ScheduleSpec, SweepGrid,
     SweepRow, Timeline,
@@ -402,21 +402,15 @@ impl SweepCmd {
         Ok(())
     }
 
-    /// The cap in bytes: read by the one cap parser `search` uses; microbatch units are
-    /// one microbatch's activation bytes of one device's share of the model.
+    /// The cap in bytes: read by the one cap parser `search` uses and turned into bytes by
+    /// the schedule crate (as Python's `sweep` does).
     fn cap_bytes(&self) -> Result<Option<u64>> {
         let Some(text) = &self.memory_cap else {
             return Ok(None);
         };
         let cap: MemoryCap = text.parse()?;
         let model = self.costs.model(self.stages, self.stages)?;
-        let Some(unit) = unit_bytes(&model, self.stages) else {
-            bail!("--memory-cap needs activation sizes: give --activation-bytes or a --cost-file with activation_bytes");
-        };
-        Ok(Some(match cap {
-            MemoryCap::Bytes(b) => b,
-            MemoryCap::Microbatches(x) => (x * unit).round() as u64,
-        }))
+        Ok(Some(cap.bytes(&model, self.stages)?))
     }
 }
 

@@ -321,7 +321,7 @@ impl SimulateCmd {
 
     /// Each device's predicted memory, when the model's shape is given.
     fn predicted(&self) -> Result<Option<Vec<MemoryBreakdown>>> {
-        if self.memory.config(1, 1, &self.source.recompute)?.is_none() {
+        if !self.memory.given()? {
             return Ok(None);
         }
         let (tt, _) = self.source.timetable()?;

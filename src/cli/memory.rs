@@ -1,19 +1,22 @@
 //! Model-shape flags of `simulate` and `search`: with them, the memory model predicts each
-//! rank's memory by category, and a byte cap bounds the whole rank.
+//! rank's memory by category, and a byte cap bounds the whole rank. The flags fill the
+//! schedule crate's `MemoryRequest`, which checks them (for Python too).
 
 use std::fmt::Write as _;
 
-use anyhow::{anyhow, bail, Result};
+use anyhow::Result;
 use clap::{Args, ValueEnum};
 use pipewright::schedule::memory::{
-    predict, Accounting, AttentionKind, MemPrecision, MemoryBreakdown, MemoryConfig,
+    Accounting, AttentionKind, MemoryBreakdown, MemoryConfig, MemoryRequest,
 };
+use pipewright::schedule::plan::Precision;
+use pipewright::schedule::shape::ShapeRequest;
 use pipewright::schedule::{RecomputePlan, Timetable};
 
 use std::path::PathBuf;
 
 use super::args::PrecisionArg;
-use super::shape::{parse_attention, read_hf_config, ShapeArgs};
+use super::shape::{hf_source, parse_attention, ShapeArgs};
 
 /// Whose activations the memory model counts.
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -86,79 +89,51 @@ pub struct MemoryArgs {
 }
 
 impl MemoryArgs {
-    /// The memory model's configuration for `pp` devices and `v` chunks each, if a shape is
-    /// given; a shape given in part, or mesh flags without one, are refused by name.
+    /// The request as the library takes it (a config file read here).
+    fn request(&self) -> Result<MemoryRequest> {
+        Ok(MemoryRequest {
+            shape: ShapeRequest {
+                layers: self.layers,
+                d_model: self.d_model,
+                heads: self.heads,
+                seq_len: self.seq_len,
+                vocab: self.vocab,
+                kinds: self.shape.kinds(),
+                hf_config: hf_source(self.hf_config.as_ref())?,
+            },
+            attention: self.attention,
+            microbatch_size: self.microbatch_size,
+            tp: self.tp,
+            dp: self.dp,
+            zero: self.zero,
+            sequence_parallel: self.sequence_parallel,
+            precision: self.precision.map(|p| Precision::from(p).into()),
+            accounting: self.accounting.map(|a| match a {
+                AccountingArg::Megatron => Accounting::Megatron,
+                AccountingArg::Pipewright => Accounting::Pipewright,
+            }),
+        })
+    }
+
+    /// Whether the memory model was asked for (a shape given in part, or mesh flags without
+    /// one, are refused by name).
+    pub fn given(&self) -> Result<bool> {
+        Ok(self
+            .request()?
+            .config(1, 1, &RecomputePlan::default())?
+            .is_some())
+    }
+
+    /// The memory model's checked configuration for `pp` devices and `v` chunks each, with
+    /// `microbatches` in flight, if a shape is given.
     pub fn config(
         &self,
         pp: u32,
         v: u32,
         recompute: &RecomputePlan,
+        microbatches: u32,
     ) -> Result<Option<MemoryConfig>> {
-        let shape_flags = [
-            ("--layers", self.layers.is_some()),
-            ("--d-model", self.d_model.is_some()),
-            ("--heads", self.heads.is_some()),
-            ("--seq-len", self.seq_len.is_some()),
-            ("--vocab", self.vocab.is_some()),
-        ];
-        let kinds = self.shape.given();
-        let other_flags = [
-            ("--microbatch-size", self.microbatch_size.is_some()),
-            ("--tp", self.tp.is_some()),
-            ("--dp", self.dp.is_some()),
-            ("--zero", self.zero.is_some()),
-            ("--sequence-parallel", self.sequence_parallel),
-            ("--precision", self.precision.is_some()),
-            ("--accounting", self.accounting.is_some()),
-            ("--attention", self.attention.is_some()),
-        ];
-        let shape = match &self.hf_config {
-            Some(path) => read_hf_config(path, self.seq_len)?.shape,
-            None => {
-                let missing: Vec<&str> = shape_flags.iter().filter(|f| !f.1).map(|f| f.0).collect();
-                let given = shape_flags
-                    .iter()
-                    .chain(&other_flags)
-                    .find(|f| f.1)
-                    .map(|f| f.0)
-                    .or(kinds.first().copied());
-                match (given, missing.is_empty()) {
-                    (None, _) => return Ok(None),
-                    (Some(flag), false) => bail!(
-                        "{flag} is for the memory model, which needs the model's shape: also give {} (or --hf-config)",
-                        missing.join(", ")
-                    ),
-                    (Some(_), true) => {}
-                }
-                self.shape.shape(
-                    self.layers.unwrap_or(0),
-                    self.d_model.unwrap_or(0),
-                    self.heads.unwrap_or(0),
-                    self.seq_len.unwrap_or(0),
-                    self.vocab.unwrap_or(0),
-                )?
-            }
-        };
-        Ok(Some(MemoryConfig {
-            shape,
-            precision: match self.precision {
-                Some(PrecisionArg::Bf16) => MemPrecision::Bf16,
-                _ => MemPrecision::F32,
-            },
-            accounting: match self.accounting {
-                Some(AccountingArg::Megatron) => Accounting::Megatron,
-                _ => Accounting::Pipewright,
-            },
-            pp,
-            tp: self.tp.unwrap_or(1),
-            dp: self.dp.unwrap_or(1),
-            v,
-            microbatch_size: self.microbatch_size.unwrap_or(4),
-            sequence_parallel: self.sequence_parallel,
-            zero: self.zero.unwrap_or(0),
-            recompute: recompute.clone(),
-            attention: self.attention.unwrap_or_default(),
-        }))
+        Ok(self.request()?.checked(pp, v, recompute, microbatches)?)
     }
 
     /// Each device's predicted memory for `tt`, if a shape is given.
@@ -167,29 +142,11 @@ impl MemoryArgs {
         tt: &Timetable,
         recompute: &RecomputePlan,
     ) -> Result<Option<Vec<MemoryBreakdown>>> {
-        let p = tt.num_devices().max(1);
-        let Some(cfg) = self.config(p, (tt.num_stages() / p).max(1), recompute)? else {
-            return Ok(None);
-        };
-        cfg.check().map_err(|e| anyhow!("{e}"))?;
-        super::budget::representable(&cfg, tt.microbatches)?;
-        Ok(Some(predict(&cfg, tt).map_err(|e| anyhow!("{e}"))?))
+        Ok(self.request()?.predict(tt, recompute)?)
     }
 }
 
-/// Bytes for people: EiB down to KiB with two decimals, or bytes.
-pub fn human(bytes: u64) -> String {
-    let b = bytes as f64;
-    match bytes {
-        n if n >= 1 << 60 => format!("{:.2} EiB", b / (1u64 << 60) as f64),
-        n if n >= 1 << 50 => format!("{:.2} PiB", b / (1u64 << 50) as f64),
-        n if n >= 1 << 40 => format!("{:.2} TiB", b / (1u64 << 40) as f64),
-        n if n >= 1 << 30 => format!("{:.2} GiB", b / f64::from(1u32 << 30)),
-        n if n >= 1 << 20 => format!("{:.2} MiB", b / f64::from(1u32 << 20)),
-        n if n >= 1 << 10 => format!("{:.2} KiB", b / 1024.0),
-        n => format!("{n} B"),
-    }
-}
+pub use pipewright::input::human;
 
 /// The prediction as a table, one row per pipeline device.
 pub fn memory_table(per_device: &[MemoryBreakdown]) -> String {

@@ -8,16 +8,17 @@ use anyhow::{anyhow, bail, Result};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use pipewright::runtime::gpt_config;
-use pipewright::schedule::memory::{AttentionKind, ModelShape};
-use pipewright::schedule::plan::costs::cost_model;
-use pipewright::schedule::plan::evaluate::one_step;
+use pipewright::schedule::memory::AttentionKind;
 use pipewright::schedule::plan::explain::seconds;
-use pipewright::schedule::plan::listed::configuration;
-use pipewright::schedule::plan::{
-    plan, Cluster, Fixed, Plan, PlanModel, PlanRequest, PlanRow, Precision, Progress,
+use pipewright::schedule::plan::launch::{
+    launch, model_line, profile_launch, report_json, row_step, searched_note,
 };
-use pipewright::schedule::shape::PositionKind;
-use pipewright::schedule::LayerProfile;
+use pipewright::schedule::plan::listed::configuration;
+use pipewright::schedule::plan::request::{cluster_of, parse_policy};
+use pipewright::schedule::plan::{
+    plan, Cluster, Fixed, Plan, PlanRequest, PlanRow, Precision, Progress, RawPlanRequest,
+};
+use pipewright::schedule::shape::{Named, ShapeRequest};
 use pipewright::schedule::{Recompute, ScheduleKind};
 use pipewright::viz::{
     bubble_chart_with_memory, ChartOptions, ChartPanel, ImageFormat, MemoryBars,
@@ -30,7 +31,7 @@ use super::console;
 use super::io::read_text;
 use super::outputs::{Input, Outputs};
 use super::plan_searched;
-use super::shape::{describe, hf_notes, kind_flags, parse_attention, read_hf_config, ShapeArgs};
+use super::shape::{parse_attention, ShapeArgs};
 use super::timetable_out::CommsArg;
 
 /// Choose TP, PP, DP, the schedule and its chunks, the microbatch size and count,
@@ -74,9 +75,9 @@ pub struct PlanCmd {
     /// Tokens per sequence (with --hf-config: instead of the config's).
     #[arg(long, value_name = "S", required_unless_present_any = ["calibrate", "profile", "hf_config"])]
     seq_len: Option<u64>,
-    /// Vocabulary size.
-    #[arg(long, default_value_t = 51200, value_name = "V")]
-    vocab: u64,
+    /// Vocabulary size [default: 51200].
+    #[arg(long, value_name = "V")]
+    vocab: Option<u64>,
     /// How the run computes attention: fused (FlashAttention: no s x s scores in memory;
     /// selective recomputation then rebuilds the norms' and the MLP activation's outputs) or
     /// materialized (the scores written out; selective recomputation drops them, as
@@ -194,15 +195,6 @@ fn parse_schedule(s: &str) -> std::result::Result<ScheduleKind, String> {
         .map_err(|e: pipewright::schedule::SpecError| e.to_string())
 }
 
-fn parse_policy(s: &str) -> std::result::Result<Recompute, String> {
-    match s {
-        "none" => Ok(Recompute::None),
-        "selective" => Ok(Recompute::Selective),
-        "full" => Ok(Recompute::Full),
-        _ => Err(format!("`{s}`: expected none, selective or full")),
-    }
-}
-
 impl PlanCmd {
     pub fn run(&self) -> Result<()> {
         let cluster_file = Input::maybe_file("--cluster", &self.cluster);
@@ -285,38 +277,54 @@ impl PlanCmd {
         Ok(())
     }
 
-    /// The request, and notes on how a config.json was read.
+    /// The request, and notes on how a config.json was read: the flags as the library's
+    /// raw request (files read here), built and checked there.
     fn request(&self) -> Result<(PlanRequest, Vec<String>)> {
-        let (mut req, notes) = match &self.profile {
-            Some(path) => (self.profile_request(path)?, Vec::new()),
-            None => self.gpt_request()?,
+        let named = |p: &PathBuf| -> Result<Named> {
+            Ok(Named {
+                name: p.display().to_string(),
+                text: read_text(p)?,
+            })
         };
-        req.precision = self.precision;
-        if let Some(a) = self.attention {
-            req.attention = a;
-        }
-        req.fixed = Fixed {
-            tp: self.tp,
-            pp: self.pp,
-            v: self.v,
-            microbatch_size: self.microbatch_size,
-            schedule: self.schedule,
-            recompute: self.recompute,
-            zero: self.zero,
-            sequence_parallel: match (self.sequence_parallel, self.no_sequence_parallel) {
-                (true, _) => Some(true),
-                (_, true) => Some(false),
-                _ => None,
+        let raw = RawPlanRequest {
+            shape: ShapeRequest {
+                layers: self.layers,
+                d_model: self.d_model,
+                heads: self.heads,
+                seq_len: self.seq_len,
+                vocab: self.vocab,
+                kinds: self.shape.kinds(),
+                hf_config: self.hf_config.as_ref().map(named).transpose()?,
             },
+            profile: self.profile.as_ref().map(named).transpose()?,
+            gpus: self.gpus,
+            global_batch: self.global_batch,
+            cluster: self.cluster.clone(),
+            cluster_file: cluster_file(&self.cluster)?,
+            precision: self.precision,
+            attention: self.attention,
+            fixed: Fixed {
+                tp: self.tp,
+                pp: self.pp,
+                v: self.v,
+                microbatch_size: self.microbatch_size,
+                schedule: self.schedule,
+                recompute: self.recompute,
+                zero: self.zero,
+                sequence_parallel: match (self.sequence_parallel, self.no_sequence_parallel) {
+                    (true, _) => Some(true),
+                    (_, true) => Some(false),
+                    _ => None,
+                },
+            },
+            allow_cross_node_tp: self.allow_cross_node_tp,
+            top: self.top,
+            max_virtual: self.max_virtual,
+            max_microbatch_size: self.max_microbatch_size,
+            max_simulated: self.max_simulated,
+            max_searched: self.max_searched,
         };
-        req.allow_cross_node_tp = self.allow_cross_node_tp;
-        req.top = self.top;
-        req.max_microbatch_size = self.max_microbatch_size;
-        self.check_fixed()?;
-        // A fixed v is honoured even above the largest v the search would try by itself.
-        req.max_virtual = self.max_virtual.max(self.v.unwrap_or(0));
-        req.max_simulated = self.max_simulated;
-        req.max_searched = self.max_searched;
+        let (mut req, notes) = raw.build()?;
         if let Some(k) = self.validate {
             if k < 2 {
                 bail!("--validate needs at least 2 configurations to rank (got {k})");
@@ -325,114 +333,6 @@ impl PlanCmd {
             req.top = req.top.max(4 * k);
         }
         Ok((req, notes))
-    }
-
-    /// Fixed dimensions that contradict each other, and counts of 0, refused by name before
-    /// the search (a fixed dimension is honoured, or the request is refused).
-    fn check_fixed(&self) -> Result<()> {
-        if self.max_simulated == 0 {
-            bail!("--max-simulated 0: at least 1 configuration must be simulated to rank any");
-        }
-        if self.v == Some(0) || self.pp == Some(0) || self.tp == Some(0) {
-            bail!("--tp, --pp and --v must be at least 1");
-        }
-        let Some(kind) = self.schedule else {
-            return Ok(());
-        };
-        match (kind.fixed_virtual(), self.v) {
-            (Some(fv), Some(v)) if v != fv => bail!(
-                "--v {v} contradicts --schedule {kind}, which places exactly {fv} stages on each device"
-            ),
-            (None, Some(v)) if v > 1 && !kind.supports_virtual() => bail!(
-                "--v {v} contradicts --schedule {kind}, which places one stage on each device (interleaved-1f1b and looped-bfs take v > 1)"
-            ),
-            _ => {}
-        }
-        if self.pp == Some(1) && kind != ScheduleKind::OneFOneB {
-            bail!("--schedule {kind} with --pp 1: one device runs every schedule as the same sequence of forwards and backwards; leave --schedule out, or give --pp 2 or more");
-        }
-        Ok(())
-    }
-
-    /// The GPUs and the batch, each at least 1, and the other counts checked likewise.
-    fn counts(&self) -> Result<(u32, u64)> {
-        let need = |flag: &str, v: Option<u64>| v.ok_or_else(|| anyhow!("{flag} is required"));
-        let gpus = need("--gpus", self.gpus.map(u64::from))?;
-        let global_batch = need("--global-batch", self.global_batch)?;
-        for (flag, v) in [
-            ("--gpus", gpus),
-            ("--global-batch", global_batch),
-            ("--top", self.top as u64),
-            ("--max-virtual", u64::from(self.max_virtual)),
-            ("--max-microbatch-size", self.max_microbatch_size),
-            ("--microbatch-size", self.microbatch_size.unwrap_or(1)),
-        ] {
-            if v == 0 {
-                bail!("{flag} must be at least 1");
-            }
-        }
-        Ok((gpus as u32, global_batch))
-    }
-
-    fn profile_request(&self, path: &Path) -> Result<PlanRequest> {
-        let (gpus, global_batch) = self.counts()?;
-        if let Some(r) = self
-            .recompute
-            .filter(|r| !matches!(r, Recompute::None | Recompute::Full))
-        {
-            bail!("--recompute {r}: a layer-list model recomputes fully or not at all (its layers' stashes are opaque); use none or full");
-        }
-        let text = read_text(path)?;
-        let profile = LayerProfile::from_json(&text)
-            .map_err(|e| anyhow!("--profile {}: {e}", path.display()))?;
-        let cluster = cluster(&self.cluster)?;
-        Ok(PlanRequest::from_profile(
-            profile,
-            cluster,
-            gpus,
-            global_batch,
-        ))
-    }
-
-    fn gpt_request(&self) -> Result<(PlanRequest, Vec<String>)> {
-        let (shape, notes) = match &self.hf_config {
-            Some(path) => {
-                let model = read_hf_config(path, self.seq_len)?;
-                (model.shape, hf_notes(path, &model))
-            }
-            None => (self.flag_shape()?, Vec::new()),
-        };
-        let (gpus, global_batch) = self.counts()?;
-        let cluster = cluster(&self.cluster)?;
-        let req = PlanRequest::new(shape, cluster, gpus, global_batch);
-        Ok((req, notes))
-    }
-
-    /// The shape given by flags.
-    fn flag_shape(&self) -> Result<ModelShape> {
-        let need = |flag: &str, v: Option<u64>| v.ok_or_else(|| anyhow!("{flag} is required"));
-        let layers = need("--layers", self.layers.map(u64::from))?;
-        let d_model = need("--d-model", self.d_model)?;
-        let heads = need("--heads", self.heads.map(u64::from))?;
-        let seq_len = need("--seq-len", self.seq_len)?;
-        for (flag, v) in [
-            ("--layers", layers),
-            ("--d-model", d_model),
-            ("--heads", heads),
-            ("--seq-len", seq_len),
-            ("--vocab", self.vocab),
-        ] {
-            if v == 0 {
-                bail!("{flag} must be at least 1");
-            }
-        }
-        if d_model % heads != 0 {
-            bail!(
-                "--heads {heads} does not divide --d-model {d_model}: each head needs a whole share of the width"
-            );
-        }
-        self.shape
-            .shape(layers as u32, d_model, heads as u32, seq_len, self.vocab)
     }
 
     fn table(&self, req: &PlanRequest, plan: &Plan, seconds: f64) -> String {
@@ -499,10 +399,11 @@ impl PlanCmd {
             }
             match req.model.profile() {
                 None => {
-                    let file = self.timetable_out.as_ref();
+                    let file = self.timetable_out.as_ref().map(|p| p.display().to_string());
+                    let file = file.as_deref();
                     out += &format!("\nrun the best:\n  {}\n", launch(req, best, file));
                     out += &launch_note(req);
-                    out += &plan_searched::note(best, file).unwrap_or_default();
+                    out += &searched_note(best, file).unwrap_or_default();
                 }
                 Some(p) => out += &format!("\nrun the best:\n{}", profile_launch(p, best).0),
             }
@@ -536,13 +437,7 @@ fn memory_table(best: &PlanRow) -> String {
 /// per pipeline device by category under it: the image's bytes.
 fn chart(req: &PlanRequest, best: &PlanRow, path: &Path) -> Result<Vec<u8>> {
     let fmt = ImageFormat::from_path(path)?;
-    let (costs, _) = cost_model(req, &best.config);
-    let mut sim = match plan_searched::one_step(best, &costs) {
-        Some(sim) => sim?,
-        None => one_step(&best.config, &costs).map_err(|e| anyhow!("{e}"))?,
-    };
-    // The plan's costs are in seconds.
-    sim.timeline.meta.time_unit = "s".into();
+    let sim = row_step(req, best).map_err(|e| anyhow!("{e}"))?;
     let panel = ChartPanel::new(&sim.timeline).with_label(configuration(best));
     let bars = MemoryBars {
         label: "predicted peak memory per pipeline device (its fullest GPU)".into(),
@@ -562,20 +457,18 @@ fn bar() -> ProgressBar {
     bar
 }
 
+/// The text of the cluster file `arg` names, where it names no preset and the file exists.
+fn cluster_file(arg: &str) -> Result<Option<String>> {
+    let path = Path::new(arg);
+    if Cluster::preset(arg).is_some() || !path.exists() {
+        return Ok(None);
+    }
+    Ok(Some(read_text(path)?))
+}
+
 /// A preset name or a cluster file.
 fn cluster(arg: &str) -> Result<Cluster> {
-    if let Some(c) = Cluster::preset(arg) {
-        return Ok(c);
-    }
-    let path = Path::new(arg);
-    if !path.exists() {
-        bail!(
-            "--cluster {arg}: neither a preset ({}) nor a file",
-            Cluster::PRESETS.join(", ")
-        );
-    }
-    let text = read_text(path)?;
-    Cluster::from_json(&text).map_err(|e| anyhow!("--cluster {arg}: {e}"))
+    Ok(cluster_of(arg, cluster_file(arg)?.as_deref())?)
 }
 
 fn explain(best: &PlanRow, plan: &Plan) -> String {
@@ -599,39 +492,6 @@ fn explain(best: &PlanRow, plan: &Plan) -> String {
     out
 }
 
-/// The best configuration as `pipewright train` over NCCL, one process per GPU (a GPT's; a
-/// searched timetable as the file `--timetable-out` writes; a profile's is
-/// [`profile_launch`]).
-pub fn launch(req: &PlanRequest, r: &PlanRow, timetable: Option<&PathBuf>) -> String {
-    let Some(shape) = req.model.gpt() else {
-        return String::new();
-    };
-    let c = &r.config;
-    let recompute = c.recompute_plan().to_string();
-    let sp = if c.sequence_parallel {
-        " --sequence-parallel"
-    } else {
-        ""
-    };
-    format!(
-        "mpirun -np {} pipewright train --transport nccl --precision {} {} --microbatch-size {} --tp {} --dp {} --zero {} --recompute {}{sp} --layers {} --d-model {} --heads {} --seq-len {} --vocab {}{}",
-        c.gpus(),
-        req.precision.name(),
-        plan_searched::schedule_flags(r, timetable),
-        c.microbatch_size,
-        c.tp,
-        c.dp,
-        c.zero,
-        recompute,
-        shape.layers,
-        shape.d_model,
-        shape.heads,
-        shape.seq_len,
-        shape.vocab,
-        kind_flags(shape)
-    )
-}
-
 /// What `train` refuses of the planned shape, said under the launch line (the reference GPT
 /// has every kind but tied embeddings).
 fn launch_note(req: &PlanRequest) -> String {
@@ -643,106 +503,13 @@ fn launch_note(req: &PlanRequest) -> String {
     }
 }
 
-/// How to run the best configuration of a layer-list model: the user's own program, with
-/// the schedule, the mesh, the microbatches and the stages' cuts (the same cuts the plan
-/// costed); as text and as JSON.
-fn profile_launch(p: &LayerProfile, r: &PlanRow) -> (String, serde_json::Value) {
-    let c = &r.config;
-    let cuts = p.cuts(c.stages() as usize).unwrap_or_default();
-    let ranges: Vec<String> = cuts
-        .iter()
-        .map(|r| format!("{}..{}", r.start, r.end))
-        .collect();
-    let recompute = c.recompute_plan().to_string();
-    let text = format!(
-        "  your own program (a layer-list model is not `pipewright train`'s GPT), one process per GPU (e.g. `mpirun -np {gpus} ...`):\n    Mesh::new({pp}, 1, {dp}); ScheduleSpec::new(ScheduleKind::{kind:?}, {pp}, {v}, {m}, None) ({schedule}); {m} microbatches of {mbs} samples per replica\n    stages (layers; split::balanced of the profile's f+i+w, as Balance::Time cuts them): {cuts}\n    RunOptions {{ recompute: \"{recompute}\".parse()?, zero: Zero::from_level({zero}, {pp})?, ..RunOptions::default() }}\n",
-        gpus = c.gpus(),
-        pp = c.pp,
-        dp = c.dp,
-        kind = c.schedule,
-        schedule = c.schedule,
-        v = c.v,
-        m = c.microbatches,
-        mbs = c.microbatch_size,
-        cuts = ranges.join(", "),
-        zero = c.zero,
-    );
-    let json = serde_json::json!({
-        "program": "your own (a layer-list model)",
-        "processes": c.gpus(),
-        "schedule": c.schedule,
-        "pp": c.pp,
-        "v": c.v,
-        "dp": c.dp,
-        "microbatches": c.microbatches,
-        "microbatch_size": c.microbatch_size,
-        "recompute": recompute,
-        "zero": c.zero,
-        "cuts": cuts.iter().map(|r| [r.start, r.end]).collect::<Vec<_>>(),
-    });
-    (text, json)
-}
-
-/// The model in one phrase, for the table's first line.
-fn model_line(req: &PlanRequest) -> String {
-    match &req.model {
-        PlanModel::Gpt(s) => format!(
-            "{} ({:.2}B parameters), {} attention",
-            describe(s),
-            s.parameters() as f64 / 1e9,
-            req.attention
-        ),
-        PlanModel::Layers(p) => format!(
-            "a layer-list profile of {} layers (measured on {}, microbatches of {} samples)",
-            p.len(),
-            p.device,
-            p.microbatch_size
-        ),
-    }
-}
-
 fn json(
     req: &PlanRequest,
     plan: &Plan,
     seconds: f64,
     timetable: Option<&PathBuf>,
 ) -> Result<String> {
-    let (model, launch) = match &req.model {
-        PlanModel::Gpt(s) => (
-            serde_json::json!({
-                "layers": s.layers, "d_model": s.d_model, "heads": s.heads,
-                "kv_heads": s.kv_heads, "ffn": s.ffn, "mlp": s.mlp, "norm": s.norm,
-                "tied_embeddings": s.tied_embeddings, "positions": s.positions,
-                // The base of rotary angles; null under learned positions, which have none.
-                "rope_theta": (s.positions == PositionKind::Rotary).then_some(s.rope_theta),
-                "bias": s.bias, "seq_len": s.seq_len, "vocab": s.vocab,
-                "parameters": s.parameters(),
-            }),
-            plan.rows
-                .first()
-                .map(|r| serde_json::json!(launch(req, r, timetable))),
-        ),
-        PlanModel::Layers(p) => (
-            serde_json::json!({
-                "profile": { "layers": p.len(), "microbatch_size": p.microbatch_size, "device": p.device },
-            }),
-            plan.rows.first().map(|r| profile_launch(p, r).1),
-        ),
-    };
-    let value = serde_json::json!({
-        "cluster": req.cluster,
-        "model": model,
-        "batch_unit": req.model.batch_unit(),
-        "gpus": req.gpus,
-        "global_batch": req.global_batch,
-        "precision": req.precision,
-        "attention": req.attention,
-        "seconds": seconds,
-        "search": plan.progress,
-        "cut_short": plan.cut_short,
-        "rows": plan.rows,
-        "explain": plan.explain,
-        "launch": launch,
-    });
+    let file = timetable.map(|p| p.display().to_string());
+    let value = report_json(req, plan, seconds, file.as_deref());
     Ok(serde_json::to_string_pretty(&value)? + "\n")
 }

@@ -1,16 +1,13 @@
 //! `plan`'s searched rows (`schedule::plan::listed`): a timetable no `--schedule` names, so
 //! `--timetable-out` writes it and the launch line hands it to `train --timetable`.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use anyhow::{anyhow, Result};
+use anyhow::Result;
 use pipewright::schedule::plan::PlanRow;
-use pipewright::schedule::{simulate, CostModel, Simulation, Timetable};
+use pipewright::schedule::Timetable;
 
 use super::timetable_out::CommsArg;
-
-/// What the launch line calls the timetable when `--timetable-out` was not given.
-const PLACEHOLDER: &str = "TIMETABLE.csv";
 
 /// The best's timetable when it is a searched one.
 pub fn timetable(best: &PlanRow) -> Option<&Timetable> {
@@ -27,30 +24,4 @@ pub fn text(best: &PlanRow, path: &Path, comms: CommsArg) -> Result<Option<Strin
     let mut tt = tt.clone();
     tt.name = format!("plan: searched ({})", s.label);
     comms.text(&tt, path).map(Some)
-}
-
-/// The schedule flags of the launch line: the family's, or for a searched best the
-/// timetable file that replaces them (its microbatches, stages and order are in the file).
-pub fn schedule_flags(best: &PlanRow, out: Option<&PathBuf>) -> String {
-    let c = &best.config;
-    if best.searched.is_some() {
-        let file = out.map_or(PLACEHOLDER.to_string(), |p| p.display().to_string());
-        return format!("--timetable {file}");
-    }
-    format!(
-        "--schedule {} --stages {} --virtual {} --microbatches {}",
-        c.schedule, c.pp, c.v, c.microbatches
-    )
-}
-
-/// The one line a searched best needs when no `--timetable-out` was given.
-pub fn note(best: &PlanRow, out: Option<&PathBuf>) -> Option<String> {
-    (best.searched.is_some() && out.is_none()).then(|| {
-        format!("  (the best is a searched timetable no --schedule names: add --timetable-out {PLACEHOLDER} to this plan to write it)\n")
-    })
-}
-
-/// One step of the best's searched timetable, for its chart.
-pub fn one_step(best: &PlanRow, costs: &CostModel) -> Option<Result<Simulation>> {
-    timetable(best).map(|tt| simulate(tt, costs).map_err(|e| anyhow!("{e}")))
 }

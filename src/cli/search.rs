@@ -156,13 +156,9 @@ impl SearchCmd {
         spec.improve_budget = self.improve;
         spec.objective = self.objective;
         spec.time_budget = Some(Duration::from_secs_f64(self.time_budget));
-        spec.memory = self
-            .memory
-            .config(self.stages, 1, &RecomputePlan::default())?;
-        if let Some(mem) = &spec.memory {
-            mem.check().map_err(|e| anyhow::anyhow!("{e}"))?;
-            super::budget::representable(mem, self.microbatches)?;
-        }
+        spec.memory =
+            self.memory
+                .config(self.stages, 1, &RecomputePlan::default(), self.microbatches)?;
         if let Some(list) = &self.schedules {
             spec.families = list
                 .split(',')
@@ -228,10 +224,7 @@ impl SearchCmd {
             c.len(),
             found.skipped.len()
         );
-        if self
-            .memory
-            .config(1, 1, &RecomputePlan::default())
-            .is_ok_and(|m| m.is_some())
+        if self.memory.given().unwrap_or(false)
             && found.unit_bytes.is_some()
             && self.memory_cap.chars().any(|c| c.is_ascii_alphabetic())
         {

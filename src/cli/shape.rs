@@ -1,16 +1,17 @@
 //! The model-shape flags every command that takes a shape shares (`plan`, `simulate`,
 //! `search`, `train`): the kinds beyond GPT-2's (key/value heads, the MLP's kind and width,
 //! the norm, tied embeddings, positions, biases), `--hf-config` (a Hugging Face
-//! `config.json`) and the run's `--attention`. The names and defaults are the schedule
-//! crate's (`pipewright::schedule::shape`), so every command reads a shape the same way.
+//! `config.json`) and the run's `--attention`. The names, defaults and checks are the schedule
+//! crate's (`pipewright::schedule::shape::request`, which the Python package calls too), so
+//! every command, and Python, reads a shape the same way.
 
-use std::path::Path;
+use std::path::PathBuf;
 
-use anyhow::{anyhow, bail, Result};
+use anyhow::Result;
 use clap::Args;
-use pipewright::schedule::shape::hf::{from_hf_config, HfModel};
 use pipewright::schedule::shape::{
-    AttentionKind, BiasKind, MlpKind, ModelShape, NormKind, PositionKind, RopeTheta, ShapeError,
+    AttentionKind, BiasKind, MlpKind, ModelShape, Named, NormKind, PositionKind, RopeTheta,
+    ShapeKinds,
 };
 
 use super::io::read_text;
@@ -56,22 +57,18 @@ pub struct ShapeArgs {
 }
 
 impl ShapeArgs {
-    /// The flags given on the command line, by name.
-    pub fn given(&self) -> Vec<&'static str> {
-        [
-            ("--ffn", self.ffn.is_some()),
-            ("--kv-heads", self.kv_heads.is_some()),
-            ("--mlp", self.mlp.is_some()),
-            ("--norm", self.norm.is_some()),
-            ("--tied-embeddings", self.tied_embeddings),
-            ("--positions", self.positions.is_some()),
-            ("--rope-theta", self.rope_theta.is_some()),
-            ("--bias", self.bias.is_some()),
-        ]
-        .into_iter()
-        .filter(|f| f.1)
-        .map(|f| f.0)
-        .collect()
+    /// The kinds as the library's request takes them.
+    pub fn kinds(&self) -> ShapeKinds {
+        ShapeKinds {
+            ffn: self.ffn,
+            kv_heads: self.kv_heads,
+            mlp: self.mlp,
+            norm: self.norm,
+            tied_embeddings: self.tied_embeddings,
+            positions: self.positions,
+            rope_theta: self.rope_theta,
+            bias: self.bias,
+        }
     }
 
     /// The shape of these sizes with these kinds, checked (errors name the flags).
@@ -83,42 +80,7 @@ impl ShapeArgs {
         seq_len: u64,
         vocab: u64,
     ) -> Result<ModelShape> {
-        let mlp = self.mlp.unwrap_or_default();
-        let positions = self.positions.unwrap_or_default();
-        if self.rope_theta.is_some() && positions != PositionKind::Rotary {
-            bail!("--rope-theta is the base of rotary positions: also give --positions rotary");
-        }
-        let shape = ModelShape {
-            layers,
-            d_model,
-            heads,
-            kv_heads: self.kv_heads.unwrap_or(heads),
-            ffn: self.ffn.unwrap_or_else(|| mlp.default_ffn(d_model)),
-            seq_len,
-            vocab,
-            mlp,
-            norm: self.norm.unwrap_or_default(),
-            tied_embeddings: self.tied_embeddings,
-            positions,
-            rope_theta: self.rope_theta.unwrap_or_default(),
-            bias: self.bias.unwrap_or_default(),
-        };
-        shape.check().map_err(|e| anyhow!("{}", flag_error(&e)))?;
-        Ok(shape)
-    }
-}
-
-/// A shape's error with flag names for field names.
-pub fn flag_error(e: &ShapeError) -> String {
-    let flag = |name: &str| format!("--{}", name.replace('_', "-"));
-    match e {
-        ShapeError::NotPositive(name) => format!("{} must be at least 1", flag(name)),
-        ShapeError::NotDividing { a, x, b, y } => {
-            format!("{} {x} must divide {} {y}", flag(a), flag(b))
-        }
-        ShapeError::OddRotaryHead(w) => format!(
-            "--positions rotary turns pairs of a head's dimensions: the head width {w} (--d-model / --heads) is not even"
-        ),
+        Ok(self.kinds().shape(layers, d_model, heads, seq_len, vocab)?)
     }
 }
 
@@ -127,94 +89,13 @@ pub fn parse_attention(s: &str) -> Result<AttentionKind, String> {
     s.parse()
 }
 
-/// A Hugging Face config.json as a shape, its sequence length replaced by `seq_len` where
-/// given; errors name the file.
-pub fn read_hf_config(path: &Path, seq_len: Option<u64>) -> Result<HfModel> {
-    let text = read_text(path)?;
-    let mut model =
-        from_hf_config(&text).map_err(|e| anyhow!("--hf-config {}: {e}", path.display()))?;
-    if let Some(s) = seq_len {
-        if s == 0 {
-            bail!("--seq-len must be at least 1");
-        }
-        model.shape.seq_len = s;
-        model.seq_len_field = "--seq-len";
-    }
-    Ok(model)
-}
-
-/// What a user should know of how `model` was read from `path`: where its sequence length
-/// came from, and what the config has that is not modelled; one line each, for stderr after
-/// the work succeeded.
-pub fn hf_notes(path: &Path, model: &HfModel) -> Vec<String> {
-    let mut out = Vec::new();
-    if model.seq_len_field != "--seq-len" {
-        out.push(format!(
-            "note: --hf-config {}: sequence {} from its {} (--seq-len plans another)",
-            path.display(),
-            model.shape.seq_len,
-            model.seq_len_field
-        ));
-    }
-    for note in &model.notes {
-        out.push(format!("note: --hf-config {}: {note}", path.display()));
-    }
-    out
-}
-
-/// The shape in one phrase: sizes, then the kinds that differ from GPT-2's.
-pub fn describe(s: &ModelShape) -> String {
-    let mut out = format!(
-        "{} layers x d_model {} x {} heads",
-        s.layers, s.d_model, s.heads
-    );
-    if s.kv_heads != s.heads {
-        out += &format!(" ({} kv)", s.kv_heads);
-    }
-    out += &format!(", {} {}", s.mlp, s.ffn);
-    if s.norm != NormKind::LayerNorm {
-        out += &format!(", {}", s.norm);
-    }
-    if s.positions != PositionKind::Learned {
-        out += &format!(", {}", s.positions);
-    }
-    if s.tied_embeddings {
-        out += ", tied";
-    }
-    if s.bias != BiasKind::All {
-        out += &format!(", bias {}", s.bias);
-    }
-    out += &format!(", vocab {}, seq {}", s.vocab, s.seq_len);
-    out
-}
-
-/// The flags that give `train` (or any command) this shape's kinds: those that differ from
-/// the defaults, in flag form.
-pub fn kind_flags(s: &ModelShape) -> String {
-    let mut out = String::new();
-    if s.ffn != s.mlp.default_ffn(s.d_model) {
-        out += &format!(" --ffn {}", s.ffn);
-    }
-    if s.kv_heads != s.heads {
-        out += &format!(" --kv-heads {}", s.kv_heads);
-    }
-    if s.mlp != MlpKind::Gelu {
-        out += &format!(" --mlp {}", s.mlp);
-    }
-    if s.norm != NormKind::LayerNorm {
-        out += &format!(" --norm {}", s.norm);
-    }
-    if s.tied_embeddings {
-        out += " --tied-embeddings";
-    }
-    if s.positions != PositionKind::Learned {
-        out += &format!(" --positions {}", s.positions);
-        if s.rope_theta != RopeTheta::DEFAULT {
-            out += &format!(" --rope-theta {}", s.rope_theta);
-        }
-    }
-    if s.bias != BiasKind::All {
-        out += &format!(" --bias {}", s.bias);
-    }
-    out
+/// A Hugging Face config.json's text, named by its path for the library's errors.
+pub fn hf_source(path: Option<&PathBuf>) -> Result<Option<Named>> {
+    path.map(|p| {
+        Ok(Named {
+            name: p.display().to_string(),
+            text: read_text(p)?,
+        })
+    })
+    .transpose()
 }

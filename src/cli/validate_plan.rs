@@ -10,14 +10,13 @@ use std::process::Command;
 
 use anyhow::{anyhow, bail, Context, Result};
 use pipewright::runtime::gpt_config;
+use pipewright::schedule::shape::request::kind_flags;
 
 use super::memory::human;
 use pipewright::schedule::memory::{MemoryBreakdown, ModelShape};
 use pipewright::schedule::plan::fit::peaks_as_run;
 use pipewright::schedule::plan::rank::spearman;
 use pipewright::schedule::plan::{Config, PlanRequest};
-
-use super::shape::kind_flags;
 
 /// Steps each configuration trains for (the period is the median advance after the first).
 const STEPS: &str = "6";

@@ -35,6 +35,7 @@ mod layers;
 mod megatron;
 mod params;
 mod pipewright;
+pub mod request;
 mod timeline;
 mod walk;
 
@@ -42,6 +43,7 @@ pub use crate::shape::{AttentionKind, ModelShape};
 pub use breakdown::MemoryBreakdown;
 pub use layers::{predict_layers, LayerMemoryConfig};
 pub use params::stage_parameters;
+pub use request::{representable, rough_bytes, MemoryRequest, MemoryRequestError};
 pub use walk::{device_levels, peak_walk, StageBytes};
 
 /// Number formats of a run.
@@ -69,6 +71,25 @@ pub enum Accounting {
     /// element, 2 in a bf16 run), and its layout (embedding and LM head replicated on every
     /// TP rank).
     Pipewright,
+}
+
+impl Accounting {
+    /// The names it is written as (the CLI's `--accounting` values).
+    pub const NAMES: [&'static str; 2] = ["pipewright", "megatron"];
+}
+
+impl std::str::FromStr for Accounting {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "pipewright" => Ok(Accounting::Pipewright),
+            "megatron" => Ok(Accounting::Megatron),
+            _ => Err(format!(
+                "`{s}` is not an accounting: expected {}",
+                Self::NAMES.join(", ")
+            )),
+        }
+    }
 }
 
 /// Everything the prediction depends on.

@@ -130,6 +130,17 @@ impl std::str::FromStr for Precision {
     }
 }
 
+impl From<Precision> for crate::memory::MemPrecision {
+    /// A run's number format as the memory model stores it: bf16 is mixed precision, tf32
+    /// stores f32.
+    fn from(p: Precision) -> Self {
+        match p {
+            Precision::Bf16 => crate::memory::MemPrecision::Bf16,
+            Precision::Tf32 | Precision::F32 => crate::memory::MemPrecision::F32,
+        }
+    }
+}
+
 impl Cluster {
     /// Peak FLOP/s of one GPU in `precision`.
     pub fn peak_flops(&self, precision: Precision) -> f64 {

@@ -12,7 +12,8 @@
 //! period) until no bound can beat the best; [`explain`] says what limits each and why the
 //! best won; [`listed`] adds `search`'s list scheduler as a family where sizes permit;
 //! [`impossible`] says, in one line, the nearest thing that would work when
-//! nothing does.
+//! nothing does. [`request`] checks a request as a user gives it (the CLI's flags, Python's
+//! keywords), and [`launch`] says what to run: the two faces share both, word for word.
 
 pub mod bound;
 pub mod cluster;
@@ -24,10 +25,12 @@ pub mod evaluate;
 pub mod explain;
 pub mod fit;
 pub mod impossible;
+pub mod launch;
 pub mod layers;
 pub mod listed;
 pub mod model;
 pub mod rank;
+pub mod request;
 pub mod search;
 pub mod space;
 pub mod work;
@@ -37,6 +40,7 @@ pub use config::{Config, Fixed, PlanRequest};
 pub use efficiency::Efficiency;
 pub use explain::{Limit, Terms};
 pub use model::PlanModel;
+pub use request::{PlanRequestError, RawPlanRequest};
 pub use search::{plan, Plan, PlanRow, Progress};
 
 use crate::memory::MemoryError;

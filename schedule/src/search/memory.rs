@@ -27,6 +27,9 @@ pub enum CapError {
     /// Neither a number of microbatches nor bytes with a known unit.
     #[error("memory cap `{0}`: expected a number of microbatches (e.g. 8 or 2.5) or bytes with a unit (e.g. 512MiB, 24GB, 4096B; units B, kB, MB, GB, KiB, MiB, GiB, TiB)")]
     Unreadable(String),
+    /// A cap in microbatches turned into bytes for costs that carry no activation sizes.
+    #[error("--memory-cap needs activation sizes: give --activation-bytes or a --cost-file with activation_bytes")]
+    NoSizes,
     /// Zero or negative: no schedule can run without stashing an activation.
     #[error("memory cap `{0}`: a device must stash at least some activations to run any schedule; give a positive cap, e.g. 1 (one microbatch, the least 1F1B's last device needs) or 512MiB")]
     NotPositive(String),
@@ -100,6 +103,21 @@ pub fn parse_bytes(text: &str) -> Result<u64, BytesError> {
         return Err(bad());
     }
     Ok(bytes as u64)
+}
+
+impl MemoryCap {
+    /// The cap in bytes for `costs` on `devices` (what `sweep` marks rows by): a cap in
+    /// microbatches is that many of one microbatch's activation bytes of one device's share,
+    /// so the costs must carry activation sizes.
+    pub fn bytes(self, costs: &CostModel, devices: u32) -> Result<u64, CapError> {
+        let Some(unit) = unit_bytes(costs, devices) else {
+            return Err(CapError::NoSizes);
+        };
+        Ok(match self {
+            MemoryCap::Bytes(b) => b,
+            MemoryCap::Microbatches(x) => (x * unit).round() as u64,
+        })
+    }
 }
 
 impl fmt::Display for MemoryCap {

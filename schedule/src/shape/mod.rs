@@ -10,14 +10,18 @@
 //! ([`crate::memory::MemoryConfig::attention`]) and the plan
 //! ([`crate::plan::PlanRequest::attention`]) both read it from the run.
 //!
-//! [`hf`] reads a Hugging Face `config.json` into a shape.
+//! [`hf`] reads a Hugging Face `config.json` into a shape; [`request`] reads a shape as a
+//! user asks for it (the CLI's flags, Python's keywords of the same names, or a config),
+//! with errors in the flags' words for both faces.
 
 use serde::{Deserialize, Serialize};
 
 pub mod hf;
 mod kinds;
+pub mod request;
 
 pub use kinds::{AttentionKind, BiasKind, MlpKind, NormKind, PositionKind, RopeTheta};
+pub use request::{Named, ResolvedShape, ShapeKinds, ShapeRequest, ShapeRequestError};
 
 /// A decoder-only transformer's shape (the memory model's and plan's unit of "a model").
 ///

@@ -1,0 +1,291 @@
+//! `Shape` (a GPT's shape, by sizes and kinds or from a Hugging Face config) and the memory
+//! model's keywords of `simulate` and `search`. Every check is the schedule crate's
+//! (`shape::request`, `memory::request`), the CLI's words included.
+
+use std::path::PathBuf;
+
+use pipewright_schedule::memory::{MemoryBreakdown, MemoryRequest};
+use pipewright_schedule::plan::Precision;
+use pipewright_schedule::shape::request::describe;
+use pipewright_schedule::shape::{
+    AttentionKind, Named, ResolvedShape, RopeTheta, ShapeKinds, ShapeRequest,
+};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyString};
+
+use crate::{err, read_file, to_py};
+
+/// A file's text named by its path, JSON text named `what`, or a dict as its JSON: how a
+/// config or a profile is handed over (`"config.json"`, `'{"model_type": ...}'`, `{...}`).
+pub(crate) fn named_text(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Named> {
+    if obj.is_instance_of::<PyDict>() {
+        let text: String = obj
+            .py()
+            .import("json")?
+            .call_method1("dumps", (obj,))?
+            .extract()?;
+        return Ok(Named {
+            name: what.to_string(),
+            text,
+        });
+    }
+    if obj.is_instance_of::<PyString>() {
+        let s: String = obj.extract()?;
+        if s.trim_start().starts_with('{') {
+            return Ok(Named {
+                name: what.to_string(),
+                text: s,
+            });
+        }
+    }
+    let path: PathBuf = obj.extract()?;
+    let name = path.display().to_string();
+    Ok(Named {
+        text: read_file(&name)?,
+        name,
+    })
+}
+
+/// A kind by its name, in the schedule crate's words when it is none.
+pub(crate) fn kind<T: std::str::FromStr<Err = String>>(s: Option<&str>) -> PyResult<Option<T>> {
+    s.map(|s| s.parse::<T>().map_err(err)).transpose()
+}
+
+/// The kinds from their keywords.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn kinds(
+    ffn: Option<u64>,
+    kv_heads: Option<u32>,
+    mlp: Option<&str>,
+    norm: Option<&str>,
+    tied_embeddings: bool,
+    positions: Option<&str>,
+    rope_theta: Option<f64>,
+    bias: Option<&str>,
+) -> PyResult<ShapeKinds> {
+    Ok(ShapeKinds {
+        ffn,
+        kv_heads,
+        mlp: kind(mlp)?,
+        norm: kind(norm)?,
+        tied_embeddings,
+        positions: kind(positions)?,
+        rope_theta: rope_theta.map(RopeTheta::new).transpose().map_err(err)?,
+        bias: kind(bias)?,
+    })
+}
+
+/// A decoder-only transformer's shape: sizes and kinds (the reference GPT's, GPT-2's, unless
+/// given), or a Hugging Face config read by `Shape.from_hf_config`. What the memory model of
+/// `simulate` and `search` reads (`shape=`).
+#[pyclass(module = "pipewright", frozen)]
+#[derive(Clone)]
+pub struct Shape {
+    pub(crate) request: ShapeRequest,
+    pub(crate) resolved: ResolvedShape,
+}
+
+impl Shape {
+    fn of(request: ShapeRequest) -> PyResult<Self> {
+        let resolved = request.resolve().map_err(err)?;
+        Ok(Shape { request, resolved })
+    }
+}
+
+#[pymethods]
+impl Shape {
+    /// A shape by its sizes and kinds, checked as `pipewright simulate --layers ...` checks
+    /// it (the same words).
+    #[new]
+    #[pyo3(signature = (layers, d_model, heads, seq_len, vocab, *, ffn = None, kv_heads = None, mlp = None, norm = None, tied_embeddings = false, positions = None, rope_theta = None, bias = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        layers: u32,
+        d_model: u64,
+        heads: u32,
+        seq_len: u64,
+        vocab: u64,
+        ffn: Option<u64>,
+        kv_heads: Option<u32>,
+        mlp: Option<&str>,
+        norm: Option<&str>,
+        tied_embeddings: bool,
+        positions: Option<&str>,
+        rope_theta: Option<f64>,
+        bias: Option<&str>,
+    ) -> PyResult<Self> {
+        Shape::of(ShapeRequest {
+            layers: Some(layers),
+            d_model: Some(d_model),
+            heads: Some(heads),
+            seq_len: Some(seq_len),
+            vocab: Some(vocab),
+            kinds: kinds(
+                ffn,
+                kv_heads,
+                mlp,
+                norm,
+                tied_embeddings,
+                positions,
+                rope_theta,
+                bias,
+            )?,
+            hf_config: None,
+        })
+    }
+
+    /// The shape of a Hugging Face config.json (a path, its text, or its dict; llama,
+    /// mistral, qwen2, gpt2, gpt_neox), as `--hf-config` reads it; `seq_len` replaces the
+    /// context it was pretrained at. `notes` says how it was read.
+    #[staticmethod]
+    #[pyo3(signature = (config, seq_len = None))]
+    fn from_hf_config(config: &Bound<'_, PyAny>, seq_len: Option<u64>) -> PyResult<Self> {
+        Shape::of(ShapeRequest {
+            seq_len,
+            hf_config: Some(named_text(config, "config")?),
+            ..ShapeRequest::default()
+        })
+    }
+
+    /// Transformer blocks.
+    #[getter]
+    fn layers(&self) -> u32 {
+        self.resolved.shape.layers
+    }
+
+    /// Width of the residual stream.
+    #[getter]
+    fn d_model(&self) -> u64 {
+        self.resolved.shape.d_model
+    }
+
+    /// Query heads.
+    #[getter]
+    fn heads(&self) -> u32 {
+        self.resolved.shape.heads
+    }
+
+    /// Key/value heads.
+    #[getter]
+    fn kv_heads(&self) -> u32 {
+        self.resolved.shape.kv_heads
+    }
+
+    /// MLP hidden width.
+    #[getter]
+    fn ffn(&self) -> u64 {
+        self.resolved.shape.ffn
+    }
+
+    /// Tokens per sequence.
+    #[getter]
+    fn seq_len(&self) -> u64 {
+        self.resolved.shape.seq_len
+    }
+
+    /// Vocabulary size.
+    #[getter]
+    fn vocab(&self) -> u64 {
+        self.resolved.shape.vocab
+    }
+
+    /// Parameters of the model, each counted once (a tied embedding once).
+    #[getter]
+    fn parameters(&self) -> u64 {
+        self.resolved.shape.parameters()
+    }
+
+    /// How a config was read (where its sequence length came from, what is not modelled),
+    /// the notes `--hf-config` prints; empty for a shape given by sizes.
+    #[getter]
+    fn notes(&self) -> Vec<String> {
+        self.resolved.notes.clone()
+    }
+
+    /// Every size and kind, as a dict (the model description's JSON).
+    fn to_dict(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        to_py(py, &self.resolved.shape)
+    }
+
+    fn __eq__(&self, other: &Self) -> bool {
+        self.resolved.shape == other.resolved.shape
+    }
+
+    fn __repr__(&self) -> String {
+        let s = &self.resolved.shape;
+        format!(
+            "Shape({}; {:.3}B parameters)",
+            describe(s),
+            s.parameters() as f64 / 1e9
+        )
+    }
+}
+
+/// The memory model's request from `simulate`'s and `search`'s keywords (the CLI's memory
+/// flags, by the same names).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn memory_request(
+    shape: Option<&Shape>,
+    tp: Option<u32>,
+    dp: Option<u32>,
+    zero: Option<u8>,
+    microbatch_size: Option<u64>,
+    sequence_parallel: bool,
+    precision: Option<&str>,
+    accounting: Option<&str>,
+    attention: Option<&str>,
+) -> PyResult<MemoryRequest> {
+    if shape.is_none() {
+        // The schedule crate would name the CLI's five size flags; Python's is `shape=`.
+        let given = [
+            ("tp", tp.is_some()),
+            ("dp", dp.is_some()),
+            ("zero", zero.is_some()),
+            ("microbatch_size", microbatch_size.is_some()),
+            ("sequence_parallel", sequence_parallel),
+            ("precision", precision.is_some()),
+            ("accounting", accounting.is_some()),
+            ("attention", attention.is_some()),
+        ];
+        if let Some((name, _)) = given.iter().find(|g| g.1) {
+            return Err(err(format!(
+                "{name} is for the memory model, which needs the model's shape: also give shape=pipewright.Shape(...) (or Shape.from_hf_config(...))"
+            )));
+        }
+    }
+    Ok(MemoryRequest {
+        shape: shape.map(|s| s.request.clone()).unwrap_or_default(),
+        attention: kind::<AttentionKind>(attention)?,
+        microbatch_size,
+        tp,
+        dp,
+        zero,
+        sequence_parallel,
+        precision: kind::<Precision>(precision)?.map(Into::into),
+        accounting: kind(accounting)?,
+    })
+}
+
+/// Each device's predicted memory as dicts of bytes by category, with their `total`.
+pub(crate) fn memory_to_py(
+    py: Python<'_>,
+    memory: Option<&[MemoryBreakdown]>,
+) -> PyResult<Option<Py<PyAny>>> {
+    let Some(devices) = memory else {
+        return Ok(None);
+    };
+    let rows = devices
+        .iter()
+        .map(|m| {
+            let mut v = serde_json::to_value(m).map_err(err)?;
+            v["total"] = m.total().into();
+            Ok(v)
+        })
+        .collect::<PyResult<Vec<_>>>()?;
+    to_py(py, &rows).map(Some)
+}
+
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<Shape>()?;
+    Ok(())
+}

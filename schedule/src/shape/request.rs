@@ -1,0 +1,319 @@
+//! A shape as a user asks for it: sizes and kinds named as `pipewright`'s flags name them
+//! (Python's keywords have the same names), or a Hugging Face `config.json`'s text. Both
+//! faces, the CLI and the Python package, fill a [`ShapeRequest`] and call
+//! [`ShapeRequest::resolve`], so a shape is read, and refused, in one set of words: each error
+//! names the flag (`--kv-heads 3 must divide --heads 4`), as the CLI prints it after `error:`.
+//!
+//! Nothing here reads a file: a face hands over a config's text with the name to call it by.
+
+use super::hf::{from_hf_config, HfError, HfModel};
+use super::{BiasKind, MlpKind, ModelShape, NormKind, PositionKind, RopeTheta, ShapeError};
+
+/// The kinds of a shape beyond its sizes, as given (`None`: the reference GPT's, GPT-2's).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ShapeKinds {
+    /// MLP hidden width (default [`MlpKind::default_ffn`] of the MLP's kind).
+    pub ffn: Option<u64>,
+    /// Key/value heads (default: the query heads).
+    pub kv_heads: Option<u32>,
+    /// The MLP.
+    pub mlp: Option<MlpKind>,
+    /// The norm.
+    pub norm: Option<NormKind>,
+    /// The LM head reuses the token embedding.
+    pub tied_embeddings: bool,
+    /// Positions.
+    pub positions: Option<PositionKind>,
+    /// The base of rotary positions' angles (only with rotary positions).
+    pub rope_theta: Option<RopeTheta>,
+    /// Biases of the linear layers.
+    pub bias: Option<BiasKind>,
+}
+
+impl ShapeKinds {
+    /// The kinds given, by flag name.
+    pub fn given(&self) -> Vec<&'static str> {
+        [
+            ("--ffn", self.ffn.is_some()),
+            ("--kv-heads", self.kv_heads.is_some()),
+            ("--mlp", self.mlp.is_some()),
+            ("--norm", self.norm.is_some()),
+            ("--tied-embeddings", self.tied_embeddings),
+            ("--positions", self.positions.is_some()),
+            ("--rope-theta", self.rope_theta.is_some()),
+            ("--bias", self.bias.is_some()),
+        ]
+        .into_iter()
+        .filter(|f| f.1)
+        .map(|f| f.0)
+        .collect()
+    }
+
+    /// The shape of these sizes with these kinds, checked.
+    pub fn shape(
+        &self,
+        layers: u32,
+        d_model: u64,
+        heads: u32,
+        seq_len: u64,
+        vocab: u64,
+    ) -> Result<ModelShape, ShapeRequestError> {
+        let mlp = self.mlp.unwrap_or_default();
+        let positions = self.positions.unwrap_or_default();
+        if self.rope_theta.is_some() && positions != PositionKind::Rotary {
+            return Err(ShapeRequestError::RopeWithoutRotary);
+        }
+        let shape = ModelShape {
+            layers,
+            d_model,
+            heads,
+            kv_heads: self.kv_heads.unwrap_or(heads),
+            ffn: self.ffn.unwrap_or_else(|| mlp.default_ffn(d_model)),
+            seq_len,
+            vocab,
+            mlp,
+            norm: self.norm.unwrap_or_default(),
+            tied_embeddings: self.tied_embeddings,
+            positions,
+            rope_theta: self.rope_theta.unwrap_or_default(),
+            bias: self.bias.unwrap_or_default(),
+        };
+        shape.check().map_err(ShapeRequestError::Shape)?;
+        Ok(shape)
+    }
+}
+
+/// Text handed over by a face with the name its errors call it by (a file's path, or
+/// Python's `<text>`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Named {
+    /// What the errors call it.
+    pub name: String,
+    /// Its content.
+    pub text: String,
+}
+
+/// A GPT's shape as asked for: sizes and kinds, or a Hugging Face config (whose sequence
+/// length `seq_len` replaces where given). Nothing checked yet.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ShapeRequest {
+    /// Transformer blocks (`--layers`).
+    pub layers: Option<u32>,
+    /// Width of the residual stream (`--d-model`).
+    pub d_model: Option<u64>,
+    /// Attention heads (`--heads`).
+    pub heads: Option<u32>,
+    /// Tokens per sequence (`--seq-len`).
+    pub seq_len: Option<u64>,
+    /// Vocabulary size (`--vocab`).
+    pub vocab: Option<u64>,
+    /// The kinds beyond the sizes.
+    pub kinds: ShapeKinds,
+    /// A Hugging Face config.json instead of the sizes and kinds (`--hf-config`).
+    pub hf_config: Option<Named>,
+}
+
+/// A shape, with what the user should know of how it was read (a config's notes).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ResolvedShape {
+    /// The shape.
+    pub shape: ModelShape,
+    /// One line each, `note: --hf-config NAME: ...`; empty for a shape given by sizes.
+    pub notes: Vec<String>,
+}
+
+impl ShapeRequest {
+    /// The sizes given by flags, by flag name (`--hf-config` aside).
+    pub fn sizes(&self) -> [(&'static str, Option<u64>); 5] {
+        [
+            ("--layers", self.layers.map(u64::from)),
+            ("--d-model", self.d_model),
+            ("--heads", self.heads.map(u64::from)),
+            ("--seq-len", self.seq_len),
+            ("--vocab", self.vocab),
+        ]
+    }
+
+    /// Whether anything of a shape was given.
+    pub fn is_empty(&self) -> bool {
+        self.hf_config.is_none()
+            && self.sizes().iter().all(|s| s.1.is_none())
+            && self.kinds.given().is_empty()
+    }
+
+    /// The flags a Hugging Face config replaces that were given beside one (`--seq-len`
+    /// does not: it replaces the config's).
+    fn beside_config(&self) -> Option<&'static str> {
+        let sizes = self.sizes();
+        sizes
+            .iter()
+            .filter(|s| s.0 != "--seq-len" && s.1.is_some())
+            .map(|s| s.0)
+            .chain(self.kinds.given())
+            .next()
+    }
+
+    /// The shape: read from the config, or built from the sizes (each required) and kinds.
+    pub fn resolve(&self) -> Result<ResolvedShape, ShapeRequestError> {
+        if let Some(hf) = &self.hf_config {
+            if let Some(flag) = self.beside_config() {
+                return Err(ShapeRequestError::BesideConfig {
+                    name: hf.name.clone(),
+                    flag,
+                });
+            }
+            let model = read_hf_config(hf, self.seq_len)?;
+            let notes = hf_notes(&hf.name, &model);
+            return Ok(ResolvedShape {
+                shape: model.shape,
+                notes,
+            });
+        }
+        let mut sizes = [0u64; 5];
+        for (size, (flag, given)) in sizes.iter_mut().zip(self.sizes()) {
+            *size = given.ok_or(ShapeRequestError::Required(flag))?;
+        }
+        let [layers, d_model, heads, seq_len, vocab] = sizes;
+        let count = |x: u64| u32::try_from(x).unwrap_or(u32::MAX);
+        let shape = self
+            .kinds
+            .shape(count(layers), d_model, count(heads), seq_len, vocab)?;
+        Ok(ResolvedShape {
+            shape,
+            notes: Vec::new(),
+        })
+    }
+}
+
+/// A config.json as a shape, its sequence length replaced by `seq_len` where given.
+fn read_hf_config(hf: &Named, seq_len: Option<u64>) -> Result<HfModel, ShapeRequestError> {
+    let mut model = from_hf_config(&hf.text).map_err(|error| ShapeRequestError::Hf {
+        name: hf.name.clone(),
+        error,
+    })?;
+    if let Some(s) = seq_len {
+        if s == 0 {
+            return Err(ShapeRequestError::Shape(ShapeError::NotPositive("seq_len")));
+        }
+        model.shape.seq_len = s;
+        model.seq_len_field = "--seq-len";
+    }
+    Ok(model)
+}
+
+/// What a user should know of how `model` was read from `name`: where its sequence length
+/// came from, and what the config has that is not modelled; one line each.
+fn hf_notes(name: &str, model: &HfModel) -> Vec<String> {
+    let mut out = Vec::new();
+    if model.seq_len_field != "--seq-len" {
+        out.push(format!(
+            "note: --hf-config {name}: sequence {} from its {} (--seq-len plans another)",
+            model.shape.seq_len, model.seq_len_field
+        ));
+    }
+    for note in &model.notes {
+        out.push(format!("note: --hf-config {name}: {note}"));
+    }
+    out
+}
+
+/// A shape's error with flag names for field names.
+fn flag_error(e: &ShapeError) -> String {
+    let flag = |name: &str| format!("--{}", name.replace('_', "-"));
+    match e {
+        ShapeError::NotPositive(name) => format!("{} must be at least 1", flag(name)),
+        ShapeError::NotDividing { a, x, b, y } => {
+            format!("{} {x} must divide {} {y}", flag(a), flag(b))
+        }
+        ShapeError::OddRotaryHead(w) => format!(
+            "--positions rotary turns pairs of a head's dimensions: the head width {w} (--d-model / --heads) is not even"
+        ),
+    }
+}
+
+/// Why a shape request is not a shape; each names the flag.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum ShapeRequestError {
+    /// A size that was not given.
+    #[error("{0} is required")]
+    Required(&'static str),
+    /// Sizes that do not fit each other, by flag name.
+    #[error("{}", flag_error(.0))]
+    Shape(ShapeError),
+    /// `--rope-theta` without rotary positions.
+    #[error("--rope-theta is the base of rotary positions: also give --positions rotary")]
+    RopeWithoutRotary,
+    /// A config.json that is not a shape.
+    #[error("--hf-config {name}: {error}")]
+    Hf {
+        /// The config's name.
+        name: String,
+        /// Why.
+        error: HfError,
+    },
+    /// A size or kind given beside a config, which gives them all.
+    #[error("--hf-config {name} gives the model's shape: leave out {flag} (--seq-len alone may replace its sequence length)")]
+    BesideConfig {
+        /// The config's name.
+        name: String,
+        /// The flag given beside it.
+        flag: &'static str,
+    },
+}
+
+/// The shape in one phrase: sizes, then the kinds that differ from GPT-2's.
+pub fn describe(s: &ModelShape) -> String {
+    let mut out = format!(
+        "{} layers x d_model {} x {} heads",
+        s.layers, s.d_model, s.heads
+    );
+    if s.kv_heads != s.heads {
+        out += &format!(" ({} kv)", s.kv_heads);
+    }
+    out += &format!(", {} {}", s.mlp, s.ffn);
+    if s.norm != NormKind::LayerNorm {
+        out += &format!(", {}", s.norm);
+    }
+    if s.positions != PositionKind::Learned {
+        out += &format!(", {}", s.positions);
+    }
+    if s.tied_embeddings {
+        out += ", tied";
+    }
+    if s.bias != BiasKind::All {
+        out += &format!(", bias {}", s.bias);
+    }
+    out += &format!(", vocab {}, seq {}", s.vocab, s.seq_len);
+    out
+}
+
+/// The flags that give `train` (or any command) this shape's kinds: those that differ from
+/// the defaults, in flag form.
+pub fn kind_flags(s: &ModelShape) -> String {
+    let mut out = String::new();
+    if s.ffn != s.mlp.default_ffn(s.d_model) {
+        out += &format!(" --ffn {}", s.ffn);
+    }
+    if s.kv_heads != s.heads {
+        out += &format!(" --kv-heads {}", s.kv_heads);
+    }
+    if s.mlp != MlpKind::Gelu {
+        out += &format!(" --mlp {}", s.mlp);
+    }
+    if s.norm != NormKind::LayerNorm {
+        out += &format!(" --norm {}", s.norm);
+    }
+    if s.tied_embeddings {
+        out += " --tied-embeddings";
+    }
+    if s.positions != PositionKind::Learned {
+        out += &format!(" --positions {}", s.positions);
+        if s.rope_theta != RopeTheta::DEFAULT {
+            out += &format!(" --rope-theta {}", s.rope_theta);
+        }
+    }
+    if s.bias != BiasKind::All {
+        out += &format!(" --bias {}", s.bias);
+    }
+    out
+}
