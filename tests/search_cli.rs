@@ -47,6 +47,9 @@ fn measured_costs_feed_a_search_whose_timetable_trains() {
         }
     }
     assert_eq!(costs["time_unit"], "ms");
+    // Two devices hand off: the file holds the measured latency, which `search` then uses.
+    let latency = costs["p2p_latency"].as_f64();
+    assert!(latency.is_some_and(|t| t >= 0.0), "{costs}");
     let table = ok(
         d,
         &[

@@ -7,8 +7,8 @@ predicts a recorded PyTorch step from the costs recorded in it.
     python python/benches/torch_recorder.py predict [--stage sleep|linear] [--steps 7]
 
 One process per rank (gloo on the CPU), started by this script. Needs the `pipewright` CLI
-(`$PIPEWRIGHT_BIN`, else target/release/pipewright) and `pipewright.torch` importable (the
-script puts python/ on the path).
+(`$PIPEWRIGHT_BIN`, else target/release/pipewright) and `pipewright.torch`: installed, or
+built in place in python/ (the script puts python/ on the path when no other is importable).
 
 overhead: 1F1B, p = 2, m = 8, each stage sleeping 1 ms in its forward and 1 ms in its
     backward (actions of 1 ms that leave the CPU free). Plain steps, recorded steps and
@@ -23,14 +23,15 @@ predict: for each timetable, `--steps` recorded steps (fenced: each starts after
     The gap is split, on the rank that finishes last, into its compute beyond the simulated
     busy time (medians against every action), its waits for data beyond the simulated idle
     time, posting sends, and the rest: PyTorch's own actions (WAIT_SEND, REDUCE_GRAD,
-    UNSHARD, ...) and its Python between actions. A second prediction adds the measured
-    hand-off latency (`--p2p-latency`: from a producer's compute end to a waiting consumer's
-    compute start, median).
+    UNSHARD, ...) and its Python between actions. The cost file carries the measured hand-off
+    latency (`p2p_latency`: from a producer's compute end to a waiting consumer's compute
+    start, median); the compute-only prediction sets it to 0.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import platform
@@ -45,7 +46,8 @@ from datetime import timedelta
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "python"))
+if importlib.util.find_spec("pipewright") is None:  # not installed: the one built in place
+    sys.path.insert(0, str(REPO / "python"))
 
 
 def pipewright_bin() -> str:
@@ -207,39 +209,17 @@ def split_gap(tl: dict, p: int, measured: float, sim: dict) -> dict:
             "sends": sends, "other": measured - compute - waits - sends}
 
 
-def hand_off_latency(tl: dict) -> float:
-    """Median time from a producer's compute end to a waiting consumer's compute start."""
-    ends, lat = {}, []
-    for e in tl["events"]:
-        a = e["action"]
-        if a["kind"] in ("F", "B", "I"):
-            ends[(a["kind"], a["stage"], a["microbatch"])] = e["end"]
-        elif isinstance(a["kind"], dict):
-            ov = a["kind"]["OVERLAP_F_B"]
-            ends[("F", a["stage"], a["microbatch"])] = e["end"]
-            ends[("B", ov["b_stage"], ov["b_microbatch"])] = e["end"]
-    for e in tl["events"]:
-        a = e["action"]
-        if a["kind"] == "RECV_F":
-            src = ends.get(("F", a["stage"] - 1, a["microbatch"]))
-        elif a["kind"] == "RECV_B":
-            src = ends.get(("B", a["stage"] + 1, a["microbatch"])) or ends.get(("I", a["stage"] + 1, a["microbatch"]))
-        else:
-            continue
-        if src is not None and e["end"] - e["start"] > 0.01:  # the consumer was waiting
-            lat.append(e["end"] - src)
-    return statistics.median(lat) if lat else 0.0
-
-
 def predict(args) -> None:
     p, m = args.p or (4 if args.stage == "sleep" else 2), args.m
     families = [("1f1b", p, 1, m), ("interleaved-1f1b", p, 2, m), ("zb-h1", p, 1, m),
                 ("zbv", p, 2, m), ("dualpipev", p, 2, m)]
+    families = [f for f in families if not args.only or f[0] in args.only]
     with tempfile.TemporaryDirectory() as tmp:
+        root = Path(args.keep or tmp)
         jobs = []
         for family, p, v, m in families:
-            out = Path(tmp) / family
-            out.mkdir()
+            out = root / family
+            out.mkdir(parents=True, exist_ok=True)
             cli("schedule", "--schedule", family, "-p", p, "-v", v, "-m", m, "-o", out / "t.csv")
             jobs.append({"kind": "predict", "name": family, "timetable": str(out / "t.csv"),
                          "steps": args.steps, "out": str(out), "p": p})
@@ -249,29 +229,34 @@ def predict(args) -> None:
         if args.stage == "sleep":
             spec["width"] = 16
         launch(world, spec)
+        print(f"# load average after the runs {os.getloadavg()[0]:.1f}")
         print(f"stages: {args.stage}" + (" (F = 2 ms, B = 4 ms)" if args.stage == "sleep" else
               f" ({args.layers} x Linear({args.width}) + Tanh, {args.mb} rows a microbatch)"))
-        print("| timetable | simulated | measured, median step | error | gap on the last rank: compute, waits, "
-              "sends, between actions | simulated with the hand-off latency | error |")
-        print("|---|---|---|---|---|---|---|")
+        print("| timetable | measured, median step | simulated, compute only | error | hand-off "
+              "latency (samples) | simulated from the cost file | error | gap on the last rank: "
+              "compute, waits, sends, between actions |")
+        print("|---|---|---|---|---|---|---|---|")
         for job in jobs:
             out = Path(job["out"])
             tls = json.loads((out / "steps.json").read_text())["timelines"]
+            costs = json.loads((out / "costs.json").read_text())
             spans = sorted(max(e["end"] for e in tl["events"]) for tl in tls)
             mid = sorted(tls, key=lambda tl: max(e["end"] for e in tl["events"]))[len(tls) // 2]
             measured = max(e["end"] for e in mid["events"])  # the median step
             simulate = lambda *more: json.loads(cli(
                 "simulate", "--timetable", out / "t.csv", "--cost-file", out / "costs.json",
                 "--format", "json", *more))
-            sim = simulate()
-            lat = statistics.median(hand_off_latency(tl) for tl in tls)
-            sim_lat = simulate("--p2p-latency", lat)["makespan"]
+            compute_only = simulate("--p2p-latency", 0)["makespan"]
+            sim = simulate()  # the cost file as recorded: its p2p_latency included
+            lat = costs.get("p2p_latency", 0.0)
+            source = costs.get("source", "")
+            samples = source.split("p2p_latency: median of ")[1].split(" ")[0] if "p2p_latency" in source else 0
             g = split_gap(mid, job["p"], measured, sim)
-            print(f"| {job['name']} p={job['p']} | {sim['makespan']:.1f} ms | {measured:.1f} ms "
-                  f"(fastest {spans[0]:.1f}) | "
-                  f"{(measured / sim['makespan'] - 1) * 100:+.1f}% | rank {g['rank']}: "
-                  f"{g['compute']:+.1f}, {g['waits']:+.1f}, {g['sends']:+.1f}, {g['other']:+.1f} ms | "
-                  f"{sim_lat:.1f} ms ({lat * 1e3:.0f} us) | {(measured / sim_lat - 1) * 100:+.1f}% |")
+            err = lambda s: f"{(measured / s - 1) * 100:+.1f}%"
+            print(f"| {job['name']} p={job['p']} | {measured:.1f} ms (fastest {spans[0]:.1f}) | "
+                  f"{compute_only:.1f} ms | {err(compute_only)} | {lat:.2f} ms ({samples}) | "
+                  f"{sim['makespan']:.1f} ms | {err(sim['makespan'])} | rank {g['rank']}: "
+                  f"{g['compute']:+.1f}, {g['waits']:+.1f}, {g['sends']:+.1f}, {g['other']:+.1f} ms |")
 
 
 def main() -> None:
@@ -292,6 +277,8 @@ def main() -> None:
     pr.add_argument("--layers", type=int, default=4)
     pr.add_argument("--width", type=int, default=256)
     pr.add_argument("--mb", type=int, default=64)
+    pr.add_argument("--only", nargs="*", help="timetables to run (default: all five)")
+    pr.add_argument("--keep", help="folder to keep the timetables, steps and cost files in")
     args = ap.parse_args()
     load = os.getloadavg()[0]
     print(f"# {platform.node()}: {os.cpu_count()} cores, load average {load:.1f}, "

@@ -147,9 +147,15 @@ def test_the_cost_file_holds_the_measured_stage_times(recorded, name):
         assert backward >= SLEEP_MS, (s, c)
     if name == "zbv":  # a split backward is measured split
         assert all("i" in c and "w" in c for c in costs["stages"])
-    report = json.loads(cli("simulate", "--timetable", csv, "--cost-file", out / "costs.json",
-                            "--format", "json").stdout)
-    assert report["makespan"] > 0
+    # Every rank waits for its first input: the hand-off latency is measured, and simulate
+    # adds it to each hand-off between ranks.
+    assert costs["p2p_latency"] >= 0 and "hand-offs a device waited for" in costs["source"]
+    simulated = lambda *more: json.loads(cli(
+        "simulate", "--timetable", csv, "--cost-file", out / "costs.json", "--format", "json",
+        *more).stdout)["makespan"]
+    compute_only = simulated("--p2p-latency", 0)
+    assert 0 < compute_only <= simulated()  # a later hand-off never makes a step shorter
+    assert simulated() == pytest.approx(simulated("--p2p-latency", costs["p2p_latency"]))
 
 
 @pytest.mark.parametrize("cls", list(TORCH_CLASSES))

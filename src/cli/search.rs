@@ -349,18 +349,21 @@ fn json_report(found: &SearchOutcome, secs: f64) -> serde_json::Value {
     })
 }
 
-/// Stage the per-stage costs measured over `steps` (the first is left out as warm-up when
-/// there are more) as `--costs-out`, a cost file for `simulate --cost-file` and `search
-/// --cost-file`.
+/// Stage the per-stage costs and the hand-off latency measured over `steps` (the first is
+/// left out as warm-up when there are more) as `--costs-out`, a cost file for `simulate
+/// --cost-file` and `search --cost-file`.
 pub fn stage_measured_costs(outs: &mut Outputs, steps: &[Timeline]) -> Result<()> {
     let Some(path) = outs.path("--costs-out").map(|p| p.display().to_string()) else {
         return Ok(());
     };
     let used: Vec<&Timeline> = steps.iter().skip(usize::from(steps.len() > 1)).collect();
     let raw = measured_costs(&used)?;
+    let unit = raw.time_unit.as_deref().unwrap_or("?");
+    let hand_off = raw.p2p_latency.map_or(String::new(), |t| {
+        format!(", hand-off latency {t:.3} {unit}")
+    });
     let note = format!(
-        "wrote {path} (per-stage costs in {}, median of {} steps)",
-        raw.time_unit.as_deref().unwrap_or("?"),
+        "wrote {path} (per-stage costs in {unit}, median of {} steps{hand_off})",
         used.len()
     );
     let text = serde_json::to_string_pretty(&raw)? + "\n";

@@ -120,8 +120,9 @@ pub struct TrainCmd {
     /// `json` prints one JSON object per step: loss, tokens per second, measured bubble.
     #[arg(long, value_enum, default_value_t = ReportFormat::Table)]
     format: ReportFormat,
-    /// Write the measured per-stage F, B (or I and W) times in ms as a cost file for
-    /// `simulate --cost-file` and `search --cost-file` (median over the steps after the first).
+    /// Write the measured per-stage F, B (or I and W) times and the hand-off latency between
+    /// devices in ms as a cost file for `simulate --cost-file` and `search --cost-file` (median
+    /// over the steps after the first).
     #[arg(long, value_name = "FILE")]
     costs_out: Option<PathBuf>,
     /// When stdout is not a terminal, print a line (loss, tokens/s, step time) every N steps,
@@ -611,8 +612,8 @@ pub struct BenchCmd {
     /// Output form.
     #[arg(long, value_enum, default_value_t = ReportFormat::Table)]
     format: ReportFormat,
-    /// Write the measured per-stage times in ms as a cost file (median over the steps after
-    /// the first).
+    /// Write the measured per-stage times and the hand-off latency between devices in ms as a
+    /// cost file (median over the steps after the first).
     #[arg(long, value_name = "FILE")]
     costs_out: Option<PathBuf>,
 }

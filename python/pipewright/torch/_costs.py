@@ -1,7 +1,8 @@
 """A cost file from recorded timelines: what `train --costs-out` writes, for `search`.
 
 pipewright computes it (`Costs.from_timelines`, the median duration of each stage's F, B, I
-and W over the steps given, as `train --costs-out` does); this module only hands it the
+and W over the steps given, and the median hand-off latency between ranks where the consumer
+waited, as `train --costs-out` does); this module only hands it the
 recorder's timelines and gives the file's text back as a dict.
 """
 
@@ -16,8 +17,8 @@ from ._errors import RecordError
 
 
 def measured_costs(timelines: list) -> dict[str, Any]:
-    """The cost file (a dict, JSON-ready) of the median per-stage costs of `timelines`
-    (`pipewright.Timeline`s, or timeline dicts or JSON text)."""
+    """The cost file (a dict, JSON-ready) of the median per-stage costs and hand-off latency
+    of `timelines` (`pipewright.Timeline`s, or timeline dicts or JSON text)."""
     if not timelines:
         raise RecordError("measured costs: no recorded steps given")
     try:

@@ -352,7 +352,8 @@ class Recorder:
         _write_atomic(Path(path), tls[step].to_json())
 
     def save_costs(self, path: str | Path, *, skip: int | None = None) -> None:
-        """Write the median per-stage costs of the recorded steps as a cost file, on rank 0.
+        """Write the median per-stage costs and hand-off latency of the recorded steps as a cost
+        file, on rank 0.
 
         The first step is left out as warm-up when there are more (as `train --costs-out`
         does), or the first `skip`. `pipewright search --cost-file PATH` reads it. Collective.

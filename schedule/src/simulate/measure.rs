@@ -1,11 +1,12 @@
-//! Costs measured, not guessed: the per-stage F, B, I and W times of recorded steps, as a cost
-//! file that `simulate` and `search` read. This closes the loop from a real run to a better
-//! schedule.
+//! Costs measured, not guessed: the per-stage F, B, I and W times of recorded steps and the
+//! hand-off time between devices, as a cost file that `simulate` and `search` read. This
+//! closes the loop from a real run to a better schedule.
 
 use crate::action::ActionKind;
 use crate::timeline::Timeline;
 
 use super::cost::{CostError, RawCostFile, RawStageCost};
+use super::hand_off::measured_latency;
 
 /// The median duration of each stage's F, B, I and W over `timelines` (steps of one run).
 ///
@@ -14,6 +15,13 @@ use super::cost::{CostError, RawCostFile, RawStageCost};
 /// the split. F&B overlaps are not used: their two halves cannot be told apart. Explicit
 /// recomputes (`R` actions) give `r`; a recompute the runtime ran inside a backward is part
 /// of that backward's time.
+///
+/// `p2p_latency` is the median hand-off time between devices over every hand-off whose
+/// consumer was waiting for it (see [`hand_offs`](super::hand_offs)): from the producer's
+/// compute end to the consumer's compute start, so it holds whatever a hand-off costs on the
+/// way (posting the send, the transport, waking the consumer). It is left out where no
+/// consumer waited (one device, or no hand-off on any critical path): the steps then say
+/// nothing about it.
 pub fn measured_costs(timelines: &[&Timeline]) -> Result<RawCostFile, CostError> {
     let Some(first) = timelines.first() else {
         return Err(CostError::Missing {
@@ -44,14 +52,19 @@ pub fn measured_costs(timelines: &[&Timeline]) -> Result<RawCostFile, CostError>
         .enumerate()
         .map(|(s, mut kinds)| stage_cost(s, &mut kinds))
         .collect::<Result<Vec<_>, _>>()?;
+    let latency = measured_latency(timelines);
+    let hand_off = match latency {
+        Some((_, n)) => format!("; p2p_latency: median of {n} hand-offs a device waited for"),
+        None => "; no hand-off between devices that a device waited for".into(),
+    };
     Ok(RawCostFile {
         default: RawStageCost::default(),
         stages: Some(per_stage),
-        p2p_latency: None,
+        p2p_latency: latency.map(|(t, _)| t),
         bandwidth: None,
         time_unit: Some(first.meta.time_unit.clone()),
         source: Some(format!(
-            "measured: {} on {} devices, {} stages, {} microbatches, median of {} steps",
+            "measured: {} on {} devices, {} stages, {} microbatches, median of {} steps{hand_off}",
             first.meta.schedule,
             first.meta.devices,
             first.meta.stages,

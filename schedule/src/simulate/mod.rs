@@ -11,6 +11,7 @@
 //! time linear in the number of actions.
 
 mod cost;
+mod hand_off;
 mod measure;
 mod options;
 mod report;
@@ -18,6 +19,7 @@ mod steady;
 
 pub(crate) use cost::without_position;
 pub use cost::{CostError, CostModel, RawCostFile, RawStageCost, StageCost};
+pub use hand_off::{hand_offs, measured_latency, HandOff};
 pub use measure::measured_costs;
 pub use options::{CostOptions, CostSource};
 pub use report::{DeviceReport, Report};
