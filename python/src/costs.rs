@@ -133,7 +133,8 @@ impl Costs {
         Costs::file(text, name)
     }
 
-    /// Per-stage costs measured in recorded timelines (the median over them), as
+    /// Per-stage costs measured in recorded timelines (the median over them), and the
+    /// hand-off latency between devices (`p2p_latency`, the median wait a consumer showed), as
     /// `train --costs-out` writes them: what `search` needs to fit a timetable to a real run.
     #[staticmethod]
     fn from_timelines(timelines: Vec<PyRef<'_, Timeline>>) -> PyResult<Self> {
