@@ -169,3 +169,40 @@ fn bad_configs_are_refused_in_one_line_naming_the_field() {
         assert!(!e.contains('\n'), "{e}");
     }
 }
+
+/// transformers 5 saves `rope_scaling` and `rope_theta` together as `rope_parameters`: Llama
+/// 3.1's config in that layout still plans at the context it was pretrained at (8192), not
+/// the extended 131072 (16 times the tokens a sequence, a different plan).
+#[test]
+fn the_newer_rope_parameters_layout_gives_the_pretrained_context_too() {
+    let old = fixture("llama3.1-405b.json");
+    let scaling = old
+        .find("\"rope_scaling\"")
+        .expect("the fixture has rope_scaling");
+    let end = old[scaling..].find("\"tie_word").unwrap() + scaling;
+    let new = format!(
+        "{}\"rope_parameters\": {{\"factor\": 8.0, \"high_freq_factor\": 4.0, \
+         \"low_freq_factor\": 1.0, \"original_max_position_embeddings\": 8192, \
+         \"rope_theta\": 500000.0, \"rope_type\": \"llama3\"}},\n  {}",
+        &old[..scaling],
+        &old[end..]
+    );
+    assert!(!new.contains("rope_scaling") && !new.contains("\"rope_theta\": 500000.0,\n"));
+    let (a, b) = (from_hf_config(&old).unwrap(), from_hf_config(&new).unwrap());
+    assert_eq!(b.shape, a.shape);
+    assert_eq!(b.shape.seq_len, 8192);
+    assert_eq!(
+        b.seq_len_field,
+        "rope_parameters.original_max_position_embeddings"
+    );
+    assert_eq!(b.notes, a.notes);
+    // A bad value there is named there.
+    let bad = new.replace(
+        "\"original_max_position_embeddings\": 8192",
+        "\"original_max_position_embeddings\": 0",
+    );
+    assert_eq!(
+        from_hf_config(&bad).unwrap_err().to_string(),
+        "field `rope_parameters.original_max_position_embeddings` is 0, expected a positive integer"
+    );
+}

@@ -13,9 +13,10 @@
 //! default (Llama 3.1's `llama3` frequencies) and GPT-NeoX's partial rotation (`rotary_pct`
 //! below 1); neither changes a parameter, FLOP or byte of the plan.
 //!
-//! The sequence length is the context the model was pretrained at: `rope_scaling`'s
-//! `original_max_position_embeddings` where a context extension names it (Llama 3.1: 8192),
-//! else `max_position_embeddings` (`n_positions` for GPT-2). A caller may plan another.
+//! The sequence length is the context the model was pretrained at: `rope_scaling`'s (or, in
+//! the newer layout, `rope_parameters`') `original_max_position_embeddings` where a context
+//! extension names it (Llama 3.1: 8192), else `max_position_embeddings` (`n_positions` for
+//! GPT-2). A caller may plan another.
 //!
 //! The text is parsed here (the crate does no IO); a caller names the file in its errors.
 
@@ -321,15 +322,28 @@ fn rope_scaling(f: &Fields) -> Result<Option<String>, HfError> {
     Ok(None)
 }
 
-/// The context the model was pretrained at (see the module's note).
+/// The context the model was pretrained at (see the module's note). transformers 5 writes
+/// `rope_scaling` (with `rope_theta`) as `rope_parameters`, so either may name it.
 fn pretrained_context(f: &Fields) -> Result<(u64, &'static str), HfError> {
-    const ORIGINAL: &str = "rope_scaling.original_max_position_embeddings";
-    if let Some(Value::Object(scaling)) = f.map.get("rope_scaling") {
+    const ORIGINAL: [(&str, &str); 2] = [
+        (
+            "rope_scaling",
+            "rope_scaling.original_max_position_embeddings",
+        ),
+        (
+            "rope_parameters",
+            "rope_parameters.original_max_position_embeddings",
+        ),
+    ];
+    for (object, field) in ORIGINAL {
+        let Some(Value::Object(scaling)) = f.map.get(object) else {
+            continue;
+        };
         if let Some(v) = scaling.get("original_max_position_embeddings") {
             return match v.as_u64() {
-                Some(n) if n > 0 => Ok((n, ORIGINAL)),
+                Some(n) if n > 0 => Ok((n, field)),
                 _ => Err(HfError::Wrong {
-                    field: ORIGINAL,
+                    field,
                     got: v.to_string(),
                     want: "a positive integer",
                 }),
