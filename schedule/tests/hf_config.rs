@@ -101,8 +101,17 @@ fn rotary_bases_are_read_and_unmodelled_rotary_variants_noted() {
     assert_eq!(l31.notes.len(), 1, "{:?}", l31.notes);
     assert!(l31.notes[0].contains("rope_scaling `llama3` is not modelled"));
     let neox = from_hf_config(&fixture("gpt-neox-20b.json")).unwrap();
-    assert_eq!(neox.notes.len(), 1, "{:?}", neox.notes);
+    assert_eq!(neox.notes.len(), 2, "{:?}", neox.notes);
     assert!(neox.notes[0].contains("rotary_pct 0.25 is not modelled"));
+    // GPT-NeoX's parallel residual (its default) is a block the reference GPT does not
+    // train: said, though it changes no count.
+    assert!(neox.notes[1].contains("use_parallel_residual is not modelled"));
+    let sequential = fixture("gpt-neox-20b.json").replace(
+        "\"use_parallel_residual\": true",
+        "\"use_parallel_residual\": false",
+    );
+    let m = from_hf_config(&sequential).unwrap();
+    assert_eq!((m.notes.len(), m.shape), (1, neox.shape));
     // Absent: 10000; in the newer layout, under rope_parameters.
     let llama = fixture("llama3-8b.json");
     let absent = llama.replace("\"rope_theta\": 500000.0,", "");

@@ -10,8 +10,9 @@
 //! Rotary positions' base is `rope_theta` (`rope_parameters.rope_theta` in the newer layout;
 //! `rotary_emb_base` in GPT-NeoX's older configs), 10000 where absent. What the reference
 //! model's rotary embeddings do not model is said in a note: a `rope_scaling` other than the
-//! default (Llama 3.1's `llama3` frequencies) and GPT-NeoX's partial rotation (`rotary_pct`
-//! below 1); neither changes a parameter, FLOP or byte of the plan.
+//! default (Llama 3.1's `llama3` frequencies), GPT-NeoX's partial rotation (`rotary_pct`
+//! below 1) and its parallel residual (`use_parallel_residual`, true unless set false); none
+//! changes a parameter, FLOP or byte of the plan.
 //!
 //! The sequence length is the context the model was pretrained at: `rope_scaling`'s (or, in
 //! the newer layout, `rope_parameters`') `original_max_position_embeddings` where a context
@@ -402,6 +403,13 @@ fn gpt_neox(f: &Fields) -> Result<HfModel, HfError> {
         notes.push(format!(
             "rotary_pct {pct} is not modelled: the reference GPT turns every dimension of a head"
         ));
+    }
+    if f.flag("use_parallel_residual", true)? {
+        notes.push(
+            "use_parallel_residual is not modelled: the reference GPT's MLP reads the residual \
+             stream after attention's output is added (the same parameters, FLOPs and bytes)"
+                .into(),
+        );
     }
     let shape = ModelShape {
         tied_embeddings: f.flag("tie_word_embeddings", false)?,
