@@ -3,16 +3,18 @@
 //! The reader takes all three forms ([`CsvForm`]) and says which it found: PyTorch's
 //! compute-only rows; PyTorch's compute+comms rows, whose sends, receives and the actions
 //! PyTorch adds (`WAIT_SEND_*`, `UNSHARD`, `RESHARD`, `REDUCE_GRAD`, `WAIT_REDUCE_GRAD`) are
-//! checked as PyTorch checks them (every send has one wait after it) and then left out, so
-//! the compute order comes back as written; and pipewright's own lowered rows, kept as they
-//! are. Reading is linear in the file's length.
+//! checked as PyTorch checks them (every send has one wait after it), and as its runtime will
+//! run them (each hand-off between devices has its send after the action that makes it and
+//! its receive before the action that uses it, and no other send or receive is there), then
+//! left out, so the compute order comes back as written; and pipewright's own lowered rows,
+//! kept as they are. Reading is linear in the file's length.
 //!
 //! Empty cells (PyTorch's idle slots) are skipped. The stage-to-device map is read off the
 //! rows: a stage lives on the device whose row names it. A UTF-8 byte-order mark and trailing
 //! blank lines are accepted; a blank row between rows is refused, since it would be a device
 //! with no work (most often a row deleted by mistake).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use super::pytorch::CsvForm;
 use crate::action::{Action, ActionKind, ParseActionError};
@@ -129,6 +131,17 @@ pub enum CsvError {
         /// The send.
         send: Action,
     },
+    /// A hand-off of PyTorch's compute+comms form missing or out of place (PyTorch runs the
+    /// file's sends and receives as written).
+    #[error("line {line}, column {column}: {message}")]
+    Handoff {
+        /// Line.
+        line: usize,
+        /// Column.
+        column: usize,
+        /// What is missing or misplaced, and why PyTorch cannot run it.
+        message: String,
+    },
     /// A stage number the file is too short to hold every stage below it for.
     #[error("line {line}, column {column}: stage {stage}, but a file of {bytes} bytes holds at most {most} stages (every stage from 0 to {stage} must be on some row)")]
     StageBeyondFile {
@@ -229,12 +242,25 @@ pub fn from_csv(text: &str) -> Result<(Timetable, CsvSource), CsvError> {
     if owner.slots.is_empty() {
         return Err(CsvError::Empty);
     }
+    if let (true, Some((send, (line, column)))) = (pytorch_comms, unwaited) {
+        return Err(CsvError::SendWithoutWait { line, column, send });
+    }
+    let stage_device = owner
+        .slots
+        .iter()
+        .enumerate()
+        .map(|(s, o)| {
+            o.map(|(d, _)| d).ok_or(CsvError::MissingStage {
+                stage: s as u32,
+                max: max_stage,
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
     let form = if pytorch_comms {
-        if let Some((send, (line, column))) = unwaited {
-            return Err(CsvError::SendWithoutWait { line, column, send });
-        }
+        check_handoffs(&devices, &cells, &stage_device)?;
         // The compute order is what the file says; PyTorch's sends and receives are a
-        // function of it, placed again when the timetable is written in this form.
+        // function of it (checked above to be in place), placed again when the timetable is
+        // written in this form.
         for (actions, places) in devices.iter_mut().zip(cells.iter_mut()) {
             let keep: Vec<bool> = actions.iter().map(|a| a.kind.is_compute()).collect();
             let mut k = keep.iter();
@@ -248,17 +274,6 @@ pub fn from_csv(text: &str) -> Result<(Timetable, CsvSource), CsvError> {
     } else {
         CsvForm::ComputeOnly
     };
-    let stage_device = owner
-        .slots
-        .iter()
-        .enumerate()
-        .map(|(s, o)| {
-            o.map(|(d, _)| d).ok_or(CsvError::MissingStage {
-                stage: s as u32,
-                max: max_stage,
-            })
-        })
-        .collect::<Result<Vec<_>, _>>()?;
     let tt = Timetable {
         name: "custom".to_string(),
         microbatches: max_mb + 1,
@@ -266,6 +281,103 @@ pub fn from_csv(text: &str) -> Result<(Timetable, CsvSource), CsvError> {
         devices,
     };
     Ok((tt, CsvSource { cells, form }))
+}
+
+/// PyTorch runs a compute+comms file's own sends and receives as written: a hand-off between
+/// two devices needs its send after the action that makes the data, in that action's row, and
+/// its receive before the action that uses it, in that one's row (PyTorch's runtime asserts
+/// the receive before it computes, and a missing send leaves its receiver waiting for ever).
+/// A send or receive that no hand-off needs is refused too. A user the file lacks is left to
+/// validation, which names it.
+fn check_handoffs(
+    devices: &[Vec<Action>],
+    cells: &[Vec<(usize, usize)>],
+    stage_device: &[u32],
+) -> Result<(), CsvError> {
+    let stages = stage_device.len() as u32;
+    // Where each simple action is: (device, index in its row); the first of any duplicate.
+    let mut at: HashMap<Action, (usize, usize)> = HashMap::new();
+    for (d, row) in devices.iter().enumerate() {
+        for (i, a) in row.iter().enumerate() {
+            for p in a.parts() {
+                at.entry(p).or_insert((d, i));
+            }
+        }
+    }
+    let handoff_error = |(d, i): (usize, usize), message: String| {
+        let (line, column) = cells[d][i];
+        CsvError::Handoff {
+            line,
+            column,
+            message,
+        }
+    };
+    let mut needed: HashSet<Action> = HashSet::new();
+    for (d, row) in devices.iter().enumerate() {
+        for (i, a) in row.iter().enumerate() {
+            for p in a.parts() {
+                let (s, mb) = (p.stage, p.microbatch);
+                let (send, recv, to, users) = match p.kind {
+                    ActionKind::F if s + 1 < stages => (
+                        ActionKind::SendF,
+                        ActionKind::RecvF,
+                        s + 1,
+                        [ActionKind::F; 2],
+                    ),
+                    ActionKind::B | ActionKind::I if s > 0 => (
+                        ActionKind::SendB,
+                        ActionKind::RecvB,
+                        s - 1,
+                        [ActionKind::B, ActionKind::I],
+                    ),
+                    _ => continue,
+                };
+                let to_device = stage_device[to as usize];
+                if to_device as usize == d {
+                    continue;
+                }
+                let send = Action::new(s, send, mb);
+                if !matches!(at.get(&send), Some(&(sd, si)) if sd == d && si > i) {
+                    return Err(handoff_error((d, i), format!(
+                        "`{p}` hands its output to device {to_device}, but no `{send}` follows it in its row (the receiver would wait for it for ever)"
+                    )));
+                }
+                let recv = Action::new(to, recv, mb);
+                let user = users
+                    .iter()
+                    .find_map(|&k| at.get(&Action::new(to, k, mb)).map(|&w| (k, w)));
+                if let Some((kind, (ud, ui))) = user {
+                    if !matches!(at.get(&recv), Some(&(rd, ri)) if rd == ud && ri < ui) {
+                        let user = Action::new(to, kind, mb);
+                        return Err(handoff_error((ud, ui), format!(
+                            "`{user}` uses what `{p}` sends, but no `{recv}` comes before it in its row (PyTorch's runtime refuses to compute before receiving)"
+                        )));
+                    }
+                }
+                needed.insert(send);
+                needed.insert(recv);
+            }
+        }
+    }
+    for (d, row) in devices.iter().enumerate() {
+        for (i, a) in row.iter().enumerate() {
+            if a.kind.is_comm() && !needed.contains(a) {
+                let why = match a.kind {
+                    ActionKind::SendF | ActionKind::RecvB if a.stage + 1 >= stages => {
+                        format!("stage {} is the last", a.stage)
+                    }
+                    ActionKind::SendB | ActionKind::RecvF if a.stage == 0 => {
+                        "stage 0 is the first".to_string()
+                    }
+                    _ => "no action of its row or its peer's makes or uses it there".to_string(),
+                };
+                return Err(handoff_error((d, i), format!(
+                    "`{a}` is no hand-off of this timetable ({why}; PyTorch would wait for it for ever)"
+                )));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// One row's sends and whether each has been waited for, in the order sent.
@@ -491,6 +603,42 @@ mod tests {
             err.to_string()
                 .contains("does not end with a microbatch number"),
             "{err}"
+        );
+    }
+
+    #[test]
+    fn pytorchs_compute_comms_rows_need_their_own_sends_and_receives_in_place() {
+        // PyTorch runs a compute+comms file's hand-offs as written: a receive missing or after
+        // its use fails its runtime's assertion, and a send missing leaves the receiver
+        // waiting for ever. `validate` must not call such a file valid.
+        let text = "0UNSHARD,0F0,0SEND_F0,0F1,0SEND_F1,0RECV_B0,0B0,0WAIT_SEND_F0,0RECV_B1,0B1,\
+                    0WAIT_SEND_F1,0REDUCE_GRAD,0WAIT_REDUCE_GRAD,0RESHARD\n\
+                    1UNSHARD,1RECV_F0,1F0,1RECV_F1,1B0,1SEND_B0,1F1,1B1,1SEND_B1,1REDUCE_GRAD,\
+                    1WAIT_REDUCE_GRAD,1RESHARD,1WAIT_SEND_B0,1WAIT_SEND_B1\n";
+        from_csv(text).unwrap();
+        let err = |t: &str| from_csv(t).unwrap_err().to_string();
+        assert_eq!(
+            err(&text.replace("1RECV_F1,", "")),
+            "line 2, column 36: `1F1` uses what `0F1` sends, but no `1RECV_F1` comes before it in its row (PyTorch's runtime refuses to compute before receiving)"
+        );
+        assert_eq!(
+            err(&text.replace("1RECV_F1,1B0,1SEND_B0,1F1", "1B0,1SEND_B0,1F1,1RECV_F1")),
+            "line 2, column 36: `1F1` uses what `0F1` sends, but no `1RECV_F1` comes before it in its row (PyTorch's runtime refuses to compute before receiving)"
+        );
+        assert_eq!(
+            err(&text.replace("0SEND_F1,", "").replace("0WAIT_SEND_F1,", "")),
+            "line 1, column 23: `0F1` hands its output to device 1, but no `0SEND_F1` follows it in its row (the receiver would wait for it for ever)"
+        );
+        assert_eq!(
+            err(&text.replace("0F0,0SEND_F0", "0SEND_F0,0F0")),
+            "line 1, column 19: `0F0` hands its output to device 1, but no `0SEND_F0` follows it in its row (the receiver would wait for it for ever)"
+        );
+        // A backward's hand-off likewise, and a hand-off no action makes.
+        assert!(err(&text.replace("0RECV_B1,", "")).starts_with("line 1, column "));
+        let extra = text.replace("1UNSHARD,", "1UNSHARD,1RECV_B0,");
+        assert_eq!(
+            err(&extra),
+            "line 2, column 10: `1RECV_B0` is no hand-off of this timetable (stage 1 is the last; PyTorch would wait for it for ever)"
         );
     }
 
