@@ -142,6 +142,17 @@ pub enum CsvError {
         /// What is missing or misplaced, and why PyTorch cannot run it.
         message: String,
     },
+    /// A gradient reduction of PyTorch's compute+comms form not paired with its wait, as
+    /// PyTorch requires when it loads the file.
+    #[error("line {line}, column {column}: {message}")]
+    Reduction {
+        /// Line.
+        line: usize,
+        /// Column.
+        column: usize,
+        /// What is wrong.
+        message: String,
+    },
     /// A stage number the file is too short to hold every stage below it for.
     #[error("line {line}, column {column}: stage {stage}, but a file of {bytes} bytes holds at most {most} stages (every stage from 0 to {stage} must be on some row)")]
     StageBeyondFile {
@@ -194,6 +205,7 @@ pub fn from_csv(text: &str) -> Result<(Timetable, CsvSource), CsvError> {
         let mut actions = Vec::new();
         let mut places = Vec::new();
         let mut sends = Sends::default();
+        let mut reductions = Reductions::default();
         for (column, token) in cells_of(row) {
             let at = (line, column);
             if let Some(extra) = Extra::parse(token).map_err(|source| CsvError::Token {
@@ -204,6 +216,7 @@ pub fn from_csv(text: &str) -> Result<(Timetable, CsvSource), CsvError> {
                 pytorch_comms = true;
                 claim(&mut owner, extra.stage_action(), d as u32, at)?;
                 max_stage = max_stage.max(extra.stage);
+                reductions.see(&extra, token, at)?;
                 if let Some(waited) = extra.waits_for() {
                     if !sends.wait(waited) {
                         return Err(CsvError::WaitWithoutSend {
@@ -235,6 +248,7 @@ pub fn from_csv(text: &str) -> Result<(Timetable, CsvSource), CsvError> {
         if actions.is_empty() {
             return Err(CsvError::BlankRow { line });
         }
+        reductions.end()?;
         unwaited = unwaited.or(sends.first_unwaited());
         devices.push(actions);
         cells.push(places);
@@ -378,6 +392,65 @@ fn check_handoffs(
         }
     }
     Ok(())
+}
+
+/// One row's gradient reduction started and not yet waited for, as PyTorch checks them when
+/// it loads a compute+comms file: each `REDUCE_GRAD` followed by its stage's
+/// `WAIT_REDUCE_GRAD`, at most one pending at a time.
+#[derive(Default)]
+struct Reductions {
+    pending: Option<(u32, String, (usize, usize))>,
+}
+
+impl Reductions {
+    fn see(
+        &mut self,
+        extra: &Extra,
+        token: &str,
+        (line, column): (usize, usize),
+    ) -> Result<(), CsvError> {
+        let refuse = |message: String| CsvError::Reduction {
+            line,
+            column,
+            message,
+        };
+        match (extra.name, &self.pending) {
+            ("REDUCE_GRAD", Some((pending, _, _))) => Err(refuse(format!(
+                "`{token}` while stage {pending}'s reduction is pending: PyTorch keeps at most one pending a rank (wait for it first)"
+            ))),
+            ("REDUCE_GRAD", None) => {
+                self.pending = Some((extra.stage, token.to_string(), (line, column)));
+                Ok(())
+            }
+            ("WAIT_REDUCE_GRAD", None) => Err(refuse(format!(
+                "`{token}` waits for a reduction its row has not started (PyTorch refuses it)"
+            ))),
+            ("WAIT_REDUCE_GRAD", Some((pending, _, _))) if *pending != extra.stage => {
+                Err(refuse(format!(
+                    "`{token}`, but stage {pending}'s reduction is the one pending (PyTorch refuses it)"
+                )))
+            }
+            ("WAIT_REDUCE_GRAD", Some(_)) => {
+                self.pending = None;
+                Ok(())
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// At the end of a row: no reduction left without its wait.
+    fn end(self) -> Result<(), CsvError> {
+        match self.pending {
+            Some((_, token, (line, column))) => Err(CsvError::Reduction {
+                line,
+                column,
+                message: format!(
+                    "`{token}` has no WAIT_REDUCE_GRAD after it in its row (PyTorch refuses it)"
+                ),
+            }),
+            None => Ok(()),
+        }
+    }
 }
 
 /// One row's sends and whether each has been waited for, in the order sent.
@@ -639,6 +712,35 @@ mod tests {
         assert_eq!(
             err(&extra),
             "line 2, column 10: `1RECV_B0` is no hand-off of this timetable (stage 1 is the last; PyTorch would wait for it for ever)"
+        );
+    }
+
+    #[test]
+    fn gradient_reductions_pair_as_pytorch_requires_when_it_loads_the_file() {
+        // `_load_csv(format="compute_comms")` refuses a REDUCE_GRAD without its
+        // WAIT_REDUCE_GRAD, a wait without its reduction, and two reductions pending at once.
+        let text = "0UNSHARD,0F0,0SEND_F0,0RECV_B0,0B0,0WAIT_SEND_F0,0REDUCE_GRAD,0WAIT_REDUCE_GRAD,0RESHARD\n\
+                    1UNSHARD,1RECV_F0,1F0,1B0,1SEND_B0,1REDUCE_GRAD,1WAIT_REDUCE_GRAD,1RESHARD,1WAIT_SEND_B0\n";
+        from_csv(text).unwrap();
+        let err = |t: &str| from_csv(t).unwrap_err().to_string();
+        assert_eq!(
+            err(&text.replace("0WAIT_REDUCE_GRAD,", "")),
+            "line 1, column 50: `0REDUCE_GRAD` has no WAIT_REDUCE_GRAD after it in its row (PyTorch refuses it)"
+        );
+        assert_eq!(
+            err(&text.replace("1REDUCE_GRAD,", "")),
+            "line 2, column 36: `1WAIT_REDUCE_GRAD` waits for a reduction its row has not started (PyTorch refuses it)"
+        );
+        // Two stages on one row.
+        let swapped = "0F0,1F0,1B0,1REDUCE_GRAD,0B0,0WAIT_REDUCE_GRAD,1WAIT_REDUCE_GRAD\n";
+        assert_eq!(
+            err(swapped),
+            "line 1, column 30: `0WAIT_REDUCE_GRAD`, but stage 1's reduction is the one pending (PyTorch refuses it)"
+        );
+        let two = "0F0,1F0,1B0,1REDUCE_GRAD,0B0,0REDUCE_GRAD,0WAIT_REDUCE_GRAD,1WAIT_REDUCE_GRAD\n";
+        assert_eq!(
+            err(two),
+            "line 1, column 30: `0REDUCE_GRAD` while stage 1's reduction is pending: PyTorch keeps at most one pending a rank (wait for it first)"
         );
     }
 
