@@ -9,7 +9,7 @@
 //! counted once), EleutherAI/gpt-neox-20b (20.6B; Black et al. 2022 give 20,554,567,680).
 
 use pipewright_schedule::shape::hf::{from_hf_config, HfError};
-use pipewright_schedule::shape::{BiasKind, MlpKind, NormKind, PositionKind};
+use pipewright_schedule::shape::{BiasKind, MlpKind, ModelShape, NormKind, PositionKind};
 
 fn fixture(name: &str) -> String {
     let path = format!("{}/tests/fixtures/hf/{name}", env!("CARGO_MANIFEST_DIR"));
@@ -214,4 +214,69 @@ fn the_newer_rope_parameters_layout_gives_the_pretrained_context_too() {
         from_hf_config(&bad).unwrap_err().to_string(),
         "field `rope_parameters.original_max_position_embeddings` is 0, expected a positive integer"
     );
+}
+
+/// Sizes beyond any model are refused naming the field, before a count overflows: a
+/// `hidden_size` of 2^32 squared wrapped to 0 in a release build (a plan from a wrong
+/// count) and panicked in a debug one. At the largest sizes accepted, the parameters and
+/// their 16 bytes each of weights, gradients and AdamW state still fit a u64.
+#[test]
+fn sizes_beyond_any_model_are_refused_before_the_counts_overflow() {
+    let llama = fixture("llama3-8b.json");
+    let e = |from: &str, to: &str| {
+        let text = llama.replace(from, to);
+        assert_ne!(text, llama, "{from}");
+        from_hf_config(&text).unwrap_err().to_string()
+    };
+    assert_eq!(
+        e("\"hidden_size\": 4096", "\"hidden_size\": 4294967296"),
+        "field `hidden_size` is 4294967296, expected a positive integer at most 2^20 (1048576)"
+    );
+    assert_eq!(
+        e("\"vocab_size\": 128256", "\"vocab_size\": 18446744073709551615"),
+        "field `vocab_size` is 18446744073709551615, expected a positive integer at most 2^24 (16777216)"
+    );
+    assert_eq!(
+        e("\"intermediate_size\": 14336", "\"intermediate_size\": 9223372036854775807"),
+        "field `intermediate_size` is 9223372036854775807, expected a positive integer at most 2^24 (16777216)"
+    );
+    assert_eq!(
+        e(
+            "\"num_hidden_layers\": 32",
+            "\"num_hidden_layers\": 4294967295"
+        ),
+        "field `num_hidden_layers` is 4294967295, expected a positive integer at most 4096"
+    );
+    assert_eq!(
+        e("\"max_position_embeddings\": 8192", "\"max_position_embeddings\": 18446744073709551615"),
+        "field `max_position_embeddings` is 18446744073709551615, expected a positive integer at most 2^27 (134217728)"
+    );
+    let gpt2 = fixture("gpt2.json").replace("\"n_embd\": 768", "\"n_embd\": 4294967296");
+    assert!(from_hf_config(&gpt2)
+        .unwrap_err()
+        .to_string()
+        .starts_with("field `n_embd` is 4294967296"));
+    // The largest accepted.
+    let most = llama
+        .replace("\"hidden_size\": 4096", "\"hidden_size\": 1048576")
+        .replace(
+            "\"intermediate_size\": 14336",
+            "\"intermediate_size\": 16777216",
+        )
+        .replace("\"vocab_size\": 128256", "\"vocab_size\": 16777216")
+        .replace("\"num_hidden_layers\": 32", "\"num_hidden_layers\": 4096")
+        .replace(
+            "\"max_position_embeddings\": 8192",
+            "\"max_position_embeddings\": 134217728",
+        );
+    let shape = from_hf_config(&most).unwrap().shape;
+    assert!(shape.parameters().checked_mul(16).is_some());
+    assert!(ModelShape {
+        positions: PositionKind::Learned,
+        bias: BiasKind::All,
+        ..shape
+    }
+    .parameters()
+    .checked_mul(16)
+    .is_some());
 }

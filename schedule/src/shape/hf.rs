@@ -105,12 +105,17 @@ impl Fields<'_> {
     }
 
     /// A positive integer that fits `u32`-sized counts as well as widths, or `None` where the
-    /// field is absent or null.
+    /// field is absent or null; a size field at most its [`most`].
     fn count(&self, field: &'static str) -> Result<Option<u64>, HfError> {
         match self.map.get(field) {
             None | Some(Value::Null) => Ok(None),
-            Some(v) => match v.as_u64() {
-                Some(n) if n > 0 => Ok(Some(n)),
+            Some(v) => match (v.as_u64(), most(field)) {
+                (Some(n), Some((most, want))) if n > most => Err(HfError::Wrong {
+                    field,
+                    got: v.to_string(),
+                    want,
+                }),
+                (Some(n), _) if n > 0 => Ok(Some(n)),
                 _ => Err(HfError::Wrong {
                     field,
                     got: v.to_string(),
@@ -171,6 +176,24 @@ impl Fields<'_> {
             }),
         }
     }
+}
+
+/// The longest sequence: `max_position_embeddings` and its kin.
+const POSITIONS: (u64, &str) = (1 << 27, "a positive integer at most 2^27 (134217728)");
+
+/// The largest value of a size field, far beyond any model's, so that a shape's counts
+/// (parameters, and their 16 bytes each of weights, gradients and AdamW state) fit a `u64`:
+/// a config past them is refused naming the field, not planned from a count that wrapped.
+fn most(field: &str) -> Option<(u64, &'static str)> {
+    Some(match field {
+        "hidden_size" | "n_embd" => (1 << 20, "a positive integer at most 2^20 (1048576)"),
+        "intermediate_size" | "n_inner" | "vocab_size" => {
+            (1 << 24, "a positive integer at most 2^24 (16777216)")
+        }
+        "num_hidden_layers" | "n_layer" => (1 << 12, "a positive integer at most 4096"),
+        "max_position_embeddings" | "n_positions" => POSITIONS,
+        _ => return None,
+    })
 }
 
 /// Reads a config.json's text (see the module's note for what is read).
@@ -341,7 +364,13 @@ fn pretrained_context(f: &Fields) -> Result<(u64, &'static str), HfError> {
             continue;
         };
         if let Some(v) = scaling.get("original_max_position_embeddings") {
+            let (most, want) = POSITIONS;
             return match v.as_u64() {
+                Some(n) if n > most => Err(HfError::Wrong {
+                    field,
+                    got: v.to_string(),
+                    want,
+                }),
                 Some(n) if n > 0 => Ok((n, field)),
                 _ => Err(HfError::Wrong {
                     field,
