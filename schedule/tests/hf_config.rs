@@ -280,3 +280,49 @@ fn sizes_beyond_any_model_are_refused_before_the_counts_overflow() {
     .checked_mul(16)
     .is_some());
 }
+
+/// Llama's `attention_bias` and `mlp_bias` are planned as `bias all`, which also counts the
+/// biases the model lacks (an LM head's always, and the MLP's or attention's where only the
+/// other flag is set): said in a note with their number, not left silent.
+#[test]
+fn llama_biases_planned_as_bias_all_say_what_they_add() {
+    let llama = fixture("llama3-8b.json");
+    assert!(from_hf_config(&llama).unwrap().notes.is_empty());
+    let with = |attention: bool, mlp: bool| {
+        let text = llama.replace(
+            "\"hidden_act\"",
+            &format!("\"attention_bias\": {attention}, \"mlp_bias\": {mlp}, \"hidden_act\""),
+        );
+        let m = from_hf_config(&text).unwrap();
+        assert_eq!(m.shape.bias, BiasKind::All);
+        assert_eq!(m.notes.len(), 1, "{:?}", m.notes);
+        m.notes[0].clone()
+    };
+    // 32 layers: the MLP's gate and up (2 x 14336) and down (4096) biases; the head's 128256.
+    let note = with(true, false);
+    assert!(
+        note.starts_with("attention_bias true and mlp_bias false are planned as `bias all`, which counts 1176832 bias parameters the model lacks"),
+        "{note}"
+    );
+    // Q, K, V (4096 + 2 x 1024) and the output projection (4096): 32 x 10240, and the head.
+    assert!(note.ends_with("(on its MLP and its LM head)"), "{note}");
+    assert_eq!(note_count(&with(false, true)), 32 * 10240 + 128256);
+    assert_eq!(note_count(&with(true, true)), 128256);
+    // Tied, with both: nothing is counted that the model lacks, and nothing is said.
+    let tied = llama
+        .replace(
+            "\"tie_word_embeddings\": false",
+            "\"tie_word_embeddings\": true",
+        )
+        .replace(
+            "\"hidden_act\"",
+            "\"attention_bias\": true, \"mlp_bias\": true, \"hidden_act\"",
+        );
+    assert_ne!(tied, llama);
+    assert!(from_hf_config(&tied).unwrap().notes.is_empty());
+}
+
+fn note_count(note: &str) -> u64 {
+    let at = note.find("which counts ").expect(note) + "which counts ".len();
+    note[at..].split(' ').next().unwrap().parse().unwrap()
+}

@@ -247,9 +247,13 @@ fn llama_family(f: &Fields) -> Result<HfModel, HfError> {
             })
         }
     };
+    let llama_bias = (
+        f.model_type == "llama" && f.flag("attention_bias", false)?,
+        f.model_type == "llama" && f.flag("mlp_bias", false)?,
+    );
     let bias = match f.model_type {
         "qwen2" => BiasKind::Qkv,
-        "llama" if f.flag("attention_bias", false)? || f.flag("mlp_bias", false)? => BiasKind::All,
+        _ if llama_bias.0 || llama_bias.1 => BiasKind::All,
         _ => BiasKind::None,
     };
     let (seq_len, seq_len_field) = pretrained_context(f)?;
@@ -281,6 +285,9 @@ fn llama_family(f: &Fields) -> Result<HfModel, HfError> {
         rope_theta,
         bias,
     };
+    if bias == BiasKind::All {
+        notes.extend(bias_all_note(&shape, llama_bias));
+    }
     if let Some(w) = f.count("sliding_window")? {
         if f.flag("use_sliding_window", f.model_type == "mistral")? && w < seq_len {
             notes.push(format!(
@@ -294,6 +301,34 @@ fn llama_family(f: &Fields) -> Result<HfModel, HfError> {
         seq_len_field,
         notes,
     })
+}
+
+/// Llama's `attention_bias` (Q, K, V and output projections) and `mlp_bias` (the MLP's three
+/// matrices) planned as [`BiasKind::All`], which also biases an untied LM head, and the other
+/// half of each block where only one flag is set: a note of how many bias parameters that
+/// adds, if any.
+fn bias_all_note(shape: &ModelShape, (attention, mlp): (bool, bool)) -> Option<String> {
+    let [qkv, out, up, down] = shape.block_linears();
+    let (per_layer, part) = match (attention, mlp) {
+        (true, false) => (up.outputs + down.outputs, "its MLP"),
+        (false, true) => (qkv.outputs + out.outputs, "its attention"),
+        _ => (0, ""),
+    };
+    let head = if shape.tied_embeddings {
+        0
+    } else {
+        shape.vocab
+    };
+    let extra = u64::from(shape.layers) * per_layer + head;
+    let lacks = match (per_layer > 0, head > 0) {
+        (true, true) => format!("{part} and its LM head"),
+        (true, false) => part.to_string(),
+        (false, true) => "its LM head".to_string(),
+        (false, false) => return None,
+    };
+    Some(format!(
+        "attention_bias {attention} and mlp_bias {mlp} are planned as `bias all`, which counts {extra} bias parameters the model lacks (on {lacks})"
+    ))
 }
 
 /// Rotary positions' base: the first of `fields` given, else `rope_parameters.rope_theta`
