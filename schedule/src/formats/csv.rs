@@ -310,14 +310,6 @@ fn check_handoffs(
 ) -> Result<(), CsvError> {
     let stages = stage_device.len() as u32;
     // Where each simple action is: (device, index in its row); the first of any duplicate.
-    let mut at: HashMap<Action, (usize, usize)> = HashMap::new();
-    for (d, row) in devices.iter().enumerate() {
-        for (i, a) in row.iter().enumerate() {
-            for p in a.parts() {
-                at.entry(p).or_insert((d, i));
-            }
-        }
-    }
     let handoff_error = |(d, i): (usize, usize), message: String| {
         let (line, column) = cells[d][i];
         CsvError::Handoff {
@@ -326,6 +318,20 @@ fn check_handoffs(
             message,
         }
     };
+    let mut at: HashMap<Action, (usize, usize)> = HashMap::new();
+    for (d, row) in devices.iter().enumerate() {
+        for (i, a) in row.iter().enumerate() {
+            if a.kind.is_comm() && at.contains_key(a) {
+                return Err(handoff_error(
+                    (d, i),
+                    format!("`{a}` is posted twice (PyTorch would pair the second with another message)"),
+                ));
+            }
+            for p in a.parts() {
+                at.entry(p).or_insert((d, i));
+            }
+        }
+    }
     let mut needed: HashSet<Action> = HashSet::new();
     for (d, row) in devices.iter().enumerate() {
         for (i, a) in row.iter().enumerate() {
@@ -708,6 +714,11 @@ mod tests {
         );
         // A backward's hand-off likewise, and a hand-off no action makes.
         assert!(err(&text.replace("0RECV_B1,", "")).starts_with("line 1, column "));
+        // A receive posted twice would take the next step's message.
+        assert_eq!(
+            err(&text.replace("1RECV_F1,", "1RECV_F1,1RECV_F1,")),
+            "line 2, column 32: `1RECV_F1` is posted twice (PyTorch would pair the second with another message)"
+        );
         let extra = text.replace("1UNSHARD,", "1UNSHARD,1RECV_B0,");
         assert_eq!(
             err(&extra),
