@@ -14,8 +14,7 @@
 //! blank lines are accepted; a blank row between rows is refused, since it would be a device
 //! with no work (most often a row deleted by mistake).
 
-use std::collections::{HashMap, HashSet};
-
+use super::comms::{check_handoffs, Reductions, Sends};
 use super::pytorch::CsvForm;
 use crate::action::{Action, ActionKind, ParseActionError};
 use crate::spec::MAX_ACTIONS;
@@ -216,7 +215,7 @@ pub fn from_csv(text: &str) -> Result<(Timetable, CsvSource), CsvError> {
                 pytorch_comms = true;
                 claim(&mut owner, extra.stage_action(), d as u32, at)?;
                 max_stage = max_stage.max(extra.stage);
-                reductions.see(&extra, token, at)?;
+                reductions.see((extra.name, extra.stage), token, at)?;
                 if let Some(waited) = extra.waits_for() {
                     if !sends.wait(waited) {
                         return Err(CsvError::WaitWithoutSend {
@@ -271,7 +270,7 @@ pub fn from_csv(text: &str) -> Result<(Timetable, CsvSource), CsvError> {
         })
         .collect::<Result<Vec<_>, _>>()?;
     let form = if pytorch_comms {
-        check_handoffs(&devices, &cells, &stage_device)?;
+        check_handoffs(&devices, &cells, &stage_device, max_mb + 1)?;
         // The compute order is what the file says; PyTorch's sends and receives are a
         // function of it (checked above to be in place), placed again when the timetable is
         // written in this form.
@@ -295,200 +294,6 @@ pub fn from_csv(text: &str) -> Result<(Timetable, CsvSource), CsvError> {
         devices,
     };
     Ok((tt, CsvSource { cells, form }))
-}
-
-/// PyTorch runs a compute+comms file's own sends and receives as written: a hand-off between
-/// two devices needs its send after the action that makes the data, in that action's row, and
-/// its receive before the action that uses it, in that one's row (PyTorch's runtime asserts
-/// the receive before it computes, and a missing send leaves its receiver waiting for ever).
-/// A send or receive that no hand-off needs is refused too. A user the file lacks is left to
-/// validation, which names it.
-fn check_handoffs(
-    devices: &[Vec<Action>],
-    cells: &[Vec<(usize, usize)>],
-    stage_device: &[u32],
-) -> Result<(), CsvError> {
-    let stages = stage_device.len() as u32;
-    // Where each simple action is: (device, index in its row); the first of any duplicate.
-    let handoff_error = |(d, i): (usize, usize), message: String| {
-        let (line, column) = cells[d][i];
-        CsvError::Handoff {
-            line,
-            column,
-            message,
-        }
-    };
-    let mut at: HashMap<Action, (usize, usize)> = HashMap::new();
-    for (d, row) in devices.iter().enumerate() {
-        for (i, a) in row.iter().enumerate() {
-            if a.kind.is_comm() && at.contains_key(a) {
-                return Err(handoff_error(
-                    (d, i),
-                    format!("`{a}` is posted twice (PyTorch would pair the second with another message)"),
-                ));
-            }
-            for p in a.parts() {
-                at.entry(p).or_insert((d, i));
-            }
-        }
-    }
-    let mut needed: HashSet<Action> = HashSet::new();
-    for (d, row) in devices.iter().enumerate() {
-        for (i, a) in row.iter().enumerate() {
-            for p in a.parts() {
-                let (s, mb) = (p.stage, p.microbatch);
-                let (send, recv, to, users) = match p.kind {
-                    ActionKind::F if s + 1 < stages => (
-                        ActionKind::SendF,
-                        ActionKind::RecvF,
-                        s + 1,
-                        [ActionKind::F; 2],
-                    ),
-                    ActionKind::B | ActionKind::I if s > 0 => (
-                        ActionKind::SendB,
-                        ActionKind::RecvB,
-                        s - 1,
-                        [ActionKind::B, ActionKind::I],
-                    ),
-                    _ => continue,
-                };
-                let to_device = stage_device[to as usize];
-                if to_device as usize == d {
-                    continue;
-                }
-                let send = Action::new(s, send, mb);
-                if !matches!(at.get(&send), Some(&(sd, si)) if sd == d && si > i) {
-                    return Err(handoff_error((d, i), format!(
-                        "`{p}` hands its output to device {to_device}, but no `{send}` follows it in its row (the receiver would wait for it for ever)"
-                    )));
-                }
-                let recv = Action::new(to, recv, mb);
-                let user = users
-                    .iter()
-                    .find_map(|&k| at.get(&Action::new(to, k, mb)).map(|&w| (k, w)));
-                if let Some((kind, (ud, ui))) = user {
-                    if !matches!(at.get(&recv), Some(&(rd, ri)) if rd == ud && ri < ui) {
-                        let user = Action::new(to, kind, mb);
-                        return Err(handoff_error((ud, ui), format!(
-                            "`{user}` uses what `{p}` sends, but no `{recv}` comes before it in its row (PyTorch's runtime refuses to compute before receiving)"
-                        )));
-                    }
-                }
-                needed.insert(send);
-                needed.insert(recv);
-            }
-        }
-    }
-    for (d, row) in devices.iter().enumerate() {
-        for (i, a) in row.iter().enumerate() {
-            if a.kind.is_comm() && !needed.contains(a) {
-                let why = match a.kind {
-                    ActionKind::SendF | ActionKind::RecvB if a.stage + 1 >= stages => {
-                        format!("stage {} is the last", a.stage)
-                    }
-                    ActionKind::SendB | ActionKind::RecvF if a.stage == 0 => {
-                        "stage 0 is the first".to_string()
-                    }
-                    _ => "no action of its row or its peer's makes or uses it there".to_string(),
-                };
-                return Err(handoff_error((d, i), format!(
-                    "`{a}` is no hand-off of this timetable ({why}; PyTorch would wait for it for ever)"
-                )));
-            }
-        }
-    }
-    Ok(())
-}
-
-/// One row's gradient reduction started and not yet waited for, as PyTorch checks them when
-/// it loads a compute+comms file: each `REDUCE_GRAD` followed by its stage's
-/// `WAIT_REDUCE_GRAD`, at most one pending at a time.
-#[derive(Default)]
-struct Reductions {
-    pending: Option<(u32, String, (usize, usize))>,
-}
-
-impl Reductions {
-    fn see(
-        &mut self,
-        extra: &Extra,
-        token: &str,
-        (line, column): (usize, usize),
-    ) -> Result<(), CsvError> {
-        let refuse = |message: String| CsvError::Reduction {
-            line,
-            column,
-            message,
-        };
-        match (extra.name, &self.pending) {
-            ("REDUCE_GRAD", Some((pending, _, _))) => Err(refuse(format!(
-                "`{token}` while stage {pending}'s reduction is pending: PyTorch keeps at most one pending a rank (wait for it first)"
-            ))),
-            ("REDUCE_GRAD", None) => {
-                self.pending = Some((extra.stage, token.to_string(), (line, column)));
-                Ok(())
-            }
-            ("WAIT_REDUCE_GRAD", None) => Err(refuse(format!(
-                "`{token}` waits for a reduction its row has not started (PyTorch refuses it)"
-            ))),
-            ("WAIT_REDUCE_GRAD", Some((pending, _, _))) if *pending != extra.stage => {
-                Err(refuse(format!(
-                    "`{token}`, but stage {pending}'s reduction is the one pending (PyTorch refuses it)"
-                )))
-            }
-            ("WAIT_REDUCE_GRAD", Some(_)) => {
-                self.pending = None;
-                Ok(())
-            }
-            _ => Ok(()),
-        }
-    }
-
-    /// At the end of a row: no reduction left without its wait.
-    fn end(self) -> Result<(), CsvError> {
-        match self.pending {
-            Some((_, token, (line, column))) => Err(CsvError::Reduction {
-                line,
-                column,
-                message: format!(
-                    "`{token}` has no WAIT_REDUCE_GRAD after it in its row (PyTorch refuses it)"
-                ),
-            }),
-            None => Ok(()),
-        }
-    }
-}
-
-/// One row's sends and whether each has been waited for, in the order sent.
-#[derive(Default)]
-struct Sends {
-    order: Vec<(Action, (usize, usize), bool)>,
-    at: HashMap<Action, usize>,
-}
-
-impl Sends {
-    fn send(&mut self, a: Action, place: (usize, usize)) {
-        self.at.insert(a, self.order.len());
-        self.order.push((a, place, false));
-    }
-
-    /// Mark the send `a` waited for; false when there is no such send pending.
-    fn wait(&mut self, a: Action) -> bool {
-        match self.at.remove(&a) {
-            Some(i) => {
-                self.order[i].2 = true;
-                true
-            }
-            None => false,
-        }
-    }
-
-    fn first_unwaited(&self) -> Option<(Action, (usize, usize))> {
-        self.order
-            .iter()
-            .find(|(_, _, waited)| !waited)
-            .map(|&(a, place, _)| (a, place))
-    }
 }
 
 /// A cell of PyTorch's compute+comms form that pipewright has no action for.
