@@ -9,7 +9,7 @@
 //! counted once), EleutherAI/gpt-neox-20b (20.6B; Black et al. 2022 give 20,554,567,680).
 
 use pipewright_schedule::shape::hf::{from_hf_config, HfError};
-use pipewright_schedule::shape::{BiasKind, MlpKind, NormKind, PositionKind};
+use pipewright_schedule::shape::{BiasKind, MlpKind, ModelShape, NormKind, PositionKind};
 
 fn fixture(name: &str) -> String {
     let path = format!("{}/tests/fixtures/hf/{name}", env!("CARGO_MANIFEST_DIR"));
@@ -101,8 +101,17 @@ fn rotary_bases_are_read_and_unmodelled_rotary_variants_noted() {
     assert_eq!(l31.notes.len(), 1, "{:?}", l31.notes);
     assert!(l31.notes[0].contains("rope_scaling `llama3` is not modelled"));
     let neox = from_hf_config(&fixture("gpt-neox-20b.json")).unwrap();
-    assert_eq!(neox.notes.len(), 1, "{:?}", neox.notes);
+    assert_eq!(neox.notes.len(), 2, "{:?}", neox.notes);
     assert!(neox.notes[0].contains("rotary_pct 0.25 is not modelled"));
+    // GPT-NeoX's parallel residual (its default) is a block the reference GPT does not
+    // train: said, though it changes no count.
+    assert!(neox.notes[1].contains("use_parallel_residual is not modelled"));
+    let sequential = fixture("gpt-neox-20b.json").replace(
+        "\"use_parallel_residual\": true",
+        "\"use_parallel_residual\": false",
+    );
+    let m = from_hf_config(&sequential).unwrap();
+    assert_eq!((m.notes.len(), m.shape), (1, neox.shape));
     // Absent: 10000; in the newer layout, under rope_parameters.
     let llama = fixture("llama3-8b.json");
     let absent = llama.replace("\"rope_theta\": 500000.0,", "");
@@ -168,4 +177,152 @@ fn bad_configs_are_refused_in_one_line_naming_the_field() {
     for e in [e(&without), e(&wrong), e(&act), e(&kv), e(&other)] {
         assert!(!e.contains('\n'), "{e}");
     }
+}
+
+/// transformers 5 saves `rope_scaling` and `rope_theta` together as `rope_parameters`: Llama
+/// 3.1's config in that layout still plans at the context it was pretrained at (8192), not
+/// the extended 131072 (16 times the tokens a sequence, a different plan).
+#[test]
+fn the_newer_rope_parameters_layout_gives_the_pretrained_context_too() {
+    let old = fixture("llama3.1-405b.json");
+    let scaling = old
+        .find("\"rope_scaling\"")
+        .expect("the fixture has rope_scaling");
+    let end = old[scaling..].find("\"tie_word").unwrap() + scaling;
+    let new = format!(
+        "{}\"rope_parameters\": {{\"factor\": 8.0, \"high_freq_factor\": 4.0, \
+         \"low_freq_factor\": 1.0, \"original_max_position_embeddings\": 8192, \
+         \"rope_theta\": 500000.0, \"rope_type\": \"llama3\"}},\n  {}",
+        &old[..scaling],
+        &old[end..]
+    );
+    assert!(!new.contains("rope_scaling") && !new.contains("\"rope_theta\": 500000.0,\n"));
+    let (a, b) = (from_hf_config(&old).unwrap(), from_hf_config(&new).unwrap());
+    assert_eq!(b.shape, a.shape);
+    assert_eq!(b.shape.seq_len, 8192);
+    assert_eq!(
+        b.seq_len_field,
+        "rope_parameters.original_max_position_embeddings"
+    );
+    assert_eq!(b.notes, a.notes);
+    // A bad value there is named there.
+    let bad = new.replace(
+        "\"original_max_position_embeddings\": 8192",
+        "\"original_max_position_embeddings\": 0",
+    );
+    assert_eq!(
+        from_hf_config(&bad).unwrap_err().to_string(),
+        "field `rope_parameters.original_max_position_embeddings` is 0, expected a positive integer"
+    );
+}
+
+/// Sizes beyond any model are refused naming the field, before a count overflows: a
+/// `hidden_size` of 2^32 squared wrapped to 0 in a release build (a plan from a wrong
+/// count) and panicked in a debug one. At the largest sizes accepted, the parameters and
+/// their 16 bytes each of weights, gradients and AdamW state still fit a u64.
+#[test]
+fn sizes_beyond_any_model_are_refused_before_the_counts_overflow() {
+    let llama = fixture("llama3-8b.json");
+    let e = |from: &str, to: &str| {
+        let text = llama.replace(from, to);
+        assert_ne!(text, llama, "{from}");
+        from_hf_config(&text).unwrap_err().to_string()
+    };
+    assert_eq!(
+        e("\"hidden_size\": 4096", "\"hidden_size\": 4294967296"),
+        "field `hidden_size` is 4294967296, expected a positive integer at most 2^20 (1048576)"
+    );
+    assert_eq!(
+        e("\"vocab_size\": 128256", "\"vocab_size\": 18446744073709551615"),
+        "field `vocab_size` is 18446744073709551615, expected a positive integer at most 2^24 (16777216)"
+    );
+    assert_eq!(
+        e("\"intermediate_size\": 14336", "\"intermediate_size\": 9223372036854775807"),
+        "field `intermediate_size` is 9223372036854775807, expected a positive integer at most 2^24 (16777216)"
+    );
+    assert_eq!(
+        e(
+            "\"num_hidden_layers\": 32",
+            "\"num_hidden_layers\": 4294967295"
+        ),
+        "field `num_hidden_layers` is 4294967295, expected a positive integer at most 4096"
+    );
+    assert_eq!(
+        e("\"max_position_embeddings\": 8192", "\"max_position_embeddings\": 18446744073709551615"),
+        "field `max_position_embeddings` is 18446744073709551615, expected a positive integer at most 2^27 (134217728)"
+    );
+    let gpt2 = fixture("gpt2.json").replace("\"n_embd\": 768", "\"n_embd\": 4294967296");
+    assert!(from_hf_config(&gpt2)
+        .unwrap_err()
+        .to_string()
+        .starts_with("field `n_embd` is 4294967296"));
+    // The largest accepted.
+    let most = llama
+        .replace("\"hidden_size\": 4096", "\"hidden_size\": 1048576")
+        .replace(
+            "\"intermediate_size\": 14336",
+            "\"intermediate_size\": 16777216",
+        )
+        .replace("\"vocab_size\": 128256", "\"vocab_size\": 16777216")
+        .replace("\"num_hidden_layers\": 32", "\"num_hidden_layers\": 4096")
+        .replace(
+            "\"max_position_embeddings\": 8192",
+            "\"max_position_embeddings\": 134217728",
+        );
+    let shape = from_hf_config(&most).unwrap().shape;
+    assert!(shape.parameters().checked_mul(16).is_some());
+    assert!(ModelShape {
+        positions: PositionKind::Learned,
+        bias: BiasKind::All,
+        ..shape
+    }
+    .parameters()
+    .checked_mul(16)
+    .is_some());
+}
+
+/// Llama's `attention_bias` and `mlp_bias` are planned as `bias all`, which also counts the
+/// biases the model lacks (an LM head's always, and the MLP's or attention's where only the
+/// other flag is set): said in a note with their number, not left silent.
+#[test]
+fn llama_biases_planned_as_bias_all_say_what_they_add() {
+    let llama = fixture("llama3-8b.json");
+    assert!(from_hf_config(&llama).unwrap().notes.is_empty());
+    let with = |attention: bool, mlp: bool| {
+        let text = llama.replace(
+            "\"hidden_act\"",
+            &format!("\"attention_bias\": {attention}, \"mlp_bias\": {mlp}, \"hidden_act\""),
+        );
+        let m = from_hf_config(&text).unwrap();
+        assert_eq!(m.shape.bias, BiasKind::All);
+        assert_eq!(m.notes.len(), 1, "{:?}", m.notes);
+        m.notes[0].clone()
+    };
+    // 32 layers: the MLP's gate and up (2 x 14336) and down (4096) biases; the head's 128256.
+    let note = with(true, false);
+    assert!(
+        note.starts_with("attention_bias true and mlp_bias false are planned as `bias all`, which counts 1176832 bias parameters the model lacks"),
+        "{note}"
+    );
+    // Q, K, V (4096 + 2 x 1024) and the output projection (4096): 32 x 10240, and the head.
+    assert!(note.ends_with("(on its MLP and its LM head)"), "{note}");
+    assert_eq!(note_count(&with(false, true)), 32 * 10240 + 128256);
+    assert_eq!(note_count(&with(true, true)), 128256);
+    // Tied, with both: nothing is counted that the model lacks, and nothing is said.
+    let tied = llama
+        .replace(
+            "\"tie_word_embeddings\": false",
+            "\"tie_word_embeddings\": true",
+        )
+        .replace(
+            "\"hidden_act\"",
+            "\"attention_bias\": true, \"mlp_bias\": true, \"hidden_act\"",
+        );
+    assert_ne!(tied, llama);
+    assert!(from_hf_config(&tied).unwrap().notes.is_empty());
+}
+
+fn note_count(note: &str) -> u64 {
+    let at = note.find("which counts ").expect(note) + "which counts ".len();
+    note[at..].split(' ').next().unwrap().parse().unwrap()
 }

@@ -3,17 +3,18 @@
 //! The reader takes all three forms ([`CsvForm`]) and says which it found: PyTorch's
 //! compute-only rows; PyTorch's compute+comms rows, whose sends, receives and the actions
 //! PyTorch adds (`WAIT_SEND_*`, `UNSHARD`, `RESHARD`, `REDUCE_GRAD`, `WAIT_REDUCE_GRAD`) are
-//! checked as PyTorch checks them (every send has one wait after it) and then left out, so
-//! the compute order comes back as written; and pipewright's own lowered rows, kept as they
-//! are. Reading is linear in the file's length.
+//! checked as PyTorch checks them (every send has one wait after it), and as its runtime will
+//! run them (each hand-off between devices has its send after the action that makes it and
+//! its receive before the action that uses it, and no other send or receive is there), then
+//! left out, so the compute order comes back as written; and pipewright's own lowered rows,
+//! kept as they are. Reading is linear in the file's length.
 //!
 //! Empty cells (PyTorch's idle slots) are skipped. The stage-to-device map is read off the
 //! rows: a stage lives on the device whose row names it. A UTF-8 byte-order mark and trailing
 //! blank lines are accepted; a blank row between rows is refused, since it would be a device
 //! with no work (most often a row deleted by mistake).
 
-use std::collections::HashMap;
-
+use super::comms::{check_handoffs, Reductions, Sends};
 use super::pytorch::CsvForm;
 use crate::action::{Action, ActionKind, ParseActionError};
 use crate::spec::MAX_ACTIONS;
@@ -129,6 +130,28 @@ pub enum CsvError {
         /// The send.
         send: Action,
     },
+    /// A hand-off of PyTorch's compute+comms form missing or out of place (PyTorch runs the
+    /// file's sends and receives as written).
+    #[error("line {line}, column {column}: {message}")]
+    Handoff {
+        /// Line.
+        line: usize,
+        /// Column.
+        column: usize,
+        /// What is missing or misplaced, and why PyTorch cannot run it.
+        message: String,
+    },
+    /// A gradient reduction of PyTorch's compute+comms form not paired with its wait, as
+    /// PyTorch requires when it loads the file.
+    #[error("line {line}, column {column}: {message}")]
+    Reduction {
+        /// Line.
+        line: usize,
+        /// Column.
+        column: usize,
+        /// What is wrong.
+        message: String,
+    },
     /// A stage number the file is too short to hold every stage below it for.
     #[error("line {line}, column {column}: stage {stage}, but a file of {bytes} bytes holds at most {most} stages (every stage from 0 to {stage} must be on some row)")]
     StageBeyondFile {
@@ -181,6 +204,7 @@ pub fn from_csv(text: &str) -> Result<(Timetable, CsvSource), CsvError> {
         let mut actions = Vec::new();
         let mut places = Vec::new();
         let mut sends = Sends::default();
+        let mut reductions = Reductions::default();
         for (column, token) in cells_of(row) {
             let at = (line, column);
             if let Some(extra) = Extra::parse(token).map_err(|source| CsvError::Token {
@@ -191,6 +215,7 @@ pub fn from_csv(text: &str) -> Result<(Timetable, CsvSource), CsvError> {
                 pytorch_comms = true;
                 claim(&mut owner, extra.stage_action(), d as u32, at)?;
                 max_stage = max_stage.max(extra.stage);
+                reductions.see((extra.name, extra.stage), token, at)?;
                 if let Some(waited) = extra.waits_for() {
                     if !sends.wait(waited) {
                         return Err(CsvError::WaitWithoutSend {
@@ -222,6 +247,7 @@ pub fn from_csv(text: &str) -> Result<(Timetable, CsvSource), CsvError> {
         if actions.is_empty() {
             return Err(CsvError::BlankRow { line });
         }
+        reductions.end()?;
         unwaited = unwaited.or(sends.first_unwaited());
         devices.push(actions);
         cells.push(places);
@@ -229,12 +255,25 @@ pub fn from_csv(text: &str) -> Result<(Timetable, CsvSource), CsvError> {
     if owner.slots.is_empty() {
         return Err(CsvError::Empty);
     }
+    if let (true, Some((send, (line, column)))) = (pytorch_comms, unwaited) {
+        return Err(CsvError::SendWithoutWait { line, column, send });
+    }
+    let stage_device = owner
+        .slots
+        .iter()
+        .enumerate()
+        .map(|(s, o)| {
+            o.map(|(d, _)| d).ok_or(CsvError::MissingStage {
+                stage: s as u32,
+                max: max_stage,
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
     let form = if pytorch_comms {
-        if let Some((send, (line, column))) = unwaited {
-            return Err(CsvError::SendWithoutWait { line, column, send });
-        }
+        check_handoffs(&devices, &cells, &stage_device, max_mb + 1)?;
         // The compute order is what the file says; PyTorch's sends and receives are a
-        // function of it, placed again when the timetable is written in this form.
+        // function of it (checked above to be in place), placed again when the timetable is
+        // written in this form.
         for (actions, places) in devices.iter_mut().zip(cells.iter_mut()) {
             let keep: Vec<bool> = actions.iter().map(|a| a.kind.is_compute()).collect();
             let mut k = keep.iter();
@@ -248,17 +287,6 @@ pub fn from_csv(text: &str) -> Result<(Timetable, CsvSource), CsvError> {
     } else {
         CsvForm::ComputeOnly
     };
-    let stage_device = owner
-        .slots
-        .iter()
-        .enumerate()
-        .map(|(s, o)| {
-            o.map(|(d, _)| d).ok_or(CsvError::MissingStage {
-                stage: s as u32,
-                max: max_stage,
-            })
-        })
-        .collect::<Result<Vec<_>, _>>()?;
     let tt = Timetable {
         name: "custom".to_string(),
         microbatches: max_mb + 1,
@@ -266,38 +294,6 @@ pub fn from_csv(text: &str) -> Result<(Timetable, CsvSource), CsvError> {
         devices,
     };
     Ok((tt, CsvSource { cells, form }))
-}
-
-/// One row's sends and whether each has been waited for, in the order sent.
-#[derive(Default)]
-struct Sends {
-    order: Vec<(Action, (usize, usize), bool)>,
-    at: HashMap<Action, usize>,
-}
-
-impl Sends {
-    fn send(&mut self, a: Action, place: (usize, usize)) {
-        self.at.insert(a, self.order.len());
-        self.order.push((a, place, false));
-    }
-
-    /// Mark the send `a` waited for; false when there is no such send pending.
-    fn wait(&mut self, a: Action) -> bool {
-        match self.at.remove(&a) {
-            Some(i) => {
-                self.order[i].2 = true;
-                true
-            }
-            None => false,
-        }
-    }
-
-    fn first_unwaited(&self) -> Option<(Action, (usize, usize))> {
-        self.order
-            .iter()
-            .find(|(_, _, waited)| !waited)
-            .map(|&(a, place, _)| (a, place))
-    }
 }
 
 /// A cell of PyTorch's compute+comms form that pipewright has no action for.
@@ -491,6 +487,76 @@ mod tests {
             err.to_string()
                 .contains("does not end with a microbatch number"),
             "{err}"
+        );
+    }
+
+    #[test]
+    fn pytorchs_compute_comms_rows_need_their_own_sends_and_receives_in_place() {
+        // PyTorch runs a compute+comms file's hand-offs as written: a receive missing or after
+        // its use fails its runtime's assertion, and a send missing leaves the receiver
+        // waiting for ever. `validate` must not call such a file valid.
+        let text = "0UNSHARD,0F0,0SEND_F0,0F1,0SEND_F1,0RECV_B0,0B0,0WAIT_SEND_F0,0RECV_B1,0B1,\
+                    0WAIT_SEND_F1,0REDUCE_GRAD,0WAIT_REDUCE_GRAD,0RESHARD\n\
+                    1UNSHARD,1RECV_F0,1F0,1RECV_F1,1B0,1SEND_B0,1F1,1B1,1SEND_B1,1REDUCE_GRAD,\
+                    1WAIT_REDUCE_GRAD,1RESHARD,1WAIT_SEND_B0,1WAIT_SEND_B1\n";
+        from_csv(text).unwrap();
+        let err = |t: &str| from_csv(t).unwrap_err().to_string();
+        assert_eq!(
+            err(&text.replace("1RECV_F1,", "")),
+            "line 2, column 36: `1F1` uses what `0F1` sends, but no `1RECV_F1` comes before it in its row (PyTorch's runtime refuses to compute before receiving)"
+        );
+        assert_eq!(
+            err(&text.replace("1RECV_F1,1B0,1SEND_B0,1F1", "1B0,1SEND_B0,1F1,1RECV_F1")),
+            "line 2, column 36: `1F1` uses what `0F1` sends, but no `1RECV_F1` comes before it in its row (PyTorch's runtime refuses to compute before receiving)"
+        );
+        assert_eq!(
+            err(&text.replace("0SEND_F1,", "").replace("0WAIT_SEND_F1,", "")),
+            "line 1, column 23: `0F1` hands its output to device 1, but no `0SEND_F1` follows it in its row (the receiver would wait for it for ever)"
+        );
+        assert_eq!(
+            err(&text.replace("0F0,0SEND_F0", "0SEND_F0,0F0")),
+            "line 1, column 19: `0F0` hands its output to device 1, but no `0SEND_F0` follows it in its row (the receiver would wait for it for ever)"
+        );
+        // A backward's hand-off likewise, and a hand-off no action makes.
+        assert!(err(&text.replace("0RECV_B1,", "")).starts_with("line 1, column "));
+        // A receive posted twice would take the next step's message.
+        assert_eq!(
+            err(&text.replace("1RECV_F1,", "1RECV_F1,1RECV_F1,")),
+            "line 2, column 32: `1RECV_F1` is posted twice (PyTorch would pair the second with another message)"
+        );
+        let extra = text.replace("1UNSHARD,", "1UNSHARD,1RECV_B0,");
+        assert_eq!(
+            err(&extra),
+            "line 2, column 10: `1RECV_B0` is no hand-off of this timetable (stage 1 is the last; PyTorch would wait for it for ever)"
+        );
+    }
+
+    #[test]
+    fn gradient_reductions_pair_as_pytorch_requires_when_it_loads_the_file() {
+        // `_load_csv(format="compute_comms")` refuses a REDUCE_GRAD without its
+        // WAIT_REDUCE_GRAD, a wait without its reduction, and two reductions pending at once.
+        let text = "0UNSHARD,0F0,0SEND_F0,0RECV_B0,0B0,0WAIT_SEND_F0,0REDUCE_GRAD,0WAIT_REDUCE_GRAD,0RESHARD\n\
+                    1UNSHARD,1RECV_F0,1F0,1B0,1SEND_B0,1REDUCE_GRAD,1WAIT_REDUCE_GRAD,1RESHARD,1WAIT_SEND_B0\n";
+        from_csv(text).unwrap();
+        let err = |t: &str| from_csv(t).unwrap_err().to_string();
+        assert_eq!(
+            err(&text.replace("0WAIT_REDUCE_GRAD,", "")),
+            "line 1, column 50: `0REDUCE_GRAD` has no WAIT_REDUCE_GRAD after it in its row (PyTorch refuses it)"
+        );
+        assert_eq!(
+            err(&text.replace("1REDUCE_GRAD,", "")),
+            "line 2, column 36: `1WAIT_REDUCE_GRAD` waits for a reduction its row has not started (PyTorch refuses it)"
+        );
+        // Two stages on one row.
+        let swapped = "0F0,1F0,1B0,1REDUCE_GRAD,0B0,0WAIT_REDUCE_GRAD,1WAIT_REDUCE_GRAD\n";
+        assert_eq!(
+            err(swapped),
+            "line 1, column 30: `0WAIT_REDUCE_GRAD`, but stage 1's reduction is the one pending (PyTorch refuses it)"
+        );
+        let two = "0F0,1F0,1B0,1REDUCE_GRAD,0B0,0REDUCE_GRAD,0WAIT_REDUCE_GRAD,1WAIT_REDUCE_GRAD\n";
+        assert_eq!(
+            err(two),
+            "line 1, column 30: `0REDUCE_GRAD` while stage 1's reduction is pending: PyTorch keeps at most one pending a rank (wait for it first)"
         );
     }
 

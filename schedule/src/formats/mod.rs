@@ -3,6 +3,7 @@
 //! type comes from its `Serialize`/`Deserialize` derive.
 
 mod chrome;
+mod comms;
 mod csv;
 pub mod pytorch;
 

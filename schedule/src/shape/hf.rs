@@ -10,12 +10,14 @@
 //! Rotary positions' base is `rope_theta` (`rope_parameters.rope_theta` in the newer layout;
 //! `rotary_emb_base` in GPT-NeoX's older configs), 10000 where absent. What the reference
 //! model's rotary embeddings do not model is said in a note: a `rope_scaling` other than the
-//! default (Llama 3.1's `llama3` frequencies) and GPT-NeoX's partial rotation (`rotary_pct`
-//! below 1); neither changes a parameter, FLOP or byte of the plan.
+//! default (Llama 3.1's `llama3` frequencies), GPT-NeoX's partial rotation (`rotary_pct`
+//! below 1) and its parallel residual (`use_parallel_residual`, true unless set false); none
+//! changes a parameter, FLOP or byte of the plan.
 //!
-//! The sequence length is the context the model was pretrained at: `rope_scaling`'s
-//! `original_max_position_embeddings` where a context extension names it (Llama 3.1: 8192),
-//! else `max_position_embeddings` (`n_positions` for GPT-2). A caller may plan another.
+//! The sequence length is the context the model was pretrained at: `rope_scaling`'s (or, in
+//! the newer layout, `rope_parameters`') `original_max_position_embeddings` where a context
+//! extension names it (Llama 3.1: 8192), else `max_position_embeddings` (`n_positions` for
+//! GPT-2). A caller may plan another.
 //!
 //! The text is parsed here (the crate does no IO); a caller names the file in its errors.
 
@@ -103,12 +105,17 @@ impl Fields<'_> {
     }
 
     /// A positive integer that fits `u32`-sized counts as well as widths, or `None` where the
-    /// field is absent or null.
+    /// field is absent or null; a size field at most its [`most`].
     fn count(&self, field: &'static str) -> Result<Option<u64>, HfError> {
         match self.map.get(field) {
             None | Some(Value::Null) => Ok(None),
-            Some(v) => match v.as_u64() {
-                Some(n) if n > 0 => Ok(Some(n)),
+            Some(v) => match (v.as_u64(), most(field)) {
+                (Some(n), Some((most, want))) if n > most => Err(HfError::Wrong {
+                    field,
+                    got: v.to_string(),
+                    want,
+                }),
+                (Some(n), _) if n > 0 => Ok(Some(n)),
                 _ => Err(HfError::Wrong {
                     field,
                     got: v.to_string(),
@@ -171,6 +178,24 @@ impl Fields<'_> {
     }
 }
 
+/// The longest sequence: `max_position_embeddings` and its kin.
+const POSITIONS: (u64, &str) = (1 << 27, "a positive integer at most 2^27 (134217728)");
+
+/// The largest value of a size field, far beyond any model's, so that a shape's counts
+/// (parameters, and their 16 bytes each of weights, gradients and AdamW state) fit a `u64`:
+/// a config past them is refused naming the field, not planned from a count that wrapped.
+fn most(field: &str) -> Option<(u64, &'static str)> {
+    Some(match field {
+        "hidden_size" | "n_embd" => (1 << 20, "a positive integer at most 2^20 (1048576)"),
+        "intermediate_size" | "n_inner" | "vocab_size" => {
+            (1 << 24, "a positive integer at most 2^24 (16777216)")
+        }
+        "num_hidden_layers" | "n_layer" => (1 << 12, "a positive integer at most 4096"),
+        "max_position_embeddings" | "n_positions" => POSITIONS,
+        _ => return None,
+    })
+}
+
 /// Reads a config.json's text (see the module's note for what is read).
 pub fn from_hf_config(text: &str) -> Result<HfModel, HfError> {
     let value: Value = serde_json::from_str(text).map_err(|e| HfError::Json {
@@ -222,9 +247,13 @@ fn llama_family(f: &Fields) -> Result<HfModel, HfError> {
             })
         }
     };
+    let llama_bias = (
+        f.model_type == "llama" && f.flag("attention_bias", false)?,
+        f.model_type == "llama" && f.flag("mlp_bias", false)?,
+    );
     let bias = match f.model_type {
         "qwen2" => BiasKind::Qkv,
-        "llama" if f.flag("attention_bias", false)? || f.flag("mlp_bias", false)? => BiasKind::All,
+        _ if llama_bias.0 || llama_bias.1 => BiasKind::All,
         _ => BiasKind::None,
     };
     let (seq_len, seq_len_field) = pretrained_context(f)?;
@@ -256,6 +285,9 @@ fn llama_family(f: &Fields) -> Result<HfModel, HfError> {
         rope_theta,
         bias,
     };
+    if bias == BiasKind::All {
+        notes.extend(bias_all_note(&shape, llama_bias));
+    }
     if let Some(w) = f.count("sliding_window")? {
         if f.flag("use_sliding_window", f.model_type == "mistral")? && w < seq_len {
             notes.push(format!(
@@ -269,6 +301,34 @@ fn llama_family(f: &Fields) -> Result<HfModel, HfError> {
         seq_len_field,
         notes,
     })
+}
+
+/// Llama's `attention_bias` (Q, K, V and output projections) and `mlp_bias` (the MLP's three
+/// matrices) planned as [`BiasKind::All`], which also biases an untied LM head, and the other
+/// half of each block where only one flag is set: a note of how many bias parameters that
+/// adds, if any.
+fn bias_all_note(shape: &ModelShape, (attention, mlp): (bool, bool)) -> Option<String> {
+    let [qkv, out, up, down] = shape.block_linears();
+    let (per_layer, part) = match (attention, mlp) {
+        (true, false) => (up.outputs + down.outputs, "its MLP"),
+        (false, true) => (qkv.outputs + out.outputs, "its attention"),
+        _ => (0, ""),
+    };
+    let head = if shape.tied_embeddings {
+        0
+    } else {
+        shape.vocab
+    };
+    let extra = u64::from(shape.layers) * per_layer + head;
+    let lacks = match (per_layer > 0, head > 0) {
+        (true, true) => format!("{part} and its LM head"),
+        (true, false) => part.to_string(),
+        (false, true) => "its LM head".to_string(),
+        (false, false) => return None,
+    };
+    Some(format!(
+        "attention_bias {attention} and mlp_bias {mlp} are planned as `bias all`, which counts {extra} bias parameters the model lacks (on {lacks})"
+    ))
 }
 
 /// Rotary positions' base: the first of `fields` given, else `rope_parameters.rope_theta`
@@ -321,15 +381,34 @@ fn rope_scaling(f: &Fields) -> Result<Option<String>, HfError> {
     Ok(None)
 }
 
-/// The context the model was pretrained at (see the module's note).
+/// The context the model was pretrained at (see the module's note). transformers 5 writes
+/// `rope_scaling` (with `rope_theta`) as `rope_parameters`, so either may name it.
 fn pretrained_context(f: &Fields) -> Result<(u64, &'static str), HfError> {
-    const ORIGINAL: &str = "rope_scaling.original_max_position_embeddings";
-    if let Some(Value::Object(scaling)) = f.map.get("rope_scaling") {
+    const ORIGINAL: [(&str, &str); 2] = [
+        (
+            "rope_scaling",
+            "rope_scaling.original_max_position_embeddings",
+        ),
+        (
+            "rope_parameters",
+            "rope_parameters.original_max_position_embeddings",
+        ),
+    ];
+    for (object, field) in ORIGINAL {
+        let Some(Value::Object(scaling)) = f.map.get(object) else {
+            continue;
+        };
         if let Some(v) = scaling.get("original_max_position_embeddings") {
+            let (most, want) = POSITIONS;
             return match v.as_u64() {
-                Some(n) if n > 0 => Ok((n, ORIGINAL)),
+                Some(n) if n > most => Err(HfError::Wrong {
+                    field,
+                    got: v.to_string(),
+                    want,
+                }),
+                Some(n) if n > 0 => Ok((n, field)),
                 _ => Err(HfError::Wrong {
-                    field: ORIGINAL,
+                    field,
                     got: v.to_string(),
                     want: "a positive integer",
                 }),
@@ -388,6 +467,13 @@ fn gpt_neox(f: &Fields) -> Result<HfModel, HfError> {
         notes.push(format!(
             "rotary_pct {pct} is not modelled: the reference GPT turns every dimension of a head"
         ));
+    }
+    if f.flag("use_parallel_residual", true)? {
+        notes.push(
+            "use_parallel_residual is not modelled: the reference GPT's MLP reads the residual \
+             stream after attention's output is added (the same parameters, FLOPs and bytes)"
+                .into(),
+        );
     }
     let shape = ModelShape {
         tied_embeddings: f.flag("tie_word_embeddings", false)?,
