@@ -13,6 +13,7 @@ use pipewright::schedule::{RecomputePlan, Timetable};
 use std::path::PathBuf;
 
 use super::args::PrecisionArg;
+use super::outputs::Input;
 use super::shape::{parse_attention, read_hf_config, ShapeArgs};
 
 /// Whose activations the memory model counts.
@@ -86,6 +87,12 @@ pub struct MemoryArgs {
 }
 
 impl MemoryArgs {
+    /// The file it reads, for [`Outputs::plan`](super::outputs::Outputs::plan): an output
+    /// must not land on the model's config either.
+    pub fn inputs(&self) -> impl Iterator<Item = Option<Input<'_>>> {
+        std::iter::once(Input::new("--hf-config", self.hf_config.as_ref()))
+    }
+
     /// The memory model's configuration for `pp` devices and `v` chunks each, if a shape is
     /// given; a shape given in part, or mesh flags without one, are refused by name.
     pub fn config(
