@@ -141,7 +141,8 @@ where
             refuse(method, message)
         };
         let grads = guard(|| module.flat_grads());
-        let params = if module.parameter_bytes() == 0 {
+        let reported = module.parameter_bytes();
+        let params = if reported == 0 {
             let flat = guard(|| module.flat_params()).map_err(|e| failed("flat_params", e))?;
             flat.map_or(0, |p| p.len())
         } else {
@@ -154,11 +155,27 @@ where
         if dp > 1 {
             match grads {
                 Err(e) => return Err(failed("flat_grads", e)),
-                Ok(None) if params > 0 => {
+                Ok(None) if params > 0 || reported > 0 => {
+                    let shown = if params > 0 {
+                        format!("flat_params shows {params} parameters")
+                    } else {
+                        format!("parameter_bytes says it holds {reported} bytes of parameters")
+                    };
                     let message = format!(
-                        "its module's flat_grads says it has no gradients, but flat_params \
-                         shows {params} parameters: dp = {dp} sums a stage's gradients over \
-                         the data-parallel replicas through flat_grads and set_flat_grads"
+                        "its module's flat_grads says it has no gradients, but {shown}: \
+                         dp = {dp} sums a stage's gradients over the data-parallel replicas \
+                         through flat_grads and set_flat_grads"
+                    );
+                    return Err(refuse("flat_grads", message));
+                }
+                // Gradients left out of flat_grads would never be summed over the replicas.
+                Ok(Some(g)) if params > 0 && g.numel() != params => {
+                    let message = format!(
+                        "its module's flat_grads holds {} gradients, but flat_params shows \
+                         {params} parameters: dp = {dp} sums only what flat_grads holds over \
+                         the data-parallel replicas, so every parameter needs its gradient \
+                         there, in flat_params' order",
+                        g.numel()
                     );
                     return Err(refuse("flat_grads", message));
                 }

@@ -208,6 +208,32 @@ module!(
     }
 );
 
+module!(
+    ClaimsButCounts,
+    fn optimizer_step(&mut self, cfg: &AdamWConfig) -> Result<(), ModuleError> {
+        self.0.opt.step(&mut self.0.layers, cfg)
+    },
+    fn flat_grads(&mut self) -> Result<Option<Tensor>, ModuleError> {
+        Ok(None)
+    },
+    fn parameter_bytes(&self) -> usize {
+        pipewright_kernels::params::storage_bytes(&self.0.layers).0
+    }
+);
+
+module!(
+    FirstLayerOnly,
+    fn optimizer_step(&mut self, cfg: &AdamWConfig) -> Result<(), ModuleError> {
+        self.0.opt.step(&mut self.0.layers, cfg)
+    },
+    fn flat_grads(&mut self) -> Result<Option<Tensor>, ModuleError> {
+        host::flat_grads(&self.0.layers[0])
+    },
+    fn set_flat_grads(&mut self, g: Tensor) -> Result<(), ModuleError> {
+        host::set_flat_grads(&mut self.0.layers[0], g)
+    }
+);
+
 module!(NoStep);
 
 module!(
@@ -326,6 +352,36 @@ fn dp_2_refuses_flat_grads_without_set_flat_grads_and_a_stage_that_hides_its_gra
         line.contains(&format!("flat_params shows {shown} parameters")),
         "{line}"
     );
+}
+
+/// A module that reports its parameter bytes (so the runtime need not read its flat
+/// parameters) but whose flat_grads says "no gradients", and one whose flat_grads holds only
+/// some of its parameters' gradients: under dp = 2 both would train each replica on its own
+/// gradients (for the parameters left out), so both are refused before the first step.
+#[test]
+fn dp_2_refuses_gradients_hidden_behind_parameter_bytes_or_left_out_of_flat_grads() {
+    let (losses, r) = train(ScheduleKind::OneFOneB, 2, 2, 4, ClaimsButCounts, &opts(3));
+    let (stage, method, line) = refusal(&r.expect_err("replicas would diverge"));
+    assert!(stage < 2 && method == "flat_grads", "{line}");
+    assert!(line.contains("parameter_bytes"), "{line}");
+    assert!(losses.is_empty(), "a step ran: {losses:?}");
+    let (losses, r) = train(ScheduleKind::OneFOneB, 2, 2, 4, FirstLayerOnly, &opts(3));
+    let (stage, method, line) = refusal(&r.expect_err("replicas would diverge"));
+    assert!(stage < 2 && method == "flat_grads", "{line}");
+    let (params, grads) = if stage == 0 { (84, 42) } else { (49, 42) };
+    assert!(
+        line.contains(&format!("{grads} gradients"))
+            && line.contains(&format!("{params} parameters")),
+        "{line}"
+    );
+    assert!(losses.is_empty(), "a step ran: {losses:?}");
+    // One replica reduces nothing: both train.
+    train(ScheduleKind::OneFOneB, 2, 1, 4, ClaimsButCounts, &opts(1))
+        .1
+        .unwrap();
+    train(ScheduleKind::OneFOneB, 2, 1, 4, FirstLayerOnly, &opts(1))
+        .1
+        .unwrap();
 }
 
 #[test]
