@@ -173,7 +173,10 @@ pub trait StageModule {
     /// A run with more than one data-parallel replica needs it, and
     /// [`set_flat_grads`](Self::set_flat_grads), from every stage: without them each
     /// replica would step on its own gradients. Such a run refuses a module that does not
-    /// implement them before its first step (a stage without parameters returns `Ok(None)`);
+    /// implement them before its first step (a stage without parameters returns `Ok(None)`),
+    /// and one whose `flat_grads` says `Ok(None)`, or holds another number of values than
+    /// [`flat_params`](Self::flat_params) while `flat_params` or
+    /// [`parameter_bytes`](Self::parameter_bytes) shows parameters;
     /// with one replica it is optional ([`runtime::host`](crate::host) has both for
     /// parameters the kernels' `Parameters` visits).
     fn flat_grads(&mut self) -> Result<Option<Self::Tensor>, ModuleError> {
