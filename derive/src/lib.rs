@@ -5,7 +5,10 @@
 //!   as its parts' visits, in the order listed (that order is the flat order of gradients
 //!   and optimizer state). A part is anything that implements `Parameters`: a `Param`, a
 //!   kernels layer, an `Option`, `Vec` or `Box` of them. `tensor = B::Storage` names the
-//!   tensor type of a backend-generic layer (the host `Tensor` by default).
+//!   tensor type of a backend-generic layer (the host `Tensor` by default). A field left out
+//!   of the list whose type holds parameters (implements `Parameters`) does not compile: its
+//!   parameters would never be stepped or reduced over replicas. Mark a field that is
+//!   meant to stay out (a frozen layer) `#[parameters(skip)]`.
 //! - `#[derive(Footprint)]`: a stash's bytes as the sum of its fields' (each a `Footprint`);
 //!   `#[footprint(skip)]` leaves out a field that holds no stashed memory (a flag).
 //!
@@ -24,9 +27,10 @@
 use proc_macro::TokenStream;
 use proc_macro2::{Span, TokenStream as Tokens};
 use proc_macro_crate::{crate_name, FoundCrate};
-use quote::quote;
+use quote::{quote, quote_spanned};
 use syn::parse::{Parse, ParseStream};
 use syn::punctuated::Punctuated;
+use syn::spanned::Spanned;
 use syn::{parse_macro_input, Data, DeriveInput, Fields, Ident, Token, Type};
 
 /// `#[derive(Parameters)]`: see the crate docs.
@@ -71,12 +75,12 @@ impl Parse for Item {
 }
 
 fn parameters(input: &DeriveInput) -> syn::Result<Tokens> {
-    if !matches!(input.data, Data::Struct(_)) {
+    let Data::Struct(data) = &input.data else {
         return Err(syn::Error::new_spanned(
             input,
             "Parameters derives for structs",
         ));
-    }
+    };
     let krate = kernels();
     let mut tensor: Option<Type> = None;
     let mut parts = Vec::new();
@@ -103,6 +107,7 @@ fn parameters(input: &DeriveInput) -> syn::Result<Tokens> {
     let (impl_g, ty_g, where_g) = input.generics.split_for_impl();
     let params = quote!(#krate::layers::Parameters<#tensor>);
     let param = quote!(#krate::layers::Param<#tensor>);
+    let unlisted = unlisted(input, data, &parts, &krate, &tensor)?;
     Ok(quote! {
         impl #impl_g #params for #name #ty_g #where_g {
             fn visit(&self, f: &mut dyn FnMut(&#param)) {
@@ -112,6 +117,77 @@ fn parameters(input: &DeriveInput) -> syn::Result<Tokens> {
                 #( <_ as #params>::visit_mut(&mut self.#parts, f); )*
             }
         }
+        #unlisted
+    })
+}
+
+/// A check that no field left out of `#[parameters(..)]` (and not marked
+/// `#[parameters(skip)]`) holds parameters: a type that implements `Parameters` makes the
+/// two impls below both apply, which does not compile, and the error names the trait
+/// `FieldHoldsParametersListItOrMarkItSkip` at the field's type.
+fn unlisted(
+    input: &DeriveInput,
+    data: &syn::DataStruct,
+    parts: &[Punctuated<Ident, Token![.]>],
+    krate: &Tokens,
+    tensor: &Tokens,
+) -> syn::Result<Tokens> {
+    let listed: Vec<String> = parts
+        .iter()
+        .filter_map(|p| p.first().map(ToString::to_string))
+        .collect();
+    let mut checks = Vec::new();
+    for field in &data.fields {
+        let mut skip = false;
+        for attr in field
+            .attrs
+            .iter()
+            .filter(|a| a.path().is_ident("parameters"))
+        {
+            attr.parse_nested_meta(|meta| {
+                if meta.path.is_ident("skip") {
+                    skip = true;
+                    Ok(())
+                } else {
+                    Err(meta.error("expected #[parameters(skip)] on a field"))
+                }
+            })?;
+        }
+        let named_listed = field
+            .ident
+            .as_ref()
+            .is_some_and(|id| listed.contains(&id.to_string()));
+        if skip || named_listed {
+            continue;
+        }
+        let ty = &field.ty;
+        checks.push(quote_spanned! {ty.span()=>
+            let _ = <#ty as FieldHoldsParametersListItOrMarkItSkip<#tensor, _>>::check;
+        });
+    }
+    if checks.is_empty() {
+        return Ok(quote!());
+    }
+    let shaped = quote!(#krate::Shaped);
+    let params = quote!(#krate::layers::Parameters);
+    let name = &input.ident;
+    let (impl_g, ty_g, where_g) = input.generics.split_for_impl();
+    Ok(quote! {
+        const _: () = {
+            trait FieldHoldsParametersListItOrMarkItSkip<S, A> {
+                fn check() {}
+            }
+            impl<S, T: ?Sized> FieldHoldsParametersListItOrMarkItSkip<S, ()> for T {}
+            struct HoldsParameters;
+            impl<S: #shaped, T: ?Sized + #params<S>>
+                FieldHoldsParametersListItOrMarkItSkip<S, HoldsParameters> for T {}
+            impl #impl_g #name #ty_g #where_g {
+                #[allow(dead_code)]
+                fn __pipewright_unlisted_fields_hold_no_parameters() {
+                    #( #checks )*
+                }
+            }
+        };
     })
 }
 

@@ -85,6 +85,39 @@ use crate::module::{MicrobatchData, ModuleError, Output, StageModule};
 ///     }
 /// }
 /// ```
+///
+/// `#[derive(Parameters)]` visits the fields its `#[parameters(..)]` lists, in that order; a
+/// field left out is marked `#[parameters(skip)]` if it holds parameters (a frozen layer):
+///
+/// ```
+/// use pipewright_kernels::layers::{LayerNorm, Linear};
+/// use pipewright_runtime::Parameters;
+///
+/// #[derive(Parameters)]
+/// #[parameters(norm, lin)]
+/// struct Residual {
+///     norm: LayerNorm,
+///     lin: Linear,
+///     #[parameters(skip)] // frozen: never stepped, never reduced over replicas
+///     frozen: Linear,
+///     relu: bool, // holds no parameters: nothing to say
+/// }
+/// ```
+///
+/// A field that holds parameters, neither listed nor skipped, does not compile (its weights
+/// would never train): the error names `FieldHoldsParametersListItOrMarkItSkip` at its type.
+///
+/// ```compile_fail,E0283
+/// use pipewright_kernels::layers::{LayerNorm, Linear};
+/// use pipewright_runtime::Parameters;
+///
+/// #[derive(Parameters)]
+/// #[parameters(norm)]
+/// struct Residual {
+///     norm: LayerNorm,
+///     lin: Linear,
+/// }
+/// ```
 pub trait Layer: Parameters {
     /// What the forward keeps for the input backward.
     type Stash: Footprint + 'static;
