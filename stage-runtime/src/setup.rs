@@ -1,6 +1,7 @@
 //! What an executor settles before step 0, from its timetable row and its modules: that
 //! every action asked of a module is one it offers, and which microbatches recompute.
 
+use std::any::Any;
 use std::collections::{HashMap, HashSet};
 
 use pipewright_schedule::recompute::recomputed;
@@ -9,7 +10,7 @@ use pipewright_schedule::{Action, ActionKind, Recompute, RecomputePlan, Timetabl
 use crate::error::RuntimeError;
 use crate::executor::guard;
 use crate::module::{unimplemented_method, ModuleError, StageModule};
-use pipewright_kernels::Shaped;
+use pipewright_kernels::{Shaped, Tensor};
 
 /// Refuse a row asking a module with only a full backward for an I or W action, naming
 /// the schedule, the stage and the first such action.
@@ -103,6 +104,48 @@ pub(crate) fn needed_for(method: &str, dp: usize) -> String {
     }
 }
 
+/// The value a probe of `set_flat_grads` puts at index `i`: small integers, exact in every
+/// number format a module may keep its gradients in.
+fn probe_value(i: usize) -> f32 {
+    (i % 64 + 1) as f32
+}
+
+/// Set a module's gradients to `g` (itself, zero before the first step), as the all-reduce
+/// will. For host tensors, first set a known pattern and read it back through `flat_grads`:
+/// a `set_flat_grads` that does not set what `flat_grads` reads (one that does nothing)
+/// would leave each replica on its own gradients. Returns the first index read back wrong.
+fn set_grads_probed<M: StageModule>(
+    module: &mut M,
+    g: M::Tensor,
+) -> Result<Option<usize>, (&'static str, ModuleError)>
+where
+    M::Tensor: 'static,
+{
+    let pattern = (&g as &dyn Any)
+        .downcast_ref::<Tensor>()
+        .and_then(|h| Tensor::new(h.shape(), (0..h.numel()).map(probe_value).collect()).ok())
+        .and_then(|p| (Box::new(p) as Box<dyn Any>).downcast::<M::Tensor>().ok());
+    let mut wrong = None;
+    if let Some(p) = pattern {
+        let n = p.numel();
+        guard(|| module.set_flat_grads(*p)).map_err(|e| ("set_flat_grads", e))?;
+        let back = guard(|| module.flat_grads()).map_err(|e| ("flat_grads", e))?;
+        let host = back
+            .as_ref()
+            .and_then(|b| (b as &dyn Any).downcast_ref::<Tensor>());
+        wrong = match host {
+            Some(b) if b.numel() == n => b
+                .data()
+                .iter()
+                .enumerate()
+                .position(|(i, v)| *v != probe_value(i)),
+            _ => Some(0),
+        };
+    }
+    guard(|| module.set_flat_grads(g)).map_err(|e| ("set_flat_grads", e))?;
+    Ok(wrong)
+}
+
 /// What the executor learns about its modules before step 0: the parameter and gradient
 /// bytes of modules that do not say them (from their flat views), by stage.
 pub(crate) type Sizes = HashMap<u32, (u64, u64)>;
@@ -180,7 +223,20 @@ where
                     return Err(refuse("flat_grads", message));
                 }
                 Ok(Some(g)) if !sharded => {
-                    guard(|| module.set_flat_grads(g)).map_err(|e| failed("set_flat_grads", e))?
+                    let n = g.numel();
+                    match set_grads_probed(module, g) {
+                        Err((method, e)) => return Err(failed(method, e)),
+                        Ok(Some(i)) => {
+                            let message = format!(
+                                "its module's set_flat_grads does not set what flat_grads \
+                                 reads (value {i} of {n} differs when read back): dp = {dp} \
+                                 hands each stage its summed gradients through set_flat_grads, \
+                                 and without them each replica would step on its own gradients"
+                            );
+                            return Err(refuse("set_flat_grads", message));
+                        }
+                        Ok(None) => {}
+                    }
                 }
                 Ok(_) => {}
             }

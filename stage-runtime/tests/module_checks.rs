@@ -234,6 +234,19 @@ module!(
     }
 );
 
+module!(
+    IgnoresSet,
+    fn optimizer_step(&mut self, cfg: &AdamWConfig) -> Result<(), ModuleError> {
+        self.0.opt.step(&mut self.0.layers, cfg)
+    },
+    fn flat_grads(&mut self) -> Result<Option<Tensor>, ModuleError> {
+        host::flat_grads(&self.0.layers)
+    },
+    fn set_flat_grads(&mut self, _: Tensor) -> Result<(), ModuleError> {
+        Ok(())
+    }
+);
+
 module!(NoStep);
 
 module!(
@@ -380,6 +393,24 @@ fn dp_2_refuses_gradients_hidden_behind_parameter_bytes_or_left_out_of_flat_grad
         .1
         .unwrap();
     train(ScheduleKind::OneFOneB, 2, 1, 4, FirstLayerOnly, &opts(1))
+        .1
+        .unwrap();
+}
+
+/// A set_flat_grads that sets nothing (here a stub returning `Ok(())`) would leave each
+/// replica on its own gradients: refused before the first step, naming the method.
+#[test]
+fn dp_2_refuses_a_set_flat_grads_that_does_not_set_the_gradients() {
+    let (losses, r) = train(ScheduleKind::OneFOneB, 2, 2, 4, IgnoresSet, &opts(3));
+    let (stage, method, line) = refusal(&r.expect_err("replicas would diverge"));
+    assert!(stage < 2 && method == "set_flat_grads", "{line}");
+    assert!(
+        line.contains("does not set what flat_grads reads"),
+        "{line}"
+    );
+    assert!(losses.is_empty(), "a step ran: {losses:?}");
+    // One replica sets no gradients: it trains.
+    train(ScheduleKind::OneFOneB, 2, 1, 4, IgnoresSet, &opts(1))
         .1
         .unwrap();
 }
