@@ -334,9 +334,10 @@ fn dp_2_refuses_a_stage_with_parameters_but_no_flat_grads_before_the_first_step(
     let (losses, r) = train(ScheduleKind::OneFOneB, 2, 2, 4, Trial, &opts(3));
     let e = r.expect_err("each replica would step on its own gradients");
     let (stage, method, line) = refusal(&e);
-    assert_eq!((stage, method), (0, "flat_grads"));
+    // Both stages lack the methods; the run returns the error of the rank that failed first.
+    assert!(stage < 2 && method == "flat_grads", "{line}");
     for part in [
-        "stage 0",
+        &*format!("stage {stage}"),
         "flat_grads",
         "set_flat_grads",
         "dp = 2",
