@@ -206,7 +206,9 @@ pub trait StageModule {
         }
     }
 
-    /// Replace the gradients with `grads` (the reduced [`flat_grads`](Self::flat_grads)).
+    /// Replace the gradients with `grads` (the reduced [`flat_grads`](Self::flat_grads)), so
+    /// that `flat_grads` then reads `grads`: with host tensors, a run with more than one
+    /// data-parallel replica checks that before its first step.
     fn set_flat_grads(&mut self, grads: Self::Tensor) -> Result<(), ModuleError> {
         let _ = grads;
         Err(unimplemented("set_flat_grads"))
