@@ -216,13 +216,14 @@ pub trait StageModule {
 
     /// One AdamW step from the accumulated gradients (the module keeps its own state, made
     /// from `cfg` on the first step), then zero the gradients. The default does nothing for
-    /// a module without parameters, and refuses one whose [`flat_grads`](Self::flat_grads)
-    /// or [`flat_params`](Self::flat_params) shows some (they would never change).
+    /// a module without parameters, and refuses one whose [`flat_grads`](Self::flat_grads),
+    /// [`flat_params`](Self::flat_params) or [`parameter_bytes`](Self::parameter_bytes)
+    /// shows some (they would never change).
     fn optimizer_step(&mut self, cfg: &AdamWConfig) -> Result<(), ModuleError> {
         let _ = cfg;
         let grads = matches!(self.flat_grads(), Ok(Some(_)));
         let params = matches!(self.flat_params(), Ok(Some(p)) if !p.is_empty());
-        if grads || params {
+        if grads || params || self.parameter_bytes() > 0 {
             return Err(unimplemented("optimizer_step"));
         }
         Ok(())

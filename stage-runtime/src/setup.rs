@@ -91,7 +91,8 @@ pub(crate) fn needed_for(method: &str, dp: usize) -> String {
              tensors: implement it, or turn the check off"
             .into(),
         "optimizer_step" => "its module does not implement optimizer_step, but it holds \
-             parameters (flat_grads or flat_params shows them), which would never change"
+             parameters (flat_grads, flat_params or parameter_bytes shows them), which would \
+             never change"
             .into(),
         "recompute" => "its module accepted a recompute policy (set_recompute) but does not \
              implement recompute, which must rebuild what the policy dropped"

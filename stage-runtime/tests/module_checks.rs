@@ -249,6 +249,42 @@ module!(
 
 module!(NoStep);
 
+/// Forward and backward, and its parameter bytes for the measured memory: nothing else.
+struct CountsNoStep(Chain);
+
+impl StageModule for CountsNoStep {
+    type Tensor = Tensor;
+    type Data = Data;
+    type Stash = Stash;
+    type WeightStash = WeightStash;
+
+    fn forward(
+        &mut self,
+        mb: &MicrobatchData<'_, Data>,
+        x: Option<Tensor>,
+        _: &mut dyn TpReduce,
+    ) -> Result<(Output, Stash), ModuleError> {
+        self.0.forward(mb, x)
+    }
+
+    fn backward_input(
+        &mut self,
+        stash: Stash,
+        dy: Option<Tensor>,
+        _: &mut dyn TpReduce,
+    ) -> Result<(Option<Tensor>, WeightStash), ModuleError> {
+        self.0.backward_input(stash, dy)
+    }
+
+    fn backward_weight(&mut self, ws: WeightStash) -> Result<(), ModuleError> {
+        self.0.backward_weight(ws)
+    }
+
+    fn parameter_bytes(&self) -> usize {
+        pipewright_kernels::params::storage_bytes(&self.0.layers).0
+    }
+}
+
 module!(
     NoRecompute,
     fn optimizer_step(&mut self, cfg: &AdamWConfig) -> Result<(), ModuleError> {
@@ -420,6 +456,20 @@ fn dp_2_refuses_a_set_flat_grads_that_does_not_set_the_gradients() {
 fn a_stage_with_parameters_and_no_optimizer_step_stops_at_the_first_step() {
     let (losses, r) = train(ScheduleKind::OneFOneB, 2, 1, 4, NoStep, &opts(3));
     let line = r.unwrap_err().to_string();
+    assert!(
+        line.contains("step 0") && line.contains("optimizer_step"),
+        "{line}"
+    );
+    assert!(line.contains("would never change"), "{line}");
+    assert!(losses.is_empty(), "{losses:?}");
+}
+
+/// Without flat views, the parameter bytes a module reports show that it has parameters:
+/// the default optimizer step refuses it rather than leave its weights as they were.
+#[test]
+fn a_stage_that_reports_parameter_bytes_and_no_optimizer_step_stops_at_the_first_step() {
+    let (losses, r) = train(ScheduleKind::OneFOneB, 2, 1, 4, CountsNoStep, &opts(3));
+    let line = r.expect_err("its weights would never change").to_string();
     assert!(
         line.contains("step 0") && line.contains("optimizer_step"),
         "{line}"
