@@ -45,6 +45,13 @@ fn class1_an_output_that_is_an_input_is_refused_before_any_work() {
     std::fs::hard_link(d.join("cost.json"), d.join("hard.json")).unwrap();
     std::os::unix::fs::symlink("tl.json", d.join("tl.svg")).unwrap();
     std::fs::create_dir(d.join("sub")).unwrap();
+    // The memory model's --hf-config is an input too (simulate and search wrote over it).
+    std::fs::write(
+        d.join("hf.json"),
+        r#"{"model_type": "gpt2", "n_embd": 64, "n_head": 4, "n_layer": 4, "n_positions": 16, "vocab_size": 64}"#,
+    )
+    .unwrap();
+    std::fs::hard_link(d.join("hf.json"), d.join("hard-hf.json")).unwrap();
     let before = snapshot(d);
     let cases: &[(&[&str], &str, &str)] = &[
         (
@@ -103,6 +110,38 @@ fn class1_an_output_that_is_an_input_is_refused_before_any_work() {
             &["viz", "--from", "tl.json", "-o", "tl.svg"],
             "-o",
             "--from",
+        ),
+        (
+            &[
+                "simulate",
+                "--hf-config",
+                "hf.json",
+                "--accounting",
+                "megatron",
+                "--timeline",
+                "./hf.json",
+            ],
+            "--timeline",
+            "--hf-config",
+        ),
+        (
+            &[
+                "search",
+                "-p",
+                "2",
+                "-m",
+                "4",
+                "--memory-cap",
+                "80GiB",
+                "--hf-config",
+                "hf.json",
+                "--accounting",
+                "megatron",
+                "--timetable-out",
+                "hard-hf.json",
+            ],
+            "--timetable-out",
+            "--hf-config",
         ),
     ];
     for (args, out, inp) in cases {
@@ -266,6 +305,13 @@ const PAIRS: &[(&str, &str, &str, &[&str])] = &[
         &["--memory-cap", "4"],
     ),
     ("viz", "--from", "-o", &[]),
+    ("simulate", "--hf-config", "--timeline", &[]),
+    (
+        "search",
+        "--hf-config",
+        "--timetable-out",
+        &["--memory-cap", "4"],
+    ),
 ];
 
 proptest! {

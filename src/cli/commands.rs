@@ -257,7 +257,10 @@ pub struct SimulateCmd {
 impl SimulateCmd {
     pub fn run(&self) -> Result<()> {
         let mut outs = Outputs::plan(
-            self.source.inputs().chain(self.costs.inputs()),
+            self.source
+                .inputs()
+                .chain(self.costs.inputs())
+                .chain(self.memory.inputs()),
             [
                 Output::new("--timeline", self.timeline.as_ref(), Kind::Json),
                 Output::new("--trace", self.trace.as_ref(), Kind::Json),

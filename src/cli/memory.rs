@@ -16,6 +16,7 @@ use pipewright::schedule::{RecomputePlan, Timetable};
 use std::path::PathBuf;
 
 use super::args::PrecisionArg;
+use super::outputs::Input;
 use super::shape::{hf_source, parse_attention, ShapeArgs};
 
 /// Whose activations the memory model counts.
@@ -89,6 +90,12 @@ pub struct MemoryArgs {
 }
 
 impl MemoryArgs {
+    /// The file it reads, for [`Outputs::plan`](super::outputs::Outputs::plan): an output
+    /// must not land on the model's config either.
+    pub fn inputs(&self) -> impl Iterator<Item = Option<Input<'_>>> {
+        std::iter::once(Input::new("--hf-config", self.hf_config.as_ref()))
+    }
+
     /// The request as the library takes it (a config file read here).
     fn request(&self) -> Result<MemoryRequest> {
         Ok(MemoryRequest {

@@ -94,7 +94,7 @@ pub struct SearchCmd {
 impl SearchCmd {
     pub fn run(&self) -> Result<()> {
         let mut outs = Outputs::plan(
-            self.costs.inputs(),
+            self.costs.inputs().chain(self.memory.inputs()),
             [
                 Output::new("-o", self.output.as_ref(), Kind::Image),
                 Output::new("--chart", self.chart.as_ref(), Kind::Image),

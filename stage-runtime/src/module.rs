@@ -173,7 +173,10 @@ pub trait StageModule {
     /// A run with more than one data-parallel replica needs it, and
     /// [`set_flat_grads`](Self::set_flat_grads), from every stage: without them each
     /// replica would step on its own gradients. Such a run refuses a module that does not
-    /// implement them before its first step (a stage without parameters returns `Ok(None)`);
+    /// implement them before its first step (a stage without parameters returns `Ok(None)`),
+    /// and one whose `flat_grads` says `Ok(None)`, or holds another number of values than
+    /// [`flat_params`](Self::flat_params) while `flat_params` or
+    /// [`parameter_bytes`](Self::parameter_bytes) shows parameters;
     /// with one replica it is optional ([`runtime::host`](crate::host) has both for
     /// parameters the kernels' `Parameters` visits).
     fn flat_grads(&mut self) -> Result<Option<Self::Tensor>, ModuleError> {
@@ -203,7 +206,9 @@ pub trait StageModule {
         }
     }
 
-    /// Replace the gradients with `grads` (the reduced [`flat_grads`](Self::flat_grads)).
+    /// Replace the gradients with `grads` (the reduced [`flat_grads`](Self::flat_grads)), so
+    /// that `flat_grads` then reads `grads`: with host tensors, a run with more than one
+    /// data-parallel replica checks that before its first step.
     fn set_flat_grads(&mut self, grads: Self::Tensor) -> Result<(), ModuleError> {
         let _ = grads;
         Err(unimplemented("set_flat_grads"))
@@ -211,13 +216,14 @@ pub trait StageModule {
 
     /// One AdamW step from the accumulated gradients (the module keeps its own state, made
     /// from `cfg` on the first step), then zero the gradients. The default does nothing for
-    /// a module without parameters, and refuses one whose [`flat_grads`](Self::flat_grads)
-    /// or [`flat_params`](Self::flat_params) shows some (they would never change).
+    /// a module without parameters, and refuses one whose [`flat_grads`](Self::flat_grads),
+    /// [`flat_params`](Self::flat_params) or [`parameter_bytes`](Self::parameter_bytes)
+    /// shows some (they would never change).
     fn optimizer_step(&mut self, cfg: &AdamWConfig) -> Result<(), ModuleError> {
         let _ = cfg;
         let grads = matches!(self.flat_grads(), Ok(Some(_)));
         let params = matches!(self.flat_params(), Ok(Some(p)) if !p.is_empty());
-        if grads || params {
+        if grads || params || self.parameter_bytes() > 0 {
             return Err(unimplemented("optimizer_step"));
         }
         Ok(())

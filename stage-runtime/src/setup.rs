@@ -1,6 +1,7 @@
 //! What an executor settles before step 0, from its timetable row and its modules: that
 //! every action asked of a module is one it offers, and which microbatches recompute.
 
+use std::any::Any;
 use std::collections::{HashMap, HashSet};
 
 use pipewright_schedule::recompute::recomputed;
@@ -10,7 +11,7 @@ use crate::error::RuntimeError;
 use crate::executor::guard;
 use crate::mesh::{Coord, Mesh};
 use crate::module::{unimplemented_method, ModuleError, StageModule};
-use pipewright_kernels::Shaped;
+use pipewright_kernels::{Shaped, Tensor};
 
 /// Refuse a row asking a module with only a full backward for an I or W action, naming
 /// the schedule, the stage and the first such action.
@@ -91,7 +92,8 @@ pub(crate) fn needed_for(method: &str, dp: usize) -> String {
              tensors: implement it, or turn the check off"
             .into(),
         "optimizer_step" => "its module does not implement optimizer_step, but it holds \
-             parameters (flat_grads or flat_params shows them), which would never change"
+             parameters (flat_grads, flat_params or parameter_bytes shows them), which would \
+             never change"
             .into(),
         "recompute" => "its module accepted a recompute policy (set_recompute) but does not \
              implement recompute, which must rebuild what the policy dropped"
@@ -102,6 +104,48 @@ pub(crate) fn needed_for(method: &str, dp: usize) -> String {
         ),
         other => format!("its module does not implement {other}"),
     }
+}
+
+/// The value a probe of `set_flat_grads` puts at index `i`: small integers, exact in every
+/// number format a module may keep its gradients in.
+fn probe_value(i: usize) -> f32 {
+    (i % 64 + 1) as f32
+}
+
+/// Set a module's gradients to `g` (itself, zero before the first step), as the all-reduce
+/// will. For host tensors, first set a known pattern and read it back through `flat_grads`:
+/// a `set_flat_grads` that does not set what `flat_grads` reads (one that does nothing)
+/// would leave each replica on its own gradients. Returns the first index read back wrong.
+fn set_grads_probed<M: StageModule>(
+    module: &mut M,
+    g: M::Tensor,
+) -> Result<Option<usize>, (&'static str, ModuleError)>
+where
+    M::Tensor: 'static,
+{
+    let pattern = (&g as &dyn Any)
+        .downcast_ref::<Tensor>()
+        .and_then(|h| Tensor::new(h.shape(), (0..h.numel()).map(probe_value).collect()).ok())
+        .and_then(|p| (Box::new(p) as Box<dyn Any>).downcast::<M::Tensor>().ok());
+    let mut wrong = None;
+    if let Some(p) = pattern {
+        let n = p.numel();
+        guard(|| module.set_flat_grads(*p)).map_err(|e| ("set_flat_grads", e))?;
+        let back = guard(|| module.flat_grads()).map_err(|e| ("flat_grads", e))?;
+        let host = back
+            .as_ref()
+            .and_then(|b| (b as &dyn Any).downcast_ref::<Tensor>());
+        wrong = match host {
+            Some(b) if b.numel() == n => b
+                .data()
+                .iter()
+                .enumerate()
+                .position(|(i, v)| *v != probe_value(i)),
+            _ => Some(0),
+        };
+    }
+    guard(|| module.set_flat_grads(g)).map_err(|e| ("set_flat_grads", e))?;
+    Ok(wrong)
 }
 
 /// What the executor learns about its modules before step 0: the parameter and gradient
@@ -142,7 +186,8 @@ where
             refuse(method, message)
         };
         let grads = guard(|| module.flat_grads());
-        let params = if module.parameter_bytes() == 0 {
+        let reported = module.parameter_bytes();
+        let params = if reported == 0 {
             let flat = guard(|| module.flat_params()).map_err(|e| failed("flat_params", e))?;
             flat.map_or(0, |p| p.len())
         } else {
@@ -155,16 +200,45 @@ where
         if dp > 1 {
             match grads {
                 Err(e) => return Err(failed("flat_grads", e)),
-                Ok(None) if params > 0 => {
+                Ok(None) if params > 0 || reported > 0 => {
+                    let shown = if params > 0 {
+                        format!("flat_params shows {params} parameters")
+                    } else {
+                        format!("parameter_bytes says it holds {reported} bytes of parameters")
+                    };
                     let message = format!(
-                        "its module's flat_grads says it has no gradients, but flat_params \
-                         shows {params} parameters: dp = {dp} sums a stage's gradients over \
-                         the data-parallel replicas through flat_grads and set_flat_grads"
+                        "its module's flat_grads says it has no gradients, but {shown}: \
+                         dp = {dp} sums a stage's gradients over the data-parallel replicas \
+                         through flat_grads and set_flat_grads"
+                    );
+                    return Err(refuse("flat_grads", message));
+                }
+                // Gradients left out of flat_grads would never be summed over the replicas.
+                Ok(Some(g)) if params > 0 && g.numel() != params => {
+                    let message = format!(
+                        "its module's flat_grads holds {} gradients, but flat_params shows \
+                         {params} parameters: dp = {dp} sums only what flat_grads holds over \
+                         the data-parallel replicas, so every parameter needs its gradient \
+                         there, in flat_params' order",
+                        g.numel()
                     );
                     return Err(refuse("flat_grads", message));
                 }
                 Ok(Some(g)) if !sharded => {
-                    guard(|| module.set_flat_grads(g)).map_err(|e| failed("set_flat_grads", e))?
+                    let n = g.numel();
+                    match set_grads_probed(module, g) {
+                        Err((method, e)) => return Err(failed(method, e)),
+                        Ok(Some(i)) => {
+                            let message = format!(
+                                "its module's set_flat_grads does not set what flat_grads \
+                                 reads (value {i} of {n} differs when read back): dp = {dp} \
+                                 hands each stage its summed gradients through set_flat_grads, \
+                                 and without them each replica would step on its own gradients"
+                            );
+                            return Err(refuse("set_flat_grads", message));
+                        }
+                        Ok(None) => {}
+                    }
                 }
                 Ok(_) => {}
             }

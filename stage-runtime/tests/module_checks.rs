@@ -208,7 +208,82 @@ module!(
     }
 );
 
+module!(
+    ClaimsButCounts,
+    fn optimizer_step(&mut self, cfg: &AdamWConfig) -> Result<(), ModuleError> {
+        self.0.opt.step(&mut self.0.layers, cfg)
+    },
+    fn flat_grads(&mut self) -> Result<Option<Tensor>, ModuleError> {
+        Ok(None)
+    },
+    fn parameter_bytes(&self) -> usize {
+        pipewright_kernels::params::storage_bytes(&self.0.layers).0
+    }
+);
+
+module!(
+    FirstLayerOnly,
+    fn optimizer_step(&mut self, cfg: &AdamWConfig) -> Result<(), ModuleError> {
+        self.0.opt.step(&mut self.0.layers, cfg)
+    },
+    fn flat_grads(&mut self) -> Result<Option<Tensor>, ModuleError> {
+        host::flat_grads(&self.0.layers[0])
+    },
+    fn set_flat_grads(&mut self, g: Tensor) -> Result<(), ModuleError> {
+        host::set_flat_grads(&mut self.0.layers[0], g)
+    }
+);
+
+module!(
+    IgnoresSet,
+    fn optimizer_step(&mut self, cfg: &AdamWConfig) -> Result<(), ModuleError> {
+        self.0.opt.step(&mut self.0.layers, cfg)
+    },
+    fn flat_grads(&mut self) -> Result<Option<Tensor>, ModuleError> {
+        host::flat_grads(&self.0.layers)
+    },
+    fn set_flat_grads(&mut self, _: Tensor) -> Result<(), ModuleError> {
+        Ok(())
+    }
+);
+
 module!(NoStep);
+
+/// Forward and backward, and its parameter bytes for the measured memory: nothing else.
+struct CountsNoStep(Chain);
+
+impl StageModule for CountsNoStep {
+    type Tensor = Tensor;
+    type Data = Data;
+    type Stash = Stash;
+    type WeightStash = WeightStash;
+
+    fn forward(
+        &mut self,
+        mb: &MicrobatchData<'_, Data>,
+        x: Option<Tensor>,
+        _: &mut dyn TpReduce,
+    ) -> Result<(Output, Stash), ModuleError> {
+        self.0.forward(mb, x)
+    }
+
+    fn backward_input(
+        &mut self,
+        stash: Stash,
+        dy: Option<Tensor>,
+        _: &mut dyn TpReduce,
+    ) -> Result<(Option<Tensor>, WeightStash), ModuleError> {
+        self.0.backward_input(stash, dy)
+    }
+
+    fn backward_weight(&mut self, ws: WeightStash) -> Result<(), ModuleError> {
+        self.0.backward_weight(ws)
+    }
+
+    fn parameter_bytes(&self) -> usize {
+        pipewright_kernels::params::storage_bytes(&self.0.layers).0
+    }
+}
 
 module!(
     NoRecompute,
@@ -295,9 +370,10 @@ fn dp_2_refuses_a_stage_with_parameters_but_no_flat_grads_before_the_first_step(
     let (losses, r) = train(ScheduleKind::OneFOneB, 2, 2, 4, Trial, &opts(3));
     let e = r.expect_err("each replica would step on its own gradients");
     let (stage, method, line) = refusal(&e);
-    assert_eq!((stage, method), (0, "flat_grads"));
+    // Both stages lack the methods; the run returns the error of the rank that failed first.
+    assert!(stage < 2 && method == "flat_grads", "{line}");
     for part in [
-        "stage 0",
+        &*format!("stage {stage}"),
         "flat_grads",
         "set_flat_grads",
         "dp = 2",
@@ -328,10 +404,72 @@ fn dp_2_refuses_flat_grads_without_set_flat_grads_and_a_stage_that_hides_its_gra
     );
 }
 
+/// A module that reports its parameter bytes (so the runtime need not read its flat
+/// parameters) but whose flat_grads says "no gradients", and one whose flat_grads holds only
+/// some of its parameters' gradients: under dp = 2 both would train each replica on its own
+/// gradients (for the parameters left out), so both are refused before the first step.
+#[test]
+fn dp_2_refuses_gradients_hidden_behind_parameter_bytes_or_left_out_of_flat_grads() {
+    let (losses, r) = train(ScheduleKind::OneFOneB, 2, 2, 4, ClaimsButCounts, &opts(3));
+    let (stage, method, line) = refusal(&r.expect_err("replicas would diverge"));
+    assert!(stage < 2 && method == "flat_grads", "{line}");
+    assert!(line.contains("parameter_bytes"), "{line}");
+    assert!(losses.is_empty(), "a step ran: {losses:?}");
+    let (losses, r) = train(ScheduleKind::OneFOneB, 2, 2, 4, FirstLayerOnly, &opts(3));
+    let (stage, method, line) = refusal(&r.expect_err("replicas would diverge"));
+    assert!(stage < 2 && method == "flat_grads", "{line}");
+    let (params, grads) = if stage == 0 { (84, 42) } else { (49, 42) };
+    assert!(
+        line.contains(&format!("{grads} gradients"))
+            && line.contains(&format!("{params} parameters")),
+        "{line}"
+    );
+    assert!(losses.is_empty(), "a step ran: {losses:?}");
+    // One replica reduces nothing: both train.
+    train(ScheduleKind::OneFOneB, 2, 1, 4, ClaimsButCounts, &opts(1))
+        .1
+        .unwrap();
+    train(ScheduleKind::OneFOneB, 2, 1, 4, FirstLayerOnly, &opts(1))
+        .1
+        .unwrap();
+}
+
+/// A set_flat_grads that sets nothing (here a stub returning `Ok(())`) would leave each
+/// replica on its own gradients: refused before the first step, naming the method.
+#[test]
+fn dp_2_refuses_a_set_flat_grads_that_does_not_set_the_gradients() {
+    let (losses, r) = train(ScheduleKind::OneFOneB, 2, 2, 4, IgnoresSet, &opts(3));
+    let (stage, method, line) = refusal(&r.expect_err("replicas would diverge"));
+    assert!(stage < 2 && method == "set_flat_grads", "{line}");
+    assert!(
+        line.contains("does not set what flat_grads reads"),
+        "{line}"
+    );
+    assert!(losses.is_empty(), "a step ran: {losses:?}");
+    // One replica sets no gradients: it trains.
+    train(ScheduleKind::OneFOneB, 2, 1, 4, IgnoresSet, &opts(1))
+        .1
+        .unwrap();
+}
+
 #[test]
 fn a_stage_with_parameters_and_no_optimizer_step_stops_at_the_first_step() {
     let (losses, r) = train(ScheduleKind::OneFOneB, 2, 1, 4, NoStep, &opts(3));
     let line = r.unwrap_err().to_string();
+    assert!(
+        line.contains("step 0") && line.contains("optimizer_step"),
+        "{line}"
+    );
+    assert!(line.contains("would never change"), "{line}");
+    assert!(losses.is_empty(), "{losses:?}");
+}
+
+/// Without flat views, the parameter bytes a module reports show that it has parameters:
+/// the default optimizer step refuses it rather than leave its weights as they were.
+#[test]
+fn a_stage_that_reports_parameter_bytes_and_no_optimizer_step_stops_at_the_first_step() {
+    let (losses, r) = train(ScheduleKind::OneFOneB, 2, 1, 4, CountsNoStep, &opts(3));
+    let line = r.expect_err("its weights would never change").to_string();
     assert!(
         line.contains("step 0") && line.contains("optimizer_step"),
         "{line}"

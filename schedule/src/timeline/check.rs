@@ -2,8 +2,10 @@
 //! from it: every event inside the numbers its `meta` gives, no event ending before it
 //! starts, no two computations at once on one device, and the compute events, taken in
 //! time order per device, a valid timetable (complete, each action once, in dependency
-//! order). A timeline the simulator or the runtime wrote always passes; a hand-edited or
-//! corrupted one is refused naming its first bad event.
+//! order), and, in a simulated one, no stage starting on what another stage has not made
+//! yet (a forward before the previous stage's forward of its microbatch has ended, a
+//! backward before the next stage's). A timeline the simulator or the runtime wrote always
+//! passes; a hand-edited or corrupted one is refused naming its first bad event.
 
 use std::collections::HashMap;
 
@@ -78,6 +80,22 @@ pub enum TimelineError {
     /// The compute events in time order are not a valid timetable.
     #[error("its compute in time order is not a valid step: {0}")]
     Invalid(ValidationError),
+    /// A computation that starts before what it takes from another stage has been made.
+    #[error("device {device}: {action} starts at {start}, before {needs} (what it takes from stage {from}) ends at {end}: a stage cannot use what another has not made yet")]
+    Causality {
+        /// Device of the action.
+        device: u32,
+        /// The action.
+        action: String,
+        /// Its start.
+        start: f64,
+        /// The action it takes its input from.
+        needs: String,
+        /// That action's stage.
+        from: u32,
+        /// That action's end.
+        end: f64,
+    },
 }
 
 fn show(e: &Event) -> String {
@@ -120,6 +138,12 @@ impl Timeline {
         let tt = self.compute_timetable()?;
         no_overlap(self)?;
         validate(&tt).map_err(TimelineError::Invalid)?;
+        // The simulator times every action after its inputs from other stages; a measured
+        // timeline's devices may run on clocks that agree only to within a barrier, so only
+        // a simulated one is held to this exactly.
+        if meta.source == super::TimelineSource::Simulated {
+            causal(self)?;
+        }
         Ok(())
     }
 
@@ -216,6 +240,49 @@ fn no_overlap(tl: &Timeline) -> Result<(), TimelineError> {
                     end: a.end,
                     second: b.action.to_string(),
                     start: b.start,
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Every forward starts after the previous stage's forward of its microbatch has ended, and
+/// every input backward (B or I) after the next stage's (the same rounding slack as
+/// [`no_overlap`]). Called once the compute is known complete and each action once.
+fn causal(tl: &Timeline) -> Result<(), TimelineError> {
+    use crate::action::ActionKind;
+    let backward = |k: ActionKind| matches!(k, ActionKind::B | ActionKind::I);
+    // (stage, microbatch, is a backward) -> the event that made it.
+    let mut made: HashMap<(u32, u32, bool), &Event> = HashMap::new();
+    for e in tl.compute_events() {
+        for a in e.action.parts() {
+            if a.kind == ActionKind::F || backward(a.kind) {
+                made.insert((a.stage, a.microbatch, backward(a.kind)), e);
+            }
+        }
+    }
+    for e in tl.compute_events() {
+        for a in e.action.parts() {
+            let from = match a.kind {
+                ActionKind::F if a.stage > 0 => (a.stage - 1, a.microbatch, false),
+                k if backward(k) && a.stage + 1 < tl.meta.stages => {
+                    (a.stage + 1, a.microbatch, true)
+                }
+                _ => continue,
+            };
+            let Some(dep) = made.get(&from) else {
+                continue;
+            };
+            let slack = 1e-9 * dep.end.abs().max(1.0);
+            if e.start < dep.end - slack {
+                return Err(TimelineError::Causality {
+                    device: e.device,
+                    action: e.action.to_string(),
+                    start: e.start,
+                    needs: dep.action.to_string(),
+                    from: from.0,
+                    end: dep.end,
                 });
             }
         }

@@ -85,3 +85,66 @@ fn contradictions_are_refused_naming_the_event() {
         "{e}"
     );
 }
+
+/// A simulated timeline whose forward starts before the previous stage's forward of that
+/// microbatch has ended (each device's own order still valid) is refused; so is a backward
+/// that starts before the next stage's backward has handed it its gradient.
+#[test]
+fn a_stage_that_uses_what_another_has_not_made_yet_is_refused() {
+    // 1F1B on 2 devices: device 1's first forward starts when device 0's ends.
+    let e = edited(|tl| {
+        let i = first_of(tl, ActionKind::F, 1);
+        let d = tl.events[i].end - tl.events[i].start;
+        tl.events[i].start -= 0.5;
+        tl.events[i].end = tl.events[i].start + d;
+    });
+    assert!(
+        matches!(
+            &e,
+            TimelineError::Causality {
+                device: 1,
+                from: 0,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(
+        e.to_string().contains("1F0 starts at 0.5, before 0F0"),
+        "{e}"
+    );
+    // Device 0's last backward moved before device 1's last backward ends: shift all
+    // of device 0's events after its first backward earlier would break its own order,
+    // so move device 1's last backward later instead.
+    let e = edited(|tl| {
+        let last = tl
+            .events
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| e.action.kind == ActionKind::B && e.device == 1)
+            .max_by(|a, b| a.1.start.total_cmp(&b.1.start))
+            .map(|(i, _)| i)
+            .unwrap();
+        tl.events[last].start += 50.0;
+        tl.events[last].end += 50.0;
+    });
+    assert!(
+        matches!(
+            &e,
+            TimelineError::Causality {
+                device: 0,
+                from: 1,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    // Measured timelines come from clocks that agree only to within a barrier: not held
+    // to it.
+    let mut tl = simulated();
+    let i = first_of(&tl, ActionKind::F, 1);
+    tl.events[i].start -= 0.5;
+    tl.events[i].end -= 0.5;
+    tl.meta.source = crate::timeline::TimelineSource::Measured;
+    tl.check().unwrap();
+}
