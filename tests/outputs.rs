@@ -152,6 +152,9 @@ fn class1_an_output_that_is_an_input_is_refused_before_any_work() {
             "{args:?} did the work first"
         );
     }
+    // --calibrate plans nothing: a model beside it (which it overwrote) is refused by name.
+    let args = ["plan", "--hf-config", "hf.json", "--calibrate", "./hf.json"];
+    common::refused_in(Some(d), &args, None, &["--calibrate", "--hf-config"]);
     assert_eq!(snapshot(d), before, "a refused run changed a file");
 }
 

@@ -169,8 +169,9 @@ pub struct PlanCmd {
     chart: Option<PathBuf>,
     /// Measure this machine instead of planning: matmul rates over shapes (fitted to the
     /// efficiency curve), memory bandwidth and the in-process hand-off, written as a cluster
-    /// file for `--cluster FILE` (the CPU; one in-process device per core).
-    #[arg(long, value_name = "FILE")]
+    /// file for `--cluster FILE` (the CPU; one in-process device per core). It plans nothing,
+    /// so it takes no model, batch or planning flag.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["profile", "hf_config", "layers", "d_model", "heads", "seq_len", "vocab", "attention", "gpus", "global_batch", "tp", "pp", "v", "microbatch_size", "schedule", "recompute", "zero", "timetable_out", "chart", "validate", "explain", "memory"])]
     calibrate: Option<PathBuf>,
     /// What `--calibrate` measures: `cpu`, or `cuda` / `cuda:N` in a build with `--features
     /// cuda` (its matmul rates per precision, HBM bandwidth and memory; NVLink and InfiniBand
@@ -200,7 +201,11 @@ impl PlanCmd {
         let cluster_file = Input::maybe_file("--cluster", &self.cluster);
         if let Some(path) = &self.calibrate {
             let outs = Outputs::plan(
-                [cluster_file],
+                [
+                    cluster_file,
+                    Input::new("--profile", self.profile.as_ref()),
+                    Input::new("--hf-config", self.hf_config.as_ref()),
+                ],
                 [Output::new("--calibrate", Some(path), Kind::Json)],
             )?;
             return super::calibrate::run(outs, self.device, &cluster(&self.cluster)?);
