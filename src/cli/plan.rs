@@ -171,7 +171,7 @@ pub struct PlanCmd {
     /// efficiency curve), memory bandwidth and the in-process hand-off, written as a cluster
     /// file for `--cluster FILE` (the CPU; one in-process device per core). It plans nothing,
     /// so it takes no model, batch or planning flag.
-    #[arg(long, value_name = "FILE", conflicts_with_all = ["profile", "hf_config", "layers", "d_model", "heads", "seq_len", "vocab", "attention", "gpus", "global_batch", "tp", "pp", "v", "microbatch_size", "schedule", "recompute", "zero", "timetable_out", "chart", "validate", "explain", "memory"])]
+    #[arg(long, value_name = "FILE")]
     calibrate: Option<PathBuf>,
     /// What `--calibrate` measures: `cpu`, or `cuda` / `cuda:N` in a build with `--features
     /// cuda` (its matmul rates per precision, HBM bandwidth and memory; NVLink and InfiniBand
@@ -197,9 +197,44 @@ fn parse_schedule(s: &str) -> std::result::Result<ScheduleKind, String> {
 }
 
 impl PlanCmd {
+    /// `--calibrate` plans nothing: refuse a model, batch or planning flag beside it (a
+    /// `--hf-config` named as its output was overwritten, every planning flag ignored). Checked
+    /// here rather than by clap's conflicts, which would lift `--device`'s `requires`.
+    fn calibrates_only(&self) -> Result<()> {
+        let given = [
+            ("--profile", self.profile.is_some()),
+            ("--hf-config", self.hf_config.is_some()),
+            ("--layers", self.layers.is_some()),
+            ("--d-model", self.d_model.is_some()),
+            ("--heads", self.heads.is_some()),
+            ("--seq-len", self.seq_len.is_some()),
+            ("--vocab", self.vocab.is_some()),
+            ("--gpus", self.gpus.is_some()),
+            ("--global-batch", self.global_batch.is_some()),
+            ("--tp", self.tp.is_some()),
+            ("--pp", self.pp.is_some()),
+            ("--v", self.v.is_some()),
+            ("--microbatch-size", self.microbatch_size.is_some()),
+            ("--schedule", self.schedule.is_some()),
+            ("--recompute", self.recompute.is_some()),
+            ("--zero", self.zero.is_some()),
+            ("--timetable-out", self.timetable_out.is_some()),
+            ("--chart", self.chart.is_some()),
+            ("--validate", self.validate.is_some()),
+        ];
+        match given.iter().find(|(_, g)| *g) {
+            Some((flag, _)) => bail!(
+                "--calibrate measures this machine and plans nothing: {flag} does not apply \
+                 (calibrate first, then plan with --cluster FILE)"
+            ),
+            None => Ok(()),
+        }
+    }
+
     pub fn run(&self) -> Result<()> {
         let cluster_file = Input::maybe_file("--cluster", &self.cluster);
         if let Some(path) = &self.calibrate {
+            self.calibrates_only()?;
             let outs = Outputs::plan(
                 [
                     cluster_file,
