@@ -158,7 +158,10 @@ fn unlisted_checks(
     for field in &data.fields {
         let Some(id) = &field.ident else { continue };
         let ty = &field.ty;
-        if listed.contains(&id) || skipped(field)? || mentions(&quote!(#ty), &generics) {
+        if listed.contains(&id)
+            || skipped(field, "parameters")?
+            || mentions(&quote!(#ty), &generics)
+        {
             continue;
         }
         let message = format!(
@@ -184,20 +187,16 @@ fn unlisted_checks(
     })
 }
 
-/// Whether a field says `#[parameters(skip)]`.
-fn skipped(field: &syn::Field) -> syn::Result<bool> {
+/// Whether a field says `#[<attr>(skip)]` (`parameters` or `footprint`).
+fn skipped(field: &syn::Field, attr: &str) -> syn::Result<bool> {
     let mut skip = false;
-    for attr in field
-        .attrs
-        .iter()
-        .filter(|a| a.path().is_ident("parameters"))
-    {
-        attr.parse_nested_meta(|meta| {
+    for a in field.attrs.iter().filter(|a| a.path().is_ident(attr)) {
+        a.parse_nested_meta(|meta| {
             if meta.path.is_ident("skip") {
                 skip = true;
                 Ok(())
             } else {
-                Err(meta.error("expected #[parameters(skip)] on a field"))
+                Err(meta.error(format!("expected #[{attr}(skip)] on a field")))
             }
         })?;
     }
@@ -227,22 +226,7 @@ fn footprint(input: &DeriveInput) -> syn::Result<Tokens> {
     let trait_ = quote!(#krate::footprint::Footprint);
     let mut sum = Vec::new();
     for (i, field) in data.fields.iter().enumerate() {
-        let mut skip = false;
-        for attr in field
-            .attrs
-            .iter()
-            .filter(|a| a.path().is_ident("footprint"))
-        {
-            attr.parse_nested_meta(|meta| {
-                if meta.path.is_ident("skip") {
-                    skip = true;
-                    Ok(())
-                } else {
-                    Err(meta.error("expected #[footprint(skip)]"))
-                }
-            })?;
-        }
-        if skip {
+        if skipped(field, "footprint")? {
             continue;
         }
         let access = match (&field.ident, &data.fields) {

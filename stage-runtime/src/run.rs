@@ -158,7 +158,7 @@ where
     DF: Fn(MicrobatchId) -> Result<M::Data, ModuleError> + Sync,
     CB: FnMut(&StepRecord),
 {
-    check_replicas_agree(mesh, &prepare(tt, &mesh)?, &make)?;
+    check_replicas_agree(mesh, tt, &make)?;
     let make = |c: Coord, s: u32, _: &HostOps| make(c, s);
     run_local(mesh, tt, |_| Ok(HostOps), make, data, opts, on_step)
 }

@@ -276,7 +276,9 @@ where
     M: StageModule,
     MF: Fn(Coord, u32) -> Result<M, ModuleError>,
 {
-    if mesh.dp < 2 {
+    // A timetable for another pipeline size is refused by `prepare` in the run itself; the
+    // stage-to-device map needs no lowering, so none is done here.
+    if mesh.dp < 2 || tt.num_devices() as usize != mesh.pp {
         return Ok(());
     }
     for stage in 0..tt.num_stages() {
