@@ -165,6 +165,7 @@ fn gpt_cost_model(req: &PlanRequest, shape: &ModelShape, cfg: &Config) -> (CostM
         stages: costs,
         p2p_latency: 0.0,
         bandwidth: None,
+        host: None,
     };
     (model, p)
 }

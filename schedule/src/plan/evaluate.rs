@@ -102,6 +102,7 @@ mod tests {
             stages: c,
             p2p_latency: 0.0,
             bandwidth: None,
+            host: None,
         }
     }
 

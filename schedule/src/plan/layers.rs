@@ -128,6 +128,7 @@ pub fn cost_model(req: &PlanRequest, profile: &LayerProfile, cfg: &Config) -> (C
         stages: costs,
         p2p_latency: 0.0,
         bandwidth: None,
+        host: None,
     };
     (model, pieces)
 }

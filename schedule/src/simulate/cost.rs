@@ -3,6 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::host::{HostCosts, Runtime};
 use crate::action::{Action, ActionKind};
 
 /// Costs of one stage (model chunk) on one microbatch.
@@ -75,7 +76,7 @@ impl StageCost {
             w,
             ..Default::default()
         }
-        .resolve("--cost")
+        .resolve("--cost", false)
     }
 
     /// Bytes still held after the input backward until W: `activation_bytes * w_memory`,
@@ -132,6 +133,10 @@ pub struct CostModel {
     pub p2p_latency: f64,
     /// Bytes per time unit of a link; `None` for infinitely fast.
     pub bandwidth: Option<f64>,
+    /// Host time per action and per message, and whose runtime places them (see
+    /// [`host`](super::host)); `None`: none, pipewright's lowering.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<HostCosts>,
 }
 
 impl CostModel {
@@ -141,6 +146,7 @@ impl CostModel {
             stages: vec![cost; stages as usize],
             p2p_latency: 0.0,
             bandwidth: None,
+            host: None,
         }
     }
 
@@ -378,7 +384,11 @@ impl RawStageCost {
         }
     }
 
-    fn resolve(self, place: &str) -> Result<StageCost, CostError> {
+    /// The stage's costs. `apart`: the file's backward was measured split and fused apart
+    /// (PyTorch's runtime), so `i + w` may differ from `b`; elsewhere a stage with all three
+    /// must add up, since the simulator would time a split schedule by `i + w` and a fused
+    /// one by `b`.
+    fn resolve(self, place: &str, apart: bool) -> Result<StageCost, CostError> {
         let missing = |what| CostError::Missing {
             place: place.to_string(),
             what,
@@ -404,6 +414,16 @@ impl RawStageCost {
                     })
                 }
                 _ => {}
+            }
+        }
+        if let (Some(b), Some(i), Some(w)) = (self.b, self.i, self.w) {
+            if !apart && (i + w - b).abs() > 1e-9 * b.abs().max(1e-300) {
+                return Err(CostError::SplitMismatch {
+                    place: place.to_string(),
+                    i,
+                    w,
+                    b,
+                });
             }
         }
         let w_memory = self.w_memory.unwrap_or(1.0);
@@ -482,14 +502,24 @@ pub struct RawCostFile {
     /// Where the costs come from, for people (e.g. the run that measured them).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source: Option<String>,
+    /// Host time per action and per message, and whose runtime it is (default: none, and
+    /// pipewright's runtime). See [`host`](super::host).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<HostCosts>,
 }
 
 impl RawCostFile {
     /// Resolve for a timetable with `stages` stages.
     pub fn resolve(&self, stages: u32) -> Result<CostModel, CostError> {
+        let apart = self.host.is_some_and(|h| h.runtime == Runtime::Pytorch);
+        if let Some(host) = self.host {
+            for (what, v) in host.times() {
+                check(what, v)?;
+            }
+        }
         let per_stage = match &self.stages {
             None => (0..stages)
-                .map(|s| self.default.resolve(&format!("stage {s}")))
+                .map(|s| self.default.resolve(&format!("stage {s}"), apart))
                 .collect::<Result<Vec<_>, _>>()?,
             Some(list) if list.is_empty() => {
                 return Err(CostError::StageCount { given: 0, stages })
@@ -497,7 +527,7 @@ impl RawCostFile {
             Some(list) => list
                 .iter()
                 .enumerate()
-                .map(|(s, c)| c.or(self.default).resolve(&format!("stage {s}")))
+                .map(|(s, c)| c.or(self.default).resolve(&format!("stage {s}"), apart))
                 .collect::<Result<Vec<_>, _>>()?,
         };
         let given = per_stage.len();
@@ -505,10 +535,15 @@ impl RawCostFile {
             stages: per_stage,
             p2p_latency: 0.0,
             bandwidth: None,
+            host: None,
         }
         .resample(stages)
         .map_err(|_| CostError::StageCount { given, stages })?
         .with_link(self.p2p_latency.unwrap_or(0.0), self.bandwidth)
+        .map(|model| CostModel {
+            host: self.host,
+            ..model
+        })
     }
 }
 
@@ -570,6 +605,18 @@ pub enum CostError {
         part: &'static str,
         /// The part's value.
         value: f64,
+        /// The full backward.
+        b: f64,
+    },
+    /// `b`, `i` and `w` all given, with `i + w != b`, in costs of pipewright's runtime.
+    #[error("{place}: i + w = {i} + {w} is not b = {b}: a split backward (I then W) does the fused backward's work, so give two of the three and the third follows (only a cost file measured in PyTorch's runtime, \"host\": {{\"runtime\": \"pytorch\"}}, times them apart)")]
+    SplitMismatch {
+        /// Which stage or flag.
+        place: String,
+        /// Input part.
+        i: f64,
+        /// Weight part.
+        w: f64,
         /// The full backward.
         b: f64,
     },

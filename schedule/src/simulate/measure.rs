@@ -7,6 +7,7 @@ use crate::timeline::Timeline;
 
 use super::cost::{CostError, RawCostFile, RawStageCost};
 use super::hand_off::measured_latency;
+use super::host::{HostCosts, Runtime};
 
 /// The median duration of each stage's F, B, I and W over `timelines` (steps of one run).
 ///
@@ -23,6 +24,22 @@ use super::hand_off::measured_latency;
 /// consumer waited (one device, or no hand-off on any critical path): the steps then say
 /// nothing about it.
 pub fn measured_costs(timelines: &[&Timeline]) -> Result<RawCostFile, CostError> {
+    measured_costs_with(timelines, &[], None)
+}
+
+/// [`measured_costs`] of a runtime whose host time was measured too (`host`), with the split
+/// backward measured apart in `probe`: steps of a split schedule (say zb-h1) run on the same
+/// stages, from which each stage whose own steps ran only full backwards takes its `i` and
+/// `w`. The file then has `b` beside `i` and `w`, each as measured: in PyTorch's runtime a
+/// split backward costs more than the fused one (two passes through autograd).
+///
+/// With `host`, the file carries it, and `p2p_latency` is the time in transit: the measured
+/// hand-off less the posting of its send, which the simulator charges on the producer.
+pub fn measured_costs_with(
+    timelines: &[&Timeline],
+    probe: &[&Timeline],
+    host: Option<HostCosts>,
+) -> Result<RawCostFile, CostError> {
     let Some(first) = timelines.first() else {
         return Err(CostError::Missing {
             place: "measured costs".into(),
@@ -30,7 +47,55 @@ pub fn measured_costs(timelines: &[&Timeline]) -> Result<RawCostFile, CostError>
         });
     };
     let stages = first.meta.stages as usize;
-    // Durations per stage, per kind: F, B, I, W, R.
+    let mut seen = durations(timelines, stages);
+    let mut probed = durations(probe, stages);
+    let apart = host.is_some_and(|h| h.runtime == Runtime::Pytorch);
+    for (own, probe) in seen.iter_mut().zip(&mut probed) {
+        if own[2].is_empty() && own[3].is_empty() {
+            own[2] = std::mem::take(&mut probe[2]);
+            own[3] = std::mem::take(&mut probe[3]);
+        }
+    }
+    let per_stage = seen
+        .into_iter()
+        .enumerate()
+        .map(|(s, mut kinds)| stage_cost(s, &mut kinds, apart))
+        .collect::<Result<Vec<_>, _>>()?;
+    let latency = measured_latency(timelines);
+    let hand_off = match latency {
+        Some((_, n)) => format!("; p2p_latency: median of {n} hand-offs a device waited for"),
+        None => "; no hand-off between devices that a device waited for".into(),
+    };
+    let in_transit = |t: f64| (t - host.map_or(0.0, |h| h.send)).max(0.0);
+    let probed = if probe.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "; i and w from {} steps of {}",
+            probe.len(),
+            probe[0].meta.schedule
+        )
+    };
+    Ok(RawCostFile {
+        default: RawStageCost::default(),
+        stages: Some(per_stage),
+        p2p_latency: latency.map(|(t, _)| in_transit(t)),
+        bandwidth: None,
+        time_unit: Some(first.meta.time_unit.clone()),
+        source: Some(format!(
+            "measured: {} on {} devices, {} stages, {} microbatches, median of {} steps{hand_off}{probed}",
+            first.meta.schedule,
+            first.meta.devices,
+            first.meta.stages,
+            first.meta.microbatches,
+            timelines.len()
+        )),
+        host,
+    })
+}
+
+/// Durations per stage, per kind (F, B, I, W, R) over `timelines`.
+fn durations(timelines: &[&Timeline], stages: usize) -> Vec<[Vec<f64>; 5]> {
     let mut seen: Vec<[Vec<f64>; 5]> = vec![Default::default(); stages];
     for tl in timelines {
         for e in tl.compute_events() {
@@ -47,34 +112,16 @@ pub fn measured_costs(timelines: &[&Timeline]) -> Result<RawCostFile, CostError>
             }
         }
     }
-    let per_stage = seen
-        .into_iter()
-        .enumerate()
-        .map(|(s, mut kinds)| stage_cost(s, &mut kinds))
-        .collect::<Result<Vec<_>, _>>()?;
-    let latency = measured_latency(timelines);
-    let hand_off = match latency {
-        Some((_, n)) => format!("; p2p_latency: median of {n} hand-offs a device waited for"),
-        None => "; no hand-off between devices that a device waited for".into(),
-    };
-    Ok(RawCostFile {
-        default: RawStageCost::default(),
-        stages: Some(per_stage),
-        p2p_latency: latency.map(|(t, _)| t),
-        bandwidth: None,
-        time_unit: Some(first.meta.time_unit.clone()),
-        source: Some(format!(
-            "measured: {} on {} devices, {} stages, {} microbatches, median of {} steps{hand_off}",
-            first.meta.schedule,
-            first.meta.devices,
-            first.meta.stages,
-            first.meta.microbatches,
-            timelines.len()
-        )),
-    })
+    seen
 }
 
-fn stage_cost(stage: usize, kinds: &mut [Vec<f64>; 5]) -> Result<RawStageCost, CostError> {
+/// A stage's medians. Where both the fused and the split backward were measured, `apart`
+/// keeps all three (else the split, which says more).
+fn stage_cost(
+    stage: usize,
+    kinds: &mut [Vec<f64>; 5],
+    apart: bool,
+) -> Result<RawStageCost, CostError> {
     let [f, b, i, w, r] = kinds.each_mut().map(|d| median(d));
     let missing = |what| CostError::Missing {
         place: format!("measured stage {stage}"),
@@ -82,6 +129,7 @@ fn stage_cost(stage: usize, kinds: &mut [Vec<f64>; 5]) -> Result<RawStageCost, C
     };
     let f = f.ok_or(missing("forward (F) events"))?;
     let (b, i, w) = match (b, i, w) {
+        (Some(b), Some(i), Some(w)) if apart => (Some(b), Some(i), Some(w)),
         (_, Some(i), Some(w)) => (None, Some(i), Some(w)),
         (Some(b), _, _) => (Some(b), None, None),
         _ => return Err(missing("standalone backward (B, or I and W) events")),

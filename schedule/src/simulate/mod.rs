@@ -5,6 +5,9 @@
 //! A compute action starts when its stream is free and its inputs are there; a send starts
 //! when its stream is free and its data is computed, and takes `latency + bytes / bandwidth`.
 //! Receives are posted early: they cost the receiver nothing but the wait for the data.
+//! With host costs in the cost model ([`host`]), the timetable is lowered as the named runtime
+//! lowers it, and posting each message, taking each action and the runtime's own ops take
+//! time on the compute stream.
 //!
 //! Because every resource serves its actions in a fixed order, one pass over the actions in
 //! dependency order gives the same times a discrete-event simulation with a clock would, in
@@ -12,6 +15,7 @@
 
 mod cost;
 mod hand_off;
+pub mod host;
 mod measure;
 mod options;
 mod report;
@@ -20,7 +24,8 @@ mod steady;
 pub(crate) use cost::without_position;
 pub use cost::{CostError, CostModel, RawCostFile, RawStageCost, StageCost};
 pub use hand_off::{hand_offs, measured_latency, HandOff};
-pub use measure::measured_costs;
+pub use host::{HostCosts, HostError, Runtime};
+pub use measure::{measured_costs, measured_costs_with};
 pub use options::{CostOptions, CostSource};
 pub use report::{DeviceReport, Report};
 pub use steady::{
@@ -32,6 +37,7 @@ use crate::action::{Action, ActionKind};
 use crate::timeline::{Event, Timeline, TimelineMeta, TimelineSource};
 use crate::timetable::{lower, LowerError, Timetable};
 use crate::validate::{validate, ValidationError};
+use host::HostPlan;
 
 /// A simulated step: what ran when, and the figures that summarise it.
 #[derive(Clone, Debug, PartialEq)]
@@ -54,12 +60,15 @@ pub enum SimError {
     /// The costs do not fit the timetable.
     #[error(transparent)]
     Cost(#[from] CostError),
+    /// The timetable cannot be lowered as the costs' runtime lowers it.
+    #[error(transparent)]
+    Host(#[from] HostError),
 }
 
 /// Validate, lower if needed, and simulate one step of `tt` under `costs`.
 pub fn simulate(tt: &Timetable, costs: &CostModel) -> Result<Simulation, SimError> {
-    let tt = prepare(tt, costs)?;
-    let events = Engine::new(&tt, costs, None).run();
+    let (tt, host) = prepare(tt, costs)?;
+    let events = Engine::new(&tt, costs, None, host.as_ref()).run();
     let timeline = Timeline {
         meta: meta(&tt),
         events,
@@ -68,11 +77,12 @@ pub fn simulate(tt: &Timetable, costs: &CostModel) -> Result<Simulation, SimErro
     Ok(Simulation { timeline, report })
 }
 
-/// Check that `costs` cover `tt`, validate it, and lower it if needed.
+/// Check that `costs` cover `tt`, validate it, and lower it if needed: as the costs' runtime
+/// does, with its host time, when they have host costs.
 fn prepare<'t>(
     tt: &'t Timetable,
     costs: &CostModel,
-) -> Result<std::borrow::Cow<'t, Timetable>, SimError> {
+) -> Result<(std::borrow::Cow<'t, Timetable>, Option<HostPlan>), SimError> {
     let stages = tt.num_stages();
     if costs.stages.len() < stages as usize {
         return Err(CostError::ModelStages {
@@ -83,10 +93,14 @@ fn prepare<'t>(
     }
     costs.check_totals(stages, u64::from(tt.microbatches))?;
     let checked = validate(tt)?;
+    if let Some(host) = costs.host {
+        let (lowered, plan) = HostPlan::new(tt, host)?;
+        return Ok((std::borrow::Cow::Owned(lowered), Some(plan)));
+    }
     Ok(if checked.lowered {
-        std::borrow::Cow::Borrowed(tt)
+        (std::borrow::Cow::Borrowed(tt), None)
     } else {
-        std::borrow::Cow::Owned(lower(tt)?)
+        (std::borrow::Cow::Owned(lower(tt)?), None)
     })
 }
 
@@ -120,6 +134,8 @@ struct Engine<'a> {
     comm_free: Vec<f64>,
     /// Step boundaries of a multi-step run (see `steady.rs`).
     steps: Option<steady::Boundaries>,
+    /// Host time on the compute stream, when the costs have it.
+    host: Option<&'a HostPlan>,
     pc: Vec<usize>,
     queued: Vec<bool>,
     queue: Vec<u32>,
@@ -127,7 +143,12 @@ struct Engine<'a> {
 }
 
 impl<'a> Engine<'a> {
-    fn new(tt: &'a Timetable, costs: &'a CostModel, steps: Option<steady::Boundaries>) -> Self {
+    fn new(
+        tt: &'a Timetable,
+        costs: &'a CostModel,
+        steps: Option<steady::Boundaries>,
+        host: Option<&'a HostPlan>,
+    ) -> Self {
         let keys = tt.num_stages() as usize * tt.microbatches as usize;
         let n = tt.devices.len();
         Engine {
@@ -141,6 +162,7 @@ impl<'a> Engine<'a> {
             compute_free: vec![0.0; n],
             comm_free: vec![0.0; n],
             steps,
+            host,
             pc: vec![0; n],
             queued: vec![true; n],
             queue: (0..n as u32).rev().collect(),
@@ -164,7 +186,13 @@ impl<'a> Engine<'a> {
                 if let Some(b) = self.steps.as_mut() {
                     b.enter(di, pc, &mut self.compute_free[di]);
                 }
+                let free = self.compute_free[di];
+                if let Some(h) = self.host {
+                    self.compute_free[di] += h.before(di, pc);
+                }
                 if !self.step(d, a) {
+                    // Not yet: its host time is charged when it runs.
+                    self.compute_free[di] = free;
                     break;
                 }
                 if let (Some(b), Some(e)) = (self.steps.as_mut(), self.events.last()) {
@@ -210,6 +238,19 @@ impl<'a> Engine<'a> {
                 if arrival.is_nan() {
                     return false;
                 }
+                if let Some(h) = self.host {
+                    // Posted on the compute stream; the compute that needs it waits.
+                    let start = self.compute_free[d as usize];
+                    let end = start + h.costs.recv;
+                    self.compute_free[d as usize] = end;
+                    self.events.push(Event {
+                        device: d,
+                        action: a,
+                        start,
+                        end,
+                    });
+                    return true;
+                }
                 let start = arrival - self.costs.transfer_time(from);
                 self.events.push(Event {
                     device: d,
@@ -228,6 +269,22 @@ impl<'a> Engine<'a> {
         } else {
             a.stage - 1
         };
+        if let Some(h) = self.host {
+            // Posted on the compute stream once the data is made; it travels from there.
+            let start = self.compute_free[d as usize].max(ready);
+            let posted = start + h.costs.send;
+            self.compute_free[d as usize] = posted;
+            self.events.push(Event {
+                device: d,
+                action: a,
+                start,
+                end: posted,
+            });
+            let leaves = self.comm_free[d as usize].max(posted);
+            let end = leaves + self.costs.transfer_time(from);
+            self.comm_free[d as usize] = end;
+            return end;
+        }
         let start = self.comm_free[d as usize].max(ready);
         let end = start + self.costs.transfer_time(from);
         self.comm_free[d as usize] = end;
@@ -261,7 +318,9 @@ impl<'a> Engine<'a> {
 
     fn compute(&mut self, d: u32, a: Action) {
         let input = a.parts().map(|p| self.input_of(d, p)).fold(0.0, f64::max);
-        let start = self.compute_free[d as usize].max(input);
+        // Taking the action is host work, done while any input is still on its way.
+        let taken = self.compute_free[d as usize] + self.host.map_or(0.0, |h| h.costs.action);
+        let start = taken.max(input);
         let end = start + self.costs.duration(a);
         self.compute_free[d as usize] = end;
         for part in a.parts() {

@@ -118,10 +118,10 @@ pub fn simulate_steps(
     costs
         .check_totals(tt.num_stages(), u64::from(m) * u64::from(steps))
         .map_err(SimError::from)?;
-    let lowered = prepare(tt, costs)?;
+    let (lowered, host) = prepare(tt, costs)?;
     let many = repeat(&lowered, steps);
     let bounds = Boundaries::new(&lowered, costs);
-    let events = Engine::new(&many, costs, Some(bounds)).run();
+    let events = Engine::new(&many, costs, Some(bounds), host.as_ref()).run();
     let timeline = Timeline {
         meta: meta(&many),
         events,
