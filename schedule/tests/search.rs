@@ -281,3 +281,66 @@ fn with_the_papers_memory_accounting_the_search_matches_zb_2p_on_its_rows() {
         );
     }
 }
+
+fn splits(tt: &pipewright_schedule::Timetable) -> bool {
+    use pipewright_schedule::ActionKind::{I, W};
+    tt.devices.iter().flatten().any(|a| matches!(a.kind, I | W))
+}
+
+#[test]
+fn told_not_to_split_the_backward_the_search_hands_back_a_fused_one() {
+    // Uniform costs where zero-bubble schedules win when allowed.
+    let c = costs(4, 1.0, 2.0, 1.0, 0.0);
+    let free = search(&SearchSpec::new(
+        4,
+        8,
+        c.clone(),
+        MemoryCap::Microbatches(8.0),
+    ))
+    .unwrap();
+    assert!(
+        splits(&free.timetable),
+        "{}",
+        free.candidates[free.best].label
+    );
+    let spec = SearchSpec {
+        split_backward: false,
+        ..SearchSpec::new(4, 8, c, MemoryCap::Microbatches(8.0))
+    };
+    let fused = search(&spec).unwrap();
+    assert!(
+        !splits(&fused.timetable),
+        "{}",
+        fused.candidates[fused.best].label
+    );
+    assert!(fused.skipped.iter().any(|s| s.label == "zb-h1"));
+}
+
+#[test]
+fn a_split_backward_that_costs_more_in_pytorch_is_not_picked() {
+    // PyTorch's runtime measured apart: I + W = 3 against B = 2. A split schedule does a
+    // third more backward work, which no bubble it fills pays back at m = 8, p = 2.
+    use pipewright_schedule::simulate::{HostCosts, Runtime};
+    let mut c = costs(2, 1.0, 2.0, 1.0, 0.0);
+    for st in &mut c.stages {
+        (st.i, st.w) = (1.5, 1.5);
+    }
+    c.host = Some(HostCosts {
+        runtime: Runtime::Pytorch,
+        ..HostCosts::default()
+    });
+    let found = search(&SearchSpec::new(2, 8, c, MemoryCap::Microbatches(8.0))).unwrap();
+    assert!(
+        !splits(&found.timetable),
+        "{}",
+        found.candidates[found.best].label
+    );
+    // And nothing PyTorch cannot run: no recompute.
+    let r = pipewright_schedule::ActionKind::R;
+    assert!(!found
+        .timetable
+        .devices
+        .iter()
+        .flatten()
+        .any(|a| a.kind == r));
+}

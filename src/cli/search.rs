@@ -48,6 +48,11 @@ pub struct SearchCmd {
     /// Do not run the search's own list scheduler.
     #[arg(long)]
     no_list: bool,
+    /// Try only timetables with a fused backward (B): no zb-h1, zb-h2, zbv, dualpipev, and no
+    /// I/W list schedules. For a runtime where I + W costs more than B and the cost file does
+    /// not measure both (a file recorded by `pipewright.torch` with its split probe does).
+    #[arg(long)]
+    no_split_backward: bool,
     /// Most simulations spent improving the best timetable by moving work into its gaps.
     #[arg(long, default_value_t = 200, value_name = "N")]
     improve: usize,
@@ -153,6 +158,7 @@ impl SearchCmd {
         let mut spec = SearchSpec::new(self.stages, self.microbatches, costs, cap);
         spec.max_virtual = self.max_virtual;
         spec.list_scheduler = !self.no_list;
+        spec.split_backward = !self.no_split_backward;
         spec.improve_budget = self.improve;
         spec.objective = self.objective;
         spec.time_budget = Some(Duration::from_secs_f64(self.time_budget));

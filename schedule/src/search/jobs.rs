@@ -4,8 +4,8 @@
 
 use super::list::fmt_units;
 use super::{
-    generate, peak_units_held, Job, Knobs, Placement, RoundKnobs, ScheduleKind, ScheduleSpec,
-    SearchSpec, Shape, Skipped,
+    generate, peak_units_held, Job, Knobs, Placement, RoundKnobs, Runtime, ScheduleKind,
+    ScheduleSpec, SearchSpec, Shape, Skipped,
 };
 
 /// Every shape to try, and those that cannot be tried.
@@ -18,6 +18,13 @@ pub(super) fn jobs(
     let mut jobs = Vec::new();
     let mut skipped = Vec::new();
     for &kind in &spec.families {
+        if !spec.split_backward && splits(kind) {
+            skipped.push(Skipped {
+                label: kind.name().to_string(),
+                reason: "it splits the backward, and the search was told not to".into(),
+            });
+            continue;
+        }
         for (v, g) in family_shapes(kind, p, m, spec.max_virtual) {
             if v > spec.max_virtual.max(1) {
                 skipped.push(Skipped {
@@ -42,11 +49,23 @@ pub(super) fn jobs(
             }
         }
     }
-    jobs.extend(recompute_jobs(&jobs, spec, cap, shapes));
+    let pytorch = spec
+        .costs
+        .host
+        .is_some_and(|h| h.runtime == Runtime::Pytorch);
+    if !pytorch {
+        jobs.extend(recompute_jobs(&jobs, spec, cap, shapes));
+    }
     if spec.list_scheduler {
         list_jobs(spec, cap, shapes, &mut jobs, &mut skipped);
     }
     (jobs, skipped)
+}
+
+/// Whether a family's timetables split the backward into I and W.
+fn splits(kind: ScheduleKind) -> bool {
+    use ScheduleKind::*;
+    matches!(kind, ZbH1 | ZbH2 | Zbv | DualPipeV)
 }
 
 /// The fixed shapes over the cap, to try again with recomputation where a stage can shrink.
@@ -174,7 +193,12 @@ fn list_jobs(
             });
             continue;
         }
-        for split in [true, false] {
+        let splits: &[bool] = if spec.split_backward {
+            &[true, false]
+        } else {
+            &[false]
+        };
+        for &split in splits {
             for backward_first in [true, false] {
                 for depth_first in [true, false] {
                     if v == 1 && !depth_first {
@@ -190,13 +214,16 @@ fn list_jobs(
             }
         }
         for (lookahead, w_in_gaps) in [(true, false), (false, true), (true, true)] {
-            jobs.push(Job::List(Knobs {
-                lookahead,
-                w_in_gaps,
-                ..knobs
-            }));
+            if spec.split_backward || !w_in_gaps {
+                jobs.push(Job::List(Knobs {
+                    lookahead,
+                    w_in_gaps,
+                    split: spec.split_backward,
+                    ..knobs
+                }));
+            }
         }
-        if v == 1 {
+        if v == 1 && spec.split_backward {
             jobs.extend(RoundKnobs::ALL.iter().map(|&k| Job::Rounds(k, cap)));
         }
         for level in cap_levels(need, cap) {

@@ -54,10 +54,11 @@ pub use memory::{
 };
 pub use rounds::{round_schedule, RoundKnobs};
 
+use crate::action::ActionKind;
 use crate::generators::generate;
 use crate::memory::{MemoryConfig, MemoryError};
 use crate::simulate::{
-    simulate_steps, Bubbles, CostError, CostModel, Simulation, SteadyError, SteadyState,
+    simulate_steps, Bubbles, CostError, CostModel, Runtime, Simulation, SteadyError, SteadyState,
 };
 use crate::spec::{Placement, ScheduleKind, ScheduleSpec};
 use crate::timetable::Timetable;
@@ -95,6 +96,9 @@ pub struct SearchSpec {
     /// Stop evaluating candidates after this long (once one fits) and return the best found
     /// so far, saying so in [`SearchOutcome::cut_short`]; `None` evaluates them all.
     pub time_budget: Option<Duration>,
+    /// Try timetables that split the backward (I then W). `false` for a runtime where I + W
+    /// costs more than B and the costs do not say by how much (`--no-split-backward`).
+    pub split_backward: bool,
 }
 
 /// What the search minimises.
@@ -153,6 +157,7 @@ impl SearchSpec {
             objective: Objective::Period,
             time_budget: None,
             memory: None,
+            split_backward: true,
         }
     }
 }
@@ -687,12 +692,32 @@ fn evaluate(
             (label, s.kind().name().to_string(), tt)
         }
     };
+    if let Some(why) = refused(&tt, spec) {
+        return Err((label, why.into()));
+    }
     let sim = simulate_steps(&tt, &shape.costs, PERIOD_STEPS)
         .map_err(|e| (label.clone(), steady_reason(e)))?;
     let cand = describe((label, family, job.v()), &tt, &sim, shape, unit, spec);
     let fits = cand.fits;
     let kept = fits.then_some((tt, sim.single));
     Ok((cand, kept))
+}
+
+/// Why the search may not hand back `tt`: it splits the backward when told not to, or
+/// recomputes for a runtime that cannot (PyTorch's has no `R` action).
+fn refused(tt: &Timetable, spec: &SearchSpec) -> Option<&'static str> {
+    let kinds = || tt.devices.iter().flatten().map(|a| a.kind);
+    if !spec.split_backward && kinds().any(|k| matches!(k, ActionKind::I | ActionKind::W)) {
+        return Some("it splits the backward, and the search was told not to (no split backward)");
+    }
+    let pytorch = spec
+        .costs
+        .host
+        .is_some_and(|h| h.runtime == Runtime::Pytorch);
+    if pytorch && kinds().any(|k| k == ActionKind::R) {
+        return Some("it recomputes, and PyTorch's runtime (the costs' host.runtime) has no recompute action");
+    }
+    None
 }
 
 fn steady_reason(e: SteadyError) -> String {
