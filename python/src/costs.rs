@@ -1,8 +1,8 @@
 //! `Costs`: what the simulator charges, as the CLI's cost flags give it.
 
 use pipewright_input::{expect_kind, FileKind};
-use pipewright_schedule::simulate::{CostOptions, CostSource};
-use pipewright_schedule::{measured_costs, CostModel, RawCostFile};
+use pipewright_schedule::simulate::{measured_costs_with, CostOptions, CostSource, HostCosts};
+use pipewright_schedule::{CostModel, RawCostFile};
 use pyo3::prelude::*;
 
 use crate::simulate::Timeline;
@@ -136,10 +136,28 @@ impl Costs {
     /// Per-stage costs measured in recorded timelines (the median over them), and the
     /// hand-off latency between devices (`p2p_latency`, the median wait a consumer showed), as
     /// `train --costs-out` writes them: what `search` needs to fit a timetable to a real run.
+    /// `probe`: steps of the same stages with the backward split (for `i` and `w` beside a
+    /// fused `b`); `host`: the host time measured beside them, a dict as the cost file's
+    /// `host` (`{"runtime": "pytorch", "action": .., "send": .., "recv": .., "other": ..}`).
     #[staticmethod]
-    fn from_timelines(timelines: Vec<PyRef<'_, Timeline>>) -> PyResult<Self> {
+    #[pyo3(signature = (timelines, probe = None, host = None))]
+    fn from_timelines(
+        py: Python<'_>,
+        timelines: Vec<PyRef<'_, Timeline>>,
+        probe: Option<Vec<PyRef<'_, Timeline>>>,
+        host: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
         let tls: Vec<&pipewright_schedule::Timeline> = timelines.iter().map(|t| &t.inner).collect();
-        let raw = measured_costs(&tls).map_err(err)?;
+        let probe = probe.unwrap_or_default();
+        let probed: Vec<&pipewright_schedule::Timeline> = probe.iter().map(|t| &t.inner).collect();
+        let host = match host {
+            None => None,
+            Some(h) => {
+                let text: String = py.import("json")?.call_method1("dumps", (h,))?.extract()?;
+                Some(serde_json::from_str::<HostCosts>(&text).map_err(|e| err(format!("host: {e}")))?)
+            }
+        };
+        let raw = measured_costs_with(&tls, &probed, host).map_err(err)?;
         Costs::file(
             serde_json::to_string_pretty(&raw).map_err(err)?,
             "measured costs".into(),

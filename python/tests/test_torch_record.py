@@ -33,7 +33,8 @@ def recorded(tmp_path_factory):
         csv = out / f"{name}.csv"
         cli("schedule", "--schedule", family, "-p", p, "-v", v, "-m", m, "-o", csv)
         cases.append({"kind": "record", "name": name, "timetable": str(csv), "p": p,
-                      "out_dir": str(out), "steps": 3, "warmup": 1, "sleep_ms": SLEEP_MS})
+                      "out_dir": str(out), "steps": 3, "warmup": 1, "sleep_ms": SLEEP_MS,
+                      "probe": name == "1f1b"})
     for cls, placement in TORCH_CLASSES.items():
         out = tmp / cls
         out.mkdir()
@@ -174,3 +175,38 @@ def test_pytorchs_own_schedules_are_recorded_as_they_run(recorded, cls):
     found = cli("search", "-p", 2, "-m", 4, "--cost-file", out / "costs.json", "--memory-cap", 2,
                 "--time-budget", 10, "--timetable-out", out / "best.csv").stdout
     assert "best:" in found and pwt.load(out / "best.csv").num_ranks == 2
+
+
+@pytest.mark.parametrize("name", list(RECORDED))
+def test_the_cost_file_holds_the_host_time_of_pytorchs_runtime(recorded, name):
+    out, csv, _ = recorded[name]
+    costs = json.loads((out / "costs.json").read_text())
+    host = costs["host"]
+    assert host["runtime"] == "pytorch"
+    # Every rank posts sends and receives; posting takes time, and no more than a step.
+    step = json.loads((out / "step0.json").read_text())
+    span = max(e["end"] for e in step["events"]) - min(e["start"] for e in step["events"])
+    for what in ("action", "send", "recv", "other"):
+        assert 0 <= host[what] < span, (what, host)
+    assert host["send"] > 0 and host["recv"] > 0, host
+    # simulate charges it: the same costs with no host time predict a shorter step.
+    simulated = lambda cost: json.loads(cli(
+        "simulate", "--timetable", csv, "--cost-file", cost, "--format", "json").stdout)["makespan"]
+    bare = out / "bare.json"
+    bare.write_text(json.dumps(dict(costs, host={"runtime": "pytorch"})))
+    assert simulated(bare) < simulated(out / "costs.json")
+
+
+def test_the_split_probe_measures_i_and_w_beside_b_and_trains_nothing(recorded):
+    out, csv, result = recorded["1f1b"]
+    costs = json.loads((out / "costs.json").read_text())
+    assert result["probe_kept_grads"] is True
+    for s, c in enumerate(costs["stages"]):
+        assert {"b", "i", "w"} <= set(c), (s, c)
+        assert c["i"] + c["w"] >= SLEEP_MS, (s, c)  # the stage's sleep is in its backward
+    assert "i and w from 2 steps of 1f1b split probe" in costs["source"]
+    # search reads the file, and can be told not to split.
+    found = cli("search", "-p", 2, "-m", 4, "--cost-file", out / "costs.json", "--memory-cap", 4,
+                "--no-split-backward", "--format", "json").stdout
+    assert json.loads(found)["best"]["family"] in ("1f1b", "gpipe", "interleaved-1f1b",
+                                                    "looped-bfs", "list")

@@ -98,16 +98,24 @@ def case_record(case, group):
         sched.step(x, target=y)
     for _ in range(case.get("steps", 3)):
         rec.step(x, target=y)
+    kept = True
+    if case.get("probe"):
+        before = [p.grad.clone() for st in stages for p in st.submod.parameters()]
+        rec.probe_split(x, target=y)
+        after = [p.grad for st in stages for p in st.submod.parameters()]
+        kept = all(torch.equal(a, b) for a, b in zip(before, after))
     out = Path(case["out_dir"])
     rec.save_timeline(out / "timeline.json")
     rec.save_costs(out / "costs.json", skip=0)
     tls = rec.timelines()
     breakdown = rec.breakdown()
+    every: list = [None] * tt.num_ranks
+    dist.all_gather_object(every, kept, group=group)
     if tls is None:
         return None
     for k, tl in enumerate(tls):
         (out / f"step{k}.json").write_text(tl.to_json())
-    return {"steps": len(tls), "breakdown": breakdown}
+    return {"steps": len(tls), "breakdown": breakdown, "probe_kept_grads": all(every)}
 
 
 def case_record_torch(case, group):

@@ -16,14 +16,19 @@ import pipewright
 from ._errors import RecordError
 
 
-def measured_costs(timelines: list) -> dict[str, Any]:
+def measured_costs(timelines: list, *, probe: list | None = None,
+                   host: dict | None = None) -> dict[str, Any]:
     """The cost file (a dict, JSON-ready) of the median per-stage costs and hand-off latency
-    of `timelines` (`pipewright.Timeline`s, or timeline dicts or JSON text)."""
+    of `timelines` (`pipewright.Timeline`s, or timeline dicts or JSON text); `probe`: steps of
+    the same stages with the backward split, for `i` and `w`; `host`: the host time measured
+    beside them (`Recorder.host_costs`)."""
     if not timelines:
         raise RecordError("measured costs: no recorded steps given")
     try:
         steps = [_timeline(t) for t in timelines]
-        return json.loads(pipewright.Costs.from_timelines(steps).to_json())
+        probed = [_timeline(t) for t in probe or []]
+        costs = pipewright.Costs.from_timelines(steps, probe=probed, host=host)
+        return json.loads(costs.to_json())
     except pipewright.PipewrightError as e:
         raise RecordError(str(e)) from None
 

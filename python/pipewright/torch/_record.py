@@ -15,6 +15,12 @@ From the stamps, per action:
 - PyTorch's own actions (WAIT_SEND_*, REDUCE_GRAD, UNSHARD, ...): not in pipewright's IR; their
   time is kept per step as `runtime_ms`, to tell what a step is made of.
 
+The host time the simulator charges on the compute thread is sampled too (`host` in the cost
+file, see docs/python-torch.md): posting each send and each receive, each of PyTorch's own
+actions, and each compute action's time from being taken to its compute's start where no
+receive was waited for (the bookkeeping before a compute). `probe_split` measures the split
+backward (I then W) on the same stages when the recorded timetable has only fused ones.
+
 The clock is a CUDA event on the current stream when the stages are on a GPU, and the
 monotonic clock otherwise. Ranks are aligned by a barrier when the recorder starts (exactly,
 through the shared monotonic clock, when all ranks time on the CPU of one host); with
@@ -25,6 +31,7 @@ from __future__ import annotations
 
 import json
 import socket
+import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -141,7 +148,8 @@ def _probe_of(schedule) -> _Probe:
 
 
 class _RowEvents:
-    """One rank's row of one step as timeline events (dicts in pipewright's JSON form)."""
+    """One rank's row of one step as timeline events (dicts in pipewright's JSON form), and
+    samples of its host time (ms) by what it was spent on."""
 
     _NEEDS = {"F": "RECV_F", "B": "RECV_B", "I": "RECV_B"}
 
@@ -149,6 +157,7 @@ class _RowEvents:
         self.rank = rank
         self.events: list[dict] = []
         self.runtime_ms = 0.0  # PyTorch's own actions, not in pipewright's IR
+        self.host: dict[str, list[float]] = {"action": [], "send": [], "recv": [], "other": []}
         self._posted: set = set()  # receives posted and not yet waited for
 
     def _event(self, stage: int, kind: Any, mb: int | None, start: float, end: float) -> None:
@@ -169,6 +178,8 @@ class _RowEvents:
         if kind in _COMPUTE or kind == "OVERLAP_F_B":
             parts = action.sub_actions or (action,)
             starts, ends = spans[0::2] or [t0], spans[1::2]
+            if kind != "OVERLAP_F_B" and not self._waits(action):
+                self.host["action"].append(max(0.0, starts[0] - t0))
             for k, part in enumerate(parts[: len(starts)]):
                 self._wait(part, t0 if k == 0 else ends[k - 1], starts[k])
             if kind == "OVERLAP_F_B":
@@ -178,10 +189,18 @@ class _RowEvents:
             self._event(action.stage_index, kind, action.microbatch_index, starts[0], t1)
         elif kind in ("SEND_F", "SEND_B"):
             self._event(action.stage_index, kind, action.microbatch_index, t0, t1)
+            self.host["send"].append(t1 - t0)
         elif kind in ("RECV_F", "RECV_B"):
             self._posted.add((kind, action.stage_index, action.microbatch_index))
+            self.host["recv"].append(t1 - t0)
         else:
             self.runtime_ms += t1 - t0
+            self.host["other"].append(t1 - t0)
+
+    def _waits(self, part) -> bool:
+        """Whether `part` waits for a receive posted earlier (its gap is then partly a wait)."""
+        needs = self._NEEDS.get(part.computation_type.value)
+        return (needs, part.stage_index, part.microbatch_index) in self._posted
 
 
 class Recorder:
@@ -217,6 +236,7 @@ class Recorder:
         self._probe = _probe_of(schedule)
         self._takes: list = []
         self._steps: list[dict] = []
+        self._probe_recorder: Recorder | None = None
         self._ref, self._offset_ms = self._align(device)
 
     def _align(self, device: torch.device):
@@ -274,7 +294,7 @@ class Recorder:
         for i, action in enumerate(take.row):
             events.add(action, bounds[i], bounds[i + 1], compute.get(i, []))
         return {"events": events.events, "runtime_ms": events.runtime_ms, "wall_ms": wall_ms,
-                "row_ms": bounds[-1] - bounds[0] if bounds else 0.0}
+                "row_ms": bounds[-1] - bounds[0] if bounds else 0.0, "host": events.host}
 
     @property
     def steps_recorded(self) -> int:
@@ -351,21 +371,100 @@ class Recorder:
             raise RecordError(f"step {step} was not recorded: {len(tls)} steps were")
         _write_atomic(Path(path), tls[step].to_json())
 
+    def host_costs(self, *, skip: int | None = None) -> dict | None:
+        """The median host time (ms) of the recorded steps on every rank, on rank 0 (None
+        elsewhere), as the cost file's `host`: `action` (from taking a compute action to its
+        compute's start, where it waited for no receive), `send` and `recv` (posting one),
+        `other` (one of PyTorch's own actions). Steps are skipped as in `save_costs`.
+        Collective."""
+        every = self._gather()
+        if every is None:
+            return None
+        steps = len(every[0])
+        skip = _skip(steps, skip)
+        host = {"runtime": "pytorch"}
+        for what in ("action", "send", "recv", "other"):
+            samples = [x for rank in every for step in rank[skip:] for x in step["host"][what]]
+            host[what] = statistics.median(samples) if samples else 0.0
+        return host
+
+    def probe_split(self, *args: Any, steps: int = 3, **kwargs: Any) -> None:
+        """Measure the split backward on this schedule's own stages: run `steps` steps (the
+        first a warm-up) of the same timetable with each fused backward `B` split in place
+        into `I` then `W`, on the same inputs as `step`. `save_costs` then writes `i` and `w`
+        beside the fused `b` (in PyTorch's runtime I + W costs more than B: autograd runs
+        twice), so that `search` judges split schedules by what they cost here.
+
+        The gradients the stages hold are put back as they were: the probe trains nothing.
+        Collective; needs a schedule from `pipewright.torch.schedule`."""
+        from ._probe import split_probe
+
+        if not isinstance(steps, int) or isinstance(steps, bool) or not 2 <= steps <= 100:
+            raise RecordError(f"steps={steps!r}: give a whole number of steps from 2 to 100")
+        tt = getattr(self._sched, "pipewright_timetable", None)
+        if tt is None:
+            raise RecordError(
+                "probe_split needs the timetable of the schedule: build it with "
+                "pipewright.torch.schedule"
+            )
+        probe = split_probe(tt)
+        if probe is None:
+            return  # the timetable splits its backward already: its own steps measure I and W
+        from ._run import schedule as build
+
+        stages = list(self._sched._stages)
+        kwargs = {k: v for k, v in kwargs.items() if k != "losses"}
+        saved = _grads(stages)
+        try:
+            sched = build(probe, stages, loss_fn=self._sched._loss_fn,
+                          scale_grads=self._sched.scale_grads)
+            rec = Recorder(sched, fence=self._fence)
+            for _ in range(steps):
+                rec.step(*args, **kwargs)
+        finally:
+            _restore(saved)
+        self._probe_recorder = rec
+
     def save_costs(self, path: str | Path, *, skip: int | None = None) -> None:
-        """Write the median per-stage costs and hand-off latency of the recorded steps as a cost
-        file, on rank 0.
+        """Write the median per-stage costs, hand-off latency and host time of the recorded
+        steps as a cost file, on rank 0; with `probe_split` run first, the split backward's
+        `i` and `w` beside the fused `b`.
 
         The first step is left out as warm-up when there are more (as `train --costs-out`
         does), or the first `skip`. `pipewright search --cost-file PATH` reads it. Collective.
         """
+        host = self.host_costs(skip=skip)
         tls = self.timelines()
+        probe = self._probe_recorder.timelines() if self._probe_recorder else None
         if tls is None:
             return
-        skip = int(len(tls) > 1) if skip is None else skip
+        skip = _skip(len(tls), skip)
         used = tls[skip:]
         if not used:
             raise RecordError(f"no step left to measure: {len(tls)} recorded, {skip} skipped")
-        _write_atomic(Path(path), json.dumps(measured_costs(used), indent=2) + "\n")
+        costs = measured_costs(used, probe=probe[1:] if probe else None, host=host)
+        _write_atomic(Path(path), json.dumps(costs, indent=2) + "\n")
+
+
+def _skip(steps: int, skip: int | None) -> int:
+    """Steps to leave out as warm-up: the first when there are more, or `skip`."""
+    return int(steps > 1) if skip is None else skip
+
+
+def _grads(stages) -> list:
+    """Each parameter of the stages with a copy of its gradient (or None)."""
+    return [(p, None if p.grad is None else p.grad.detach().clone())
+            for st in stages for p in st.submod.parameters()]
+
+
+def _restore(saved: list) -> None:
+    for p, g in saved:
+        if g is None:
+            p.grad = None
+        elif p.grad is None:
+            p.grad = g
+        else:
+            p.grad.copy_(g)
 
 
 def _write_atomic(path: Path, text: str) -> None:
