@@ -114,6 +114,8 @@ def worker(spec: dict) -> None:
         else:
             for _ in range(job["steps"]):
                 rec.step(x, target=y)
+            if job.get("probe"):
+                rec.probe_split(x, target=y)
             out = Path(job["out"])
             rec.save_costs(out / "costs.json", skip=0)
             tls = rec.timelines()
@@ -209,6 +211,14 @@ def split_gap(tl: dict, p: int, measured: float, sim: dict) -> dict:
             "sends": sends, "other": measured - compute - waits - sends}
 
 
+def spearman(a: list, b: list) -> float:
+    """Spearman's rank correlation of two equally long lists (no ties expected)."""
+    rank = lambda v: {i: r for r, i in enumerate(sorted(range(len(v)), key=v.__getitem__))}
+    ra, rb = rank(a), rank(b)
+    n = len(a)
+    return 1 - 6 * sum((ra[i] - rb[i]) ** 2 for i in range(n)) / (n * (n * n - 1))
+
+
 def predict(args) -> None:
     p, m = args.p or (4 if args.stage == "sleep" else 2), args.m
     families = [("1f1b", p, 1, m), ("interleaved-1f1b", p, 2, m), ("zb-h1", p, 1, m),
@@ -222,7 +232,8 @@ def predict(args) -> None:
             out.mkdir(parents=True, exist_ok=True)
             cli("schedule", "--schedule", family, "-p", p, "-v", v, "-m", m, "-o", out / "t.csv")
             jobs.append({"kind": "predict", "name": family, "timetable": str(out / "t.csv"),
-                         "steps": args.steps, "out": str(out), "p": p})
+                         "steps": args.steps, "out": str(out), "p": p,
+                         "probe": family == "1f1b"})
         world = max(j["p"] for j in jobs)
         spec = {"stage": args.stage, "f_ms": 2.0, "b_ms": 4.0, "layers": args.layers,
                 "width": args.width, "mb": args.mb, "jobs": jobs}
@@ -232,10 +243,14 @@ def predict(args) -> None:
         print(f"# load average after the runs {os.getloadavg()[0]:.1f}")
         print(f"stages: {args.stage}" + (" (F = 2 ms, B = 4 ms)" if args.stage == "sleep" else
               f" ({args.layers} x Linear({args.width}) + Tanh, {args.mb} rows a microbatch)"))
+        base = root / "1f1b" / "costs.json" if any(j["name"] == "1f1b" for j in jobs) else None
+        if base:
+            print("host time (ms) from 1F1B: " + json.dumps(json.loads(base.read_text())["host"]))
         print("| timetable | measured, median step | simulated, compute only | error | hand-off "
-              "latency (samples) | simulated from the cost file | error | gap on the last rank: "
-              "compute, waits, sends, between actions |")
-        print("|---|---|---|---|---|---|---|---|")
+              "latency (samples) | simulated from its own cost file | error | from 1F1B's + "
+              "probe | error | gap on the last rank: compute, waits, sends, between actions |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
+        ranked = []
         for job in jobs:
             out = Path(job["out"])
             tls = json.loads((out / "steps.json").read_text())["timelines"]
@@ -252,11 +267,18 @@ def predict(args) -> None:
             source = costs.get("source", "")
             samples = source.split("p2p_latency: median of ")[1].split(" ")[0] if "p2p_latency" in source else 0
             g = split_gap(mid, job["p"], measured, sim)
-            err = lambda s: f"{(measured / s - 1) * 100:+.1f}%"
+            err = lambda s: f"{(s / measured - 1) * 100:+.1f}%"
+            cross = json.loads(cli("simulate", "--timetable", out / "t.csv", "--cost-file", base,
+                                   "--format", "json"))["makespan"] if base else float("nan")
+            ranked.append((measured, cross))
             print(f"| {job['name']} p={job['p']} | {measured:.1f} ms (fastest {spans[0]:.1f}) | "
                   f"{compute_only:.1f} ms | {err(compute_only)} | {lat:.2f} ms ({samples}) | "
-                  f"{sim['makespan']:.1f} ms | {err(sim['makespan'])} | rank {g['rank']}: "
-                  f"{g['compute']:+.1f}, {g['waits']:+.1f}, {g['sends']:+.1f}, {g['other']:+.1f} ms |")
+                  f"{sim['makespan']:.1f} ms | {err(sim['makespan'])} | {cross:.1f} ms | "
+                  f"{err(cross)} | rank {g['rank']}: {g['compute']:+.1f}, {g['waits']:+.1f}, "
+                  f"{g['sends']:+.1f}, {g['other']:+.1f} ms |")
+        if base and len(ranked) > 2:
+            print(f"Spearman rank correlation, measured against predicted from 1F1B + probe: "
+                  f"{spearman([a for a, _ in ranked], [b for _, b in ranked]):.2f}")
 
 
 def main() -> None:

@@ -92,7 +92,14 @@ class Costs:
     @staticmethod
     def read(path: StrPath) -> Costs: ...
     @staticmethod
-    def from_timelines(timelines: Sequence[Timeline]) -> Costs: ...
+    def from_timelines(
+        timelines: Sequence[Timeline],
+        probe: Optional[Sequence[Timeline]] = None,
+        host: Optional[dict[str, Any]] = None,
+    ) -> Costs:
+        """Medians per stage of recorded steps; `probe`: split-backward steps of the same
+        stages (`i`, `w` beside `b`); `host`: the cost file's `host` (runtime, action, send,
+        recv, other)."""
     def with_overrides(
         self,
         p2p_latency: Optional[float] = None,
@@ -282,6 +289,8 @@ class SearchResult:
     def cut_short(self) -> Optional[dict[str, Any]]: ...
     @property
     def cap_microbatches(self) -> float: ...
+    def timetables(self, k: int = 5) -> list[Timetable]:
+        """The best and the next fitting timetables, fastest first, up to `k` (at most 5)."""
     def chart(
         self,
         format: ImageFormat = "svg",
@@ -310,6 +319,7 @@ def search(
     objective: Literal["period", "makespan"] = "period",
     time_budget: float = 30.0,
     *,
+    split_backward: bool = True,
     shape: Optional[Shape] = None,
     tp: Optional[int] = None,
     dp: Optional[int] = None,

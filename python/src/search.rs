@@ -109,6 +109,20 @@ impl SearchResult {
         self.inner.cap_microbatches
     }
 
+    /// The best timetable and the next fitting ones, fastest first (up to `k` in all, at most
+    /// 5), each named after its candidate: what `pipewright.torch.tune` runs to confirm the
+    /// choice by measurement.
+    #[pyo3(signature = (k = 5))]
+    fn timetables(&self, py: Python<'_>, k: usize) -> PyResult<Vec<Py<Timetable>>> {
+        let mut out = vec![self.timetable.clone_ref(py)];
+        for (i, tt) in self.inner.runners_up.iter().take(k.saturating_sub(1)) {
+            let mut tt = tt.clone();
+            tt.name = format!("search: {}", self.inner.candidates[*i].label);
+            out.push(Py::new(py, Timetable::new(tt))?);
+        }
+        Ok(out)
+    }
+
     /// The best timetable's simulated bubble chart.
     #[pyo3(signature = (format = "svg", width = 1200, height = None, title = None))]
     fn chart(
@@ -174,7 +188,7 @@ impl SearchResult {
 /// each rank's whole predicted memory, not its activations alone, and `predicted_memory`
 /// gives the best's.
 #[pyfunction]
-#[pyo3(signature = (p, m, memory_cap, costs = None, max_virtual = 4, schedules = None, list_scheduler = true, improve = 200, objective = "period", time_budget = 30.0, *, shape = None, tp = None, dp = None, zero = None, microbatch_size = None, sequence_parallel = false, precision = None, accounting = None, attention = None))]
+#[pyo3(signature = (p, m, memory_cap, costs = None, max_virtual = 4, schedules = None, list_scheduler = true, improve = 200, objective = "period", time_budget = 30.0, *, split_backward = true, shape = None, tp = None, dp = None, zero = None, microbatch_size = None, sequence_parallel = false, precision = None, accounting = None, attention = None))]
 #[allow(clippy::too_many_arguments)]
 fn search(
     py: Python<'_>,
@@ -188,6 +202,7 @@ fn search(
     improve: usize,
     objective: &str,
     time_budget: f64,
+    split_backward: bool,
     shape: Option<&Shape>,
     tp: Option<u32>,
     dp: Option<u32>,
@@ -228,6 +243,7 @@ fn search(
     spec.max_virtual = max_virtual;
     spec.families = families(schedules)?;
     spec.list_scheduler = list_scheduler;
+    spec.split_backward = split_backward;
     spec.improve_budget = improve;
     spec.objective = objective.parse().map_err(err)?;
     spec.time_budget = Some(Duration::from_secs_f64(time_budget));

@@ -56,3 +56,31 @@ def test_measure_search_run(tmp_path):
     out = torchrun(p, "--timetable", best, "--layers", 24, "--width", 64, "--steps", 1,
                    "--warmup", 0, "--check")
     assert "gradients against one process" in out and "(equal)" in out, out
+
+
+def test_tune_measures_the_candidates_and_keeps_the_fastest(tmp_path):
+    # The baseline (1F1B) and the search's best and runners-up for 2 ranks, on 2 ms stages:
+    # each runs in turns; what comes back is the fastest as measured, the same on every rank,
+    # and the stages' gradients are as before (tuning trains nothing).
+    import pipewright as pw
+    from torch_launch import run_cases
+
+    p, m = 2, 4
+    base = tmp_path / "1f1b.csv"
+    cli("schedule", "--schedule", "1f1b", "-p", p, "-m", m, "-o", base)
+    costs = pw.Costs(2.0, 4.0)
+    found = pw.search(p, m, 4, costs, time_budget=5, split_backward=False)
+    paths = [str(base)]
+    for k, tt in enumerate(found.timetables(3)):
+        path = tmp_path / f"c{k}.csv"
+        path.write_text(tt.to_csv())
+        paths.append(str(path))
+    case = {"kind": "tune", "name": "tune", "p": p, "timetables": paths, "steps": 3, "sleep_ms": 2.0,
+            "costs": costs.to_json(stages=p, devices=p)}
+    r = run_cases(p, [case], timeout=240)["tune"]
+    assert r["names"][0] == "1f1b" and len(r["names"]) == len(paths)
+    assert r["same_on_every_rank"] and r["grads_untouched"]
+    assert r["best"] == r["names"][r["measured"].index(min(r["measured"]))]
+    assert min(r["measured"]) <= r["measured"][0]
+    assert all(x is not None and x > 0 for x in r["predicted"]), r["table"]
+    assert "| 1f1b" in r["table"] and "(best)" in r["table"]

@@ -142,7 +142,35 @@ def case_record_torch(case, group):
     return {"stages": stages[0].num_stages} if rank == 0 else None
 
 
-CASES = {"grads": case_grads, "record": case_record, "record_torch": case_record_torch}
+def case_tune(case, group):
+    """Tune over the case's timetables (the baseline first) on this rank's stages."""
+    sleep_ms = case.get("sleep_ms", 0.0)
+    built = []
+
+    def build(tt):
+        stages = pwt.pipeline_stages(tt, lambda s: stage_module(s, sleep_ms), group=group)
+        built.append(stages)
+        return pwt.schedule(tt, stages, loss_fn=loss_fn)
+
+    m = pwt.load(case["timetables"][0]).microbatches
+    x, y = batch(m)
+    result = pwt.tune(case["timetables"], build, x, target=y, steps=case.get("steps", 3),
+                      costs=case.get("costs"), group=group)
+    untouched = all(p.grad is None for stages in built for st in stages
+                    for p in st.submod.parameters())
+    every: list = [None] * dist.get_world_size(group)
+    dist.all_gather_object(every, (result.best.name, untouched), group=group)
+    if dist.get_rank(group) != 0:
+        return None
+    return {"names": [r.name for r in result.rows], "best": result.best.name,
+            "measured": [r.measured_ms for r in result.rows],
+            "predicted": [r.predicted_ms for r in result.rows], "table": result.table(),
+            "same_on_every_rank": len({b for b, _ in every}) == 1,
+            "grads_untouched": all(u for _, u in every)}
+
+
+CASES = {"grads": case_grads, "record": case_record, "record_torch": case_record_torch,
+         "tune": case_tune}
 
 
 def main() -> int:

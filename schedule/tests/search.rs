@@ -344,3 +344,37 @@ fn a_split_backward_that_costs_more_in_pytorch_is_not_picked() {
         .flatten()
         .any(|a| a.kind == r));
 }
+
+#[test]
+fn the_runners_up_are_the_next_fitting_timetables_fastest_first() {
+    let c = costs(4, 1.0, 2.0, 1.0, 0.05);
+    let found = search(&SearchSpec::new(
+        4,
+        8,
+        c.clone(),
+        MemoryCap::Microbatches(6.0),
+    ))
+    .unwrap();
+    assert!(found.runners_up.len() == 4, "{}", found.runners_up.len());
+    let best = found.candidates[found.best].period;
+    let mut last = best;
+    for (i, tt) in &found.runners_up {
+        let cand = &found.candidates[*i];
+        assert!(cand.fits && cand.period >= last - 1e-12, "{cand:?}");
+        last = cand.period;
+        validate(tt).unwrap();
+        assert_ne!(tt.devices, found.timetable.devices);
+        // The timetable is the candidate's: simulated again, the same period.
+        let model = c.resample(tt.num_stages()).unwrap();
+        let again = simulate_steps(tt, &model, PERIOD_STEPS)
+            .unwrap()
+            .report
+            .period;
+        assert!(
+            (again - cand.period).abs() < 1e-9,
+            "{} {again} {}",
+            cand.label,
+            cand.period
+        );
+    }
+}

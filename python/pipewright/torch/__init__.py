@@ -5,7 +5,9 @@
     sched = pipewright.torch.schedule(tt, stages, loss_fn=loss)
     rec = pipewright.torch.Recorder(sched)
     rec.step(x, target=y)                                   # a real, timed step
+    rec.probe_split(x, target=y)                            # I and W on the same stages
     rec.save_timeline("step.json"); rec.save_costs("costs.json")
+    best = pipewright.torch.tune([tt, *found.timetables()], build, x, target=y).best
 
 See docs/python-torch.md.
 """
@@ -22,6 +24,7 @@ from ._costs import measured_costs
 from ._record import Recorder
 from ._run import pipeline_stages, schedule, stage_ranks
 from ._synthetic import Sleep
+from ._tune import TuneResult, TuneRow, tune
 from ._timetable import COMPUTE_COMMS, COMPUTE_ONLY, TorchTimetable, from_csv_text, load
 
 __all__ = [
@@ -34,10 +37,13 @@ __all__ = [
     "TimetableError",
     "TorchError",
     "TorchTimetable",
+    "TuneResult",
+    "TuneRow",
     "from_csv_text",
     "load",
     "measured_costs",
     "pipeline_stages",
     "schedule",
     "stage_ranks",
+    "tune",
 ]

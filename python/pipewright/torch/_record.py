@@ -43,6 +43,7 @@ import torch.distributed as dist
 import pipewright
 
 from ._costs import measured_costs
+from ._grads import restore_grads, save_grads
 from ._errors import RecordError
 
 _COMPUTE = ("F", "B", "I", "W")
@@ -372,7 +373,7 @@ class Recorder:
         _write_atomic(Path(path), tls[step].to_json())
 
     def host_costs(self, *, skip: int | None = None) -> dict | None:
-        """The median host time (ms) of the recorded steps on every rank, on rank 0 (None
+        """The mean host time (ms) of the recorded steps on every rank, on rank 0 (None
         elsewhere), as the cost file's `host`: `action` (from taking a compute action to its
         compute's start, where it waited for no receive), `send` and `recv` (posting one),
         `other` (one of PyTorch's own actions). Steps are skipped as in `save_costs`.
@@ -385,7 +386,9 @@ class Recorder:
         host = {"runtime": "pytorch"}
         for what in ("action", "send", "recv", "other"):
             samples = [x for rank in every for step in rank[skip:] for x in step["host"][what]]
-            host[what] = statistics.median(samples) if samples else 0.0
+            # A step pays the sum of its host times, so their mean, not their median: the
+            # posting of a message has a long tail on a busy host, and the tail is paid too.
+            host[what] = statistics.fmean(samples) if samples else 0.0
         return host
 
     def probe_split(self, *args: Any, steps: int = 3, **kwargs: Any) -> None:
@@ -414,7 +417,7 @@ class Recorder:
 
         stages = list(self._sched._stages)
         kwargs = {k: v for k, v in kwargs.items() if k != "losses"}
-        saved = _grads(stages)
+        saved = save_grads(stages)
         try:
             sched = build(probe, stages, loss_fn=self._sched._loss_fn,
                           scale_grads=self._sched.scale_grads)
@@ -422,7 +425,7 @@ class Recorder:
             for _ in range(steps):
                 rec.step(*args, **kwargs)
         finally:
-            _restore(saved)
+            restore_grads(saved)
         self._probe_recorder = rec
 
     def save_costs(self, path: str | Path, *, skip: int | None = None) -> None:
@@ -449,22 +452,6 @@ class Recorder:
 def _skip(steps: int, skip: int | None) -> int:
     """Steps to leave out as warm-up: the first when there are more, or `skip`."""
     return int(steps > 1) if skip is None else skip
-
-
-def _grads(stages) -> list:
-    """Each parameter of the stages with a copy of its gradient (or None)."""
-    return [(p, None if p.grad is None else p.grad.detach().clone())
-            for st in stages for p in st.submod.parameters()]
-
-
-def _restore(saved: list) -> None:
-    for p, g in saved:
-        if g is None:
-            p.grad = None
-        elif p.grad is None:
-            p.grad = g
-        else:
-            p.grad.copy_(g)
 
 
 def _write_atomic(path: Path, text: str) -> None:

@@ -40,6 +40,7 @@ mod list;
 mod memory;
 mod recompute;
 mod rounds;
+mod runners;
 mod whole;
 
 use std::time::Duration;
@@ -54,7 +55,6 @@ pub use memory::{
 };
 pub use rounds::{round_schedule, RoundKnobs};
 
-use crate::action::ActionKind;
 use crate::generators::generate;
 use crate::memory::{MemoryConfig, MemoryError};
 use crate::simulate::{
@@ -65,6 +65,7 @@ use crate::timetable::Timetable;
 use improve::{improve, Improve};
 use jobs::{fixed_label, jobs, list_placements, passage_need};
 pub use list::fmt_units;
+use runners::{refused, runners_up};
 
 /// What to search.
 #[derive(Clone, Debug, PartialEq)]
@@ -96,6 +97,9 @@ pub struct SearchSpec {
     /// Stop evaluating candidates after this long (once one fits) and return the best found
     /// so far, saying so in [`SearchOutcome::cut_short`]; `None` evaluates them all.
     pub time_budget: Option<Duration>,
+    /// Fitting candidates after the best whose timetables the outcome keeps, fastest first
+    /// ([`SearchOutcome::runners_up`]): what a measured tuning step runs beside the best.
+    pub runners_up: usize,
     /// Try timetables that split the backward (I then W). `false` for a runtime where I + W
     /// costs more than B and the costs do not say by how much (`--no-split-backward`).
     pub split_backward: bool,
@@ -158,6 +162,7 @@ impl SearchSpec {
             time_budget: None,
             memory: None,
             split_backward: true,
+            runners_up: 4,
         }
     }
 }
@@ -226,6 +231,9 @@ pub struct SearchOutcome {
     pub objective: Objective,
     /// Set when the time budget stopped the search early: the best is the best found so far.
     pub cut_short: Option<CutShort>,
+    /// The next fitting candidates by the objective (index into `candidates`, and their
+    /// timetable), at most [`SearchSpec::runners_up`], each timetable once.
+    pub runners_up: Vec<(usize, Timetable)>,
 }
 
 /// Why the search has no answer.
@@ -375,6 +383,7 @@ pub fn search_with(
         total: jobs.len(),
     });
     let mut candidates = Vec::new();
+    let mut made_by = Vec::new();
     let mut best_index = None;
     let mut best_fixed: Option<usize> = None;
     for (i, result) in evaluated {
@@ -396,6 +405,7 @@ pub fn search_with(
                     best_index = Some(at);
                 }
                 candidates.push(cand);
+                made_by.push(i);
             }
         }
     }
@@ -448,6 +458,7 @@ pub fn search_with(
         }
     }
     let front = pareto_front(&candidates, spec.objective);
+    let runners_up = runners_up(spec, &jobs, &shapes, &candidates, &made_by, &best.timetable);
     Ok(SearchOutcome {
         cap_microbatches: cap,
         unit_bytes: unit,
@@ -460,6 +471,7 @@ pub fn search_with(
         simulation: best.simulation,
         objective: spec.objective,
         cut_short,
+        runners_up,
     })
 }
 
@@ -663,11 +675,34 @@ fn evaluate(
     unit: Option<f64>,
     generated: Option<Timetable>,
 ) -> Result<(Candidate, Kept), (String, String)> {
+    let Some(shape) = &shapes[job.v() as usize] else {
+        return Err(("?".into(), "no costs".into()));
+    };
+    let (label, family, tt) = build(job, spec, shapes, generated)?;
+    if let Some(why) = refused(&tt, spec) {
+        return Err((label, why.into()));
+    }
+    let sim = simulate_steps(&tt, &shape.costs, PERIOD_STEPS)
+        .map_err(|e| (label.clone(), steady_reason(e)))?;
+    let cand = describe((label, family, job.v()), &tt, &sim, shape, unit, spec);
+    let fits = cand.fits;
+    let kept = fits.then_some((tt, sim.single));
+    Ok((cand, kept))
+}
+
+/// The label, family and timetable of a job; `generated` is a fixed family's timetable when
+/// already made.
+fn build(
+    job: &Job,
+    spec: &SearchSpec,
+    shapes: &[Option<Shape>],
+    generated: Option<Timetable>,
+) -> Result<(String, String, Timetable), (String, String)> {
     let (p, m) = (spec.devices, spec.microbatches);
     let Some(shape) = &shapes[job.v() as usize] else {
         return Err(("?".into(), "no costs".into()));
     };
-    let (label, family, tt) = match job {
+    Ok(match job {
         Job::Fixed(s) => (
             fixed_label(s.kind(), s.virtual_stages(), grouped(s)),
             s.kind().name().to_string(),
@@ -691,33 +726,7 @@ fn evaluate(
             let label = format!("{base} + recompute {r}/{f}");
             (label, s.kind().name().to_string(), tt)
         }
-    };
-    if let Some(why) = refused(&tt, spec) {
-        return Err((label, why.into()));
-    }
-    let sim = simulate_steps(&tt, &shape.costs, PERIOD_STEPS)
-        .map_err(|e| (label.clone(), steady_reason(e)))?;
-    let cand = describe((label, family, job.v()), &tt, &sim, shape, unit, spec);
-    let fits = cand.fits;
-    let kept = fits.then_some((tt, sim.single));
-    Ok((cand, kept))
-}
-
-/// Why the search may not hand back `tt`: it splits the backward when told not to, or
-/// recomputes for a runtime that cannot (PyTorch's has no `R` action).
-fn refused(tt: &Timetable, spec: &SearchSpec) -> Option<&'static str> {
-    let kinds = || tt.devices.iter().flatten().map(|a| a.kind);
-    if !spec.split_backward && kinds().any(|k| matches!(k, ActionKind::I | ActionKind::W)) {
-        return Some("it splits the backward, and the search was told not to (no split backward)");
-    }
-    let pytorch = spec
-        .costs
-        .host
-        .is_some_and(|h| h.runtime == Runtime::Pytorch);
-    if pytorch && kinds().any(|k| k == ActionKind::R) {
-        return Some("it recomputes, and PyTorch's runtime (the costs' host.runtime) has no recompute action");
-    }
-    None
+    })
 }
 
 fn steady_reason(e: SteadyError) -> String {
