@@ -215,3 +215,94 @@ fn a_cap_only_recomputation_meets_gives_a_timetable_with_rs_that_trains_to_the_s
     let plain = train(&["--schedule", "1f1b", "--stages", "2", "--microbatches", "4"]);
     assert_eq!(train(&["--timetable", "best.json"]), plain);
 }
+
+#[test]
+fn runners_up_are_written_beside_the_best_and_told_apart_from_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let args = [
+        "search",
+        "-p",
+        "2",
+        "-m",
+        "8",
+        "--cost",
+        "1,2",
+        "--memory-cap",
+        "4",
+        "--timetable-out",
+        "best.csv",
+        "--runners-up",
+        "2",
+    ];
+    ok(d, &args);
+    let best = std::fs::read_to_string(d.join("best.csv")).unwrap();
+    for k in [2, 3] {
+        let next = std::fs::read_to_string(d.join(format!("best.{k}.csv"))).unwrap();
+        assert_ne!(next, best, "best.{k}.csv is the best again");
+        ok(d, &["validate", &format!("best.{k}.csv")]);
+    }
+    assert!(!d.join("best.4.csv").exists());
+    fails_with(
+        d,
+        &[
+            "search",
+            "-p",
+            "2",
+            "-m",
+            "8",
+            "--memory-cap",
+            "4",
+            "--timetable-out",
+            "b.csv",
+            "--runners-up",
+            "5",
+        ],
+        "--runners-up 5: give at most 4",
+    );
+    // A runner-up's name may not be an input: best.2.csv here is read as the cost file.
+    std::fs::write(d.join("c.2.json"), r#"{"default": {"f": 1, "b": 2}}"#).unwrap();
+    fails_with(
+        d,
+        &[
+            "search",
+            "-p",
+            "2",
+            "-m",
+            "8",
+            "--memory-cap",
+            "4",
+            "--cost-file",
+            "c.2.json",
+            "--timetable-out",
+            "c.json",
+            "--runners-up",
+            "1",
+        ],
+        "would destroy the input",
+    );
+    // With --no-split-backward, no runner-up splits either.
+    ok(
+        d,
+        &[
+            "search",
+            "-p",
+            "2",
+            "-m",
+            "8",
+            "--cost",
+            "1,2",
+            "--memory-cap",
+            "4",
+            "--timetable-out",
+            "f.csv",
+            "--runners-up",
+            "3",
+            "--no-split-backward",
+        ],
+    );
+    for name in ["f.csv", "f.2.csv", "f.3.csv", "f.4.csv"] {
+        let text = std::fs::read_to_string(d.join(name)).unwrap();
+        assert!(!text.contains('I') && !text.contains('W'), "{name}: {text}");
+    }
+}

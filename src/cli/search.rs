@@ -1,9 +1,9 @@
 //! `search`: the fastest schedule for the user's costs under a memory cap.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use anyhow::Result;
+use anyhow::{bail, Result};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use pipewright::schedule::search::{
@@ -64,6 +64,16 @@ pub struct SearchCmd {
     /// or PyTorch's `_PipelineScheduleRuntime._load_csv`.
     #[arg(long, value_name = "FILE")]
     timetable_out: Option<PathBuf>,
+    /// Also write the next K fitting timetables, fastest first, beside --timetable-out FILE as
+    /// FILE's name with `.2`, `.3`, ... before its extension (K up to 4): candidates for a
+    /// measured tuning step (`pipewright.torch.tune`), which keeps what measures fastest.
+    #[arg(
+        long,
+        value_name = "K",
+        default_value_t = 0,
+        requires = "timetable_out"
+    )]
+    runners_up: usize,
     #[command(flatten)]
     comms: CommsArg,
     /// Draw the best timetable's simulated bubble chart to FILE.svg or FILE.png.
@@ -98,6 +108,20 @@ pub struct SearchCmd {
 
 impl SearchCmd {
     pub fn run(&self) -> Result<()> {
+        if self.runners_up > RUNNER_FLAGS.len() {
+            bail!(
+                "--runners-up {}: give at most {} (the search keeps that many beside the best)",
+                self.runners_up,
+                RUNNER_FLAGS.len()
+            );
+        }
+        let runner_paths: Vec<PathBuf> = (0..self.runners_up)
+            .filter_map(|k| self.timetable_out.as_deref().map(|p| runner_path(p, k + 2)))
+            .collect();
+        let runners = runner_paths
+            .iter()
+            .zip(RUNNER_FLAGS)
+            .map(|(p, flag)| Output::new(flag, Some(p), Kind::Timetable));
         let mut outs = Outputs::plan(
             self.costs.inputs().chain(self.memory.inputs()),
             [
@@ -108,7 +132,9 @@ impl SearchCmd {
                     self.timetable_out.as_ref(),
                     Kind::Timetable,
                 ),
-            ],
+            ]
+            .into_iter()
+            .chain(runners),
         )?;
         in_range(
             "--time-budget",
@@ -156,6 +182,7 @@ impl SearchCmd {
         )?;
         let costs = self.costs.model(self.stages, self.stages)?;
         let mut spec = SearchSpec::new(self.stages, self.microbatches, costs, cap);
+        spec.runners_up = self.runners_up;
         spec.max_virtual = self.max_virtual;
         spec.list_scheduler = !self.no_list;
         spec.split_backward = !self.no_split_backward;
@@ -186,6 +213,12 @@ impl SearchCmd {
             }
             None => None,
         };
+        let mut runner_texts = Vec::new();
+        for ((i, tt), path) in found.runners_up.iter().zip(&runner_paths) {
+            let mut tt = tt.clone();
+            tt.name = format!("search: {}", found.candidates[*i].label);
+            runner_texts.push(self.comms.text(&tt, path)?);
+        }
         let report = match self.format {
             ReportFormat::Json => json_report(&found, secs).to_string() + "\n",
             ReportFormat::Table => {
@@ -214,6 +247,9 @@ impl SearchCmd {
         }
         if let Some(text) = tt_text {
             outs.stage("--timetable-out", text.as_bytes())?;
+        }
+        for (text, flag) in runner_texts.iter().zip(RUNNER_FLAGS) {
+            outs.stage(flag, text.as_bytes())?;
         }
         outs.commit()?;
         console::print(&report)
@@ -313,6 +349,26 @@ fn show_progress(bar: &ProgressBar, p: &Progress) {
     if let (Some(v), Some(label)) = (p.best, &p.best_label) {
         bar.set_message(format!("best so far {v:.4} ({label})"));
     }
+}
+
+/// The outputs of `--runners-up`, one name each (an output is named by its flag).
+const RUNNER_FLAGS: [&str; 4] = [
+    "--runners-up (2nd)",
+    "--runners-up (3rd)",
+    "--runners-up (4th)",
+    "--runners-up (5th)",
+];
+
+/// `best.csv` -> `best.2.csv`: the `k`-th fastest beside the best.
+fn runner_path(best: &Path, k: usize) -> PathBuf {
+    let stem = best
+        .file_stem()
+        .map_or_else(Default::default, |s| s.to_string_lossy().into_owned());
+    let name = match best.extension() {
+        Some(ext) => format!("{stem}.{k}.{}", ext.to_string_lossy()),
+        None => format!("{stem}.{k}"),
+    };
+    best.with_file_name(name)
 }
 
 fn parse_objective(s: &str) -> Result<Objective, String> {
