@@ -3,8 +3,11 @@
     pipewright schedule --schedule 1f1b -p 2 -m 8 -o 1f1b.csv
     torchrun --nproc-per-node 2 python/examples/torch_pipeline.py --timetable 1f1b.csv \\
         --costs-out costs.json --timeline step.json
-    pipewright search -p 2 -m 8 --cost-file costs.json --memory-cap 2 --timetable-out best.csv
-    torchrun --nproc-per-node 2 python/examples/torch_pipeline.py --timetable best.csv --check
+    pipewright search -p 2 -m 8 --cost-file costs.json --memory-cap 2 \\
+        --timetable-out best.csv --runners-up 2
+    torchrun --nproc-per-node 2 python/examples/torch_pipeline.py --timetable 1f1b.csv \\
+        --tune best.csv best.2.csv best.3.csv --cost-file costs.json --tuned-out chosen.csv
+    torchrun --nproc-per-node 2 python/examples/torch_pipeline.py --timetable chosen.csv --check
 
 The model is `--layers` blocks of Linear + Tanh (width `--width`), cut into as many stages as
 the timetable has (a searched timetable may use more stages than the one measured); the loss
@@ -12,8 +15,12 @@ is the mean squared error against a fixed random target. One process per pipelin
 (`torchrun`), gloo on the CPU or NCCL on GPUs (`--device cuda`).
 
 `--costs-out` and `--timeline` record the last `--steps` steps (after `--warmup` steps) with
-`pipewright.torch.Recorder`; `--check` compares the first step's gradients with the same model
-in one process and exits non-zero when they differ by more than 1e-6.
+`pipewright.torch.Recorder`; with `--costs-out`, a short probe also measures the split backward
+(I and W) on the same stages, unless `--no-probe`. `--tune` runs the `--timetable` (the
+baseline) and each candidate in turns, `--steps` rounds, prints predicted against measured
+(`--cost-file`), and writes the fastest as measured to `--tuned-out`: never slower than the
+baseline. `--check` compares the first step's gradients with the same model in one process and
+exits non-zero when they differ by more than 1e-6.
 """
 
 from __future__ import annotations
@@ -81,6 +88,35 @@ def check(args, tt, stages, grads) -> None:
         sys.exit(1)
 
 
+def tune(args, baseline, device) -> None:
+    """Measure the baseline and the candidates in turns; write the fastest as measured."""
+
+    def build(tt):
+        stages = pwt.pipeline_stages(
+            tt, lambda s: stage_layers(args, s, tt.num_stages).to(device), device=device
+        )
+        return pwt.schedule(tt, stages, loss_fn=loss_fn)
+
+    try:
+        candidates = [baseline, *(pwt.load(c) for c in args.tune)]
+    except pwt.TorchError as e:
+        raise SystemExit(f"error: {e}")
+    x, y = (t.to(device) for t in data(args, baseline.microbatches))
+    result = pwt.tune(candidates, build, x, target=y, steps=args.steps, costs=args.cost_file)
+    if dist.get_rank() != 0:
+        return
+    print(result.table())
+    best = result.best
+    print(f"fastest as measured: {best.name}, {best.measured_ms:.2f} ms a step "
+          f"({best.measured_ms / result.baseline.measured_ms:.3f}x the baseline's)")
+    if args.tuned_out:
+        path = args.tuned_out
+        with open(path + ".tmp", "w") as f:
+            f.write(best.timetable.csv_text())
+        os.replace(path + ".tmp", path)
+        print(f"wrote {path}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--timetable", required=True, help="a pipewright timetable (.csv or .json)")
@@ -94,6 +130,12 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--costs-out", help="write the measured per-stage costs (for pipewright search)")
     ap.add_argument("--timeline", help="write the last recorded step (for pipewright viz --from)")
+    ap.add_argument("--no-probe", action="store_true",
+                    help="with --costs-out, do not measure the split backward")
+    ap.add_argument("--tune", nargs="+", metavar="CSV",
+                    help="candidate timetables to measure beside --timetable (the baseline)")
+    ap.add_argument("--cost-file", help="with --tune: the costs to predict each step from")
+    ap.add_argument("--tuned-out", help="with --tune: write the fastest timetable, as measured")
     ap.add_argument("--check", action="store_true", help="compare gradients with one process")
     args = ap.parse_args()
     args.dtype = torch.float64 if (args.float64 or args.check) else torch.float32
@@ -107,6 +149,10 @@ def main() -> None:
         tt = pwt.load(args.timetable)
     except pwt.TorchError as e:
         raise SystemExit(f"error: {e}")
+    if args.tune:
+        tune(args, tt, device)
+        dist.destroy_process_group()
+        return
     stages = pwt.pipeline_stages(
         tt, lambda s: stage_layers(args, s, tt.num_stages).to(device), device=device
     )
@@ -131,6 +177,9 @@ def main() -> None:
         if last:
             print(f"step {step}: loss {torch.stack(losses).mean().item():.6f}")
     if rec is not None:
+        if args.costs_out and not args.no_probe:
+            opt.zero_grad(set_to_none=True)
+            rec.probe_split(x, target=y)
         if args.timeline:
             rec.save_timeline(args.timeline)
         if args.costs_out:

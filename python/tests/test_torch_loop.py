@@ -46,14 +46,27 @@ def test_measure_search_run(tmp_path):
     assert len(measured["stages"]) == p and measured["time_unit"] == "ms"
     cli("viz", "--from", step, "-o", tmp_path / "step.svg")
 
+    # The probe measured the split backward beside the fused one, and the host time.
+    assert all({"b", "i", "w"} <= set(st) for st in measured["stages"]), measured
+    assert measured["host"]["runtime"] == "pytorch"
+
     best = tmp_path / "best.csv"
     found = cli("search", "-p", p, "-m", m, "--cost-file", costs, "--memory-cap", p,
-                "--time-budget", 20, "--timetable-out", best).stdout
+                "--time-budget", 20, "--timetable-out", best, "--runners-up", 2).stdout
     assert "best:" in found
     tt = pwt.load(best)
     assert tt.form == "compute_only" and tt.num_ranks == p and tt.microbatches == m
 
-    out = torchrun(p, "--timetable", best, "--layers", 24, "--width", 64, "--steps", 1,
+    # Tuning measures the baseline and the candidates, and keeps the fastest as measured.
+    chosen = tmp_path / "chosen.csv"
+    candidates = [best, *(tmp_path / f"best.{k}.csv" for k in (2, 3))]
+    out = torchrun(p, "--timetable", first, "--layers", 24, "--width", 64, "--steps", 3,
+                   "--tune", *candidates, "--cost-file", costs, "--tuned-out", chosen)
+    assert "| 1f1b" in out and "(best)" in out and f"wrote {chosen}" in out, out
+    ratio = float(out.split("x the baseline's")[0].rsplit("(", 1)[1])
+    assert ratio <= 1.0, out
+
+    out = torchrun(p, "--timetable", chosen, "--layers", 24, "--width", 64, "--steps", 1,
                    "--warmup", 0, "--check")
     assert "gradients against one process" in out and "(equal)" in out, out
 
