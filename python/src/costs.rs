@@ -6,7 +6,7 @@ use pipewright_schedule::{measured_costs, CostModel, RawCostFile};
 use pyo3::prelude::*;
 
 use crate::simulate::Timeline;
-use crate::{byte_count, err, read_file, to_py};
+use crate::{byte_count, check_counts, err, read_file, to_py};
 
 /// Durations, sizes and link speed for the simulator: uniform per device (`Costs(f, b)`), or
 /// per stage from a cost file (`Costs.read(path)`, `Costs.from_json(text)`), or measured
@@ -168,6 +168,7 @@ impl Costs {
 
     /// The resolved per-stage model for `stages` stages over `devices` devices, as a dict.
     fn model_dict(&self, py: Python<'_>, stages: u32, devices: u32) -> PyResult<Py<PyAny>> {
+        check_counts(("stages", stages), ("devices", devices))?;
         to_py(py, &self.model(stages, devices)?)
     }
 
@@ -178,6 +179,7 @@ impl Costs {
         match (&self.base, stages) {
             (Base::File { text, .. }, None) => Ok(text.clone()),
             (_, Some(s)) => {
+                check_counts(("stages", s), ("devices", devices.unwrap_or(s)))?;
                 let model = self.model(s, devices.unwrap_or(s))?;
                 Ok(serde_json::to_string_pretty(&model).map_err(err)? + "\n")
             }

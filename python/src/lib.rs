@@ -3,12 +3,14 @@
 //! nothing is computed twice. Errors become `pipewright.PipewrightError` with the library's
 //! own one-line message, the words the CLI prints after `error:`.
 
+use pipewright_schedule::timeline::MAX_DEVICES;
 use pyo3::create_exception;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 mod charts;
 mod costs;
+mod interrupt;
 mod plan;
 mod search;
 mod shape;
@@ -48,6 +50,24 @@ pub(crate) fn byte_count(value: &Bound<'_, PyAny>, name: &str) -> PyResult<u64> 
         Err(_) => value.str()?.to_string(),
     };
     pipewright_schedule::search::parse_bytes(&text).map_err(|e| err(format!("{name}: {e}")))
+}
+
+/// Refuse a stage or device count no timetable can have, before anything is sized by it
+/// (a per-stage cost list, a timetable): at least 1, devices at most a timeline's
+/// [`MAX_DEVICES`], and stages this machine could hold a timetable of (`timetable_fits`,
+/// the CLI's bound). Each pair is the argument's name and its value.
+pub(crate) fn check_counts(stages: (&str, u32), devices: (&str, u32)) -> PyResult<()> {
+    for (name, n) in [stages, devices] {
+        if n == 0 {
+            return Err(err(format!("{name} 0: give at least 1")));
+        }
+    }
+    let (name, n) = devices;
+    if n > MAX_DEVICES {
+        return Err(err(format!("{name} {n}: give 1 to {MAX_DEVICES} devices")));
+    }
+    let (name, n) = stages;
+    pipewright_input::timetable_fits(&format!("{name}={n}"), u64::from(n), 1).map_err(err)
 }
 
 #[pymodule]

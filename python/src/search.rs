@@ -3,20 +3,24 @@
 
 use std::time::Duration;
 
-use pipewright_schedule::search::{search as run_search, MemoryCap, SearchOutcome, SearchSpec};
-use pipewright_schedule::{sweep as run_sweep, ScheduleKind, SweepGrid, SweepRow as RsRow};
+use pipewright_schedule::search::{
+    search as run_search, MemoryCap, SearchOutcome, SearchSpec, MAX_TIME_BUDGET,
+};
+use pipewright_schedule::sweep::sweep_until;
+use pipewright_schedule::{Cancel, ScheduleKind, SweepGrid, SweepRow as RsRow};
 use pipewright_viz::{pareto_plot, ChartOptions, ParetoPoint};
 use pyo3::prelude::*;
 
-use pipewright_input::timetable_fits;
+use pipewright_input::{sweep_fits, timetable_fits};
 use pipewright_schedule::RecomputePlan;
 
 use crate::charts::{draw, image_format, Chart};
 use crate::costs::Costs;
+use crate::interrupt::interruptible;
 use crate::shape::{memory_request, memory_to_py, Shape};
 use crate::simulate::Simulation;
 use crate::timetable::Timetable;
-use crate::{err, to_py};
+use crate::{check_counts, err, to_py};
 
 /// A memory cap from a number of microbatches (`4`, `2.5`) or bytes with a unit (`"24GiB"`).
 fn cap_of(cap: &Bound<'_, PyAny>) -> PyResult<MemoryCap> {
@@ -198,10 +202,19 @@ fn search(
     accounting: Option<&str>,
     attention: Option<&str>,
 ) -> PyResult<SearchResult> {
-    if !(0.0..=1e6).contains(&time_budget) {
+    if !(0.0..=MAX_TIME_BUDGET).contains(&time_budget) {
         return Err(err(format!(
-            "time_budget {time_budget}: give seconds between 0 and 1000000"
+            "time_budget {time_budget}: give seconds between 0 and {MAX_TIME_BUDGET} (Ctrl-C stops a search sooner)"
         )));
+    }
+    check_counts(("p", p), ("p", p))?;
+    if m == 0 || max_virtual == 0 {
+        let (name, n) = if m == 0 {
+            ("m", m)
+        } else {
+            ("max_virtual", max_virtual)
+        };
+        return Err(err(format!("{name} {n}: give at least 1")));
     }
     let memory = memory_request(
         shape,
@@ -235,7 +248,7 @@ fn search(
         .checked(p, 1, &RecomputePlan::default(), m)
         .map_err(err)?;
     let started = std::time::Instant::now();
-    let found = py.detach(|| run_search(&spec)).map_err(err)?;
+    let found = interruptible(py, &spec.cancel, || run_search(&spec))?.map_err(err)?;
     let seconds = started.elapsed().as_secs_f64();
     let predicted = memory
         .predict(&found.timetable, &RecomputePlan::default())
@@ -325,8 +338,13 @@ fn sweep(
     costs: Option<&Costs>,
     memory_cap: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<Vec<SweepRow>> {
-    if let Some(bad) = m.iter().chain(v.iter().flatten()).find(|&&x| x == 0) {
-        return Err(err(format!("counts must be at least 1 (got {bad})")));
+    check_counts(("p", p), ("p", p))?;
+    for (name, list) in [("m", Some(&m)), ("v", v.as_ref())] {
+        if let Some(bad) = list.into_iter().flatten().find(|&&x| x == 0) {
+            return Err(err(format!(
+                "{name}: counts must be at least 1 (got {bad})"
+            )));
+        }
     }
     let costs = Costs::or_default(costs)?;
     let memory_cap = match memory_cap {
@@ -344,15 +362,15 @@ fn sweep(
         microbatches: m,
         memory_cap,
     };
-    let largest = grid
-        .shapes()
-        .iter()
-        .map(|&(_, v, m)| u64::from(p) * u64::from(v) * u64::from(m))
-        .max()
-        .unwrap_or(0);
-    let steps = u64::from(pipewright_schedule::sweep::SWEEP_STEPS);
-    timetable_fits("the sweep's largest combination", largest, steps).map_err(err)?;
-    let rows = run_sweep(&grid, |stages, devices| costs.resolve(stages, devices));
+    sweep_fits(&grid, "m=, v= or schedules=").map_err(err)?;
+    let cancel = Cancel::default();
+    let rows = interruptible(py, &cancel, || {
+        sweep_until(
+            &grid,
+            |stages, devices| costs.resolve(stages, devices),
+            &cancel,
+        )
+    })?;
     rows.into_iter().map(|r| SweepRow::new(py, r)).collect()
 }
 

@@ -46,7 +46,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-pub use budget::{CutShort, Progress};
+pub use budget::{CutShort, Progress, MAX_TIME_BUDGET};
 pub use list::{list_schedule, Knobs};
 pub use memory::{
     held_weights, kept_weights, parse_bytes, peak_units, peak_units_held, peak_units_kept,
@@ -54,6 +54,7 @@ pub use memory::{
 };
 pub use rounds::{round_schedule, RoundKnobs};
 
+use crate::cancel::Cancel;
 use crate::generators::generate;
 use crate::memory::{MemoryConfig, MemoryError};
 use crate::simulate::{
@@ -95,6 +96,8 @@ pub struct SearchSpec {
     /// Stop evaluating candidates after this long (once one fits) and return the best found
     /// so far, saying so in [`SearchOutcome::cut_short`]; `None` evaluates them all.
     pub time_budget: Option<Duration>,
+    /// Set from another thread to stop as the time budget does (Ctrl-C in Python).
+    pub cancel: Cancel,
 }
 
 /// What the search minimises.
@@ -153,6 +156,7 @@ impl SearchSpec {
             objective: Objective::Period,
             time_budget: None,
             memory: None,
+            cancel: Cancel::default(),
         }
     }
 }
@@ -329,7 +333,7 @@ pub fn search_with(
     spec: &SearchSpec,
     on_progress: &mut dyn FnMut(&Progress),
 ) -> Result<SearchOutcome, SearchError> {
-    let deadline = budget::Deadline::after(spec.time_budget);
+    let deadline = budget::Deadline::after(spec.time_budget, &spec.cancel);
     let (p, m) = (spec.devices, spec.microbatches);
     if p == 0 || m == 0 {
         return Err(SearchError::Empty { p, m });
@@ -363,7 +367,7 @@ pub fn search_with(
         })
         .collect();
     let (jobs, mut skipped) = jobs(spec, cap, &shapes);
-    let (evaluated, best) = evaluate_all(&jobs, spec, &shapes, unit, deadline, on_progress);
+    let (evaluated, best) = evaluate_all(&jobs, spec, &shapes, unit, deadline.clone(), on_progress);
     let cut_short = (evaluated.len() < jobs.len()).then(|| CutShort {
         budget_seconds: spec.time_budget.map_or(0.0, |b| b.as_secs_f64()),
         evaluated: evaluated.len(),
