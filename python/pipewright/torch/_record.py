@@ -37,6 +37,7 @@ import pipewright
 
 from ._costs import measured_costs
 from ._errors import RecordError
+from ._outputs import inputs_of, write_output
 
 _COMPUTE = ("F", "B", "I", "W")
 
@@ -349,7 +350,7 @@ class Recorder:
             raise RecordError("no step recorded yet: call Recorder.step first")
         if not -len(tls) <= step < len(tls):
             raise RecordError(f"step {step} was not recorded: {len(tls)} steps were")
-        _write_atomic(Path(path), tls[step].to_json())
+        write_output(path, tls[step].to_json(), inputs_of(self._sched), "save_timeline")
 
     def save_costs(self, path: str | Path, *, skip: int | None = None) -> None:
         """Write the median per-stage costs and hand-off latency of the recorded steps as a cost
@@ -358,6 +359,8 @@ class Recorder:
         The first step is left out as warm-up when there are more (as `train --costs-out`
         does), or the first `skip`. `pipewright search --cost-file PATH` reads it. Collective.
         """
+        if skip is not None and (type(skip) is not int or skip < 0):
+            raise RecordError(f"skip {skip!r}: give a whole number of steps, 0 or more")
         tls = self.timelines()
         if tls is None:
             return
@@ -365,24 +368,6 @@ class Recorder:
         used = tls[skip:]
         if not used:
             raise RecordError(f"no step left to measure: {len(tls)} recorded, {skip} skipped")
-        _write_atomic(Path(path), json.dumps(measured_costs(used), indent=2) + "\n")
+        text = json.dumps(measured_costs(used), indent=2) + "\n"
+        write_output(path, text, inputs_of(self._sched), "save_costs")
 
-
-def _write_atomic(path: Path, text: str) -> None:
-    """Write beside the target, then rename: a reader never sees half a file."""
-    import os
-    import tempfile
-
-    folder = path.parent if str(path.parent) else Path(".")
-    if not folder.is_dir():
-        raise RecordError(f"{path}: folder {folder} does not exist; create it first")
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
