@@ -8,6 +8,7 @@ use pyo3::create_exception;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
+mod args;
 mod charts;
 mod costs;
 mod interrupt;
@@ -36,9 +37,10 @@ pub(crate) fn to_py<T: serde::Serialize>(py: Python<'_>, value: &T) -> PyResult<
 }
 
 /// A text file's content, refused as the CLI refuses it (`pipewright_input::read_text`: the
-/// same size limit, folders and devices, non-UTF-8 bytes, in the same words).
-pub(crate) fn read_file(path: &str) -> PyResult<String> {
-    pipewright_input::read_text(std::path::Path::new(path)).map_err(err)
+/// same size limit, folders and devices, non-UTF-8 bytes, in the same words). The path is
+/// the OS's (any bytes a file name may hold), not text.
+pub(crate) fn read_file(path: &std::path::Path) -> PyResult<String> {
+    pipewright_input::read_text(path).map_err(err)
 }
 
 /// A byte count as the CLI's byte flags take it: a whole number of bytes, or text with a
@@ -74,6 +76,7 @@ pub(crate) fn check_counts(stages: (&str, u32), devices: (&str, u32)) -> PyResul
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("PipewrightError", m.py().get_type::<PipewrightError>())?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    args::register(m)?;
     timetable::register(m)?;
     costs::register(m)?;
     simulate::register(m)?;

@@ -118,8 +118,8 @@ impl SearchResult {
     fn chart(
         &self,
         format: &str,
-        width: u32,
-        height: Option<u32>,
+        #[pyo3(from_py_with = crate::args::whole)] width: u32,
+        #[pyo3(from_py_with = crate::args::opt_whole)] height: Option<u32>,
         title: Option<String>,
     ) -> PyResult<Chart> {
         let label = self.inner.candidates[self.inner.best].label.clone();
@@ -137,8 +137,8 @@ impl SearchResult {
     fn pareto_chart(
         &self,
         format: &str,
-        width: u32,
-        height: Option<u32>,
+        #[pyo3(from_py_with = crate::args::whole)] width: u32,
+        #[pyo3(from_py_with = crate::args::opt_whole)] height: Option<u32>,
         title: Option<String>,
     ) -> PyResult<Chart> {
         let found = &self.inner;
@@ -182,21 +182,21 @@ impl SearchResult {
 #[allow(clippy::too_many_arguments)]
 fn search(
     py: Python<'_>,
-    p: u32,
-    m: u32,
+    #[pyo3(from_py_with = crate::args::whole)] p: u32,
+    #[pyo3(from_py_with = crate::args::whole)] m: u32,
     memory_cap: &Bound<'_, PyAny>,
     costs: Option<&Costs>,
-    max_virtual: u32,
+    #[pyo3(from_py_with = crate::args::whole)] max_virtual: u32,
     schedules: Option<Vec<String>>,
     list_scheduler: bool,
-    improve: usize,
+    #[pyo3(from_py_with = crate::args::whole)] improve: usize,
     objective: &str,
-    time_budget: f64,
+    #[pyo3(from_py_with = crate::args::real)] time_budget: f64,
     shape: Option<&Shape>,
-    tp: Option<u32>,
-    dp: Option<u32>,
-    zero: Option<u8>,
-    microbatch_size: Option<u64>,
+    #[pyo3(from_py_with = crate::args::opt_whole)] tp: Option<u32>,
+    #[pyo3(from_py_with = crate::args::opt_whole)] dp: Option<u32>,
+    #[pyo3(from_py_with = crate::args::opt_whole)] zero: Option<u8>,
+    #[pyo3(from_py_with = crate::args::opt_whole)] microbatch_size: Option<u64>,
     sequence_parallel: bool,
     precision: Option<&str>,
     accounting: Option<&str>,
@@ -331,10 +331,10 @@ impl SweepRow {
 #[pyo3(signature = (p = 4, m = vec![4, 8, 16, 32, 64], schedules = None, v = None, costs = None, memory_cap = None))]
 fn sweep(
     py: Python<'_>,
-    p: u32,
-    m: Vec<u32>,
+    #[pyo3(from_py_with = crate::args::whole)] p: u32,
+    #[pyo3(from_py_with = crate::args::wholes)] m: Vec<u32>,
     schedules: Option<Vec<String>>,
-    v: Option<Vec<u32>>,
+    #[pyo3(from_py_with = crate::args::opt_wholes)] v: Option<Vec<u32>>,
     costs: Option<&Costs>,
     memory_cap: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<Vec<SweepRow>> {
