@@ -11,10 +11,14 @@ pipelining CSV forms, and drawn as bubble charts that show inline in a notebook.
     0.1579
     >>> open("schedule.csv", "w").write(tt.to_csv())   # PyTorch's _load_csv reads it
 
-Errors are `PipewrightError` (a `ValueError`) with the CLI's one-line message.
+Errors are `PipewrightError` (a `ValueError`) with the CLI's one-line message; an argument
+of the wrong type or out of its range is an `ArgumentError` (a `PipewrightError` and a
+`TypeError`) naming it: `gpus: -8 is out of range: give a whole number from 0 to 4294967295`.
+`search` and `sweep` release the GIL and stop on Ctrl-C.
 """
 
 from ._native import (
+    ArgumentError,
     Chart,
     Costs,
     PipewrightError,
@@ -39,6 +43,7 @@ from ._native import (
 )
 
 __all__ = [
+    "ArgumentError",
     "Chart",
     "Costs",
     "PipewrightError",

@@ -17,6 +17,11 @@ Attention = Literal["materialized", "fused"]
 class PipewrightError(ValueError):
     """A request pipewright refuses, with the one line the CLI prints after `error:`."""
 
+class ArgumentError(PipewrightError, TypeError):
+    """An argument of the wrong type or out of its range, named with what is accepted:
+    `gpus: -8 is out of range: give a whole number from 0 to 4294967295`. Whole numbers
+    take an int (or numpy integer), never a bool or a float; numbers take an int or a float."""
+
 class Timetable:
     """One training step: for each device, the actions it runs, in order."""
 

@@ -16,41 +16,34 @@ const POLL: Duration = Duration::from_millis(50);
 /// Stack of the worker thread: as large as a main thread's, for the deepest simulations.
 const STACK: usize = 8 << 20;
 
-/// `work(cancel)`, run on a worker thread with the interpreter released. When a signal
-/// handler raises (Ctrl-C's KeyboardInterrupt), `cancel` is set, the work is waited for (it
-/// stops at its next check of the flag) and the handler's exception is raised.
-pub(crate) fn interruptible<T: Send>(
+/// `work()`, run on a worker thread with the interpreter released. When a signal handler
+/// raises (Ctrl-C's KeyboardInterrupt), `cancel` is set and the handler's exception is raised
+/// at once: the worker, left to end on its own, stops at its next check of the flag (within
+/// one candidate or one sweep row).
+pub(crate) fn interruptible<T: Send + 'static>(
     py: Python<'_>,
     cancel: &Cancel,
-    work: impl FnOnce() -> T + Send,
+    work: impl FnOnce() -> T + Send + 'static,
 ) -> PyResult<T> {
     py.detach(|| {
-        std::thread::scope(|s| {
-            let (done, finished) = mpsc::channel::<()>();
-            let worker = std::thread::Builder::new()
-                .name("pipewright-work".into())
-                .stack_size(STACK)
-                .spawn_scoped(s, move || {
-                    let out = work();
-                    // The waiter may have gone (it never does before joining): nothing to tell.
-                    let _ = done.send(());
-                    out
-                })
-                .map_err(|e| err(format!("cannot start a worker thread: {e}")))?;
-            let mut signal = Ok(());
-            // A panic drops `done` unsent: Disconnected ends the wait as Ok does.
-            while let Err(mpsc::RecvTimeoutError::Timeout) = finished.recv_timeout(POLL) {
-                signal = Python::attach(|py| py.check_signals());
-                if signal.is_err() {
-                    cancel.cancel();
-                    break;
-                }
-            }
-            let out = match worker.join() {
-                Ok(out) => out,
-                Err(panic) => std::panic::resume_unwind(panic),
-            };
-            signal.map(|()| out)
-        })
+        let (done, finished) = mpsc::channel::<()>();
+        let worker = std::thread::Builder::new()
+            .name("pipewright-work".into())
+            .stack_size(STACK)
+            .spawn(move || {
+                let out = work();
+                // The waiter is gone after a signal: nobody to tell.
+                let _ = done.send(());
+                out
+            })
+            .map_err(|e| err(format!("cannot start a worker thread: {e}")))?;
+        // A panic drops `done` unsent: Disconnected ends the wait as Ok does.
+        while let Err(mpsc::RecvTimeoutError::Timeout) = finished.recv_timeout(POLL) {
+            Python::attach(|py| py.check_signals()).inspect_err(|_| cancel.cancel())?;
+        }
+        match worker.join() {
+            Ok(out) => Ok(out),
+            Err(panic) => std::panic::resume_unwind(panic),
+        }
     })
 }

@@ -248,7 +248,8 @@ fn search(
         .checked(p, 1, &RecomputePlan::default(), m)
         .map_err(err)?;
     let started = std::time::Instant::now();
-    let found = interruptible(py, &spec.cancel, || run_search(&spec))?.map_err(err)?;
+    let cancel = spec.cancel.clone();
+    let found = interruptible(py, &cancel, move || run_search(&spec))?.map_err(err)?;
     let seconds = started.elapsed().as_secs_f64();
     let predicted = memory
         .predict(&found.timetable, &RecomputePlan::default())
@@ -364,11 +365,12 @@ fn sweep(
     };
     sweep_fits(&grid, "m=, v= or schedules=").map_err(err)?;
     let cancel = Cancel::default();
-    let rows = interruptible(py, &cancel, || {
+    let stop = cancel.clone();
+    let rows = interruptible(py, &cancel, move || {
         sweep_until(
             &grid,
             |stages, devices| costs.resolve(stages, devices),
-            &cancel,
+            &stop,
         )
     })?;
     rows.into_iter().map(|r| SweepRow::new(py, r)).collect()
