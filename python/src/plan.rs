@@ -11,11 +11,12 @@ use pipewright_schedule::plan::{
     plan as run_plan, Cluster, Fixed, Plan as RsPlan, PlanModel, PlanRequest, RawPlanRequest,
 };
 use pipewright_schedule::shape::{AttentionKind, ShapeRequest};
-use pipewright_schedule::{RecomputePlan, ScheduleKind};
+use pipewright_schedule::{Cancel, RecomputePlan, ScheduleKind};
 use pipewright_viz::{bubble_chart_with_memory, ChartOptions, ChartPanel, MemoryBars};
 use pyo3::prelude::*;
 
 use crate::charts::{image_format, Chart};
+use crate::interrupt::interruptible;
 use crate::shape::{kind, kinds, named_text};
 use crate::timetable::Timetable;
 use crate::{err, read_file, to_py};
@@ -275,7 +276,13 @@ fn plan(
     };
     let (request, notes) = raw.build().map_err(err)?;
     let started = std::time::Instant::now();
-    let inner = py.detach(|| run_plan(&request, &mut |_| {})).map_err(err)?;
+    // Ctrl-C returns at once; the planner, which has no stop flag of its own, ends in the
+    // background within its simulation budget (`max_simulated`).
+    let asked = request.clone();
+    let inner = interruptible(py, &Cancel::default(), move || {
+        run_plan(&asked, &mut |_| {})
+    })?
+    .map_err(err)?;
     Ok(Plan {
         inner,
         request,
