@@ -17,6 +17,8 @@ of the wrong type or out of its range is an `ArgumentError` (a `PipewrightError`
 `search` and `sweep` release the GIL and stop on Ctrl-C.
 """
 
+import functools as _functools
+
 from ._native import (
     ArgumentError,
     Chart,
@@ -40,6 +42,33 @@ from ._native import (
     simulate,
     sweep,
     validate,
+)
+
+
+
+def _named(function):
+    """`function` with PyO3's own conversion errors (a str where a list is wanted, an int
+    where a str is) raised as `ArgumentError`, whose message leads with the argument's name
+    (PyO3 notes it as `while processing 'x'`, which `str(error)` does not show)."""
+
+    @_functools.wraps(function)
+    def call(*args, **kwargs):
+        try:
+            return function(*args, **kwargs)
+        except TypeError as e:
+            notes = getattr(e, "__notes__", ())
+            if isinstance(e, ArgumentError) or not any(n.startswith("while processing '") for n in notes):
+                raise
+            named = ArgumentError(str(e))
+            for note in notes:
+                named.add_note(note)
+            raise named from None
+
+    return call
+
+
+chart, generate, plan, search, simulate, sweep, validate = map(
+    _named, (chart, generate, plan, search, simulate, sweep, validate)
 )
 
 __all__ = [

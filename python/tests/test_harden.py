@@ -90,6 +90,9 @@ BAD_ARGUMENTS = [
     ("pw.Shape(2, 4096.0, 4, 128, 1000)", "d_model"),
     ("pw.Shape(-2, 4096, 4, 128, 1000)", "layers"),
     ("pw.Shape.from_hf_config(5)", "config"),
+    ("pw.generate(schedule=5)", "schedule"),
+    ("pw.search(4, 8, 4, schedules='1f1b')", "schedules"),
+    ("pw.simulate(5)", "timetable"),
     ("pw.simulate(tt).chart(width=-1)", "width"),
     ("pw.simulate(tt).chart(height=2**40)", "height"),
 ]
