@@ -370,4 +370,3 @@ class Recorder:
             raise RecordError(f"no step left to measure: {len(tls)} recorded, {skip} skipped")
         text = json.dumps(measured_costs(used), indent=2) + "\n"
         write_output(path, text, inputs_of(self._sched), "save_costs")
-
