@@ -325,7 +325,8 @@ def search(
     accounting: Optional[Accounting] = None,
     attention: Optional[Attention] = None,
 ) -> SearchResult:
-    """With a `shape`, a cap in bytes bounds each rank's whole predicted memory."""
+    """With a `shape`, a cap in bytes bounds each rank's whole predicted memory.
+    `time_budget` is 0 to 1e6 s; runs with the GIL released and stops on Ctrl-C."""
 
 class SweepRow:
     schedule: str
@@ -349,7 +350,9 @@ def sweep(
     costs: Optional[Costs] = None,
     memory_cap: Union[int, float, str, None] = None,
 ) -> list[SweepRow]:
-    """`memory_cap` in microbatches (`4`) or bytes with a unit (`"24GiB"`), as `search`'s."""
+    """`memory_cap` in microbatches (`4`) or bytes with a unit (`"24GiB"`), as `search`'s.
+    A grid past the CLI's sweep limit is refused; runs with the GIL released and stops on
+    Ctrl-C."""
 
 class Plan:
     seconds: float
