@@ -134,3 +134,31 @@ fn more_device_threads_than_cores_is_said_on_stderr_and_in_json() {
     let o = run(&fit);
     assert!(!String::from_utf8_lossy(&o.stderr).contains("oversubscribed"));
 }
+
+#[test]
+fn a_40000_character_title_is_cut_to_the_chart_in_a_moment() {
+    // Fitting cut one character at a time and re-measured the rest: a minute (issue 32).
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("t.svg");
+    let title = "x".repeat(40_000);
+    let started = std::time::Instant::now();
+    ok(&[
+        "viz",
+        "--schedule",
+        "1f1b",
+        "--stages",
+        "4",
+        "--microbatches",
+        "8",
+        "--title",
+        &title,
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert!(started.elapsed().as_secs() < 10, "{:?}", started.elapsed());
+    let svg = std::fs::read_to_string(&out).unwrap();
+    assert!(
+        svg.contains("x…<"),
+        "the title ends in an ellipsis where it was cut"
+    );
+}

@@ -15,8 +15,9 @@
 
 use std::path::Path;
 
+use pipewright_schedule::sweep::SWEEP_STEPS;
 use pipewright_schedule::timeline::TimelineError;
-use pipewright_schedule::Timeline;
+use pipewright_schedule::{SweepGrid, Timeline};
 
 mod kind;
 
@@ -85,6 +86,18 @@ pub enum InputError {
         kind: FileKind,
         /// What was wanted, with its article.
         want: &'static str,
+    },
+    /// A sweep whose simulations together would run for longer than a sweep should.
+    #[error("the sweep simulates {shapes} combinations of {total} stage-microbatches in all ({steps} steps each), more than the {SWEEP_WORK} a sweep takes (minutes here): narrow {narrow}")]
+    SweepWork {
+        /// Combinations in the grid.
+        shapes: usize,
+        /// Their stage-microbatches together.
+        total: u64,
+        /// Steps simulated per combination.
+        steps: u64,
+        /// What the user narrows, in their face's words (flags or keywords).
+        narrow: &'static str,
     },
     /// Not a timeline's JSON.
     #[error("{name} is not a timeline JSON: {why}")]
@@ -170,6 +183,31 @@ pub fn timetable_fits(what: &str, spm: u64, times: u64) -> Result<(), InputError
         String::new()
     };
     fits(&format!("{what} ({spm} stage-microbatches{times})"), need)
+}
+
+/// Most stage-microbatch steps one sweep simulates: about two minutes on one core at the
+/// simulator's rate of about 400,000 a second (`simulate` at p = 64, m = 2048).
+pub const SWEEP_WORK: u64 = 1 << 26;
+
+/// Refuse a sweep grid whose largest simulation this machine cannot hold, or whose
+/// simulations together would run past [`SWEEP_WORK`]; `narrow` names what the user
+/// narrows (`--microbatches, --virtual or --schedules`, or Python's keywords).
+pub fn sweep_fits(grid: &SweepGrid, narrow: &'static str) -> Result<(), InputError> {
+    let steps = u64::from(SWEEP_STEPS);
+    let shapes = grid.shapes();
+    let spm = |&(_, v, m): &(_, u32, u32)| u64::from(grid.devices) * u64::from(v) * u64::from(m);
+    let largest = shapes.iter().map(spm).max().unwrap_or(0);
+    timetable_fits("the sweep's largest combination", largest, steps)?;
+    let total = shapes.iter().map(spm).fold(0u64, u64::saturating_add);
+    if total.saturating_mul(steps) > SWEEP_WORK {
+        return Err(InputError::SweepWork {
+            shapes: shapes.len(),
+            total,
+            steps,
+            narrow,
+        });
+    }
+    Ok(())
 }
 
 /// Refuse a text of `len` bytes called `name` that pipewright would not read from a file:

@@ -17,6 +17,11 @@ Attention = Literal["materialized", "fused"]
 class PipewrightError(ValueError):
     """A request pipewright refuses, with the one line the CLI prints after `error:`."""
 
+class ArgumentError(PipewrightError, TypeError):
+    """An argument of the wrong type or out of its range, named with what is accepted:
+    `gpus: -8 is out of range: give a whole number from 0 to 4294967295`. Whole numbers
+    take an int (or numpy integer), never a bool or a float; numbers take an int or a float."""
+
 class Timetable:
     """One training step: for each device, the actions it runs, in order."""
 
@@ -330,7 +335,8 @@ def search(
     accounting: Optional[Accounting] = None,
     attention: Optional[Attention] = None,
 ) -> SearchResult:
-    """With a `shape`, a cap in bytes bounds each rank's whole predicted memory."""
+    """With a `shape`, a cap in bytes bounds each rank's whole predicted memory.
+    `time_budget` is 0 to 1e6 s; runs with the GIL released and stops on Ctrl-C."""
 
 class SweepRow:
     schedule: str
@@ -354,7 +360,9 @@ def sweep(
     costs: Optional[Costs] = None,
     memory_cap: Union[int, float, str, None] = None,
 ) -> list[SweepRow]:
-    """`memory_cap` in microbatches (`4`) or bytes with a unit (`"24GiB"`), as `search`'s."""
+    """`memory_cap` in microbatches (`4`) or bytes with a unit (`"24GiB"`), as `search`'s.
+    A grid past the CLI's sweep limit is refused; runs with the GIL released and stops on
+    Ctrl-C."""
 
 class Plan:
     seconds: float

@@ -132,8 +132,8 @@ fn chart(
     timelines: Vec<PyRef<'_, Timeline>>,
     labels: Option<Vec<String>>,
     format: &str,
-    width: u32,
-    height: Option<u32>,
+    #[pyo3(from_py_with = crate::args::whole)] width: u32,
+    #[pyo3(from_py_with = crate::args::opt_whole)] height: Option<u32>,
     title: Option<String>,
 ) -> PyResult<Chart> {
     if let Some(l) = &labels {

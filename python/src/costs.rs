@@ -6,7 +6,7 @@ use pipewright_schedule::{CostModel, RawCostFile};
 use pyo3::prelude::*;
 
 use crate::simulate::Timeline;
-use crate::{byte_count, err, read_file, to_py};
+use crate::{byte_count, check_counts, err, read_file, to_py};
 
 /// Durations, sizes and link speed for the simulator: uniform per device (`Costs(f, b)`), or
 /// per stage from a cost file (`Costs.read(path)`, `Costs.from_json(text)`), or measured
@@ -90,14 +90,14 @@ impl Costs {
     #[pyo3(signature = (f = 1.0, b = 2.0, w = None, activation_bytes = None, p2p_bytes = None, p2p_latency = None, bandwidth = None, w_memory = None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
-        f: f64,
-        b: f64,
-        w: Option<f64>,
+        #[pyo3(from_py_with = crate::args::real)] f: f64,
+        #[pyo3(from_py_with = crate::args::real)] b: f64,
+        #[pyo3(from_py_with = crate::args::opt_real)] w: Option<f64>,
         activation_bytes: Option<&Bound<'_, PyAny>>,
         p2p_bytes: Option<&Bound<'_, PyAny>>,
-        p2p_latency: Option<f64>,
-        bandwidth: Option<f64>,
-        w_memory: Option<f64>,
+        #[pyo3(from_py_with = crate::args::opt_real)] p2p_latency: Option<f64>,
+        #[pyo3(from_py_with = crate::args::opt_real)] bandwidth: Option<f64>,
+        #[pyo3(from_py_with = crate::args::opt_real)] w_memory: Option<f64>,
     ) -> PyResult<Self> {
         let options = CostOptions::uniform(
             f,
@@ -129,7 +129,7 @@ impl Costs {
     #[staticmethod]
     fn read(path: std::path::PathBuf) -> PyResult<Self> {
         let name = path.display().to_string();
-        let text = read_file(&name)?;
+        let text = read_file(&path)?;
         Costs::file(text, name)
     }
 
@@ -168,9 +168,9 @@ impl Costs {
     #[pyo3(signature = (p2p_latency = None, bandwidth = None, w_memory = None))]
     fn with_overrides(
         &self,
-        p2p_latency: Option<f64>,
-        bandwidth: Option<f64>,
-        w_memory: Option<f64>,
+        #[pyo3(from_py_with = crate::args::opt_real)] p2p_latency: Option<f64>,
+        #[pyo3(from_py_with = crate::args::opt_real)] bandwidth: Option<f64>,
+        #[pyo3(from_py_with = crate::args::opt_real)] w_memory: Option<f64>,
     ) -> PyResult<Self> {
         let costs = Costs {
             p2p_latency: p2p_latency.or(self.p2p_latency),
@@ -185,17 +185,28 @@ impl Costs {
     }
 
     /// The resolved per-stage model for `stages` stages over `devices` devices, as a dict.
-    fn model_dict(&self, py: Python<'_>, stages: u32, devices: u32) -> PyResult<Py<PyAny>> {
+    fn model_dict(
+        &self,
+        py: Python<'_>,
+        #[pyo3(from_py_with = crate::args::whole)] stages: u32,
+        #[pyo3(from_py_with = crate::args::whole)] devices: u32,
+    ) -> PyResult<Py<PyAny>> {
+        check_counts(("stages", stages), ("devices", devices))?;
         to_py(py, &self.model(stages, devices)?)
     }
 
     /// A cost file's text for these costs (`search --cost-file`, `simulate --cost-file`);
     /// uniform costs are written for `stages` stages over `devices` devices.
     #[pyo3(signature = (stages = None, devices = None))]
-    fn to_json(&self, stages: Option<u32>, devices: Option<u32>) -> PyResult<String> {
+    fn to_json(
+        &self,
+        #[pyo3(from_py_with = crate::args::opt_whole)] stages: Option<u32>,
+        #[pyo3(from_py_with = crate::args::opt_whole)] devices: Option<u32>,
+    ) -> PyResult<String> {
         match (&self.base, stages) {
             (Base::File { text, .. }, None) => Ok(text.clone()),
             (_, Some(s)) => {
+                check_counts(("stages", s), ("devices", devices.unwrap_or(s)))?;
                 let model = self.model(s, devices.unwrap_or(s))?;
                 Ok(serde_json::to_string_pretty(&model).map_err(err)? + "\n")
             }

@@ -3,12 +3,15 @@
 //! nothing is computed twice. Errors become `pipewright.PipewrightError` with the library's
 //! own one-line message, the words the CLI prints after `error:`.
 
+use pipewright_schedule::timeline::MAX_DEVICES;
 use pyo3::create_exception;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
+mod args;
 mod charts;
 mod costs;
+mod interrupt;
 mod plan;
 mod search;
 mod shape;
@@ -34,9 +37,10 @@ pub(crate) fn to_py<T: serde::Serialize>(py: Python<'_>, value: &T) -> PyResult<
 }
 
 /// A text file's content, refused as the CLI refuses it (`pipewright_input::read_text`: the
-/// same size limit, folders and devices, non-UTF-8 bytes, in the same words).
-pub(crate) fn read_file(path: &str) -> PyResult<String> {
-    pipewright_input::read_text(std::path::Path::new(path)).map_err(err)
+/// same size limit, folders and devices, non-UTF-8 bytes, in the same words). The path is
+/// the OS's (any bytes a file name may hold), not text.
+pub(crate) fn read_file(path: &std::path::Path) -> PyResult<String> {
+    pipewright_input::read_text(path).map_err(err)
 }
 
 /// A byte count as the CLI's byte flags take it: a whole number of bytes, or text with a
@@ -50,10 +54,29 @@ pub(crate) fn byte_count(value: &Bound<'_, PyAny>, name: &str) -> PyResult<u64> 
     pipewright_schedule::search::parse_bytes(&text).map_err(|e| err(format!("{name}: {e}")))
 }
 
+/// Refuse a stage or device count no timetable can have, before anything is sized by it
+/// (a per-stage cost list, a timetable): at least 1, devices at most a timeline's
+/// [`MAX_DEVICES`], and stages this machine could hold a timetable of (`timetable_fits`,
+/// the CLI's bound). Each pair is the argument's name and its value.
+pub(crate) fn check_counts(stages: (&str, u32), devices: (&str, u32)) -> PyResult<()> {
+    for (name, n) in [stages, devices] {
+        if n == 0 {
+            return Err(err(format!("{name} 0: give at least 1")));
+        }
+    }
+    let (name, n) = devices;
+    if n > MAX_DEVICES {
+        return Err(err(format!("{name} {n}: give 1 to {MAX_DEVICES} devices")));
+    }
+    let (name, n) = stages;
+    pipewright_input::timetable_fits(&format!("{name}={n}"), u64::from(n), 1).map_err(err)
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("PipewrightError", m.py().get_type::<PipewrightError>())?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    args::register(m)?;
     timetable::register(m)?;
     costs::register(m)?;
     simulate::register(m)?;

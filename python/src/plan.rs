@@ -11,11 +11,12 @@ use pipewright_schedule::plan::{
     plan as run_plan, Cluster, Fixed, Plan as RsPlan, PlanModel, PlanRequest, RawPlanRequest,
 };
 use pipewright_schedule::shape::{AttentionKind, ShapeRequest};
-use pipewright_schedule::{RecomputePlan, ScheduleKind};
+use pipewright_schedule::{Cancel, RecomputePlan, ScheduleKind};
 use pipewright_viz::{bubble_chart_with_memory, ChartOptions, ChartPanel, MemoryBars};
 use pyo3::prelude::*;
 
 use crate::charts::{image_format, Chart};
+use crate::interrupt::interruptible;
 use crate::shape::{kind, kinds, named_text};
 use crate::timetable::Timetable;
 use crate::{err, read_file, to_py};
@@ -26,7 +27,7 @@ fn cluster_file(arg: &str) -> PyResult<Option<String>> {
     if Cluster::preset(arg).is_some() || !std::path::Path::new(arg).exists() {
         return Ok(None);
     }
-    read_file(arg).map(Some)
+    read_file(std::path::Path::new(arg)).map(Some)
 }
 
 /// The ranked configurations; `best` is the first row, `timetable` its timetable.
@@ -97,8 +98,8 @@ impl Plan {
     fn chart(
         &self,
         format: &str,
-        width: u32,
-        height: Option<u32>,
+        #[pyo3(from_py_with = crate::args::whole)] width: u32,
+        #[pyo3(from_py_with = crate::args::opt_whole)] height: Option<u32>,
         title: Option<String>,
     ) -> PyResult<Option<Chart>> {
         let Some(best) = self.inner.rows.first() else {
@@ -189,40 +190,40 @@ impl Plan {
 #[allow(clippy::too_many_arguments)]
 fn plan(
     py: Python<'_>,
-    layers: Option<u32>,
-    d_model: Option<u64>,
-    heads: Option<u32>,
-    seq_len: Option<u64>,
-    gpus: Option<u32>,
-    global_batch: Option<u64>,
-    vocab: Option<u64>,
-    ffn: Option<u64>,
-    kv_heads: Option<u32>,
+    #[pyo3(from_py_with = crate::args::opt_whole)] layers: Option<u32>,
+    #[pyo3(from_py_with = crate::args::opt_whole)] d_model: Option<u64>,
+    #[pyo3(from_py_with = crate::args::opt_whole)] heads: Option<u32>,
+    #[pyo3(from_py_with = crate::args::opt_whole)] seq_len: Option<u64>,
+    #[pyo3(from_py_with = crate::args::opt_whole)] gpus: Option<u32>,
+    #[pyo3(from_py_with = crate::args::opt_whole)] global_batch: Option<u64>,
+    #[pyo3(from_py_with = crate::args::opt_whole)] vocab: Option<u64>,
+    #[pyo3(from_py_with = crate::args::opt_whole)] ffn: Option<u64>,
+    #[pyo3(from_py_with = crate::args::opt_whole)] kv_heads: Option<u32>,
     mlp: Option<&str>,
     norm: Option<&str>,
     tied_embeddings: bool,
     positions: Option<&str>,
-    rope_theta: Option<f64>,
+    #[pyo3(from_py_with = crate::args::opt_real)] rope_theta: Option<f64>,
     bias: Option<&str>,
     hf_config: Option<&Bound<'_, PyAny>>,
     profile: Option<&Bound<'_, PyAny>>,
     attention: Option<&str>,
     cluster: &str,
     precision: &str,
-    tp: Option<u32>,
-    pp: Option<u32>,
-    v: Option<u32>,
-    microbatch_size: Option<u64>,
+    #[pyo3(from_py_with = crate::args::opt_whole)] tp: Option<u32>,
+    #[pyo3(from_py_with = crate::args::opt_whole)] pp: Option<u32>,
+    #[pyo3(from_py_with = crate::args::opt_whole)] v: Option<u32>,
+    #[pyo3(from_py_with = crate::args::opt_whole)] microbatch_size: Option<u64>,
     schedule: Option<&str>,
     recompute: Option<&str>,
-    zero: Option<u8>,
+    #[pyo3(from_py_with = crate::args::opt_whole)] zero: Option<u8>,
     sequence_parallel: Option<bool>,
     allow_cross_node_tp: bool,
-    top: usize,
-    max_virtual: u32,
-    max_microbatch_size: u64,
-    max_simulated: usize,
-    max_searched: usize,
+    #[pyo3(from_py_with = crate::args::whole)] top: usize,
+    #[pyo3(from_py_with = crate::args::whole)] max_virtual: u32,
+    #[pyo3(from_py_with = crate::args::whole)] max_microbatch_size: u64,
+    #[pyo3(from_py_with = crate::args::whole)] max_simulated: usize,
+    #[pyo3(from_py_with = crate::args::whole)] max_searched: usize,
 ) -> PyResult<Plan> {
     let raw = RawPlanRequest {
         shape: ShapeRequest {
@@ -275,7 +276,13 @@ fn plan(
     };
     let (request, notes) = raw.build().map_err(err)?;
     let started = std::time::Instant::now();
-    let inner = py.detach(|| run_plan(&request, &mut |_| {})).map_err(err)?;
+    // Ctrl-C returns at once; the planner, which has no stop flag of its own, ends in the
+    // background within its simulation budget (`max_simulated`).
+    let asked = request.clone();
+    let inner = interruptible(py, &Cancel::default(), move || {
+        run_plan(&asked, &mut |_| {})
+    })?
+    .map_err(err)?;
     Ok(Plan {
         inner,
         request,

@@ -3,20 +3,24 @@
 
 use std::time::Duration;
 
-use pipewright_schedule::search::{search as run_search, MemoryCap, SearchOutcome, SearchSpec};
-use pipewright_schedule::{sweep as run_sweep, ScheduleKind, SweepGrid, SweepRow as RsRow};
+use pipewright_schedule::search::{
+    search as run_search, MemoryCap, SearchOutcome, SearchSpec, MAX_TIME_BUDGET,
+};
+use pipewright_schedule::sweep::sweep_until;
+use pipewright_schedule::{Cancel, ScheduleKind, SweepGrid, SweepRow as RsRow};
 use pipewright_viz::{pareto_plot, ChartOptions, ParetoPoint};
 use pyo3::prelude::*;
 
-use pipewright_input::timetable_fits;
+use pipewright_input::{sweep_fits, timetable_fits};
 use pipewright_schedule::RecomputePlan;
 
 use crate::charts::{draw, image_format, Chart};
 use crate::costs::Costs;
+use crate::interrupt::interruptible;
 use crate::shape::{memory_request, memory_to_py, Shape};
 use crate::simulate::Simulation;
 use crate::timetable::Timetable;
-use crate::{err, to_py};
+use crate::{check_counts, err, to_py};
 
 /// A memory cap from a number of microbatches (`4`, `2.5`) or bytes with a unit (`"24GiB"`).
 fn cap_of(cap: &Bound<'_, PyAny>) -> PyResult<MemoryCap> {
@@ -113,7 +117,11 @@ impl SearchResult {
     /// 5), each named after its candidate: what `pipewright.torch.tune` runs to confirm the
     /// choice by measurement.
     #[pyo3(signature = (k = 5))]
-    fn timetables(&self, py: Python<'_>, k: usize) -> PyResult<Vec<Py<Timetable>>> {
+    fn timetables(
+        &self,
+        py: Python<'_>,
+        #[pyo3(from_py_with = crate::args::whole)] k: usize,
+    ) -> PyResult<Vec<Py<Timetable>>> {
         let mut out = vec![self.timetable.clone_ref(py)];
         for (i, tt) in self.inner.runners_up.iter().take(k.saturating_sub(1)) {
             let mut tt = tt.clone();
@@ -128,8 +136,8 @@ impl SearchResult {
     fn chart(
         &self,
         format: &str,
-        width: u32,
-        height: Option<u32>,
+        #[pyo3(from_py_with = crate::args::whole)] width: u32,
+        #[pyo3(from_py_with = crate::args::opt_whole)] height: Option<u32>,
         title: Option<String>,
     ) -> PyResult<Chart> {
         let label = self.inner.candidates[self.inner.best].label.clone();
@@ -147,8 +155,8 @@ impl SearchResult {
     fn pareto_chart(
         &self,
         format: &str,
-        width: u32,
-        height: Option<u32>,
+        #[pyo3(from_py_with = crate::args::whole)] width: u32,
+        #[pyo3(from_py_with = crate::args::opt_whole)] height: Option<u32>,
         title: Option<String>,
     ) -> PyResult<Chart> {
         let found = &self.inner;
@@ -192,31 +200,40 @@ impl SearchResult {
 #[allow(clippy::too_many_arguments)]
 fn search(
     py: Python<'_>,
-    p: u32,
-    m: u32,
+    #[pyo3(from_py_with = crate::args::whole)] p: u32,
+    #[pyo3(from_py_with = crate::args::whole)] m: u32,
     memory_cap: &Bound<'_, PyAny>,
     costs: Option<&Costs>,
-    max_virtual: u32,
+    #[pyo3(from_py_with = crate::args::whole)] max_virtual: u32,
     schedules: Option<Vec<String>>,
     list_scheduler: bool,
-    improve: usize,
+    #[pyo3(from_py_with = crate::args::whole)] improve: usize,
     objective: &str,
-    time_budget: f64,
+    #[pyo3(from_py_with = crate::args::real)] time_budget: f64,
     split_backward: bool,
     shape: Option<&Shape>,
-    tp: Option<u32>,
-    dp: Option<u32>,
-    zero: Option<u8>,
-    microbatch_size: Option<u64>,
+    #[pyo3(from_py_with = crate::args::opt_whole)] tp: Option<u32>,
+    #[pyo3(from_py_with = crate::args::opt_whole)] dp: Option<u32>,
+    #[pyo3(from_py_with = crate::args::opt_whole)] zero: Option<u8>,
+    #[pyo3(from_py_with = crate::args::opt_whole)] microbatch_size: Option<u64>,
     sequence_parallel: bool,
     precision: Option<&str>,
     accounting: Option<&str>,
     attention: Option<&str>,
 ) -> PyResult<SearchResult> {
-    if !(0.0..=1e6).contains(&time_budget) {
+    if !(0.0..=MAX_TIME_BUDGET).contains(&time_budget) {
         return Err(err(format!(
-            "time_budget {time_budget}: give seconds between 0 and 1000000"
+            "time_budget {time_budget}: give seconds between 0 and {MAX_TIME_BUDGET} (Ctrl-C stops a search sooner)"
         )));
+    }
+    check_counts(("p", p), ("p", p))?;
+    if m == 0 || max_virtual == 0 {
+        let (name, n) = if m == 0 {
+            ("m", m)
+        } else {
+            ("max_virtual", max_virtual)
+        };
+        return Err(err(format!("{name} {n}: give at least 1")));
     }
     let memory = memory_request(
         shape,
@@ -251,7 +268,8 @@ fn search(
         .checked(p, 1, &RecomputePlan::default(), m)
         .map_err(err)?;
     let started = std::time::Instant::now();
-    let found = py.detach(|| run_search(&spec)).map_err(err)?;
+    let cancel = spec.cancel.clone();
+    let found = interruptible(py, &cancel, move || run_search(&spec))?.map_err(err)?;
     let seconds = started.elapsed().as_secs_f64();
     let predicted = memory
         .predict(&found.timetable, &RecomputePlan::default())
@@ -334,15 +352,20 @@ impl SweepRow {
 #[pyo3(signature = (p = 4, m = vec![4, 8, 16, 32, 64], schedules = None, v = None, costs = None, memory_cap = None))]
 fn sweep(
     py: Python<'_>,
-    p: u32,
-    m: Vec<u32>,
+    #[pyo3(from_py_with = crate::args::whole)] p: u32,
+    #[pyo3(from_py_with = crate::args::wholes)] m: Vec<u32>,
     schedules: Option<Vec<String>>,
-    v: Option<Vec<u32>>,
+    #[pyo3(from_py_with = crate::args::opt_wholes)] v: Option<Vec<u32>>,
     costs: Option<&Costs>,
     memory_cap: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<Vec<SweepRow>> {
-    if let Some(bad) = m.iter().chain(v.iter().flatten()).find(|&&x| x == 0) {
-        return Err(err(format!("counts must be at least 1 (got {bad})")));
+    check_counts(("p", p), ("p", p))?;
+    for (name, list) in [("m", Some(&m)), ("v", v.as_ref())] {
+        if let Some(bad) = list.into_iter().flatten().find(|&&x| x == 0) {
+            return Err(err(format!(
+                "{name}: counts must be at least 1 (got {bad})"
+            )));
+        }
     }
     let costs = Costs::or_default(costs)?;
     let memory_cap = match memory_cap {
@@ -360,15 +383,16 @@ fn sweep(
         microbatches: m,
         memory_cap,
     };
-    let largest = grid
-        .shapes()
-        .iter()
-        .map(|&(_, v, m)| u64::from(p) * u64::from(v) * u64::from(m))
-        .max()
-        .unwrap_or(0);
-    let steps = u64::from(pipewright_schedule::sweep::SWEEP_STEPS);
-    timetable_fits("the sweep's largest combination", largest, steps).map_err(err)?;
-    let rows = run_sweep(&grid, |stages, devices| costs.resolve(stages, devices));
+    sweep_fits(&grid, "m=, v= or schedules=").map_err(err)?;
+    let cancel = Cancel::default();
+    let stop = cancel.clone();
+    let rows = interruptible(py, &cancel, move || {
+        sweep_until(
+            &grid,
+            |stages, devices| costs.resolve(stages, devices),
+            &stop,
+        )
+    })?;
     rows.into_iter().map(|r| SweepRow::new(py, r)).collect()
 }
 

@@ -11,7 +11,7 @@ use pipewright_schedule::shape::{
     AttentionKind, Named, ResolvedShape, RopeTheta, ShapeKinds, ShapeRequest,
 };
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyString};
+use pyo3::types::PyDict;
 
 use crate::{err, read_file, to_py};
 
@@ -29,8 +29,8 @@ pub(crate) fn named_text(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Named> 
             text,
         });
     }
-    if obj.is_instance_of::<PyString>() {
-        let s: String = obj.extract()?;
+    // A str that is not UTF-8 (a file name Python decoded with surrogates) is a path.
+    if let Ok(s) = obj.extract::<String>() {
         if s.trim_start().starts_with('{') {
             return Ok(Named {
                 name: what.to_string(),
@@ -38,10 +38,18 @@ pub(crate) fn named_text(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Named> 
             });
         }
     }
-    let path: PathBuf = obj.extract()?;
+    let path: PathBuf = obj.extract().map_err(|_| {
+        let ty = obj
+            .get_type()
+            .name()
+            .map_or_else(|_| "?".into(), |n| n.to_string());
+        err(format!(
+            "{what}: give a file's path, JSON text or a dict, not {ty}"
+        ))
+    })?;
     let name = path.display().to_string();
     Ok(Named {
-        text: read_file(&name)?,
+        text: read_file(&path)?,
         name,
     })
 }
@@ -100,18 +108,18 @@ impl Shape {
     #[pyo3(signature = (layers, d_model, heads, seq_len, vocab, *, ffn = None, kv_heads = None, mlp = None, norm = None, tied_embeddings = false, positions = None, rope_theta = None, bias = None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
-        layers: u32,
-        d_model: u64,
-        heads: u32,
-        seq_len: u64,
-        vocab: u64,
-        ffn: Option<u64>,
-        kv_heads: Option<u32>,
+        #[pyo3(from_py_with = crate::args::whole)] layers: u32,
+        #[pyo3(from_py_with = crate::args::whole)] d_model: u64,
+        #[pyo3(from_py_with = crate::args::whole)] heads: u32,
+        #[pyo3(from_py_with = crate::args::whole)] seq_len: u64,
+        #[pyo3(from_py_with = crate::args::whole)] vocab: u64,
+        #[pyo3(from_py_with = crate::args::opt_whole)] ffn: Option<u64>,
+        #[pyo3(from_py_with = crate::args::opt_whole)] kv_heads: Option<u32>,
         mlp: Option<&str>,
         norm: Option<&str>,
         tied_embeddings: bool,
         positions: Option<&str>,
-        rope_theta: Option<f64>,
+        #[pyo3(from_py_with = crate::args::opt_real)] rope_theta: Option<f64>,
         bias: Option<&str>,
     ) -> PyResult<Self> {
         Shape::of(ShapeRequest {
@@ -139,7 +147,10 @@ impl Shape {
     /// context it was pretrained at. `notes` says how it was read.
     #[staticmethod]
     #[pyo3(signature = (config, seq_len = None))]
-    fn from_hf_config(config: &Bound<'_, PyAny>, seq_len: Option<u64>) -> PyResult<Self> {
+    fn from_hf_config(
+        config: &Bound<'_, PyAny>,
+        #[pyo3(from_py_with = crate::args::opt_whole)] seq_len: Option<u64>,
+    ) -> PyResult<Self> {
         Shape::of(ShapeRequest {
             seq_len,
             hf_config: Some(named_text(config, "config")?),

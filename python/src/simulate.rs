@@ -86,8 +86,8 @@ impl Timeline {
     fn chart(
         &self,
         format: &str,
-        width: u32,
-        height: Option<u32>,
+        #[pyo3(from_py_with = crate::args::whole)] width: u32,
+        #[pyo3(from_py_with = crate::args::opt_whole)] height: Option<u32>,
         title: Option<String>,
     ) -> PyResult<Chart> {
         draw(&[(&self.inner, None)], format, width, height, title)
@@ -197,8 +197,8 @@ impl Simulation {
     fn chart(
         &self,
         format: &str,
-        width: u32,
-        height: Option<u32>,
+        #[pyo3(from_py_with = crate::args::whole)] width: u32,
+        #[pyo3(from_py_with = crate::args::opt_whole)] height: Option<u32>,
         title: Option<String>,
     ) -> PyResult<Chart> {
         let tl = &self.timeline.get().inner;
@@ -277,8 +277,8 @@ impl SteadySimulation {
     fn chart(
         &self,
         format: &str,
-        width: u32,
-        height: Option<u32>,
+        #[pyo3(from_py_with = crate::args::whole)] width: u32,
+        #[pyo3(from_py_with = crate::args::opt_whole)] height: Option<u32>,
         title: Option<String>,
     ) -> PyResult<Chart> {
         draw(
@@ -317,12 +317,12 @@ fn simulate(
     py: Python<'_>,
     timetable: &Timetable,
     costs: Option<&Costs>,
-    steps: u32,
+    #[pyo3(from_py_with = crate::args::whole)] steps: u32,
     shape: Option<&Shape>,
-    tp: Option<u32>,
-    dp: Option<u32>,
-    zero: Option<u8>,
-    microbatch_size: Option<u64>,
+    #[pyo3(from_py_with = crate::args::opt_whole)] tp: Option<u32>,
+    #[pyo3(from_py_with = crate::args::opt_whole)] dp: Option<u32>,
+    #[pyo3(from_py_with = crate::args::opt_whole)] zero: Option<u8>,
+    #[pyo3(from_py_with = crate::args::opt_whole)] microbatch_size: Option<u64>,
     sequence_parallel: bool,
     precision: Option<&str>,
     accounting: Option<&str>,

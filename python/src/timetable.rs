@@ -115,7 +115,7 @@ impl Timetable {
     #[pyo3(signature = (path, validate = true))]
     fn read(path: std::path::PathBuf, validate: bool) -> PyResult<Self> {
         let name = path.display().to_string();
-        parse(&read_file(&name)?, &name, validate)
+        parse(&read_file(&path)?, &name, validate)
     }
 
     /// The timetable as CSV: `form="compute_only"` (PyTorch's `_load_csv` default and
@@ -281,10 +281,10 @@ fn keep_permissions(tmp: &std::fs::File, path: &std::path::Path) -> std::io::Res
 #[pyo3(signature = (schedule = "1f1b", p = 4, v = 1, m = 8, group_size = None, recompute = "none"))]
 fn generate(
     schedule: &str,
-    p: u32,
-    v: u32,
-    m: u32,
-    group_size: Option<u32>,
+    #[pyo3(from_py_with = crate::args::whole)] p: u32,
+    #[pyo3(from_py_with = crate::args::whole)] v: u32,
+    #[pyo3(from_py_with = crate::args::whole)] m: u32,
+    #[pyo3(from_py_with = crate::args::opt_whole)] group_size: Option<u32>,
     recompute: &str,
 ) -> PyResult<Timetable> {
     let raw = RawSpec {

@@ -29,6 +29,7 @@
 #![deny(missing_docs)]
 
 pub mod action;
+pub mod cancel;
 pub mod formats;
 pub mod generators;
 pub mod layer_profile;
@@ -45,6 +46,7 @@ pub mod timetable;
 pub mod validate;
 
 pub use action::{Action, ActionKind, ParseActionError};
+pub use cancel::Cancel;
 pub use formats::{
     chrome_trace, from_csv, to_csv, write_csv, CsvError, CsvForm, CsvSource, PytorchError,
 };

@@ -3,6 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::cancel::Cancel;
 use crate::generators::generate;
 use crate::simulate::{simulate_steps, Bubbles, CostModel};
 use crate::spec::{ScheduleKind, ScheduleSpec};
@@ -81,8 +82,18 @@ pub fn sweep<F>(grid: &SweepGrid, costs: F) -> Vec<SweepRow>
 where
     F: Fn(u32, u32) -> Result<CostModel, String>,
 {
+    sweep_until(grid, costs, &Cancel::default())
+}
+
+/// [`sweep`], stopping before the next combination once `cancel` is set: the rows done so
+/// far (the Python face sets it on Ctrl-C).
+pub fn sweep_until<F>(grid: &SweepGrid, costs: F, cancel: &Cancel) -> Vec<SweepRow>
+where
+    F: Fn(u32, u32) -> Result<CostModel, String>,
+{
     grid.shapes()
         .into_iter()
+        .take_while(|_| !cancel.is_cancelled())
         .map(|(kind, v, m)| {
             run_one(kind, grid.devices, v, m, grid.memory_cap, &costs)
                 .unwrap_or_else(|e| SweepRow::failed(kind, v, m, e))

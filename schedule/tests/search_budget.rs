@@ -48,3 +48,41 @@ fn an_ample_budget_evaluates_everything_and_finds_what_no_budget_finds() {
     let (a, b) = (&free.candidates[free.best], &ample.candidates[ample.best]);
     assert_eq!((&a.label, a.period), (&b.label, b.period));
 }
+
+#[test]
+fn a_cancelled_search_stops_at_its_next_candidate_and_a_cancelled_sweep_at_its_next_row() {
+    // Set from another thread mid-search (Ctrl-C in Python): the search returns what it has.
+    let s = spec(None);
+    let flag = s.cancel.clone();
+    let found = search_with(&s, &mut |p| {
+        if p.done == 2 {
+            flag.cancel();
+        }
+    })
+    .unwrap();
+    let cut = found
+        .cut_short
+        .expect("a cancelled search says it was cut short");
+    assert_eq!(cut.evaluated, 2, "{cut:?}");
+
+    let grid = pipewright_schedule::SweepGrid {
+        schedules: vec![pipewright_schedule::ScheduleKind::OneFOneB],
+        devices: 4,
+        virtual_stages: vec![1],
+        microbatches: vec![4, 8, 16],
+        memory_cap: None,
+    };
+    let costs = |stages, _| {
+        Ok(CostModel::uniform(
+            stages,
+            StageCost::new(1.0, 2.0, None).unwrap(),
+        ))
+    };
+    let cancel = pipewright_schedule::Cancel::default();
+    assert_eq!(
+        pipewright_schedule::sweep::sweep_until(&grid, costs, &cancel).len(),
+        3
+    );
+    cancel.cancel();
+    assert!(pipewright_schedule::sweep::sweep_until(&grid, costs, &cancel).is_empty());
+}

@@ -30,10 +30,6 @@ pub enum VizFormat {
     Image,
 }
 
-/// Most stage-microbatch steps one sweep simulates: about two minutes on one core at the
-/// simulator's rate of about 400,000 a second (`simulate` at p = 64, m = 2048).
-const SWEEP_WORK: u64 = 1 << 26;
-
 /// Widest terminal chart drawn.
 const MAX_COLUMNS: usize = 65535;
 
@@ -383,23 +379,10 @@ impl SweepCmd {
     }
 
     /// Refuse a grid whose largest simulation this machine cannot hold, or whose
-    /// simulations together would run for longer than a sweep should.
+    /// simulations together would run for longer than a sweep should (Python's too).
     fn bounded(&self, grid: &SweepGrid) -> Result<()> {
-        let steps = u64::from(pipewright::schedule::sweep::SWEEP_STEPS);
-        let spm = |&(_, v, m): &(ScheduleKind, u32, u32)| {
-            u64::from(self.stages) * u64::from(v) * u64::from(m)
-        };
-        let shapes = grid.shapes();
-        let largest = shapes.iter().map(spm).max().unwrap_or(0);
-        super::budget::timetable("the sweep's largest combination", largest, steps)?;
-        let total = shapes.iter().map(spm).fold(0u64, u64::saturating_add);
-        if total.saturating_mul(steps) > SWEEP_WORK {
-            bail!(
-                "the sweep simulates {} combinations of {total} stage-microbatches in all ({steps} steps each), more than the {SWEEP_WORK} a sweep takes (minutes here): narrow --microbatches, --virtual or --schedules",
-                shapes.len()
-            );
-        }
-        Ok(())
+        let narrow = "--microbatches, --virtual or --schedules";
+        Ok(pipewright::input::sweep_fits(grid, narrow)?)
     }
 
     /// The cap in bytes: read by the one cap parser `search` uses and turned into bytes by

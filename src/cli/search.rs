@@ -140,7 +140,7 @@ impl SearchCmd {
             "--time-budget",
             self.time_budget,
             0.0,
-            1e6,
+            pipewright::schedule::search::MAX_TIME_BUDGET,
             "seconds to spend evaluating candidates",
         )?;
         let cap: MemoryCap = self.memory_cap.parse()?;

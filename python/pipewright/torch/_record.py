@@ -45,6 +45,7 @@ import pipewright
 from ._costs import measured_costs
 from ._grads import restore_grads, save_grads
 from ._errors import RecordError
+from ._outputs import inputs_of, write_output
 
 _COMPUTE = ("F", "B", "I", "W")
 
@@ -370,7 +371,7 @@ class Recorder:
             raise RecordError("no step recorded yet: call Recorder.step first")
         if not -len(tls) <= step < len(tls):
             raise RecordError(f"step {step} was not recorded: {len(tls)} steps were")
-        _write_atomic(Path(path), tls[step].to_json())
+        write_output(path, tls[step].to_json(), inputs_of(self._sched), "save_timeline")
 
     def host_costs(self, *, skip: int | None = None) -> dict | None:
         """The mean host time (ms) of the recorded steps on every rank, on rank 0 (None
@@ -436,6 +437,8 @@ class Recorder:
         The first step is left out as warm-up when there are more (as `train --costs-out`
         does), or the first `skip`. `pipewright search --cost-file PATH` reads it. Collective.
         """
+        if skip is not None and (type(skip) is not int or skip < 0):
+            raise RecordError(f"skip {skip!r}: give a whole number of steps, 0 or more")
         host = self.host_costs(skip=skip)
         tls = self.timelines()
         probe = self._probe_recorder.timelines() if self._probe_recorder else None
@@ -446,29 +449,10 @@ class Recorder:
         if not used:
             raise RecordError(f"no step left to measure: {len(tls)} recorded, {skip} skipped")
         costs = measured_costs(used, probe=probe[1:] if probe else None, host=host)
-        _write_atomic(Path(path), json.dumps(costs, indent=2) + "\n")
+        text = json.dumps(costs, indent=2) + "\n"
+        write_output(path, text, inputs_of(self._sched), "save_costs")
 
 
 def _skip(steps: int, skip: int | None) -> int:
     """Steps to leave out as warm-up: the first when there are more, or `skip`."""
     return int(steps > 1) if skip is None else skip
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    """Write beside the target, then rename: a reader never sees half a file."""
-    import os
-    import tempfile
-
-    folder = path.parent if str(path.parent) else Path(".")
-    if not folder.is_dir():
-        raise RecordError(f"{path}: folder {folder} does not exist; create it first")
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use super::Job;
+use crate::cancel::Cancel;
 use crate::spec::ScheduleKind;
 
 /// How far a search has got, reported after every evaluated candidate.
@@ -32,17 +33,21 @@ pub struct CutShort {
     pub total: usize,
 }
 
-/// When a search must stop.
-#[derive(Clone, Copy, Debug)]
-pub(super) struct Deadline(Option<Instant>);
+/// Longest time budget a search takes, in seconds (`search --time-budget`, Python's
+/// `time_budget=`): a bound on every call, which Ctrl-C can cut shorter.
+pub const MAX_TIME_BUDGET: f64 = 1e6;
+
+/// When a search must stop: its time budget spent, or its [`Cancel`] flag set.
+#[derive(Clone, Debug)]
+pub(super) struct Deadline(Option<Instant>, Cancel);
 
 impl Deadline {
-    pub(super) fn after(budget: Option<Duration>) -> Self {
-        Deadline(budget.map(|b| Instant::now() + b))
+    pub(super) fn after(budget: Option<Duration>, cancel: &Cancel) -> Self {
+        Deadline(budget.map(|b| Instant::now() + b), cancel.clone())
     }
 
     pub(super) fn passed(&self) -> bool {
-        self.0.is_some_and(|d| Instant::now() >= d)
+        self.1.is_cancelled() || self.0.is_some_and(|d| Instant::now() >= d)
     }
 }
 

@@ -44,7 +44,7 @@ pub fn improve(tt: &Timetable, how: &Improve<'_>) -> Option<(Timetable, SteadySt
     loop {
         let (cur_tt, cur_sim) = best.as_ref().map_or((tt, &start), |(t, s)| (t, s));
         let mut moved = None;
-        for (d, from, to) in gap_moves(cur_tt, cur_sim, how.deadline) {
+        for (d, from, to) in gap_moves(cur_tt, cur_sim, how.deadline.clone()) {
             if spent >= how.budget || how.deadline.passed() {
                 break;
             }

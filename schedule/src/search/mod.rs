@@ -47,7 +47,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-pub use budget::{CutShort, Progress};
+pub use budget::{CutShort, Progress, MAX_TIME_BUDGET};
 pub use list::{list_schedule, Knobs};
 pub use memory::{
     held_weights, kept_weights, parse_bytes, peak_units, peak_units_held, peak_units_kept,
@@ -55,6 +55,7 @@ pub use memory::{
 };
 pub use rounds::{round_schedule, RoundKnobs};
 
+use crate::cancel::Cancel;
 use crate::generators::generate;
 use crate::memory::{MemoryConfig, MemoryError};
 use crate::simulate::{
@@ -103,6 +104,8 @@ pub struct SearchSpec {
     /// Try timetables that split the backward (I then W). `false` for a runtime where I + W
     /// costs more than B and the costs do not say by how much (`--no-split-backward`).
     pub split_backward: bool,
+    /// Set from another thread to stop as the time budget does (Ctrl-C in Python).
+    pub cancel: Cancel,
 }
 
 /// What the search minimises.
@@ -163,6 +166,7 @@ impl SearchSpec {
             memory: None,
             split_backward: true,
             runners_up: 4,
+            cancel: Cancel::default(),
         }
     }
 }
@@ -342,7 +346,7 @@ pub fn search_with(
     spec: &SearchSpec,
     on_progress: &mut dyn FnMut(&Progress),
 ) -> Result<SearchOutcome, SearchError> {
-    let deadline = budget::Deadline::after(spec.time_budget);
+    let deadline = budget::Deadline::after(spec.time_budget, &spec.cancel);
     let (p, m) = (spec.devices, spec.microbatches);
     if p == 0 || m == 0 {
         return Err(SearchError::Empty { p, m });
@@ -376,7 +380,7 @@ pub fn search_with(
         })
         .collect();
     let (jobs, mut skipped) = jobs(spec, cap, &shapes);
-    let (evaluated, best) = evaluate_all(&jobs, spec, &shapes, unit, deadline, on_progress);
+    let (evaluated, best) = evaluate_all(&jobs, spec, &shapes, unit, deadline.clone(), on_progress);
     let cut_short = (evaluated.len() < jobs.len()).then(|| CutShort {
         budget_seconds: spec.time_budget.map_or(0.0, |b| b.as_secs_f64()),
         evaluated: evaluated.len(),

@@ -1,0 +1,28 @@
+//! A flag another thread sets to stop a long computation (a search, a sweep) early: the
+//! Python face sets it on Ctrl-C while the work runs with the interpreter released.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+/// Shared stop flag; clones see the same flag. Never set unless [`Cancel::cancel`] is called.
+#[derive(Clone, Debug, Default)]
+pub struct Cancel(Arc<AtomicBool>);
+
+impl Cancel {
+    /// Ask the work holding a clone of this flag to stop at its next check.
+    pub fn cancel(&self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether [`Cancel::cancel`] was called on this flag or a clone of it.
+    pub fn is_cancelled(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// Two flags are equal when they are one flag (so specs holding them compare as before).
+impl PartialEq for Cancel {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
