@@ -44,10 +44,10 @@ fn features(rows: &Rows) -> Result<Tensor, ModuleError> {
     Ok(rows.x.clone())
 }
 
-/// Mean squared error of the predictions and its gradient, both times the runtime's loss
-/// scale (`1 / (dp * m)`: the runtime sums the global batch's microbatches).
-fn mse(pred: &Tensor, rows: &Rows, scale: f32) -> Result<(f32, Tensor), ModuleError> {
-    let s = scale / ROWS as f32;
+/// Mean squared error of the predictions and its gradient (the stage multiplies both by
+/// the runtime's loss scale, `1 / (dp * m)`, and the runtime sums the global batch).
+fn mse(pred: &Tensor, rows: &Rows) -> Result<(f32, Tensor), ModuleError> {
+    let s = 1.0 / ROWS as f32;
     let err: Vec<f32> = pred
         .data()
         .iter()

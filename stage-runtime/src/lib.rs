@@ -163,7 +163,8 @@ pub use local_gpu::{choose_gpu, GpuChoiceError};
 pub use memory::{DeviceMemory, RankMemory};
 pub use mesh::{Coord, Group, GroupKind, Mesh, MeshError};
 pub use module::{
-    GptModule, MicrobatchData, ModuleError, Output, StageModule, SyntheticModule, Unimplemented,
+    GptModule, MicrobatchData, ModuleError, Output, ParamName, StageModule, SyntheticModule,
+    Unimplemented,
 };
 pub use run::{prepare, run, run_local, FinalParams, RunOptions, StepRecord};
 #[cfg(feature = "mpi")]

@@ -71,6 +71,36 @@ impl<D> Copy for MicrobatchData<'_, D> {}
 const NO_SHARD: &str = "this stage cannot shard its optimizer (ZeRO-1): it implements neither \
      optimizer_step_shard nor set_flat_params";
 
+/// One parameter as [`StageModule::parameter_names`] lists it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ParamName {
+    /// What errors call it.
+    pub name: String,
+    /// Its number of values (its share of the flat views).
+    pub numel: usize,
+}
+
+impl ParamName {
+    /// `name` for a parameter `p` (its number of values).
+    pub fn new<S: Shaped>(name: String, p: &pipewright_kernels::layers::Param<S>) -> Self {
+        ParamName {
+            name,
+            numel: p.value.numel(),
+        }
+    }
+
+    /// The name of flat index `i` of a module with `names`: `w (layer 2, Dense)[5]`.
+    pub fn at(names: &[ParamName], mut i: usize) -> Option<String> {
+        for n in names {
+            if i < n.numel {
+                return Some(format!("{}[{i}]", n.name));
+            }
+            i -= n.numel;
+        }
+        None
+    }
+}
+
 /// What a stage's forward produces.
 pub type Output<T = Tensor> = StageOutput<T>;
 
@@ -232,6 +262,28 @@ pub trait StageModule {
     /// The parameters, flat on the host in a fixed order (to compare runs and to report
     /// them); `None` without parameters.
     fn flat_params(&mut self) -> Result<Option<Vec<f32>>, ModuleError> {
+        Ok(None)
+    }
+
+    /// Each parameter's name and number of values, in the order of
+    /// [`flat_grads`](Self::flat_grads) and [`flat_params`](Self::flat_params), so that the
+    /// run's errors name a parameter (`l3.weight (layer 3, Dense)`) rather than a flat index:
+    /// the replica check, and step 0's check for a parameter whose gradient stays exactly
+    /// zero ([`RunOptions::allow_unused`](crate::RunOptions::allow_unused)), which runs only
+    /// for a module that names its parameters. `None` (the default) names none;
+    /// [`runtime::host::parameter_names`](crate::host::parameter_names) names what the
+    /// kernels' `Parameters` visits.
+    fn parameter_names(&self) -> Option<Vec<ParamName>> {
+        None
+    }
+
+    /// A fingerprint of one microbatch's data (a hash of the tensors the module makes from
+    /// it), or `None` (the default) for none. Before step 0 every rank that built microbatch
+    /// `id` compares the fingerprints it got with the other ranks' of its replica, and a run
+    /// whose data function gave ranks different data for one id (a reader that depends on
+    /// the thread, or that advanced between calls) is refused naming the id and the ranks.
+    fn data_fingerprint(&self, data: &Self::Data) -> Result<Option<u64>, ModuleError> {
+        let _ = data;
         Ok(None)
     }
 
