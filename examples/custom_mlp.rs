@@ -161,7 +161,13 @@ pub fn profile(n: usize) -> Result<LayerProfile, ModuleError> {
     let mut layers = (0..n).map(|k| layer(k, n)).collect::<Result<Vec<_>, _>>()?;
     let sample = normal_tensor(&[ROWS, IN], 1.0, 0, "sample");
     let device = format!("this CPU (example custom_mlp, {ROWS} rows of {IN} features)");
-    Ok(layer_profile(&mut layers, &sample, ROWS as u64, 5, &device)?)
+    Ok(layer_profile(
+        &mut layers,
+        &sample,
+        ROWS as u64,
+        5,
+        &device,
+    )?)
 }
 
 /// Write the profile to `path` (atomically: `LayerProfile::write`).

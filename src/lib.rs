@@ -23,7 +23,7 @@ pub mod prelude {
     pub use pipewright_kernels::optim::AdamWConfig;
     pub use pipewright_kernels::{Footprint, Tensor};
     pub use pipewright_runtime::host::{self, HostAdamW};
-    pub use pipewright_runtime::split::{cut, Balance, BoxedLayer, Layer, LayerStage};
+    pub use pipewright_runtime::split::{cut, Balance, BoxedLayer, Layer, LayerStage, TpLayout};
     pub use pipewright_runtime::{
         run, Coord, FinalParams, Mesh, MicrobatchData, MicrobatchId, ModuleError, Output,
         ParamName, RunOptions, RuntimeError, StageModule, StepRecord,

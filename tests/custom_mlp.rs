@@ -102,5 +102,8 @@ fn the_example_s_profile_is_planned() {
         .unwrap();
     let table = String::from_utf8_lossy(&out.stdout);
     let header = table.lines().next().unwrap_or_default();
-    assert!(header.ends_with(", f32 (the profile's weights)"), "{header}");
+    assert!(
+        header.ends_with(", f32 (the profile's weights)"),
+        "{header}"
+    );
 }

@@ -28,7 +28,7 @@ use crate::module::unimplemented_method;
 use crate::module::{MicrobatchData, ModuleError, Output, StageModule};
 use crate::run::RunOptions;
 use crate::setup::{
-    check_backward_split, check_methods, kept_whole, needed_for, set_recompute, Sizes,
+    check_backward_split, check_methods, check_tp, kept_whole, needed_for, set_recompute, Sizes,
 };
 use crate::zero::Zero;
 
@@ -218,6 +218,7 @@ where
         {
             return Err(RuntimeError::NoShardedOptimizer { stage, dp: mesh.dp });
         }
+        check_tp(&modules, mesh.tp)?;
         let sizes = check_methods(&mut modules, mesh.dp, sharded, opts.check_finite)?;
         let handoffs = (0..tt.num_stages()).map(|_| Handoffs::default()).collect();
         Ok(Executor {

@@ -265,6 +265,16 @@ pub trait StageModule {
         Ok(None)
     }
 
+    /// Refuse, before step 0, a run with `tp > 1` TP ranks that this module would not
+    /// shard (it would hold and compute all of its stage on every TP rank, changing
+    /// nothing). Called once per stage on every rank when `tp > 1`; an error refuses the run
+    /// naming the stage. The default accepts: a hand-written module takes its shard from
+    /// the coordinates `make` gets. A layer list refuses layers that cannot shard.
+    fn check_tp(&self, tp: usize) -> Result<(), ModuleError> {
+        let _ = tp;
+        Ok(())
+    }
+
     /// Each parameter's name and number of values, in the order of
     /// [`flat_grads`](Self::flat_grads) and [`flat_params`](Self::flat_params), so that the
     /// run's errors name a parameter (`l3.weight (layer 3, Dense)`) rather than a flat index:

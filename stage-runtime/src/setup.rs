@@ -35,6 +35,27 @@ pub(crate) fn check_backward_split<M: StageModule>(
     }
 }
 
+/// Refuse, under `tp > 1`, a module that would not shard its stage
+/// ([`StageModule::check_tp`]), naming the stage (the lowest, so every rank says the same).
+pub(crate) fn check_tp<M: StageModule>(
+    modules: &HashMap<u32, M>,
+    tp: usize,
+) -> Result<(), RuntimeError> {
+    if tp < 2 {
+        return Ok(());
+    }
+    let mut stages: Vec<&u32> = modules.keys().collect();
+    stages.sort_unstable();
+    for &stage in stages {
+        guard(|| modules[&stage].check_tp(tp)).map_err(|e| RuntimeError::Module {
+            stage,
+            method: "check_tp",
+            message: e.to_string(),
+        })?;
+    }
+    Ok(())
+}
+
 /// Tell each of this device's modules its recompute policy (only those that recompute are
 /// asked), refusing in one line naming the stage a module that cannot. A stage with `R`
 /// actions in the timetable and no policy recomputes fully. Returns the stages that

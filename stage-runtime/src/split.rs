@@ -10,10 +10,11 @@ use std::any::Any;
 use std::fmt;
 use std::ops::Range;
 
-use pipewright_kernels::layers::Parameters;
+use pipewright_kernels::layers::{Parameters, TpReduce};
 use pipewright_kernels::{Footprint, Tensor};
 use pipewright_schedule::{RawCostFile, RawStageCost};
 
+mod library;
 mod profile;
 mod stage;
 pub use profile::{layer_profile, measure, profile, LayerMeasure};
@@ -131,6 +132,56 @@ pub trait Layer: Parameters {
     ) -> Result<(Tensor, Self::WeightStash), ModuleError>;
     /// Weight backward (W): accumulate the parameters' gradients.
     fn backward_weight(&mut self, stash: Self::WeightStash) -> Result<(), ModuleError>;
+
+    /// Tensor parallelism: how this layer runs on a mesh with `tp > 1`. The default,
+    /// [`TpLayout::Whole`], refuses a layer with parameters there (each TP rank would hold
+    /// and compute all of it, a silent no-op); a layer that returns
+    /// [`TpLayout::Sharded`] holds its rank's shard (built from the rank's
+    /// [`TpShard`](pipewright_kernels::layers::TpShard)) and runs through
+    /// [`forward_tp`](Self::forward_tp) and [`backward_input_tp`](Self::backward_input_tp),
+    /// which take the TP group.
+    fn tp_layout(&self) -> TpLayout {
+        TpLayout::Whole
+    }
+
+    /// The forward on a TP rank, with its group (`tp.all_reduce_sum` sums over it): what a
+    /// [`TpLayout::Sharded`] layer implements. The default is [`forward`](Self::forward).
+    fn forward_tp(
+        &mut self,
+        x: &Tensor,
+        tp: &mut dyn TpReduce,
+    ) -> Result<(Tensor, Self::Stash), ModuleError> {
+        let _ = tp;
+        self.forward(x)
+    }
+
+    /// The input backward on a TP rank, with its group. The default is
+    /// [`backward_input`](Self::backward_input).
+    fn backward_input_tp(
+        &mut self,
+        stash: Self::Stash,
+        dy: &Tensor,
+        tp: &mut dyn TpReduce,
+    ) -> Result<(Tensor, Self::WeightStash), ModuleError> {
+        let _ = tp;
+        self.backward_input(stash, dy)
+    }
+}
+
+/// How a [`Layer`] runs on a tensor-parallel mesh ([`Layer::tp_layout`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TpLayout {
+    /// It holds all of its parameters and cannot shard: refused under `tp > 1` if it has
+    /// parameters (a layer without parameters runs the same on every rank).
+    Whole,
+    /// Its parameters are replicated on every TP rank on purpose (a norm, a small input
+    /// projection): every rank computes the same from the same input, and their gradients
+    /// agree.
+    Replicated,
+    /// It holds this rank's shard and sums over the TP group in its `forward_tp` and
+    /// `backward_input_tp` (the kernels' [`Mlp`](pipewright_kernels::layers::Mlp) built
+    /// from a `TpShard` is one): its output and input gradient are whole on every rank.
+    Sharded,
 }
 
 /// A stash of some layer, its type erased so that layers of different types share a list,
@@ -166,14 +217,21 @@ impl Footprint for LayerStash {
 /// A [`Layer`] of any stash types, as a list of layers holds it (`Box<dyn DynLayer>`): every
 /// `Layer` is one, so `Box::new(my_layer)` goes wherever a [`BoxedLayer`] is asked for.
 pub trait DynLayer: Parameters {
-    /// [`Layer::forward`], its stash erased.
-    fn forward_dyn(&mut self, x: &Tensor) -> Result<(Tensor, LayerStash), ModuleError>;
-    /// [`Layer::backward_input`] of a stash of this layer's forward.
+    /// [`Layer::forward_tp`], its stash erased (`NoTp` off a tensor-parallel mesh).
+    fn forward_dyn(
+        &mut self,
+        x: &Tensor,
+        tp: &mut dyn TpReduce,
+    ) -> Result<(Tensor, LayerStash), ModuleError>;
+    /// [`Layer::backward_input_tp`] of a stash of this layer's forward.
     fn backward_input_dyn(
         &mut self,
         stash: LayerStash,
         dy: &Tensor,
+        tp: &mut dyn TpReduce,
     ) -> Result<(Tensor, LayerStash), ModuleError>;
+    /// [`Layer::tp_layout`].
+    fn tp_layout_dyn(&self) -> TpLayout;
     /// [`Layer::backward_weight`] of a stash of this layer's input backward.
     fn backward_weight_dyn(&mut self, stash: LayerStash) -> Result<(), ModuleError>;
     /// The layer's type, for errors that name it (`std::any::type_name`, path trimmed).
@@ -181,8 +239,12 @@ pub trait DynLayer: Parameters {
 }
 
 impl<L: Layer> DynLayer for L {
-    fn forward_dyn(&mut self, x: &Tensor) -> Result<(Tensor, LayerStash), ModuleError> {
-        let (y, s) = self.forward(x)?;
+    fn forward_dyn(
+        &mut self,
+        x: &Tensor,
+        tp: &mut dyn TpReduce,
+    ) -> Result<(Tensor, LayerStash), ModuleError> {
+        let (y, s) = self.forward_tp(x, tp)?;
         Ok((y, LayerStash::new(s)))
     }
 
@@ -190,9 +252,14 @@ impl<L: Layer> DynLayer for L {
         &mut self,
         stash: LayerStash,
         dy: &Tensor,
+        tp: &mut dyn TpReduce,
     ) -> Result<(Tensor, LayerStash), ModuleError> {
-        let (dx, ws) = self.backward_input(stash.take()?, dy)?;
+        let (dx, ws) = self.backward_input_tp(stash.take()?, dy, tp)?;
         Ok((dx, LayerStash::new(ws)))
+    }
+
+    fn tp_layout_dyn(&self) -> TpLayout {
+        self.tp_layout()
     }
 
     fn backward_weight_dyn(&mut self, stash: LayerStash) -> Result<(), ModuleError> {

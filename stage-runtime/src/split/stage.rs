@@ -10,7 +10,7 @@ use pipewright_kernels::optim::AdamWConfig;
 use pipewright_kernels::{params, Tensor};
 use pipewright_schedule::Recompute;
 
-use super::{BoxedLayer, LayerStash};
+use super::{BoxedLayer, LayerStash, TpLayout};
 use crate::host::{self, HostAdamW};
 use crate::module::{MicrobatchData, ModuleError, Output, ParamName, StageModule};
 
@@ -138,6 +138,7 @@ impl<D> LayerStage<D> {
         mb: &MicrobatchData<'_, D>,
         input: Option<Tensor>,
         keep: bool,
+        tp: &mut dyn TpReduce,
     ) -> Result<(Output, LayerStageStash), ModuleError> {
         let handed = input.is_some();
         let mut x = match (input, &self.input) {
@@ -148,7 +149,7 @@ impl<D> LayerStage<D> {
         let mut layers = Vec::with_capacity(self.layers.len());
         let mut shapes = Vec::with_capacity(self.layers.len());
         for i in 0..self.layers.len() {
-            let (y, s) = match self.layers[i].forward_dyn(&x) {
+            let (y, s) = match self.layers[i].forward_dyn(&x, tp) {
                 Ok(r) => r,
                 Err(e) => return Err(self.forward_error(i, handed, &x, e)),
             };
@@ -228,13 +229,13 @@ impl<D> StageModule for LayerStage<D> {
         &mut self,
         mb: &MicrobatchData<'_, D>,
         input: Option<Tensor>,
-        _: &mut dyn TpReduce,
+        tp: &mut dyn TpReduce,
     ) -> Result<(Output, Self::Stash), ModuleError> {
         if !self.full_recompute {
-            return self.run_forward(mb, input, true);
+            return self.run_forward(mb, input, true, tp);
         }
         let kept = input.clone();
-        let (out, mut stash) = self.run_forward(mb, input, false)?;
+        let (out, mut stash) = self.run_forward(mb, input, false, tp)?;
         stash.input = kept;
         Ok((out, stash))
     }
@@ -255,19 +256,19 @@ impl<D> StageModule for LayerStage<D> {
         &mut self,
         mb: &MicrobatchData<'_, D>,
         stash: LayerStageStash,
-        _: &mut dyn TpReduce,
+        tp: &mut dyn TpReduce,
     ) -> Result<LayerStageStash, ModuleError> {
         if !stash.slim {
             return Ok(stash);
         }
-        Ok(self.run_forward(mb, stash.input, true)?.1)
+        Ok(self.run_forward(mb, stash.input, true, tp)?.1)
     }
 
     fn backward_input(
         &mut self,
         stash: Self::Stash,
         grad_out: Option<Tensor>,
-        _: &mut dyn TpReduce,
+        tp: &mut dyn TpReduce,
     ) -> Result<(Option<Tensor>, Self::WeightStash), ModuleError> {
         if stash.slim {
             return Err("the stash was not recomputed before the backward".into());
@@ -277,7 +278,7 @@ impl<D> StageModule for LayerStage<D> {
         let mut ws = Vec::with_capacity(stashes.len());
         for (i, s) in stashes.into_iter().enumerate().rev() {
             let (dx, w) = self.layers[i]
-                .backward_input_dyn(s, &dy)
+                .backward_input_dyn(s, &dy, tp)
                 .map_err(|e| format!("{}: backward_input: {e}", self.layer_name(i)))?;
             // Blamed here, on the layer that returned it, not in the next layer's matmul.
             if dx.shape() != &*shapes[i] {
@@ -340,6 +341,30 @@ impl<D> StageModule for LayerStage<D> {
             Some(f) => Ok(Some(fingerprint(&f(data)?))),
             None => Ok(None),
         }
+    }
+
+    /// Refuses layers with parameters that cannot shard ([`TpLayout::Whole`]).
+    fn check_tp(&self, tp: usize) -> Result<(), ModuleError> {
+        let whole: Vec<String> = (0..self.layers.len())
+            .filter(|&i| {
+                let l = &self.layers[i];
+                l.tp_layout_dyn() == TpLayout::Whole && l.num_params() > 0
+            })
+            .map(|i| self.layer_name(i))
+            .collect();
+        if whole.is_empty() {
+            return Ok(());
+        }
+        Err(format!(
+            "tp = {tp}, but {} {} parameters and cannot shard (Layer::tp_layout is \
+             TpLayout::Whole): every TP rank would hold and compute all of it, so tp would \
+             change nothing. Build the layer from the rank's TpShard and declare \
+             TpLayout::Sharded (the kernels' Mlp is one), declare TpLayout::Replicated for a \
+             small one kept whole on purpose, or run with tp = 1",
+            whole.join(", "),
+            if whole.len() == 1 { "holds" } else { "hold" }
+        )
+        .into())
     }
 
     fn shards_optimizer(&self) -> bool {
