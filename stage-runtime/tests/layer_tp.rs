@@ -3,6 +3,9 @@
 //! tp 4 x pp 2 to one device's losses, each rank holding its shard's parameter bytes; a list
 //! whose layers cannot shard is refused on tp 2 before step 0, naming them.
 
+// One device's cuts are a list of one range, as `LayerStage::part` takes them.
+#![allow(clippy::single_range_in_vec_init)]
+
 use std::ops::Range;
 
 use pipewright_kernels::layers::{

@@ -26,7 +26,7 @@ fn pieces(f: Option<u64>) -> [f32; 4] {
 }
 
 fn unpieces(p: &[f32]) -> Option<u64> {
-    if p.first().is_none_or(|v| *v < 0.0) {
+    if p.first().is_some_and(|v| *v < 0.0) || p.is_empty() {
         return None;
     }
     Some(
