@@ -468,6 +468,14 @@ impl<B: Backend> StageModule for GptModule<B> {
         Ok(self.stage.backward_weight(ws)?)
     }
 
+    /// The tokens and targets, hashed: every rank of a replica must hold the same.
+    fn data_fingerprint(&self, data: &TokenBatch) -> Result<Option<u64>, ModuleError> {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        data.hash(&mut h);
+        Ok(Some(h.finish()))
+    }
+
     fn reduce_tp_grads(&mut self, tp: &mut dyn TpReduce<B::Storage>) -> Result<(), ModuleError> {
         Ok(self.stage.reduce_sequence_parallel_grads(tp)?)
     }
