@@ -134,6 +134,7 @@ pub mod local_gpu;
 pub mod memory;
 pub mod mesh;
 pub mod module;
+mod param_name;
 pub mod run;
 #[cfg(feature = "mpi")]
 pub mod run_mpi;

@@ -14,6 +14,7 @@ use pipewright_kernels::{params, Backend, Cpu, Footprint, Shaped, Tensor};
 use pipewright_schedule::{Recompute, StageCost};
 
 use crate::data::TokenBatch;
+pub use crate::param_name::ParamName;
 
 /// An error from user code: a module's methods and the run's closures return it, and `?`
 /// converts into it a user's own `Box<dyn Error>`, any error type (the kernels',
@@ -70,36 +71,6 @@ impl<D> Copy for MicrobatchData<'_, D> {}
 
 const NO_SHARD: &str = "this stage cannot shard its optimizer (ZeRO-1): it implements neither \
      optimizer_step_shard nor set_flat_params";
-
-/// One parameter as [`StageModule::parameter_names`] lists it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ParamName {
-    /// What errors call it.
-    pub name: String,
-    /// Its number of values (its share of the flat views).
-    pub numel: usize,
-}
-
-impl ParamName {
-    /// `name` for a parameter `p` (its number of values).
-    pub fn new<S: Shaped>(name: String, p: &pipewright_kernels::layers::Param<S>) -> Self {
-        ParamName {
-            name,
-            numel: p.value.numel(),
-        }
-    }
-
-    /// The name of flat index `i` of a module with `names`: `w (layer 2, Dense)[5]`.
-    pub fn at(names: &[ParamName], mut i: usize) -> Option<String> {
-        for n in names {
-            if i < n.numel {
-                return Some(format!("{}[{i}]", n.name));
-            }
-            i -= n.numel;
-        }
-        None
-    }
-}
 
 /// What a stage's forward produces.
 pub type Output<T = Tensor> = StageOutput<T>;
