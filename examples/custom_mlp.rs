@@ -14,6 +14,7 @@
 use pipewright::kernels::init::normal_tensor;
 use pipewright::prelude::*;
 use pipewright::runtime::split::layer_profile;
+use pipewright::schedule::LayerProfile;
 
 // ---- The user's model: everything up to "Training it" is what a user writes. ----
 
@@ -44,10 +45,10 @@ fn features(rows: &Rows) -> Result<Tensor, ModuleError> {
     Ok(rows.x.clone())
 }
 
-/// Mean squared error of the predictions and its gradient, both times the runtime's loss
-/// scale (`1 / (dp * m)`: the runtime sums the global batch's microbatches).
-fn mse(pred: &Tensor, rows: &Rows, scale: f32) -> Result<(f32, Tensor), ModuleError> {
-    let s = scale / ROWS as f32;
+/// Mean squared error of the predictions and its gradient (the stage multiplies both by
+/// the runtime's loss scale, `1 / (dp * m)`, and the runtime sums the global batch).
+fn mse(pred: &Tensor, rows: &Rows) -> Result<(f32, Tensor), ModuleError> {
+    let s = 1.0 / ROWS as f32;
     let err: Vec<f32> = pred
         .data()
         .iter()
@@ -155,21 +156,23 @@ pub fn close(a: f32, b: f32) -> bool {
 
 // ---- Profiling it for `pipewright plan --profile`. ----
 
-/// The `n`-layer model profiled on one microbatch of `ROWS` rows (5 passes, medians), as
-/// the profile file's JSON.
-pub fn profile_json(n: usize) -> Result<String, ModuleError> {
+/// The `n`-layer model profiled on one microbatch of `ROWS` rows (5 passes, medians).
+pub fn profile(n: usize) -> Result<LayerProfile, ModuleError> {
     let mut layers = (0..n).map(|k| layer(k, n)).collect::<Result<Vec<_>, _>>()?;
     let sample = normal_tensor(&[ROWS, IN], 1.0, 0, "sample");
     let device = format!("this CPU (example custom_mlp, {ROWS} rows of {IN} features)");
-    let profile = layer_profile(&mut layers, &sample, ROWS as u64, 5, &device)?;
-    Ok(serde_json::to_string_pretty(&profile.to_raw())? + "\n")
+    Ok(layer_profile(
+        &mut layers,
+        &sample,
+        ROWS as u64,
+        5,
+        &device,
+    )?)
 }
 
-/// Write the profile to `path` atomically (a temporary file beside it, then a rename).
+/// Write the profile to `path` (atomically: `LayerProfile::write`).
 fn write_profile(n: usize, path: &std::path::Path) -> Result<(), ModuleError> {
-    let tmp = path.with_extension("json.tmp");
-    std::fs::write(&tmp, profile_json(n)?).map_err(|e| format!("{}: {e}", tmp.display()))?;
-    std::fs::rename(&tmp, path).map_err(|e| format!("{}: {e}", path.display()))?;
+    profile(n)?.write(path)?;
     println!(
         "wrote {}; plan it with: pipewright plan --profile {} --gpus 8 --global-batch 512",
         path.display(),

@@ -16,14 +16,17 @@ pub use pipewright_viz as viz;
 
 /// What a model trained through pipewright uses, in one import: `use pipewright::prelude::*;`.
 pub mod prelude {
-    pub use pipewright_kernels::layers::{LayerNorm, Linear, NoTp, Param, Parameters, TpReduce};
+    pub use pipewright_kernels::layers::{
+        Embedding, LayerNorm, Linear, Mlp, MlpKind, NoTp, Param, Parameters, RmsNorm, TpReduce,
+        TpShard,
+    };
     pub use pipewright_kernels::optim::AdamWConfig;
     pub use pipewright_kernels::{Footprint, Tensor};
     pub use pipewright_runtime::host::{self, HostAdamW};
-    pub use pipewright_runtime::split::{cut, Balance, BoxedLayer, Layer, LayerStage};
+    pub use pipewright_runtime::split::{cut, Balance, BoxedLayer, Layer, LayerStage, TpLayout};
     pub use pipewright_runtime::{
         run, Coord, FinalParams, Mesh, MicrobatchData, MicrobatchId, ModuleError, Output,
-        RunOptions, RuntimeError, StageModule, StepRecord,
+        ParamName, RunOptions, RuntimeError, StageModule, StepRecord,
     };
     pub use pipewright_schedule::{generate, ScheduleKind, ScheduleSpec, Timetable};
 }

@@ -634,3 +634,24 @@ fn transport_nccl_needs_both_features_and_a_world_of_the_mesh_size() {
         "bench runs synthetic stages on host tensors",
     );
 }
+
+/// A cost file's times are in its `time_unit`, and the simulator's report says so (it said
+/// "units" for a file in ms); flags' costs stay in abstract units.
+#[test]
+fn simulate_reports_the_cost_file_s_time_unit() {
+    let dir = tempfile::tempdir().unwrap();
+    let costs = dir.path().join("c.json");
+    let text = "{\"default\": {\"f\": 1, \"b\": 2}, \"time_unit\": \"ms\"}";
+    std::fs::write(&costs, text).unwrap();
+    let run = |extra: &[&str]| {
+        let mut args = vec!["simulate", "--schedule", "1f1b", "--stages", "2"];
+        args.extend_from_slice(&["--microbatches", "4", "--format", "json"]);
+        args.extend_from_slice(extra);
+        let o = pipewright(&args);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        v["time_unit"].as_str().unwrap_or_default().to_string()
+    };
+    assert_eq!(run(&["--cost-file", costs.to_str().unwrap()]), "ms");
+    assert_eq!(run(&[]), "units");
+}

@@ -62,8 +62,19 @@ fn a_user_mlp_equals_one_device_under_every_schedule_family_and_mesh() {
 /// every layer's parameters as the model holds them, non-zero stashes, a ranked plan.
 #[test]
 fn the_example_s_profile_is_planned() {
-    let text = custom_mlp::profile_json(LAYERS).unwrap();
+    let written = custom_mlp::profile(LAYERS).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("mlp.json");
+    // Written without the user's own serde_json, and read back as it was.
+    written.write(&path).unwrap();
+    let text = std::fs::read_to_string(&path).unwrap();
     let p = pipewright::schedule::LayerProfile::from_json(&text).unwrap();
+    for (a, b) in p.layers.iter().zip(&written.layers) {
+        // Times round-trip through JSON's decimal text to within an ulp or so.
+        assert!((a.f_ms - b.f_ms).abs() <= 1e-12 * b.f_ms.abs().max(1.0));
+        assert_eq!((a.params, a.stash_bytes), (b.params, b.stash_bytes));
+    }
+    assert_eq!(p.weight_format(), "f32");
     assert_eq!(p.len(), LAYERS);
     for (k, l) in p.layers.iter().enumerate() {
         let layer = custom_mlp::layer(k, LAYERS).unwrap();
@@ -71,9 +82,6 @@ fn the_example_s_profile_is_planned() {
         assert_eq!(l.param_bytes, 4 * l.params);
         assert!(l.stash_bytes > 0 && l.weight_stash_bytes > 0 && l.output_bytes > 0);
     }
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("mlp.json");
-    std::fs::write(&path, &text).unwrap();
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_pipewright"))
         .args(["plan", "--profile", path.to_str().unwrap(), "--gpus", "4"])
         .args(["--global-batch", "128", "--format", "json"])
@@ -86,4 +94,16 @@ fn the_example_s_profile_is_planned() {
     );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert!(!v["rows"].as_array().unwrap().is_empty());
+    // The table's header names the profile's f32 weights, not the --precision default.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_pipewright"))
+        .args(["plan", "--profile", path.to_str().unwrap(), "--gpus", "4"])
+        .args(["--global-batch", "128"])
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&out.stdout);
+    let header = table.lines().next().unwrap_or_default();
+    assert!(
+        header.ends_with(", f32 (the profile's weights)"),
+        "{header}"
+    );
 }

@@ -227,6 +227,49 @@ impl LayerProfile {
         }
     }
 
+    /// Write the profile's JSON file form to `path` (what `pipewright plan --profile`
+    /// reads), all or nothing: into a new temporary file beside it, then renamed over it, so
+    /// a failed write leaves what was there. The error names the file.
+    pub fn write(&self, path: &std::path::Path) -> std::io::Result<()> {
+        use std::io::Write;
+        let named = |e: std::io::Error, p: &std::path::Path| {
+            std::io::Error::new(e.kind(), format!("{}: {e}", p.display()))
+        };
+        let mut text = serde_json::to_vec_pretty(&self.to_raw()).map_err(std::io::Error::other)?;
+        text.push(b'\n');
+        let name = path.file_name().ok_or_else(|| {
+            let e = std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a file name");
+            named(e, path)
+        })?;
+        let mut tmp_name = std::ffi::OsString::from(".");
+        tmp_name.push(name);
+        tmp_name.push(format!(".{}.tmp", std::process::id()));
+        let tmp = path.with_file_name(tmp_name);
+        let written = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&tmp)
+            .and_then(|mut f| f.write_all(&text).and_then(|()| f.sync_all()))
+            .and_then(|()| std::fs::rename(&tmp, path));
+        if let Err(e) = written {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(named(e, path));
+        }
+        Ok(())
+    }
+
+    /// `"f32"` or `"bf16"`: the number format of the profile's weights, from its bytes per
+    /// parameter (4 or more: f32), which is what `pipewright plan --profile` plans them in.
+    pub fn weight_format(&self) -> &'static str {
+        let params: u64 = self.layers.iter().map(|l| l.params).sum();
+        let bytes: u64 = self.layers.iter().map(|l| l.param_bytes).sum();
+        if params == 0 || bytes >= 4 * params {
+            "f32"
+        } else {
+            "bf16"
+        }
+    }
+
     /// Layers.
     pub fn len(&self) -> usize {
         self.layers.len()

@@ -322,6 +322,14 @@ impl CostArgs {
         Ok(options.model(stages, devices)?)
     }
 
+    /// The unit of the costs' times: the cost file's `time_unit`, when it names one.
+    pub fn time_unit(&self) -> Result<Option<String>> {
+        match &self.cost_file {
+            Some(path) => crate::cli::io::cost_file_time_unit(path),
+            None => Ok(None),
+        }
+    }
+
     /// The cost flags given on the command line that set times (they mean nothing beside a
     /// timeline, whose times are given).
     pub fn time_flags(&self) -> Vec<&'static str> {

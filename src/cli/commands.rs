@@ -376,7 +376,12 @@ fn with_memory(
 pub fn simulation(source: &SourceArgs, costs: &CostArgs) -> Result<Simulation> {
     let (tt, _) = source.timetable()?;
     let model = costs.model(tt.num_stages(), tt.num_devices())?;
-    Ok(simulate(&tt, &model)?)
+    let mut sim = simulate(&tt, &model)?;
+    if let Some(unit) = costs.time_unit()? {
+        sim.timeline.meta.time_unit.clone_from(&unit);
+        sim.report.time_unit = unit;
+    }
+    Ok(sim)
 }
 
 fn title(source: &SourceArgs, sim: &Simulation) -> String {

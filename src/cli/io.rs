@@ -31,6 +31,15 @@ pub fn load_cost_file(path: &Path, stages: u32) -> Result<CostModel> {
     CostModel::from_json(&text, stages).with_context(|| path.display().to_string())
 }
 
+/// The `time_unit` a cost file names (`"ms"` from a measured run or a profile), for the
+/// simulator's report: its times are in the file's unit, not in abstract units.
+pub fn cost_file_time_unit(path: &Path) -> Result<Option<String>> {
+    let text = read_text(path)?;
+    let raw: pipewright::schedule::RawCostFile =
+        serde_json::from_str(&text).map_err(|e| anyhow!("{}: {e}", path.display()))?;
+    Ok(raw.time_unit)
+}
+
 /// Read a timeline JSON (`simulate --timeline`, `train --trace`), checked as strictly as a
 /// timetable before anything is drawn or measured from it (the same reader as Python's).
 pub fn load_timeline(path: &Path) -> Result<Timeline> {

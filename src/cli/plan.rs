@@ -385,7 +385,11 @@ impl PlanCmd {
             model_line(req),
             req.global_batch,
             req.model.batch_unit(),
-            req.precision.name()
+            // A profile plans its weights in the format it measured them in.
+            req.model.profile().map_or_else(
+                || req.precision.name().to_string(),
+                |p| format!("{} (the profile's weights)", p.weight_format())
+            )
         );
         let p = &plan.progress;
         out += &format!(

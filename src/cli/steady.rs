@@ -27,7 +27,14 @@ pub fn steady_simulation(source: &SourceArgs, costs: &CostArgs, steps: u32) -> R
     let (tt, _) = source.timetable()?;
     fits_steps(&tt, steps)?;
     let model = costs.model(tt.num_stages(), tt.num_devices())?;
-    Ok(simulate_steps(&tt, &model, steps)?)
+    let mut s = simulate_steps(&tt, &model, steps)?;
+    if let Some(unit) = costs.time_unit()? {
+        s.single.timeline.meta.time_unit.clone_from(&unit);
+        s.single.report.time_unit.clone_from(&unit);
+        s.timeline.meta.time_unit.clone_from(&unit);
+        s.report.time_unit = unit;
+    }
+    Ok(s)
 }
 
 /// Refuse `steps` unfenced steps of `tt` that this machine could not hold.

@@ -194,6 +194,7 @@ impl TrainCmd {
                 precision: self.precision.into(),
                 zero,
                 check_finite: !self.allow_non_finite,
+                ..RunOptions::default()
             },
         };
         let tokens = cfg.global_batch(tt.microbatches) as f64 * self.seq_len as f64;

@@ -6,7 +6,7 @@
 
 /// One microbatch of the reference GPT's data: the GPT module's
 /// [`Data`](crate::StageModule::Data).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct TokenBatch {
     /// Input token ids (`batch * seq`), read by the first stage.
     pub tokens: Vec<u32>,

@@ -121,6 +121,19 @@ pub enum RuntimeError {
         /// What is missing, why this run needs it, and what to do.
         message: String,
     },
+    /// Parameters whose gradient stayed exactly zero through step 0 on a stage that
+    /// received a non-zero gradient ([`RunOptions::allow_unused`](crate::RunOptions::allow_unused)).
+    #[error("rank {rank} (pp {pp}, tp {tp}, dp {dp}), step 0, stage {stage}: {list} got no gradient in step 0 (exactly zero after every backward, while the stage received a non-zero gradient): a layer computes its weight gradient and never stores it in the parameter's grad, or the parameter is unused; leave a frozen one out of the visit (#[parameters(skip)]), or name one that trains but has no gradient at step 0 in RunOptions::allow_unused", pp = .coord.pp, tp = .coord.tp, dp = .coord.dp, list = unused_list(.names))]
+    UnusedParameters {
+        /// Global rank.
+        rank: usize,
+        /// Its coordinates.
+        coord: Coord,
+        /// The stage.
+        stage: u32,
+        /// The parameters, as the module names them.
+        names: Vec<String>,
+    },
     /// A stage the timetable puts on a device has no module there.
     #[error("no module for stage {0} on this device")]
     MissingStage(u32),
@@ -136,6 +149,22 @@ fn handoff(stage: u32, what: &str, got: &[usize], want: &[usize]) -> String {
             next = stage + 1
         )
     }
+}
+
+fn unused_list(names: &[String]) -> String {
+    let shown: Vec<&str> = names.iter().take(4).map(String::as_str).collect();
+    let more = names.len().saturating_sub(shown.len());
+    let word = if names.len() == 1 {
+        "parameter"
+    } else {
+        "parameters"
+    };
+    let rest = if more > 0 {
+        format!(" and {more} more")
+    } else {
+        String::new()
+    };
+    format!("{word} {}{rest}", shown.join(", "))
 }
 
 fn non_finite_at(microbatch: &Option<u32>, what: &str) -> String {

@@ -28,11 +28,12 @@ use crate::module::unimplemented_method;
 use crate::module::{MicrobatchData, ModuleError, Output, StageModule};
 use crate::run::RunOptions;
 use crate::setup::{
-    check_backward_split, check_methods, kept_whole, needed_for, set_recompute, Sizes,
+    check_backward_split, check_methods, check_tp, kept_whole, needed_for, set_recompute, Sizes,
 };
 use crate::zero::Zero;
 
 mod boundary;
+mod first_step;
 mod grads;
 
 use boundary::{boundary_error, Handoffs};
@@ -84,6 +85,11 @@ pub struct Executor<C: Communicator, M: StageModule<Tensor = C::Tensor>> {
     sizes: Sizes,
     /// Each stage's hand-off shapes, fixed by its first forward (by stage).
     handoffs: Vec<Handoffs>,
+    /// Stages that received a non-zero output gradient or computed a non-zero loss in
+    /// step 0: every parameter of theirs should then have a gradient.
+    reached: HashSet<u32>,
+    /// [`RunOptions::allow_unused`].
+    allow_unused: Vec<String>,
 }
 
 /// A stage's gradient reduction in flight: a DP all-reduce, or under ZeRO-1 a
@@ -212,6 +218,7 @@ where
         {
             return Err(RuntimeError::NoShardedOptimizer { stage, dp: mesh.dp });
         }
+        check_tp(&modules, mesh.tp)?;
         let sizes = check_methods(&mut modules, mesh.dp, sharded, opts.check_finite)?;
         let handoffs = (0..tt.num_stages()).map(|_| Handoffs::default()).collect();
         Ok(Executor {
@@ -231,6 +238,8 @@ where
             check_finite: opts.check_finite,
             sizes,
             handoffs,
+            reached: HashSet::new(),
+            allow_unused: opts.allow_unused.clone(),
         })
     }
 
@@ -288,6 +297,7 @@ where
         let row: Vec<Action> = self.tt.devices[self.coord.pp].clone();
         let last_backward = last_backward_per_stage(&row);
         let mut posted = self.post_receives(step, &row);
+        self.check_data(step, batch)?;
         let mut st: StateOf<M> = StepState::new();
         self.count_module_state(&mut st.mem);
         let mut pending = Vec::new();
@@ -507,6 +517,7 @@ where
         };
         let tensor_bytes = |t: &C::Tensor| F32 * comm.numel(t) as u64;
         let mut loss = None;
+        let mut reached = false;
         let result: Result<(), ModuleError> = guard(|| {
             match a.kind {
                 ActionKind::F => {
@@ -578,6 +589,7 @@ where
                     };
                     let held = grad_out.as_ref().map_or(0, tensor_bytes);
                     st.mem.sub(Category::Buffers, held);
+                    reached = step == 0 && grad_out.as_ref().is_some_and(first_step::nonzero);
                     let mut stash = take(&mut st.stash, key, "stash (its forward)")?;
                     // The first backward rebuilds what the policy dropped, unless an R did.
                     if recompute.contains_key(&a.stage) && !st.rebuilt.remove(&key) {
@@ -633,6 +645,9 @@ where
             let at = (self.mesh.rank(self.coord), self.coord, step);
             boundary_error(&e, at, a).unwrap_or_else(|| self.module_fail(step, Some(a), a.stage, e))
         })?;
+        if step == 0 && (reached || loss.is_some_and(|l| l != 0.0)) {
+            self.reached.insert(a.stage);
+        }
         match loss {
             Some(l) if self.check_finite && !l.is_finite() => {
                 Err(self.non_finite(step, a.stage, Some(a.microbatch), "loss", l))

@@ -22,6 +22,14 @@ pub fn set_flat_grads(p: &mut dyn Parameters, grads: Tensor) -> Result<(), Modul
     Ok(p.set_flat_grads(grads.data())?)
 }
 
+/// Each parameter's name (`Param::name`) and size, for
+/// [`StageModule::parameter_names`](crate::StageModule::parameter_names).
+pub fn parameter_names(p: &dyn Parameters) -> Option<Vec<crate::module::ParamName>> {
+    let mut names = Vec::new();
+    p.visit(&mut |q| names.push(crate::module::ParamName::new(q.name.clone(), q)));
+    Some(names)
+}
+
 /// The parameters, flat, for [`StageModule::flat_params`](crate::StageModule::flat_params).
 pub fn flat_params(p: &dyn Parameters) -> Result<Option<Vec<f32>>, ModuleError> {
     Ok(Some(p.flat_params()))

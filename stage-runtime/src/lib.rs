@@ -62,7 +62,7 @@
 //!     }
 //! }
 //!
-//! // Microbatch `id` of each step: 4 points of y = 2x, built on every rank that needs it.
+//! // Microbatch `id` of each step: 4 points of y = 2x, built on every rank of its replica.
 //! let data = |id: MicrobatchId| -> Result<_, ModuleError> {
 //!     let x: Vec<f32> = (0..4).map(|i| (id.global() + i) as f32 / 8.0).collect();
 //!     Ok((x.clone(), x.iter().map(|x| 2.0 * x).collect()))
@@ -91,7 +91,11 @@
 //! refuses, naming the stage and the method, a module that lacks a method the run's answer
 //! depends on (`flat_grads` and `set_flat_grads` with more than one data-parallel replica;
 //! see [`StageModule`]); at every hand-off it checks a forward's output and an input
-//! gradient against the shapes they must have ([`RuntimeError::HandOff`]).
+//! gradient against the shapes they must have ([`RuntimeError::HandOff`]). In step 0 it
+//! compares what every rank's data function built for each microbatch
+//! ([`StageModule::data_fingerprint`]) and, before the first optimizer step, refuses a named
+//! parameter whose gradient stayed exactly zero ([`StageModule::parameter_names`],
+//! [`RuntimeError::UnusedParameters`]).
 //!
 //! The reference GPT is one such user ([`GptModule`], [`train_gpt`]):
 //!
@@ -130,6 +134,7 @@ pub mod local_gpu;
 pub mod memory;
 pub mod mesh;
 pub mod module;
+mod param_name;
 pub mod run;
 #[cfg(feature = "mpi")]
 pub mod run_mpi;
@@ -163,7 +168,8 @@ pub use local_gpu::{choose_gpu, GpuChoiceError};
 pub use memory::{DeviceMemory, RankMemory};
 pub use mesh::{Coord, Group, GroupKind, Mesh, MeshError};
 pub use module::{
-    GptModule, MicrobatchData, ModuleError, Output, StageModule, SyntheticModule, Unimplemented,
+    GptModule, MicrobatchData, ModuleError, Output, ParamName, StageModule, SyntheticModule,
+    Unimplemented,
 };
 pub use run::{prepare, run, run_local, FinalParams, RunOptions, StepRecord};
 #[cfg(feature = "mpi")]

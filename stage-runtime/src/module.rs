@@ -14,6 +14,7 @@ use pipewright_kernels::{params, Backend, Cpu, Footprint, Shaped, Tensor};
 use pipewright_schedule::{Recompute, StageCost};
 
 use crate::data::TokenBatch;
+pub use crate::param_name::ParamName;
 
 /// An error from user code: a module's methods and the run's closures return it, and `?`
 /// converts into it a user's own `Box<dyn Error>`, any error type (the kernels',
@@ -235,6 +236,38 @@ pub trait StageModule {
         Ok(None)
     }
 
+    /// Refuse, before step 0, a run with `tp > 1` TP ranks that this module would not
+    /// shard (it would hold and compute all of its stage on every TP rank, changing
+    /// nothing). Called once per stage on every rank when `tp > 1`; an error refuses the run
+    /// naming the stage. The default accepts: a hand-written module takes its shard from
+    /// the coordinates `make` gets. A layer list refuses layers that cannot shard.
+    fn check_tp(&self, tp: usize) -> Result<(), ModuleError> {
+        let _ = tp;
+        Ok(())
+    }
+
+    /// Each parameter's name and number of values, in the order of
+    /// [`flat_grads`](Self::flat_grads) and [`flat_params`](Self::flat_params), so that the
+    /// run's errors name a parameter (`l3.weight (layer 3, Dense)`) rather than a flat index:
+    /// the replica check, and step 0's check for a parameter whose gradient stays exactly
+    /// zero ([`RunOptions::allow_unused`](crate::RunOptions::allow_unused)), which runs only
+    /// for a module that names its parameters. `None` (the default) names none;
+    /// [`runtime::host::parameter_names`](crate::host::parameter_names) names what the
+    /// kernels' `Parameters` visits.
+    fn parameter_names(&self) -> Option<Vec<ParamName>> {
+        None
+    }
+
+    /// A fingerprint of one microbatch's data (a hash of the tensors the module makes from
+    /// it), or `None` (the default) for none. Before step 0 every rank that built microbatch
+    /// `id` compares the fingerprints it got with the other ranks' of its replica, and a run
+    /// whose data function gave ranks different data for one id (a reader that depends on
+    /// the thread, or that advanced between calls) is refused naming the id and the ranks.
+    fn data_fingerprint(&self, data: &Self::Data) -> Result<Option<u64>, ModuleError> {
+        let _ = data;
+        Ok(None)
+    }
+
     /// Whether the module implements ZeRO-1's two methods,
     /// [`optimizer_step_shard`](Self::optimizer_step_shard) and
     /// [`set_flat_params`](Self::set_flat_params). Runs with ZeRO-1 over more than one
@@ -404,6 +437,14 @@ impl<B: Backend> StageModule for GptModule<B> {
 
     fn backward_weight(&mut self, ws: WeightStash<B>) -> Result<(), ModuleError> {
         Ok(self.stage.backward_weight(ws)?)
+    }
+
+    /// The tokens and targets, hashed: every rank of a replica must hold the same.
+    fn data_fingerprint(&self, data: &TokenBatch) -> Result<Option<u64>, ModuleError> {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        data.hash(&mut h);
+        Ok(Some(h.finish()))
     }
 
     fn reduce_tp_grads(&mut self, tp: &mut dyn TpReduce<B::Storage>) -> Result<(), ModuleError> {

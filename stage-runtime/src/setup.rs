@@ -10,7 +10,7 @@ use pipewright_schedule::{Action, ActionKind, Recompute, RecomputePlan, Timetabl
 use crate::error::RuntimeError;
 use crate::executor::guard;
 use crate::mesh::{Coord, Mesh};
-use crate::module::{unimplemented_method, ModuleError, StageModule};
+use crate::module::{unimplemented_method, ModuleError, ParamName, StageModule};
 use pipewright_kernels::{Shaped, Tensor};
 
 /// Refuse a row asking a module with only a full backward for an I or W action, naming
@@ -33,6 +33,27 @@ pub(crate) fn check_backward_split<M: StageModule>(
         }),
         None => Ok(()),
     }
+}
+
+/// Refuse, under `tp > 1`, a module that would not shard its stage
+/// ([`StageModule::check_tp`]), naming the stage (the lowest, so every rank says the same).
+pub(crate) fn check_tp<M: StageModule>(
+    modules: &HashMap<u32, M>,
+    tp: usize,
+) -> Result<(), RuntimeError> {
+    if tp < 2 {
+        return Ok(());
+    }
+    let mut stages: Vec<&u32> = modules.keys().collect();
+    stages.sort_unstable();
+    for &stage in stages {
+        guard(|| modules[&stage].check_tp(tp)).map_err(|e| RuntimeError::Module {
+            stage,
+            method: "check_tp",
+            message: e.to_string(),
+        })?;
+    }
+    Ok(())
 }
 
 /// Tell each of this device's modules its recompute policy (only those that recompute are
@@ -289,13 +310,19 @@ where
                 let fail = |m: String| RuntimeError::device(mesh.rank(coord), coord, 0, None, m);
                 let mut module =
                     make(coord, stage).map_err(|e| fail(format!("building stage {stage}: {e}")))?;
-                guard(|| module.flat_params())
-                    .map_err(|e| fail(format!("stage {stage}: flat_params failed: {e}")))
+                let flat = guard(|| module.flat_params())
+                    .map_err(|e| fail(format!("stage {stage}: flat_params failed: {e}")))?;
+                Ok::<_, RuntimeError>(flat.map(|f| (f, module.parameter_names())))
             };
-            let Some(first) = params(0)? else { continue };
+            let Some((first, names)) = params(0)? else {
+                continue;
+            };
             for dp in 1..mesh.dp {
-                let Some(other) = params(dp)? else { continue };
-                if let Some(message) = differ(&first, &other, dp, mesh.tp > 1, tp) {
+                let Some((other, _)) = params(dp)? else {
+                    continue;
+                };
+                let at = (dp, mesh.tp > 1, tp);
+                if let Some(message) = differ(&first, &other, names.as_deref(), at) {
                     return Err(RuntimeError::Module {
                         stage,
                         method: "make",
@@ -308,8 +335,14 @@ where
     Ok(())
 }
 
-/// Why replica `dp`'s parameters are not replica 0's, if they are not (bit for bit).
-fn differ(first: &[f32], other: &[f32], dp: usize, with_tp: bool, tp: usize) -> Option<String> {
+/// Why replica `dp`'s parameters are not replica 0's, if they are not (bit for bit), naming
+/// the parameter when the module names them.
+fn differ(
+    first: &[f32],
+    other: &[f32],
+    names: Option<&[ParamName]>,
+    (dp, with_tp, tp): (usize, bool, usize),
+) -> Option<String> {
     let at = if with_tp {
         format!(" (tp rank {tp})")
     } else {
@@ -322,7 +355,10 @@ fn differ(first: &[f32], other: &[f32], dp: usize, with_tp: bool, tp: usize) -> 
             .iter()
             .zip(other)
             .position(|(a, b)| a.to_bits() != b.to_bits())?;
-        format!("parameter {i} is {} against {}", first[i], other[i])
+        let name = names
+            .and_then(|n| ParamName::at(n, i))
+            .unwrap_or_else(|| format!("value {i} of the flat parameters"));
+        format!("{name} is {} against {}", first[i], other[i])
     };
     Some(format!(
         "data-parallel replicas 0 and {dp}{at} build it with different parameters ({what}): \

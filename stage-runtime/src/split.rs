@@ -11,15 +11,16 @@ use std::fmt;
 use std::ops::Range;
 
 use pipewright_kernels::layers::{Parameters, TpReduce};
-use pipewright_kernels::optim::AdamWConfig;
-use pipewright_kernels::{params, Footprint, Tensor};
-use pipewright_schedule::{RawCostFile, RawStageCost, Recompute};
+use pipewright_kernels::{Footprint, Tensor};
+use pipewright_schedule::{RawCostFile, RawStageCost};
 
+mod library;
 mod profile;
+mod stage;
 pub use profile::{layer_profile, measure, profile, LayerMeasure};
+pub use stage::{InputFn, LayerStage, LayerStageStash, LossFn};
 
-use crate::host::{self, HostAdamW};
-use crate::module::{MicrobatchData, ModuleError, Output, StageModule};
+use crate::module::ModuleError;
 
 /// One layer of a user's model on host tensors, with a split backward; its parameters are
 /// the kernels' [`Parameters`] (`#[derive(Parameters)]` writes their visit for a layer built
@@ -131,6 +132,56 @@ pub trait Layer: Parameters {
     ) -> Result<(Tensor, Self::WeightStash), ModuleError>;
     /// Weight backward (W): accumulate the parameters' gradients.
     fn backward_weight(&mut self, stash: Self::WeightStash) -> Result<(), ModuleError>;
+
+    /// Tensor parallelism: how this layer runs on a mesh with `tp > 1`. The default,
+    /// [`TpLayout::Whole`], refuses a layer with parameters there (each TP rank would hold
+    /// and compute all of it, a silent no-op); a layer that returns
+    /// [`TpLayout::Sharded`] holds its rank's shard (built from the rank's
+    /// [`TpShard`](pipewright_kernels::layers::TpShard)) and runs through
+    /// [`forward_tp`](Self::forward_tp) and [`backward_input_tp`](Self::backward_input_tp),
+    /// which take the TP group.
+    fn tp_layout(&self) -> TpLayout {
+        TpLayout::Whole
+    }
+
+    /// The forward on a TP rank, with its group (`tp.all_reduce_sum` sums over it): what a
+    /// [`TpLayout::Sharded`] layer implements. The default is [`forward`](Self::forward).
+    fn forward_tp(
+        &mut self,
+        x: &Tensor,
+        tp: &mut dyn TpReduce,
+    ) -> Result<(Tensor, Self::Stash), ModuleError> {
+        let _ = tp;
+        self.forward(x)
+    }
+
+    /// The input backward on a TP rank, with its group. The default is
+    /// [`backward_input`](Self::backward_input).
+    fn backward_input_tp(
+        &mut self,
+        stash: Self::Stash,
+        dy: &Tensor,
+        tp: &mut dyn TpReduce,
+    ) -> Result<(Tensor, Self::WeightStash), ModuleError> {
+        let _ = tp;
+        self.backward_input(stash, dy)
+    }
+}
+
+/// How a [`Layer`] runs on a tensor-parallel mesh ([`Layer::tp_layout`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TpLayout {
+    /// It holds all of its parameters and cannot shard: refused under `tp > 1` if it has
+    /// parameters (a layer without parameters runs the same on every rank).
+    Whole,
+    /// Its parameters are replicated on every TP rank on purpose (a norm, a small input
+    /// projection): every rank computes the same from the same input, and their gradients
+    /// agree.
+    Replicated,
+    /// It holds this rank's shard and sums over the TP group in its `forward_tp` and
+    /// `backward_input_tp` (the kernels' [`Mlp`](pipewright_kernels::layers::Mlp) built
+    /// from a `TpShard` is one): its output and input gradient are whole on every rank.
+    Sharded,
 }
 
 /// A stash of some layer, its type erased so that layers of different types share a list,
@@ -166,21 +217,34 @@ impl Footprint for LayerStash {
 /// A [`Layer`] of any stash types, as a list of layers holds it (`Box<dyn DynLayer>`): every
 /// `Layer` is one, so `Box::new(my_layer)` goes wherever a [`BoxedLayer`] is asked for.
 pub trait DynLayer: Parameters {
-    /// [`Layer::forward`], its stash erased.
-    fn forward_dyn(&mut self, x: &Tensor) -> Result<(Tensor, LayerStash), ModuleError>;
-    /// [`Layer::backward_input`] of a stash of this layer's forward.
+    /// [`Layer::forward_tp`], its stash erased (`NoTp` off a tensor-parallel mesh).
+    fn forward_dyn(
+        &mut self,
+        x: &Tensor,
+        tp: &mut dyn TpReduce,
+    ) -> Result<(Tensor, LayerStash), ModuleError>;
+    /// [`Layer::backward_input_tp`] of a stash of this layer's forward.
     fn backward_input_dyn(
         &mut self,
         stash: LayerStash,
         dy: &Tensor,
+        tp: &mut dyn TpReduce,
     ) -> Result<(Tensor, LayerStash), ModuleError>;
+    /// [`Layer::tp_layout`].
+    fn tp_layout_dyn(&self) -> TpLayout;
     /// [`Layer::backward_weight`] of a stash of this layer's input backward.
     fn backward_weight_dyn(&mut self, stash: LayerStash) -> Result<(), ModuleError>;
+    /// The layer's type, for errors that name it (`std::any::type_name`, path trimmed).
+    fn type_name(&self) -> &'static str;
 }
 
 impl<L: Layer> DynLayer for L {
-    fn forward_dyn(&mut self, x: &Tensor) -> Result<(Tensor, LayerStash), ModuleError> {
-        let (y, s) = self.forward(x)?;
+    fn forward_dyn(
+        &mut self,
+        x: &Tensor,
+        tp: &mut dyn TpReduce,
+    ) -> Result<(Tensor, LayerStash), ModuleError> {
+        let (y, s) = self.forward_tp(x, tp)?;
         Ok((y, LayerStash::new(s)))
     }
 
@@ -188,13 +252,25 @@ impl<L: Layer> DynLayer for L {
         &mut self,
         stash: LayerStash,
         dy: &Tensor,
+        tp: &mut dyn TpReduce,
     ) -> Result<(Tensor, LayerStash), ModuleError> {
-        let (dx, ws) = self.backward_input(stash.take()?, dy)?;
+        let (dx, ws) = self.backward_input_tp(stash.take()?, dy, tp)?;
         Ok((dx, LayerStash::new(ws)))
+    }
+
+    fn tp_layout_dyn(&self) -> TpLayout {
+        self.tp_layout()
     }
 
     fn backward_weight_dyn(&mut self, stash: LayerStash) -> Result<(), ModuleError> {
         self.backward_weight(stash.take()?)
+    }
+
+    fn type_name(&self) -> &'static str {
+        let full = std::any::type_name::<L>();
+        // `my_crate::model::Dense<f32>` reads `Dense<f32>`: the path up to the type's own name.
+        let end = full.find('<').unwrap_or(full.len());
+        full[..end].rfind("::").map_or(full, |i| &full[i + 2..])
     }
 }
 
@@ -411,237 +487,5 @@ pub fn cost_file(profile: &[LayerCost], partition: &[Range<usize>]) -> RawCostFi
         time_unit: Some("ms".into()),
         source: Some("pipewright_runtime::split::profile".into()),
         ..RawCostFile::default()
-    }
-}
-
-/// The loss of a model's last layer's output against a microbatch's data, and its gradient,
-/// both multiplied by the loss scale (the third argument, `1 / (dp * m)`): the runtime sums
-/// the scaled losses and gradients of the global batch's `dp * m` microbatches, which is the
-/// global batch's mean.
-pub type LossFn<D> = dyn Fn(&Tensor, &D, f32) -> Result<(f32, Tensor), ModuleError>;
-
-/// The first stage's input from a microbatch's data.
-pub type InputFn<D> = dyn Fn(&D) -> Result<Tensor, ModuleError>;
-
-/// One stage of a layer-list model: its layers, the model's input function on the first
-/// stage and its loss on the last, AdamW over its parameters. It offers full recomputation
-/// (its layers' forwards run again from the kept stage input, so they must give the same
-/// result twice, as a forward without dropout or other hidden state does); a layer's stash
-/// is its own opaque type, so selective recomputation is not offered.
-pub struct LayerStage<D> {
-    /// In order; their parameters are visited in that order.
-    layers: Vec<BoxedLayer>,
-    input: Option<Box<InputFn<D>>>,
-    loss: Option<Box<LossFn<D>>>,
-    opt: HostAdamW,
-    full_recompute: bool,
-}
-
-/// What a [`LayerStage`]'s forward keeps for its backward.
-#[derive(pipewright_kernels::Footprint)]
-pub struct LayerStageStash {
-    layers: Vec<LayerStash>,
-    loss_grad: Option<Tensor>,
-    /// The stage's input, kept alone under full recomputation (`None` on the first stage,
-    /// whose input the data rebuilds).
-    input: Option<Tensor>,
-    #[footprint(skip)]
-    slim: bool,
-}
-
-impl<D> LayerStage<D> {
-    /// A stage of `layers`; `input` for the first stage, `loss` for the last (both for a
-    /// model of one stage).
-    pub fn new(
-        layers: Vec<BoxedLayer>,
-        input: Option<Box<InputFn<D>>>,
-        loss: Option<Box<LossFn<D>>>,
-    ) -> Self {
-        LayerStage {
-            layers,
-            input,
-            loss,
-            opt: HostAdamW::default(),
-            full_recompute: false,
-        }
-    }
-
-    /// Stage `stage` of a model cut at `cuts` (from [`cut`] or [`split`]): its layers built by
-    /// `layer(k)`, the model's `input` function if it is the first stage and its `loss` if it
-    /// is the last. A run's `make` closure is then `|_, s| LayerStage::part(&cuts, s, layer,
-    /// input, loss)`, and `part(&[0..n], 0, ..)` is the whole model on one device.
-    pub fn part<I, L>(
-        cuts: &[Range<usize>],
-        stage: u32,
-        layer: impl Fn(usize) -> Result<BoxedLayer, ModuleError>,
-        input: I,
-        loss: L,
-    ) -> Result<Self, ModuleError>
-    where
-        I: Fn(&D) -> Result<Tensor, ModuleError> + 'static,
-        L: Fn(&Tensor, &D, f32) -> Result<(f32, Tensor), ModuleError> + 'static,
-    {
-        let range = cuts
-            .get(stage as usize)
-            .ok_or_else(|| format!("stage {stage} is not one of the {} cuts", cuts.len()))?;
-        let last = cuts.last().map_or(0, |r| r.end);
-        let layers = range.clone().map(layer).collect::<Result<_, _>>()?;
-        let input = (range.start == 0).then(|| Box::new(input) as Box<InputFn<D>>);
-        let loss = (range.end == last).then(|| Box::new(loss) as Box<LossFn<D>>);
-        Ok(LayerStage::new(layers, input, loss))
-    }
-
-    /// The forward, keeping every layer's stash (`keep`) or none of them.
-    fn run_forward(
-        &mut self,
-        mb: &MicrobatchData<'_, D>,
-        input: Option<Tensor>,
-        keep: bool,
-    ) -> Result<(Output, LayerStageStash), ModuleError> {
-        let mut x = match (input, &self.input) {
-            (Some(x), _) => x,
-            (None, Some(f)) => f(mb.data)?,
-            (None, None) => return Err("a first stage needs an input function".into()),
-        };
-        let mut layers = Vec::with_capacity(self.layers.len());
-        for layer in &mut self.layers {
-            let (y, s) = layer.forward_dyn(&x)?;
-            if keep {
-                layers.push(s);
-            }
-            x = y;
-        }
-        let mut stash = LayerStageStash {
-            layers,
-            loss_grad: None,
-            input: None,
-            slim: !keep,
-        };
-        match &self.loss {
-            Some(loss) => {
-                let (l, grad) = loss(&x, mb.data, mb.loss_scale)?;
-                stash.loss_grad = keep.then_some(grad);
-                Ok((Output::Loss(l), stash))
-            }
-            None => Ok((Output::Hidden(x), stash)),
-        }
-    }
-}
-
-impl<D> StageModule for LayerStage<D> {
-    type Tensor = Tensor;
-    type Data = D;
-    type Stash = LayerStageStash;
-    type WeightStash = Vec<LayerStash>;
-
-    fn forward(
-        &mut self,
-        mb: &MicrobatchData<'_, D>,
-        input: Option<Tensor>,
-        _: &mut dyn TpReduce,
-    ) -> Result<(Output, Self::Stash), ModuleError> {
-        if !self.full_recompute {
-            return self.run_forward(mb, input, true);
-        }
-        let kept = input.clone();
-        let (out, mut stash) = self.run_forward(mb, input, false)?;
-        stash.input = kept;
-        Ok((out, stash))
-    }
-
-    fn set_recompute(&mut self, policy: Recompute) -> Result<(), ModuleError> {
-        match policy {
-            Recompute::None | Recompute::Full => {
-                self.full_recompute = policy == Recompute::Full;
-                Ok(())
-            }
-            Recompute::Selective | Recompute::Every(_) => Err(
-                "a layer-list stage recomputes only fully (its layers' stashes are opaque)".into(),
-            ),
-        }
-    }
-
-    fn recompute(
-        &mut self,
-        mb: &MicrobatchData<'_, D>,
-        stash: LayerStageStash,
-        _: &mut dyn TpReduce,
-    ) -> Result<LayerStageStash, ModuleError> {
-        if !stash.slim {
-            return Ok(stash);
-        }
-        Ok(self.run_forward(mb, stash.input, true)?.1)
-    }
-
-    fn backward_input(
-        &mut self,
-        stash: Self::Stash,
-        grad_out: Option<Tensor>,
-        _: &mut dyn TpReduce,
-    ) -> Result<(Option<Tensor>, Self::WeightStash), ModuleError> {
-        if stash.slim {
-            return Err("the stash was not recomputed before the backward".into());
-        }
-        let stashes = stash.layers;
-        let mut dy = grad_out.or(stash.loss_grad).ok_or("no output gradient")?;
-        let mut ws = Vec::with_capacity(stashes.len());
-        for (layer, s) in self.layers.iter_mut().zip(stashes).rev() {
-            let (dx, w) = layer.backward_input_dyn(s, &dy)?;
-            ws.push(w);
-            dy = dx;
-        }
-        Ok((Some(dy), ws))
-    }
-
-    fn backward_weight(&mut self, ws: Self::WeightStash) -> Result<(), ModuleError> {
-        let layers = self.layers.iter_mut().rev();
-        layers
-            .zip(ws)
-            .try_for_each(|(layer, w)| layer.backward_weight_dyn(w))
-    }
-
-    fn flat_grads(&mut self) -> Result<Option<Tensor>, ModuleError> {
-        host::flat_grads(&self.layers)
-    }
-
-    fn set_flat_grads(&mut self, grads: Tensor) -> Result<(), ModuleError> {
-        host::set_flat_grads(&mut self.layers, grads)
-    }
-
-    fn optimizer_step(&mut self, cfg: &AdamWConfig) -> Result<(), ModuleError> {
-        self.opt.step(&mut self.layers, cfg)
-    }
-
-    fn flat_params(&mut self) -> Result<Option<Vec<f32>>, ModuleError> {
-        host::flat_params(&self.layers)
-    }
-
-    fn shards_optimizer(&self) -> bool {
-        true
-    }
-
-    fn optimizer_step_shard(
-        &mut self,
-        cfg: &AdamWConfig,
-        range: Range<usize>,
-        grads: Tensor,
-    ) -> Result<Tensor, ModuleError> {
-        self.opt.step_shard(&mut self.layers, cfg, range, grads)
-    }
-
-    fn set_flat_params(&mut self, values: Tensor) -> Result<(), ModuleError> {
-        host::set_flat_params(&mut self.layers, values)
-    }
-
-    fn optimizer_state_bytes(&self) -> usize {
-        self.opt.state_bytes()
-    }
-
-    fn parameter_bytes(&self) -> usize {
-        params::storage_bytes(&self.layers).0
-    }
-
-    fn gradient_bytes(&self) -> usize {
-        params::storage_bytes(&self.layers).1
     }
 }

@@ -669,7 +669,7 @@ fn dp_2_refuses_replicas_that_start_from_different_weights() {
         Ok(Whole(c))
     });
     assert!(
-        line.contains("stage 0") && line.contains("parameter 0 is"),
+        line.contains("stage 0") && line.contains("value 0 of the flat parameters is"),
         "{line}"
     );
     // Weights seeded by the replica: stage 1's second layer differs at its first bias value.

@@ -131,6 +131,7 @@ where
         if self.check_finite {
             self.check_grads(step)?;
         }
+        self.check_unused(step)?;
         let mut stepped = Vec::new();
         for r in sharded {
             let stage = r.stage;

@@ -5,6 +5,7 @@
 
 use std::time::Instant;
 
+use pipewright_kernels::layers::NoTp;
 use pipewright_kernels::{params, Footprint, Tensor};
 use pipewright_schedule::layer_profile::{LayerProfile, ProfiledLayer};
 
@@ -75,12 +76,14 @@ pub(crate) fn measure_one(
     let mut last = None;
     for _ in 0..repeats.max(1) {
         let t0 = Instant::now();
-        let (y, stash) = layer.forward_dyn(x).map_err(bad)?;
+        let (y, stash) = layer.forward_dyn(x, &mut NoTp).map_err(bad)?;
         let t1 = Instant::now();
         let stash_bytes = stash.bytes();
         let dy = Tensor::new(y.shape(), vec![1.0; y.numel()]).map_err(|e| bad(e.into()))?;
         let t2 = Instant::now();
-        let (_, ws) = layer.backward_input_dyn(stash, &dy).map_err(bad)?;
+        let (_, ws) = layer
+            .backward_input_dyn(stash, &dy, &mut NoTp)
+            .map_err(bad)?;
         let t3 = Instant::now();
         let weight_stash_bytes = ws.bytes();
         let t4 = Instant::now();

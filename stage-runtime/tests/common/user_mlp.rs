@@ -79,8 +79,8 @@ pub fn rows(id: MicrobatchId) -> Result<Rows, ModuleError> {
 }
 
 pub fn mse() -> Box<LossFn<Rows>> {
-    Box::new(|out: &Tensor, rows: &Rows, scale: f32| {
-        let s = scale / rows.1.len() as f32;
+    Box::new(|out: &Tensor, rows: &Rows| {
+        let s = 1.0 / rows.1.len() as f32;
         let err: Vec<f32> = out.data().iter().zip(&rows.1).map(|(p, t)| p - t).collect();
         let loss = s * err.iter().map(|e| e * e).sum::<f32>();
         let grad = Tensor::new(out.shape(), err.iter().map(|e| 2.0 * s * e).collect())?;
