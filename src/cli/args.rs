@@ -22,7 +22,8 @@ pub struct SpecArgs {
     /// Pipeline devices p (pipeline-parallel size); each holds --virtual stages.
     #[arg(long, short = 'p', default_value_t = 4, value_name = "P")]
     pub stages: u32,
-    /// Model chunks per device v (interleaved-1f1b only; total stages S = p * v).
+    /// Model chunks per device v (total stages S = p * v): any v for interleaved-1f1b and
+    /// looped-bfs; zbv and dualpipev need 2 (a V of two chunks); the others take 1.
     #[arg(long = "virtual", short = 'v', default_value_t = 1, value_name = "V")]
     pub virtual_stages: u32,
     /// Microbatches m per training step (any m >= 1; interleaving needs m >= p).
