@@ -389,12 +389,16 @@ impl PlanCmd {
         );
         let p = &plan.progress;
         out += &format!(
-            "{} configurations, {} checked against memory ({} did not fit), {} simulated, {} schedule searches, in {seconds:.2} s{}\n\n",
+            "{} configurations, {} checked against memory ({} did not fit), {} simulated, {} schedule searches, in {seconds:.2} s{}{}\n\n",
             p.candidates,
             p.memory_checked,
             p.unfit,
             p.simulated,
             p.searched,
+            match p.refused {
+                0 => String::new(),
+                n => format!(" ({n} refused by a check and dropped: --explain says why)"),
+            },
             if plan.cut_short {
                 " (simulation budget spent: raise --max-simulated to look further)"
             } else {

@@ -30,6 +30,7 @@ pub mod layers;
 pub mod listed;
 pub mod model;
 pub mod rank;
+pub mod refused;
 pub mod request;
 pub mod search;
 pub mod space;
