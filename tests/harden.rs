@@ -38,3 +38,34 @@ fn a_refused_candidate_is_dropped_not_the_plan() {
     args.extend(["--tp", "2", "--sequence-parallel"]);
     refused(&args, &["--tp 2 fits no configuration", "must divide seq_len (1)"]);
 }
+
+/// Class 8: sizes whose counts pass a `u64` are refused naming the sizes, never planned from
+/// a count that wrapped (a debug build panicked on the multiplication); a `head_dim` whose
+/// product with the heads wraps back to `hidden_size` is refused, not taken as equal.
+#[test]
+fn shape_counts_that_would_wrap_are_refused() {
+    let args = [
+        "--layers", "4096", "--d-model", "1099511627776", "--heads", "1", "--seq-len", "1",
+        "--vocab", "1", "--gpus", "8", "--global-batch", "8",
+    ];
+    refused(&args, &["pass 2^60", "--d-model 1099511627776"]);
+
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.json");
+    // 2^59 x 32 heads is 2^64: with 128 added per head, 4096 once wrapped.
+    let head_dim = (1u64 << 59) + 128;
+    std::fs::write(
+        &config,
+        format!(
+            r#"{{"model_type": "llama", "num_attention_heads": 32, "hidden_size": 4096,
+            "head_dim": {head_dim}, "num_hidden_layers": 2, "intermediate_size": 11008,
+            "vocab_size": 32000, "max_position_embeddings": 4096}}"#
+        ),
+    )
+    .unwrap();
+    let path = config.to_str().unwrap();
+    refused(
+        &["--hf-config", path, "--gpus", "8", "--global-batch", "8"],
+        &["head_dim", &head_dim.to_string()],
+    );
+}

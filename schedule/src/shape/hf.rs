@@ -225,7 +225,7 @@ fn llama_family(f: &Fields) -> Result<HfModel, HfError> {
     let heads = f.need_u32("num_attention_heads")?;
     let d = f.need("hidden_size")?;
     if let Some(dh) = f.count("head_dim")? {
-        if dh * u64::from(heads) != d {
+        if dh.checked_mul(u64::from(heads)) != Some(d) {
             return Err(HfError::Unsupported {
                 field: "head_dim",
                 value: dh.to_string(),
