@@ -69,3 +69,99 @@ fn shape_counts_that_would_wrap_are_refused() {
         &["head_dim", &head_dim.to_string()],
     );
 }
+
+/// A100-like cluster file text with `memory_gib` and the bf16 peak as given.
+fn cluster_text(memory_gib: &str, bf16: &str) -> String {
+    format!(
+        r#"{{ "name": "odd", "gpus_per_node": 8, "memory_gib": {memory_gib},
+             "peak_tflops": {{ "bf16": {bf16}, "tf32": 156, "f32": 19.5 }},
+             "memory_bandwidth_gbs": 2039,
+             "intra_node": {{ "bandwidth_gbs": 240, "latency_us": 5 }},
+             "inter_node": {{ "bandwidth_gbs": 23, "latency_us": 10 }} }}"#
+    )
+}
+
+const SMALL: [&str; 12] = [
+    "--layers", "8", "--d-model", "1024", "--heads", "8", "--seq-len", "1024", "--gpus", "8",
+    "--global-batch", "16",
+];
+
+/// Class 7: cluster and profile figures no device can have are refused naming the field and
+/// the file, not planned into -0.0% headroom, 2^64 more GPUs or 300-digit step times.
+#[test]
+fn absurd_cluster_and_profile_figures_are_refused_by_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases = [
+        (cluster_text("85899345920", "312"), "memory_gib is 85899345920"),
+        (cluster_text("1e-12", "312"), "memory_gib is 0.000000000001"),
+        (cluster_text("80", "1e300"), "peak_tflops.bf16 is 1000000"),
+        (cluster_text("80", "1e-300"), "peak_tflops.bf16 is 0.000"),
+    ];
+    for (i, (text, needle)) in cases.iter().enumerate() {
+        let path = dir.path().join(format!("cluster{i}.json"));
+        std::fs::write(&path, text).unwrap();
+        let path = path.to_str().unwrap();
+        let mut args = SMALL.to_vec();
+        args.extend(["--cluster", path]);
+        refused(&args, &[path, needle, "outside"]);
+    }
+    // A sane file plans.
+    let path = dir.path().join("sane.json");
+    std::fs::write(&path, cluster_text("80", "312")).unwrap();
+    let mut args = SMALL.to_vec();
+    args.extend(["--cluster", path.to_str().unwrap()]);
+    ok(&args);
+
+    let profile = dir.path().join("profile.json");
+    std::fs::write(
+        &profile,
+        r#"{"version": 1, "microbatch_size": 1, "layers": [
+            {"f_ms": 1e-300, "i_ms": 1, "w_ms": 1, "params": 10, "param_bytes": 40,
+             "stash_bytes": 8, "weight_stash_bytes": 8, "output_bytes": 8},
+            {"f_ms": 1, "i_ms": 1, "w_ms": 1, "params": 10, "param_bytes": 40,
+             "stash_bytes": 8, "weight_stash_bytes": 8, "output_bytes": 8}]}"#,
+    )
+    .unwrap();
+    let profile = profile.to_str().unwrap();
+    refused(
+        &["--profile", profile, "--gpus", "2", "--global-batch", "4"],
+        &[profile, "layer 0: f_ms must be 0 or from"],
+    );
+}
+
+/// Class 12: `--cluster`, `--profile` and `--hf-config` given another kind of pipewright
+/// file say what it is and what they wanted.
+#[test]
+fn a_reader_given_another_kind_of_file_names_both() {
+    let dir = tempfile::tempdir().unwrap();
+    let write = |name: &str, text: &str| {
+        let p = dir.path().join(name);
+        std::fs::write(&p, text).unwrap();
+        p.to_str().unwrap().to_string()
+    };
+    let costs = write("costs.json", r#"{"default": {"f": 1, "b": 2}}"#);
+    let timeline = write("timeline.json", r#"{"events": [], "meta": {}}"#);
+    let hf = write(
+        "config.json",
+        r#"{"model_type": "llama", "num_attention_heads": 32, "hidden_size": 4096}"#,
+    );
+    let cluster = write("cluster.json", &cluster_text("80", "312"));
+    let mut args = SMALL.to_vec();
+    args.extend(["--cluster", &costs]);
+    refused(&args, &["is a cost file", "not a cluster file"]);
+    let mut args = SMALL.to_vec();
+    args.extend(["--cluster", &hf]);
+    refused(&args, &["is a Hugging Face config", "not a cluster file"]);
+    refused(
+        &["--profile", &timeline, "--gpus", "2", "--global-batch", "4"],
+        &["is a timeline", "not a layer profile"],
+    );
+    refused(
+        &["--profile", &cluster, "--gpus", "2", "--global-batch", "4"],
+        &["is a cluster file", "not a layer profile"],
+    );
+    refused(
+        &["--hf-config", &cluster, "--gpus", "2", "--global-batch", "4"],
+        &["is a cluster file", "not a Hugging Face config.json"],
+    );
+}

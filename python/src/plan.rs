@@ -13,6 +13,7 @@ use pipewright_schedule::plan::{
 use pipewright_schedule::shape::{AttentionKind, ShapeRequest};
 use pipewright_schedule::{RecomputePlan, ScheduleKind};
 use pipewright_viz::{bubble_chart_with_memory, ChartOptions, ChartPanel, MemoryBars};
+use pipewright_input::{expect_kind, FileKind};
 use pyo3::prelude::*;
 
 use crate::charts::{image_format, Chart};
@@ -26,7 +27,9 @@ fn cluster_file(arg: &str) -> PyResult<Option<String>> {
     if Cluster::preset(arg).is_some() || !std::path::Path::new(arg).exists() {
         return Ok(None);
     }
-    read_file(arg).map(Some)
+    let text = read_file(arg)?;
+    expect_kind(arg, &text, FileKind::Cluster).map_err(err)?;
+    Ok(Some(text))
 }
 
 /// The ranked configurations; `best` is the first row, `timetable` its timetable.
@@ -241,9 +244,11 @@ fn plan(
                 rope_theta,
                 bias,
             )?,
-            hf_config: hf_config.map(|c| named_text(c, "config")).transpose()?,
+            hf_config: hf_config
+                .map(|c| named_text(c, "config", FileKind::HfConfig)).transpose()?,
         },
-        profile: profile.map(|p| named_text(p, "profile")).transpose()?,
+        profile: profile
+            .map(|p| named_text(p, "profile", FileKind::LayerProfile)).transpose()?,
         gpus,
         global_batch,
         cluster: cluster.to_string(),

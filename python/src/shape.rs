@@ -10,6 +10,7 @@ use pipewright_schedule::shape::request::describe;
 use pipewright_schedule::shape::{
     AttentionKind, Named, ResolvedShape, RopeTheta, ShapeKinds, ShapeRequest,
 };
+use pipewright_input::{expect_kind, FileKind};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString};
 
@@ -17,7 +18,15 @@ use crate::{err, read_file, to_py};
 
 /// A file's text named by its path, JSON text named `what`, or a dict as its JSON: how a
 /// config or a profile is handed over (`"config.json"`, `'{"model_type": ...}'`, `{...}`).
-pub(crate) fn named_text(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Named> {
+pub(crate) fn named_text(obj: &Bound<'_, PyAny>, what: &str, want: FileKind) -> PyResult<Named> {
+    let named = raw_named_text(obj, what)?;
+    // Another kind of pipewright file (or a config where a profile is wanted) is named for
+    // what it is.
+    expect_kind(&named.name, &named.text, want).map_err(err)?;
+    Ok(named)
+}
+
+fn raw_named_text(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Named> {
     if obj.is_instance_of::<PyDict>() {
         let text: String = obj
             .py()
@@ -142,7 +151,7 @@ impl Shape {
     fn from_hf_config(config: &Bound<'_, PyAny>, seq_len: Option<u64>) -> PyResult<Self> {
         Shape::of(ShapeRequest {
             seq_len,
-            hf_config: Some(named_text(config, "config")?),
+            hf_config: Some(named_text(config, "config", FileKind::HfConfig)?),
             ..ShapeRequest::default()
         })
     }

@@ -58,7 +58,7 @@ fn a_bad_value_is_named_by_layer_and_field() {
     l.i_ms = Some(-2.0);
     assert_eq!(
         err(raw(vec![layer(1.0), l])),
-        "profile: layer 1: i_ms must be a finite number >= 0 (got -2)"
+        "profile: layer 1: i_ms must be 0 or from 0.000001 to 10000000 ms, as a layer can take (got -2)"
     );
     let mut l = layer(1.0);
     l.output_bytes = None;

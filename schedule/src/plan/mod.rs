@@ -69,6 +69,16 @@ pub enum PlanError {
         /// The value.
         value: f64,
     },
+    /// A cluster figure outside what a real device can have ([`cluster::RANGES`]).
+    #[error("cluster: {what} is {value}, outside {range}")]
+    ClusterRange {
+        /// Which figure.
+        what: &'static str,
+        /// The value.
+        value: f64,
+        /// The range, in words.
+        range: &'static str,
+    },
     /// Nothing can run: the one line saying the nearest thing that would.
     #[error("{0}")]
     Impossible(String),
