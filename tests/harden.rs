@@ -165,3 +165,71 @@ fn a_reader_given_another_kind_of_file_names_both() {
         &["is a cluster file", "not a Hugging Face config.json"],
     );
 }
+
+/// Class 11: the launch line quotes a timetable path with a space, so it runs as printed
+/// (the searched best of `plan_searched_cli.rs`'s small GPT on a slow-link cluster).
+#[test]
+fn the_launch_line_quotes_a_timetable_path_with_spaces() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::create_dir(d.join("my runs")).unwrap();
+    let cluster = d.join("c.json");
+    std::fs::write(
+        &cluster,
+        r#"{ "name": "small", "gpus_per_node": 8, "memory_gib": 0.05,
+             "peak_tflops": { "bf16": 100, "tf32": 50, "f32": 10 },
+             "memory_bandwidth_gbs": 900,
+             "intra_node": { "bandwidth_gbs": 50, "latency_us": 5 },
+             "inter_node": { "bandwidth_gbs": 10, "latency_us": 10 } }"#,
+    )
+    .unwrap();
+    let args = [
+        "plan", "--cluster", cluster.to_str().unwrap(), "--layers", "8", "--d-model", "64",
+        "--heads", "2", "--seq-len", "16", "--vocab", "64", "--gpus", "4", "--global-batch",
+        "16", "--tp", "1", "--pp", "4", "--microbatch-size", "1", "--precision", "f32",
+        "--timetable-out", "my runs/best.csv",
+    ];
+    let out = common::ok_in(Some(d), &args);
+    assert!(out.contains(" --timetable 'my runs/best.csv' "), "{out}");
+    assert!(d.join("my runs/best.csv").exists());
+}
+
+/// Class 11: a timeline with events before 0 is refused (its bubble would count time nothing
+/// ran in), and an `rope_scaling` that is not an object is refused, not ignored.
+#[test]
+fn a_timeline_before_zero_and_a_rope_scaling_of_another_form_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    common::ok_in(
+        Some(d),
+        &["simulate", "--schedule", "1f1b", "--stages", "2", "--microbatches", "2", "--timeline", "tl.json"],
+    );
+    let mut tl: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(d.join("tl.json")).unwrap()).unwrap();
+    for e in tl["events"].as_array_mut().unwrap() {
+        for k in ["start", "end"] {
+            e[k] = serde_json::json!(e[k].as_f64().unwrap() - 5.0);
+        }
+    }
+    std::fs::write(d.join("neg.json"), tl.to_string()).unwrap();
+    common::refused_in(
+        Some(d),
+        &["viz", "--from", "neg.json", "-o", "x.svg"],
+        Some(1),
+        &["neg.json", "starts at -5, before the step's start at 0"],
+    );
+
+    std::fs::write(
+        d.join("config.json"),
+        r#"{"model_type": "llama", "num_attention_heads": 32, "hidden_size": 4096,
+            "num_hidden_layers": 2, "intermediate_size": 11008, "vocab_size": 32000,
+            "max_position_embeddings": 4096, "rope_scaling": "linear"}"#,
+    )
+    .unwrap();
+    common::refused_in(
+        Some(d),
+        &["plan", "--hf-config", "config.json", "--gpus", "8", "--global-batch", "8"],
+        Some(1),
+        &["rope_scaling", "\"linear\"", "an object"],
+    );
+}

@@ -139,6 +139,8 @@ impl Costs {
     #[staticmethod]
     fn from_timelines(timelines: Vec<PyRef<'_, Timeline>>) -> PyResult<Self> {
         let tls: Vec<&pipewright_schedule::Timeline> = timelines.iter().map(|t| &t.inner).collect();
+        // Medians over steps of different pipelines would be no pipeline's costs.
+        pipewright_schedule::same_pipeline(&tls).map_err(|e| err(format!("timelines: {e}")))?;
         let raw = measured_costs(&tls).map_err(err)?;
         Costs::file(
             serde_json::to_string_pretty(&raw).map_err(err)?,
