@@ -28,7 +28,8 @@ class Timetable:
     @staticmethod
     def read(path: StrPath, validate: bool = True) -> Timetable: ...
     def to_csv(self, form: CsvForm = "compute_only") -> str:
-        """PyTorch's compute-only or compute+comms form, or pipewright's lowered rows."""
+        """PyTorch's compute-only or compute+comms form, or pipewright's lowered rows (lowered
+        here, sends and receives included, when the timetable is not yet)."""
     def to_json(self) -> str: ...
     def write(self, path: StrPath, comms: bool = False) -> None:
         """`.csv` (compute-only; compute+comms with `comms=True`) or `.json`, atomically."""
@@ -52,7 +53,9 @@ class Timetable:
     @property
     def csv_form(self) -> Optional[CsvForm]: ...
     def __len__(self) -> int: ...
-    def __eq__(self, other: object) -> bool: ...
+    def __eq__(self, other: object) -> bool:
+        """Equal content (microbatches, stage placement, every device's actions); the name
+        is a label, so a timetable equals itself read back from its own CSV."""
 
 class Validated:
     compute_actions: int
@@ -92,7 +95,9 @@ class Costs:
     @staticmethod
     def read(path: StrPath) -> Costs: ...
     @staticmethod
-    def from_timelines(timelines: Sequence[Timeline]) -> Costs: ...
+    def from_timelines(timelines: Sequence[Timeline]) -> Costs:
+        """Medians over steps of one pipeline: a timeline whose schedule, devices, stages or
+        microbatches differ from the first's is refused naming the field."""
     def with_overrides(
         self,
         p2p_latency: Optional[float] = None,

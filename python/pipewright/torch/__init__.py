@@ -17,7 +17,7 @@ except ImportError:
         "pipewright.torch needs PyTorch: pip install torch (or pip install \"./python[torch]\")"
     ) from None
 
-from ._errors import RecordError, StageError, TimetableError, TorchError
+from ._errors import BatchError, RecordError, StageError, TimetableError, TorchError
 from ._costs import measured_costs
 from ._record import Recorder
 from ._run import pipeline_stages, schedule, stage_ranks
@@ -25,6 +25,7 @@ from ._synthetic import Sleep
 from ._timetable import COMPUTE_COMMS, COMPUTE_ONLY, TorchTimetable, from_csv_text, load
 
 __all__ = [
+    "BatchError",
     "COMPUTE_COMMS",
     "COMPUTE_ONLY",
     "RecordError",
