@@ -36,7 +36,10 @@ fn a_refused_candidate_is_dropped_not_the_plan() {
     let mut args = LLAMA_8B.to_vec();
     args.extend(["--seq-len", "1", "--global-batch", "64"]);
     args.extend(["--tp", "2", "--sequence-parallel"]);
-    refused(&args, &["--tp 2 fits no configuration", "must divide seq_len (1)"]);
+    refused(
+        &args,
+        &["--tp 2 fits no configuration", "must divide seq_len (1)"],
+    );
 }
 
 /// Class 8: sizes whose counts pass a `u64` are refused naming the sizes, never planned from
@@ -45,8 +48,20 @@ fn a_refused_candidate_is_dropped_not_the_plan() {
 #[test]
 fn shape_counts_that_would_wrap_are_refused() {
     let args = [
-        "--layers", "4096", "--d-model", "1099511627776", "--heads", "1", "--seq-len", "1",
-        "--vocab", "1", "--gpus", "8", "--global-batch", "8",
+        "--layers",
+        "4096",
+        "--d-model",
+        "1099511627776",
+        "--heads",
+        "1",
+        "--seq-len",
+        "1",
+        "--vocab",
+        "1",
+        "--gpus",
+        "8",
+        "--global-batch",
+        "8",
     ];
     refused(&args, &["pass 2^60", "--d-model 1099511627776"]);
 
@@ -82,8 +97,18 @@ fn cluster_text(memory_gib: &str, bf16: &str) -> String {
 }
 
 const SMALL: [&str; 12] = [
-    "--layers", "8", "--d-model", "1024", "--heads", "8", "--seq-len", "1024", "--gpus", "8",
-    "--global-batch", "16",
+    "--layers",
+    "8",
+    "--d-model",
+    "1024",
+    "--heads",
+    "8",
+    "--seq-len",
+    "1024",
+    "--gpus",
+    "8",
+    "--global-batch",
+    "16",
 ];
 
 /// Class 7: cluster and profile figures no device can have are refused naming the field and
@@ -92,7 +117,10 @@ const SMALL: [&str; 12] = [
 fn absurd_cluster_and_profile_figures_are_refused_by_field() {
     let dir = tempfile::tempdir().unwrap();
     let cases = [
-        (cluster_text("85899345920", "312"), "memory_gib is 85899345920"),
+        (
+            cluster_text("85899345920", "312"),
+            "memory_gib is 85899345920",
+        ),
         (cluster_text("1e-12", "312"), "memory_gib is 0.000000000001"),
         (cluster_text("80", "1e300"), "peak_tflops.bf16 is 1000000"),
         (cluster_text("80", "1e-300"), "peak_tflops.bf16 is 0.000"),
@@ -161,7 +189,14 @@ fn a_reader_given_another_kind_of_file_names_both() {
         &["is a cluster file", "not a layer profile"],
     );
     refused(
-        &["--hf-config", &cluster, "--gpus", "2", "--global-batch", "4"],
+        &[
+            "--hf-config",
+            &cluster,
+            "--gpus",
+            "2",
+            "--global-batch",
+            "4",
+        ],
         &["is a cluster file", "not a Hugging Face config.json"],
     );
 }
@@ -184,10 +219,33 @@ fn the_launch_line_quotes_a_timetable_path_with_spaces() {
     )
     .unwrap();
     let args = [
-        "plan", "--cluster", cluster.to_str().unwrap(), "--layers", "8", "--d-model", "64",
-        "--heads", "2", "--seq-len", "16", "--vocab", "64", "--gpus", "4", "--global-batch",
-        "16", "--tp", "1", "--pp", "4", "--microbatch-size", "1", "--precision", "f32",
-        "--timetable-out", "my runs/best.csv",
+        "plan",
+        "--cluster",
+        cluster.to_str().unwrap(),
+        "--layers",
+        "8",
+        "--d-model",
+        "64",
+        "--heads",
+        "2",
+        "--seq-len",
+        "16",
+        "--vocab",
+        "64",
+        "--gpus",
+        "4",
+        "--global-batch",
+        "16",
+        "--tp",
+        "1",
+        "--pp",
+        "4",
+        "--microbatch-size",
+        "1",
+        "--precision",
+        "f32",
+        "--timetable-out",
+        "my runs/best.csv",
     ];
     let out = common::ok_in(Some(d), &args);
     assert!(out.contains(" --timetable 'my runs/best.csv' "), "{out}");
@@ -202,7 +260,17 @@ fn a_timeline_before_zero_and_a_rope_scaling_of_another_form_are_refused() {
     let d = dir.path();
     common::ok_in(
         Some(d),
-        &["simulate", "--schedule", "1f1b", "--stages", "2", "--microbatches", "2", "--timeline", "tl.json"],
+        &[
+            "simulate",
+            "--schedule",
+            "1f1b",
+            "--stages",
+            "2",
+            "--microbatches",
+            "2",
+            "--timeline",
+            "tl.json",
+        ],
     );
     let mut tl: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(d.join("tl.json")).unwrap()).unwrap();
@@ -228,7 +296,15 @@ fn a_timeline_before_zero_and_a_rope_scaling_of_another_form_are_refused() {
     .unwrap();
     common::refused_in(
         Some(d),
-        &["plan", "--hf-config", "config.json", "--gpus", "8", "--global-batch", "8"],
+        &[
+            "plan",
+            "--hf-config",
+            "config.json",
+            "--gpus",
+            "8",
+            "--global-batch",
+            "8",
+        ],
         Some(1),
         &["rope_scaling", "\"linear\"", "an object"],
     );

@@ -1,6 +1,7 @@
 //! `plan`: the whole parallel configuration (TP, PP, DP, schedule, microbatches, recompute,
 //! ZeRO, SP) for a GPT on a cluster, ranked by predicted step time.
 
+use pipewright_input::{expect_kind, FileKind};
 use pipewright_schedule::plan::evaluate::timetable as family_timetable;
 use pipewright_schedule::plan::launch::{
     launch, model_line, profile_launch, report_json, row_step,
@@ -13,7 +14,6 @@ use pipewright_schedule::plan::{
 use pipewright_schedule::shape::{AttentionKind, ShapeRequest};
 use pipewright_schedule::{RecomputePlan, ScheduleKind};
 use pipewright_viz::{bubble_chart_with_memory, ChartOptions, ChartPanel, MemoryBars};
-use pipewright_input::{expect_kind, FileKind};
 use pyo3::prelude::*;
 
 use crate::charts::{image_format, Chart};
@@ -245,10 +245,12 @@ fn plan(
                 bias,
             )?,
             hf_config: hf_config
-                .map(|c| named_text(c, "config", FileKind::HfConfig)).transpose()?,
+                .map(|c| named_text(c, "config", FileKind::HfConfig))
+                .transpose()?,
         },
         profile: profile
-            .map(|p| named_text(p, "profile", FileKind::LayerProfile)).transpose()?,
+            .map(|p| named_text(p, "profile", FileKind::LayerProfile))
+            .transpose()?,
         gpus,
         global_batch,
         cluster: cluster.to_string(),

@@ -4,13 +4,13 @@
 
 use std::path::PathBuf;
 
+use pipewright_input::{expect_kind, FileKind};
 use pipewright_schedule::memory::{MemoryBreakdown, MemoryRequest};
 use pipewright_schedule::plan::Precision;
 use pipewright_schedule::shape::request::describe;
 use pipewright_schedule::shape::{
     AttentionKind, Named, ResolvedShape, RopeTheta, ShapeKinds, ShapeRequest,
 };
-use pipewright_input::{expect_kind, FileKind};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString};
 

@@ -340,7 +340,10 @@ fn check_layer(k: usize, l: &RawLayer) -> Result<ProfiledLayer, ProfileError> {
         None => Err(bad(field, "is missing".into())),
         Some(t) if !in_range(t, TIME_MS) => Err(bad(
             field,
-            format!("must be 0 or from {} to {} ms, as a layer can take (got {t})", TIME_MS.0, TIME_MS.1),
+            format!(
+                "must be 0 or from {} to {} ms, as a layer can take (got {t})",
+                TIME_MS.0, TIME_MS.1
+            ),
         )),
         Some(t) => Ok(t),
     };
@@ -350,7 +353,10 @@ fn check_layer(k: usize, l: &RawLayer) -> Result<ProfiledLayer, ProfileError> {
         Some(f) if !in_range(f, FLOPS) => {
             return Err(bad(
                 "flops",
-                format!("must be 0 or from {} to {:e}, as a layer's forward can do (got {f})", FLOPS.0, FLOPS.1),
+                format!(
+                    "must be 0 or from {} to {:e}, as a layer's forward can do (got {f})",
+                    FLOPS.0, FLOPS.1
+                ),
             ))
         }
         f => f,

@@ -202,7 +202,11 @@ impl Cluster {
         ];
         for (v, &(what, lo, hi, range)) in figures.into_iter().zip(RANGES.iter()) {
             if !(v.is_finite() && v >= lo && v <= hi) {
-                return Err(PlanError::ClusterRange { what, value: v, range });
+                return Err(PlanError::ClusterRange {
+                    what,
+                    value: v,
+                    range,
+                });
             }
         }
         self.efficiency.check()
@@ -215,15 +219,30 @@ impl Cluster {
 /// 450 GB/s of NVLink a direction), and low enough for a CPU core's share that
 /// `plan --calibrate` measures.
 pub const RANGES: [(&str, f64, f64, &str); 10] = [
-    ("memory_gib", 1.0 / 1024.0, 65536.0, "1/1024 to 65536 GiB (1 MiB to 64 TiB; a figure in bytes is far above it)"),
+    (
+        "memory_gib",
+        1.0 / 1024.0,
+        65536.0,
+        "1/1024 to 65536 GiB (1 MiB to 64 TiB; a figure in bytes is far above it)",
+    ),
     ("peak_tflops.bf16", 1e-4, 1e5, "1e-4 to 1e5 TFLOP/s"),
     ("peak_tflops.tf32", 1e-4, 1e5, "1e-4 to 1e5 TFLOP/s"),
     ("peak_tflops.f32", 1e-4, 1e5, "1e-4 to 1e5 TFLOP/s"),
     ("memory_bandwidth_gbs", 1e-3, 1e6, "1e-3 to 1e6 GB/s"),
     ("intra_node.bandwidth_gbs", 1e-3, 1e6, "1e-3 to 1e6 GB/s"),
     ("inter_node.bandwidth_gbs", 1e-3, 1e6, "1e-3 to 1e6 GB/s"),
-    ("intra_node.latency_us", 0.0, 1e6, "0 to 1e6 us (one second)"),
-    ("inter_node.latency_us", 0.0, 1e6, "0 to 1e6 us (one second)"),
+    (
+        "intra_node.latency_us",
+        0.0,
+        1e6,
+        "0 to 1e6 us (one second)",
+    ),
+    (
+        "inter_node.latency_us",
+        0.0,
+        1e6,
+        "0 to 1e6 us (one second)",
+    ),
     ("gpus_per_node", 1.0, 4096.0, "1 to 4096"),
 ];
 

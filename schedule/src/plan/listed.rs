@@ -29,8 +29,8 @@ use serde::Serialize;
 use super::config::{Config, PlanRequest};
 use super::costs::cost_model;
 use super::fit::{memory_config, peaks_over, worst};
-use super::search::{row, PlanRow};
 use super::refused::Refusals;
+use super::search::{row, PlanRow};
 use super::PlanError;
 use crate::recompute::{insert, Recompute, RecomputePlan};
 use crate::search::{search, MemoryCap, Objective, SearchError, SearchSpec, PERIOD_STEPS};
@@ -152,7 +152,13 @@ fn searched_row(
     // Costs cut in 2 chunks per device when the layers allow, so both v = 1 (joined) and
     // v = 2 come from the cost model's own cuts.
     // A v fixed by hand is the only one searched; two chunks need m >= p, as interleaving.
-    let two = ScheduleSpec::new(ScheduleKind::Interleaved1F1B, cfg.pp, 2, cfg.microbatches, None);
+    let two = ScheduleSpec::new(
+        ScheduleKind::Interleaved1F1B,
+        cfg.pp,
+        2,
+        cfg.microbatches,
+        None,
+    );
     let v = match req.fixed.v {
         Some(v) => v,
         None if 2 * cfg.pp <= shape.layers && two.is_ok() => 2,

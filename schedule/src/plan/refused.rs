@@ -48,10 +48,7 @@ impl Refusals {
 
     /// The reason that refused the most candidates (the first seen among equals).
     pub fn most_common(&self) -> Option<&Reason> {
-        self.reasons
-            .iter()
-            .rev()
-            .max_by_key(|r| r.count)
+        self.reasons.iter().rev().max_by_key(|r| r.count)
     }
 
     /// One line: how many were refused and the commonest reason; `None` when none was.
@@ -103,7 +100,10 @@ mod tests {
         r.note(&cfg(2), "b");
         r.note(&cfg(4), "b");
         let line = r.line().unwrap();
-        assert!(line.starts_with("3 candidate configurations were refused"), "{line}");
+        assert!(
+            line.starts_with("3 candidate configurations were refused"),
+            "{line}"
+        );
         assert!(line.contains("(2 of them): b (e.g. tp 2 "), "{line}");
         assert!(line.ends_with("(1 other reasons)"), "{line}");
     }

@@ -208,14 +208,16 @@ pub fn plan(req: &PlanRequest, progress: &mut dyn FnMut(&Progress)) -> Result<Pl
         super::listed::add_searched(req, &mut found, keep, req.max_searched, &mut refused);
     state.refused += refused.total - before;
     if found.is_empty() {
-        return Err(PlanError::Impossible(match (closest, refused.most_common()) {
-            (Some((_, cfg)), _) => impossible::memory(req, &cfg)?,
-            (None, Some(r)) => format!(
-                "every configuration checked was refused; most often ({} of {}): {} (e.g. {})",
-                r.count, refused.total, r.message, r.example
-            ),
-            (None, None) => "no configuration could be checked (raise --max-simulated)".into(),
-        }));
+        return Err(PlanError::Impossible(
+            match (closest, refused.most_common()) {
+                (Some((_, cfg)), _) => impossible::memory(req, &cfg)?,
+                (None, Some(r)) => format!(
+                    "every configuration checked was refused; most often ({} of {}): {} (e.g. {})",
+                    r.count, refused.total, r.message, r.example
+                ),
+                (None, None) => "no configuration could be checked (raise --max-simulated)".into(),
+            },
+        ));
     }
     for r in &mut found {
         let t = terms_of(req, &r.config, r.step_time_s)?;

@@ -373,9 +373,18 @@ impl ModelShape {
             .and_then(|a| a.checked_add(d.checked_mul(f)?.checked_mul(up + 1)?))
             .and_then(|a| a.checked_add(8 * (d + f)));
         let terms: [(&'static str, Option<u128>); 4] = [
-            ("vocab x d_model (embedding and LM head)", d.checked_mul(2 * w(self.vocab))),
-            ("seq_len x d_model (a sequence's activations, learned positions)", d.checked_mul(w(self.seq_len))),
-            ("layers x d_model x ffn (the blocks)", block.and_then(|b| b.checked_mul(w(u64::from(self.layers))))),
+            (
+                "vocab x d_model (embedding and LM head)",
+                d.checked_mul(2 * w(self.vocab)),
+            ),
+            (
+                "seq_len x d_model (a sequence's activations, learned positions)",
+                d.checked_mul(w(self.seq_len)),
+            ),
+            (
+                "layers x d_model x ffn (the blocks)",
+                block.and_then(|b| b.checked_mul(w(u64::from(self.layers)))),
+            ),
             ("d_model x d_model (a block's attention)", d.checked_mul(d)),
         ];
         let limit = u128::from(MAX_COUNT);
