@@ -117,3 +117,10 @@ def test_class11_a_batch_that_does_not_split_into_microbatches_is_refused(tmp_pa
         sched.step(torch.randn(4, 2), target=torch.randn(4, 2))  # 2 x 2: it runs
     finally:
         dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("mlp", ["gelu", "swiglu"])
+def test_class8_a_width_whose_default_mlp_would_wrap_is_refused_not_a_panic(mlp):
+    with pytest.raises(pw.PipewrightError) as e:
+        pw.Shape(2, 2**62, 1, 1, 2, mlp=mlp)
+    assert "pass 2^60" in one_line(e)
