@@ -230,7 +230,7 @@ fn a_model_that_fits_nowhere_and_bad_input_are_one_line() {
         &["--profile", &bad, "--gpus", "2", "--global-batch", "8"],
         &[
             "bad.json",
-            "profile: layer 2: i_ms must be a finite number >= 0 (got -1)",
+            "profile: layer 2: i_ms must be 0 or from 0.000001 to 10000000 ms, as a layer can take (got -1)",
         ],
     );
     let path = dir.path().join("broken.json");

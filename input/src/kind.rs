@@ -10,6 +10,12 @@ pub enum FileKind {
     Timeline,
     /// A cost file (`--cost-file`, `--costs-out`).
     CostFile,
+    /// A cluster file (`plan --cluster`).
+    Cluster,
+    /// A layer profile (`plan --profile`).
+    LayerProfile,
+    /// A Hugging Face `config.json` (`--hf-config`).
+    HfConfig,
     /// JSON of another kind.
     OtherJson,
     /// Not JSON: a PyTorch CSV timetable, or something else.
@@ -23,6 +29,9 @@ impl FileKind {
             FileKind::Timetable => "a timetable (give it as --timetable)",
             FileKind::Timeline => "a timeline (draw it with viz --from)",
             FileKind::CostFile => "a cost file (give it as --cost-file)",
+            FileKind::Cluster => "a cluster file (give it as plan --cluster)",
+            FileKind::LayerProfile => "a layer profile (give it as plan --profile)",
+            FileKind::HfConfig => "a Hugging Face config (give it as --hf-config)",
             FileKind::OtherJson => "JSON of no kind pipewright reads",
             FileKind::Text => "not JSON",
         }
@@ -34,6 +43,9 @@ impl FileKind {
             FileKind::Timetable => "a timetable",
             FileKind::Timeline => "a timeline",
             FileKind::CostFile => "a cost file",
+            FileKind::Cluster => "a cluster file",
+            FileKind::LayerProfile => "a layer profile",
+            FileKind::HfConfig => "a Hugging Face config.json",
             FileKind::OtherJson => "JSON",
             FileKind::Text => "text",
         }
@@ -59,6 +71,12 @@ impl FileKind {
             .any(|k| has(k))
         {
             FileKind::CostFile
+        } else if has("gpus_per_node") || (has("memory_gib") && has("peak_tflops")) {
+            FileKind::Cluster
+        } else if has("layers") && (has("version") || has("microbatch_size")) {
+            FileKind::LayerProfile
+        } else if has("model_type") || has("architectures") {
+            FileKind::HfConfig
         } else {
             FileKind::OtherJson
         }

@@ -33,7 +33,8 @@ class Timetable:
     @staticmethod
     def read(path: StrPath, validate: bool = True) -> Timetable: ...
     def to_csv(self, form: CsvForm = "compute_only") -> str:
-        """PyTorch's compute-only or compute+comms form, or pipewright's lowered rows."""
+        """PyTorch's compute-only or compute+comms form, or pipewright's lowered rows (lowered
+        here, sends and receives included, when the timetable is not yet)."""
     def to_json(self) -> str: ...
     def write(self, path: StrPath, comms: bool = False) -> None:
         """`.csv` (compute-only; compute+comms with `comms=True`) or `.json`, atomically."""
@@ -57,7 +58,9 @@ class Timetable:
     @property
     def csv_form(self) -> Optional[CsvForm]: ...
     def __len__(self) -> int: ...
-    def __eq__(self, other: object) -> bool: ...
+    def __eq__(self, other: object) -> bool:
+        """Equal content (microbatches, stage placement, every device's actions); the name
+        is a label, so a timetable equals itself read back from its own CSV."""
 
 class Validated:
     compute_actions: int
@@ -102,9 +105,10 @@ class Costs:
         probe: Optional[Sequence[Timeline]] = None,
         host: Optional[dict[str, Any]] = None,
     ) -> Costs:
-        """Medians per stage of recorded steps; `probe`: split-backward steps of the same
-        stages (`i`, `w` beside `b`); `host`: the cost file's `host` (runtime, action, send,
-        recv, other)."""
+        """Medians over steps of one pipeline (a timeline whose schedule, devices, stages or
+        microbatches differ from the first's is refused naming the field); `probe`:
+        split-backward steps of the same stages (`i`, `w` beside `b`); `host`: the cost
+        file's `host` (runtime, action, send, recv, other)."""
     def with_overrides(
         self,
         p2p_latency: Optional[float] = None,

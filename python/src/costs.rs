@@ -148,8 +148,11 @@ impl Costs {
         host: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let tls: Vec<&pipewright_schedule::Timeline> = timelines.iter().map(|t| &t.inner).collect();
+        // Medians over steps of different pipelines would be no pipeline's costs.
+        pipewright_schedule::same_pipeline(&tls).map_err(|e| err(format!("timelines: {e}")))?;
         let probe = probe.unwrap_or_default();
         let probed: Vec<&pipewright_schedule::Timeline> = probe.iter().map(|t| &t.inner).collect();
+        pipewright_schedule::same_pipeline(&probed).map_err(|e| err(format!("probe: {e}")))?;
         let host = match host {
             None => None,
             Some(h) => {

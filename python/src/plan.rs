@@ -1,6 +1,7 @@
 //! `plan`: the whole parallel configuration (TP, PP, DP, schedule, microbatches, recompute,
 //! ZeRO, SP) for a GPT on a cluster, ranked by predicted step time.
 
+use pipewright_input::{expect_kind, FileKind};
 use pipewright_schedule::plan::evaluate::timetable as family_timetable;
 use pipewright_schedule::plan::launch::{
     launch, model_line, profile_launch, report_json, row_step,
@@ -27,7 +28,9 @@ fn cluster_file(arg: &str) -> PyResult<Option<String>> {
     if Cluster::preset(arg).is_some() || !std::path::Path::new(arg).exists() {
         return Ok(None);
     }
-    read_file(std::path::Path::new(arg)).map(Some)
+    let text = read_file(std::path::Path::new(arg))?;
+    expect_kind(arg, &text, FileKind::Cluster).map_err(err)?;
+    Ok(Some(text))
 }
 
 /// The ranked configurations; `best` is the first row, `timetable` its timetable.
@@ -242,9 +245,13 @@ fn plan(
                 rope_theta,
                 bias,
             )?,
-            hf_config: hf_config.map(|c| named_text(c, "config")).transpose()?,
+            hf_config: hf_config
+                .map(|c| named_text(c, "config", FileKind::HfConfig))
+                .transpose()?,
         },
-        profile: profile.map(|p| named_text(p, "profile")).transpose()?,
+        profile: profile
+            .map(|p| named_text(p, "profile", FileKind::LayerProfile))
+            .transpose()?,
         gpus,
         global_batch,
         cluster: cluster.to_string(),

@@ -4,6 +4,7 @@
 
 use std::path::PathBuf;
 
+use pipewright_input::{expect_kind, FileKind};
 use pipewright_schedule::memory::{MemoryBreakdown, MemoryRequest};
 use pipewright_schedule::plan::Precision;
 use pipewright_schedule::shape::request::describe;
@@ -17,7 +18,15 @@ use crate::{err, read_file, to_py};
 
 /// A file's text named by its path, JSON text named `what`, or a dict as its JSON: how a
 /// config or a profile is handed over (`"config.json"`, `'{"model_type": ...}'`, `{...}`).
-pub(crate) fn named_text(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Named> {
+pub(crate) fn named_text(obj: &Bound<'_, PyAny>, what: &str, want: FileKind) -> PyResult<Named> {
+    let named = raw_named_text(obj, what)?;
+    // Another kind of pipewright file (or a config where a profile is wanted) is named for
+    // what it is.
+    expect_kind(&named.name, &named.text, want).map_err(err)?;
+    Ok(named)
+}
+
+fn raw_named_text(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Named> {
     if obj.is_instance_of::<PyDict>() {
         let text: String = obj
             .py()
@@ -153,7 +162,7 @@ impl Shape {
     ) -> PyResult<Self> {
         Shape::of(ShapeRequest {
             seq_len,
-            hf_config: Some(named_text(config, "config")?),
+            hf_config: Some(named_text(config, "config", FileKind::HfConfig)?),
             ..ShapeRequest::default()
         })
     }

@@ -123,7 +123,14 @@ impl Timetable {
     /// or `"lowered"` (pipewright's own rows). PyTorch's forms refuse what PyTorch cannot run.
     #[pyo3(signature = (form = "compute_only"))]
     fn to_csv(&self, form: &str) -> PyResult<String> {
-        write_csv(&self.inner, parse_form(form)?).map_err(err)
+        let form = parse_form(form)?;
+        // The lowered form is the rows with their sends and receives: lowered here when the
+        // timetable is not yet, rather than written without them.
+        if form == CsvForm::Lowered && !self.inner.is_lowered() {
+            let lowered = lower(&self.inner).map_err(err)?;
+            return write_csv(&lowered, form).map_err(err);
+        }
+        write_csv(&self.inner, form).map_err(err)
     }
 
     /// The timetable as pipewright's JSON (what `schedule -o x.json` writes).
@@ -220,8 +227,11 @@ impl Timetable {
         self.inner.len()
     }
 
+    /// Equal content: microbatches, stage placement and every device's actions in order. The
+    /// name (the schedule that made it, `custom` once read from a file) is a label, not
+    /// content, so a timetable equals itself read back from its own CSV.
     fn __eq__(&self, other: &Self) -> bool {
-        self.inner == other.inner
+        self.inner.same_content(&other.inner)
     }
 
     fn __repr__(&self) -> String {

@@ -167,6 +167,11 @@ impl LayerProfile {
                     "microbatch_size must be at least 1".into(),
                 ))
             }
+            Some(b) if b > MAX_MICROBATCH => {
+                return Err(ProfileError::Top(format!(
+                    "microbatch_size {b} is more than 2^30 ({MAX_MICROBATCH}) samples"
+                )))
+            }
             Some(b) => b,
             None => return Err(ProfileError::Top("microbatch_size is missing".into())),
         };
@@ -352,6 +357,22 @@ fn check_totals(layers: &[ProfiledLayer]) -> Result<(), ProfileError> {
     Ok(())
 }
 
+/// A layer's measured time, ms, when not 0: from a nanosecond to about three hours (a
+/// figure outside it is in another unit, or not a measurement).
+pub const TIME_MS: (f64, f64) = (1e-6, 1e7);
+
+/// A layer's forward FLOPs of one microbatch, when not 0: from 1 to 1e21 (a thousand times a
+/// trillion-parameter model's layer over a million tokens).
+pub const FLOPS: (f64, f64) = (1.0, 1e21);
+
+/// The most samples a profile's microbatch can hold (the plan's largest global batch, 2^30).
+pub const MAX_MICROBATCH: u64 = 1 << 30;
+
+/// `x` is 0 or within `range`.
+fn in_range(x: f64, (lo, hi): (f64, f64)) -> bool {
+    x == 0.0 || (x >= lo && x <= hi)
+}
+
 fn check_layer(k: usize, l: &RawLayer) -> Result<ProfiledLayer, ProfileError> {
     let bad = |field: &'static str, problem: String| ProfileError::Layer {
         layer: k,
@@ -360,19 +381,25 @@ fn check_layer(k: usize, l: &RawLayer) -> Result<ProfiledLayer, ProfileError> {
     };
     let time = |field: &'static str, v: Option<f64>| match v {
         None => Err(bad(field, "is missing".into())),
-        Some(t) if !(t.is_finite() && t >= 0.0) => Err(bad(
+        Some(t) if !in_range(t, TIME_MS) => Err(bad(
             field,
-            format!("must be a finite number >= 0 (got {t})"),
+            format!(
+                "must be 0 or from {} to {} ms, as a layer can take (got {t})",
+                TIME_MS.0, TIME_MS.1
+            ),
         )),
         Some(t) => Ok(t),
     };
     let size =
         |field: &'static str, v: Option<u64>| v.ok_or_else(|| bad(field, "is missing".into()));
     let flops = match l.flops {
-        Some(f) if !(f.is_finite() && f >= 0.0) => {
+        Some(f) if !in_range(f, FLOPS) => {
             return Err(bad(
                 "flops",
-                format!("must be a finite number >= 0 (got {f})"),
+                format!(
+                    "must be 0 or from {} to {:e}, as a layer's forward can do (got {f})",
+                    FLOPS.0, FLOPS.1
+                ),
             ))
         }
         f => f,

@@ -59,6 +59,9 @@ pub use simulate::{
 };
 pub use spec::{Placement, RawSpec, ScheduleKind, ScheduleSpec, SpecError};
 pub use sweep::{best, parse_counts, sweep, CountsError, SweepGrid, SweepRow};
-pub use timeline::{Event, MemorySample, Timeline, TimelineError, TimelineMeta, TimelineSource};
+pub use timeline::{
+    same_pipeline, Event, MemorySample, OtherPipeline, Timeline, TimelineError, TimelineMeta,
+    TimelineSource,
+};
 pub use timetable::{lower, LowerError, Timetable};
 pub use validate::{validate, validate_with, Problem, Semantics, Validated, ValidationError};

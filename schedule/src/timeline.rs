@@ -6,7 +6,7 @@
 use serde::{Deserialize, Serialize};
 
 mod check;
-pub use check::{TimelineError, MAX_DEVICES};
+pub use check::{same_pipeline, OtherPipeline, TimelineError, MAX_DEVICES};
 
 use crate::action::{Action, ActionKind};
 

@@ -39,6 +39,14 @@ impl Timetable {
         }
     }
 
+    /// The same microbatches, stage placement and actions per device, whatever the names
+    /// (a label of where it came from: `custom` once read back from a file).
+    pub fn same_content(&self, other: &Timetable) -> bool {
+        self.microbatches == other.microbatches
+            && self.stage_device == other.stage_device
+            && self.devices == other.devices
+    }
+
     /// Number of devices `p`.
     pub fn num_devices(&self) -> u32 {
         self.devices.len() as u32

@@ -28,7 +28,7 @@ use super::args::Device;
 use super::checks::{Kind, Output};
 use super::commands::ReportFormat;
 use super::console;
-use super::io::read_text;
+use super::io::{read_text, FileKind};
 use super::outputs::{Input, Outputs};
 use super::plan_searched;
 use super::shape::{parse_attention, ShapeArgs};
@@ -320,11 +320,11 @@ impl PlanCmd {
     /// The request, and notes on how a config.json was read: the flags as the library's
     /// raw request (files read here), built and checked there.
     fn request(&self) -> Result<(PlanRequest, Vec<String>)> {
-        let named = |p: &PathBuf| -> Result<Named> {
-            Ok(Named {
-                name: p.display().to_string(),
-                text: read_text(p)?,
-            })
+        // Each named for what it is when it is another kind of file.
+        let named = |p: &PathBuf, want: FileKind| -> Result<Named> {
+            let (name, text) = (p.display().to_string(), read_text(p)?);
+            pipewright::input::expect_kind(&name, &text, want)?;
+            Ok(Named { name, text })
         };
         let raw = RawPlanRequest {
             shape: ShapeRequest {
@@ -334,9 +334,17 @@ impl PlanCmd {
                 seq_len: self.seq_len,
                 vocab: self.vocab,
                 kinds: self.shape.kinds(),
-                hf_config: self.hf_config.as_ref().map(named).transpose()?,
+                hf_config: self
+                    .hf_config
+                    .as_ref()
+                    .map(|p| named(p, FileKind::HfConfig))
+                    .transpose()?,
             },
-            profile: self.profile.as_ref().map(named).transpose()?,
+            profile: self
+                .profile
+                .as_ref()
+                .map(|p| named(p, FileKind::LayerProfile))
+                .transpose()?,
             gpus: self.gpus,
             global_batch: self.global_batch,
             cluster: self.cluster.clone(),
@@ -393,12 +401,16 @@ impl PlanCmd {
         );
         let p = &plan.progress;
         out += &format!(
-            "{} configurations, {} checked against memory ({} did not fit), {} simulated, {} schedule searches, in {seconds:.2} s{}\n\n",
+            "{} configurations, {} checked against memory ({} did not fit), {} simulated, {} schedule searches, in {seconds:.2} s{}{}\n\n",
             p.candidates,
             p.memory_checked,
             p.unfit,
             p.simulated,
             p.searched,
+            match p.refused {
+                0 => String::new(),
+                n => format!(" ({n} refused by a check and dropped: --explain says why)"),
+            },
             if plan.cut_short {
                 " (simulation budget spent: raise --max-simulated to look further)"
             } else {
@@ -507,7 +519,9 @@ fn cluster_file(arg: &str) -> Result<Option<String>> {
     if Cluster::preset(arg).is_some() || !path.exists() {
         return Ok(None);
     }
-    Ok(Some(read_text(path)?))
+    let text = read_text(path)?;
+    pipewright::input::expect_kind(arg, &text, FileKind::Cluster)?;
+    Ok(Some(text))
 }
 
 /// A preset name or a cluster file.

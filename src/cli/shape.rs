@@ -14,7 +14,7 @@ use pipewright::schedule::shape::{
     ShapeKinds,
 };
 
-use super::io::read_text;
+use super::io::{read_text, FileKind};
 
 /// Parses a kind by its schedule-crate name (the error lists the names).
 pub fn parse_kind<T: std::str::FromStr<Err = String>>(s: &str) -> Result<T, String> {
@@ -92,10 +92,9 @@ pub fn parse_attention(s: &str) -> Result<AttentionKind, String> {
 /// A Hugging Face config.json's text, named by its path for the library's errors.
 pub fn hf_source(path: Option<&PathBuf>) -> Result<Option<Named>> {
     path.map(|p| {
-        Ok(Named {
-            name: p.display().to_string(),
-            text: read_text(p)?,
-        })
+        let (name, text) = (p.display().to_string(), read_text(p)?);
+        pipewright::input::expect_kind(&name, &text, FileKind::HfConfig)?;
+        Ok(Named { name, text })
     })
     .transpose()
 }

@@ -19,7 +19,7 @@ except ImportError:
         "pipewright.torch needs PyTorch: pip install torch (or pip install \"./python[torch]\")"
     ) from None
 
-from ._errors import RecordError, StageError, TimetableError, TorchError
+from ._errors import BatchError, RecordError, StageError, TimetableError, TorchError
 from ._costs import measured_costs
 from ._record import Recorder
 from ._run import pipeline_stages, schedule, stage_ranks
@@ -28,6 +28,7 @@ from ._tune import TuneResult, TuneRow, tune
 from ._timetable import COMPUTE_COMMS, COMPUTE_ONLY, TorchTimetable, from_csv_text, load
 
 __all__ = [
+    "BatchError",
     "COMPUTE_COMMS",
     "COMPUTE_ONLY",
     "RecordError",

@@ -19,5 +19,9 @@ class StageError(TorchError):
     """Stages that do not match the timetable on this rank."""
 
 
+class BatchError(TorchError):
+    """A batch that does not split into the timetable's microbatches."""
+
+
 class RecordError(TorchError):
     """A recording that cannot become a timeline or a cost file."""

@@ -18,7 +18,7 @@ import torch.distributed as dist
 from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime
 
-from ._errors import StageError, TimetableError
+from ._errors import BatchError, StageError, TimetableError
 from ._timetable import TorchTimetable, load
 
 __all__ = ["pipeline_stages", "schedule", "stage_ranks"]
@@ -142,7 +142,36 @@ def schedule(
     )
     _load_into(runtime, tt)
     runtime.pipewright_timetable = tt
+    _check_batches(runtime, tt)
     return runtime
+
+
+# `step`'s own keywords: no batch to split among them.
+_STEP_KEYWORDS = {"losses", "return_outputs", "loss_kwargs", "arg_mbs", "kwarg_mbs", "target_mbs",
+                  "finalize_gradients"}
+
+
+def _check_batches(runtime: _PipelineScheduleRuntime, tt: TorchTimetable) -> None:
+    """Refuse, before PyTorch splits it, a batch that does not split into the timetable's
+    microbatches of equal size (PyTorch would fail mid-step with no word of why). Only
+    where PyTorch splits on dim 0, its default; a chunk spec of the user's is theirs."""
+    if runtime._args_chunk_spec is not None or runtime._kwargs_chunk_spec is not None:
+        return
+    step, m = runtime.step, tt.microbatches
+
+    def step_checked(*args: Any, **kwargs: Any) -> Any:
+        named = [(f"input {i}", a) for i, a in enumerate(args)]
+        named += [(f"{k}=", v) for k, v in kwargs.items() if k not in _STEP_KEYWORDS]
+        for what, x in named:
+            if isinstance(x, torch.Tensor) and x.dim() >= 1 and x.size(0) % m:
+                raise BatchError(
+                    f"{what} has a batch of {x.size(0)} (dim 0), which does not split into "
+                    f"the {m} microbatches of {tt.source}: give a batch that {m} divides, "
+                    f"e.g. {max(m, x.size(0) // m * m)}"
+                )
+        return step(*args, **kwargs)
+
+    runtime.step = step_checked
 
 
 def _load_into(runtime: _PipelineScheduleRuntime, tt: TorchTimetable) -> None:

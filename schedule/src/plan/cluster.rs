@@ -184,39 +184,67 @@ impl Cluster {
         Ok(c)
     }
 
-    /// Every figure positive and finite; nodes of at least one GPU.
+    /// Every figure within [`RANGES`] (what a real device can have, with room to spare), so
+    /// a figure in the wrong unit (memory in bytes) or a typo's exponent is refused by name,
+    /// not planned into a headroom of -0.0% or a step of 300 digits.
     pub fn check(&self) -> Result<(), PlanError> {
         let figures = [
-            ("memory_gib", self.memory_gib),
-            ("peak_tflops.bf16", self.peak_tflops.bf16),
-            ("peak_tflops.tf32", self.peak_tflops.tf32),
-            ("peak_tflops.f32", self.peak_tflops.f32),
-            ("memory_bandwidth_gbs", self.memory_bandwidth_gbs),
-            ("intra_node.bandwidth_gbs", self.intra_node.bandwidth_gbs),
-            ("inter_node.bandwidth_gbs", self.inter_node.bandwidth_gbs),
+            self.memory_gib,
+            self.peak_tflops.bf16,
+            self.peak_tflops.tf32,
+            self.peak_tflops.f32,
+            self.memory_bandwidth_gbs,
+            self.intra_node.bandwidth_gbs,
+            self.inter_node.bandwidth_gbs,
+            self.intra_node.latency_us,
+            self.inter_node.latency_us,
+            f64::from(self.gpus_per_node),
         ];
-        for (what, v) in figures {
-            if !(v.is_finite() && v > 0.0) {
-                return Err(PlanError::ClusterFigure { what, value: v });
+        for (v, &(what, lo, hi, range)) in figures.into_iter().zip(RANGES.iter()) {
+            if !(v.is_finite() && v >= lo && v <= hi) {
+                return Err(PlanError::ClusterRange {
+                    what,
+                    value: v,
+                    range,
+                });
             }
-        }
-        for (what, v) in [
-            ("intra_node.latency_us", self.intra_node.latency_us),
-            ("inter_node.latency_us", self.inter_node.latency_us),
-        ] {
-            if !(v.is_finite() && v >= 0.0) {
-                return Err(PlanError::ClusterFigure { what, value: v });
-            }
-        }
-        if self.gpus_per_node == 0 {
-            return Err(PlanError::ClusterFigure {
-                what: "gpus_per_node",
-                value: 0.0,
-            });
         }
         self.efficiency.check()
     }
 }
+
+/// Each figure of a cluster file with the range it must lie in, in the order
+/// [`Cluster::check`] reads them: `(field, least, most, the range in words)`. The ends are
+/// far outside any device built (an H100 has 80 GiB, 989 bf16 TFLOP/s, 3350 GB/s of HBM,
+/// 450 GB/s of NVLink a direction), and low enough for a CPU core's share that
+/// `plan --calibrate` measures.
+pub const RANGES: [(&str, f64, f64, &str); 10] = [
+    (
+        "memory_gib",
+        1.0 / 1024.0,
+        65536.0,
+        "1/1024 to 65536 GiB (1 MiB to 64 TiB; a figure in bytes is far above it)",
+    ),
+    ("peak_tflops.bf16", 1e-4, 1e5, "1e-4 to 1e5 TFLOP/s"),
+    ("peak_tflops.tf32", 1e-4, 1e5, "1e-4 to 1e5 TFLOP/s"),
+    ("peak_tflops.f32", 1e-4, 1e5, "1e-4 to 1e5 TFLOP/s"),
+    ("memory_bandwidth_gbs", 1e-3, 1e6, "1e-3 to 1e6 GB/s"),
+    ("intra_node.bandwidth_gbs", 1e-3, 1e6, "1e-3 to 1e6 GB/s"),
+    ("inter_node.bandwidth_gbs", 1e-3, 1e6, "1e-3 to 1e6 GB/s"),
+    (
+        "intra_node.latency_us",
+        0.0,
+        1e6,
+        "0 to 1e6 us (one second)",
+    ),
+    (
+        "inter_node.latency_us",
+        0.0,
+        1e6,
+        "0 to 1e6 us (one second)",
+    ),
+    ("gpus_per_node", 1.0, 4096.0, "1 to 4096"),
+];
 
 /// NVIDIA DGX A100 (80 GB SXM4 GPUs), the machine of Narayanan et al. (SC'21).
 ///

@@ -90,7 +90,7 @@ pub fn pieces(req: &PlanRequest, shape: &ModelShape, cfg: &Config) -> Pieces {
 /// Bytes of one microbatch's `b s h` activation: a TP collective's, and a pipeline
 /// hand-off's before its TP split.
 fn activation_bytes(req: &PlanRequest, shape: &ModelShape, cfg: &Config) -> f64 {
-    (shape.tp_collective_elements(cfg.microbatch_size) * req.precision.activation_bytes()) as f64
+    shape.tp_collective_elements(cfg.microbatch_size) * req.precision.activation_bytes() as f64
 }
 
 /// Recomputation time of a stage of `n` layers, given its forward `f`.

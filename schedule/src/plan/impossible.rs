@@ -2,7 +2,7 @@
 
 use super::config::{Config, Fixed, PlanRequest};
 use super::fit::{peaks, worst};
-use super::space::{divisors, enumerate, tp_options};
+use super::space::{divisors, enumerate, enumerate_counted, tp_options};
 use super::PlanError;
 
 fn gib(bytes: f64) -> String {
@@ -54,9 +54,21 @@ pub fn structure(req: &PlanRequest) -> String {
             );
         }
     }
-    if enumerate(&free).is_empty() {
-        return batch(req);
+    let (some, refused) = enumerate_counted(&free);
+    if some.is_empty() {
+        return match refused.most_common() {
+            Some(r) => format!(
+                "every configuration was refused; most often ({} of {}): {} (e.g. {})",
+                r.count, refused.total, r.message, r.example
+            ),
+            None => batch(req),
+        };
     }
+    // What refused the configurations the fixed dimensions allow, if a check did.
+    let because = enumerate_counted(req)
+        .1
+        .most_common()
+        .map_or(String::new(), |r| format!(": {}", r.message));
     let f = &req.fixed;
     // --tp and --pp fixed together fix dp: say so when it cannot split the batch.
     if let (Some(tp), Some(pp)) = (f.tp, f.pp) {
@@ -144,13 +156,13 @@ pub fn structure(req: &PlanRequest) -> String {
         };
         if let Some(c) = enumerate(&relaxed).first() {
             return format!(
-                "{flag} {value} fits no configuration of the other dimensions given ({} GPUs, {} layers, batch {}); without it, e.g. {c}",
+                "{flag} {value} fits no configuration of the other dimensions given ({} GPUs, {} layers, batch {}){because}; without it, e.g. {c}",
                 req.gpus, req.model.layers(), req.global_batch
             );
         }
     }
     let c = enumerate(&free)[0];
-    format!("the dimensions fixed by hand fit no configuration together; with none fixed, e.g. {c}")
+    format!("the dimensions fixed by hand fit no configuration together{because}; with none fixed, e.g. {c}")
 }
 
 fn opt<T: std::fmt::Display>(v: Option<T>) -> String {

@@ -31,12 +31,18 @@ pub fn row_step(req: &PlanRequest, row: &PlanRow) -> Result<crate::Simulation, P
 /// What the launch line calls a searched timetable when no file was named for it.
 pub const PLACEHOLDER: &str = "TIMETABLE.csv";
 
+/// `path` as one shell word (`'my runs/best.csv'`), so the launch line runs as printed. A
+/// path with a NUL byte, which no file can have, is written as Rust's debug form.
+fn quoted(path: &str) -> String {
+    shlex::try_quote(path).map_or_else(|_| format!("{path:?}"), |q| q.into_owned())
+}
+
 /// The schedule flags of the launch line: the family's, or for a searched best the
 /// timetable file that replaces them (its microbatches, stages and order are in the file).
 pub fn schedule_flags(best: &PlanRow, timetable: Option<&str>) -> String {
     let c = &best.config;
     if best.searched.is_some() {
-        return format!("--timetable {}", timetable.unwrap_or(PLACEHOLDER));
+        return format!("--timetable {}", quoted(timetable.unwrap_or(PLACEHOLDER)));
     }
     format!(
         "--schedule {} --stages {} --virtual {} --microbatches {}",

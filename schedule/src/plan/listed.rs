@@ -29,12 +29,13 @@ use serde::Serialize;
 use super::config::{Config, PlanRequest};
 use super::costs::cost_model;
 use super::fit::{memory_config, peaks_over, worst};
+use super::refused::Refusals;
 use super::search::{row, PlanRow};
 use super::PlanError;
 use crate::recompute::{insert, Recompute, RecomputePlan};
 use crate::search::{search, MemoryCap, Objective, SearchError, SearchSpec, PERIOD_STEPS};
 use crate::simulate::{simulate_steps, CostModel};
-use crate::spec::{Placement, ScheduleKind};
+use crate::spec::{Placement, ScheduleKind, ScheduleSpec};
 use crate::timetable::Timetable;
 
 /// Largest `pp x m` searched: a search runs a few dozen candidates and up to
@@ -80,17 +81,19 @@ pub fn permits(cfg: &Config) -> bool {
 
 /// Search the shapes of the first `max_searched` distinct shapes among `found` that permit
 /// it, and add each searched timetable that beats its shape's best fixed row. Returns the
-/// number of searches run.
+/// number of searches run; a search that fails is noted in `refused` and its shape keeps its
+/// fixed rows.
 pub fn add_searched(
     req: &PlanRequest,
     found: &mut Vec<PlanRow>,
     keep: usize,
     max_searched: usize,
-) -> Result<usize, PlanError> {
+    refused: &mut Refusals,
+) -> usize {
     // A family fixed by hand is what the user asked for; no searched timetable is one. The
     // search's byte cap is the GPT memory model's; a layer-list profile is not searched.
     if req.fixed.schedule.is_some() || req.model.gpt().is_none() {
-        return Ok(0);
+        return 0;
     }
     let mut bases: Vec<PlanRow> = Vec::new();
     for r in found.iter() {
@@ -110,8 +113,13 @@ pub fn add_searched(
         let mut best: Option<PlanRow> = None;
         for policy in policies {
             runs += 1;
-            let Some(r) = searched_row(req, &base, policy)? else {
-                continue;
+            let r = match searched_row(req, &base, policy) {
+                Ok(Some(r)) => r,
+                Ok(None) => continue,
+                Err(e) => {
+                    refused.note(&base.config, format!("the schedule search: {e}"));
+                    continue;
+                }
             };
             if best
                 .as_ref()
@@ -126,7 +134,7 @@ pub fn add_searched(
             found.truncate(keep);
         }
     }
-    Ok(runs)
+    runs
 }
 
 /// `base`'s shape searched with recomputation `policy` on every stage: the row of its best
@@ -143,10 +151,17 @@ fn searched_row(
     let cfg = &base.config;
     // Costs cut in 2 chunks per device when the layers allow, so both v = 1 (joined) and
     // v = 2 come from the cost model's own cuts.
-    // A v fixed by hand is the only one searched.
+    // A v fixed by hand is the only one searched; two chunks need m >= p, as interleaving.
+    let two = ScheduleSpec::new(
+        ScheduleKind::Interleaved1F1B,
+        cfg.pp,
+        2,
+        cfg.microbatches,
+        None,
+    );
     let v = match req.fixed.v {
         Some(v) => v,
-        None if 2 * cfg.pp <= shape.layers => 2,
+        None if 2 * cfg.pp <= shape.layers && two.is_ok() => 2,
         None => 1,
     };
     let at_v = Config {

@@ -30,6 +30,7 @@ pub mod layers;
 pub mod listed;
 pub mod model;
 pub mod rank;
+pub mod refused;
 pub mod request;
 pub mod search;
 pub mod space;
@@ -67,6 +68,16 @@ pub enum PlanError {
         what: &'static str,
         /// The value.
         value: f64,
+    },
+    /// A cluster figure outside what a real device can have ([`cluster::RANGES`]).
+    #[error("cluster: {what} is {value}, outside {range}")]
+    ClusterRange {
+        /// Which figure.
+        what: &'static str,
+        /// The value.
+        value: f64,
+        /// The range, in words.
+        range: &'static str,
     },
     /// Nothing can run: the one line saying the nearest thing that would.
     #[error("{0}")]

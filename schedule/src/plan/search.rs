@@ -13,7 +13,7 @@ use super::explain::{neighbours, terms, why, Limit, Terms, DIMENSIONS};
 use super::fit::{peaks, worst, BoundCache};
 use super::impossible;
 use super::listed::Searched;
-use super::space::enumerate;
+use super::space::enumerate_counted;
 use super::PlanError;
 use crate::memory::MemoryBreakdown;
 use crate::recompute::Recompute;
@@ -37,6 +37,8 @@ pub struct Progress {
     pub simulated: usize,
     /// Schedule searches run (`search`'s list scheduler, see [`super::listed`]).
     pub searched: usize,
+    /// Configurations a check refused, dropped from the search ([`Refusals`]).
+    pub refused: usize,
 }
 
 /// One configuration of the ranking, with everything the table and the JSON show.
@@ -103,12 +105,13 @@ pub fn plan(req: &PlanRequest, progress: &mut dyn FnMut(&Progress)) -> Result<Pl
             req.global_batch
         )));
     }
-    let configs = enumerate(req);
+    let (configs, mut refused) = enumerate_counted(req);
     if configs.is_empty() {
         return Err(PlanError::Impossible(impossible::structure(req)));
     }
     let mut state = Progress {
         candidates: configs.len(),
+        refused: refused.total,
         ..Progress::default()
     };
     let mut order: Vec<(f64, usize)> = Vec::with_capacity(configs.len());
@@ -138,47 +141,60 @@ pub fn plan(req: &PlanRequest, progress: &mut dyn FnMut(&Progress)) -> Result<Pl
         }
         let cfg = configs[i];
         state.memory_checked += 1;
-        let floor = bounds.lower_bound(req, &cfg)?;
-        if floor > capacity {
-            state.unfit += 1;
-            if closest.map_or(true, |(p, _)| floor < p) {
-                closest = Some((floor, cfg));
+        let checked = match candidate(req, &cfg, &mut bounds, capacity) {
+            Ok(c) => c,
+            Err(e) => {
+                refused.note(&cfg, e);
+                state.refused += 1;
+                progress(&state);
+                continue;
             }
-            continue;
-        }
-        let memory = peaks(req, &cfg)?;
-        let peak = worst(&memory);
-        if peak > capacity {
-            state.unfit += 1;
-            if closest.map_or(true, |(p, _)| peak < p) {
-                closest = Some((peak, cfg));
+        };
+        match checked {
+            Checked::Unfit(peak) => {
+                state.unfit += 1;
+                if closest.map_or(true, |(p, _)| peak < p) {
+                    closest = Some((peak, cfg));
+                }
+                progress(&state);
             }
-            progress(&state);
-            continue;
+            Checked::Fits(step, memory) => {
+                state.simulated += 1;
+                progress(&state);
+                simulated.push((cfg, step));
+                let row = row(req, cfg, step, bound, memory);
+                let at = found.partition_point(|r| r.step_time_s <= step);
+                found.insert(at, row);
+                found.truncate(keep);
+            }
         }
-        let (costs, _) = cost_model(req, &cfg);
-        let step = step_time(&cfg, &costs)?;
-        state.simulated += 1;
-        progress(&state);
-        simulated.push((cfg, step));
-        let row = row(req, cfg, step, bound, memory);
-        let at = found.partition_point(|r| r.step_time_s <= step);
-        found.insert(at, row);
-        found.truncate(keep);
     }
     // Recompute where it is needed only: each ranked configuration that recomputes every
     // device again with only the devices that do not fit without it.
     if req.fixed.recompute.is_none() {
         for cfg in found.iter().map(|r| r.config).collect::<Vec<_>>() {
-            let Some(fewer) = fewer_recomputing(req, &cfg, capacity)? else {
-                continue;
+            let fewer = match fewer_recomputing(req, &cfg, capacity) {
+                Ok(Some(fewer)) => fewer,
+                Ok(None) => continue,
+                Err(e) => {
+                    refused.note(&cfg, e);
+                    state.refused += 1;
+                    continue;
+                }
             };
-            let memory = peaks(req, &fewer)?;
-            if worst(&memory) > capacity || simulated.iter().any(|(c, _)| *c == fewer) {
+            if simulated.iter().any(|(c, _)| *c == fewer) {
                 continue;
             }
+            let (memory, step) = match candidate(req, &fewer, &mut bounds, capacity) {
+                Ok(Checked::Fits(step, memory)) => (memory, step),
+                Ok(Checked::Unfit(_)) => continue,
+                Err(e) => {
+                    refused.note(&fewer, e);
+                    state.refused += 1;
+                    continue;
+                }
+            };
             let (costs, _) = cost_model(req, &fewer);
-            let step = step_time(&fewer, &costs)?;
             state.simulated += 1;
             simulated.push((fewer, step));
             let bound = lower_bound(&fewer, &costs);
@@ -187,12 +203,21 @@ pub fn plan(req: &PlanRequest, progress: &mut dyn FnMut(&Progress)) -> Result<Pl
             found.truncate(keep);
         }
     }
-    state.searched = super::listed::add_searched(req, &mut found, keep, req.max_searched)?;
+    let before = refused.total;
+    state.searched =
+        super::listed::add_searched(req, &mut found, keep, req.max_searched, &mut refused);
+    state.refused += refused.total - before;
     if found.is_empty() {
-        return Err(PlanError::Impossible(match closest {
-            Some((_, cfg)) => impossible::memory(req, &cfg)?,
-            None => "no configuration could be checked (raise --max-simulated)".into(),
-        }));
+        return Err(PlanError::Impossible(
+            match (closest, refused.most_common()) {
+                (Some((_, cfg)), _) => impossible::memory(req, &cfg)?,
+                (None, Some(r)) => format!(
+                    "every configuration checked was refused; most often ({} of {}): {} (e.g. {})",
+                    r.count, refused.total, r.message, r.example
+                ),
+                (None, None) => "no configuration could be checked (raise --max-simulated)".into(),
+            },
+        ));
     }
     for r in &mut found {
         let t = terms_of(req, &r.config, r.step_time_s)?;
@@ -205,6 +230,7 @@ pub fn plan(req: &PlanRequest, progress: &mut dyn FnMut(&Progress)) -> Result<Pl
     // best with values it does not have).
     let mut explain = explain(req, &found[0], &simulated)?;
     explain.splice(0..0, super::listed::explain(&found[0]));
+    explain.extend(refused.line());
     simulated.sort_by(|a, b| a.1.total_cmp(&b.1));
     Ok(Plan {
         rows: found,
@@ -213,6 +239,35 @@ pub fn plan(req: &PlanRequest, progress: &mut dyn FnMut(&Progress)) -> Result<Pl
         explain,
         simulated,
     })
+}
+
+/// What checking one candidate found.
+enum Checked {
+    /// Its peak memory, bytes, does not fit.
+    Unfit(u64),
+    /// It fits: its step time and memory.
+    Fits(f64, Vec<MemoryBreakdown>),
+}
+
+/// Check `cfg` against memory (the cached one-microbatch bound first), and simulate it if it
+/// fits. An error is a check refusing this candidate alone.
+fn candidate(
+    req: &PlanRequest,
+    cfg: &Config,
+    bounds: &mut BoundCache,
+    capacity: u64,
+) -> Result<Checked, PlanError> {
+    let floor = bounds.lower_bound(req, cfg)?;
+    if floor > capacity {
+        return Ok(Checked::Unfit(floor));
+    }
+    let memory = peaks(req, cfg)?;
+    let peak = worst(&memory);
+    if peak > capacity {
+        return Ok(Checked::Unfit(peak));
+    }
+    let (costs, _) = cost_model(req, cfg);
+    Ok(Checked::Fits(step_time(cfg, &costs)?, memory))
 }
 
 /// `cfg`, which recomputes on every pipeline device, with recomputation on the first devices

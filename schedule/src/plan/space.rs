@@ -3,7 +3,9 @@
 //! with the user's fixed dimensions taken as given.
 
 use super::config::{Config, PlanRequest};
+use super::fit::memory_config;
 use super::model::PlanModel;
+use super::refused::Refusals;
 use crate::recompute::Recompute;
 use crate::spec::{ScheduleKind, ScheduleSpec};
 
@@ -87,7 +89,31 @@ pub fn schedules(req: &PlanRequest, pp: u32, m: u32) -> Vec<(ScheduleKind, u32)>
 
 /// Every configuration the request allows (before memory).
 pub fn enumerate(req: &PlanRequest) -> Vec<Config> {
-    let mut out = Vec::new();
+    enumerate_counted(req).0
+}
+
+/// Every configuration the request allows (before memory), and those the memory model's
+/// checks of sizes against each other refuse (sequence parallelism needs `tp` to divide the
+/// sequence, for one): a refused candidate is dropped, not the plan.
+pub fn enumerate_counted(req: &PlanRequest) -> (Vec<Config>, Refusals) {
+    let mut all = Vec::new();
+    let mut refused = Refusals::default();
+    for_each_shape(req, &mut all);
+    let Some(shape) = req.model.gpt() else {
+        return (all, refused);
+    };
+    all.retain(|c| match memory_config(req, shape, c).check() {
+        Ok(()) => true,
+        Err(e) => {
+            refused.note(c, e);
+            false
+        }
+    });
+    (all, refused)
+}
+
+/// Every configuration the dimensions' divisibility allows, into `out`.
+fn for_each_shape(req: &PlanRequest, out: &mut Vec<Config>) {
     for tp in tp_options(req) {
         for pp in divisors(u64::from(req.gpus / tp)) {
             let pp = pp as u32;
@@ -126,12 +152,11 @@ pub fn enumerate(req: &PlanRequest) -> Vec<Config> {
                         zero: 0,
                         sequence_parallel: false,
                     };
-                    levers(req, base, &mut out);
+                    levers(req, base, out);
                 }
             }
         }
     }
-    out
 }
 
 /// `base` with every allowed recompute policy, ZeRO level and SP setting.

@@ -225,7 +225,7 @@ fn llama_family(f: &Fields) -> Result<HfModel, HfError> {
     let heads = f.need_u32("num_attention_heads")?;
     let d = f.need("hidden_size")?;
     if let Some(dh) = f.count("head_dim")? {
-        if dh * u64::from(heads) != d {
+        if dh.checked_mul(u64::from(heads)) != Some(d) {
             return Err(HfError::Unsupported {
                 field: "head_dim",
                 value: dh.to_string(),
@@ -363,8 +363,17 @@ fn rope_theta(f: &Fields, fields: &[&'static str]) -> Result<RopeTheta, HfError>
 /// its `rope_type` (or older `type`) where that is not `default`.
 fn rope_scaling(f: &Fields) -> Result<Option<String>, HfError> {
     for field in ["rope_scaling", "rope_parameters"] {
-        let Some(Value::Object(s)) = f.map.get(field) else {
-            continue;
+        let s = match f.map.get(field) {
+            None | Some(Value::Null) => continue,
+            Some(Value::Object(s)) => s,
+            // Not silently ignored: a scaling of another form would be planned as none.
+            Some(v) => {
+                return Err(HfError::Wrong {
+                    field,
+                    got: v.to_string(),
+                    want: "an object (with rope_type or type) or null",
+                })
+            }
         };
         match s.get("rope_type").or_else(|| s.get("type")) {
             Some(Value::String(kind)) if kind != "default" => return Ok(Some(kind.clone())),

@@ -88,12 +88,15 @@ impl MlpKind {
     /// gated MLP two thirds of that (the same parameters in three matrices), rounded up to a
     /// multiple of 256, as Llama's reference code does (`FeedForward` with `multiple_of =
     /// 256`: 11008 at d 4096).
+    ///
+    /// Saturating: a width past `u64` is a shape [`super::ModelShape::check`] refuses by its
+    /// counts, so the default need only not wrap into a small one first.
     pub fn default_ffn(self, d: u64) -> u64 {
         if self.gated() {
-            let two_thirds = 2 * 4 * d / 3;
-            two_thirds.div_ceil(256) * 256
+            let two_thirds = d.saturating_mul(8) / 3;
+            two_thirds.div_ceil(256).saturating_mul(256)
         } else {
-            4 * d
+            d.saturating_mul(4)
         }
     }
 }

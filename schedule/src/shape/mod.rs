@@ -314,8 +314,10 @@ impl ModelShape {
     /// reduce-scatter and an all-gather, the same ring volume). GQA's narrower keys and values
     /// live inside the TP region, so they change no collective: they shrink the QKV matmul,
     /// its parameters and gradients (and so the data-parallel reduction) and its stash.
-    pub fn tp_collective_elements(&self, b: u64) -> u64 {
-        b * self.seq_len * self.d_model
+    ///
+    /// As `f64`: `b` is any microbatch size a plan may try, and the product feeds only times.
+    pub fn tp_collective_elements(&self, b: u64) -> f64 {
+        b as f64 * self.seq_len as f64 * self.d_model as f64
     }
 
     /// TP collectives per block in the forward (and again in the input-gradient backward).
@@ -352,9 +354,71 @@ impl ModelShape {
         if self.positions == PositionKind::Rotary && self.head_dim() % 2 != 0 {
             return Err(ShapeError::OddRotaryHead(self.head_dim()));
         }
+        self.check_counts()
+    }
+
+    /// Every count the shape's methods multiply out (parameters, a sequence's activations)
+    /// stays within [`MAX_COUNT`], so they are exact in a `u64` (and their 16 bytes a
+    /// parameter of weights, gradients and AdamW state too); worked out in `u128`, where
+    /// none of these products of `u64` fields can wrap unseen (a wrap is `None`, refused).
+    fn check_counts(&self) -> Result<(), ShapeError> {
+        let w = |x: u64| u128::from(x);
+        let (d, f) = (w(self.d_model), w(self.ffn));
+        let kv = w(self.kv_width());
+        let up = w(self.mlp.up_matrices());
+        // Biases and norms add at most a few widths a layer: 8 (d + f) bounds them.
+        let block = d
+            .checked_mul(d + 2 * kv)
+            .and_then(|qkv| qkv.checked_add(d.checked_mul(d)?))
+            .and_then(|a| a.checked_add(d.checked_mul(f)?.checked_mul(up + 1)?))
+            .and_then(|a| a.checked_add(8 * (d + f)));
+        let terms: [(&'static str, Option<u128>); 4] = [
+            (
+                "vocab x d_model (embedding and LM head)",
+                d.checked_mul(2 * w(self.vocab)),
+            ),
+            (
+                "seq_len x d_model (a sequence's activations, learned positions)",
+                d.checked_mul(w(self.seq_len)),
+            ),
+            (
+                "layers x d_model x ffn (the blocks)",
+                block.and_then(|b| b.checked_mul(w(u64::from(self.layers)))),
+            ),
+            ("d_model x d_model (a block's attention)", d.checked_mul(d)),
+        ];
+        let limit = u128::from(MAX_COUNT);
+        for (what, n) in terms {
+            if n.map_or(true, |n| n > limit) {
+                return Err(ShapeError::TooLarge {
+                    what,
+                    layers: self.layers,
+                    d_model: self.d_model,
+                    ffn: self.ffn,
+                    seq_len: self.seq_len,
+                    vocab: self.vocab,
+                });
+            }
+        }
+        let total = terms.iter().filter_map(|t| t.1).sum::<u128>();
+        if total > limit {
+            return Err(ShapeError::TooLarge {
+                what: "the parameters together",
+                layers: self.layers,
+                d_model: self.d_model,
+                ffn: self.ffn,
+                seq_len: self.seq_len,
+                vocab: self.vocab,
+            });
+        }
         Ok(())
     }
 }
+
+/// The largest count of a shape (parameters, a sequence's activations): 2^60, about 1.2e18,
+/// a million times any model trained so far, and small enough that 16 bytes of each stay
+/// within a `u64`.
+pub const MAX_COUNT: u64 = 1 << 60;
 
 /// Why a shape is not a model.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -362,6 +426,22 @@ pub enum ShapeError {
     /// A size that must be at least 1.
     #[error("{0} must be positive")]
     NotPositive(&'static str),
+    /// Sizes whose products pass [`MAX_COUNT`] (they would wrap a `u64` count).
+    #[error("{what} pass 2^60 (sizes: layers {layers}, d_model {d_model}, ffn {ffn}, seq_len {seq_len}, vocab {vocab}): check the sizes")]
+    TooLarge {
+        /// The product that is too large, with the fields it multiplies.
+        what: &'static str,
+        /// Blocks.
+        layers: u32,
+        /// Width.
+        d_model: u64,
+        /// MLP width.
+        ffn: u64,
+        /// Sequence.
+        seq_len: u64,
+        /// Vocabulary.
+        vocab: u64,
+    },
     /// Rotary positions turn pairs of a head's dimensions: its width must be even.
     #[error("rotary positions turn pairs of a head's dimensions: the head width {0} (d_model / heads) is not even")]
     OddRotaryHead(u64),

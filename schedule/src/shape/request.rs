@@ -225,6 +225,9 @@ fn flag_error(e: &ShapeError) -> String {
         ShapeError::NotDividing { a, x, b, y } => {
             format!("{} {x} must divide {} {y}", flag(a), flag(b))
         }
+        ShapeError::TooLarge { what, layers, d_model, ffn, seq_len, vocab } => format!(
+            "{what} pass 2^60 (--layers {layers}, --d-model {d_model}, --ffn {ffn}, --seq-len {seq_len}, --vocab {vocab}): a count that large would wrap; check the sizes"
+        ),
         ShapeError::OddRotaryHead(w) => format!(
             "--positions rotary turns pairs of a head's dimensions: the head width {w} (--d-model / --heads) is not even"
         ),

@@ -620,6 +620,14 @@ pub enum CostError {
         /// The full backward.
         b: f64,
     },
+    /// A split-backward probe of another pipeline than the steps it completes.
+    #[error("the split-backward probe has {probe} stages, but the recorded steps have {stages}: probe the same stages")]
+    ProbeStages {
+        /// Stages of the probe's steps.
+        probe: u32,
+        /// Stages of the recorded steps.
+        stages: u32,
+    },
     /// A held-for-W fraction outside [0, 1].
     #[error("{place}: w_memory = {value} is not a fraction in [0, 1] (the part of a stage's activations still held after I until W: 1 = all, the default; the zero-bubble paper's transformer layer: 32h/(34h+5as), about 0.4)")]
     WMemory {

@@ -47,6 +47,12 @@ pub fn measured_costs_with(
         });
     };
     let stages = first.meta.stages as usize;
+    if let Some(other) = probe.iter().find(|t| t.meta.stages != first.meta.stages) {
+        return Err(CostError::ProbeStages {
+            probe: other.meta.stages,
+            stages: first.meta.stages,
+        });
+    }
     let mut seen = durations(timelines, stages);
     let mut probed = durations(probe, stages);
     let apart = host.is_some_and(|h| h.runtime == Runtime::Pytorch);

@@ -1,6 +1,6 @@
 //! A timeline checked as strictly as a timetable before anything is drawn or measured
-//! from it: every event inside the numbers its `meta` gives, no event ending before it
-//! starts, no two computations at once on one device, and the compute events, taken in
+//! from it: every event inside the numbers its `meta` gives, none starting before 0, no
+//! event ending before it starts, no two computations at once on one device, and the compute events, taken in
 //! time order per device, a valid timetable (complete, each action once, in dependency
 //! order), and, in a simulated one, no stage starting on what another stage has not made
 //! yet (a forward before the previous stage's forward of its microbatch has ended, a
@@ -105,6 +105,50 @@ fn show(e: &Event) -> String {
     )
 }
 
+/// A timeline of another pipeline than the first of a set measured together.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("timeline {index} is not of timeline 0's pipeline: its {field} is {got}, timeline 0's is {want}")]
+pub struct OtherPipeline {
+    /// Its place in the set.
+    pub index: usize,
+    /// The `meta` field that differs: schedule, devices, stages or microbatches.
+    pub field: &'static str,
+    /// Its value there.
+    pub got: String,
+    /// The first timeline's.
+    pub want: String,
+}
+
+/// Timelines whose steps are pooled (measured costs are medians over them) are of one
+/// pipeline: the same schedule, devices, stages and microbatches as the first.
+pub fn same_pipeline(timelines: &[&Timeline]) -> Result<(), OtherPipeline> {
+    let Some(first) = timelines.first() else {
+        return Ok(());
+    };
+    let fields = |m: &super::TimelineMeta| {
+        [
+            ("schedule", m.schedule.clone()),
+            ("devices", m.devices.to_string()),
+            ("stages", m.stages.to_string()),
+            ("microbatches", m.microbatches.to_string()),
+        ]
+    };
+    let want = fields(&first.meta);
+    for (index, tl) in timelines.iter().enumerate().skip(1) {
+        for ((field, got), (_, want)) in fields(&tl.meta).into_iter().zip(want.iter()) {
+            if got != *want {
+                return Err(OtherPipeline {
+                    index,
+                    field,
+                    got,
+                    want: want.clone(),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
 impl Timeline {
     /// Check the timeline (see the module's text); `Ok` with nothing changed.
     pub fn check(&self) -> Result<(), TimelineError> {
@@ -194,6 +238,14 @@ fn event_problem(tl: &Timeline, e: &Event) -> Option<String> {
     let meta = &tl.meta;
     if !(e.start.is_finite() && e.end.is_finite()) {
         return Some("its times must be finite numbers".into());
+    }
+    // Times count from the step's start: an event before it would stretch the step (and its
+    // bubble) by a time nothing ran in.
+    if e.start < 0.0 {
+        return Some(format!(
+            "it starts at {}, before the step's start at 0",
+            e.start
+        ));
     }
     if e.end < e.start {
         return Some(format!(
