@@ -340,7 +340,7 @@ def search(
     attention: Optional[Attention] = None,
 ) -> SearchResult:
     """With a `shape`, a cap in bytes bounds each rank's whole predicted memory.
-    `time_budget` is 0 to 1e6 s; runs with the GIL released and stops on Ctrl-C."""
+    `time_budget` is 0 to 3600 s; runs with the GIL released and stops on Ctrl-C."""
 
 class SweepRow:
     schedule: str
