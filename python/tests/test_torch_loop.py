@@ -97,3 +97,16 @@ def test_tune_measures_the_candidates_and_keeps_the_fastest(tmp_path):
     assert min(r["measured"]) <= r["measured"][0]
     assert all(x is not None and x > 0 for x in r["predicted"]), r["table"]
     assert "| 1f1b" in r["table"] and "(best)" in r["table"]
+
+
+def test_a_step_without_target_is_refused_on_every_rank_at_once(tmp_path):
+    # The rank holding the last stage forgets target=: without the check it raises and the
+    # others wait for the process group's timeout; with it, every rank refuses step 0.
+    from torch_launch import run_cases
+
+    tt = tmp_path / "1f1b.csv"
+    cli("schedule", "--schedule", "1f1b", "-p", 2, "-m", 4, "-o", tt)
+    case = {"kind": "no_target", "name": "no_target", "p": 2, "timetable": str(tt)}
+    r = run_cases(2, [case], timeout=50, pg_timeout=300)["no_target"]
+    for msg in r["refusals"]:
+        assert msg and "rank 1 holds the last stage" in msg and "target=" in msg, r

@@ -169,8 +169,24 @@ def case_tune(case, group):
             "grads_untouched": all(u for _, u in every)}
 
 
+def case_no_target(case, group):
+    """The last rank forgets target=: every rank must refuse the first step at once."""
+    tt = pwt.load(case["timetable"])
+    stages = pwt.pipeline_stages(tt, lambda s: stage_module(s), group=group)
+    sched = pwt.schedule(tt, stages, loss_fn=loss_fn)
+    x, _ = batch(tt.microbatches)
+    try:
+        sched.step(x) if dist.get_rank(group) == 0 else sched.step()
+        mine = None
+    except pwt.BatchError as e:
+        mine = str(e)
+    every: list = [None] * tt.num_ranks
+    dist.all_gather_object(every, mine, group=group)
+    return {"refusals": every} if dist.get_rank(group) == 0 else None
+
+
 CASES = {"grads": case_grads, "record": case_record, "record_torch": case_record_torch,
-         "tune": case_tune}
+         "tune": case_tune, "no_target": case_no_target}
 
 
 def main() -> int:

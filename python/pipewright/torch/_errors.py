@@ -20,7 +20,8 @@ class StageError(TorchError):
 
 
 class BatchError(TorchError):
-    """A batch that does not split into the timetable's microbatches."""
+    """A step that cannot run: a batch that does not split into the timetable's
+    microbatches, or no `target=` where the loss needs one."""
 
 
 class RecordError(TorchError):

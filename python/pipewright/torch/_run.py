@@ -142,7 +142,7 @@ def schedule(
     )
     _load_into(runtime, tt)
     runtime.pipewright_timetable = tt
-    _check_batches(runtime, tt)
+    _check_steps(runtime, tt, group)
     return runtime
 
 
@@ -151,24 +151,44 @@ _STEP_KEYWORDS = {"losses", "return_outputs", "loss_kwargs", "arg_mbs", "kwarg_m
                   "finalize_gradients"}
 
 
-def _check_batches(runtime: _PipelineScheduleRuntime, tt: TorchTimetable) -> None:
-    """Refuse, before PyTorch splits it, a batch that does not split into the timetable's
-    microbatches of equal size (PyTorch would fail mid-step with no word of why). Only
-    where PyTorch splits on dim 0, its default; a chunk spec of the user's is theirs."""
-    if runtime._args_chunk_spec is not None or runtime._kwargs_chunk_spec is not None:
-        return
-    step, m = runtime.step, tt.microbatches
+def _check_steps(runtime: _PipelineScheduleRuntime, tt: TorchTimetable, group) -> None:
+    """Refuse, before PyTorch runs it, a step that would fail inside PyTorch with no word of
+    why, or leave the other ranks waiting until the process group's timeout:
+    - a batch that does not split into the timetable's microbatches of equal size (only
+      where PyTorch splits on dim 0, its default; a chunk spec of the user's is theirs);
+    - no `target=` on the rank holding the last stage while the loss needs one.
+    The first step's verdicts are gathered from every rank, so every rank refuses it at
+    once, naming the rank at fault; later steps are checked where they run."""
+    split = runtime._args_chunk_spec is None and runtime._kwargs_chunk_spec is None
+    last = any(st.is_last for st in runtime._stages)
+    step, m, rank = runtime.step, tt.microbatches, dist.get_rank(group)
+    first = [True]
 
-    def step_checked(*args: Any, **kwargs: Any) -> Any:
+    def fault(args: tuple, kwargs: dict) -> str | None:
+        if last and runtime._loss_fn is not None and kwargs.get("target") is None:
+            return (f"rank {rank} holds the last stage and the schedule has a loss_fn, but "
+                    "step() got no target=: give the targets on that rank, "
+                    "step(..., target=y)")
+        if not split:
+            return None
         named = [(f"input {i}", a) for i, a in enumerate(args)]
         named += [(f"{k}=", v) for k, v in kwargs.items() if k not in _STEP_KEYWORDS]
         for what, x in named:
             if isinstance(x, torch.Tensor) and x.dim() >= 1 and x.size(0) % m:
-                raise BatchError(
-                    f"{what} has a batch of {x.size(0)} (dim 0), which does not split into "
-                    f"the {m} microbatches of {tt.source}: give a batch that {m} divides, "
-                    f"e.g. {max(m, x.size(0) // m * m)}"
-                )
+                return (f"rank {rank}: {what} has a batch of {x.size(0)} (dim 0), which does "
+                        f"not split into the {m} microbatches of {tt.source}: give a batch "
+                        f"that {m} divides, e.g. {max(m, x.size(0) // m * m)}")
+        return None
+
+    def step_checked(*args: Any, **kwargs: Any) -> Any:
+        mine = fault(args, kwargs)
+        if first[0]:
+            first[0] = False
+            every: list = [None] * dist.get_world_size(group)
+            dist.all_gather_object(every, mine, group=group)
+            mine = next((f for f in every if f), None)
+        if mine:
+            raise BatchError(mine)
         return step(*args, **kwargs)
 
     runtime.step = step_checked
