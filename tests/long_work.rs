@@ -86,7 +86,10 @@ fn bad_time_budgets_are_refused_in_one_line() {
     let o = run(&["search", "--memory-cap", "4", "--time-budget", "1e6"]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(1), "{err}");
-    assert!(err.contains("--time-budget") && err.contains("3600"), "{err}");
+    assert!(
+        err.contains("--time-budget") && err.contains("3600"),
+        "{err}"
+    );
 }
 
 #[test]

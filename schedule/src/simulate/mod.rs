@@ -243,24 +243,23 @@ impl<'a> Engine<'a> {
                     let start = self.compute_free[d as usize];
                     let end = start + h.costs.recv;
                     self.compute_free[d as usize] = end;
-                    self.events.push(Event {
-                        device: d,
-                        action: a,
-                        start,
-                        end,
-                    });
+                    self.push(d, a, start, end);
                     return true;
                 }
                 let start = arrival - self.costs.transfer_time(from);
-                self.events.push(Event {
-                    device: d,
-                    action: a,
-                    start,
-                    end: arrival,
-                });
+                self.push(d, a, start, arrival);
             }
         }
         true
+    }
+
+    fn push(&mut self, device: u32, action: Action, start: f64, end: f64) {
+        self.events.push(Event {
+            device,
+            action,
+            start,
+            end,
+        });
     }
 
     fn send(&mut self, d: u32, a: Action, ready: f64) -> f64 {
@@ -274,12 +273,7 @@ impl<'a> Engine<'a> {
             let start = self.compute_free[d as usize].max(ready);
             let posted = start + h.costs.send;
             self.compute_free[d as usize] = posted;
-            self.events.push(Event {
-                device: d,
-                action: a,
-                start,
-                end: posted,
-            });
+            self.push(d, a, start, posted);
             let leaves = self.comm_free[d as usize].max(posted);
             let end = leaves + self.costs.transfer_time(from);
             self.comm_free[d as usize] = end;
@@ -288,12 +282,7 @@ impl<'a> Engine<'a> {
         let start = self.comm_free[d as usize].max(ready);
         let end = start + self.costs.transfer_time(from);
         self.comm_free[d as usize] = end;
-        self.events.push(Event {
-            device: d,
-            action: a,
-            start,
-            end,
-        });
+        self.push(d, a, start, end);
         end
     }
 
@@ -331,11 +320,6 @@ impl<'a> Engine<'a> {
                 _ => {}
             }
         }
-        self.events.push(Event {
-            device: d,
-            action: a,
-            start,
-            end,
-        });
+        self.push(d, a, start, end);
     }
 }
