@@ -243,6 +243,31 @@ fn runners_up_are_written_beside_the_best_and_told_apart_from_it() {
         ok(d, &["validate", &format!("best.{k}.csv")]);
     }
     assert!(!d.join("best.4.csv").exists());
+    // Fewer fitting timetables than asked for: said for each file not written.
+    let out = common::run_in(
+        Some(d),
+        &[
+            "search",
+            "-p",
+            "2",
+            "-m",
+            "2",
+            "--schedules",
+            "1f1b,gpipe",
+            "--no-list",
+            "--memory-cap",
+            "4",
+            "--timetable-out",
+            "few.csv",
+            "--runners-up",
+            "4",
+        ],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && err.contains("few.5.csv not written"),
+        "{err}"
+    );
     fails_with(
         d,
         &[

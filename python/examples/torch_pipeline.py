@@ -97,6 +97,16 @@ def tune(args, baseline, device) -> None:
         )
         return pwt.schedule(tt, stages, loss_fn=loss_fn)
 
+    from pipewright.torch._outputs import _same_file, output_path
+
+    read = [("--timetable", args.timetable), *(("--tune", c) for c in args.tune)]
+    read += [("--cost-file", args.cost_file)] if args.cost_file else []
+    if args.tuned_out:  # refused before the tuning, not after it
+        out = output_path(args.tuned_out, "--tuned-out")
+        for flag, path in read:
+            if _same_file(out, path):
+                raise SystemExit(f"error: --tuned-out {out} is the file {flag} {path} reads: "
+                                 "writing it would destroy the input; give another file")
     try:
         candidates = [baseline, *(pwt.load(c) for c in args.tune)]
     except pwt.TorchError as e:
@@ -110,11 +120,13 @@ def tune(args, baseline, device) -> None:
     print(f"fastest as measured: {best.name}, {best.measured_ms:.2f} ms a step "
           f"({best.measured_ms / result.baseline.measured_ms:.3f}x the baseline's)")
     if args.tuned_out:
-        path = args.tuned_out
-        with open(path + ".tmp", "w") as f:
-            f.write(best.timetable.csv_text())
-        os.replace(path + ".tmp", path)
-        print(f"wrote {path}")
+        from pipewright.torch._outputs import write_output
+
+        try:
+            write_output(args.tuned_out, best.timetable.csv_text(), read, "--tuned-out")
+        except pwt.TorchError as e:
+            raise SystemExit(f"error: {e}")
+        print(f"wrote {args.tuned_out}")
 
 
 def main() -> None:

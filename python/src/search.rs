@@ -122,6 +122,11 @@ impl SearchResult {
         py: Python<'_>,
         #[pyo3(from_py_with = crate::args::whole)] k: usize,
     ) -> PyResult<Vec<Py<Timetable>>> {
+        if !(1..=5).contains(&k) {
+            return Err(err(format!(
+                "k {k}: give 1 to 5 (the best and up to 4 runners-up the search keeps)"
+            )));
+        }
         let mut out = vec![self.timetable.clone_ref(py)];
         for (i, tt) in self.inner.runners_up.iter().take(k.saturating_sub(1)) {
             let mut tt = tt.clone();

@@ -201,3 +201,17 @@ def test_the_stubs_name_every_export():
     for name in pw.__all__:
         if name != "__version__":
             assert f"class {name}" in stubs or f"def {name}(" in stubs, name
+
+
+def test_search_hands_back_its_runners_up_and_refuses_a_count_it_does_not_keep():
+    found = pw.search(4, 8, memory_cap=4, costs=pw.Costs(1, 2), time_budget=10)
+    tts = found.timetables(3)
+    assert len(tts) == 3 and tts[0].name == found.timetable.name
+    assert len({t.to_csv() for t in tts}) == 3  # three different timetables
+    for k in (0, 6):
+        with pytest.raises(pw.PipewrightError) as e:
+            found.timetables(k)
+        assert f"k {k}: give 1 to 5" in str(e.value)
+    fused = pw.search(4, 8, memory_cap=4, costs=pw.Costs(1, 2), time_budget=10,
+                      split_backward=False)
+    assert not any(c in t.to_csv() for t in fused.timetables(5) for c in "IW")

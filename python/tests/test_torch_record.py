@@ -34,7 +34,7 @@ def recorded(tmp_path_factory):
         cli("schedule", "--schedule", family, "-p", p, "-v", v, "-m", m, "-o", csv)
         cases.append({"kind": "record", "name": name, "timetable": str(csv), "p": p,
                       "out_dir": str(out), "steps": 3, "warmup": 1, "sleep_ms": SLEEP_MS,
-                      "probe": name == "1f1b"})
+                      "probe": name in ("1f1b", "zbv")})
     for cls, placement in TORCH_CLASSES.items():
         out = tmp / cls
         out.mkdir()
@@ -204,7 +204,11 @@ def test_the_split_probe_measures_i_and_w_beside_b_and_trains_nothing(recorded):
     for s, c in enumerate(costs["stages"]):
         assert {"b", "i", "w"} <= set(c), (s, c)
         assert c["i"] + c["w"] >= SLEEP_MS, (s, c)  # the stage's sleep is in its backward
-    assert "i and w from 2 steps of 1f1b split probe" in costs["source"]
+    assert "the other backward from 2 steps of 1f1b split probe" in costs["source"]
+    # A split recording (zbv) is probed the other way: B fused in place of each I.
+    zbv = json.loads((recorded["zbv"][0] / "costs.json").read_text())
+    assert all({"b", "i", "w"} <= set(c) for c in zbv["stages"]), zbv
+    assert "zbv fused probe" in zbv["source"]
     # search reads the file, and can be told not to split.
     found = cli("search", "-p", 2, "-m", 4, "--cost-file", out / "costs.json", "--memory-cap", 4,
                 "--no-split-backward", "--format", "json").stdout

@@ -20,9 +20,10 @@ impl Cancel {
     }
 }
 
-/// Two flags are equal when they are one flag (so specs holding them compare as before).
+/// Any two flags are equal: a flag says how to stop a search, not what it searches, so two
+/// specs of the same search compare equal whatever flag each holds.
 impl PartialEq for Cancel {
-    fn eq(&self, other: &Self) -> bool {
-        Arc::ptr_eq(&self.0, &other.0)
+    fn eq(&self, _: &Self) -> bool {
+        true
     }
 }

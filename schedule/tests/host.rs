@@ -111,12 +111,24 @@ fn pytorch_own_ops_are_charged_one_each() {
 
 #[test]
 fn many_steps_charge_the_trailing_ops_before_the_next_step() {
+    // 1F1B's device 0 runs the first and the last compute of a step, and its own ops (an
+    // UNSHARD first, REDUCE_GRAD and RESHARD last; the waits are not charged) all sit at the
+    // ends of its row: each step's period grows by exactly those ops' time.
+    use pipewright_schedule::formats::pytorch::{compute_comms, Op};
     let t = tt(ScheduleKind::OneFOneB, 2, 1, 4);
+    let own = compute_comms(&t).unwrap()[0]
+        .iter()
+        .filter(|op| matches!(op, Op::Unshard(_) | Op::Reshard(_) | Op::ReduceGrad(_)))
+        .count() as f64;
+    assert!(own >= 2.0, "{own}");
     let c0 = costs(2, 0.0, Some(host(Runtime::Pytorch, 0.0, 0.0, 0.0, 0.0)));
     let c1 = costs(2, 0.0, Some(host(Runtime::Pytorch, 0.0, 0.0, 0.0, 0.5)));
     let p0 = simulate_steps(&t, &c0, 4).unwrap().report.period;
     let p1 = simulate_steps(&t, &c1, 4).unwrap().report.period;
-    assert!(p1 > p0, "{p1} <= {p0}");
+    assert!(
+        (p1 - p0 - 0.5 * own).abs() < 1e-9,
+        "{p1} - {p0} != 0.5 * {own}"
+    );
 }
 
 #[test]

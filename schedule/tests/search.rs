@@ -314,6 +314,12 @@ fn told_not_to_split_the_backward_the_search_hands_back_a_fused_one() {
         fused.candidates[fused.best].label
     );
     assert!(fused.skipped.iter().any(|s| s.label == "zb-h1"));
+    // Nothing split was even built: no list job at any cap has I/W.
+    assert!(
+        !fused.skipped.iter().any(|s| s.label.contains("I/W")),
+        "{:?}",
+        fused.skipped
+    );
 }
 
 #[test]

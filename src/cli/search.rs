@@ -251,6 +251,14 @@ impl SearchCmd {
         for (text, flag) in runner_texts.iter().zip(RUNNER_FLAGS) {
             outs.stage(flag, text.as_bytes())?;
         }
+        for path in runner_paths.iter().skip(runner_texts.len()) {
+            // Said, so that an older file of that name is not taken for this search's.
+            console::note(&format!(
+                "note: only {} fitting timetables after the best: {} not written",
+                runner_texts.len(),
+                path.display()
+            ));
+        }
         outs.commit()?;
         console::print(&report)
     }

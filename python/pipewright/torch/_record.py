@@ -197,7 +197,8 @@ class _RowEvents:
             self.host["recv"].append(t1 - t0)
         else:
             self.runtime_ms += t1 - t0
-            self.host["other"].append(t1 - t0)
+            if not kind.startswith("WAIT"):  # a wait is a peer's time, not this host's work
+                self.host["other"].append(t1 - t0)
 
     def _waits(self, part) -> bool:
         """Whether `part` waits for a receive posted earlier (its gap is then partly a wait)."""
@@ -393,15 +394,16 @@ class Recorder:
         return host
 
     def probe_split(self, *args: Any, steps: int = 3, **kwargs: Any) -> None:
-        """Measure the split backward on this schedule's own stages: run `steps` steps (the
-        first a warm-up) of the same timetable with each fused backward `B` split in place
-        into `I` then `W`, on the same inputs as `step`. `save_costs` then writes `i` and `w`
-        beside the fused `b` (in PyTorch's runtime I + W costs more than B: autograd runs
-        twice), so that `search` judges split schedules by what they cost here.
+        """Measure the backward this timetable does not run, on its own stages: `steps` steps
+        (the first a warm-up) of the same timetable with each fused backward `B` split in
+        place into `I` then `W` (or, when it splits already, each `I` fused into a `B` and its
+        `W` dropped), on the same inputs as `step`. `save_costs` then writes `i` and `w`
+        beside `b`, each measured (in PyTorch's runtime I + W costs more than B: autograd
+        runs twice), so that `search` judges both kinds of schedule by what they cost here.
 
         The gradients the stages hold are put back as they were: the probe trains nothing.
         Collective; needs a schedule from `pipewright.torch.schedule`."""
-        from ._probe import split_probe
+        from ._probe import backward_probe
 
         if not isinstance(steps, int) or isinstance(steps, bool) or not 2 <= steps <= 100:
             raise RecordError(f"steps={steps!r}: give a whole number of steps from 2 to 100")
@@ -411,9 +413,9 @@ class Recorder:
                 "probe_split needs the timetable of the schedule: build it with "
                 "pipewright.torch.schedule"
             )
-        probe = split_probe(tt)
+        probe = backward_probe(tt)
         if probe is None:
-            return  # the timetable splits its backward already: its own steps measure I and W
+            return  # only overlapped F&B cells: nothing to run the other way
         from ._run import schedule as build
 
         stages = list(self._sched._stages)

@@ -9,6 +9,7 @@ back is never slower than it as measured: at worst it is the baseline.
 
 from __future__ import annotations
 
+import random
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -64,6 +65,7 @@ def tune(
     build: Callable[[TorchTimetable], Any],
     *args: Any,
     steps: int = 5,
+    block: int = 2,
     costs: Any = None,
     group: dist.ProcessGroup | None = None,
     **kwargs: Any,
@@ -75,13 +77,17 @@ def tune(
     PyTorch schedule for a timetable on this rank (for example
     `pwt.schedule(tt, pwt.pipeline_stages(tt, make_module), loss_fn=loss)`); `args` and
     `kwargs` go to each `step()`, as in training. After one warm-up step each, the candidates
-    take turns, one fenced step at a time (a barrier before and after), `steps` rounds in a new
-    order each; a candidate's figure is its median step. `costs` (a cost file's path, text or
-    `pipewright.Costs`) adds each one's predicted step. The gradients the stages held are put
-    back: tuning trains nothing. Collective; every rank gets the same answer.
+    take turns, `steps` rounds in a new random order each (the same on every rank): a turn is
+    `block` steps back to back, unfenced as training runs them, between two barriers, and
+    counts as their mean; a candidate's figure is the median of its turns. `costs` (a cost
+    file's path, text or `pipewright.Costs`) adds each one's predicted step. The gradients the
+    stages held are put back: tuning trains nothing. Every candidate's stages are built once
+    and held at once. Collective; every rank gets the same answer.
     """
     if not isinstance(steps, int) or isinstance(steps, bool) or not 1 <= steps <= 1000:
         raise RecordError(f"steps={steps!r}: give a whole number of rounds from 1 to 1000")
+    if not isinstance(block, int) or isinstance(block, bool) or not 1 <= block <= 100:
+        raise RecordError(f"block={block!r}: give a whole number of steps from 1 to 100")
     if not timetables:
         raise RecordError("timetables: give the baseline first, then the candidates")
     tts = [load(t) for t in timetables]
@@ -95,13 +101,14 @@ def tune(
             s.step(*args, **kwargs)
         for k in range(steps):
             order = list(range(len(tts)))
-            order = order[k % len(order):] + order[: k % len(order)]
+            random.Random(k).shuffle(order)  # seeded by the round: the same on every rank
             for i in order:
                 dist.barrier(group=group)
                 t0 = time.perf_counter()
-                scheds[i].step(*args, **kwargs)
+                for _ in range(block):
+                    scheds[i].step(*args, **kwargs)
                 dist.barrier(group=group)
-                times[i].append((time.perf_counter() - t0) * 1e3)
+                times[i].append((time.perf_counter() - t0) * 1e3 / block)
     finally:
         for s in saved:
             restore_grads(s)

@@ -167,7 +167,7 @@ fn list_jobs(
         let knobs = Knobs {
             v,
             placement,
-            split: true,
+            split: spec.split_backward,
             backward_first: true,
             depth_first: true,
             cap,
@@ -218,7 +218,6 @@ fn list_jobs(
                 jobs.push(Job::List(Knobs {
                     lookahead,
                     w_in_gaps,
-                    split: spec.split_backward,
                     ..knobs
                 }));
             }

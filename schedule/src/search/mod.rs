@@ -462,7 +462,7 @@ pub fn search_with(
         }
     }
     let front = pareto_front(&candidates, spec.objective);
-    let runners_up = runners_up(spec, &jobs, &shapes, &candidates, &made_by, &best.timetable);
+    let runners_up = runners_up(spec, &jobs, &shapes, &candidates, &made_by, &best);
     Ok(SearchOutcome {
         cap_microbatches: cap,
         unit_bytes: unit,

@@ -2,7 +2,7 @@
 //! the costs describe cannot run (or that splits the backward when told not to) is refused;
 //! the next fitting candidates are made again for a measured tuning step.
 
-use super::{build, key, Candidate, Job, SearchSpec, Shape};
+use super::{build, key, Best, Candidate, Job, SearchSpec, Shape};
 use crate::action::ActionKind;
 use crate::simulate::Runtime;
 use crate::timetable::Timetable;
@@ -32,9 +32,12 @@ pub(super) fn runners_up(
     shapes: &[Option<Shape>],
     candidates: &[Candidate],
     made_by: &[usize],
-    best: &Timetable,
+    best: &Best,
 ) -> Vec<(usize, Timetable)> {
-    let mut order: Vec<usize> = (0..made_by.len()).filter(|&c| candidates[c].fits).collect();
+    // Not the best's own job: when gap filling improved the best, its base is a near copy.
+    let mut order: Vec<usize> = (0..made_by.len())
+        .filter(|&c| candidates[c].fits && made_by[c] != best.job)
+        .collect();
     order.sort_by_key(|&c| key(&candidates[c], spec.objective));
     let mut out: Vec<(usize, Timetable)> = Vec::new();
     for c in order {
@@ -44,7 +47,8 @@ pub(super) fn runners_up(
         let Ok((_, _, tt)) = build(&jobs[made_by[c]], spec, shapes, None) else {
             continue;
         };
-        if tt.devices != best.devices && out.iter().all(|(_, t)| t.devices != tt.devices) {
+        if tt.devices != best.timetable.devices && out.iter().all(|(_, t)| t.devices != tt.devices)
+        {
             out.push((c, tt));
         }
     }

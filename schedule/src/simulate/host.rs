@@ -50,7 +50,7 @@ pub struct HostCosts {
     /// Posting one receive.
     #[serde(default)]
     pub recv: f64,
-    /// Each op of the runtime's own (PyTorch: UNSHARD, RESHARD, REDUCE_GRAD, WAIT_*).
+    /// Each op of the runtime's own (PyTorch: UNSHARD, RESHARD, REDUCE_GRAD; not its waits).
     #[serde(default)]
     pub other: f64,
 }
@@ -141,7 +141,8 @@ impl HostPlan {
 }
 
 /// A PyTorch row's actions, and the host time of its own ops before each (and after the
-/// last).
+/// last). Its waits (`WAIT_SEND_*`, `WAIT_REDUCE_GRAD`) are not host work but a peer's or the
+/// transport's time, which the hand-offs already carry: they are not charged.
 fn split_row(row: &[Op], other: f64) -> (Vec<Action>, Vec<f64>) {
     let mut actions = Vec::with_capacity(row.len());
     let mut before = Vec::with_capacity(row.len() + 1);
@@ -153,7 +154,8 @@ fn split_row(row: &[Op], other: f64) -> (Vec<Action>, Vec<f64>) {
                 before.push(f64::from(pending) * other);
                 pending = 0;
             }
-            _ => pending += 1,
+            Op::Unshard(_) | Op::Reshard(_) | Op::ReduceGrad(_) => pending += 1,
+            Op::WaitReduceGrad(_) | Op::WaitSendF(..) | Op::WaitSendB(..) => {}
         }
     }
     before.push(f64::from(pending) * other);

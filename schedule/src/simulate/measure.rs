@@ -27,10 +27,10 @@ pub fn measured_costs(timelines: &[&Timeline]) -> Result<RawCostFile, CostError>
     measured_costs_with(timelines, &[], None)
 }
 
-/// [`measured_costs`] of a runtime whose host time was measured too (`host`), with the split
-/// backward measured apart in `probe`: steps of a split schedule (say zb-h1) run on the same
-/// stages, from which each stage whose own steps ran only full backwards takes its `i` and
-/// `w`. The file then has `b` beside `i` and `w`, each as measured: in PyTorch's runtime a
+/// [`measured_costs`] of a runtime whose host time was measured too (`host`), with the other
+/// backward measured in `probe`: steps on the same stages with each backward split (or
+/// fused), from which each stage whose own steps ran only fused backwards takes its `i` and
+/// `w` (or, having run only split ones, its `b`). The file then has `b` beside `i` and `w`, each as measured: in PyTorch's runtime a
 /// split backward costs more than the fused one (two passes through autograd).
 ///
 /// With `host`, the file carries it, and `p2p_latency` is the time in transit: the measured
@@ -56,10 +56,15 @@ pub fn measured_costs_with(
     let mut seen = durations(timelines, stages);
     let mut probed = durations(probe, stages);
     let apart = host.is_some_and(|h| h.runtime == Runtime::Pytorch);
+    // The probe gives each stage the backward its own steps did not run: I and W where they
+    // ran B, B where they ran I and W.
     for (own, probe) in seen.iter_mut().zip(&mut probed) {
         if own[2].is_empty() && own[3].is_empty() {
             own[2] = std::mem::take(&mut probe[2]);
             own[3] = std::mem::take(&mut probe[3]);
+        }
+        if own[1].is_empty() {
+            own[1] = std::mem::take(&mut probe[1]);
         }
     }
     let per_stage = seen
@@ -77,7 +82,7 @@ pub fn measured_costs_with(
         String::new()
     } else {
         format!(
-            "; i and w from {} steps of {}",
+            "; the other backward from {} steps of {}",
             probe.len(),
             probe[0].meta.schedule
         )
