@@ -73,11 +73,17 @@ def worker(spec: dict) -> None:
     torch.set_num_threads(1)
     width = spec.get("width", 16)
 
-    def module(stage: int):
+    def module(stage: int, v: int):
+        # One model whatever the cut: a rank's share is the same with v chunks a rank (each
+        # chunk sleeps 1/v of the time, or holds 1/v of the layers), so that costs recorded
+        # with one chunk count predict another.
         torch.manual_seed(stage)
         if spec["stage"] == "sleep":
-            return torch.nn.Sequential(torch.nn.Linear(width, width), pwt.Sleep(spec["f_ms"], spec["b_ms"]))
-        return torch.nn.Sequential(*[m for _ in range(spec["layers"]) for m in
+            sleep = pwt.Sleep(spec["f_ms"] / v, spec["b_ms"] / v)
+            return torch.nn.Sequential(torch.nn.Linear(width, width), sleep)
+        if spec["layers"] % v:
+            raise SystemExit(f"--layers {spec['layers']} does not split into {v} chunks")
+        return torch.nn.Sequential(*[m for _ in range(spec["layers"] // v) for m in
                                      (torch.nn.Linear(width, width), torch.nn.Tanh())])
 
     rank = int(os.environ["RANK"])
@@ -87,7 +93,8 @@ def worker(spec: dict) -> None:
     results = []
     for job in spec["jobs"]:
         tt = pwt.load(job["timetable"])
-        stages = pwt.pipeline_stages(tt, module)
+        v = tt.num_stages // tt.num_ranks
+        stages = pwt.pipeline_stages(tt, lambda s: module(s, v))
         sched = pwt.schedule(tt, stages, loss_fn=torch.nn.functional.mse_loss)
         x = torch.randn(tt.microbatches * spec.get("mb", 4), width)
         y = torch.randn_like(x)

@@ -214,3 +214,22 @@ def test_the_split_probe_measures_i_and_w_beside_b_and_trains_nothing(recorded):
                 "--no-split-backward", "--format", "json").stdout
     assert json.loads(found)["best"]["family"] in ("1f1b", "gpipe", "interleaved-1f1b",
                                                     "looped-bfs", "list")
+
+
+def test_data_parallel_replicas_never_race_on_one_file(tmp_path):
+    # Two pipelines of 2 ranks save costs to one path: one writes it, the other is refused,
+    # naming the replica that wrote it; with {replica} in the path each writes its own file.
+    from torch_launch import run_cases
+
+    csv = tmp_path / "1f1b.csv"
+    cli("schedule", "--schedule", "1f1b", "-p", 2, "-m", 4, "-o", csv)
+    case = {"kind": "dp_record", "name": "dp", "p": 4, "timetable": str(csv),
+            "out_dir": str(tmp_path)}
+    refusals = run_cases(4, [case], timeout=120)["dp"]["refusals"]
+    said = [r for r in refusals if r]
+    assert len(said) == 1 and "wrote this file in this run" in said[0], refusals
+    assert said[0].startswith("save_costs") and "{replica}" in said[0]
+    assert refusals.index(said[0]) in (0, 2)  # a pipeline's writing rank
+    json.loads((tmp_path / "costs.json").read_text())  # whole, from the one that wrote it
+    for replica in (0, 2):
+        assert (tmp_path / f"costs.{replica}.json").is_file()

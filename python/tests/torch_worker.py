@@ -188,7 +188,31 @@ def case_no_target(case, group):
     return {"refusals": every} if dist.get_rank(group) == 0 else None
 
 
-CASES = {"grads": case_grads, "record": case_record, "record_torch": case_record_torch,
+def case_dp_record(case, group):
+    """Two pipelines of 2 ranks (data parallel) record and save to one path, then to
+    `{replica}` paths: the second writer of one path is refused, the others write."""
+    rank = dist.get_rank()
+    pipes = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+    mine = pipes[rank // 2]
+    tt = pwt.load(case["timetable"])
+    stages = pwt.pipeline_stages(tt, lambda s: stage_module(s), group=mine)
+    rec = pwt.Recorder(pwt.schedule(tt, stages, loss_fn=loss_fn))
+    x, y = batch(tt.microbatches)
+    for _ in range(2):
+        rec.step(x, target=y)
+    out = Path(case["out_dir"])
+    try:
+        rec.save_costs(out / "costs.json")
+        shared = None
+    except pwt.RecordError as e:
+        shared = str(e)
+    rec.save_costs(out / "costs.{replica}.json")
+    every: list = [None] * 4
+    dist.all_gather_object(every, shared)
+    return {"refusals": every} if rank == 0 else None
+
+
+CASES = {"dp_record": case_dp_record, "grads": case_grads, "record": case_record, "record_torch": case_record_torch,
          "tune": case_tune, "no_target": case_no_target}
 
 

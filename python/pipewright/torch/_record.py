@@ -30,6 +30,7 @@ through the shared monotonic clock, when all ranks time on the CPU of one host);
 from __future__ import annotations
 
 import json
+import os
 import socket
 import statistics
 import time
@@ -299,6 +300,28 @@ class Recorder:
         return {"events": events.events, "runtime_ms": events.runtime_ms, "wall_ms": wall_ms,
                 "row_ms": bounds[-1] - bounds[0] if bounds else 0.0, "host": events.host}
 
+    def _claim(self, path: Any, what: str) -> Any:
+        """This pipeline's file (on the rank that writes it): `{replica}` in the path becomes
+        the pipeline's replica (the global rank of its first process), and a path another
+        pipeline of this run (a data-parallel replica) has written is refused, so that replicas
+        never race on one file. The claim is kept in the process group's store."""
+        replica = dist.get_process_group_ranks(self._group)[0] if self._group else 0
+        if isinstance(path, (str, os.PathLike)) and "{replica}" in os.fspath(path):
+            path = os.fspath(path).replace("{replica}", str(replica))
+        try:
+            store = dist.distributed_c10d._get_default_store()
+            key = "pipewright.torch/" + os.path.realpath(os.fsdecode(path))
+        except (AttributeError, RuntimeError, TypeError, ValueError):
+            return path  # no store to ask (or a path write_output will refuse)
+        owner = store.compare_set(key, "", str(replica)).decode()
+        if owner != str(replica):
+            raise RecordError(
+                f"{what} {os.fsdecode(path)}: the pipeline of replica {owner} (data parallel) "
+                "wrote this file in this run; give each replica its own file, with {replica} in "
+                "the path (it becomes the global rank of the pipeline's first process)"
+            )
+        return path
+
     @property
     def steps_recorded(self) -> int:
         """Steps this rank has recorded."""
@@ -372,6 +395,7 @@ class Recorder:
             raise RecordError("no step recorded yet: call Recorder.step first")
         if not -len(tls) <= step < len(tls):
             raise RecordError(f"step {step} was not recorded: {len(tls)} steps were")
+        path = self._claim(path, "save_timeline")
         write_output(path, tls[step].to_json(), inputs_of(self._sched), "save_timeline")
 
     def host_costs(self, *, skip: int | None = None) -> dict | None:
@@ -452,6 +476,7 @@ class Recorder:
             raise RecordError(f"no step left to measure: {len(tls)} recorded, {skip} skipped")
         costs = measured_costs(used, probe=probe[1:] if probe else None, host=host)
         text = json.dumps(costs, indent=2) + "\n"
+        path = self._claim(path, "save_costs")
         write_output(path, text, inputs_of(self._sched), "save_costs")
 
 
