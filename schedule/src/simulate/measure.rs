@@ -47,10 +47,20 @@ pub fn measured_costs_with(
         });
     };
     let stages = first.meta.stages as usize;
-    if let Some(other) = probe.iter().find(|t| t.meta.stages != first.meta.stages) {
+    let unlike = |t: &&&Timeline| {
+        (t.meta.stages, t.meta.devices, &t.meta.time_unit)
+            != (first.meta.stages, first.meta.devices, &first.meta.time_unit)
+    };
+    if let Some(other) = probe.iter().find(unlike) {
         return Err(CostError::ProbeStages {
-            probe: other.meta.stages,
-            stages: first.meta.stages,
+            probe: format!(
+                "{} stages on {} devices in {}",
+                other.meta.stages, other.meta.devices, other.meta.time_unit
+            ),
+            stages: format!(
+                "{} stages on {} devices in {}",
+                first.meta.stages, first.meta.devices, first.meta.time_unit
+            ),
         });
     }
     let mut seen = durations(timelines, stages);
