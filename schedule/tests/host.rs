@@ -33,6 +33,7 @@ fn host(runtime: Runtime, action: f64, send: f64, recv: f64, other: f64) -> Host
         send,
         recv,
         other,
+        ..HostCosts::default()
     }
 }
 
@@ -199,4 +200,27 @@ fn a_cost_file_whose_split_does_not_add_up_is_refused_unless_measured_apart() {
     );
     let typo = r#"{"default": {"f": 1, "b": 2}, "host": {"runtime": "torch"}}"#;
     assert!(serde_json::from_str::<RawCostFile>(typo).is_err());
+}
+
+#[test]
+fn a_measured_fixed_part_of_each_action_is_paid_once_by_every_piece() {
+    // A forward of 2.3 of which 0.3 is the runtime's own per call: cut in two, each piece
+    // does half the work (1.0) and pays the whole call (0.3); joined back, 2.3 again.
+    use pipewright_schedule::simulate::CallCosts;
+    let text = r#"{"default": {"f": 2.3, "b": 4.4, "i": 2.5, "w": 2.4},
+                   "host": {"runtime": "pytorch", "call": {"f": 0.3, "b": 0.4, "i": 0.5, "w": 3}}}"#;
+    let raw: RawCostFile = serde_json::from_str(text).unwrap();
+    let two = raw.resolve(2).unwrap();
+    assert_eq!(two.host.unwrap().call, CallCosts { f: 0.3, b: 0.4, i: 0.5, w: 3.0 });
+    let four = two.resample(4).unwrap();
+    let s = four.stages[0];
+    let close = |a: f64, b: f64| (a - b).abs() < 1e-12;
+    assert!(close(s.f, 1.3) && close(s.b, 2.4) && close(s.i, 1.5), "{s:?}");
+    // A fixed part larger than the time is the whole time: nothing left to split.
+    assert!(close(s.w, 2.4), "{s:?}");
+    let back = four.resample(2).unwrap().stages[0];
+    assert!(close(back.f, 2.3) && close(back.b, 4.4) && close(back.i, 2.5), "{back:?}");
+    // Without it, the old even split.
+    let bare = CostModel { host: None, ..two.clone() }.resample(4).unwrap().stages[0].f;
+    assert!(close(bare, 1.15), "{bare}");
 }

@@ -89,6 +89,9 @@ class _Take:
     ref: Any
     bounds: list = field(default_factory=list)  # bounds[i]: action i starts; bounds[i+1]: it ends
     compute: dict = field(default_factory=dict)  # action index -> [start, end, start, end, ...]
+    # action index -> [start, end, ...] of the model's own work in it: the stage module's
+    # forward (in an F) and autograd's backward (in a B, I or W)
+    inner: dict = field(default_factory=dict)
     current: int | None = None
 
 
@@ -100,6 +103,7 @@ class _Probe:
     def __init__(self):
         self.take: _Take | None = None
         self.stamp = None
+        self.in_autograd = False
 
 
 class _TimedRow(list):
@@ -139,15 +143,51 @@ def _timed(method, probe: _Probe):
 
 
 def _probe_of(schedule) -> _Probe:
-    """The schedule's probe, its stage methods wrapped once."""
+    """The schedule's probe, its stage methods wrapped once, and its stage modules hooked to
+    stamp their own forward."""
     probe = getattr(schedule, "_pipewright_probe", None)
     if probe is None:
         probe = _Probe()
         for st in schedule._stages:
             for name in ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk"):
                 setattr(st, name, _timed(getattr(st, name), probe))
+            st.submod.register_forward_pre_hook(lambda *_: _inner_stamp(probe, "F"))
+            st.submod.register_forward_hook(lambda *_: _inner_stamp(probe, "F"))
         schedule._pipewright_probe = probe
     return probe
+
+
+def _inner_stamp(probe: _Probe, kind: str) -> None:
+    """A start or end of the model's own work inside the action being taken, if it is of
+    `kind` (a module forward rerun inside a backward, as checkpointing does, is the
+    backward's)."""
+    take = probe.take
+    if take is None or take.current is None:
+        return
+    if take.row[take.current].computation_type.value == kind:
+        take.inner.setdefault(take.current, []).append(probe.stamp())
+
+
+def _autograd_timed(fn, probe: _Probe):
+    """`torch.autograd.backward` or `.grad`, stamped as a backward's own work."""
+
+    def wrapper(*args, **kwargs):
+        take = probe.take
+        kind = None
+        if take is not None and take.current is not None:
+            kind = take.row[take.current].computation_type.value
+        if kind not in ("B", "I", "W") or probe.in_autograd:
+            return fn(*args, **kwargs)
+        spans = take.inner.setdefault(take.current, [])
+        probe.in_autograd = True
+        spans.append(probe.stamp())
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            spans.append(probe.stamp())
+            probe.in_autograd = False
+
+    return wrapper
 
 
 class _RowEvents:
@@ -160,7 +200,10 @@ class _RowEvents:
         self.rank = rank
         self.events: list[dict] = []
         self.runtime_ms = 0.0  # PyTorch's own actions, not in pipewright's IR
-        self.host: dict[str, list[float]] = {"action": [], "send": [], "recv": [], "other": []}
+        self.host: dict[str, list[float]] = {
+            k: [] for k in ("action", "send", "recv", "other", "call_f", "call_b", "call_i",
+                            "call_w")
+        }
         self._posted: set = set()  # receives posted and not yet waited for
 
     def _event(self, stage: int, kind: Any, mb: int | None, start: float, end: float) -> None:
@@ -175,14 +218,20 @@ class _RowEvents:
             self._posted.discard(key)
             self._event(part.stage_index, needs, part.microbatch_index, start, max(start, end))
 
-    def add(self, action, t0: float, t1: float, spans: list[float]) -> None:
-        """One action that ran from `t0` to `t1`; `spans`: its computes' starts and ends."""
+    def add(self, action, t0: float, t1: float, spans: list[float],
+            inner: list[float] | None = None) -> None:
+        """One action that ran from `t0` to `t1`; `spans`: its computes' starts and ends;
+        `inner`: the starts and ends of the model's own work in it."""
         kind = action.computation_type.value
         if kind in _COMPUTE or kind == "OVERLAP_F_B":
             parts = action.sub_actions or (action,)
             starts, ends = spans[0::2] or [t0], spans[1::2]
             if kind != "OVERLAP_F_B" and not self._waits(action):
                 self.host["action"].append(max(0.0, starts[0] - t0))
+            if kind in _COMPUTE and spans:
+                # The action's fixed part: its event's time that is not the model's own work.
+                own = sum(e - s for s, e in zip((inner or [])[0::2], (inner or [])[1::2]))
+                self.host["call_" + kind.lower()].append(max(0.0, t1 - starts[0] - own))
             for k, part in enumerate(parts[: len(starts)]):
                 self._wait(part, t0 if k == 0 else ends[k - 1], starts[k])
             if kind == "OVERLAP_F_B":
@@ -273,10 +322,15 @@ class Recorder:
         take = probe.take = _Take(row=list(row), ref=self._ref)
         probe.stamp = self._clock.stamp
         wall = time.perf_counter()
+        # PyTorch's stage backward calls these by name: wrapped for this step only.
+        backward, grad = torch.autograd.backward, torch.autograd.grad
+        torch.autograd.backward = _autograd_timed(backward, probe)
+        torch.autograd.grad = _autograd_timed(grad, probe)
         try:
             out = sched.step(*args, **kwargs)
         finally:
             probe.take = None
+            torch.autograd.backward, torch.autograd.grad = backward, grad
         wall_ms = (time.perf_counter() - wall) * 1e3
         if len(take.bounds) != len(take.row) + 1:
             raise RecordError(
@@ -294,9 +348,10 @@ class Recorder:
         to_ms = lambda stamps: [t + self._offset_ms for t in self._clock.to_ms(take.ref, stamps)]
         bounds = to_ms(take.bounds)
         compute = {i: to_ms(s) for i, s in take.compute.items()}
+        inner = {i: to_ms(s) for i, s in take.inner.items()}
         events = _RowEvents(self._rank)
         for i, action in enumerate(take.row):
-            events.add(action, bounds[i], bounds[i + 1], compute.get(i, []))
+            events.add(action, bounds[i], bounds[i + 1], compute.get(i, []), inner.get(i, []))
         return {"events": events.events, "runtime_ms": events.runtime_ms, "wall_ms": wall_ms,
                 "row_ms": bounds[-1] - bounds[0] if bounds else 0.0, "host": events.host}
 
@@ -402,8 +457,9 @@ class Recorder:
         """The mean host time (ms) of the recorded steps on every rank, on rank 0 (None
         elsewhere), as the cost file's `host`: `action` (from taking a compute action to its
         compute's start, where it waited for no receive), `send` and `recv` (posting one),
-        `other` (one of PyTorch's own actions). Steps are skipped as in `save_costs`.
-        Collective."""
+        `other` (one of PyTorch's own actions); and `call`, per kind, the median fixed part of
+        a compute action: its time less the stage module's own forward (F) or autograd's own
+        backward (B, I, W). Steps are skipped as in `save_costs`. Collective."""
         every = self._gather()
         if every is None:
             return None
@@ -415,6 +471,15 @@ class Recorder:
             # A step pays the sum of its host times, so their mean, not their median: the
             # posting of a message has a long tail on a busy host, and the tail is paid too.
             host[what] = statistics.fmean(samples) if samples else 0.0
+        # The fixed part sits inside F, B, I and W, whose figures are medians: so is it.
+        call = {}
+        for kind in "fbiw":
+            samples = [x for rank in every for step in rank[skip:]
+                       for x in step["host"]["call_" + kind]]
+            if samples:
+                call[kind] = statistics.median(samples)
+        if call:
+            host["call"] = call
         return host
 
     def probe_split(self, *args: Any, steps: int = 3, **kwargs: Any) -> None:
@@ -468,6 +533,9 @@ class Recorder:
         host = self.host_costs(skip=skip)
         tls = self.timelines()
         probe = self._probe_recorder.timelines() if self._probe_recorder else None
+        probed = self._probe_recorder.host_costs(skip=1) if self._probe_recorder else None
+        if host is not None and probed is not None:  # the probe's kinds' fixed parts
+            host["call"] = {**probed.get("call", {}), **host.get("call", {})}
         if tls is None:
             return
         skip = _skip(len(tls), skip)

@@ -7,7 +7,7 @@ mod error;
 
 pub use error::CostError;
 
-use super::host::{HostCosts, Runtime};
+use super::host::{CallCosts, HostCosts, Runtime};
 use crate::action::{Action, ActionKind};
 
 /// Costs of one stage (model chunk) on one microbatch.
@@ -242,21 +242,30 @@ impl CostModel {
     /// stage `k` of `n` is the `k`-th of `n` equal slices. Cutting each slice into `stages / n`
     /// pieces splits its times and activations evenly; joining `n / stages` neighbours sums
     /// them, and the hand-off of a joined stage is its last piece's. So costs measured with
-    /// one chunk count serve a simulation or a search with another.
+    /// one chunk count serve a simulation or a search with another. The measured fixed part
+    /// of each action (`host.call`) is not split or summed: every piece pays it once.
     pub fn resample(&self, stages: u32) -> Result<CostModel, CostError> {
         let n = self.stages.len() as u32;
+        let call = self.host.map(|h| h.call).unwrap_or_default();
         let resampled = if n == stages {
             self.stages.clone()
         } else if n > 0 && stages > 0 && stages % n == 0 {
             let k = stages / n;
             self.stages
                 .iter()
-                .flat_map(|c| vec![c.split(k); k as usize])
+                .flat_map(|c| {
+                    let (bare, fixed) = without_fixed(c, &call);
+                    vec![with_fixed(bare.split(k), fixed); k as usize]
+                })
                 .collect()
         } else if n > 0 && stages > 0 && n % stages == 0 {
             self.stages
                 .chunks((n / stages) as usize)
-                .map(join)
+                .map(|parts| {
+                    let apart: Vec<_> = parts.iter().map(|c| without_fixed(c, &call)).collect();
+                    let bare: Vec<StageCost> = apart.iter().map(|(c, _)| *c).collect();
+                    with_fixed(join(&bare), apart[0].1)
+                })
                 .collect()
         } else {
             return Err(CostError::Resample { given: n, stages });
@@ -283,6 +292,27 @@ impl CostModel {
         self.bandwidth = bandwidth;
         Ok(self)
     }
+}
+
+/// `c` without each time's fixed part (`call`, at most the time itself), and those parts: a
+/// stage cut or joined pays each action's fixed part once, so it is taken out first and put
+/// back after.
+fn without_fixed(c: &StageCost, call: &CallCosts) -> (StageCost, [f64; 4]) {
+    let fixed = [call.f.min(c.f), call.b.min(c.b), call.i.min(c.i), call.w.min(c.w)];
+    let mut bare = *c;
+    bare.f -= fixed[0];
+    bare.b -= fixed[1];
+    bare.i -= fixed[2];
+    bare.w -= fixed[3];
+    (bare, fixed)
+}
+
+fn with_fixed(mut c: StageCost, fixed: [f64; 4]) -> StageCost {
+    c.f += fixed[0];
+    c.b += fixed[1];
+    c.i += fixed[2];
+    c.w += fixed[3];
+    c
 }
 
 /// Neighbouring stages as one: times and activations add up; the hand-off is the last one's;

@@ -53,16 +53,50 @@ pub struct HostCosts {
     /// Each op of the runtime's own (PyTorch: UNSHARD, RESHARD, REDUCE_GRAD; not its waits).
     #[serde(default)]
     pub other: f64,
+    /// The fixed part of each compute action of a kind: what its stage's `f`, `b`, `i` or `w`
+    /// holds besides the model's own work (the runtime's bookkeeping around the module's
+    /// forward or autograd's backward, a last stage's loss). A model cut into more stages pays
+    /// it once per action, not a share of it: see [`CostModel::resample`](super::CostModel::resample).
+    #[serde(default, skip_serializing_if = "CallCosts::is_zero")]
+    pub call: CallCosts,
+}
+
+/// The fixed time of one compute action of each kind.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CallCosts {
+    /// Of a forward.
+    #[serde(default)]
+    pub f: f64,
+    /// Of a full backward.
+    #[serde(default)]
+    pub b: f64,
+    /// Of an input-gradient backward.
+    #[serde(default)]
+    pub i: f64,
+    /// Of a weight-gradient backward.
+    #[serde(default)]
+    pub w: f64,
+}
+
+impl CallCosts {
+    fn is_zero(&self) -> bool {
+        *self == CallCosts::default()
+    }
 }
 
 impl HostCosts {
     /// Each time by name, for checks and messages.
-    pub fn times(&self) -> [(&'static str, f64); 4] {
+    pub fn times(&self) -> [(&'static str, f64); 8] {
         [
             ("host.action", self.action),
             ("host.send", self.send),
             ("host.recv", self.recv),
             ("host.other", self.other),
+            ("host.call.f", self.call.f),
+            ("host.call.b", self.call.b),
+            ("host.call.i", self.call.i),
+            ("host.call.w", self.call.w),
         ]
     }
 }

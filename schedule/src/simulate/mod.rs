@@ -24,7 +24,7 @@ mod steady;
 pub(crate) use cost::without_position;
 pub use cost::{CostError, CostModel, RawCostFile, RawStageCost, StageCost};
 pub use hand_off::{hand_offs, measured_latency, HandOff};
-pub use host::{HostCosts, HostError, Runtime};
+pub use host::{CallCosts, HostCosts, HostError, Runtime};
 pub use measure::{measured_costs, measured_costs_with};
 pub use options::{CostOptions, CostSource};
 pub use report::{DeviceReport, Report};
