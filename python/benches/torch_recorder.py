@@ -4,7 +4,7 @@ predicts a recorded PyTorch step from the costs recorded in it.
 
     python python/benches/torch_recorder.py overhead [--pairs 40]
     python python/benches/torch_recorder.py stamps
-    python python/benches/torch_recorder.py predict [--stage sleep|linear] [--steps 7]
+    python python/benches/torch_recorder.py predict [--stage sleep|linear|transformer] [--steps 7]
 
 One process per rank (gloo on the CPU), started by this script. Needs the `pipewright` CLI
 (`$PIPEWRIGHT_BIN`, else target/release/pipewright) and `pipewright.torch`: installed, or
@@ -73,11 +73,38 @@ def worker(spec: dict) -> None:
     torch.set_num_threads(1)
     width = spec.get("width", 16)
 
-    def module(stage: int, v: int):
+    vocab, seq = 256, 32
+
+    class Block(torch.nn.Module):
+        """A pre-norm causal self-attention block and a GELU MLP (TinyGPT's)."""
+
+        def __init__(self):
+            super().__init__()
+            self.n1, self.n2 = torch.nn.LayerNorm(width), torch.nn.LayerNorm(width)
+            self.attn = torch.nn.MultiheadAttention(width, 4, batch_first=True)
+            self.mlp = torch.nn.Sequential(torch.nn.Linear(width, 4 * width), torch.nn.GELU(),
+                                           torch.nn.Linear(4 * width, width))
+
+        def forward(self, x):
+            mask = torch.nn.Transformer.generate_square_subsequent_mask(x.size(1))
+            h = self.n1(x)
+            x = x + self.attn(h, h, h, attn_mask=mask, need_weights=False)[0]
+            return x + self.mlp(self.n2(x))
+
+    def transformer(stage: int, stages: int, v: int):
+        parts = [torch.nn.Embedding(vocab, width)] if stage == 0 else []
+        parts += [Block() for _ in range(spec["layers"] // v)]
+        if stage == stages - 1:
+            parts += [torch.nn.LayerNorm(width), torch.nn.Linear(width, vocab)]
+        return torch.nn.Sequential(*parts)
+
+    def module(stage: int, v: int, stages: int = 0):
         # One model whatever the cut: a rank's share is the same with v chunks a rank (each
         # chunk sleeps 1/v of the time, or holds 1/v of the layers), so that costs recorded
         # with one chunk count predict another.
         torch.manual_seed(stage)
+        if spec["stage"] == "transformer":
+            return transformer(stage, stages, v)
         if spec["stage"] == "sleep":
             sleep = pwt.Sleep(spec["f_ms"] / v, spec["b_ms"] / v)
             return torch.nn.Sequential(torch.nn.Linear(width, width), sleep)
@@ -94,10 +121,19 @@ def worker(spec: dict) -> None:
     for job in spec["jobs"]:
         tt = pwt.load(job["timetable"])
         v = tt.num_stages // tt.num_ranks
-        stages = pwt.pipeline_stages(tt, lambda s: module(s, v))
-        sched = pwt.schedule(tt, stages, loss_fn=torch.nn.functional.mse_loss)
-        x = torch.randn(tt.microbatches * spec.get("mb", 4), width)
-        y = torch.randn_like(x)
+        stages = pwt.pipeline_stages(tt, lambda s: module(s, v, tt.num_stages))
+        rows = tt.microbatches * spec.get("mb", 4)
+        if spec["stage"] == "transformer":
+            g = torch.Generator().manual_seed(0)
+            x = torch.randint(0, vocab, (rows, seq), generator=g)
+            y = torch.roll(x, -1, dims=1)
+            loss = lambda out, t: torch.nn.functional.cross_entropy(out.reshape(-1, vocab),
+                                                                    t.reshape(-1))
+        else:
+            x = torch.randn(rows, width)
+            y = torch.randn_like(x)
+            loss = torch.nn.functional.mse_loss
+        sched = pwt.schedule(tt, stages, loss_fn=loss)
         rec = pwt.Recorder(sched, fence=job["kind"] == "predict")  # predict: one step on its own
         for _ in range(2):
             sched.step(x, target=y)
@@ -248,8 +284,14 @@ def predict(args) -> None:
             spec["width"] = 16
         launch(world, spec)
         print(f"# load average after the runs {os.getloadavg()[0]:.1f}")
-        print(f"stages: {args.stage}" + (" (F = 2 ms, B = 4 ms)" if args.stage == "sleep" else
-              f" ({args.layers} x Linear({args.width}) + Tanh, {args.mb} rows a microbatch)"))
+        shown = {"sleep": " (F = 2 ms, B = 4 ms)",
+                 "linear": f" ({args.layers} x Linear({args.width}) + Tanh, {args.mb} rows a "
+                           "microbatch)",
+                 "transformer": f" ({args.layers} pre-norm causal attention + GELU MLP blocks "
+                                f"of width {args.width} a rank, 4 heads, vocabulary 256, "
+                                f"sequence 32, {args.mb} sequences a microbatch, "
+                                "cross-entropy)"}
+        print(f"stages: {args.stage}" + shown[args.stage])
         base = root / "1f1b" / "costs.json" if any(j["name"] == "1f1b" for j in jobs) else None
         if base:
             print("host time (ms) from 1F1B: " + json.dumps(json.loads(base.read_text())["host"]))
@@ -299,7 +341,7 @@ def main() -> None:
     st = sub.add_parser("stamps")
     st.add_argument("--rounds", type=int, default=300)
     pr = sub.add_parser("predict")
-    pr.add_argument("--stage", choices=["sleep", "linear"], default="sleep")
+    pr.add_argument("--stage", choices=["sleep", "linear", "transformer"], default="sleep")
     pr.add_argument("--steps", type=int, default=7)
     pr.add_argument("--p", type=int, help="pipeline ranks (default 4 with sleep, 2 with linear)")
     pr.add_argument("--m", type=int, default=16, help="microbatches")
