@@ -211,16 +211,37 @@ fn a_measured_fixed_part_of_each_action_is_paid_once_by_every_piece() {
                    "host": {"runtime": "pytorch", "call": {"f": 0.3, "b": 0.4, "i": 0.5, "w": 3}}}"#;
     let raw: RawCostFile = serde_json::from_str(text).unwrap();
     let two = raw.resolve(2).unwrap();
-    assert_eq!(two.host.unwrap().call, CallCosts { f: 0.3, b: 0.4, i: 0.5, w: 3.0 });
+    assert_eq!(
+        two.host.unwrap().call,
+        CallCosts {
+            f: 0.3,
+            b: 0.4,
+            i: 0.5,
+            w: 3.0
+        }
+    );
     let four = two.resample(4).unwrap();
     let s = four.stages[0];
     let close = |a: f64, b: f64| (a - b).abs() < 1e-12;
-    assert!(close(s.f, 1.3) && close(s.b, 2.4) && close(s.i, 1.5), "{s:?}");
+    assert!(
+        close(s.f, 1.3) && close(s.b, 2.4) && close(s.i, 1.5),
+        "{s:?}"
+    );
     // A fixed part larger than the time is the whole time: nothing left to split.
     assert!(close(s.w, 2.4), "{s:?}");
     let back = four.resample(2).unwrap().stages[0];
-    assert!(close(back.f, 2.3) && close(back.b, 4.4) && close(back.i, 2.5), "{back:?}");
+    assert!(
+        close(back.f, 2.3) && close(back.b, 4.4) && close(back.i, 2.5),
+        "{back:?}"
+    );
     // Without it, the old even split.
-    let bare = CostModel { host: None, ..two.clone() }.resample(4).unwrap().stages[0].f;
+    let bare = CostModel {
+        host: None,
+        ..two.clone()
+    }
+    .resample(4)
+    .unwrap()
+    .stages[0]
+        .f;
     assert!(close(bare, 1.15), "{bare}");
 }

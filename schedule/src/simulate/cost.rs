@@ -298,7 +298,12 @@ impl CostModel {
 /// stage cut or joined pays each action's fixed part once, so it is taken out first and put
 /// back after.
 fn without_fixed(c: &StageCost, call: &CallCosts) -> (StageCost, [f64; 4]) {
-    let fixed = [call.f.min(c.f), call.b.min(c.b), call.i.min(c.i), call.w.min(c.w)];
+    let fixed = [
+        call.f.min(c.f),
+        call.b.min(c.b),
+        call.i.min(c.i),
+        call.w.min(c.w),
+    ];
     let mut bare = *c;
     bare.f -= fixed[0];
     bare.b -= fixed[1];
