@@ -6,7 +6,7 @@ use pipewright_schedule::{CostModel, RawCostFile};
 use pyo3::prelude::*;
 
 use crate::simulate::Timeline;
-use crate::{byte_count, check_counts, err, read_file, to_py};
+use crate::{byte_count, check_counts, err, json_text, read_file, to_py};
 
 /// Durations, sizes and link speed for the simulator: uniform per device (`Costs(f, b)`), or
 /// per stage from a cost file (`Costs.read(path)`, `Costs.from_json(text)`), or measured
@@ -142,7 +142,6 @@ impl Costs {
     #[staticmethod]
     #[pyo3(signature = (timelines, probe = None, host = None))]
     fn from_timelines(
-        py: Python<'_>,
         timelines: Vec<PyRef<'_, Timeline>>,
         probe: Option<Vec<PyRef<'_, Timeline>>>,
         host: Option<&Bound<'_, PyAny>>,
@@ -153,13 +152,11 @@ impl Costs {
         let probe = probe.unwrap_or_default();
         let probed: Vec<&pipewright_schedule::Timeline> = probe.iter().map(|t| &t.inner).collect();
         pipewright_schedule::same_pipeline(&probed).map_err(|e| err(format!("probe: {e}")))?;
-        let host = match host {
-            None => None,
-            Some(h) => {
-                let text: String = py.import("json")?.call_method1("dumps", (h,))?.extract()?;
-                Some(serde_json::from_str::<HostCosts>(&text).map_err(|e| err(format!("host: {e}")))?)
-            }
-        };
+        let host = host
+            .map(|h| -> PyResult<HostCosts> {
+                serde_json::from_str(&json_text(h)?).map_err(|e| err(format!("host: {e}")))
+            })
+            .transpose()?;
         let raw = measured_costs_with(&tls, &probed, host).map_err(err)?;
         Costs::file(
             serde_json::to_string_pretty(&raw).map_err(err)?,

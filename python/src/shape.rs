@@ -28,11 +28,7 @@ pub(crate) fn named_text(obj: &Bound<'_, PyAny>, what: &str, want: FileKind) -> 
 
 fn raw_named_text(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Named> {
     if obj.is_instance_of::<PyDict>() {
-        let text: String = obj
-            .py()
-            .import("json")?
-            .call_method1("dumps", (obj,))?
-            .extract()?;
+        let text = crate::json_text(obj)?;
         return Ok(Named {
             name: what.to_string(),
             text,

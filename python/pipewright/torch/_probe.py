@@ -18,14 +18,15 @@ from ._timetable import COMPUTE_ONLY, TorchTimetable, from_csv_text
 _FUSED = re.compile(r"^(\d+)B(\d+)$")
 _INPUT = re.compile(r"^(\d+)I(\d+)$")
 _WEIGHT = re.compile(r"^\d+W\d+$")
-_COMPUTE = re.compile(r"^\d+[FBIW]\d+$|^\(.*\)OVERLAP_F_B$")
 
 
 def backward_probe(tt: TorchTimetable) -> TorchTimetable | None:
     """`tt` with each `B` split into `I` then `W` in place, or, when it has no `B`, each `I`
     fused into a `B` in place and its `W` dropped (compute-only form); None when it has
     neither (only overlapped F&B cells)."""
-    rows = tt.rows if tt.form == COMPUTE_ONLY else _compute_rows(tt)
+    if tt.form != COMPUTE_ONLY:  # pipewright's writer gives the compute order
+        tt = from_csv_text(tt.csv_text(), name=tt.name, form=COMPUTE_ONLY)
+    rows = tt.rows
     if any(_FUSED.match(c) for row in rows for c in row):
         out, how = [_split(row) for row in rows], "split"
     elif any(_INPUT.match(c) for row in rows for c in row):
@@ -54,7 +55,3 @@ def _fuse(row) -> list[str]:
             cells.append(cell)
     return cells
 
-
-def _compute_rows(tt: TorchTimetable) -> list[tuple[str, ...]]:
-    """The compute cells of a compute+comms timetable, in order."""
-    return [tuple(c for c in row if _COMPUTE.match(c)) for row in tt.rows]

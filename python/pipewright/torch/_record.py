@@ -413,8 +413,10 @@ class Recorder:
         notebook, and `.write(path)` saves it for `pipewright viz --from`.
         """
         every = self._gather()
-        if every is None:
-            return None
+        return None if every is None else self._timelines_of(every)
+
+    def _timelines_of(self, every: list) -> list[pipewright.Timeline]:
+        """The timelines of every rank's gathered steps."""
         out = []
         for k in range(len(every[0])):
             events = [e for rank_steps in every for e in rank_steps[k]["events"]]
@@ -461,26 +463,7 @@ class Recorder:
         a compute action: its time less the stage module's own forward (F) or autograd's own
         backward (B, I, W). Steps are skipped as in `save_costs`. Collective."""
         every = self._gather()
-        if every is None:
-            return None
-        steps = len(every[0])
-        skip = _skip(steps, skip)
-        host = {"runtime": "pytorch"}
-        for what in ("action", "send", "recv", "other"):
-            samples = [x for rank in every for step in rank[skip:] for x in step["host"][what]]
-            # A step pays the sum of its host times, so their mean, not their median: the
-            # posting of a message has a long tail on a busy host, and the tail is paid too.
-            host[what] = statistics.fmean(samples) if samples else 0.0
-        # The fixed part sits inside F, B, I and W, whose figures are medians: so is it.
-        call = {}
-        for kind in "fbiw":
-            samples = [x for rank in every for step in rank[skip:]
-                       for x in step["host"]["call_" + kind]]
-            if samples:
-                call[kind] = statistics.median(samples)
-        if call:
-            host["call"] = call
-        return host
+        return None if every is None else _host_of(every, skip)
 
     def probe_split(self, *args: Any, steps: int = 3, **kwargs: Any) -> None:
         """Measure the backward this timetable does not run, on its own stages: `steps` steps
@@ -530,14 +513,15 @@ class Recorder:
         """
         if skip is not None and (type(skip) is not int or skip < 0):
             raise RecordError(f"skip {skip!r}: give a whole number of steps, 0 or more")
-        host = self.host_costs(skip=skip)
-        tls = self.timelines()
-        probe = self._probe_recorder.timelines() if self._probe_recorder else None
-        probed = self._probe_recorder.host_costs(skip=1) if self._probe_recorder else None
-        if host is not None and probed is not None:  # the probe's kinds' fixed parts
-            host["call"] = {**probed.get("call", {}), **host.get("call", {})}
-        if tls is None:
+        # One gather of each recorder's steps serves the timelines and the host time.
+        every = self._gather()
+        probe_every = self._probe_recorder._gather() if self._probe_recorder else None
+        if every is None:
             return
+        host, tls = _host_of(every, skip), self._timelines_of(every)
+        probe = self._probe_recorder._timelines_of(probe_every) if probe_every else None
+        if probe_every:  # the fixed parts of the kinds only the probe ran
+            host["call"] = {**_host_of(probe_every, 1).get("call", {}), **host.get("call", {})}
         skip = _skip(len(tls), skip)
         used = tls[skip:]
         if not used:
@@ -546,6 +530,27 @@ class Recorder:
         text = json.dumps(costs, indent=2) + "\n"
         path = self._claim(path, "save_costs")
         write_output(path, text, inputs_of(self._sched), "save_costs")
+
+
+def _host_of(every: list, skip: int | None) -> dict:
+    """The cost file's `host` from every rank's gathered steps (see `Recorder.host_costs`)."""
+    skip = _skip(len(every[0]), skip)
+    host = {"runtime": "pytorch"}
+    for what in ("action", "send", "recv", "other"):
+        samples = [x for rank in every for step in rank[skip:] for x in step["host"][what]]
+        # A step pays the sum of its host times, so their mean, not their median: the
+        # posting of a message has a long tail on a busy host, and the tail is paid too.
+        host[what] = statistics.fmean(samples) if samples else 0.0
+    # The fixed part sits inside F, B, I and W, whose figures are medians: so is it.
+    call = {}
+    for kind in "fbiw":
+        samples = [x for rank in every for step in rank[skip:]
+                   for x in step["host"]["call_" + kind]]
+        if samples:
+            call[kind] = statistics.median(samples)
+    if call:
+        host["call"] = call
+    return host
 
 
 def _skip(steps: int, skip: int | None) -> int:

@@ -30,8 +30,9 @@ pub fn measured_costs(timelines: &[&Timeline]) -> Result<RawCostFile, CostError>
 /// [`measured_costs`] of a runtime whose host time was measured too (`host`), with the other
 /// backward measured in `probe`: steps on the same stages with each backward split (or
 /// fused), from which each stage whose own steps ran only fused backwards takes its `i` and
-/// `w` (or, having run only split ones, its `b`). The file then has `b` beside `i` and `w`, each as measured: in PyTorch's runtime a
-/// split backward costs more than the fused one (two passes through autograd).
+/// `w` (or, having run only split ones, its `b`). The file then has `b` beside `i` and `w`,
+/// each as measured: in PyTorch's runtime a split backward costs more than the fused one (two
+/// passes through autograd).
 ///
 /// With `host`, the file carries it, and `p2p_latency` is the time in transit: the measured
 /// hand-off less the posting of its send, which the simulator charges on the producer.
@@ -47,20 +48,18 @@ pub fn measured_costs_with(
         });
     };
     let stages = first.meta.stages as usize;
-    let unlike = |t: &&&Timeline| {
-        (t.meta.stages, t.meta.devices, &t.meta.time_unit)
-            != (first.meta.stages, first.meta.devices, &first.meta.time_unit)
+    // The probe must time the same stages on the same devices, in the same unit.
+    let shape = |t: &Timeline| {
+        let m = &t.meta;
+        format!(
+            "{} stages on {} devices in {}",
+            m.stages, m.devices, m.time_unit
+        )
     };
-    if let Some(other) = probe.iter().find(unlike) {
+    if let Some(other) = probe.iter().find(|t| shape(t) != shape(first)) {
         return Err(CostError::ProbeStages {
-            probe: format!(
-                "{} stages on {} devices in {}",
-                other.meta.stages, other.meta.devices, other.meta.time_unit
-            ),
-            stages: format!(
-                "{} stages on {} devices in {}",
-                first.meta.stages, first.meta.devices, first.meta.time_unit
-            ),
+            probe: shape(other),
+            stages: shape(first),
         });
     }
     let mut seen = durations(timelines, stages);
