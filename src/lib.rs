@@ -1,6 +1,7 @@
 //! pipewright: pipeline-parallel training with schedules that are data.
 //!
 //! The one crate to depend on: [`schedule`] (timetables, validator, simulator, planner),
+//! with [`model`], [`sim`] and [`plan`] also by their own crates' names,
 //! [`runtime`] (meshes, the per-device runtime, [`runtime::StageModule`] and layer lists),
 //! [`kernels`] (tensors, layers with split backward, optimizers), [`viz`] (bubble charts) and
 //! [`input`] (files read within this machine's limits, timelines checked on the way in).
@@ -10,8 +11,27 @@
 
 pub use pipewright_input as input;
 pub use pipewright_kernels as kernels;
+pub use pipewright_model as model;
+pub use pipewright_plan as plan;
 pub use pipewright_runtime as runtime;
-pub use pipewright_schedule as schedule;
+pub use pipewright_sim as sim;
+
+/// The schedule side in one place, as it was before it became four crates: the core
+/// (`pipewright-schedule`), model shapes and memory (`pipewright-model`), the simulator,
+/// sweep and search (`pipewright-sim`), and the planner (`pipewright-plan`, as [`plan`](schedule::plan)).
+/// Every path a user wrote against `pipewright::schedule` keeps working.
+pub mod schedule {
+    pub use pipewright_model::{
+        layer_profile, memory, shape, LayerProfile, ProfileError, RawLayerProfile,
+    };
+    pub use pipewright_plan as plan;
+    pub use pipewright_schedule::*;
+    pub use pipewright_sim::{
+        best, measured_costs, parse_counts, search, simulate, sweep, CostError, CostModel,
+        CountsError, DeviceReport, RawCostFile, RawStageCost, Report, SimError, Simulation,
+        StageCost, SweepGrid, SweepRow,
+    };
+}
 pub use pipewright_viz as viz;
 
 /// What a model trained through pipewright uses, in one import: `use pipewright::prelude::*;`.

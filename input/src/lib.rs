@@ -15,9 +15,10 @@
 
 use std::path::Path;
 
-use pipewright_schedule::sweep::SWEEP_STEPS;
 use pipewright_schedule::timeline::TimelineError;
-use pipewright_schedule::{SweepGrid, Timeline};
+use pipewright_schedule::Timeline;
+use pipewright_sim::sweep::SWEEP_STEPS;
+use pipewright_sim::SweepGrid;
 
 mod kind;
 

@@ -1,8 +1,8 @@
 //! `Costs`: what the simulator charges, as the CLI's cost flags give it.
 
 use pipewright_input::{expect_kind, FileKind};
-use pipewright_schedule::simulate::{measured_costs_with, CostOptions, CostSource, HostCosts};
-use pipewright_schedule::{CostModel, RawCostFile};
+use pipewright_sim::simulate::{measured_costs_with, CostOptions, CostSource, HostCosts};
+use pipewright_sim::{CostModel, RawCostFile};
 use pyo3::prelude::*;
 
 use crate::simulate::Timeline;

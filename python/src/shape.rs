@@ -5,10 +5,10 @@
 use std::path::PathBuf;
 
 use pipewright_input::{expect_kind, FileKind};
-use pipewright_schedule::memory::{MemoryBreakdown, MemoryRequest};
-use pipewright_schedule::plan::Precision;
-use pipewright_schedule::shape::request::describe;
-use pipewright_schedule::shape::{
+use pipewright_model::memory::{MemoryBreakdown, MemoryRequest};
+use pipewright_plan::Precision;
+use pipewright_model::shape::request::describe;
+use pipewright_model::shape::{
     AttentionKind, Named, ResolvedShape, RopeTheta, ShapeKinds, ShapeRequest,
 };
 use pyo3::prelude::*;

@@ -1,13 +1,12 @@
 //! `simulate` (one step or K unfenced steps), `Timeline`, `Report`, `Simulation`.
 
-use pipewright_schedule::simulate::{simulate_steps, SteadyState};
-use pipewright_schedule::{
-    chrome_trace, simulate as sim, Report as RsReport, Simulation as RsSim, Timeline as RsTimeline,
-};
+use pipewright_sim::simulate::{simulate_steps, SteadyState};
+use pipewright_schedule::{chrome_trace, Timeline as RsTimeline};
+use pipewright_sim::{simulate as sim, Report as RsReport, Simulation as RsSim};
 use pyo3::prelude::*;
 
 use pipewright_input::{read_timeline, timeline_from_text, timetable_fits};
-use pipewright_schedule::memory::MemoryBreakdown;
+use pipewright_model::memory::MemoryBreakdown;
 
 use crate::charts::{draw, Chart};
 use crate::costs::Costs;

@@ -16,7 +16,7 @@
 //!   before the action ends and are not tracked); on a GPU the driver's figures
 //!   ([`DeviceMemory`]) show everything the device holds.
 
-use pipewright_schedule::memory::MemoryBreakdown;
+use pipewright_model::memory::MemoryBreakdown;
 use serde::{Deserialize, Serialize};
 
 /// One rank's measured memory in one step.

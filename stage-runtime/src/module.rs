@@ -11,7 +11,8 @@ use pipewright_kernels::gpt::{
 use pipewright_kernels::layers::{TpReduce, TpShard};
 use pipewright_kernels::optim::{AdamWConfig, DeviceAdamW, ShardedAdamW};
 use pipewright_kernels::{params, Backend, Cpu, Footprint, Shaped, Tensor};
-use pipewright_schedule::{Recompute, StageCost};
+use pipewright_schedule::Recompute;
+use pipewright_sim::StageCost;
 
 use crate::data::TokenBatch;
 pub use crate::param_name::ParamName;

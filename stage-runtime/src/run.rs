@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use pipewright_kernels::optim::AdamWConfig;
 use pipewright_kernels::{Precision, Tensor};
-use pipewright_schedule::memory::MemoryBreakdown;
+use pipewright_model::memory::MemoryBreakdown;
 use pipewright_schedule::{
     lower, validate, RecomputePlan, Timeline, TimelineMeta, TimelineSource, Timetable,
 };

@@ -382,7 +382,7 @@ mod tests {
             kept_per_microbatch: 96,
             optimizer_state_bytes: 1 << 40,
             memory: crate::memory::RankMemory {
-                peak: pipewright_schedule::memory::MemoryBreakdown {
+                peak: pipewright_model::memory::MemoryBreakdown {
                     parameters: 1 << 41,
                     buffers: 3,
                     ..Default::default()

@@ -3,7 +3,7 @@
 //! [`GptConfig`] (what trains), so a planned shape trains as planned.
 
 use pipewright_kernels::gpt::{BiasKind, GptConfig, MlpKind, NormKind, Positions};
-use pipewright_schedule::shape::{self, ModelShape, PositionKind};
+use pipewright_model::shape::{self, ModelShape, PositionKind};
 
 use crate::error::RuntimeError;
 

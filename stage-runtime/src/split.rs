@@ -12,7 +12,7 @@ use std::ops::Range;
 
 use pipewright_kernels::layers::{Parameters, TpReduce};
 use pipewright_kernels::{Footprint, Tensor};
-use pipewright_schedule::{RawCostFile, RawStageCost};
+use pipewright_sim::{RawCostFile, RawStageCost};
 
 mod library;
 mod profile;
@@ -449,10 +449,10 @@ pub fn uniform(n: usize, stages: usize) -> Result<Vec<Range<usize>>, SplitError>
 
 /// Contiguous non-empty ranges of `weights` whose largest sum is the least possible (exact,
 /// by dynamic programming over cut points: `stages * n^2` steps, for lists of layers); the
-/// cut `pipewright plan --profile` assumes ([`pipewright_schedule::layer_profile::balanced`]).
+/// cut `pipewright plan --profile` assumes ([`pipewright_model::layer_profile::balanced`]).
 pub fn balanced(weights: &[f64], stages: usize) -> Result<Vec<Range<usize>>, SplitError> {
     check_counts(weights.len(), stages)?;
-    pipewright_schedule::layer_profile::balanced(weights, stages).ok_or(SplitError::TooFewLayers {
+    pipewright_model::layer_profile::balanced(weights, stages).ok_or(SplitError::TooFewLayers {
         layers: weights.len(),
         stages,
     })

@@ -6,10 +6,9 @@ mod whole;
 
 use pipewright_kernels::gpt::GptConfig;
 use pipewright_runtime::{train_gpt, Mesh, RunOptions, TrainConfig};
-use pipewright_schedule::search::{list_schedule, stage_weights, Knobs};
-use pipewright_schedule::{
-    generate, simulate, CostModel, Placement, ScheduleKind, ScheduleSpec, StageCost, Timetable,
-};
+use pipewright_schedule::{generate, Placement, ScheduleKind, ScheduleSpec, Timetable};
+use pipewright_sim::search::{list_schedule, stage_weights, Knobs};
+use pipewright_sim::{simulate, CostModel, StageCost};
 use whole::{check_params, close, single_device};
 
 const STEPS: u64 = 3;

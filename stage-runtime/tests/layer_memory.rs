@@ -7,10 +7,10 @@
 //! equal to the byte; the stashes are not 0.
 
 use pipewright_kernels::init::normal_tensor;
+use pipewright_model::layer_profile::LayerProfile;
+use pipewright_model::memory::{predict_layers, DevicePrediction, LayerMemoryConfig};
 use pipewright_runtime::split::layer_profile;
 use pipewright_runtime::{run, Mesh, RunOptions, StepRecord, Zero};
-use pipewright_schedule::layer_profile::LayerProfile;
-use pipewright_schedule::memory::{predict_layers, DevicePrediction, LayerMemoryConfig};
 use pipewright_schedule::recompute::insert;
 use pipewright_schedule::{generate, RecomputePlan, ScheduleKind, ScheduleSpec};
 

@@ -13,13 +13,13 @@
 use pipewright_kernels::gpt::{GptConfig, GptStage};
 use pipewright_kernels::layers::{Parameters, TpShard};
 use pipewright_kernels::Precision;
-use pipewright_runtime::{gpt_config, train_gpt, Mesh, RunOptions, StepRecord, TrainConfig, Zero};
-use pipewright_schedule::memory::{
+use pipewright_model::memory::{
     predict, predict_detail, stage_parameters, Accounting, DevicePrediction, MemPrecision,
     MemoryBreakdown, MemoryConfig, ModelShape,
 };
+use pipewright_model::shape::{BiasKind, MlpKind, NormKind, PositionKind};
+use pipewright_runtime::{gpt_config, train_gpt, Mesh, RunOptions, StepRecord, TrainConfig, Zero};
 use pipewright_schedule::recompute::insert;
-use pipewright_schedule::shape::{BiasKind, MlpKind, NormKind, PositionKind};
 use pipewright_schedule::{generate, RecomputePlan, ScheduleKind, ScheduleSpec};
 
 /// One grid point.

@@ -3,8 +3,8 @@
 //! (right after its F or right before its backward), with split backwards and F&B overlaps.
 
 use pipewright_kernels::gpt::GptConfig;
+use pipewright_model::memory::{predict_detail, Accounting, MemoryConfig, ModelShape};
 use pipewright_runtime::{train_gpt, Mesh, RunOptions, TrainConfig};
-use pipewright_schedule::memory::{predict_detail, Accounting, MemoryConfig, ModelShape};
 use pipewright_schedule::{
     generate, validate, Action, ActionKind, RecomputePlan, ScheduleKind, ScheduleSpec, Timetable,
 };

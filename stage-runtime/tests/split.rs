@@ -13,7 +13,8 @@ use pipewright_runtime::split::{
 use pipewright_runtime::{
     run, Mesh, MicrobatchData, MicrobatchId, Output, RunOptions, StageModule,
 };
-use pipewright_schedule::{generate, CostModel, ScheduleKind, ScheduleSpec};
+use pipewright_schedule::{generate, ScheduleKind, ScheduleSpec};
+use pipewright_sim::CostModel;
 
 #[path = "common/user_mlp.rs"]
 mod user_mlp;

@@ -3,7 +3,7 @@
 //! by length). Drawn alone ([`memory_bars`]) or under a bubble chart
 //! ([`bubble_chart_with_memory`]).
 
-use pipewright_schedule::memory::MemoryBreakdown;
+use pipewright_model::memory::MemoryBreakdown;
 
 use crate::canvas::{frame, render, Anchor, Canvas, TextSpec};
 use crate::layout::{check_max, Layout, PanelData};

@@ -1,8 +1,7 @@
 //! Charts of timelines from the project's own generator and simulator (issue 3's test case).
 
-use pipewright_schedule::{
-    generate, simulate, CostModel, MemorySample, ScheduleKind, ScheduleSpec, Simulation, StageCost,
-};
+use pipewright_schedule::{generate, MemorySample, ScheduleKind, ScheduleSpec};
+use pipewright_sim::{simulate, CostModel, Simulation, StageCost};
 use pipewright_viz::{bubble_chart, ChartOptions, ChartPanel, ImageFormat};
 
 fn sim(kind: ScheduleKind, p: u32, v: u32, m: u32) -> Simulation {

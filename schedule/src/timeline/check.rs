@@ -341,6 +341,3 @@ fn causal(tl: &Timeline) -> Result<(), TimelineError> {
     }
     Ok(())
 }
-
-#[cfg(test)]
-mod tests;

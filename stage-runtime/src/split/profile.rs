@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use pipewright_kernels::layers::NoTp;
 use pipewright_kernels::{params, Footprint, Tensor};
-use pipewright_schedule::layer_profile::{LayerProfile, ProfiledLayer};
+use pipewright_model::layer_profile::{LayerProfile, ProfiledLayer};
 
 use super::{BoxedLayer, DynLayer, LayerCost, SplitError};
 use crate::module::ModuleError;

@@ -1,0 +1,130 @@
+//! The one walk of a device's actions that finds its activation peak, shared by the memory
+//! model (in bytes) and the schedule search (in units of a microbatch's activations).
+
+use std::collections::HashSet;
+
+use serde::{Deserialize, Serialize};
+
+use pipewright_schedule::action::{Action, ActionKind};
+use pipewright_schedule::recompute::kept_whole;
+use pipewright_schedule::timetable::Timetable;
+
+/// What one microbatch of one stage holds, in any unit (bytes, or the search's units).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct StageBytes {
+    /// Held from the forward until the stash is rebuilt (an `R`, or the backward itself when
+    /// no `R` came first): the stage's recompute policy's slim stash; `full` without one.
+    pub kept: f64,
+    /// The whole stash the backward (B or I) consumes.
+    pub full: f64,
+    /// Held from I until W (a split backward's weight stash).
+    pub weight: f64,
+    /// The stash with no recomputation at all, held from F to the backward by a microbatch
+    /// its stage does not recompute while other microbatches of the stage do (`R`s name
+    /// some). Equal to `full` where a rebuilt stash is the whole one (pipewright's runtime);
+    /// larger under Megatron's layer-by-layer rebuild, whose `full` is the kept stash plus
+    /// one layer.
+    pub whole: f64,
+}
+
+impl StageBytes {
+    /// A stage that keeps everything and whose W holds `weight`.
+    pub fn plain(full: f64, weight: f64) -> Self {
+        StageBytes {
+            kept: full,
+            full,
+            weight,
+            whole: full,
+        }
+    }
+}
+
+/// Most held at once by each device when it runs its actions in order (a device runs one
+/// action at a time, so this is the timed peak too). See [`device_levels`].
+pub fn peak_walk(tt: &Timetable, stages: &[StageBytes]) -> Vec<f64> {
+    tt.devices
+        .iter()
+        .map(|row| device_levels(row, stages).into_iter().fold(0.0, f64::max))
+        .collect()
+}
+
+/// The most one device holds during each part of its actions (an F&B overlap is two parts:
+/// its F, then its B), counted the way the runtime counts (see [`Stashes`]). Stages past
+/// `stages` hold nothing.
+pub fn device_levels(row: &[Action], stages: &[StageBytes]) -> Vec<f64> {
+    let mut held = Stashes::new(row);
+    row.iter()
+        .flat_map(|a| a.parts())
+        .map(|part| {
+            let mut high = held.now;
+            held.apply(part, stages, |level| high = high.max(level));
+            high
+        })
+        .collect()
+}
+
+/// One device's stashed activations as its compute parts run, in the runtime's order. On a
+/// stage with `R` actions in the row, a microbatch with an `R` keeps the stage's `kept` from
+/// its F and the R grows it to `full`, while one without keeps `full` (the runtime recomputes
+/// exactly what the timetable names). On a stage without, every F keeps `kept`, and a
+/// backward of a slim stash grows it first (the runtime rebuilds it there). B frees `full`;
+/// I frees `full` and adds `weight`; W frees `weight`.
+pub(super) struct Stashes {
+    /// Microbatches of a stage with `R`s that keep their whole stash (no `R` of their own).
+    whole: HashSet<(u32, u32)>,
+    slim: HashSet<(u32, u32)>,
+    /// Held now.
+    pub(super) now: f64,
+}
+
+impl Stashes {
+    /// Nothing held yet, for the actions of `row`.
+    pub(super) fn new(row: &[Action]) -> Self {
+        Stashes {
+            whole: kept_whole(row),
+            slim: HashSet::new(),
+            now: 0.0,
+        }
+    }
+
+    /// Runs one compute part, calling `grew` with the level after each growth (the moments
+    /// the runtime compares with its peak). Other kinds hold nothing.
+    pub(super) fn apply(&mut self, part: Action, stages: &[StageBytes], mut grew: impl FnMut(f64)) {
+        let none = StageBytes::default();
+        let c = stages.get(part.stage as usize).unwrap_or(&none);
+        let key = (part.stage, part.microbatch);
+        let mut grow = |now: &mut f64, by: f64| {
+            *now += by;
+            grew(*now);
+        };
+        match part.kind {
+            ActionKind::F => {
+                if self.whole.contains(&key) {
+                    grow(&mut self.now, c.whole);
+                } else if c.kept >= c.full {
+                    grow(&mut self.now, c.full);
+                } else {
+                    self.slim.insert(key);
+                    grow(&mut self.now, c.kept);
+                }
+            }
+            // An R of a stash kept whole (or rebuilt already) changes nothing.
+            ActionKind::R if self.slim.remove(&key) => grow(&mut self.now, c.full - c.kept),
+            ActionKind::B | ActionKind::I => {
+                if self.slim.remove(&key) {
+                    grow(&mut self.now, c.full - c.kept);
+                }
+                self.now -= if self.whole.contains(&key) {
+                    c.whole
+                } else {
+                    c.full
+                };
+                if part.kind == ActionKind::I {
+                    grow(&mut self.now, c.weight);
+                }
+            }
+            ActionKind::W => self.now -= c.weight,
+            _ => {}
+        }
+    }
+}

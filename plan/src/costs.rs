@@ -1,0 +1,198 @@
+//! A configuration's cost model: the simulator's per-stage [`CostModel`] in seconds, built
+//! from the work of its layers ([`super::work`]) and its communication ([`super::comm`]).
+//!
+//! Per stage and microbatch, on one TP rank:
+//! - F: its layers' forward work, plus 2 TP all-reduces per layer of the `b s h` activation
+//!   (with sequence parallelism a reduce-scatter and an all-gather each, the same ring
+//!   volume); the first stage adds the vocabulary-parallel embedding's all-reduce, the last
+//!   the LM head.
+//! - I: the input-gradient work, plus 2 TP all-reduces per layer; W: the weight gradients.
+//!   Megatron does not overlap TP communication with compute, so it is added.
+//! - R: selective recomputation reruns what the memory model's selective policy drops (the
+//!   attention core under materialized attention, the norms and the MLP's activation under
+//!   fused: [`super::work`]); full reruns the whole forward (its TP all-reduces included).
+//! - The hand-off to the next stage: `b s h` activations split over the TP ranks (Megatron's
+//!   scatter/gather: each TP rank sends its `1/tp` over its own link, and the receiving group
+//!   all-gathers over NVLink), on the inter-node link where the two devices are on different
+//!   nodes, else on the intra-node one.
+//! - DP: the stage's gradients (f32, 4 bytes per parameter of the TP shard) all-reduced over
+//!   the DP group, started after the stage's last backward as the runtime does; ZeRO-1
+//!   reduce-scatters them instead and all-gathers the updated parameters after the step.
+//! - Optimizer: AdamW is memory-bound: 30 bytes moved per parameter in bf16 (f32 master
+//!   weight read and written, f32 gradient read, two f32 moments read and written, the bf16
+//!   copy written), 28 in f32, over HBM bandwidth; ZeRO-1 steps `1/dp` of them.
+
+use super::bound::device_of;
+use super::cluster::Precision;
+use super::comm::{all_reduce, crosses_nodes, reduce_scatter, Links};
+use super::config::{Config, PlanRequest};
+use super::model::PlanModel;
+use super::work::{head, layer, Device, WorkTimes};
+use pipewright_model::memory::{stage_parameters, ModelShape};
+use pipewright_schedule::recompute::Recompute;
+use pipewright_sim::simulate::{CostModel, StageCost};
+
+/// Per-layer and per-stage pieces of a configuration's costs, in seconds, kept apart so the
+/// plan can bound, explain and attribute them.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Pieces {
+    /// One transformer layer's compute (no communication).
+    pub layer: WorkTimes,
+    /// One layer's TP communication in F (and again in I).
+    pub layer_tp: f64,
+    /// The LM head's compute.
+    pub head: WorkTimes,
+    /// The embedding's TP all-reduce (first stage, F).
+    pub embed_tp: f64,
+    /// Layers per stage.
+    pub layers: Vec<u32>,
+}
+
+/// The device a configuration's work runs on.
+pub fn device(req: &PlanRequest) -> Device {
+    Device {
+        peak: req.cluster.peak_flops(req.precision),
+        hbm: req.cluster.memory_bandwidth(),
+        efficiency: req.cluster.efficiency,
+        act_bytes: req.precision.activation_bytes() as f64,
+    }
+}
+
+/// Layers per stage, cut as `pipewright_kernels::gpt::partition` cuts them (the first
+/// `layers % stages` stages one more).
+pub fn layers_per_stage(layers: u32, stages: u32) -> Vec<u32> {
+    let (base, extra) = (layers / stages, layers % stages);
+    (0..stages).map(|s| base + u32::from(s < extra)).collect()
+}
+
+/// The pieces of `cfg` for a GPT of `shape`.
+pub fn pieces(req: &PlanRequest, shape: &ModelShape, cfg: &Config) -> Pieces {
+    let dev = device(req);
+    let links = Links::new(&req.cluster, cfg.tp, cfg.pp, cfg.dp);
+    let act = activation_bytes(req, shape, cfg);
+    let tp_ar = all_reduce(&links.tp, cfg.tp, act);
+    Pieces {
+        layer: layer(
+            shape,
+            cfg.tp,
+            cfg.microbatch_size,
+            cfg.sequence_parallel,
+            req.attention,
+            &dev,
+        ),
+        layer_tp: f64::from(ModelShape::TP_COLLECTIVES_PER_BLOCK) * tp_ar,
+        head: head(shape, cfg.tp, cfg.microbatch_size, &dev),
+        embed_tp: tp_ar,
+        layers: layers_per_stage(shape.layers, cfg.stages()),
+    }
+}
+
+/// Bytes of one microbatch's `b s h` activation: a TP collective's, and a pipeline
+/// hand-off's before its TP split.
+fn activation_bytes(req: &PlanRequest, shape: &ModelShape, cfg: &Config) -> f64 {
+    shape.tp_collective_elements(cfg.microbatch_size) * req.precision.activation_bytes() as f64
+}
+
+/// Recomputation time of a stage of `n` layers, given its forward `f`.
+fn recompute_time(policy: Recompute, p: &Pieces, n: f64, f: f64) -> Option<f64> {
+    match policy {
+        Recompute::None => None,
+        Recompute::Selective => Some(n * p.layer.selective),
+        Recompute::Full => Some(f),
+        Recompute::Every(k) => Some(f64::from(k).min(n) * (p.layer.f + p.layer_tp)),
+    }
+}
+
+/// The simulator's cost model of `cfg`, in seconds, with its pieces (a profile's:
+/// [`super::layers::cost_model`]).
+pub fn cost_model(req: &PlanRequest, cfg: &Config) -> (CostModel, Pieces) {
+    match &req.model {
+        PlanModel::Gpt(shape) => gpt_cost_model(req, shape, cfg),
+        PlanModel::Layers(profile) => super::layers::cost_model(req, profile, cfg),
+    }
+}
+
+fn gpt_cost_model(req: &PlanRequest, shape: &ModelShape, cfg: &Config) -> (CostModel, Pieces) {
+    let p = pieces(req, shape, cfg);
+    let stages = cfg.stages();
+    let device_of = |s: u32| device_of(cfg, s);
+    let links = Links::new(&req.cluster, cfg.tp, cfg.pp, cfg.dp);
+    let hand_off = activation_bytes(req, shape, cfg) / f64::from(cfg.tp);
+    let costs = (0..stages)
+        .map(|s| {
+            let n = f64::from(p.layers[s as usize]);
+            let last = s + 1 == stages;
+            let first = s == 0;
+            let extra = |w: WorkTimes| if last { w } else { WorkTimes::default() };
+            let work = p.layer * n + extra(p.head);
+            let embed = if first { p.embed_tp } else { 0.0 };
+            let f = work.f + n * p.layer_tp + embed;
+            let i = work.i + n * p.layer_tp + if last { p.embed_tp } else { 0.0 };
+            let w = work.w;
+            let link = if !last
+                && crosses_nodes(
+                    &req.cluster,
+                    cfg.tp,
+                    cfg.pp,
+                    cfg.dp,
+                    device_of(s),
+                    device_of(s + 1),
+                ) {
+                req.cluster.inter_node
+            } else {
+                req.cluster.intra_node
+            };
+            let params = stage_parameters(shape, cfg.stages(), s) as f64 / f64::from(cfg.tp);
+            let (dp_allreduce, optimizer) = data_parallel(req, cfg, &links, params, req.precision);
+            StageCost {
+                f,
+                b: i + w,
+                i,
+                w,
+                activation_bytes: 0,
+                w_memory: 1.0,
+                p2p_bytes: hand_off as u64,
+                p2p_time: Some(if last { 0.0 } else { link.p2p(hand_off) }),
+                overlap: None,
+                optimizer,
+                dp_allreduce,
+                r: recompute_time(cfg.recompute_of(s), &p, n, f),
+                kept_bytes: Some(0),
+            }
+        })
+        .collect();
+    let model = CostModel {
+        stages: costs,
+        p2p_latency: 0.0,
+        bandwidth: None,
+        host: None,
+    };
+    (model, p)
+}
+
+/// The DP gradient reduction and optimizer step (ZeRO-1's all-gather included) of a stage
+/// of `params` parameters per rank whose weights are kept in `precision` (f32 gradients and
+/// moments either way).
+pub(super) fn data_parallel(
+    req: &PlanRequest,
+    cfg: &Config,
+    links: &Links,
+    params: f64,
+    precision: Precision,
+) -> (f64, f64) {
+    let grads = 4.0 * params;
+    let param_bytes = precision.activation_bytes() as f64;
+    let moved = match precision {
+        Precision::Bf16 => 30.0,
+        Precision::Tf32 | Precision::F32 => 28.0,
+    };
+    let hbm = req.cluster.memory_bandwidth();
+    if cfg.zero >= 1 && cfg.dp > 1 {
+        let dp = f64::from(cfg.dp);
+        let step = moved * params / dp / hbm;
+        let gather = reduce_scatter(&links.dp, cfg.dp, param_bytes * params);
+        (reduce_scatter(&links.dp, cfg.dp, grads), step + gather)
+    } else {
+        (all_reduce(&links.dp, cfg.dp, grads), moved * params / hbm)
+    }
+}

@@ -1,0 +1,193 @@
+//! What a plan hands its user, the same from every face: the model in one phrase, the best
+//! configuration as a launch line (`pipewright train` over NCCL for a GPT; the user's own
+//! program for a layer-list model), the whole plan as `plan --format json` prints it, and
+//! the best's simulated step its chart draws.
+
+use serde_json::{json, Value};
+
+use pipewright_model::layer_profile::LayerProfile;
+use pipewright_model::shape::request::{describe, kind_flags};
+use pipewright_model::shape::PositionKind;
+
+use super::config::PlanRequest;
+use super::costs::cost_model;
+use super::evaluate::one_step;
+use super::model::PlanModel;
+use super::search::{Plan, PlanRow};
+use super::PlanError;
+
+/// A row's simulated step, as the plan's chart draws it: its searched timetable's or its
+/// family's, at the plan's costs, in seconds.
+pub fn row_step(req: &PlanRequest, row: &PlanRow) -> Result<pipewright_sim::Simulation, PlanError> {
+    let (costs, _) = cost_model(req, &row.config);
+    let mut sim = match &row.searched {
+        Some(s) => pipewright_sim::simulate(&s.timetable, &costs)?,
+        None => one_step(&row.config, &costs)?,
+    };
+    sim.timeline.meta.time_unit = "s".into();
+    Ok(sim)
+}
+
+/// What the launch line calls a searched timetable when no file was named for it.
+pub const PLACEHOLDER: &str = "TIMETABLE.csv";
+
+/// `path` as one shell word (`'my runs/best.csv'`), so the launch line runs as printed. A
+/// path with a NUL byte, which no file can have, is written as Rust's debug form.
+fn quoted(path: &str) -> String {
+    shlex::try_quote(path).map_or_else(|_| format!("{path:?}"), |q| q.into_owned())
+}
+
+/// The schedule flags of the launch line: the family's, or for a searched best the
+/// timetable file that replaces them (its microbatches, stages and order are in the file).
+pub fn schedule_flags(best: &PlanRow, timetable: Option<&str>) -> String {
+    let c = &best.config;
+    if best.searched.is_some() {
+        return format!("--timetable {}", quoted(timetable.unwrap_or(PLACEHOLDER)));
+    }
+    format!(
+        "--schedule {} --stages {} --virtual {} --microbatches {}",
+        c.schedule, c.pp, c.v, c.microbatches
+    )
+}
+
+/// The one line a searched best needs when no timetable file was named.
+pub fn searched_note(best: &PlanRow, timetable: Option<&str>) -> Option<String> {
+    (best.searched.is_some() && timetable.is_none()).then(|| {
+        format!("  (the best is a searched timetable no --schedule names: add --timetable-out {PLACEHOLDER} to this plan to write it)\n")
+    })
+}
+
+/// A GPT's best configuration as `pipewright train` over NCCL, one process per GPU (a
+/// searched timetable as the file `timetable` names); empty for a layer-list model, whose
+/// launch is [`profile_launch`].
+pub fn launch(req: &PlanRequest, r: &PlanRow, timetable: Option<&str>) -> String {
+    let Some(shape) = req.model.gpt() else {
+        return String::new();
+    };
+    let c = &r.config;
+    let recompute = c.recompute_plan().to_string();
+    let sp = if c.sequence_parallel {
+        " --sequence-parallel"
+    } else {
+        ""
+    };
+    format!(
+        "mpirun -np {} pipewright train --transport nccl --precision {} {} --microbatch-size {} --tp {} --dp {} --zero {} --recompute {}{sp} --layers {} --d-model {} --heads {} --seq-len {} --vocab {}{}",
+        c.gpus(),
+        req.precision.name(),
+        schedule_flags(r, timetable),
+        c.microbatch_size,
+        c.tp,
+        c.dp,
+        c.zero,
+        recompute,
+        shape.layers,
+        shape.d_model,
+        shape.heads,
+        shape.seq_len,
+        shape.vocab,
+        kind_flags(shape)
+    )
+}
+
+/// How to run a layer-list model's best configuration: the user's own program, with the
+/// schedule, the mesh, the microbatches and the stages' cuts (the same cuts the plan
+/// costed); as text and as JSON.
+pub fn profile_launch(p: &LayerProfile, r: &PlanRow) -> (String, Value) {
+    let c = &r.config;
+    let cuts = p.cuts(c.stages() as usize).unwrap_or_default();
+    let ranges: Vec<String> = cuts
+        .iter()
+        .map(|r| format!("{}..{}", r.start, r.end))
+        .collect();
+    let recompute = c.recompute_plan().to_string();
+    let text = format!(
+        "  your own program (a layer-list model is not `pipewright train`'s GPT), one process per GPU (e.g. `mpirun -np {gpus} ...`):\n    Mesh::new({pp}, 1, {dp}); ScheduleSpec::new(ScheduleKind::{kind:?}, {pp}, {v}, {m}, None) ({schedule}); {m} microbatches of {mbs} samples per replica\n    stages (layers; split::balanced of the profile's f+i+w, as Balance::Time cuts them): {cuts}\n    RunOptions {{ recompute: \"{recompute}\".parse()?, zero: Zero::from_level({zero}, {pp})?, ..RunOptions::default() }}\n",
+        gpus = c.gpus(),
+        pp = c.pp,
+        dp = c.dp,
+        kind = c.schedule,
+        schedule = c.schedule,
+        v = c.v,
+        m = c.microbatches,
+        mbs = c.microbatch_size,
+        cuts = ranges.join(", "),
+        zero = c.zero,
+    );
+    let value = json!({
+        "program": "your own (a layer-list model)",
+        "processes": c.gpus(),
+        "schedule": c.schedule,
+        "pp": c.pp,
+        "v": c.v,
+        "dp": c.dp,
+        "microbatches": c.microbatches,
+        "microbatch_size": c.microbatch_size,
+        "recompute": recompute,
+        "zero": c.zero,
+        "cuts": cuts.iter().map(|r| [r.start, r.end]).collect::<Vec<_>>(),
+    });
+    (text, value)
+}
+
+/// The model in one phrase, for the plan table's first line.
+pub fn model_line(req: &PlanRequest) -> String {
+    match &req.model {
+        PlanModel::Gpt(s) => format!(
+            "{} ({:.2}B parameters), {} attention",
+            describe(s),
+            s.parameters() as f64 / 1e9,
+            req.attention
+        ),
+        PlanModel::Layers(p) => format!(
+            "a layer-list profile of {} layers (measured on {}, microbatches of {} samples)",
+            p.len(),
+            p.device,
+            p.microbatch_size
+        ),
+    }
+}
+
+/// The model as `plan --format json` gives it: a GPT's sizes, kinds and parameter count, or
+/// the profile's summary.
+pub fn model_json(model: &PlanModel) -> Value {
+    match model {
+        PlanModel::Gpt(s) => json!({
+            "layers": s.layers, "d_model": s.d_model, "heads": s.heads,
+            "kv_heads": s.kv_heads, "ffn": s.ffn, "mlp": s.mlp, "norm": s.norm,
+            "tied_embeddings": s.tied_embeddings, "positions": s.positions,
+            // The base of rotary angles; null under learned positions, which have none.
+            "rope_theta": (s.positions == PositionKind::Rotary).then_some(s.rope_theta),
+            "bias": s.bias, "seq_len": s.seq_len, "vocab": s.vocab,
+            "parameters": s.parameters(),
+        }),
+        PlanModel::Layers(p) => json!({
+            "profile": { "layers": p.len(), "microbatch_size": p.microbatch_size, "device": p.device },
+        }),
+    }
+}
+
+/// The whole plan as `plan --format json` prints it: the request, every row with its memory
+/// per device and its terms, and the best's launch (`timetable`: the file a searched best
+/// is written to).
+pub fn report_json(req: &PlanRequest, plan: &Plan, seconds: f64, timetable: Option<&str>) -> Value {
+    let launch = plan.rows.first().map(|r| match &req.model {
+        PlanModel::Gpt(_) => json!(launch(req, r, timetable)),
+        PlanModel::Layers(p) => profile_launch(p, r).1,
+    });
+    json!({
+        "cluster": req.cluster,
+        "model": model_json(&req.model),
+        "batch_unit": req.model.batch_unit(),
+        "gpus": req.gpus,
+        "global_batch": req.global_batch,
+        "precision": req.precision,
+        "attention": req.attention,
+        "seconds": seconds,
+        "search": plan.progress,
+        "cut_short": plan.cut_short,
+        "rows": plan.rows,
+        "explain": plan.explain,
+        "launch": launch,
+    })
+}

@@ -1,0 +1,316 @@
+//! A plan as a user asks for it: `pipewright plan`'s flags (Python's `plan` keywords, of the
+//! same names), nothing checked yet. Both faces fill a [`RawPlanRequest`] and call
+//! [`RawPlanRequest::build`], so a request is checked once, and refused in one set of words:
+//! each error names the flag, as the CLI prints it after `error:`.
+//!
+//! Nothing here reads a file: a face hands over a config's, a profile's or a cluster file's
+//! text.
+
+use pipewright_model::layer_profile::{LayerProfile, ProfileError};
+use pipewright_model::shape::{AttentionKind, Named, ShapeRequest, ShapeRequestError};
+use pipewright_schedule::recompute::Recompute;
+use pipewright_schedule::spec::ScheduleKind;
+
+use super::cluster::{Cluster, Precision};
+use super::config::{Fixed, PlanRequest};
+use super::model::PlanModel;
+use super::PlanError;
+
+/// `--vocab`'s default.
+pub const DEFAULT_VOCAB: u64 = 51200;
+
+/// `pipewright plan`'s request as given (the calibration and output flags aside).
+#[derive(Clone, Debug, PartialEq)]
+pub struct RawPlanRequest {
+    /// A GPT's shape (sizes and kinds, or a Hugging Face config); `--vocab` defaults to
+    /// [`DEFAULT_VOCAB`].
+    pub shape: ShapeRequest,
+    /// A layer-list model's profile instead of a GPT (`--profile`).
+    pub profile: Option<Named>,
+    /// GPUs to use, all of them (`--gpus`).
+    pub gpus: Option<u32>,
+    /// Sequences (a profile's samples) per step (`--global-batch`).
+    pub global_batch: Option<u64>,
+    /// A preset's name or a cluster file's (`--cluster`).
+    pub cluster: String,
+    /// The text of the file `cluster` names, where it names no preset and the file exists
+    /// (the face reads it).
+    pub cluster_file: Option<String>,
+    /// Number format (`--precision`).
+    pub precision: Precision,
+    /// How the run computes attention (`--attention`) [default: the cluster's].
+    pub attention: Option<AttentionKind>,
+    /// Dimensions fixed by hand (`--tp`, `--pp`, `--v`, `--microbatch-size`, `--schedule`,
+    /// `--recompute`, `--zero`, `--sequence-parallel` / `--no-sequence-parallel`).
+    pub fixed: Fixed,
+    /// Let TP groups span nodes (`--allow-cross-node-tp`).
+    pub allow_cross_node_tp: bool,
+    /// Rows kept (`--top`).
+    pub top: usize,
+    /// Largest chunks per device tried (`--max-virtual`; a fixed `--v` above it is honoured).
+    pub max_virtual: u32,
+    /// Largest microbatch size tried (`--max-microbatch-size`).
+    pub max_microbatch_size: u64,
+    /// Most configurations simulated (`--max-simulated`).
+    pub max_simulated: usize,
+    /// Shapes of the ranking searched (`--max-searched`).
+    pub max_searched: usize,
+}
+
+impl Default for RawPlanRequest {
+    /// The CLI's defaults.
+    fn default() -> Self {
+        RawPlanRequest {
+            shape: ShapeRequest::default(),
+            profile: None,
+            gpus: None,
+            global_batch: None,
+            cluster: "a100-80g".into(),
+            cluster_file: None,
+            precision: Precision::Bf16,
+            attention: None,
+            fixed: Fixed::default(),
+            allow_cross_node_tp: false,
+            top: 5,
+            max_virtual: 8,
+            max_microbatch_size: 16,
+            max_simulated: 200,
+            max_searched: 2,
+        }
+    }
+}
+
+/// Why a plan request is refused before any work; each names the flag.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum PlanRequestError {
+    /// The model's shape.
+    #[error(transparent)]
+    Shape(#[from] ShapeRequestError),
+    /// A count that was not given.
+    #[error("{0} is required")]
+    Required(&'static str),
+    /// A count of 0.
+    #[error("{0} must be at least 1")]
+    Zero(&'static str),
+    /// No simulation allowed.
+    #[error("--max-simulated 0: at least 1 configuration must be simulated to rank any")]
+    NoSimulation,
+    /// A fixed mesh dimension of 0.
+    #[error("--tp, --pp and --v must be at least 1")]
+    FixedZero,
+    /// A ZeRO level the plan does not model.
+    #[error("--zero {0}: the ZeRO level is 0 or 1 (ZeRO-2/3 do not fit a pipeline)")]
+    Zero23(u8),
+    /// `--v` against a family with a fixed v.
+    #[error(
+        "--v {v} contradicts --schedule {kind}, which places exactly {fixed} stages on each device"
+    )]
+    VFixed {
+        /// The v asked for.
+        v: u32,
+        /// The family.
+        kind: ScheduleKind,
+        /// Its v.
+        fixed: u32,
+    },
+    /// `--v` above 1 against a family of one stage per device.
+    #[error("--v {v} contradicts --schedule {kind}, which places one stage on each device (interleaved-1f1b and looped-bfs take v > 1)")]
+    VUnsupported {
+        /// The v asked for.
+        v: u32,
+        /// The family.
+        kind: ScheduleKind,
+    },
+    /// A family other than 1F1B on one device.
+    #[error("--schedule {0} with --pp 1: one device runs every schedule as the same sequence of forwards and backwards; leave --schedule out, or give --pp 2 or more")]
+    OneDevice(ScheduleKind),
+    /// Selective recomputation of a layer-list model.
+    #[error("--recompute {0}: a layer-list model recomputes fully or not at all (its layers' stashes are opaque); use none or full")]
+    ProfileRecompute(Recompute),
+    /// A profile that is not one.
+    #[error("--profile {name}: {error}")]
+    Profile {
+        /// The profile's name.
+        name: String,
+        /// Why.
+        error: ProfileError,
+    },
+    /// A GPT's flag beside a profile.
+    #[error("--profile {name} plans a layer-list model (tp 1, its own sizes): leave out {flag}")]
+    BesideProfile {
+        /// The profile's name.
+        name: String,
+        /// The flag given beside it.
+        flag: &'static str,
+    },
+    /// `--cluster` names neither a preset nor a file.
+    #[error("--cluster {0}: neither a preset ({presets}) nor a file", presets = Cluster::PRESETS.join(", "))]
+    NoCluster(String),
+    /// A cluster file that is not one.
+    #[error("--cluster {arg}: {error}")]
+    Cluster {
+        /// The file's name.
+        arg: String,
+        /// Why.
+        error: PlanError,
+    },
+}
+
+/// `--recompute`'s policy for a plan, fixed on every stage: none, selective or full, the
+/// policies the plan searches (not `every:N` or a per-stage list, which `simulate` takes).
+pub fn parse_policy(s: &str) -> Result<Recompute, String> {
+    match s {
+        "none" => Ok(Recompute::None),
+        "selective" => Ok(Recompute::Selective),
+        "full" => Ok(Recompute::Full),
+        _ => Err(format!("`{s}`: expected none, selective or full")),
+    }
+}
+
+/// A planned request, with notes on how a config.json was read (one line each, for after
+/// the work succeeded).
+pub type Built = (PlanRequest, Vec<String>);
+
+impl RawPlanRequest {
+    /// The checked request, or the first thing wrong with it.
+    pub fn build(&self) -> Result<Built, PlanRequestError> {
+        let (model, notes) = match &self.profile {
+            Some(profile) => (self.profile_model(profile)?, Vec::new()),
+            None => {
+                let mut shape = self.shape.clone();
+                if shape.hf_config.is_none() {
+                    shape.vocab = shape.vocab.or(Some(DEFAULT_VOCAB));
+                }
+                let r = shape.resolve()?;
+                (PlanModel::Gpt(r.shape), r.notes)
+            }
+        };
+        let (gpus, global_batch) = self.counts()?;
+        let cluster = self.cluster()?;
+        let mut req = match model {
+            PlanModel::Gpt(shape) => PlanRequest::new(shape, cluster, gpus, global_batch),
+            PlanModel::Layers(p) => PlanRequest::from_profile(p, cluster, gpus, global_batch),
+        };
+        req.precision = self.precision;
+        if let Some(a) = self.attention {
+            req.attention = a;
+        }
+        req.fixed = self.fixed.clone();
+        req.allow_cross_node_tp = self.allow_cross_node_tp;
+        req.top = self.top;
+        req.max_microbatch_size = self.max_microbatch_size;
+        self.check_fixed()?;
+        // A fixed v is honoured even above the largest v the search would try by itself.
+        req.max_virtual = self.max_virtual.max(self.fixed.v.unwrap_or(0));
+        req.max_simulated = self.max_simulated;
+        req.max_searched = self.max_searched;
+        Ok((req, notes))
+    }
+
+    /// The profile's model, with nothing of a GPT beside it.
+    fn profile_model(&self, profile: &Named) -> Result<PlanModel, PlanRequestError> {
+        let s = &self.shape;
+        let beside = s
+            .sizes()
+            .iter()
+            .filter(|x| x.1.is_some())
+            .map(|x| x.0)
+            .chain(s.kinds.given())
+            .chain(s.hf_config.as_ref().map(|_| "--hf-config"))
+            .chain(self.attention.map(|_| "--attention"))
+            .chain(self.fixed.tp.map(|_| "--tp"))
+            .chain((self.fixed.sequence_parallel == Some(true)).then_some("--sequence-parallel"))
+            .next();
+        if let Some(flag) = beside {
+            return Err(PlanRequestError::BesideProfile {
+                name: profile.name.clone(),
+                flag,
+            });
+        }
+        if let Some(r) = self
+            .fixed
+            .recompute
+            .filter(|r| !matches!(r, Recompute::None | Recompute::Full))
+        {
+            return Err(PlanRequestError::ProfileRecompute(r));
+        }
+        let p =
+            LayerProfile::from_json(&profile.text).map_err(|error| PlanRequestError::Profile {
+                name: profile.name.clone(),
+                error,
+            })?;
+        Ok(PlanModel::Layers(p))
+    }
+
+    /// The GPUs and the batch, each at least 1, and the other counts checked likewise.
+    fn counts(&self) -> Result<(u32, u64), PlanRequestError> {
+        let gpus = self.gpus.ok_or(PlanRequestError::Required("--gpus"))?;
+        let global_batch = self
+            .global_batch
+            .ok_or(PlanRequestError::Required("--global-batch"))?;
+        for (flag, v) in [
+            ("--gpus", u64::from(gpus)),
+            ("--global-batch", global_batch),
+            ("--top", self.top as u64),
+            ("--max-virtual", u64::from(self.max_virtual)),
+            ("--max-microbatch-size", self.max_microbatch_size),
+            ("--microbatch-size", self.fixed.microbatch_size.unwrap_or(1)),
+        ] {
+            if v == 0 {
+                return Err(PlanRequestError::Zero(flag));
+            }
+        }
+        Ok((gpus, global_batch))
+    }
+
+    /// The preset, or the cluster file the face read.
+    fn cluster(&self) -> Result<Cluster, PlanRequestError> {
+        cluster_of(&self.cluster, self.cluster_file.as_deref())
+    }
+
+    /// Fixed dimensions that contradict each other, and counts of 0, refused by name before
+    /// the search (a fixed dimension is honoured, or the request is refused).
+    fn check_fixed(&self) -> Result<(), PlanRequestError> {
+        let f = &self.fixed;
+        if self.max_simulated == 0 {
+            return Err(PlanRequestError::NoSimulation);
+        }
+        if f.v == Some(0) || f.pp == Some(0) || f.tp == Some(0) {
+            return Err(PlanRequestError::FixedZero);
+        }
+        if let Some(z) = f.zero.filter(|&z| z > 1) {
+            return Err(PlanRequestError::Zero23(z));
+        }
+        let Some(kind) = f.schedule else {
+            return Ok(());
+        };
+        match (kind.fixed_virtual(), f.v) {
+            (Some(fixed), Some(v)) if v != fixed => {
+                return Err(PlanRequestError::VFixed { v, kind, fixed })
+            }
+            (None, Some(v)) if v > 1 && !kind.supports_virtual() => {
+                return Err(PlanRequestError::VUnsupported { v, kind })
+            }
+            _ => {}
+        }
+        if f.pp == Some(1) && kind != ScheduleKind::OneFOneB {
+            return Err(PlanRequestError::OneDevice(kind));
+        }
+        Ok(())
+    }
+}
+
+/// What `--cluster ARG` names: a preset, or the cluster file of that name whose text `file`
+/// holds (`None`: there is no such file).
+pub fn cluster_of(arg: &str, file: Option<&str>) -> Result<Cluster, PlanRequestError> {
+    if let Some(c) = Cluster::preset(arg) {
+        return Ok(c);
+    }
+    let Some(text) = file else {
+        return Err(PlanRequestError::NoCluster(arg.to_string()));
+    };
+    Cluster::from_json(text).map_err(|error| PlanRequestError::Cluster {
+        arg: arg.to_string(),
+        error,
+    })
+}

@@ -1,0 +1,229 @@
+//! The plan's contract: what it ranks fits, respects what the user fixed, is ordered by the
+//! simulator's step time, and a request nothing satisfies gets one line naming what would.
+
+use pipewright_model::memory::ModelShape;
+use pipewright_plan::costs::cost_model;
+use pipewright_plan::{evaluate, plan, Cluster, Fixed, PlanError, PlanRequest};
+use pipewright_schedule::{Recompute, ScheduleKind};
+
+fn gpt(layers: u32, d_model: u64, heads: u32, seq_len: u64) -> ModelShape {
+    ModelShape::gpt(layers, d_model, heads, 4 * d_model, seq_len, 51200)
+}
+
+fn a100(shape: ModelShape, gpus: u32, batch: u64) -> PlanRequest {
+    PlanRequest::new(shape, Cluster::preset("a100-80g").unwrap(), gpus, batch)
+}
+
+fn impossible(req: &PlanRequest) -> String {
+    match plan(req, &mut |_| {}) {
+        Err(PlanError::Impossible(line)) => {
+            assert!(!line.contains('\n'), "one line: {line}");
+            line
+        }
+        other => panic!("expected impossible, got {other:?}"),
+    }
+}
+
+#[test]
+fn rows_fit_are_ranked_and_are_what_the_simulator_says() {
+    let req = a100(gpt(32, 4096, 32, 2048), 64, 512);
+    let p = plan(&req, &mut |_| {}).unwrap();
+    assert!(!p.rows.is_empty());
+    for w in p.rows.windows(2) {
+        assert!(w[0].step_time_s <= w[1].step_time_s);
+    }
+    for r in &p.rows {
+        let c = r.config;
+        assert_eq!(c.gpus(), 64);
+        assert_eq!(
+            u64::from(c.dp) * c.microbatch_size * u64::from(c.microbatches),
+            512
+        );
+        assert_eq!(32 % c.tp, 0, "tp divides the heads");
+        assert!(c.tp <= 8, "tp stays in a node");
+        assert!(r.headroom_bytes >= 0 && r.peak_memory_bytes <= req.cluster.memory_bytes());
+        // The row's time is the simulator's, and no lower than its own bound.
+        let (costs, _) = cost_model(&req, &c);
+        let simulated = match &r.searched {
+            Some(s) => pipewright_plan::listed::period(&s.timetable, &costs).unwrap(),
+            None => evaluate::step_time(&c, &costs).unwrap(),
+        };
+        assert_eq!(simulated, r.step_time_s);
+        assert!(r.bound_s <= r.step_time_s * 1.02);
+        let t = r.terms.unwrap();
+        assert!(
+            (t.total() / r.step_time_s - 1.0).abs() < 1e-6,
+            "{t:?} vs {}",
+            r.step_time_s
+        );
+        let mfu = r.mfu.expect("a GPT has FLOPs");
+        assert!(mfu > 0.0 && mfu < 1.0);
+    }
+}
+
+#[test]
+fn fixed_dimensions_are_kept() {
+    let mut req = a100(gpt(32, 4096, 32, 2048), 64, 512);
+    req.fixed = Fixed {
+        tp: Some(4),
+        pp: Some(4),
+        microbatch_size: Some(1),
+        schedule: Some(ScheduleKind::Interleaved1F1B),
+        v: Some(2),
+        recompute: Some(Recompute::Full),
+        zero: Some(1),
+        sequence_parallel: Some(true),
+    };
+    let p = plan(&req, &mut |_| {}).unwrap();
+    assert_eq!(p.rows.len(), 1);
+    let c = p.rows[0].config;
+    assert_eq!(
+        (c.tp, c.pp, c.dp, c.v, c.microbatch_size, c.microbatches),
+        (4, 4, 4, 2, 1, 128)
+    );
+    assert_eq!(c.schedule, ScheduleKind::Interleaved1F1B);
+    assert_eq!(
+        (c.recompute, c.zero, c.sequence_parallel),
+        (Recompute::Full, 1, true)
+    );
+}
+
+#[test]
+fn more_recomputation_never_makes_the_same_configuration_faster() {
+    let mut req = a100(gpt(32, 4096, 32, 2048), 64, 512);
+    let mut fixed = Fixed {
+        tp: Some(2),
+        pp: Some(4),
+        microbatch_size: Some(1),
+        schedule: Some(ScheduleKind::OneFOneB),
+        zero: Some(1),
+        sequence_parallel: Some(true),
+        ..Fixed::default()
+    };
+    let mut times = Vec::new();
+    for r in [Recompute::None, Recompute::Selective, Recompute::Full] {
+        fixed.recompute = Some(r);
+        req.fixed = fixed.clone();
+        times.push(plan(&req, &mut |_| {}).unwrap().rows[0].step_time_s);
+    }
+    assert!(times[0] <= times[1] && times[1] < times[2], "{times:?}");
+}
+
+#[test]
+fn recomputation_goes_only_to_the_first_devices_that_need_it_and_is_faster_there() {
+    // 1F1B at pp 8 without SP: only device 0 (8 microbatches of 4 in flight) needs it.
+    let mut req = a100(gpt(48, 8192, 64, 2048), 64, 512);
+    req.fixed = Fixed {
+        tp: Some(8),
+        pp: Some(8),
+        microbatch_size: Some(4),
+        schedule: Some(ScheduleKind::OneFOneB),
+        sequence_parallel: Some(false),
+        ..Fixed::default()
+    };
+    let p = plan(&req, &mut |_| {}).unwrap();
+    let some = p
+        .rows
+        .iter()
+        .find(|r| r.config.recompute_devices < r.config.pp)
+        .expect("a row recomputing on some devices only");
+    let c = some.config;
+    assert_eq!(
+        (c.recompute_devices, c.recompute),
+        (1, Recompute::Selective)
+    );
+    assert!(
+        c.to_string().contains("recompute selective on dev 0 "),
+        "{c}"
+    );
+    // Only device 0's stage recomputes, as `train --recompute` is told.
+    assert_eq!(c.recompute_plan().to_string(), "0:selective");
+    assert!(some.peak_memory_bytes <= req.cluster.memory_bytes());
+    // Without recomputation it does not fit; everywhere, it is slower.
+    let everywhere = p
+        .rows
+        .iter()
+        .find(|r| {
+            let o = r.config;
+            o.recompute == Recompute::Selective
+                && o.recompute_devices == 8
+                && (o.sequence_parallel, o.zero) == (c.sequence_parallel, c.zero)
+        })
+        .expect("the uniform policy ranked too");
+    assert!(some.step_time_s < everywhere.step_time_s);
+    assert!(!p.rows.iter().any(|r| {
+        let o = r.config;
+        o.recompute == Recompute::None
+            && (o.sequence_parallel, o.zero) == (c.sequence_parallel, c.zero)
+    }));
+}
+
+#[test]
+fn an_enormous_batch_is_refused_at_once() {
+    for batch in [u64::MAX, (1 << 30) + 1] {
+        let line = impossible(&a100(gpt(8, 256, 8, 128), 8, batch));
+        assert!(
+            line.contains("at most 1073741824 (2^30) sequences"),
+            "{line}"
+        );
+    }
+}
+
+#[test]
+fn heads_no_tp_divides_are_named_with_the_sizes_that_do() {
+    let mut req = a100(gpt(4, 448, 7, 128), 8, 64);
+    req.fixed.tp = Some(2);
+    let line = impossible(&req);
+    assert!(
+        line.contains("--tp 2") && line.contains("7 heads"),
+        "{line}"
+    );
+    assert!(line.contains("TP sizes that can: 1"), "{line}");
+}
+
+#[test]
+fn a_batch_no_microbatching_divides_gets_the_nearest_that_does() {
+    // 4 layers: pp <= 4 and tp <= 8, so dp >= 2 of 64 GPUs, which 7 sequences cannot fill.
+    let req = a100(gpt(4, 512, 8, 128), 64, 7);
+    let line = impossible(&req);
+    assert!(line.contains("global batch 7"), "{line}");
+    assert!(line.contains("nearest batch that works: 6 or 8"), "{line}");
+    // And the nearest really works.
+    assert!(plan(&a100(gpt(4, 512, 8, 128), 64, 8), &mut |_| {}).is_ok());
+}
+
+#[test]
+fn a_model_too_large_for_the_gpus_says_how_many_more_it_needs() {
+    let req = a100(gpt(128, 25600, 160, 2048), 64, 64);
+    let line = impossible(&req);
+    // 1T parameters at 18 bytes each (bf16 mixed precision, no ZeRO): 16.5 TiB, over 80 GiB.
+    assert!(line.starts_with("needs 16.5 TiB of model state"), "{line}");
+    assert!(line.contains("at least 148 more 80 GiB GPUs"), "{line}");
+}
+
+#[test]
+fn activations_that_do_not_fit_name_the_lever_left_off() {
+    let mut req = a100(gpt(128, 25600, 160, 2048), 512, 512);
+    req.fixed.recompute = Some(Recompute::None);
+    let line = impossible(&req);
+    assert!(line.contains("activations do not"), "{line}");
+    assert!(line.contains("--recompute full"), "{line}");
+}
+
+#[test]
+fn a_fixed_dimension_that_rules_everything_out_is_named() {
+    let mut req = a100(gpt(4, 512, 8, 128), 8, 64);
+    req.fixed.pp = Some(3);
+    let line = impossible(&req);
+    assert!(line.starts_with("--pp 3 fits no configuration"), "{line}");
+}
+
+#[test]
+fn cross_node_tp_is_only_tried_when_allowed() {
+    let mut req = a100(gpt(8, 4096, 32, 512), 32, 32);
+    req.fixed.tp = Some(16);
+    assert!(impossible(&req).contains("inside a node of 8"));
+    req.allow_cross_node_tp = true;
+    let p = plan(&req, &mut |_| {}).unwrap();
+    assert_eq!(p.rows[0].config.tp, 16);
+}

@@ -1,0 +1,181 @@
+//! Requests as users give them (the CLI's flags, Python's keywords): one check and one set of
+//! words for both faces, each error naming the flag.
+
+use pipewright_model::memory::{Accounting, MemoryRequest};
+use pipewright_model::shape::{MlpKind, Named, PositionKind, ShapeKinds, ShapeRequest};
+use pipewright_plan::launch::{launch, model_line};
+use pipewright_plan::{plan, Fixed, RawPlanRequest};
+use pipewright_schedule::{generate, RecomputePlan, ScheduleKind, ScheduleSpec};
+
+fn gpt(layers: u32, d_model: u64, heads: u32, seq_len: u64) -> ShapeRequest {
+    ShapeRequest {
+        layers: Some(layers),
+        d_model: Some(d_model),
+        heads: Some(heads),
+        seq_len: Some(seq_len),
+        ..ShapeRequest::default()
+    }
+}
+
+fn request(shape: ShapeRequest) -> RawPlanRequest {
+    RawPlanRequest {
+        shape,
+        gpus: Some(8),
+        global_batch: Some(32),
+        ..RawPlanRequest::default()
+    }
+}
+
+fn refused(raw: &RawPlanRequest) -> String {
+    raw.build().map(|_| ()).unwrap_err().to_string()
+}
+
+#[test]
+fn a_plan_request_is_refused_naming_the_flag() {
+    let mut raw = request(gpt(8, 512, 7, 512));
+    assert_eq!(refused(&raw), "--heads 7 must divide --d-model 512");
+    raw.shape.heads = None;
+    assert_eq!(refused(&raw), "--heads is required");
+    raw = request(gpt(8, 512, 8, 512));
+    raw.shape.kinds.kv_heads = Some(3);
+    assert_eq!(refused(&raw), "--kv-heads 3 must divide --heads 8");
+    raw.shape.kinds = ShapeKinds {
+        rope_theta: Some("500000".parse().unwrap()),
+        ..ShapeKinds::default()
+    };
+    assert_eq!(
+        refused(&raw),
+        "--rope-theta is the base of rotary positions: also give --positions rotary"
+    );
+    raw = request(gpt(8, 512, 8, 512));
+    raw.gpus = None;
+    assert_eq!(refused(&raw), "--gpus is required");
+    raw.gpus = Some(0);
+    assert_eq!(refused(&raw), "--gpus must be at least 1");
+    raw.gpus = Some(8);
+    raw.fixed = Fixed {
+        schedule: Some(ScheduleKind::Zbv),
+        v: Some(3),
+        ..Fixed::default()
+    };
+    assert_eq!(
+        refused(&raw),
+        "--v 3 contradicts --schedule zbv, which places exactly 2 stages on each device"
+    );
+    raw.fixed = Fixed {
+        zero: Some(2),
+        ..Fixed::default()
+    };
+    assert_eq!(
+        refused(&raw),
+        "--zero 2: the ZeRO level is 0 or 1 (ZeRO-2/3 do not fit a pipeline)"
+    );
+    raw.fixed = Fixed::default();
+    raw.max_simulated = 0;
+    assert!(refused(&raw).starts_with("--max-simulated 0: "));
+    raw.max_simulated = 200;
+    raw.cluster = "nowhere".into();
+    assert_eq!(
+        refused(&raw),
+        "--cluster nowhere: neither a preset (a100-80g, h100-80g) nor a file"
+    );
+    raw.cluster_file = Some("{".into());
+    assert!(refused(&raw).starts_with("--cluster nowhere: cluster file, line "));
+}
+
+#[test]
+fn a_config_gives_the_shape_and_its_notes_and_nothing_may_stand_beside_it() {
+    let llama = r#"{"model_type": "llama", "num_hidden_layers": 4, "hidden_size": 256,
+        "num_attention_heads": 8, "num_key_value_heads": 2, "intermediate_size": 512,
+        "vocab_size": 1000, "max_position_embeddings": 128}"#;
+    let mut shape = ShapeRequest {
+        hf_config: Some(Named {
+            name: "config.json".into(),
+            text: llama.into(),
+        }),
+        ..ShapeRequest::default()
+    };
+    let (req, notes) = request(shape.clone()).build().unwrap();
+    let s = req.model.gpt().unwrap();
+    assert_eq!((s.layers, s.kv_heads, s.mlp), (4, 2, MlpKind::SwiGlu));
+    assert_eq!(s.positions, PositionKind::Rotary);
+    assert_eq!(
+        notes[0],
+        "note: --hf-config config.json: sequence 128 from its max_position_embeddings (--seq-len plans another)"
+    );
+    assert!(model_line(&req).contains(&format!("({:.2}B parameters)", s.parameters() as f64 / 1e9)));
+    shape.seq_len = Some(64);
+    let (req, notes) = request(shape.clone()).build().unwrap();
+    assert_eq!((req.model.gpt().unwrap().seq_len, notes.len()), (64, 0));
+    shape.kinds.kv_heads = Some(4);
+    assert_eq!(
+        refused(&request(shape.clone())),
+        "--hf-config config.json gives the model's shape: leave out --kv-heads (--seq-len alone may replace its sequence length)"
+    );
+    shape.kinds.kv_heads = None;
+    shape.hf_config.as_mut().unwrap().text = "{".into();
+    assert!(refused(&request(shape)).starts_with("--hf-config config.json: line 1, column 1"));
+}
+
+#[test]
+fn a_profile_stands_alone() {
+    let mut raw = request(ShapeRequest::default());
+    raw.profile = Some(Named {
+        name: "p.json".into(),
+        text: "{}".into(),
+    });
+    raw.fixed.tp = Some(2);
+    assert_eq!(
+        refused(&raw),
+        "--profile p.json plans a layer-list model (tp 1, its own sizes): leave out --tp"
+    );
+    raw.fixed.tp = None;
+    assert!(refused(&raw).starts_with("--profile p.json: "));
+}
+
+#[test]
+fn the_launch_line_trains_the_planned_shape() {
+    let mut shape = gpt(8, 512, 8, 512);
+    shape.kinds.kv_heads = Some(2);
+    let (req, _) = request(shape).build().unwrap();
+    let found = plan(&req, &mut |_| {}).unwrap();
+    let line = launch(&req, &found.rows[0], None);
+    assert!(line.starts_with("mpirun -np 8 pipewright train --transport nccl --precision bf16 "));
+    assert!(
+        line.ends_with(
+            "--layers 8 --d-model 512 --heads 8 --seq-len 512 --vocab 51200 --kv-heads 2"
+        ),
+        "{line}"
+    );
+}
+
+#[test]
+fn the_memory_model_needs_the_whole_shape_and_answers_with_it() {
+    let tt = generate(&ScheduleSpec::new(ScheduleKind::OneFOneB, 4, 1, 8, None).unwrap());
+    let none = RecomputePlan::default();
+    let mut req = MemoryRequest {
+        tp: Some(2),
+        ..MemoryRequest::default()
+    };
+    assert_eq!(
+        req.predict(&tt, &none).unwrap_err().to_string(),
+        "--tp is for the memory model, which needs the model's shape: also give --layers, --d-model, --heads, --seq-len, --vocab (or --hf-config)"
+    );
+    req.shape = gpt(8, 256, 4, 128);
+    req.shape.vocab = Some(1000);
+    req.tp = Some(3);
+    assert_eq!(
+        req.predict(&tt, &none).unwrap_err().to_string(),
+        "memory model: tp (3) must divide heads (4)"
+    );
+    req.tp = None;
+    let devices = req.predict(&tt, &none).unwrap().unwrap();
+    // 1F1B: the first device holds 4 microbatches in flight, the last only one.
+    assert!(devices[0].activations > 3 * devices[3].activations);
+    req.accounting = Some("megatron".parse::<Accounting>().unwrap());
+    assert!(req.predict(&tt, &none).unwrap().is_some());
+    assert!(MemoryRequest::default()
+        .predict(&tt, &none)
+        .unwrap()
+        .is_none());
+}

@@ -1,0 +1,33 @@
+//! Timetables timed: the discrete-event simulator for one step and for the steady state
+//! ([`simulate`]), chunk-count sweeps ([`sweep`]), and the search for the fastest timetable
+//! under a memory cap ([`search`]).
+//!
+//! ```
+//! use pipewright_schedule::{generate, lower, ScheduleKind, ScheduleSpec};
+//! use pipewright_sim::{simulate, CostModel, StageCost};
+//!
+//! // 4 devices, 2 model chunks each, 8 microbatches: Megatron's interleaved 1F1B.
+//! let spec = ScheduleSpec::new(ScheduleKind::Interleaved1F1B, 4, 2, 8, None)?;
+//! let lowered = lower(&generate(&spec))?;
+//! // Each chunk: forward 1, backward 2 time units; no communication cost.
+//! let costs = CostModel::uniform(spec.stages(), StageCost::new(1.0, 2.0, None)?);
+//! let sim = simulate(&lowered, &costs)?;
+//! // The closed form of interleaving: bubble = (p-1)/(v*m+p-1) = 3/19.
+//! assert!((sim.report.bubble_fraction - 3.0 / 19.0).abs() < 1e-12);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! Invariants: no second generator (candidates come from `pipewright-schedule`'s generators
+//! or the search's own list scheduler, and every one is validated and simulated), no IO, no
+//! async.
+#![deny(missing_docs)]
+
+pub mod search;
+pub mod simulate;
+pub mod sweep;
+
+pub use simulate::{
+    measured_costs, simulate, CostError, CostModel, DeviceReport, RawCostFile, RawStageCost,
+    Report, SimError, Simulation, StageCost,
+};
+pub use sweep::{best, parse_counts, sweep, CountsError, SweepGrid, SweepRow};

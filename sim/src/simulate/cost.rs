@@ -1,0 +1,599 @@
+//! Costs: how long each stage's F, B, I and W take, how big its activations and hand-offs are,
+//! and how fast the links between devices move them.
+
+use serde::{Deserialize, Serialize};
+
+mod error;
+
+pub use error::CostError;
+
+use super::host::{CallCosts, HostCosts, Runtime};
+use pipewright_schedule::action::{Action, ActionKind};
+use pipewright_schedule::formats::without_position;
+
+/// Costs of one stage (model chunk) on one microbatch.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StageCost {
+    /// Forward time.
+    pub f: f64,
+    /// Full backward time.
+    pub b: f64,
+    /// Input-gradient backward time.
+    pub i: f64,
+    /// Weight-gradient backward time.
+    pub w: f64,
+    /// Bytes of activations stashed from F until the backward is done.
+    pub activation_bytes: u64,
+    /// Fraction of the stashed activations still held after the input backward (I) until the
+    /// weight backward (W) ends; the rest is freed when I ends. 1 (the default) holds all of
+    /// them until W. The zero-bubble paper's transformer layer keeps `M_W / M_B` =
+    /// `32h / (34h + 5as)` (hidden size h, heads a, sequence s): about 0.37 to 0.43.
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub w_memory: f64,
+    /// Bytes of the stage's output (and of its gradient) sent to the next stage.
+    pub p2p_bytes: u64,
+    /// Time of this stage's hand-off to its neighbour, overriding the link model's
+    /// `latency + p2p_bytes / bandwidth` (a planner that knows which hand-offs cross nodes
+    /// sets it per stage); `None` for the link model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub p2p_time: Option<f64>,
+    /// Time of DualPipe's F&B overlap whose forward is this stage's; `None` for the sum of
+    /// this stage's `f` and the backward stage's `b` (no gain from overlapping).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overlap: Option<f64>,
+    /// Time of the stage's optimizer step, once per training step after its last backward
+    /// (only multi-step simulations see it: it delays the device's next step).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub optimizer: f64,
+    /// Time of the data-parallel all-reduce of the stage's gradients, started after its last
+    /// backward of a step and awaited before the device's optimizer step (multi-step only).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub dp_allreduce: f64,
+    /// Time of a recompute (`R`) of this stage; `None` for the forward's time `f` (full
+    /// recomputation reruns the forward).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub r: Option<f64>,
+    /// Bytes a recomputed microbatch keeps from its F until its R (full recomputation: the
+    /// stage's input); `None` for the hand-off into the stage, the previous stage's
+    /// `p2p_bytes` (0 on the first stage, whose input is token ids).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kept_bytes: Option<u64>,
+}
+
+fn is_zero(x: &f64) -> bool {
+    *x == 0.0
+}
+
+fn one() -> f64 {
+    1.0
+}
+
+fn is_one(x: &f64) -> bool {
+    *x == 1.0
+}
+
+impl StageCost {
+    /// Forward `f`, full backward `b`, and weight part `w` (default `b/2`); `i = b - w`.
+    pub fn new(f: f64, b: f64, w: Option<f64>) -> Result<Self, CostError> {
+        RawStageCost {
+            f: Some(f),
+            b: Some(b),
+            w,
+            ..Default::default()
+        }
+        .resolve("--cost", false)
+    }
+
+    /// Bytes still held after the input backward until W: `activation_bytes * w_memory`,
+    /// rounded (all of them by default).
+    pub fn w_activation_bytes(&self) -> u64 {
+        if self.w_memory >= 1.0 {
+            self.activation_bytes
+        } else {
+            (self.activation_bytes as f64 * self.w_memory).round() as u64
+        }
+    }
+
+    /// Time of a compute kind; zero for communication kinds.
+    pub fn of(&self, kind: ActionKind) -> f64 {
+        match kind {
+            ActionKind::F => self.f,
+            ActionKind::B => self.b,
+            ActionKind::I => self.i,
+            ActionKind::W => self.w,
+            ActionKind::R => self.r.unwrap_or(self.f),
+            _ => 0.0,
+        }
+    }
+
+    /// The same costs divided over `v` chunks: time and activations scale by `1/v` (so do the
+    /// optimizer and all-reduce, which follow the parameters), hand-off size does not (every
+    /// chunk boundary carries a whole activation).
+    pub fn split(&self, v: u32) -> StageCost {
+        let k = f64::from(v.max(1));
+        StageCost {
+            f: self.f / k,
+            b: self.b / k,
+            i: self.i / k,
+            w: self.w / k,
+            activation_bytes: self.activation_bytes / u64::from(v.max(1)),
+            w_memory: self.w_memory,
+            p2p_bytes: self.p2p_bytes,
+            p2p_time: self.p2p_time,
+            overlap: self.overlap.map(|t| t / k),
+            optimizer: self.optimizer / k,
+            dp_allreduce: self.dp_allreduce / k,
+            r: self.r.map(|t| t / k),
+            kept_bytes: self.kept_bytes,
+        }
+    }
+}
+
+/// Costs of every stage, and the point-to-point link model.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CostModel {
+    /// One entry per stage.
+    pub stages: Vec<StageCost>,
+    /// Fixed time of every point-to-point transfer.
+    pub p2p_latency: f64,
+    /// Bytes per time unit of a link; `None` for infinitely fast.
+    pub bandwidth: Option<f64>,
+    /// Host time per action and per message, and whose runtime places them (see
+    /// [`host`](super::host)); `None`: none, pipewright's lowering.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<HostCosts>,
+}
+
+impl CostModel {
+    /// Every stage with the same costs, no communication time.
+    pub fn uniform(stages: u32, cost: StageCost) -> Self {
+        CostModel {
+            stages: vec![cost; stages as usize],
+            p2p_latency: 0.0,
+            bandwidth: None,
+            host: None,
+        }
+    }
+
+    /// Refuse costs whose sums over a run of `microbatches` microbatches on `stages` stages
+    /// cannot be represented, though each value on its own can: a step's time (every action
+    /// and transfer, one after another) past `f64`'s range would make the makespan infinite
+    /// and the bubble 100%, and activation bytes held at once past `u64` would wrap.
+    pub fn check_totals(&self, stages: u32, microbatches: u64) -> Result<(), CostError> {
+        let m = microbatches as f64;
+        let used = &self.stages[..(stages as usize).min(self.stages.len())];
+        let transfer = self.p2p_latency
+            + used
+                .iter()
+                .map(|c| self.bandwidth.map_or(0.0, |bw| c.p2p_bytes as f64 / bw))
+                .fold(0.0, f64::max);
+        let time: f64 = used
+            .iter()
+            .map(|c| {
+                let per = c.f + c.b + c.i + c.w + c.r.unwrap_or(c.f) + c.overlap.unwrap_or(0.0);
+                per * m
+                    + 4.0 * m * c.p2p_time.unwrap_or(0.0).max(transfer)
+                    + c.optimizer
+                    + c.dp_allreduce
+            })
+            .sum();
+        // Headroom: the simulator adds start and end times of what it sums here.
+        if !(time.is_finite() && time < f64::MAX / 16.0) {
+            return Err(CostError::TimeTotal { total: time });
+        }
+        let bytes: u128 = used
+            .iter()
+            .map(|c| {
+                let held = u128::from(c.activation_bytes) + u128::from(c.kept_bytes.unwrap_or(0));
+                (held + 2 * u128::from(c.p2p_bytes)) * u128::from(microbatches)
+            })
+            .sum();
+        if bytes > u128::from(u64::MAX) {
+            return Err(CostError::BytesTotal {
+                total: bytes as f64,
+            });
+        }
+        Ok(())
+    }
+
+    /// Time of a compute action: its stage's cost of its kind; for an F&B overlap, the
+    /// forward stage's `overlap` time, or else the sum of the F's and the B's times.
+    pub fn duration(&self, a: Action) -> f64 {
+        let stage = |s: u32| &self.stages[s as usize];
+        match a.kind {
+            ActionKind::Overlap { b_stage, .. } => stage(a.stage)
+                .overlap
+                .unwrap_or_else(|| stage(a.stage).f + stage(b_stage).b),
+            kind => stage(a.stage).of(kind),
+        }
+    }
+
+    /// Bytes a recomputed microbatch of `stage` keeps between its F and its R: the stage's
+    /// `kept_bytes`, or else its input, the previous stage's hand-off.
+    pub fn kept_bytes(&self, stage: u32) -> u64 {
+        let s = stage as usize;
+        let input = s.checked_sub(1).and_then(|p| self.stages.get(p));
+        match self.stages.get(s).and_then(|c| c.kept_bytes) {
+            Some(b) => b,
+            None => input.map_or(0, |c| c.p2p_bytes),
+        }
+    }
+
+    /// Time to move stage `s`'s output (or its gradient) between devices.
+    pub fn transfer_time(&self, stage: u32) -> f64 {
+        let cost = self.stages.get(stage as usize);
+        if let Some(t) = cost.and_then(|c| c.p2p_time) {
+            return t;
+        }
+        let bytes = cost.map_or(0, |c| c.p2p_bytes) as f64;
+        self.p2p_latency + self.bandwidth.map_or(0.0, |bw| bytes / bw)
+    }
+
+    /// Read a JSON cost file for a timetable with `stages` stages. See [`RawCostFile`].
+    pub fn from_json(text: &str, stages: u32) -> Result<Self, CostError> {
+        let raw: RawCostFile = serde_json::from_str(text).map_err(|e| CostError::Json {
+            line: e.line(),
+            column: e.column(),
+            message: without_position(&e),
+        })?;
+        raw.resolve(stages)
+    }
+
+    /// The same model cut into `stages` stages. A cost model describes the model's depth:
+    /// stage `k` of `n` is the `k`-th of `n` equal slices. Cutting each slice into `stages / n`
+    /// pieces splits its times and activations evenly; joining `n / stages` neighbours sums
+    /// them, and the hand-off of a joined stage is its last piece's. So costs measured with
+    /// one chunk count serve a simulation or a search with another. The measured fixed part
+    /// of each action (`host.call`) is not split or summed: every piece pays it once.
+    pub fn resample(&self, stages: u32) -> Result<CostModel, CostError> {
+        let n = self.stages.len() as u32;
+        let call = self.host.map(|h| h.call).unwrap_or_default();
+        let resampled = if n == stages {
+            self.stages.clone()
+        } else if n > 0 && stages > 0 && stages % n == 0 {
+            let k = stages / n;
+            self.stages
+                .iter()
+                .flat_map(|c| {
+                    let (bare, fixed) = without_fixed(c, &call);
+                    vec![with_fixed(bare.split(k), fixed); k as usize]
+                })
+                .collect()
+        } else if n > 0 && stages > 0 && n % stages == 0 {
+            self.stages
+                .chunks((n / stages) as usize)
+                .map(|parts| {
+                    let apart: Vec<_> = parts.iter().map(|c| without_fixed(c, &call)).collect();
+                    let bare: Vec<StageCost> = apart.iter().map(|(c, _)| *c).collect();
+                    with_fixed(join(&bare), apart[0].1)
+                })
+                .collect()
+        } else {
+            return Err(CostError::Resample { given: n, stages });
+        };
+        Ok(CostModel {
+            stages: resampled,
+            ..self.clone()
+        })
+    }
+
+    /// Check the link model.
+    pub fn with_link(
+        mut self,
+        p2p_latency: f64,
+        bandwidth: Option<f64>,
+    ) -> Result<Self, CostError> {
+        check("p2p latency", p2p_latency)?;
+        if let Some(bw) = bandwidth {
+            if !(bw.is_finite() && bw > 0.0) {
+                return Err(CostError::Bandwidth(bw));
+            }
+        }
+        self.p2p_latency = p2p_latency;
+        self.bandwidth = bandwidth;
+        Ok(self)
+    }
+}
+
+/// `c` without each time's fixed part (`call`, at most the time itself), and those parts: a
+/// stage cut or joined pays each action's fixed part once, so it is taken out first and put
+/// back after.
+fn without_fixed(c: &StageCost, call: &CallCosts) -> (StageCost, [f64; 4]) {
+    let fixed = [
+        call.f.min(c.f),
+        call.b.min(c.b),
+        call.i.min(c.i),
+        call.w.min(c.w),
+    ];
+    let mut bare = *c;
+    bare.f -= fixed[0];
+    bare.b -= fixed[1];
+    bare.i -= fixed[2];
+    bare.w -= fixed[3];
+    (bare, fixed)
+}
+
+fn with_fixed(mut c: StageCost, fixed: [f64; 4]) -> StageCost {
+    c.f += fixed[0];
+    c.b += fixed[1];
+    c.i += fixed[2];
+    c.w += fixed[3];
+    c
+}
+
+/// Neighbouring stages as one: times and activations add up; the hand-off is the last one's;
+/// the fraction held for W is the parts' average weighted by their activations (plain
+/// average when they carry no sizes), so the joined stage holds what its parts held.
+fn join(parts: &[StageCost]) -> StageCost {
+    let sum = |f: fn(&StageCost) -> f64| parts.iter().map(f).sum::<f64>();
+    let overlap = parts.iter().map(|c| c.overlap).sum::<Option<f64>>();
+    let r = parts.iter().any(|c| c.r.is_some());
+    let bytes: u64 = parts.iter().map(|c| c.activation_bytes).sum();
+    let w_memory = if parts.iter().all(|c| c.w_memory == 1.0) {
+        1.0
+    } else if bytes > 0 {
+        sum(|c| c.activation_bytes as f64 * c.w_memory) / bytes as f64
+    } else {
+        sum(|c| c.w_memory) / parts.len().max(1) as f64
+    };
+    StageCost {
+        f: sum(|c| c.f),
+        b: sum(|c| c.b),
+        i: sum(|c| c.i),
+        w: sum(|c| c.w),
+        activation_bytes: bytes,
+        w_memory,
+        p2p_bytes: parts.last().map_or(0, |c| c.p2p_bytes),
+        p2p_time: parts.last().and_then(|c| c.p2p_time),
+        overlap,
+        optimizer: sum(|c| c.optimizer),
+        dp_allreduce: sum(|c| c.dp_allreduce),
+        r: r.then(|| sum(|c| c.of(ActionKind::R))),
+        // The joined stage's input is its first piece's.
+        kept_bytes: parts.first().and_then(|c| c.kept_bytes),
+    }
+}
+
+/// A stage's costs as written in a cost file: any field may be left to the default.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawStageCost {
+    /// Forward time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub f: Option<f64>,
+    /// Full backward time (default `i + w`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub b: Option<f64>,
+    /// Input-gradient time (default `b - w`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub i: Option<f64>,
+    /// Weight-gradient time (default `b - i`, or `b / 2`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub w: Option<f64>,
+    /// Stashed activation bytes (default 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub activation_bytes: Option<u64>,
+    /// Fraction of the activations held after I until W, in [0, 1] (default 1: all).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub w_memory: Option<f64>,
+    /// Bytes sent to the next stage (default 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub p2p_bytes: Option<u64>,
+    /// Time of the hand-off to the next stage (default: the link model's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub p2p_time: Option<f64>,
+    /// Time of an F&B overlap whose forward is this stage's (default: F plus the B's time).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overlap: Option<f64>,
+    /// Optimizer step time per training step (default 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub optimizer: Option<f64>,
+    /// Data-parallel gradient all-reduce time per training step (default 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dp_allreduce: Option<f64>,
+    /// Recompute (`R`) time (default: `f`, a full recompute reruns the forward).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub r: Option<f64>,
+    /// Bytes a recomputed microbatch keeps from F to R (default: the previous stage's
+    /// `p2p_bytes`, the stage's input).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kept_bytes: Option<u64>,
+}
+
+impl RawStageCost {
+    /// Whether nothing is given (every field left to its default).
+    pub fn is_empty(&self) -> bool {
+        *self == RawStageCost::default()
+    }
+
+    fn or(self, d: RawStageCost) -> RawStageCost {
+        RawStageCost {
+            f: self.f.or(d.f),
+            b: self.b.or(d.b),
+            i: self.i.or(d.i),
+            w: self.w.or(d.w),
+            activation_bytes: self.activation_bytes.or(d.activation_bytes),
+            w_memory: self.w_memory.or(d.w_memory),
+            p2p_bytes: self.p2p_bytes.or(d.p2p_bytes),
+            p2p_time: self.p2p_time.or(d.p2p_time),
+            overlap: self.overlap.or(d.overlap),
+            optimizer: self.optimizer.or(d.optimizer),
+            dp_allreduce: self.dp_allreduce.or(d.dp_allreduce),
+            r: self.r.or(d.r),
+            kept_bytes: self.kept_bytes.or(d.kept_bytes),
+        }
+    }
+
+    /// The stage's costs. `apart`: the file's backward was measured split and fused apart
+    /// (PyTorch's runtime), so `i + w` may differ from `b`; elsewhere a stage with all three
+    /// must add up, since the simulator would time a split schedule by `i + w` and a fused
+    /// one by `b`.
+    fn resolve(self, place: &str, apart: bool) -> Result<StageCost, CostError> {
+        let missing = |what| CostError::Missing {
+            place: place.to_string(),
+            what,
+        };
+        let f = self.f.ok_or(missing("f"))?;
+        let (b, i, w) = match (self.b, self.i, self.w) {
+            (Some(b), Some(i), Some(w)) => (b, i, w),
+            (Some(b), Some(i), None) => (b, i, b - i),
+            (Some(b), None, Some(w)) => (b, b - w, w),
+            (Some(b), None, None) => (b, b / 2.0, b / 2.0),
+            (None, Some(i), Some(w)) => (i + w, i, w),
+            _ => return Err(missing("b, or i and w")),
+        };
+        // A part larger than the whole would make the other part negative: say which.
+        for (part, value) in [("w", self.w), ("i", self.i)] {
+            match (value, self.b) {
+                (Some(x), Some(b)) if x > b && (self.i.is_none() || self.w.is_none()) => {
+                    return Err(CostError::PartOverWhole {
+                        place: place.to_string(),
+                        part,
+                        value: x,
+                        b,
+                    })
+                }
+                _ => {}
+            }
+        }
+        if let (Some(b), Some(i), Some(w)) = (self.b, self.i, self.w) {
+            if !apart && (i + w - b).abs() > 1e-9 * b.abs().max(1e-300) {
+                return Err(CostError::SplitMismatch {
+                    place: place.to_string(),
+                    i,
+                    w,
+                    b,
+                });
+            }
+        }
+        let w_memory = self.w_memory.unwrap_or(1.0);
+        if !(0.0..=1.0).contains(&w_memory) {
+            return Err(CostError::WMemory {
+                place: place.to_string(),
+                value: w_memory,
+            });
+        }
+        let overlap = self.overlap.unwrap_or(0.0);
+        let optimizer = self.optimizer.unwrap_or(0.0);
+        let dp_allreduce = self.dp_allreduce.unwrap_or(0.0);
+        let all = [
+            ("f", f),
+            ("b", b),
+            ("i", i),
+            ("w", w),
+            ("overlap", overlap),
+            ("optimizer", optimizer),
+            ("dp_allreduce", dp_allreduce),
+            ("r", self.r.unwrap_or(0.0)),
+            ("p2p_time", self.p2p_time.unwrap_or(0.0)),
+        ];
+        for (what, v) in all {
+            check(what, v).map_err(|_| CostError::Invalid {
+                what: format!("{place}: {what}"),
+                value: v,
+            })?;
+        }
+        Ok(StageCost {
+            f,
+            b,
+            i,
+            w,
+            activation_bytes: self.activation_bytes.unwrap_or(0),
+            w_memory,
+            p2p_bytes: self.p2p_bytes.unwrap_or(0),
+            p2p_time: self.p2p_time,
+            overlap: self.overlap,
+            optimizer,
+            dp_allreduce,
+            r: self.r,
+            kept_bytes: self.kept_bytes,
+        })
+    }
+}
+
+/// A cost file: `default` applies to every stage, `stages` (one entry per stage) overrides it.
+/// A list of another length is cut or joined to the timetable's stages (see
+/// [`CostModel::resample`]): costs of a 4-device pipeline serve one of 4 devices with 2 chunks.
+///
+/// ```json
+/// { "default": { "f": 1.0, "b": 2.0, "w": 1.0, "activation_bytes": 4096, "w_memory": 0.4,
+///                "p2p_bytes": 1024, "overlap": 2.5, "optimizer": 0.5, "dp_allreduce": 0.2 },
+///   "stages": [ {}, {}, {}, { "f": 1.5, "b": 3.0 } ],
+///   "p2p_latency": 0.05, "bandwidth": 1e6 }
+/// ```
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawCostFile {
+    /// Costs of every stage unless overridden.
+    #[serde(default, skip_serializing_if = "RawStageCost::is_empty")]
+    pub default: RawStageCost,
+    /// Per-stage overrides; when present, exactly one per stage.
+    #[serde(default)]
+    pub stages: Option<Vec<RawStageCost>>,
+    /// Latency of each point-to-point transfer (default 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub p2p_latency: Option<f64>,
+    /// Link bandwidth in bytes per time unit (default infinite).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bandwidth: Option<f64>,
+    /// Unit of the times, for people (e.g. `ms` in a measured file); not used in arithmetic.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_unit: Option<String>,
+    /// Where the costs come from, for people (e.g. the run that measured them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+    /// Host time per action and per message, and whose runtime it is (default: none, and
+    /// pipewright's runtime). See [`host`](super::host).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<HostCosts>,
+}
+
+impl RawCostFile {
+    /// Resolve for a timetable with `stages` stages.
+    pub fn resolve(&self, stages: u32) -> Result<CostModel, CostError> {
+        let apart = self.host.is_some_and(|h| h.runtime == Runtime::Pytorch);
+        if let Some(host) = self.host {
+            for (what, v) in host.times() {
+                check(what, v)?;
+            }
+        }
+        let per_stage = match &self.stages {
+            None => (0..stages)
+                .map(|s| self.default.resolve(&format!("stage {s}"), apart))
+                .collect::<Result<Vec<_>, _>>()?,
+            Some(list) if list.is_empty() => {
+                return Err(CostError::StageCount { given: 0, stages })
+            }
+            Some(list) => list
+                .iter()
+                .enumerate()
+                .map(|(s, c)| c.or(self.default).resolve(&format!("stage {s}"), apart))
+                .collect::<Result<Vec<_>, _>>()?,
+        };
+        let given = per_stage.len();
+        CostModel {
+            stages: per_stage,
+            p2p_latency: 0.0,
+            bandwidth: None,
+            host: None,
+        }
+        .resample(stages)
+        .map_err(|_| CostError::StageCount { given, stages })?
+        .with_link(self.p2p_latency.unwrap_or(0.0), self.bandwidth)
+        .map(|model| CostModel {
+            host: self.host,
+            ..model
+        })
+    }
+}
+
+fn check(what: &str, v: f64) -> Result<(), CostError> {
+    if v.is_finite() && v >= 0.0 {
+        Ok(())
+    } else {
+        Err(CostError::Invalid {
+            what: what.to_string(),
+            value: v,
+        })
+    }
+}

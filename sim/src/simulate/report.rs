@@ -1,0 +1,207 @@
+//! The figures of a step: makespan, bubbles, stashed activations over time.
+
+use std::collections::HashSet;
+
+use serde::{Deserialize, Serialize};
+
+use super::CostModel;
+use pipewright_schedule::action::ActionKind;
+use pipewright_schedule::timeline::{MemorySample, Timeline};
+
+/// Figures of one device.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DeviceReport {
+    /// Device index.
+    pub device: u32,
+    /// Compute time.
+    pub busy: f64,
+    /// `1 - busy / makespan`.
+    pub bubble_fraction: f64,
+    /// Most microbatch-stages with stashed activations at once.
+    pub peak_activations: u32,
+    /// Most stashed activation bytes at once.
+    pub peak_activation_bytes: u64,
+    /// Stashed activations over time (a step function).
+    pub memory: Vec<MemorySample>,
+}
+
+/// Figures of a step.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Report {
+    /// Time from the first action's start to the last action's end.
+    pub makespan: f64,
+    /// Compute time of the busiest device: the makespan with no bubble.
+    pub ideal: f64,
+    /// `1 - ideal / makespan`.
+    pub bubble_fraction: f64,
+    /// Unit of the times.
+    pub time_unit: String,
+    /// Per device.
+    pub devices: Vec<DeviceReport>,
+}
+
+impl Report {
+    /// Summarise a timeline; activation sizes come from `costs`.
+    ///
+    /// A stage-microbatch holds its activations from the start of its F to the end of its
+    /// backward: the end of B, or of W when the backward is split (W still needs them). With
+    /// a split, the end of I frees all but the stage's `w_memory` fraction, which W frees
+    /// (by default W holds all of them). Counts follow the microbatch-stage until its W.
+    /// Peaks follow the order of a device's actions, so zero-length actions (zero costs)
+    /// peak exactly as short ones do. Bubble fractions over a zero makespan are undefined:
+    /// NaN here, `null` in JSON.
+    pub fn new(timeline: &Timeline, costs: &CostModel) -> Report {
+        let makespan = timeline.makespan() - timeline.start();
+        let busy = timeline.busy_per_device();
+        let ideal = busy.iter().copied().fold(0.0, f64::max);
+        let tracks = memory_tracks(timeline, costs);
+        let devices = busy
+            .iter()
+            .zip(tracks)
+            .enumerate()
+            .map(|(d, (&busy, track))| DeviceReport {
+                device: d as u32,
+                busy,
+                bubble_fraction: fraction_idle(busy, makespan),
+                peak_activations: track.peak_count,
+                peak_activation_bytes: track.peak_bytes,
+                memory: track.samples,
+            })
+            .collect();
+        Report {
+            makespan,
+            ideal,
+            bubble_fraction: fraction_idle(ideal, makespan),
+            time_unit: timeline.meta.time_unit.clone(),
+            devices,
+        }
+    }
+
+    /// Largest peak of stashed activation bytes over devices.
+    pub fn peak_activation_bytes(&self) -> u64 {
+        self.devices
+            .iter()
+            .map(|d| d.peak_activation_bytes)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Largest peak count of stashed microbatch-stages over devices.
+    pub fn peak_activations(&self) -> u32 {
+        self.devices
+            .iter()
+            .map(|d| d.peak_activations)
+            .max()
+            .unwrap_or(0)
+    }
+}
+
+fn fraction_idle(busy: f64, span: f64) -> f64 {
+    if span > 0.0 {
+        (1.0 - busy / span).max(0.0)
+    } else {
+        f64::NAN
+    }
+}
+
+/// One device's stashed activations: the step function and its peaks.
+pub(crate) struct MemoryTrack {
+    /// Amount from each time on; changes at one instant are merged into the last.
+    pub samples: Vec<MemorySample>,
+    /// Most microbatch-stages held at once, in the order the actions run.
+    pub peak_count: u32,
+    /// Most bytes held at once.
+    pub peak_bytes: u64,
+}
+
+/// Stashed activations per device, from F starts and backward ends.
+///
+/// Changes are ordered by time, then by the position of their action in the device's order
+/// (and a start before its own end): a device runs one action at a time, so this is the order
+/// in which they happen, even when actions take no time at all.
+pub(crate) fn memory_tracks(timeline: &Timeline, costs: &CostModel) -> Vec<MemoryTrack> {
+    let n = timeline.meta.devices as usize;
+    let mut per_device: Vec<Vec<&pipewright_schedule::timeline::Event>> = vec![Vec::new(); n];
+    for e in timeline.compute_events() {
+        if let Some(list) = per_device.get_mut(e.device as usize) {
+            list.push(e);
+        }
+    }
+    per_device
+        .into_iter()
+        .map(|mut events| {
+            // Stable: events recorded in running order keep it when their starts tie.
+            events.sort_by(|a, b| a.start.total_cmp(&b.start));
+            track(&events, costs)
+        })
+        .collect()
+}
+
+/// (time, action position, 0 at its start or 1 at its end, change of count, change of bytes).
+type Delta = (f64, usize, u8, i8, i128);
+
+/// A microbatch with an `R` keeps only [`CostModel::kept_bytes`] from the start of its F to
+/// the start of its R, and its whole stash from then until its backward frees it.
+fn track(events: &[&pipewright_schedule::timeline::Event], costs: &CostModel) -> MemoryTrack {
+    let recomputed: HashSet<(u32, u32)> = events
+        .iter()
+        .filter(|e| e.action.kind == ActionKind::R)
+        .map(|e| (e.action.stage, e.action.microbatch))
+        .collect();
+    let mut deltas: Vec<Delta> = Vec::with_capacity(events.len());
+    for (pos, e) in events.iter().enumerate() {
+        // An overlap is its F (stashes at the start) and its B (frees at the end).
+        for part in e.action.parts() {
+            let (bytes, held) = costs.stages.get(part.stage as usize).map_or((0, 0), |c| {
+                (
+                    c.activation_bytes,
+                    c.w_activation_bytes().min(c.activation_bytes),
+                )
+            });
+            let kept = if recomputed.contains(&(part.stage, part.microbatch)) {
+                costs.kept_bytes(part.stage).min(bytes)
+            } else {
+                bytes
+            };
+            let (bytes, held, kept) = (i128::from(bytes), i128::from(held), i128::from(kept));
+            match part.kind {
+                ActionKind::F => deltas.push((e.start, pos, 0, 1, kept)),
+                ActionKind::R => deltas.push((e.start, pos, 0, 0, bytes - kept)),
+                ActionKind::B => deltas.push((e.end, pos, 1, -1, -bytes)),
+                // I frees what W does not need; the microbatch-stage still counts until W.
+                ActionKind::I if held < bytes => deltas.push((e.end, pos, 1, 0, held - bytes)),
+                ActionKind::W => deltas.push((e.end, pos, 1, -1, -held)),
+                _ => {}
+            }
+        }
+    }
+    deltas.sort_by(|a, b| a.0.total_cmp(&b.0).then((a.1, a.2).cmp(&(b.1, b.2))));
+    let (mut count, mut bytes) = (0i64, 0i128);
+    let (mut peak_count, mut peak_bytes) = (0u32, 0u64);
+    let mut samples: Vec<MemorySample> = Vec::with_capacity(deltas.len() + 1);
+    samples.push(MemorySample {
+        time: 0.0,
+        count: 0,
+        bytes: 0,
+    });
+    for (time, _, _, sign, b) in deltas {
+        count += i64::from(sign);
+        bytes += b;
+        let sample = MemorySample {
+            time,
+            count: count.clamp(0, i64::from(u32::MAX)) as u32,
+            bytes: bytes.clamp(0, i128::from(u64::MAX)) as u64,
+        };
+        peak_count = peak_count.max(sample.count);
+        peak_bytes = peak_bytes.max(sample.bytes);
+        match samples.last_mut() {
+            Some(last) if last.time == time => *last = sample,
+            _ => samples.push(sample),
+        }
+    }
+    MemoryTrack {
+        samples,
+        peak_count,
+        peak_bytes,
+    }
+}
