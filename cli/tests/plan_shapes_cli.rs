@@ -116,7 +116,7 @@ fn the_launch_line_trains_the_planned_shape() {
 #[test]
 fn the_llama_config_plans_and_trains_at_a_small_size() {
     let fixture =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("schedule/tests/fixtures/hf/llama3-8b.json");
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../model/tests/fixtures/hf/llama3-8b.json");
     let text = std::fs::read_to_string(&fixture).unwrap();
     let mut config: serde_json::Value = serde_json::from_str(&text).unwrap();
     for (field, small) in [

@@ -45,6 +45,8 @@ fn enables(meta: &Value, package: &str, feature: &str, wanted: &str) -> bool {
 #[test]
 fn nccl_implies_cuda_in_every_package() {
     let meta = workspace_features();
+    assert!(enables(&meta, "pipewright-cli", "nccl", "cuda"));
+    assert!(enables(&meta, "pipewright-cli", "cuda", "pipewright/cuda"));
     assert!(enables(&meta, "pipewright", "nccl", "cuda"));
     assert!(enables(&meta, "pipewright-runtime", "nccl", "cuda"));
     assert!(enables(

@@ -9,7 +9,7 @@ mod common;
 
 fn fixture(name: &str) -> String {
     format!(
-        "{}/schedule/tests/fixtures/hf/{name}",
+        "{}/../model/tests/fixtures/hf/{name}",
         env!("CARGO_MANIFEST_DIR")
     )
 }
