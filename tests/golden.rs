@@ -153,8 +153,8 @@ fn short_diff(expected: &str, actual: &str) -> String {
         .unwrap_or(0);
     let lo = first.saturating_sub(3);
     let mut out = String::new();
-    for i in lo..first {
-        let _ = writeln!(out, "  {}", e[i]);
+    for l in e.iter().take(first).skip(lo) {
+        let _ = writeln!(out, "  {l}");
     }
     // The differing run (at most 6 lines), quoted when only whitespace differs.
     let end = (first + 1..first + 6)

@@ -25,7 +25,10 @@ REL_TOL = 1e-12
 
 
 def _plain(x):
-    """A JSON-able copy of `x` without elapsed time, which varies run to run."""
+    """A JSON-able copy of `x` without elapsed time, which varies run to run. A result
+    class with `to_dict` (as issue 34 plans for more results) is compared as its dict."""
+    if callable(getattr(x, "to_dict", None)):
+        x = x.to_dict()
     if isinstance(x, dict):
         return {str(k): _plain(v) for k, v in x.items() if k != "seconds"}
     if isinstance(x, (list, tuple)):
