@@ -57,7 +57,8 @@ def results(tmp):
             cases.append({"kind": "titan", "name": "interleaved-v4",
                           "timetable": str(write(tmp, "interleaved-1f1b", 2, 4)), "p": 2})
             cases += [{"kind": "titan_chunked", "name": f"chunked-{f}",
-                       "timetable": str(write(tmp, f, 2)), "p": 2} for f in ("zb-h1", "1f1b")]
+                       "timetable": str(write(tmp, f, 2)), "p": 2}
+                      for f in ("zb-h1", "zbv", "dualpipev", "1f1b")]
         out.update(run_cases(p, cases, timeout=400))
     return out
 
@@ -80,10 +81,23 @@ def test_four_stages_per_rank_train_with_the_derived_module_split(results):
 
 
 def test_a_lost_gradient_under_chunked_loss_and_split_backward_is_named(results):
+    """torchtitan's ChunkedLossWrapper with FSDP on every part, as its llama3 configs run."""
     split = results["chunked-zb-h1"]["refusals"]
     assert split[0] is None  # rank 0's stage (embeddings, first layers) got its gradients
-    assert "norm.weight (stage 1)" in split[1] and "ChunkedLossWrapper" in split[1], split
-    assert results["chunked-1f1b"]["refusals"] == [None, None]  # a fused backward keeps it
+    assert "no gradient" in split[1] and "norm.weight (stage 1)" in split[1], split
+    assert "ChunkedLossWrapper" in split[1] and "--no-split-backward" in split[1]
+    zbv = results["chunked-zbv"]["refusals"]  # V placement: the last stage is on rank 0
+    assert zbv[0].startswith("no gradient after the step for norm.weight (stage 3)"), zbv
+
+
+def test_a_wrong_gradient_under_chunked_loss_and_dualpipev_is_named(results):
+    refusals = results["chunked-dualpipev"]["refusals"]
+    assert refusals[0].startswith("gradient differs from the fused-backward reference for "
+                                  "norm.weight (stage 3"), refusals
+
+
+def test_chunked_loss_with_a_fused_backward_passes_both_checks(results):
+    assert results["chunked-1f1b"]["refusals"] == [None, None]
 
 
 @pytest.mark.parametrize("family", FAMILIES)

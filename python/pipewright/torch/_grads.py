@@ -27,7 +27,8 @@ def check_grads(parts, *, reference=None, rtol: float = 1e-5, atol: float = 1e-8
 
     `parts`: this rank's `PipelineStage`s, or its model parts (modules, as torchtitan's
     `_pipeline_module_split` returns them), or one of either. Call it after the step,
-    before the optimizer; parameters with `requires_grad=False` are skipped.
+    before the optimizer; parameters with `requires_grad=False` are skipped. With
+    `reference` under FSDP, every data-parallel peer must call it (gradients are gathered).
     """
     import torch
 
@@ -47,9 +48,12 @@ def check_grads(parts, *, reference=None, rtol: float = 1e-5, atol: float = 1e-8
             if p.grad is None:
                 missing.append(f"{name} ({where})")
             elif reference is not None and name in reference:
-                want = reference[name].to(p.grad.device, p.grad.dtype)
-                if not torch.allclose(p.grad, want, rtol=rtol, atol=atol):
-                    err = (p.grad - want).abs().max().item()
+                # An FSDP gradient is a DTensor: gathered whole (a collective of the
+                # data-parallel peers, which check the same parameters in the same order).
+                got = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
+                want = reference[name].to(got.device, got.dtype)
+                if not torch.allclose(got, want, rtol=rtol, atol=atol):
+                    err = (got - want).abs().max().item()
                     differ.append(f"{name} ({where}, max error {err:.3g})")
     if missing:
         raise GradError(
@@ -60,5 +64,7 @@ def check_grads(parts, *, reference=None, rtol: float = 1e-5, atol: float = 1e-8
         )
     if differ:
         raise GradError(
-            f"gradient differs from the fused-backward reference for {', '.join(differ)}"
+            f"gradient differs from the fused-backward reference for {', '.join(differ)}: "
+            "torchtitan's ChunkedLossWrapper under DualPipeV's overlapped F&B or a split "
+            "backward does this; use a fused-backward timetable or a plain loss"
         )
