@@ -212,8 +212,21 @@ def case_dp_record(case, group):
     return {"refusals": every} if rank == 0 else None
 
 
+def case_titan(case, group):
+    import titan_cases  # torchtitan's own path: imported only where a case asks for it
+
+    return titan_cases.case_titan(case, group)
+
+
+def case_titan_chunked(case, group):
+    import titan_cases
+
+    return titan_cases.case_titan_chunked(case, group)
+
+
 CASES = {"dp_record": case_dp_record, "grads": case_grads, "record": case_record, "record_torch": case_record_torch,
-         "tune": case_tune, "no_target": case_no_target}
+         "tune": case_tune, "no_target": case_no_target, "titan": case_titan,
+         "titan_chunked": case_titan_chunked}
 
 
 def main() -> int:

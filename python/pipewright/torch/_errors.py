@@ -26,3 +26,11 @@ class BatchError(TorchError):
 
 class RecordError(TorchError):
     """A recording that cannot become a timeline or a cost file."""
+
+
+class TitanError(TorchError):
+    """torchtitan settings that cannot run the timetable: the message names the setting."""
+
+
+class GradError(TorchError):
+    """A parameter that ended a step without a gradient, or with one unlike the reference."""

@@ -18,3 +18,53 @@ def restore_grads(saved: list) -> None:
             p.grad = g
         else:
             p.grad.copy_(g)
+
+
+def check_grads(parts, *, reference=None, rtol: float = 1e-5, atol: float = 1e-8) -> None:
+    """Refuse a step that left a trainable parameter without a gradient (or, with
+    `reference`, a mapping from parameter name to the gradient of a fused-backward step,
+    with one that differs from it), naming the parameter and its stage or model part.
+
+    `parts`: this rank's `PipelineStage`s, or its model parts (modules, as torchtitan's
+    `_pipeline_module_split` returns them), or one of either. Call it after the step,
+    before the optimizer; parameters with `requires_grad=False` are skipped. With
+    `reference` under FSDP, every data-parallel peer must call it (gradients are gathered).
+    """
+    import torch
+
+    from ._errors import GradError
+
+    parts = [parts] if not isinstance(parts, (list, tuple)) else list(parts)
+    missing, differ = [], []
+    for i, part in enumerate(parts):
+        module = getattr(part, "submod", part)
+        index = getattr(part, "stage_index", None)
+        where = f"stage {index}" if index is not None else f"model part {i}"
+        if not isinstance(module, torch.nn.Module):
+            raise GradError(f"{where} is a {type(part).__name__}, not a module or PipelineStage")
+        for name, p in module.named_parameters():
+            if not p.requires_grad:
+                continue
+            if p.grad is None:
+                missing.append(f"{name} ({where})")
+            elif reference is not None and name in reference:
+                # An FSDP gradient is a DTensor: gathered whole (a collective of the
+                # data-parallel peers, which check the same parameters in the same order).
+                got = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
+                want = reference[name].to(got.device, got.dtype)
+                if not torch.allclose(got, want, rtol=rtol, atol=atol):
+                    err = (got - want).abs().max().item()
+                    differ.append(f"{name} ({where}, max error {err:.3g})")
+    if missing:
+        raise GradError(
+            f"no gradient after the step for {', '.join(missing)}: a split-backward timetable "
+            "(I/W) with a loss that runs part of the model itself (torchtitan's "
+            "ChunkedLossWrapper) leaves it out; use a timetable without split backward "
+            "(search --no-split-backward) or a plain loss"
+        )
+    if differ:
+        raise GradError(
+            f"gradient differs from the fused-backward reference for {', '.join(differ)}: "
+            "torchtitan's ChunkedLossWrapper under DualPipeV's overlapped F&B or a split "
+            "backward does this; use a fused-backward timetable or a plain loss"
+        )
