@@ -13,7 +13,12 @@ use cli::train::{BenchCmd, TrainCmd};
 
 /// Pipeline-parallel schedules as data: generated, validated, simulated, drawn, executed.
 #[derive(Parser, Debug)]
-#[command(name = "pipewright", version, about, long_about = None)]
+#[command(
+    name = "pipewright",
+    version,
+    about = "Pipeline-parallel training engine: schedules as data, validated, simulated, executed.",
+    long_about = None
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

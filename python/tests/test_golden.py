@@ -1,4 +1,4 @@
-"""Golden answers of the public Python API for the requests tests/golden/cases.txt gives the
+"""Golden answers of the public Python API for the requests cli/tests/golden/cases.txt gives the
 CLI: each case's result, made plain JSON, must equal python/tests/golden/<case>.json (floats
 within 1e-12 relative), and each refusal its stored `PipewrightError` line. This guards
 restructurings (issue 34): it uses only `import pipewright`, so it must pass unchanged when
@@ -6,7 +6,7 @@ Rust code moves between crates.
 
 `GOLDEN_BLESS=1 python -m pytest python/tests/test_golden.py` rewrites the stored answers;
 review the diff before committing it. Inputs are the CLI golden inputs, read from
-tests/golden/ as the working directory, so messages name `inputs/...` on every machine."""
+cli/tests/golden/ as the working directory, so messages name `inputs/...` on every machine."""
 
 import json
 import math
@@ -19,7 +19,7 @@ import pipewright as pw
 
 HERE = Path(__file__).resolve().parent
 GOLDEN = HERE / "golden"
-INPUTS_ROOT = HERE.parents[1] / "tests" / "golden"
+INPUTS_ROOT = HERE.parents[1] / "cli" / "tests" / "golden"
 BLESS = os.environ.get("GOLDEN_BLESS", "") not in ("", "0")
 REL_TOL = 1e-12
 

@@ -60,7 +60,7 @@ def cli_error(*args: str) -> str:
 def small_llama(tmp_path):
     """The committed Llama 3 8B config.json with its sizes made small, every other field as
     published; its path, and the same model as sizes and kinds."""
-    config = json.loads((REPO / "schedule/tests/fixtures/hf/llama3-8b.json").read_text())
+    config = json.loads((REPO / "model/tests/fixtures/hf/llama3-8b.json").read_text())
     small = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4,
                  num_key_value_heads=2, intermediate_size=160, vocab_size=128,
                  max_position_embeddings=32)
