@@ -1,7 +1,7 @@
 //! The mistakes a user's own layer-list model can make, each refused before step 1 naming
 //! the user's layer, parameter, stage or microbatch (issue 33): a layer that never stores
-//! its weight gradient, a data function of the thread, a wrong-shaped input gradient, a
-//! hand-off of the wrong width, replicas built apart. And the same model without the
+//! its weight gradient, a data function of the thread (its inputs or its targets), a
+//! wrong-shaped input gradient, a hand-off of the wrong width, replicas built apart. And the same model without the
 //! mistake is not refused.
 
 // One device's cuts are a list of one range, as `LayerStage::part` takes them.
@@ -225,6 +225,42 @@ fn a_data_function_of_the_thread_is_refused_at_step_0_naming_the_microbatch_and_
     assert!(
         line.contains(
             "the data function gave ranks 0 and 1 different data for microbatch 0 of step 0"
+        ),
+        "{line}"
+    );
+}
+
+#[test]
+fn targets_of_the_thread_are_refused_at_step_0_though_the_inputs_agree() {
+    // The inputs follow the id; the targets come from a stream each rank draws from.
+    let next = AtomicU64::new(0);
+    let targets_by_thread = |id: MicrobatchId| {
+        let n = next.fetch_add(1, Ordering::Relaxed);
+        let drawn = rows(MicrobatchId {
+            microbatch: n as u32,
+            ..id
+        })?;
+        Ok(Rows {
+            y: drawn.y,
+            ..rows(id)?
+        })
+    };
+    let cuts = [0..2, 2..4];
+    let (r, steps) = train(
+        Mesh::new(2, 1, 1).unwrap(),
+        &cuts,
+        |_, s| part(&cuts, s, WIDTHS, Bug::None),
+        targets_by_thread,
+        &opts(),
+    );
+    let line = r
+        .expect_err("thread-dependent targets are refused")
+        .to_string();
+    assert_eq!(steps, 0, "{line}");
+    assert!(
+        line.contains(
+            "the data function gave ranks 0 and 1 different targets (what the loss reads) for \
+             microbatch 0 of step 0"
         ),
         "{line}"
     );
