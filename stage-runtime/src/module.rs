@@ -460,6 +460,16 @@ impl<B: Backend> StageModule for GptModule<B> {
         Ok(self.stage.backward_weight(ws)?)
     }
 
+    /// The stage's parameters as the kernels name them (`blocks.3.attn.qkv.weight`), so
+    /// the replica check and step 0's unused-parameter check name them.
+    fn parameter_names(&self) -> Option<Vec<ParamName>> {
+        use pipewright_kernels::layers::Parameters;
+        let mut names = Vec::new();
+        self.stage
+            .visit(&mut |p| names.push(ParamName::new(p.name.clone(), p)));
+        Some(names)
+    }
+
     /// The tokens and targets, hashed: every rank of a replica must hold the same.
     fn data_fingerprint(&self, data: &TokenBatch) -> Result<Option<u64>, ModuleError> {
         use std::hash::{Hash, Hasher};

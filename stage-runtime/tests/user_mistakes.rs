@@ -337,3 +337,66 @@ fn stage_params_mut(stage: &mut LayerStage<Rows>, f: &mut dyn FnMut(&str, &mut [
         .set_flat_params(Tensor::new(&[flat.len()], flat).unwrap())
         .unwrap();
 }
+
+/// The reference GPT names its parameters as the kernels do: replicas built from seeds of
+/// their own are refused naming the first parameter that differs, not a flat index.
+#[test]
+fn gpt_replicas_built_apart_are_refused_naming_the_gpt_s_parameter() {
+    use pipewright_kernels::gpt::GptConfig;
+    use pipewright_kernels::layers::TpShard;
+    use pipewright_runtime::train::gpt_data;
+    use pipewright_runtime::{GptModule, StageModule, TrainConfig};
+
+    let mesh = Mesh::new(1, 1, 2).unwrap();
+    let cfg = TrainConfig {
+        mesh,
+        model: GptConfig::new(16, 8, 16, 2, 4),
+        microbatch_size: 2,
+        sequence_parallel: false,
+        seed: 5,
+        run: opts(),
+    };
+    let tt = generate(&ScheduleSpec::new(ScheduleKind::OneFOneB, 1, 1, 2, None).unwrap());
+    let make = |c: Coord, s: u32| {
+        GptModule::new(
+            &cfg.model,
+            cfg.seed + c.dp as u64,
+            s as usize,
+            1,
+            TpShard::SINGLE,
+        )
+    };
+    let r = run(
+        mesh,
+        &tt,
+        make,
+        |id| Ok(gpt_data(&cfg, id)),
+        &opts(),
+        |_| {},
+    );
+    let line = r.expect_err("refused").to_string();
+    assert!(
+        line.contains("stage 0: data-parallel replicas 0 and 1 build it with different parameters (embed.wte[0] is"),
+        "{line}"
+    );
+    // Every block's weights by their place: what the unused-parameter check names too.
+    let m = make(
+        Coord {
+            pp: 0,
+            tp: 0,
+            dp: 0,
+        },
+        0,
+    )
+    .unwrap();
+    let names: Vec<String> = m
+        .parameter_names()
+        .unwrap()
+        .into_iter()
+        .map(|n| n.name)
+        .collect();
+    assert!(
+        names.iter().any(|n| n == "blocks.1.attn.qkv.weight"),
+        "{names:?}"
+    );
+}
