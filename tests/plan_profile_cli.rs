@@ -355,4 +355,9 @@ fn a_profile_measured_at_tp_2_is_planned_at_tp_2() {
     let (pp, dp) = (&v["launch"]["pp"], &v["launch"]["dp"]);
     let mesh = format!("Mesh::new({pp}, 2, {dp})");
     assert!(table.contains(&mesh), "{mesh} in {table}");
+    // GPUs that tp 2 does not divide are refused for that reason.
+    refused(
+        &["--profile", &file, "--gpus", "3", "--global-batch", "12"],
+        &["the profile was measured at tp 2 (one TP rank's layers), which 3 GPUs"],
+    );
 }
