@@ -14,7 +14,9 @@ use pipewright_kernels::layers::{
     Linear, Mlp, MlpStash, MlpWeightStash, NoTp, Parameters, RmsNorm, TpReduce, TpShard,
 };
 use pipewright_kernels::{Backend, Cpu, Tensor};
-use pipewright_runtime::split::{layer_profile_tp, BoxedLayer, Layer, LayerStage, TpLayout};
+use pipewright_runtime::split::{
+    cut, layer_profile_tp, Balance, BoxedLayer, Layer, LayerStage, TpLayout,
+};
 use pipewright_runtime::{run, Coord, Mesh, MicrobatchId, ModuleError, RunOptions, StepRecord};
 use pipewright_schedule::layer_profile::LayerProfile;
 use pipewright_schedule::memory::{predict_layers, LayerMemoryConfig};
@@ -348,6 +350,11 @@ fn a_tp_2_profile_holds_one_rank_s_bytes_and_predicts_the_tp_2_run_to_the_byte()
             _ => assert_eq!(ratio, 1.0, "layer {k}: replicated"),
         }
     }
+    // `cut` by parameters weighs what `layer(k)` builds: the rank's shard, as profiled.
+    let shard = TpShard::new(0, 2).unwrap();
+    let by_params = cut(LAYERS, 2, Balance::Parameters, None, |k| layer(k, shard)).unwrap();
+    let profiled: Vec<f64> = half.layers.iter().map(|l| l.params as f64).collect();
+    assert_eq!(by_params.weights, profiled);
     let m = 4;
     let tt = generate(&ScheduleSpec::new(ScheduleKind::OneFOneB, 2, 1, m, None).unwrap());
     let cuts = half.cuts(2).unwrap();
