@@ -320,3 +320,44 @@ fn a_microbatch_scaled_past_u64_bytes_is_refused_not_overflowed() {
         &["needs "],
     );
 }
+
+/// A profile measured on one rank of tp 2 (`"tp": 2`, its bytes that rank's shard) is
+/// planned at tp 2 alone, and its launch is for that mesh.
+#[test]
+fn a_profile_measured_at_tp_2_is_planned_at_tp_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut p = profile(12, 50_000_000, false);
+    p["tp"] = json!(2);
+    let file = write(dir.path(), "p.json", &p);
+    let out = ok(&[
+        "--profile",
+        &file,
+        "--gpus",
+        "16",
+        "--global-batch",
+        "256",
+        "--format",
+        "json",
+    ]);
+    let v: Value = serde_json::from_str(&out).unwrap();
+    let rows = v["rows"].as_array().unwrap();
+    assert!(!rows.is_empty());
+    for r in rows {
+        let c = &r["config"];
+        assert_eq!(
+            (c["tp"].as_u64(), c["sequence_parallel"].as_bool()),
+            (Some(2), Some(false)),
+            "{c}"
+        );
+    }
+    assert_eq!(v["launch"]["tp"], 2);
+    let table = ok(&["--profile", &file, "--gpus", "16", "--global-batch", "256"]);
+    let (pp, dp) = (&v["launch"]["pp"], &v["launch"]["dp"]);
+    let mesh = format!("Mesh::new({pp}, 2, {dp})");
+    assert!(table.contains(&mesh), "{mesh} in {table}");
+    // GPUs that tp 2 does not divide are refused for that reason.
+    refused(
+        &["--profile", &file, "--gpus", "3", "--global-batch", "12"],
+        &["the profile was measured at tp 2 (one TP rank's layers), which 3 GPUs"],
+    );
+}

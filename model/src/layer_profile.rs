@@ -15,6 +15,12 @@
 //!                 "output_bytes": 2048 } ] }
 //! ```
 //!
+//! `tp` (optional, 1 when absent) is the tensor-parallel degree the layers were measured
+//! at: a layer list built from TP rank 0's `TpShard` of `tp` holds one rank's shard, so its
+//! parameter, stash and weight-stash bytes are per TP rank, and `plan --profile` plans that
+//! `tp` (and no other) from them. Its times are one rank's compute, without the TP
+//! all-reduces.
+//!
 //! Read in two steps, like every file here: [`RawLayerProfile`] is what serde accepts (a bad
 //! JSON text is named by line and column), [`LayerProfile::from_raw`] checks it (a bad value
 //! is named by layer index and field).
@@ -72,6 +78,9 @@ pub struct RawLayerProfile {
     /// Where it was measured (free text).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device: Option<String>,
+    /// The tensor-parallel degree its layers were measured at (1 when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tp: Option<u32>,
     /// The layers, in model order.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub layers: Option<Vec<RawLayer>>,
@@ -107,6 +116,9 @@ pub struct LayerProfile {
     pub microbatch_size: u64,
     /// Where it was measured.
     pub device: String,
+    /// The tensor-parallel degree its layers were measured at: their bytes are one TP
+    /// rank's (1: the whole layers).
+    pub tp: u32,
     /// At least one layer.
     pub layers: Vec<ProfiledLayer>,
 }
@@ -175,6 +187,15 @@ impl LayerProfile {
             Some(b) => b,
             None => return Err(ProfileError::Top("microbatch_size is missing".into())),
         };
+        let tp = match raw.tp {
+            None => 1,
+            Some(t) if (1..=MAX_TP).contains(&t) => t,
+            Some(t) => {
+                return Err(ProfileError::Top(format!(
+                    "tp {t} must be from 1 to {MAX_TP} (the TP degree the layers were measured at)"
+                )))
+            }
+        };
         let raws = raw.layers.unwrap_or_default();
         if raws.is_empty() {
             return Err(ProfileError::Top("layers is missing or empty".into()));
@@ -197,6 +218,7 @@ impl LayerProfile {
         let p = LayerProfile {
             microbatch_size,
             device: raw.device.unwrap_or_else(|| "unknown".into()),
+            tp,
             layers,
         };
         if p.layers.iter().map(ProfiledLayer::time_ms).sum::<f64>() <= 0.0 {
@@ -228,6 +250,7 @@ impl LayerProfile {
             version: Some(PROFILE_VERSION),
             microbatch_size: Some(self.microbatch_size),
             device: Some(self.device.clone()),
+            tp: (self.tp != 1).then_some(self.tp),
             layers: Some(layers),
         }
     }
@@ -364,6 +387,9 @@ pub const TIME_MS: (f64, f64) = (1e-6, 1e7);
 /// A layer's forward FLOPs of one microbatch, when not 0: from 1 to 1e21 (a thousand times a
 /// trillion-parameter model's layer over a million tokens).
 pub const FLOPS: (f64, f64) = (1.0, 1e21);
+
+/// The largest TP degree a profile can be measured at (a TP group within a node of 1024 GPUs).
+pub const MAX_TP: u32 = 1024;
 
 /// The most samples a profile's microbatch can hold (the plan's largest global batch, 2^30).
 pub const MAX_MICROBATCH: u64 = 1 << 30;

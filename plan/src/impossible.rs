@@ -37,8 +37,9 @@ pub fn structure(req: &PlanRequest) -> String {
                 format!(" inside a node of {gpn}")
             };
             let Some(shape) = req.model.gpt() else {
+                let own = req.model.profile().map_or(1, |p| p.tp);
                 return format!(
-                    "--tp {tp}: a layer-list profile runs without tensor parallelism (tp 1)"
+                    "--tp {tp}: a layer-list profile runs at the tp it was measured at ({own})"
                 );
             };
             let kv = if shape.kv_heads == shape.heads {
@@ -198,19 +199,21 @@ fn batch(req: &PlanRequest) -> String {
     let dps: Vec<u64> = divisors(u64::from(req.gpus));
     // The fewest replicas any tp x pp leaves: a batch below it cannot give each one a
     // sequence, whatever the GPU count's divisors.
-    let widest = tp_options(&PlanRequest {
+    let widest_tp = tp_options(&PlanRequest {
         fixed: Fixed::default(),
         ..req.clone()
-    })
-    .into_iter()
-    .flat_map(|tp| {
-        divisors(u64::from(req.gpus / tp))
-            .into_iter()
-            .filter(|&pp| pp <= u64::from(req.model.layers()))
-            .map(move |pp| u64::from(tp) * pp)
-    })
-    .max()
-    .unwrap_or(1);
+    });
+    let widest = widest_tp
+        .iter()
+        .copied()
+        .flat_map(|tp| {
+            divisors(u64::from(req.gpus / tp))
+                .into_iter()
+                .filter(|&pp| pp <= u64::from(req.model.layers()))
+                .map(move |pp| u64::from(tp) * pp)
+        })
+        .max()
+        .unwrap_or(1);
     let least_dp = u64::from(req.gpus) / widest;
     if req.global_batch < least_dp {
         return format!(
@@ -226,6 +229,15 @@ fn batch(req: &PlanRequest) -> String {
         (None, Some(u)) => u.to_string(),
         (None, None) => {
             let Some(shape) = req.model.gpt() else {
+                if let Some(p) = req.model.profile().filter(|_| widest_tp.is_empty()) {
+                    return format!(
+                        "the profile was measured at tp {} (one TP rank's layers), which {} GPUs ({} per node) cannot hold: use a GPU count that is a multiple of {}, or profile at another tp",
+                        p.tp,
+                        req.gpus,
+                        req.cluster.gpus_per_node,
+                        p.tp
+                    );
+                }
                 return format!(
                     "{} GPUs cannot hold {} layers in any PP x DP with microbatches of {} samples: use a GPU count with a divisor of at most {} layers, and a batch that many replicas can split into such microbatches",
                     req.gpus,

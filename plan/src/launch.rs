@@ -102,9 +102,10 @@ pub fn profile_launch(p: &LayerProfile, r: &PlanRow) -> (String, Value) {
         .collect();
     let recompute = c.recompute_plan().to_string();
     let text = format!(
-        "  your own program (a layer-list model is not `pipewright train`'s GPT), one process per GPU (e.g. `mpirun -np {gpus} ...`):\n    Mesh::new({pp}, 1, {dp}); ScheduleSpec::new(ScheduleKind::{kind:?}, {pp}, {v}, {m}, None) ({schedule}); {m} microbatches of {mbs} samples per replica\n    stages (layers; split::balanced of the profile's f+i+w, as Balance::Time cuts them): {cuts}\n    RunOptions {{ recompute: \"{recompute}\".parse()?, zero: Zero::from_level({zero}, {pp})?, ..RunOptions::default() }}\n",
+        "  your own program (a layer-list model is not `pipewright train`'s GPT), one process per GPU (e.g. `mpirun -np {gpus} ...`):\n    Mesh::new({pp}, {tp}, {dp}); ScheduleSpec::new(ScheduleKind::{kind:?}, {pp}, {v}, {m}, None) ({schedule}); {m} microbatches of {mbs} samples per replica\n    stages (layers; split::balanced of the profile's f+i+w, as Balance::Time cuts them): {cuts}\n    RunOptions {{ recompute: \"{recompute}\".parse()?, zero: Zero::from_level({zero}, {pp})?, ..RunOptions::default() }}\n",
         gpus = c.gpus(),
         pp = c.pp,
+        tp = c.tp,
         dp = c.dp,
         kind = c.schedule,
         schedule = c.schedule,
@@ -119,6 +120,7 @@ pub fn profile_launch(p: &LayerProfile, r: &PlanRow) -> (String, Value) {
         "processes": c.gpus(),
         "schedule": c.schedule,
         "pp": c.pp,
+        "tp": c.tp,
         "v": c.v,
         "dp": c.dp,
         "microbatches": c.microbatches,

@@ -14,6 +14,8 @@
 //!   the DP group, a memory-bound AdamW), with the weights in the profile's own format
 //!   (its `param_bytes` per parameter: f32 for the runtime's host layers), not `--precision`'s:
 //!   ZeRO-1 all-gathers those bytes.
+//! - TP: the profile's own degree (`LayerProfile::tp`), whose bytes and times are one TP
+//!   rank's as measured; the TP all-reduces inside its layers are not timed.
 //! - Memory: [`pipewright_model::memory::predict_layers`], the runtime's `LayerStage` to the byte.
 
 use std::ops::Range;
@@ -67,7 +69,8 @@ fn scale(profile: &LayerProfile, cfg: &Config) -> f64 {
     cfg.microbatch_size as f64 / profile.microbatch_size as f64
 }
 
-/// The simulator's cost model of `cfg` for `profile`, in seconds, with its pieces (no TP).
+/// The simulator's cost model of `cfg` for `profile`, in seconds, with its pieces (no TP
+/// communication: the profile's times are one TP rank's compute).
 pub fn cost_model(req: &PlanRequest, profile: &LayerProfile, cfg: &Config) -> (CostModel, Pieces) {
     let cuts = cuts(profile, cfg);
     let k = scale(profile, cfg) / 1e3;
@@ -178,6 +181,7 @@ mod tests {
             version: Some(1),
             microbatch_size: Some(4),
             device: Some("test".into()),
+            tp: None,
             layers: Some((0..6).map(layer).collect()),
         })
         .unwrap()
@@ -236,6 +240,24 @@ mod tests {
             );
             assert_eq!(model.stages[1].p2p_time, Some(0.0));
         }
+    }
+
+    /// A profile measured on one rank of tp 2 (its bytes that rank's shard) is planned at tp
+    /// 2 alone, without sequence parallelism (its layers have none); one of tp 1 at tp 1.
+    #[test]
+    fn a_profile_is_planned_at_the_tp_it_was_measured_at() {
+        let tps = |tp: u32| {
+            let p = LayerProfile { tp, ..profile() };
+            let req = PlanRequest::from_profile(p, a100_80g(), 8, 64);
+            let all = crate::space::enumerate(&req);
+            assert!(!all.is_empty());
+            assert!(all.iter().all(|c| !c.sequence_parallel));
+            let mut seen: Vec<u32> = all.iter().map(|c| c.tp).collect();
+            seen.dedup();
+            seen
+        };
+        assert_eq!(tps(2), vec![2]);
+        assert_eq!(tps(1), vec![1]);
     }
 
     /// A profile's weights are its own (f32 here: 4 bytes a parameter), whatever `--precision`

@@ -30,17 +30,20 @@ pub fn divisors(n: u64) -> Vec<u64> {
 /// TP sizes the request allows: dividing the key/value heads (so the query heads too; as
 /// Megatron-LM splits them, each rank holding whole key/value groups), the MLP width and the
 /// GPUs, and (unless cross-node TP is allowed) the node, so a TP group never spans nodes. A
-/// profile's layers have no TP: 1.
+/// profile's layers run at the TP degree they were measured at (their bytes are one rank's
+/// shard at that degree): its `tp` alone.
 pub fn tp_options(req: &PlanRequest) -> Vec<u32> {
     let gpn = req.cluster.gpus_per_node;
-    let (heads, ffn) = match &req.model {
-        PlanModel::Gpt(shape) => (shape.kv_heads, shape.ffn),
-        PlanModel::Layers(_) => (1, 1),
+    let candidates: Vec<u32> = match &req.model {
+        PlanModel::Gpt(shape) => divisors(u64::from(shape.kv_heads))
+            .into_iter()
+            .filter(|t| shape.ffn % t == 0)
+            .map(|t| t as u32)
+            .collect(),
+        PlanModel::Layers(profile) => vec![profile.tp],
     };
-    divisors(u64::from(heads))
+    candidates
         .into_iter()
-        .filter(|t| ffn % t == 0)
-        .map(|t| t as u32)
         .filter(|&t| req.gpus % t == 0)
         .filter(|&t| req.allow_cross_node_tp || (t <= gpn && gpn % t == 0))
         .filter(|&t| req.fixed.tp.map_or(true, |f| f == t))
@@ -174,7 +177,8 @@ fn levers(req: &PlanRequest, base: Config, out: &mut Vec<Config>) {
     };
     let sps: Vec<bool> = match f.sequence_parallel {
         Some(s) => vec![s],
-        None if base.tp > 1 => vec![false, true],
+        // A profile's layers have no sequence parallelism to turn on.
+        None if base.tp > 1 && req.model.gpt().is_some() => vec![false, true],
         None => vec![false],
     };
     for &recompute in &policies {

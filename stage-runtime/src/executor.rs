@@ -335,6 +335,7 @@ where
             });
         }
         self.finish_step(step, pending, &mut st.mem)?;
+        self.check_targets(step, batch)?;
         self.count_module_state(&mut st.mem);
         let optimizer_state_bytes = st.mem.now(Category::OptimizerState);
         let device = self.device_memory(step)?;

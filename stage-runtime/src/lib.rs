@@ -93,7 +93,8 @@
 //! see [`StageModule`]); at every hand-off it checks a forward's output and an input
 //! gradient against the shapes they must have ([`RuntimeError::HandOff`]). In step 0 it
 //! compares what every rank's data function built for each microbatch
-//! ([`StageModule::data_fingerprint`]) and, before the first optimizer step, refuses a named
+//! ([`StageModule::data_fingerprint`]; its targets, through the loss, at the end of step 0:
+//! [`StageModule::target_fingerprint`]) and, before the first optimizer step, refuses a named
 //! parameter whose gradient stayed exactly zero ([`StageModule::parameter_names`],
 //! [`RuntimeError::UnusedParameters`]).
 //!

@@ -269,6 +269,27 @@ pub trait StageModule {
         Ok(None)
     }
 
+    /// The shape of the prediction its loss took in this run (a last stage, after a
+    /// forward), or `None` (the default): the shape every rank of the replica then gives
+    /// [`target_fingerprint`](Self::target_fingerprint).
+    fn prediction_shape(&self) -> Option<Vec<usize>> {
+        None
+    }
+
+    /// A fingerprint of what the loss reads of one microbatch's data (its targets), from
+    /// the loss of a fixed prediction of `shape`, or `None` (the default) for none. At the
+    /// end of step 0 every rank compares it with the other ranks' of its replica, as for
+    /// [`data_fingerprint`](Self::data_fingerprint): targets that depend on the thread are
+    /// refused though only the last stage reads them.
+    fn target_fingerprint(
+        &self,
+        data: &Self::Data,
+        shape: &[usize],
+    ) -> Result<Option<u64>, ModuleError> {
+        let _ = (data, shape);
+        Ok(None)
+    }
+
     /// Whether the module implements ZeRO-1's two methods,
     /// [`optimizer_step_shard`](Self::optimizer_step_shard) and
     /// [`set_flat_params`](Self::set_flat_params). Runs with ZeRO-1 over more than one
@@ -438,6 +459,16 @@ impl<B: Backend> StageModule for GptModule<B> {
 
     fn backward_weight(&mut self, ws: WeightStash<B>) -> Result<(), ModuleError> {
         Ok(self.stage.backward_weight(ws)?)
+    }
+
+    /// The stage's parameters as the kernels name them (`blocks.3.attn.qkv.weight`), so
+    /// the replica check and step 0's unused-parameter check name them.
+    fn parameter_names(&self) -> Option<Vec<ParamName>> {
+        use pipewright_kernels::layers::Parameters;
+        let mut names = Vec::new();
+        self.stage
+            .visit(&mut |p| names.push(ParamName::new(p.name.clone(), p)));
+        Some(names)
     }
 
     /// The tokens and targets, hashed: every rank of a replica must hold the same.

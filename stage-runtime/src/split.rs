@@ -17,7 +17,7 @@ use pipewright_sim::{RawCostFile, RawStageCost};
 mod library;
 mod profile;
 mod stage;
-pub use profile::{layer_profile, measure, profile, LayerMeasure};
+pub use profile::{layer_profile, layer_profile_tp, measure, profile, LayerMeasure};
 pub use stage::{InputFn, LayerStage, LayerStageStash, LossFn};
 
 use crate::module::ModuleError;

@@ -1,7 +1,9 @@
 //! Tensor parallelism for a layer list (issue 33): a residual model of the user's own layers
 //! and the kernels' `Mlp`, built from each rank's `TpShard`, trains on tp 2 x pp 2 x dp 2 and
 //! tp 4 x pp 2 to one device's losses, each rank holding its shard's parameter bytes; a list
-//! whose layers cannot shard is refused on tp 2 before step 0, naming them.
+//! whose layers cannot shard is refused on tp 2 before step 0, naming them. One rank's
+//! profile of the list records its shard's bytes, and the memory predicted from it is the
+//! tp 2 run's to the byte.
 
 // One device's cuts are a list of one range, as `LayerStage::part` takes them.
 #![allow(clippy::single_range_in_vec_init)]
@@ -12,9 +14,13 @@ use pipewright_kernels::layers::{
     Linear, Mlp, MlpStash, MlpWeightStash, NoTp, Parameters, RmsNorm, TpReduce, TpShard,
 };
 use pipewright_kernels::{Backend, Cpu, Tensor};
-use pipewright_runtime::split::{BoxedLayer, Layer, LayerStage, TpLayout};
+use pipewright_model::layer_profile::LayerProfile;
+use pipewright_model::memory::{predict_layers, LayerMemoryConfig};
+use pipewright_runtime::split::{
+    cut, layer_profile_tp, Balance, BoxedLayer, Layer, LayerStage, TpLayout,
+};
 use pipewright_runtime::{run, Coord, Mesh, MicrobatchId, ModuleError, RunOptions, StepRecord};
-use pipewright_schedule::{generate, ScheduleKind, ScheduleSpec};
+use pipewright_schedule::{generate, RecomputePlan, ScheduleKind, ScheduleSpec};
 
 type NormStash = <Cpu as Backend>::NormStash;
 
@@ -316,4 +322,60 @@ fn a_layer_list_that_cannot_shard_is_refused_on_tp_2_naming_its_layers() {
         |_| {},
     )
     .unwrap();
+}
+
+/// The model's layers as TP rank 0 of `tp` holds them, profiled on one microbatch of 8 rows.
+fn profiled(tp: u32) -> LayerProfile {
+    let shard = TpShard::new(0, tp as usize).unwrap();
+    let mut layers: Vec<BoxedLayer> = (0..LAYERS).map(|k| layer(k, shard).unwrap()).collect();
+    let id = MicrobatchId {
+        step: 0,
+        dp: 0,
+        microbatch: 0,
+        microbatches: 1,
+    };
+    let sample = rows(id).unwrap().x;
+    layer_profile_tp(&mut layers, &sample, 8, 1, "this CPU", tp).unwrap()
+}
+
+#[test]
+fn a_tp_2_profile_holds_one_rank_s_bytes_and_predicts_the_tp_2_run_to_the_byte() {
+    let (whole, half) = (profiled(1), profiled(2));
+    assert_eq!((whole.tp, half.tp), (1, 2));
+    for (k, (w, h)) in whole.layers.iter().zip(&half.layers).enumerate() {
+        let ratio = h.param_bytes as f64 / w.param_bytes as f64;
+        match k {
+            // The MLPs' shards: half, but for the replicated norm and output bias.
+            1..=5 => assert!((0.5..0.56).contains(&ratio), "layer {k}: {ratio}"),
+            _ => assert_eq!(ratio, 1.0, "layer {k}: replicated"),
+        }
+    }
+    // `cut` by parameters weighs what `layer(k)` builds: the rank's shard, as profiled.
+    let shard = TpShard::new(0, 2).unwrap();
+    let by_params = cut(LAYERS, 2, Balance::Parameters, None, |k| layer(k, shard)).unwrap();
+    let profiled: Vec<f64> = half.layers.iter().map(|l| l.params as f64).collect();
+    assert_eq!(by_params.weights, profiled);
+    let m = 4;
+    let tt = generate(&ScheduleSpec::new(ScheduleKind::OneFOneB, 2, 1, m, None).unwrap());
+    let cuts = half.cuts(2).unwrap();
+    let mesh = Mesh::new(2, 2, 1).unwrap();
+    let steps = train(mesh, &cuts, ScheduleKind::OneFOneB, m);
+    let cfg = LayerMemoryConfig {
+        profile: &half,
+        cuts,
+        dp: 1,
+        microbatch_size: 8,
+        zero: 0,
+        recompute: RecomputePlan::default(),
+    };
+    let predicted: Vec<_> = predict_layers(&cfg, &tt)
+        .unwrap()
+        .iter()
+        .map(|d| d.peak)
+        .collect();
+    let measured = steps.last().unwrap().device_peaks(&mesh);
+    assert_eq!(measured, predicted);
+    // Both TP ranks of a stage hold the same bytes: the profiled rank's.
+    let ranks = &steps.last().unwrap().memory;
+    assert_eq!(ranks[0].peak, ranks[1].peak);
 }

@@ -1,7 +1,7 @@
 //! The mistakes a user's own layer-list model can make, each refused before step 1 naming
 //! the user's layer, parameter, stage or microbatch (issue 33): a layer that never stores
-//! its weight gradient, a data function of the thread, a wrong-shaped input gradient, a
-//! hand-off of the wrong width, replicas built apart. And the same model without the
+//! its weight gradient, a data function of the thread (its inputs or its targets), a
+//! wrong-shaped input gradient, a hand-off of the wrong width, replicas built apart. And the same model without the
 //! mistake is not refused.
 
 // One device's cuts are a list of one range, as `LayerStage::part` takes them.
@@ -231,6 +231,42 @@ fn a_data_function_of_the_thread_is_refused_at_step_0_naming_the_microbatch_and_
 }
 
 #[test]
+fn targets_of_the_thread_are_refused_at_step_0_though_the_inputs_agree() {
+    // The inputs follow the id; the targets come from a stream each rank draws from.
+    let next = AtomicU64::new(0);
+    let targets_by_thread = |id: MicrobatchId| {
+        let n = next.fetch_add(1, Ordering::Relaxed);
+        let drawn = rows(MicrobatchId {
+            microbatch: n as u32,
+            ..id
+        })?;
+        Ok(Rows {
+            y: drawn.y,
+            ..rows(id)?
+        })
+    };
+    let cuts = [0..2, 2..4];
+    let (r, steps) = train(
+        Mesh::new(2, 1, 1).unwrap(),
+        &cuts,
+        |_, s| part(&cuts, s, WIDTHS, Bug::None),
+        targets_by_thread,
+        &opts(),
+    );
+    let line = r
+        .expect_err("thread-dependent targets are refused")
+        .to_string();
+    assert_eq!(steps, 0, "{line}");
+    assert!(
+        line.contains(
+            "the data function gave ranks 0 and 1 different targets (what the loss reads) for \
+             microbatch 0 of step 0"
+        ),
+        "{line}"
+    );
+}
+
+#[test]
 fn a_wrong_shaped_input_gradient_is_blamed_on_the_layer_that_returned_it() {
     let one = [0..4];
     let (r, _) = train(
@@ -300,4 +336,67 @@ fn stage_params_mut(stage: &mut LayerStage<Rows>, f: &mut dyn FnMut(&str, &mut [
     stage
         .set_flat_params(Tensor::new(&[flat.len()], flat).unwrap())
         .unwrap();
+}
+
+/// The reference GPT names its parameters as the kernels do: replicas built from seeds of
+/// their own are refused naming the first parameter that differs, not a flat index.
+#[test]
+fn gpt_replicas_built_apart_are_refused_naming_the_gpt_s_parameter() {
+    use pipewright_kernels::gpt::GptConfig;
+    use pipewright_kernels::layers::TpShard;
+    use pipewright_runtime::train::gpt_data;
+    use pipewright_runtime::{GptModule, StageModule, TrainConfig};
+
+    let mesh = Mesh::new(1, 1, 2).unwrap();
+    let cfg = TrainConfig {
+        mesh,
+        model: GptConfig::new(16, 8, 16, 2, 4),
+        microbatch_size: 2,
+        sequence_parallel: false,
+        seed: 5,
+        run: opts(),
+    };
+    let tt = generate(&ScheduleSpec::new(ScheduleKind::OneFOneB, 1, 1, 2, None).unwrap());
+    let make = |c: Coord, s: u32| {
+        GptModule::new(
+            &cfg.model,
+            cfg.seed + c.dp as u64,
+            s as usize,
+            1,
+            TpShard::SINGLE,
+        )
+    };
+    let r = run(
+        mesh,
+        &tt,
+        make,
+        |id| Ok(gpt_data(&cfg, id)),
+        &opts(),
+        |_| {},
+    );
+    let line = r.expect_err("refused").to_string();
+    assert!(
+        line.contains("stage 0: data-parallel replicas 0 and 1 build it with different parameters (embed.wte[0] is"),
+        "{line}"
+    );
+    // Every block's weights by their place: what the unused-parameter check names too.
+    let m = make(
+        Coord {
+            pp: 0,
+            tp: 0,
+            dp: 0,
+        },
+        0,
+    )
+    .unwrap();
+    let names: Vec<String> = m
+        .parameter_names()
+        .unwrap()
+        .into_iter()
+        .map(|n| n.name)
+        .collect();
+    assert!(
+        names.iter().any(|n| n == "blocks.1.attn.qkv.weight"),
+        "{names:?}"
+    );
 }

@@ -42,8 +42,8 @@ use super::timetable_out::CommsArg;
 pub struct PlanCmd {
     /// Plan a layer-list model from its profile (JSON, from
     /// `pipewright::runtime::split::layer_profile`; see `examples/custom_mlp.rs`) instead of
-    /// a GPT: its measured times, parameters and bytes per layer. tp is 1, recompute none or
-    /// full, the global batch is in samples, and microbatches are of the profile's size
+    /// a GPT: its measured times, parameters and bytes per layer. tp is the profile's (the
+    /// degree its layers were measured at, 1 unless it says), recompute none or full, the global batch is in samples, and microbatches are of the profile's size
     /// unless `--microbatch-size` is given (times and activations then scale linearly).
     #[arg(
         long,

@@ -19,6 +19,7 @@ fn raw(layers: Vec<RawLayer>) -> RawLayerProfile {
         version: Some(1),
         microbatch_size: Some(8),
         device: Some("test".into()),
+        tp: None,
         layers: Some(layers),
     }
 }
@@ -143,4 +144,26 @@ fn totals_past_what_can_be_summed_are_refused_not_overflowed() {
         err(raw(vec![l.clone(), l.clone(), l])),
         "profile: layer 2: stash_bytes makes the layers' total more than 2^50 (1125899906842624)"
     );
+}
+
+/// A profile measured on one TP rank says its degree, which survives the file; an absent
+/// `tp` is 1 and a degree of 0 is refused, naming the field.
+#[test]
+fn a_profile_s_tp_round_trips_and_is_checked() {
+    let p = LayerProfile::from_raw(raw(vec![layer(1.0)])).unwrap();
+    assert_eq!(p.tp, 1);
+    let p = LayerProfile::from_raw(RawLayerProfile {
+        tp: Some(4),
+        ..raw(vec![layer(1.0)])
+    })
+    .unwrap();
+    assert_eq!(p.tp, 4);
+    let text = serde_json::to_string(&p.to_raw()).unwrap();
+    assert!(text.contains("\"tp\":4"), "{text}");
+    assert_eq!(LayerProfile::from_json(&text).unwrap(), p);
+    let e = err(RawLayerProfile {
+        tp: Some(0),
+        ..raw(vec![layer(1.0)])
+    });
+    assert!(e.starts_with("profile: tp 0 must be from 1 to"), "{e}");
 }

@@ -25,6 +25,29 @@ fn pieces(f: Option<u64>) -> [f32; 4] {
     }
 }
 
+/// Up to 8 dimensions of a shape: its length, then each dimension's [`pieces`] (`-1` each:
+/// none, or a shape of more dimensions, which is then not checked).
+fn shape_pieces(shape: Option<&[usize]>) -> Vec<f32> {
+    let mut out = vec![-1.0; 33];
+    if let Some(s) = shape.filter(|s| s.len() <= 8) {
+        out[0] = s.len() as f32;
+        for (k, d) in s.iter().enumerate() {
+            out[1 + 4 * k..5 + 4 * k].copy_from_slice(&pieces(Some(*d as u64)));
+        }
+    }
+    out
+}
+
+fn unshape(p: &[f32]) -> Option<Vec<usize>> {
+    let n = *p.first()?;
+    if !(0.0..=8.0).contains(&n) {
+        return None;
+    }
+    (0..n as usize)
+        .map(|k| unpieces(p.get(1 + 4 * k..5 + 4 * k)?).map(|d| d as usize))
+        .collect()
+}
+
 fn unpieces(p: &[f32]) -> Option<u64> {
     if p.first().is_some_and(|v| *v < 0.0) || p.is_empty() {
         return None;
@@ -77,12 +100,29 @@ where
             }
             mine.extend(pieces(found));
         }
-        let n = mine.len();
-        let Ok(t) = Tensor::new(&[n], mine) else {
+        let Some(all) = self.gather_host(step, mine, "data fingerprints")? else {
             return Ok(());
         };
+        match self.first_disagreement(&all, batch.microbatches.len(), "data") {
+            Some(message) => Err(self.fail(step, None, message)),
+            None => Ok(()),
+        }
+    }
+
+    /// Every rank's `mine`, gathered over the world (one collective, every rank calls it);
+    /// `None` on a device transport (the values travel as a host tensor).
+    fn gather_host(
+        &self,
+        step: u64,
+        mine: Vec<f32>,
+        what: &str,
+    ) -> Result<Option<Vec<Vec<f32>>>, RuntimeError> {
+        let n = mine.len();
+        let Ok(t) = Tensor::new(&[n], mine) else {
+            return Ok(None);
+        };
         let Ok(t) = (Box::new(t) as Box<dyn Any>).downcast::<C::Tensor>() else {
-            return Ok(()); // a device transport: not checked
+            return Ok(None); // a device transport: not checked
         };
         let group = self
             .mesh
@@ -90,19 +130,72 @@ where
         let all = self
             .comm
             .all_gather(&group, &t)
-            .map_err(|e| self.fail(step, None, format!("gathering data fingerprints: {e}")))?;
-        let host: Vec<&[f32]> = all
+            .map_err(|e| self.fail(step, None, format!("gathering {what}: {e}")))?;
+        Ok(Some(
+            all.iter()
+                .filter_map(|t| (t as &dyn Any).downcast_ref::<Tensor>())
+                .map(|h| h.data().to_vec())
+                .collect(),
+        ))
+    }
+
+    /// Refuse, at the end of step 0, targets that two ranks of one replica built apart: the
+    /// last stage's prediction shape is gathered first, then every rank fingerprints what
+    /// its loss reads of each microbatch (through its first module that offers
+    /// [`StageModule::target_fingerprint`]) and the ranks compare, as [`Self::check_data`].
+    pub(super) fn check_targets(
+        &self,
+        step: u64,
+        batch: &StepBatch<M::Data>,
+    ) -> Result<(), RuntimeError> {
+        if step != 0 || self.mesh.world_size() < 2 {
+            return Ok(());
+        }
+        let mut stages: Vec<&u32> = self.modules.keys().collect();
+        stages.sort_unstable();
+        let shape = stages
             .iter()
-            .filter_map(|t| (t as &dyn Any).downcast_ref::<Tensor>().map(|h| h.data()))
-            .collect();
-        match self.first_disagreement(&host, batch.microbatches.len()) {
+            .find_map(|s| self.modules[*s].prediction_shape());
+        let Some(shapes) = self.gather_host(step, shape_pieces(shape.as_deref()), "shapes")? else {
+            return Ok(());
+        };
+        let Some(shape) = shapes.iter().find_map(|p| unshape(p)) else {
+            return Ok(());
+        };
+        let mut mine = Vec::with_capacity(4 * batch.microbatches.len());
+        for data in &batch.microbatches {
+            let mut found = None;
+            for stage in &stages {
+                let f = guard(|| self.modules[*stage].target_fingerprint(data, &shape));
+                let f = f.map_err(|e| {
+                    self.fail(
+                        step,
+                        None,
+                        format!("target fingerprint of stage {stage}: {e}"),
+                    )
+                })?;
+                if f.is_some() {
+                    found = f;
+                    break;
+                }
+            }
+            mine.extend(pieces(found));
+        }
+        let Some(all) = self.gather_host(step, mine, "target fingerprints")? else {
+            return Ok(());
+        };
+        match self.first_disagreement(
+            &all,
+            batch.microbatches.len(),
+            "targets (what the loss reads)",
+        ) {
             Some(message) => Err(self.fail(step, None, message)),
             None => Ok(()),
         }
     }
 
     /// The first microbatch for which two ranks of one replica hold different fingerprints.
-    fn first_disagreement(&self, all: &[&[f32]], m: usize) -> Option<String> {
+    fn first_disagreement(&self, all: &[Vec<f32>], m: usize, what: &str) -> Option<String> {
         let coords: Vec<Coord> = (0..all.len())
             .filter_map(|r| self.mesh.coord(r).ok())
             .collect();
@@ -118,7 +211,7 @@ where
                     let dp = coords.get(a).map_or(0, |c| c.dp);
                     let global = dp as u64 * m as u64 + i as u64;
                     return Some(format!(
-                        "the data function gave ranks {a} and {b} different data for microbatch \
+                        "the data function gave ranks {a} and {b} different {what} for microbatch \
                          {global} of step 0 (replica {dp}, microbatch {i}; fingerprints \
                          {fa:016x} and {fb:016x}): every rank that needs microbatch id builds \
                          it by calling data(id), so data must be a function of the id \

@@ -125,7 +125,7 @@ fn median(runs: &[LayerCost]) -> LayerCost {
 
 /// A layer profile of `layers` for `pipewright plan --profile`: [`measure`] on `sample`, a
 /// microbatch of `samples` samples, on `device` (free text: where it was measured). Write it
-/// with `serde_json` of [`LayerProfile::to_raw`].
+/// with [`LayerProfile::write`]. For a list that runs with `tp > 1`, [`layer_profile_tp`].
 pub fn layer_profile(
     layers: &mut [BoxedLayer],
     sample: &Tensor,
@@ -133,10 +133,28 @@ pub fn layer_profile(
     repeats: usize,
     device: &str,
 ) -> Result<LayerProfile, SplitError> {
+    layer_profile_tp(layers, sample, samples, repeats, device, 1)
+}
+
+/// [`layer_profile`] of one TP rank's layers of a `tp`-way layer list (built from
+/// `TpShard::new(0, tp)`): the bytes it records are that rank's (a sharded layer's
+/// parameters and stashes are its shard's, a replicated one's whole), which is what the
+/// memory model and `plan --profile` then count per rank, and the profile says `tp`, the
+/// one degree `plan --profile` plans for it. Its times are the rank's compute alone (the
+/// layers run without their TP all-reduces here). `tp` 0 reads as 1.
+pub fn layer_profile_tp(
+    layers: &mut [BoxedLayer],
+    sample: &Tensor,
+    samples: u64,
+    repeats: usize,
+    device: &str,
+    tp: u32,
+) -> Result<LayerProfile, SplitError> {
     let measured = measure(layers, sample, repeats)?;
     Ok(LayerProfile {
         microbatch_size: samples.max(1),
         device: device.to_string(),
+        tp: tp.max(1),
         layers: measured
             .iter()
             .map(|m| ProfiledLayer {

@@ -54,7 +54,12 @@ pub struct LayerStage<D> {
     /// The model's input function on every stage `part` built: the fingerprint of a
     /// microbatch's data that the run compares between ranks.
     probe: Option<Rc<InputFn<D>>>,
-    loss: Option<Box<LossFn<D>>>,
+    loss: Option<Rc<LossFn<D>>>,
+    /// The model's loss on every stage `part` built, with the shape of the prediction the
+    /// last stage's loss took: the fingerprint of a microbatch's targets that the run
+    /// compares between ranks.
+    probe_loss: Option<Rc<LossFn<D>>>,
+    prediction_shape: Option<Vec<usize>>,
     opt: HostAdamW,
     full_recompute: bool,
 }
@@ -83,12 +88,15 @@ impl<D> LayerStage<D> {
         loss: Option<Box<LossFn<D>>>,
     ) -> Self {
         let input: Option<Rc<InputFn<D>>> = input.map(Rc::from);
+        let loss: Option<Rc<LossFn<D>>> = loss.map(Rc::from);
         LayerStage {
             layers,
             first_layer: 0,
             stage: None,
             probe: input.clone(),
             input,
+            probe_loss: loss.clone(),
+            prediction_shape: None,
             loss,
             opt: HostAdamW::default(),
             full_recompute: false,
@@ -117,10 +125,12 @@ impl<D> LayerStage<D> {
         let last = cuts.last().map_or(0, |r| r.end);
         let layers = range.clone().map(layer).collect::<Result<_, _>>()?;
         let probe: Rc<InputFn<D>> = Rc::new(input);
-        let loss = (range.end == last).then(|| Box::new(loss) as Box<LossFn<D>>);
-        let mut s = LayerStage::new(layers, None, loss);
+        let probe_loss: Rc<LossFn<D>> = Rc::new(loss);
+        let mut s = LayerStage::new(layers, None, None);
+        s.loss = (range.end == last).then(|| probe_loss.clone());
         s.input = (range.start == 0).then(|| probe.clone());
         s.probe = Some(probe);
+        s.probe_loss = Some(probe_loss);
         s.first_layer = range.start;
         s.stage = Some(stage);
         Ok(s)
@@ -166,9 +176,10 @@ impl<D> LayerStage<D> {
             shapes,
             slim: !keep,
         };
-        match &self.loss {
+        match self.loss.clone() {
             Some(loss) => {
                 let (l, mut grad) = loss(&x, mb.data).map_err(|e| format!("the loss: {e}"))?;
+                self.prediction_shape = Some(x.shape().to_vec());
                 if grad.shape() != x.shape() {
                     let msg = format!(
                         "the loss returned a gradient of shape {:?} for a prediction of shape \
@@ -341,6 +352,25 @@ impl<D> StageModule for LayerStage<D> {
             Some(f) => Ok(Some(fingerprint(&f(data)?))),
             None => Ok(None),
         }
+    }
+
+    fn prediction_shape(&self) -> Option<Vec<usize>> {
+        self.prediction_shape.clone()
+    }
+
+    /// The loss and its gradient at a prediction of zeros of `shape`: they depend on the
+    /// targets alone. A loss that fails there is not fingerprinted.
+    fn target_fingerprint(&self, data: &D, shape: &[usize]) -> Result<Option<u64>, ModuleError> {
+        let Some(loss) = &self.probe_loss else {
+            return Ok(None);
+        };
+        let Ok((l, grad)) = loss(&Tensor::zeros(shape), data) else {
+            return Ok(None);
+        };
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        l.to_bits().hash(&mut h);
+        fingerprint(&grad).hash(&mut h);
+        Ok(Some(h.finish()))
     }
 
     /// Refuses layers with parameters that cannot shard ([`TpLayout::Whole`]).
