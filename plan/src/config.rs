@@ -78,7 +78,7 @@ impl Config {
     /// Transformer layers that recompute, of `layers` cut over the stages: every layer of a
     /// recomputing stage, or under `every:k` its first `k`.
     pub fn recomputed_layers(&self, layers: u32) -> u32 {
-        let cuts = super::costs::layers_per_stage(layers, self.stages());
+        let cuts = layers_per_stage(layers, self.stages());
         let rerun = |s: u32| match self.recompute_of(s) {
             Recompute::None => 0,
             Recompute::Every(k) => k.min(cuts[s as usize]),
@@ -210,4 +210,11 @@ impl PlanRequest {
             max_searched: 2,
         }
     }
+}
+
+/// Layers per stage, cut as `pipewright_kernels::gpt::partition` cuts them (the first
+/// `layers % stages` stages one more).
+pub fn layers_per_stage(layers: u32, stages: u32) -> Vec<u32> {
+    let (base, extra) = (layers / stages, layers % stages);
+    (0..stages).map(|s| base + u32::from(s < extra)).collect()
 }

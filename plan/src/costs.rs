@@ -23,47 +23,16 @@
 //!   copy written), 28 in f32, over HBM bandwidth; ZeRO-1 steps `1/dp` of them.
 
 use super::bound::device_of;
-use super::cluster::Precision;
-use super::comm::{all_reduce, crosses_nodes, reduce_scatter, Links};
+use super::comm::{all_reduce, crosses_nodes, Links};
+pub use super::config::layers_per_stage;
 use super::config::{Config, PlanRequest};
 use super::model::PlanModel;
-use super::work::{head, layer, Device, WorkTimes};
+pub use super::pieces::Pieces;
+use super::pieces::{data_parallel, device};
+use super::work::{head, layer, WorkTimes};
 use pipewright_model::memory::{stage_parameters, ModelShape};
 use pipewright_schedule::recompute::Recompute;
 use pipewright_sim::simulate::{CostModel, StageCost};
-
-/// Per-layer and per-stage pieces of a configuration's costs, in seconds, kept apart so the
-/// plan can bound, explain and attribute them.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Pieces {
-    /// One transformer layer's compute (no communication).
-    pub layer: WorkTimes,
-    /// One layer's TP communication in F (and again in I).
-    pub layer_tp: f64,
-    /// The LM head's compute.
-    pub head: WorkTimes,
-    /// The embedding's TP all-reduce (first stage, F).
-    pub embed_tp: f64,
-    /// Layers per stage.
-    pub layers: Vec<u32>,
-}
-
-/// The device a configuration's work runs on.
-pub fn device(req: &PlanRequest) -> Device {
-    Device {
-        peak: req.cluster.peak_flops(req.precision),
-        hbm: req.cluster.memory_bandwidth(),
-        efficiency: req.cluster.efficiency,
-        act_bytes: req.precision.activation_bytes() as f64,
-    }
-}
-
-/// Layers per stage, cut as `pipewright_kernels::gpt::partition` cuts them (the first
-/// `layers % stages` stages one more).
-pub fn layers_per_stage(layers: u32, stages: u32) -> Vec<u32> {
-    let (base, extra) = (layers / stages, layers % stages);
-    (0..stages).map(|s| base + u32::from(s < extra)).collect()
-}
 
 /// The pieces of `cfg` for a GPT of `shape`.
 pub fn pieces(req: &PlanRequest, shape: &ModelShape, cfg: &Config) -> Pieces {
@@ -168,31 +137,4 @@ fn gpt_cost_model(req: &PlanRequest, shape: &ModelShape, cfg: &Config) -> (CostM
         host: None,
     };
     (model, p)
-}
-
-/// The DP gradient reduction and optimizer step (ZeRO-1's all-gather included) of a stage
-/// of `params` parameters per rank whose weights are kept in `precision` (f32 gradients and
-/// moments either way).
-pub(super) fn data_parallel(
-    req: &PlanRequest,
-    cfg: &Config,
-    links: &Links,
-    params: f64,
-    precision: Precision,
-) -> (f64, f64) {
-    let grads = 4.0 * params;
-    let param_bytes = precision.activation_bytes() as f64;
-    let moved = match precision {
-        Precision::Bf16 => 30.0,
-        Precision::Tf32 | Precision::F32 => 28.0,
-    };
-    let hbm = req.cluster.memory_bandwidth();
-    if cfg.zero >= 1 && cfg.dp > 1 {
-        let dp = f64::from(cfg.dp);
-        let step = moved * params / dp / hbm;
-        let gather = reduce_scatter(&links.dp, cfg.dp, param_bytes * params);
-        (reduce_scatter(&links.dp, cfg.dp, grads), step + gather)
-    } else {
-        (all_reduce(&links.dp, cfg.dp, grads), moved * params / hbm)
-    }
 }

@@ -14,8 +14,8 @@ use serde::{Deserialize, Serialize};
 
 use super::bound::{busiest, device_of};
 use super::config::Config;
-use super::costs::Pieces;
 use super::evaluate::step_time;
+use super::pieces::Pieces;
 use super::PlanError;
 use pipewright_schedule::recompute::Recompute;
 use pipewright_sim::simulate::CostModel;

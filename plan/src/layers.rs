@@ -24,7 +24,7 @@ use super::bound::device_of;
 use super::cluster::Precision;
 use super::comm::{crosses_nodes, Links};
 use super::config::{Config, PlanRequest};
-use super::costs::{data_parallel, Pieces};
+use super::pieces::{data_parallel, Pieces};
 use super::work::WorkTimes;
 use super::PlanError;
 use pipewright_model::layer_profile::LayerProfile;

@@ -24,13 +24,12 @@
 //! the bounds and the terms see the right devices; the timetable itself rides beside it in
 //! [`PlanRow::searched`] ([`Searched`]), since `Config` is a small `Copy + Hash` key.
 
-use serde::Serialize;
-
 use super::config::{Config, PlanRequest};
 use super::costs::cost_model;
 use super::fit::{memory_config, peaks_over, worst};
 use super::refused::Refusals;
-use super::search::{row, PlanRow};
+pub use super::row::Searched;
+use super::row::{row, PlanRow};
 use super::PlanError;
 use pipewright_schedule::recompute::{insert, Recompute, RecomputePlan};
 use pipewright_schedule::spec::{Placement, ScheduleKind, ScheduleSpec};
@@ -46,20 +45,6 @@ pub const MAX_SEARCHED_SIZE: u64 = 256;
 
 /// Simulations spent filling the search's best's gaps (the `search` command's default is 200).
 pub const IMPROVE_BUDGET: usize = 40;
-
-/// A row whose timetable came from the search, not from a generator.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct Searched {
-    /// What made it, as `search` labels it (e.g. `list v=1 loop, I/W, cap 3.2`).
-    pub label: String,
-    /// The best fixed-family configuration of the same tp, pp, dp, microbatch size and count.
-    pub fixed: Config,
-    /// Its step time, seconds.
-    pub fixed_step_s: f64,
-    /// The timetable (compute actions, the recompute policy's `R`s written in).
-    #[serde(skip)]
-    pub timetable: Timetable,
-}
 
 /// The dimensions a search keeps (it chooses the family, `v` and the order of the work).
 fn shape_key(c: &Config) -> (u32, u32, u32, u64, u32, u8, bool) {

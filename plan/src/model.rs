@@ -4,11 +4,8 @@
 
 use pipewright_model::layer_profile::LayerProfile;
 use pipewright_model::memory::ModelShape;
-use pipewright_model::shape::AttentionKind;
-use pipewright_schedule::recompute::Recompute;
 
-use super::config::Config;
-use super::work::{layer_flops, model_flops};
+use super::work::model_flops;
 
 /// A GPT-like decoder, or a user's list of layers as profiled.
 #[derive(Clone, Debug, PartialEq)]
@@ -68,45 +65,5 @@ impl PlanModel {
                 Some(3.0 * per_sample * samples)
             }
         }
-    }
-
-    /// Hardware FLOPs of one step of `samples` as Narayanan et al. count them: the model's,
-    /// plus the recomputed forward (all of it under full recomputation; under selective, the
-    /// attention core's `4bs^2h` per layer where attention is materialized, and no matmul
-    /// where it is fused, whose selective recomputation is element-wise).
-    pub fn hardware_flops(
-        &self,
-        cfg: &Config,
-        attention: AttentionKind,
-        samples: f64,
-    ) -> Option<f64> {
-        let model = self.model_flops(samples)?;
-        let extra = match self {
-            PlanModel::Gpt(shape) => {
-                let layers = f64::from(cfg.recomputed_layers(shape.layers));
-                match cfg.recompute {
-                    Recompute::None => 0.0,
-                    Recompute::Full | Recompute::Every(_) => layers * layer_flops(shape, samples),
-                    Recompute::Selective if attention == AttentionKind::Fused => 0.0,
-                    Recompute::Selective => {
-                        layers
-                            * 4.0
-                            * samples
-                            * (shape.seq_len as f64).powi(2)
-                            * shape.d_model as f64
-                    }
-                }
-            }
-            PlanModel::Layers(p) => {
-                let cuts = p.cuts(cfg.stages() as usize).unwrap_or_default();
-                let rerun: f64 = (0..cuts.len())
-                    .filter(|&s| cfg.recompute_of(s as u32) != Recompute::None)
-                    .flat_map(|s| p.layers[cuts[s].clone()].iter())
-                    .filter_map(|l| l.flops)
-                    .sum();
-                rerun / p.microbatch_size as f64 * samples
-            }
-        };
-        Some(model + extra)
     }
 }

@@ -9,10 +9,11 @@ use super::bound::lower_bound;
 use super::config::{Config, PlanRequest};
 use super::costs::cost_model;
 use super::evaluate::step_time;
-use super::explain::{neighbours, terms, why, Limit, Terms, DIMENSIONS};
+use super::explain::{neighbours, terms, why, Terms, DIMENSIONS};
 use super::fit::{peaks, worst, BoundCache};
 use super::impossible;
-use super::listed::Searched;
+use super::row::row;
+pub use super::row::PlanRow;
 use super::space::enumerate_counted;
 use super::PlanError;
 use pipewright_model::memory::MemoryBreakdown;
@@ -39,45 +40,6 @@ pub struct Progress {
     pub searched: usize,
     /// Configurations a check refused, dropped from the search ([`Refusals`]).
     pub refused: usize,
-}
-
-/// One configuration of the ranking, with everything the table and the JSON show.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct PlanRow {
-    /// The configuration.
-    pub config: Config,
-    /// Predicted time per training step (steady-state period), seconds.
-    pub step_time_s: f64,
-    /// Tokens per second over the whole cluster (`None` for a profile, which has samples).
-    pub tokens_per_s: Option<f64>,
-    /// Sequences (a profile's samples) per second over the whole cluster.
-    pub samples_per_s: f64,
-    /// Achieved TFLOP/s per GPU as Narayanan et al. count them (recomputation included);
-    /// `None` for a profile without FLOPs.
-    pub tflops_per_gpu: Option<f64>,
-    /// Model FLOPs utilisation: model FLOPs (no recomputation) over peak; `None` for a
-    /// profile without FLOPs.
-    pub mfu: Option<f64>,
-    /// Peak memory of the fullest GPU, bytes.
-    pub peak_memory_bytes: u64,
-    /// GPU memory minus that peak (negative: does not fit).
-    pub headroom_bytes: i64,
-    /// Per pipeline device, the memory model's peak by category.
-    pub memory: Vec<MemoryBreakdown>,
-    /// Fraction of the step the busiest device idles in the schedule's bubble (after its
-    /// compute, recomputation, TP collectives, exposed sends and DP reduction, optimizer).
-    pub bubble: f64,
-    /// The closed-form lower bound the search ordered it by, seconds.
-    pub bound_s: f64,
-    /// Where the step time goes (top rows only).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub terms: Option<Terms>,
-    /// What limits it (top rows only).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub limit: Option<Limit>,
-    /// Set when its timetable came from `search`, not from its family's generator.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub searched: Option<Box<Searched>>,
 }
 
 /// The plan: the ranking, how the search went, and why the best won.
@@ -352,45 +314,4 @@ fn explain(
         ));
     }
     Ok(lines)
-}
-
-/// Hardware FLOPs of one step as Narayanan et al. count them (the model's and the
-/// recomputed forward's; [`super::model::PlanModel::hardware_flops`]), where known.
-pub fn hardware_flops(req: &PlanRequest, cfg: &Config) -> Option<f64> {
-    req.model
-        .hardware_flops(cfg, req.attention, req.global_batch as f64)
-}
-
-pub(super) fn row(
-    req: &PlanRequest,
-    cfg: Config,
-    step: f64,
-    bound: f64,
-    memory: Vec<MemoryBreakdown>,
-) -> PlanRow {
-    let gpus = f64::from(req.gpus);
-    let peak_flops = req.cluster.peak_flops(req.precision);
-    let samples = req.global_batch as f64;
-    let (costs, _) = cost_model(req, &cfg);
-    let ideal = f64::from(cfg.microbatches) * super::bound::busiest(&cfg, &costs).compute();
-    let peak = worst(&memory);
-    PlanRow {
-        config: cfg,
-        step_time_s: step,
-        tokens_per_s: req.model.tokens(samples).map(|t| t / step),
-        samples_per_s: samples / step,
-        tflops_per_gpu: hardware_flops(req, &cfg).map(|f| f / step / gpus / 1e12),
-        mfu: req
-            .model
-            .model_flops(samples)
-            .map(|f| f / step / gpus / peak_flops),
-        peak_memory_bytes: peak,
-        headroom_bytes: req.cluster.memory_bytes() as i64 - peak as i64,
-        memory,
-        bubble: (1.0 - ideal / step).max(0.0),
-        bound_s: bound,
-        terms: None,
-        limit: None,
-        searched: None,
-    }
 }

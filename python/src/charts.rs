@@ -6,7 +6,6 @@ use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
 use crate::err;
-use crate::simulate::Timeline;
 
 /// An image: SVG or PNG bytes. In a notebook it shows as itself.
 #[pyclass(module = "pipewright", frozen)]
@@ -124,37 +123,7 @@ pub(crate) fn draw(
     ))
 }
 
-/// A bubble chart of several timelines stacked on one time axis, for comparison (a
-/// simulated step above a measured one, say). `labels` name the panels.
-#[pyfunction]
-#[pyo3(signature = (timelines, labels = None, format = "svg", width = 1200, height = None, title = None))]
-fn chart(
-    timelines: Vec<PyRef<'_, Timeline>>,
-    labels: Option<Vec<String>>,
-    format: &str,
-    #[pyo3(from_py_with = crate::args::whole)] width: u32,
-    #[pyo3(from_py_with = crate::args::opt_whole)] height: Option<u32>,
-    title: Option<String>,
-) -> PyResult<Chart> {
-    if let Some(l) = &labels {
-        if l.len() != timelines.len() {
-            return Err(err(format!(
-                "{} labels for {} timelines: give one label per timeline",
-                l.len(),
-                timelines.len()
-            )));
-        }
-    }
-    let panels: Vec<(&RsTimeline, Option<String>)> = timelines
-        .iter()
-        .enumerate()
-        .map(|(i, t)| (&t.inner, labels.as_ref().map(|l| l[i].clone())))
-        .collect();
-    draw(&panels, format, width, height, title)
-}
-
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Chart>()?;
-    m.add_function(wrap_pyfunction!(chart, m)?)?;
     Ok(())
 }

@@ -5,7 +5,7 @@ use pipewright_sim::simulate::{measured_costs_with, CostOptions, CostSource, Hos
 use pipewright_sim::{CostModel, RawCostFile};
 use pyo3::prelude::*;
 
-use crate::simulate::Timeline;
+use crate::timeline::Timeline;
 use crate::{byte_count, check_counts, err, json_text, read_file, to_py};
 
 /// Durations, sizes and link speed for the simulator: uniform per device (`Costs(f, b)`), or

@@ -16,6 +16,7 @@ mod plan;
 mod search;
 mod shape;
 mod simulate;
+mod timeline;
 mod timetable;
 
 create_exception!(
@@ -85,6 +86,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     args::register(m)?;
     timetable::register(m)?;
     costs::register(m)?;
+    timeline::register(m)?;
     simulate::register(m)?;
     charts::register(m)?;
     search::register(m)?;

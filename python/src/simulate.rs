@@ -1,119 +1,18 @@
 //! `simulate` (one step or K unfenced steps), `Timeline`, `Report`, `Simulation`.
 
 use pipewright_sim::simulate::{simulate_steps, SteadyState};
-use pipewright_schedule::{chrome_trace, Timeline as RsTimeline};
 use pipewright_sim::{simulate as sim, Report as RsReport, Simulation as RsSim};
 use pyo3::prelude::*;
 
-use pipewright_input::{read_timeline, timeline_from_text, timetable_fits};
+use pipewright_input::timetable_fits;
 use pipewright_model::memory::MemoryBreakdown;
 
 use crate::charts::{draw, Chart};
 use crate::costs::Costs;
+pub use crate::timeline::Timeline;
 use crate::shape::{memory_request, memory_to_py, Shape};
 use crate::timetable::Timetable;
 use crate::{err, to_py};
-
-/// Every event of a step (device, action, start, end): simulated, or measured by a runtime
-/// (pipewright's `train --trace`, or PyTorch's through `pipewright.torch`).
-#[pyclass(module = "pipewright", frozen)]
-#[derive(Clone)]
-pub struct Timeline {
-    pub(crate) inner: RsTimeline,
-}
-
-#[pymethods]
-impl Timeline {
-    /// A timeline from its JSON (what `simulate --timeline`, `train --trace` and
-    /// `pipewright.torch`'s recorder write), checked as `pipewright viz --from` checks it
-    /// (events inside its `meta`, no device computing two things at once, its compute a
-    /// valid step) and within the size the CLI reads; errors call the text `json`.
-    #[staticmethod]
-    fn from_json(text: &str) -> PyResult<Self> {
-        let inner = timeline_from_text("json", text).map_err(err)?;
-        Ok(Timeline { inner })
-    }
-
-    /// Read a timeline file, refused as `pipewright viz --from` refuses it (naming the file).
-    #[staticmethod]
-    fn read(path: std::path::PathBuf) -> PyResult<Self> {
-        let inner = read_timeline(&path).map_err(err)?;
-        Ok(Timeline { inner })
-    }
-
-    /// The timeline as JSON (for `pipewright viz --from`).
-    fn to_json(&self) -> PyResult<String> {
-        serde_json::to_string(&self.inner).map_err(err)
-    }
-
-    /// Write it as JSON to `path` (whole or not at all).
-    fn write(&self, path: std::path::PathBuf) -> PyResult<()> {
-        crate::timetable::write_atomic(&path, self.to_json()?.as_bytes())
-    }
-
-    /// A Chrome trace (Perfetto, chrome://tracing) of it, as JSON text.
-    fn to_chrome_trace(&self) -> PyResult<String> {
-        serde_json::to_string(&chrome_trace(&self.inner)).map_err(err)
-    }
-
-    /// What the timeline is of: schedule, devices, stages, microbatches, source, time unit.
-    #[getter]
-    fn meta(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
-        to_py(py, &self.inner.meta)
-    }
-
-    /// The events, as dicts (`device`, `action`, `start`, `end`).
-    #[getter]
-    fn events(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
-        to_py(py, &self.inner.events)
-    }
-
-    /// End of the last event.
-    #[getter]
-    fn makespan(&self) -> f64 {
-        self.inner.makespan()
-    }
-
-    /// `1 - busy / (devices x span)`: the idle share of the step.
-    #[getter]
-    fn bubble_fraction(&self) -> f64 {
-        self.inner.bubble_fraction()
-    }
-
-    /// Its bubble chart.
-    #[pyo3(signature = (format = "svg", width = 1200, height = None, title = None))]
-    fn chart(
-        &self,
-        format: &str,
-        #[pyo3(from_py_with = crate::args::whole)] width: u32,
-        #[pyo3(from_py_with = crate::args::opt_whole)] height: Option<u32>,
-        title: Option<String>,
-    ) -> PyResult<Chart> {
-        draw(&[(&self.inner, None)], format, width, height, title)
-    }
-
-    fn __len__(&self) -> usize {
-        self.inner.events.len()
-    }
-
-    fn __repr__(&self) -> String {
-        let m = &self.inner.meta;
-        format!(
-            "Timeline({:?}, devices={}, stages={}, microbatches={}, events={}, makespan={})",
-            m.schedule,
-            m.devices,
-            m.stages,
-            m.microbatches,
-            self.inner.events.len(),
-            self.inner.makespan()
-        )
-    }
-
-    /// Shows as its bubble chart in a notebook.
-    fn _repr_svg_(&self) -> PyResult<String> {
-        self.chart("svg", 1200, None, None)?.svg_text()
-    }
-}
 
 /// Makespan, ideal, bubbles and peak memory of one simulated step.
 #[pyclass(module = "pipewright", frozen)]
@@ -372,7 +271,6 @@ fn simulate(
 }
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_class::<Timeline>()?;
     m.add_class::<Report>()?;
     m.add_class::<Simulation>()?;
     m.add_class::<SteadySimulation>()?;

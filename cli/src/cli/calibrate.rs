@@ -16,7 +16,6 @@
 //! on the CPU, no faster than f32, so all three peaks are the measured one.
 
 use std::sync::mpsc;
-use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use pipewright::kernels::cpu::{gelu, matmul_into};
@@ -27,51 +26,7 @@ use pipewright::schedule::plan::{Cluster, Efficiency, Link, PeakTflops};
 use super::args::Device;
 use super::outputs::Outputs;
 
-/// Least time spent timing each measurement.
-const SPAN: Duration = Duration::from_millis(40);
-
-/// Repeat `f` until `SPAN` has passed (at least 3 times); the fastest run's seconds.
-pub(super) fn fastest(mut f: impl FnMut()) -> f64 {
-    let start = Instant::now();
-    let mut best = f64::INFINITY;
-    let mut runs = 0;
-    while runs < 3 || start.elapsed() < SPAN {
-        let t = Instant::now();
-        f();
-        best = best.min(t.elapsed().as_secs_f64());
-        runs += 1;
-    }
-    best
-}
-
-/// Matmul rates over the grid `dims` x `dims` with inner dimension `k`: `time(m, n, k)` runs
-/// one `[m, k] x [k, n]` product (of 0.5s and 0.25s, whose every output is `k / 8`: it checks
-/// that) and returns its fastest seconds.
-pub(super) fn matmul_grid(
-    dims: &[usize],
-    k: usize,
-    mut time: impl FnMut(usize, usize, usize) -> Result<f64>,
-) -> Result<Vec<MatmulSample>> {
-    let mut out = Vec::new();
-    for &m in dims {
-        for &n in dims {
-            let secs = time(m, n, k)?;
-            out.push(MatmulSample {
-                m: m as f64,
-                n: n as f64,
-                k: k as f64,
-                flops: 2.0 * (m * n * k) as f64 / secs,
-            });
-        }
-    }
-    Ok(out)
-}
-
-/// The value every output of a calibration matmul must have: `k` products of 0.5 and 0.25
-/// (exact in bf16, tf32 and f32, and so is the sum under f32 accumulation).
-pub(super) fn expected(k: usize) -> f32 {
-    0.125 * k as f32
-}
+use super::timing::{expected, fastest, matmul_grid};
 
 fn matmuls() -> Result<Vec<MatmulSample>> {
     matmul_grid(&[16, 64, 256, 768], 256, |m, n, k| {

@@ -19,7 +19,7 @@ use pipewright::kernels::{Backend, KernelError, Precision, Tensor};
 use pipewright::schedule::plan::efficiency::{fit, MatmulSample};
 use pipewright::schedule::plan::{Cluster, Efficiency, PeakTflops};
 
-use super::calibrate::{expected, fastest, matmul_grid};
+use super::timing::{expected, fastest, matmul_grid};
 
 /// Matmul dimensions tried (each pair of them as m and n) and the inner dimension: from
 /// launch-bound to a tensor-core-saturating 8192 x 8192 x 4096.

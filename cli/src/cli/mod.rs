@@ -20,5 +20,6 @@ pub mod search;
 pub mod shape;
 pub mod steady;
 pub mod timetable_out;
+mod timing;
 pub mod train;
 pub mod validate_plan;

@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 
-use super::csv::CsvError;
+use super::error::CsvError;
 use crate::action::{Action, ActionKind};
 
 /// PyTorch runs a compute+comms file's own sends and receives as written: a hand-off between

@@ -5,6 +5,8 @@
 mod chrome;
 mod comms;
 mod csv;
+mod error;
+mod form;
 pub mod pytorch;
 
 pub use chrome::chrome_trace;

@@ -121,7 +121,21 @@ pub fn measured_latency(timelines: &[&Timeline]) -> Option<(f64, usize)> {
         .map(|h| h.time)
         .collect();
     let n = times.len();
-    super::measure::median(&mut times).map(|t| (t.max(0.0), n))
+    median(&mut times).map(|t| (t.max(0.0), n))
+}
+
+/// The median of `v` (sorted in place; the mean of the middle two for an even count).
+pub(super) fn median(v: &mut [f64]) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    Some(if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    })
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@ use pipewright_schedule::action::ActionKind;
 use pipewright_schedule::timeline::Timeline;
 
 use super::cost::{CostError, RawCostFile, RawStageCost};
-use super::hand_off::measured_latency;
+use super::hand_off::{measured_latency, median};
 use super::host::{HostCosts, Runtime};
 
 /// The median duration of each stage's F, B, I and W over `timelines` (steps of one run).
@@ -161,20 +161,6 @@ fn stage_cost(
         w,
         r,
         ..RawStageCost::default()
-    })
-}
-
-/// The median of `v` (sorted in place; the mean of the middle two for an even count).
-pub(super) fn median(v: &mut [f64]) -> Option<f64> {
-    if v.is_empty() {
-        return None;
-    }
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    Some(if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
     })
 }
 

@@ -32,7 +32,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::measure::median;
+use super::hand_off::median;
 use super::{meta, prepare, CostModel, Engine, Report, SimError, Simulation};
 use pipewright_schedule::action::{Action, ActionKind};
 use pipewright_schedule::timeline::{Event, Timeline, TimelineMeta};

@@ -1,0 +1,61 @@
+//! What a configuration's time is made of, per layer and per stage, and the pieces every
+//! model kind shares: the device's figures and the DP reduction with its optimizer step. The
+//! GPT costing ([`super::costs`]) and the profile costing ([`super::layers`]) both build on it.
+
+use super::cluster::Precision;
+use super::comm::{all_reduce, reduce_scatter, Links};
+use super::config::{Config, PlanRequest};
+use super::work::{Device, WorkTimes};
+
+/// Per-layer and per-stage pieces of a configuration's costs, in seconds, kept apart so the
+/// plan can bound, explain and attribute them.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Pieces {
+    /// One transformer layer's compute (no communication).
+    pub layer: WorkTimes,
+    /// One layer's TP communication in F (and again in I).
+    pub layer_tp: f64,
+    /// The LM head's compute.
+    pub head: WorkTimes,
+    /// The embedding's TP all-reduce (first stage, F).
+    pub embed_tp: f64,
+    /// Layers per stage.
+    pub layers: Vec<u32>,
+}
+
+/// The device a configuration's work runs on.
+pub fn device(req: &PlanRequest) -> Device {
+    Device {
+        peak: req.cluster.peak_flops(req.precision),
+        hbm: req.cluster.memory_bandwidth(),
+        efficiency: req.cluster.efficiency,
+        act_bytes: req.precision.activation_bytes() as f64,
+    }
+}
+
+/// The DP gradient reduction and optimizer step (ZeRO-1's all-gather included) of a stage
+/// of `params` parameters per rank whose weights are kept in `precision` (f32 gradients and
+/// moments either way).
+pub(super) fn data_parallel(
+    req: &PlanRequest,
+    cfg: &Config,
+    links: &Links,
+    params: f64,
+    precision: Precision,
+) -> (f64, f64) {
+    let grads = 4.0 * params;
+    let param_bytes = precision.activation_bytes() as f64;
+    let moved = match precision {
+        Precision::Bf16 => 30.0,
+        Precision::Tf32 | Precision::F32 => 28.0,
+    };
+    let hbm = req.cluster.memory_bandwidth();
+    if cfg.zero >= 1 && cfg.dp > 1 {
+        let dp = f64::from(cfg.dp);
+        let step = moved * params / dp / hbm;
+        let gather = reduce_scatter(&links.dp, cfg.dp, param_bytes * params);
+        (reduce_scatter(&links.dp, cfg.dp, grads), step + gather)
+    } else {
+        (all_reduce(&links.dp, cfg.dp, grads), moved * params / hbm)
+    }
+}
