@@ -1,7 +1,7 @@
 //! The plan against published large-scale runs: given the published configuration and its
 //! hardware, the predicted per-GPU throughput must land within 15% of the published figure;
 //! left free, the plan's best must be predicted at least as fast and fit. BENCHMARKS.md holds
-//! the table this prints (`cargo test -p pipewright-schedule --release --test plan_published
+//! the table this prints (`cargo test -p pipewright-plan --release --test it plan_published::
 //! -- --nocapture`).
 
 use pipewright_model::memory::ModelShape;

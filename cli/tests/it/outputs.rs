@@ -7,7 +7,7 @@ use std::process::{Command, Stdio};
 
 use proptest::prelude::*;
 
-mod common;
+use crate::common;
 
 fn refused(dir: &Path, args: &[&str], needles: &[&str]) {
     common::refused_in(Some(dir), args, Some(1), needles);

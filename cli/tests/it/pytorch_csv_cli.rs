@@ -2,7 +2,7 @@
 //! PyTorch's compute-only form for `.csv`, its compute+comms form with `--comms`, refuses
 //! what PyTorch cannot run in one line, and `train --timetable` runs both forms.
 
-mod common;
+use crate::common;
 
 use common::{ok_in, refused_in};
 

@@ -3,7 +3,7 @@
 //! `tests/golden/<case>.txt`. This guards restructurings (issue 34): it depends only on the
 //! binary, never on a Rust module path, so it must pass unchanged when code moves.
 //!
-//! `GOLDEN_BLESS=1 cargo test --test golden` rewrites the expected files (and removes those of
+//! `GOLDEN_BLESS=1 cargo test -p pipewright-cli --test it golden::` rewrites the expected files (and removes those of
 //! cases no longer listed); review the diff before committing it.
 //!
 //! Each case runs in its own temporary directory holding a copy of `tests/golden/inputs/` as

@@ -5,7 +5,7 @@
 
 use serde_json::Value;
 
-mod common;
+use crate::common;
 
 fn fixture(name: &str) -> String {
     format!(

@@ -1,7 +1,7 @@
 //! `--recompute` on the command line: `schedule` writes the R actions, `simulate` charges
 //! them, `train` runs them with the same losses and smaller stashes, bad values are one line.
 
-mod common;
+use crate::common;
 
 use common::ok;
 

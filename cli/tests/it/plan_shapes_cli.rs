@@ -5,7 +5,7 @@
 //! config.json at a small size plans and trains, and a shape the reference GPT lacks (tied
 //! embeddings) is refused in one line.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 

@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-mod common;
+use crate::common;
 
 fn ok(dir: &Path, args: &[&str]) -> String {
     common::ok_in(Some(dir), args)

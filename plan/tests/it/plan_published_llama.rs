@@ -2,8 +2,8 @@
 //! calibration (the H100 preset's curve is the A100's, calibrated on Megatron-LM's 530B GPT
 //! of 2021): with the published configuration fixed, the predicted MFU must land within 15%
 //! of the published figure; left free, the plan's best must be predicted at least as fast and
-//! fit. BENCHMARKS.md holds the table this prints (`cargo test -p pipewright-schedule
-//! --release --test plan_published_llama -- --nocapture`).
+//! fit. BENCHMARKS.md holds the table this prints (`cargo test -p pipewright-plan
+//! --release --test it plan_published_llama:: -- --nocapture`).
 //!
 //! Dubey et al. 2024, "The Llama 3 Herd of Models" (arXiv:2407.21783), Table 4: Llama 3
 //! 405B pre-training on H100 80 GB (700 W), sequence 8192, 16M tokens a batch (2048
@@ -54,7 +54,7 @@ const TABLE_4: [Run; 2] = [
 
 fn request(r: &Run) -> PlanRequest {
     let path = format!(
-        "{}/tests/fixtures/hf/llama3.1-405b.json",
+        "{}/../model/tests/fixtures/hf/llama3.1-405b.json",
         env!("CARGO_MANIFEST_DIR")
     );
     let text = std::fs::read_to_string(&path).unwrap();

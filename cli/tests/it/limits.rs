@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-mod common;
+use crate::common;
 
 fn refused_fast(dir: &Path, args: &[&str], needles: &[&str]) {
     let started = Instant::now();

@@ -2,7 +2,7 @@
 //! say so (class 7): piped training logs every N steps, a search stops at its time budget
 //! with the best found so far and says so, and bad budgets are refused in one line.
 
-mod common;
+use crate::common;
 
 use common::{ok, run};
 

@@ -7,7 +7,7 @@ use std::path::Path;
 
 use serde_json::{json, Value};
 
-mod common;
+use crate::common;
 
 use common::plan::{ok, refused, run};
 

@@ -2,7 +2,7 @@
 //! wrapped, absurd cluster and profile figures, readers given the wrong kind of file, and the
 //! launch line's quoting.
 
-mod common;
+use crate::common;
 
 use common::plan::{ok, refused};
 

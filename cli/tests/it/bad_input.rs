@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::process::Output;
 
-mod common;
+use crate::common;
 
 fn run_in(dir: &Path, args: &[&str]) -> Output {
     common::run_in(Some(dir), args)

@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-mod common;
+use crate::common;
 
 fn refused(dir: &Path, args: &[&str], needles: &[&str]) {
     common::refused_in(Some(dir), args, Some(1), needles);

@@ -2,7 +2,7 @@
 
 use std::process::Output;
 
-mod common;
+use crate::common;
 
 fn pipewright(args: &[&str]) -> Output {
     common::run(args)

@@ -3,7 +3,7 @@
 //! (1e-5, relative).
 
 #[allow(dead_code)]
-#[path = "../../examples/custom_mlp.rs"]
+#[path = "../../../examples/custom_mlp.rs"]
 mod custom_mlp;
 
 use custom_mlp::{close, one_device, train};

@@ -1,7 +1,7 @@
 //! `simulate --steps`, `viz --steps` and `search --objective` end to end: the steady state
 //! next to the single step, under names a program can read.
 
-mod common;
+use crate::common;
 
 use common::ok;
 

@@ -1,7 +1,7 @@
 //! `pipewright plan` end to end: the table and its launch line, JSON with every row, a
 //! cluster file, and one-line refusals.
 
-mod common;
+use crate::common;
 
 use common::plan::{ok, refused};
 
