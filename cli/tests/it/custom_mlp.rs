@@ -4,9 +4,9 @@
 
 #[allow(dead_code)]
 #[path = "../../../examples/custom_mlp.rs"]
-mod custom_mlp;
+mod example;
 
-use custom_mlp::{close, one_device, train};
+use example::{close, one_device, train};
 use pipewright::kernels::layers::Parameters;
 use pipewright::kernels::optim::AdamWConfig;
 use pipewright::runtime::{Mesh, RunOptions};
@@ -62,7 +62,7 @@ fn a_user_mlp_equals_one_device_under_every_schedule_family_and_mesh() {
 /// every layer's parameters as the model holds them, non-zero stashes, a ranked plan.
 #[test]
 fn the_example_s_profile_is_planned() {
-    let written = custom_mlp::profile(LAYERS).unwrap();
+    let written = example::profile(LAYERS).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("mlp.json");
     // Written without the user's own serde_json, and read back as it was.
@@ -77,7 +77,7 @@ fn the_example_s_profile_is_planned() {
     assert_eq!(p.weight_format(), "f32");
     assert_eq!(p.len(), LAYERS);
     for (k, l) in p.layers.iter().enumerate() {
-        let layer = custom_mlp::layer(k, LAYERS).unwrap();
+        let layer = example::layer(k, LAYERS).unwrap();
         assert_eq!(l.params, layer.num_params() as u64);
         assert_eq!(l.param_bytes, 4 * l.params);
         assert!(l.stash_bytes > 0 && l.weight_stash_bytes > 0 && l.output_bytes > 0);
