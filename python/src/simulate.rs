@@ -1,6 +1,6 @@
 //! `simulate` (one step or K unfenced steps), `Timeline`, `Report`, `Simulation`.
 
-use pipewright_sim::simulate::{simulate_steps, SteadyState};
+use pipewright_sim::simulate::{check_steps, simulate_steps, SteadyState};
 use pipewright_sim::{simulate as sim, Report as RsReport, Simulation as RsSim};
 use pyo3::prelude::*;
 
@@ -227,6 +227,7 @@ fn simulate(
     attention: Option<&str>,
 ) -> PyResult<Py<PyAny>> {
     let tt = &timetable.inner;
+    check_steps(steps).map_err(|e| err(e.named("steps")))?;
     let memory = memory_request(
         shape,
         tp,

@@ -3,7 +3,7 @@
 
 use std::fmt::Write as _;
 
-use anyhow::{bail, Result};
+use anyhow::Result;
 use pipewright::runtime::StepRecord;
 use pipewright::schedule::simulate::{period_of_starts, simulate_steps, step_starts, SteadyState};
 use pipewright::schedule::{CostModel, Report, Timeline, Timetable};
@@ -11,15 +11,12 @@ use serde_json::{json, Value};
 
 use super::args::{CostArgs, SourceArgs};
 
-/// Most steps `--steps` may ask for (a K-step timeline holds K times the events).
-pub const MAX_STEPS: u32 = 1000;
+pub use pipewright::sim::simulate::MAX_STEPS;
 
-/// Check a `--steps` count: at least 1 (1 is the plain single step), at most [`MAX_STEPS`].
+/// Check a `--steps` count: the library's check ([`pipewright::sim::simulate::check_steps`],
+/// which Python's `simulate(steps=)` runs too), in the flag's words.
 pub fn check_steps(steps: u32) -> Result<()> {
-    if steps == 0 || steps > MAX_STEPS {
-        bail!("--steps must be between 1 and {MAX_STEPS} (got {steps})");
-    }
-    Ok(())
+    pipewright::sim::simulate::check_steps(steps).map_err(|e| anyhow::anyhow!(e.named("--steps")))
 }
 
 /// Simulate `steps` (at least 2) unfenced steps of the timetable the flags name.

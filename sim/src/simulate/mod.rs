@@ -19,6 +19,7 @@ pub mod host;
 mod measure;
 mod options;
 mod report;
+mod request;
 mod steady;
 
 pub use cost::{CostError, CostModel, RawCostFile, RawStageCost, StageCost};
@@ -27,6 +28,7 @@ pub use host::{CallCosts, HostCosts, HostError, Runtime};
 pub use measure::{measured_costs, measured_costs_with};
 pub use options::{CostOptions, CostSource};
 pub use report::{DeviceReport, Report};
+pub use request::{check_steps, SimulateRequest, SimulateRequestError, Simulated, MAX_STEPS};
 pub use steady::{
     largest_span, period_of_starts, simulate_steps, split_steps, steady_period, step_starts,
     Bubbles, SteadyError, SteadyReport, SteadyState,
