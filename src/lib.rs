@@ -51,7 +51,12 @@ pub mod prelude {
     pub use pipewright_schedule::{generate, ScheduleKind, ScheduleSpec, Timetable};
 }
 
-// Every Rust block of the README compiles and runs as a doctest (`cargo test --doc`).
+// Every Rust block of the README and of GUIDE.md compiles and runs as a doctest
+// (`cargo test --doc`).
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
+
+#[cfg(doctest)]
+#[doc = include_str!("../GUIDE.md")]
+pub struct GuideDoctests;
