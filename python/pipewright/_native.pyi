@@ -1,18 +1,44 @@
 """Type stubs of `pipewright._native`, the Rust crates seen from Python."""
 
 from os import PathLike
-from typing import Any, Literal, Optional, Sequence, Union
+from typing import Any, Iterable, Literal, Optional, Sequence, Union, final
+
+# PyO3's own list, in the order the module registers them.
+__all__ = [
+    "PipewrightError",
+    "__version__",
+    "ArgumentError",
+    "Timetable",
+    "Validated",
+    "generate",
+    "validate",
+    "Costs",
+    "Timeline",
+    "Report",
+    "Simulation",
+    "SteadySimulation",
+    "simulate",
+    "Chart",
+    "chart",
+    "SearchResult",
+    "SweepRow",
+    "search",
+    "sweep",
+    "Plan",
+    "plan",
+    "Shape",
+]
 
 __version__: str
 
-CsvForm = Literal["compute_only", "compute_comms", "lowered"]
-ImageFormat = Literal["svg", "png"]
-StrPath = Union[str, "PathLike[str]"]
+_CsvForm = Literal["compute_only", "compute_comms", "lowered"]
+_ImageFormat = Literal["svg", "png"]
+_StrPath = Union[str, "PathLike[str]"]
 # A file's path, its JSON text (starting with `{`), or its JSON as a dict.
-JsonSource = Union[str, "PathLike[str]", dict[str, Any]]
-Precision = Literal["bf16", "tf32", "f32"]
-Accounting = Literal["pipewright", "megatron"]
-Attention = Literal["materialized", "fused"]
+_JsonSource = Union[str, "PathLike[str]", dict[str, Any]]
+_Precision = Literal["bf16", "tf32", "f32"]
+_Accounting = Literal["pipewright", "megatron"]
+_Attention = Literal["materialized", "fused"]
 
 class PipewrightError(ValueError):
     """A request pipewright refuses, with the one line the CLI prints after `error:`."""
@@ -22,6 +48,7 @@ class ArgumentError(PipewrightError, TypeError):
     `gpus: -8 is out of range: give a whole number from 0 to 4294967295`. Whole numbers
     take an int (or numpy integer), never a bool or a float; numbers take an int or a float."""
 
+@final
 class Timetable:
     """One training step: for each device, the actions it runs, in order."""
 
@@ -31,12 +58,12 @@ class Timetable:
     @staticmethod
     def from_json(text: str, validate: bool = True) -> Timetable: ...
     @staticmethod
-    def read(path: StrPath, validate: bool = True) -> Timetable: ...
-    def to_csv(self, form: CsvForm = "compute_only") -> str:
+    def read(path: _StrPath, validate: bool = True) -> Timetable: ...
+    def to_csv(self, form: _CsvForm = "compute_only") -> str:
         """PyTorch's compute-only or compute+comms form, or pipewright's lowered rows (lowered
         here, sends and receives included, when the timetable is not yet)."""
     def to_json(self) -> str: ...
-    def write(self, path: StrPath, comms: bool = False) -> None:
+    def write(self, path: _StrPath, comms: bool = False) -> None:
         """`.csv` (compute-only; compute+comms with `comms=True`) or `.json`, atomically."""
     def lower(self) -> Timetable: ...
     def compute_only(self) -> Timetable: ...
@@ -56,12 +83,13 @@ class Timetable:
     @property
     def lowered(self) -> bool: ...
     @property
-    def csv_form(self) -> Optional[CsvForm]: ...
+    def csv_form(self) -> Optional[_CsvForm]: ...
     def __len__(self) -> int: ...
-    def __eq__(self, other: object) -> bool:
+    def __eq__(self, other: object, /) -> bool:
         """Equal content (microbatches, stage placement, every device's actions); the name
         is a label, so a timetable equals itself read back from its own CSV."""
 
+@final
 class Validated:
     compute_actions: int
     lowered: bool
@@ -80,11 +108,12 @@ def generate(
 def validate(timetable: Timetable, rendezvous: bool = False) -> Validated:
     """Complete, ordered, paired and deadlock-free, or `PipewrightError` naming where."""
 
+@final
 class Costs:
     """Durations, sizes and link speed for the simulator."""
 
-    def __init__(
-        self,
+    def __new__(
+        cls,
         f: float = 1.0,
         b: float = 2.0,
         w: Optional[float] = None,
@@ -93,12 +122,12 @@ class Costs:
         p2p_latency: Optional[float] = None,
         bandwidth: Optional[float] = None,
         w_memory: Optional[float] = None,
-    ) -> None:
+    ) -> Costs:
         """`activation_bytes` and `p2p_bytes` (default 0): bytes, or with a unit (`"1MiB"`)."""
     @staticmethod
     def from_json(text: str) -> Costs: ...
     @staticmethod
-    def read(path: StrPath) -> Costs: ...
+    def read(path: _StrPath) -> Costs: ...
     @staticmethod
     def from_timelines(
         timelines: Sequence[Timeline],
@@ -118,18 +147,20 @@ class Costs:
     def model_dict(self, stages: int, devices: int) -> dict[str, Any]: ...
     def to_json(self, stages: Optional[int] = None, devices: Optional[int] = None) -> str: ...
 
+@final
 class Chart:
     """SVG or PNG bytes; shows as itself in a notebook."""
 
     @property
     def data(self) -> bytes: ...
     @property
-    def format(self) -> ImageFormat: ...
-    def save(self, path: StrPath) -> None: ...
+    def format(self) -> _ImageFormat: ...
+    def save(self, path: _StrPath) -> None: ...
     def _repr_svg_(self) -> Optional[str]: ...
     def _repr_png_(self) -> Optional[bytes]: ...
     def __len__(self) -> int: ...
 
+@final
 class Timeline:
     """Every event of a step, simulated or measured."""
 
@@ -137,10 +168,10 @@ class Timeline:
     def from_json(text: str) -> Timeline:
         """Checked as `pipewright viz --from` checks a timeline (errors call the text `json`)."""
     @staticmethod
-    def read(path: StrPath) -> Timeline:
+    def read(path: _StrPath) -> Timeline:
         """Read and checked as `pipewright viz --from` reads it, naming the file."""
     def to_json(self) -> str: ...
-    def write(self, path: StrPath) -> None: ...
+    def write(self, path: _StrPath) -> None: ...
     def to_chrome_trace(self) -> str: ...
     @property
     def meta(self) -> dict[str, Any]: ...
@@ -152,7 +183,7 @@ class Timeline:
     def bubble_fraction(self) -> float: ...
     def chart(
         self,
-        format: ImageFormat = "svg",
+        format: _ImageFormat = "svg",
         width: int = 1200,
         height: Optional[int] = None,
         title: Optional[str] = None,
@@ -160,6 +191,7 @@ class Timeline:
     def __len__(self) -> int: ...
     def _repr_svg_(self) -> str: ...
 
+@final
 class Report:
     @property
     def makespan(self) -> float: ...
@@ -171,11 +203,12 @@ class Report:
     def devices(self) -> list[dict[str, Any]]: ...
     def to_dict(self) -> dict[str, Any]: ...
 
+@final
 class Shape:
     """A GPT's shape: sizes and kinds (GPT-2's unless given), or a Hugging Face config."""
 
-    def __init__(
-        self,
+    def __new__(
+        cls,
         layers: int,
         d_model: int,
         heads: int,
@@ -190,9 +223,9 @@ class Shape:
         positions: Optional[Literal["learned", "rotary"]] = None,
         rope_theta: Optional[float] = None,
         bias: Optional[Literal["all", "qkv", "none"]] = None,
-    ) -> None: ...
+    ) -> Shape: ...
     @staticmethod
-    def from_hf_config(config: JsonSource, seq_len: Optional[int] = None) -> Shape:
+    def from_hf_config(config: _JsonSource, seq_len: Optional[int] = None) -> Shape:
         """llama, mistral, qwen2, gpt2, gpt_neox, as `--hf-config` reads them."""
     @property
     def layers(self) -> int: ...
@@ -213,21 +246,23 @@ class Shape:
     @property
     def notes(self) -> list[str]: ...
     def to_dict(self) -> dict[str, Any]: ...
-    def __eq__(self, other: object) -> bool: ...
+    def __eq__(self, other: object, /) -> bool: ...
 
+@final
 class Simulation:
     timeline: Timeline
     report: Report
     predicted_memory: Optional[list[dict[str, int]]]
     def chart(
         self,
-        format: ImageFormat = "svg",
+        format: _ImageFormat = "svg",
         width: int = 1200,
         height: Optional[int] = None,
         title: Optional[str] = None,
     ) -> Chart: ...
     def _repr_svg_(self) -> str: ...
 
+@final
 class SteadySimulation:
     timeline: Timeline
     single: Simulation
@@ -245,7 +280,7 @@ class SteadySimulation:
     def to_dict(self) -> dict[str, Any]: ...
     def chart(
         self,
-        format: ImageFormat = "svg",
+        format: _ImageFormat = "svg",
         width: int = 1200,
         height: Optional[int] = None,
         title: Optional[str] = None,
@@ -263,9 +298,9 @@ def simulate(
     zero: Optional[int] = None,
     microbatch_size: Optional[int] = None,
     sequence_parallel: bool = False,
-    precision: Optional[Precision] = None,
-    accounting: Optional[Accounting] = None,
-    attention: Optional[Attention] = None,
+    precision: Optional[_Precision] = None,
+    accounting: Optional[_Accounting] = None,
+    attention: Optional[_Attention] = None,
 ) -> Union[Simulation, SteadySimulation]:
     """One step (`Simulation`), or `steps` unfenced steps (`SteadySimulation`); with a
     `shape`, each device's predicted memory (`predicted_memory`)."""
@@ -273,12 +308,13 @@ def simulate(
 def chart(
     timelines: Sequence[Timeline],
     labels: Optional[Sequence[str]] = None,
-    format: ImageFormat = "svg",
+    format: _ImageFormat = "svg",
     width: int = 1200,
     height: Optional[int] = None,
     title: Optional[str] = None,
 ) -> Chart: ...
 
+@final
 class SearchResult:
     timetable: Timetable
     simulation: Simulation
@@ -302,14 +338,14 @@ class SearchResult:
         """The best and the next fitting timetables, fastest first, up to `k` (at most 5)."""
     def chart(
         self,
-        format: ImageFormat = "svg",
+        format: _ImageFormat = "svg",
         width: int = 1200,
         height: Optional[int] = None,
         title: Optional[str] = None,
     ) -> Chart: ...
     def pareto_chart(
         self,
-        format: ImageFormat = "svg",
+        format: _ImageFormat = "svg",
         width: int = 1200,
         height: Optional[int] = None,
         title: Optional[str] = None,
@@ -335,13 +371,14 @@ def search(
     zero: Optional[int] = None,
     microbatch_size: Optional[int] = None,
     sequence_parallel: bool = False,
-    precision: Optional[Precision] = None,
-    accounting: Optional[Accounting] = None,
-    attention: Optional[Attention] = None,
+    precision: Optional[_Precision] = None,
+    accounting: Optional[_Accounting] = None,
+    attention: Optional[_Attention] = None,
 ) -> SearchResult:
     """With a `shape`, a cap in bytes bounds each rank's whole predicted memory.
     `time_budget` is 0 to 3600 s; runs with the GIL released and stops on Ctrl-C."""
 
+@final
 class SweepRow:
     schedule: str
     virtual_stages: int
@@ -358,16 +395,17 @@ class SweepRow:
 
 def sweep(
     p: int = 4,
-    m: Sequence[int] = (4, 8, 16, 32, 64),
+    m: Iterable[int] = ...,
     schedules: Optional[Sequence[str]] = None,
-    v: Optional[Sequence[int]] = None,
+    v: Optional[Iterable[int]] = None,
     costs: Optional[Costs] = None,
     memory_cap: Union[int, float, str, None] = None,
 ) -> list[SweepRow]:
-    """`memory_cap` in microbatches (`4`) or bytes with a unit (`"24GiB"`), as `search`'s.
+    """`m` defaults to [4, 8, 16, 32, 64]; `memory_cap` in microbatches (`4`) or bytes with a unit (`"24GiB"`), as `search`'s.
     A grid past the CLI's sweep limit is refused; runs with the GIL released and stops on
     Ctrl-C."""
 
+@final
 class Plan:
     seconds: float
     notes: list[str]
@@ -387,13 +425,13 @@ class Plan:
     def parameters(self) -> Optional[int]: ...
     def chart(
         self,
-        format: ImageFormat = "svg",
+        format: _ImageFormat = "svg",
         width: int = 1200,
         height: Optional[int] = None,
         title: Optional[str] = None,
     ) -> Optional[Chart]:
         """The best's simulated step with its predicted memory, as `plan --chart` draws it."""
-    def launch(self, timetable: Optional[StrPath] = None) -> Optional[str]:
+    def launch(self, timetable: Optional[_StrPath] = None) -> Optional[str]:
         """How to run the best, as `pipewright plan` prints it under "run the best:"."""
     def to_dict(self) -> dict[str, Any]:
         """What `pipewright plan --format json` prints."""
@@ -416,11 +454,11 @@ def plan(
     positions: Optional[Literal["learned", "rotary"]] = None,
     rope_theta: Optional[float] = None,
     bias: Optional[Literal["all", "qkv", "none"]] = None,
-    hf_config: Optional[JsonSource] = None,
-    profile: Optional[JsonSource] = None,
-    attention: Optional[Attention] = None,
+    hf_config: Optional[_JsonSource] = None,
+    profile: Optional[_JsonSource] = None,
+    attention: Optional[_Attention] = None,
     cluster: str = "a100-80g",
-    precision: Precision = "bf16",
+    precision: _Precision = "bf16",
     tp: Optional[int] = None,
     pp: Optional[int] = None,
     v: Optional[int] = None,
