@@ -91,8 +91,10 @@ class Timetable:
 
 @final
 class Validated:
-    compute_actions: int
-    lowered: bool
+    @property
+    def compute_actions(self) -> int: ...
+    @property
+    def lowered(self) -> bool: ...
 
 def generate(
     schedule: str = "1f1b",
@@ -250,9 +252,12 @@ class Shape:
 
 @final
 class Simulation:
-    timeline: Timeline
-    report: Report
-    predicted_memory: Optional[list[dict[str, int]]]
+    @property
+    def timeline(self) -> Timeline: ...
+    @property
+    def report(self) -> Report: ...
+    @property
+    def predicted_memory(self) -> Optional[list[dict[str, int]]]: ...
     def chart(
         self,
         format: _ImageFormat = "svg",
@@ -264,9 +269,12 @@ class Simulation:
 
 @final
 class SteadySimulation:
-    timeline: Timeline
-    single: Simulation
-    predicted_memory: Optional[list[dict[str, int]]]
+    @property
+    def timeline(self) -> Timeline: ...
+    @property
+    def single(self) -> Simulation: ...
+    @property
+    def predicted_memory(self) -> Optional[list[dict[str, int]]]: ...
     @property
     def steps(self) -> int: ...
     @property
@@ -316,10 +324,14 @@ def chart(
 
 @final
 class SearchResult:
-    timetable: Timetable
-    simulation: Simulation
-    seconds: float
-    predicted_memory: Optional[list[dict[str, int]]]
+    @property
+    def timetable(self) -> Timetable: ...
+    @property
+    def simulation(self) -> Simulation: ...
+    @property
+    def seconds(self) -> float: ...
+    @property
+    def predicted_memory(self) -> Optional[list[dict[str, int]]]: ...
     @property
     def best(self) -> dict[str, Any]: ...
     @property
@@ -380,18 +392,30 @@ def search(
 
 @final
 class SweepRow:
-    schedule: str
-    virtual_stages: int
-    microbatches: int
-    makespan: Optional[float]
-    bubble_fraction: Optional[float]
-    period: Optional[float]
-    throughput: Optional[float]
-    peak_activations: Optional[int]
-    peak_activation_bytes: Optional[int]
-    fits: Optional[bool]
-    error: Optional[str]
-    bubble: Optional[dict[str, float]]
+    @property
+    def schedule(self) -> str: ...
+    @property
+    def virtual_stages(self) -> int: ...
+    @property
+    def microbatches(self) -> int: ...
+    @property
+    def makespan(self) -> Optional[float]: ...
+    @property
+    def bubble_fraction(self) -> Optional[float]: ...
+    @property
+    def period(self) -> Optional[float]: ...
+    @property
+    def throughput(self) -> Optional[float]: ...
+    @property
+    def peak_activations(self) -> Optional[int]: ...
+    @property
+    def peak_activation_bytes(self) -> Optional[int]: ...
+    @property
+    def fits(self) -> Optional[bool]: ...
+    @property
+    def error(self) -> Optional[str]: ...
+    @property
+    def bubble(self) -> Optional[dict[str, float]]: ...
 
 def sweep(
     p: int = 4,
@@ -407,8 +431,10 @@ def sweep(
 
 @final
 class Plan:
-    seconds: float
-    notes: list[str]
+    @property
+    def seconds(self) -> float: ...
+    @property
+    def notes(self) -> list[str]: ...
     @property
     def rows(self) -> list[dict[str, Any]]: ...
     @property
