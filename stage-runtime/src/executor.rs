@@ -9,7 +9,6 @@
 //! rank's shard, and the updated shards are all-gathered.
 
 use std::collections::{HashMap, HashSet};
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
@@ -25,8 +24,8 @@ use crate::error::RuntimeError;
 use crate::memory::{Category, DeviceMemory, Meter, RankMemory};
 use crate::mesh::{Coord, Group, GroupKind, Mesh};
 use crate::module::unimplemented_method;
-use crate::module::{MicrobatchData, ModuleError, Output, StageModule};
-use crate::run::RunOptions;
+use crate::module::{guard, MicrobatchData, ModuleError, Output, StageModule};
+use crate::options::RunOptions;
 use crate::setup::{
     check_backward_split, check_methods, check_tp, kept_whole, needed_for, set_recompute, Sizes,
 };
@@ -693,19 +692,4 @@ fn take<T>(
 ) -> Result<T, ModuleError> {
     map.remove(&key)
         .ok_or_else(|| format!("its {what} is missing").into())
-}
-
-/// Run user code, turning a panic into an error that names it.
-pub(crate) fn guard<T>(f: impl FnOnce() -> Result<T, ModuleError>) -> Result<T, ModuleError> {
-    match catch_unwind(AssertUnwindSafe(f)) {
-        Ok(r) => r,
-        Err(panic) => {
-            let msg = panic
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "unknown panic".into());
-            Err(format!("stage panicked: {msg}").into())
-        }
-    }
 }

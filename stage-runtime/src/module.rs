@@ -2,6 +2,7 @@
 //! the reference GPT ([`GptModule`]) and synthetic stages of exact durations ([`SyntheticModule`]).
 
 use std::ops::Range;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -43,6 +44,21 @@ fn unimplemented(method: &'static str) -> ModuleError {
 /// The method `e` says is not implemented, when it is an [`Unimplemented`].
 pub fn unimplemented_method(e: &ModuleError) -> Option<&'static str> {
     e.downcast_ref::<Unimplemented>().map(|u| u.method)
+}
+
+/// Run user code, turning a panic into an error that names it.
+pub(crate) fn guard<T>(f: impl FnOnce() -> Result<T, ModuleError>) -> Result<T, ModuleError> {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(r) => r,
+        Err(panic) => {
+            let msg = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".into());
+            Err(format!("stage panicked: {msg}").into())
+        }
+    }
 }
 
 /// One microbatch as every stage sees it: the user's own data `D` (the module's
