@@ -1,7 +1,8 @@
 //! A device-generic face over the ops that both backends implement, so one
 //! test (or one caller) can run on the CPU and, with feature `cuda`, a GPU.
 //!
-//! [`Cpu`](crate::Cpu) is the host backend (`cpu/`); `cuda::CudaBackend` the GPU one (`cuda/`),
+//! [`Cpu`](struct@crate::Cpu) is the host backend (`cpu/`); `cuda::CudaBackend` the GPU one
+//! (`cuda/`),
 //! each in its own folder with its own AdamW update. This file knows neither. Copies
 //! between host and device are explicit ([`Backend::upload`],
 //! [`Backend::download`]); nothing moves implicitly.
@@ -42,7 +43,7 @@ pub(crate) fn check_range(op: &'static str, offset: usize, len: usize, total: us
     }
 }
 
-/// Ops with the semantics of their [`cpu`] namesakes, on a device's storage.
+/// Ops with the semantics of their [`cpu`](crate::cpu) namesakes, on a device's storage.
 pub trait Backend {
     /// A tensor living on this backend.
     type Storage: Shaped + Footprint + std::fmt::Debug;
@@ -121,37 +122,37 @@ pub trait Backend {
         v: &mut Self::Storage,
         h: &AdamWUpdate,
     ) -> Result<()>;
-    /// See [`cpu::matmul`].
+    /// See [`cpu::matmul`](crate::cpu::matmul).
     fn matmul(&self, x: &Self::Storage, w: &Self::Storage) -> Result<Self::Storage>;
-    /// See [`cpu::matmul_nt`].
+    /// See [`cpu::matmul_nt`](crate::cpu::matmul_nt).
     fn matmul_nt(&self, dy: &Self::Storage, w: &Self::Storage) -> Result<Self::Storage>;
-    /// See [`cpu::matmul_tn_acc`].
+    /// See [`cpu::matmul_tn_acc`](crate::cpu::matmul_tn_acc).
     fn matmul_tn_acc(
         &self,
         x: &Self::Storage,
         dy: &Self::Storage,
         acc: &mut Self::Storage,
     ) -> Result<()>;
-    /// See [`cpu::add_bias`].
+    /// See [`cpu::add_bias`](crate::cpu::add_bias).
     fn add_bias(&self, x: &mut Self::Storage, b: &Self::Storage) -> Result<()>;
-    /// See [`cpu::bias_grad_acc`].
+    /// See [`cpu::bias_grad_acc`](crate::cpu::bias_grad_acc).
     fn bias_grad_acc(&self, dy: &Self::Storage, acc: &mut Self::Storage) -> Result<()>;
-    /// See [`cpu::gelu`].
+    /// See [`cpu::gelu`](crate::cpu::gelu).
     fn gelu(&self, x: &Self::Storage) -> Result<Self::Storage>;
-    /// See [`cpu::gelu_backward`].
+    /// See [`cpu::gelu_backward`](crate::cpu::gelu_backward).
     fn gelu_backward(&self, x: &Self::Storage, dy: &Self::Storage) -> Result<Self::Storage>;
-    /// See [`cpu::glu`]: `act(gate) * up` of a fused `[.., 2f]` pre-activation.
+    /// See [`cpu::glu`](fn@crate::cpu::glu): `act(gate) * up` of a fused `[.., 2f]` pre-activation.
     fn glu(&self, h: &Self::Storage, kind: GluKind) -> Result<Self::Storage>;
-    /// See [`cpu::glu_backward`].
+    /// See [`cpu::glu_backward`](crate::cpu::glu_backward).
     fn glu_backward(
         &self,
         h: &Self::Storage,
         da: &Self::Storage,
         kind: GluKind,
     ) -> Result<Self::Storage>;
-    /// See [`cpu::add`]; also the residual add.
+    /// See [`cpu::add`](crate::cpu::add); also the residual add.
     fn add(&self, a: &Self::Storage, b: &Self::Storage) -> Result<Self::Storage>;
-    /// See [`cpu::layer_norm`].
+    /// See [`cpu::layer_norm`](crate::cpu::layer_norm).
     fn layer_norm(
         &self,
         x: &Self::Storage,
@@ -159,14 +160,15 @@ pub trait Backend {
         beta: &Self::Storage,
         eps: f32,
     ) -> Result<(Self::Storage, Self::NormStash)>;
-    /// See [`cpu::layer_norm_backward_input`].
+    /// See [`cpu::layer_norm_backward_input`](crate::cpu::layer_norm_backward_input).
     fn layer_norm_backward_input(
         &self,
         dy: &Self::Storage,
         gamma: &Self::Storage,
         stash: &Self::NormStash,
     ) -> Result<Self::Storage>;
-    /// See [`cpu::layer_norm_backward_weight`] (which takes the stash's `xhat`).
+    /// See [`cpu::layer_norm_backward_weight`](crate::cpu::layer_norm_backward_weight) (which takes
+    /// the stash's `xhat`).
     fn layer_norm_backward_weight(
         &self,
         dy: &Self::Storage,
@@ -174,28 +176,31 @@ pub trait Backend {
         dgamma: &mut Self::Storage,
         dbeta: &mut Self::Storage,
     ) -> Result<()>;
-    /// See [`cpu::rms_norm`]; the stash has LayerNorm's form (`x̂`, `1/rms` per row).
+    /// See [`cpu::rms_norm`](crate::cpu::rms_norm); the stash has LayerNorm's form (`x̂`, `1/rms`
+    /// per row).
     fn rms_norm(
         &self,
         x: &Self::Storage,
         gamma: &Self::Storage,
         eps: f32,
     ) -> Result<(Self::Storage, Self::NormStash)>;
-    /// See [`cpu::rms_norm_backward_input_from`].
+    /// See [`cpu::rms_norm_backward_input_from`](crate::cpu::rms_norm_backward_input_from).
     fn rms_norm_backward_input(
         &self,
         dy: &Self::Storage,
         gamma: &Self::Storage,
         stash: &Self::NormStash,
     ) -> Result<Self::Storage>;
-    /// See [`cpu::rms_norm_backward_weight`] (which takes the stash's `xhat`).
+    /// See [`cpu::rms_norm_backward_weight`](crate::cpu::rms_norm_backward_weight) (which takes the
+    /// stash's `xhat`).
     fn rms_norm_backward_weight(
         &self,
         dy: &Self::Storage,
         stash: &Self::NormStash,
         dgamma: &mut Self::Storage,
     ) -> Result<()>;
-    /// See [`cpu::cross_entropy`]: the scaled mean loss (on the host, since
+    /// See [`cpu::cross_entropy`](crate::cpu::cross_entropy): the scaled mean loss (on the host,
+    /// since
     /// every caller needs it there) and the softmax probabilities.
     fn cross_entropy(
         &self,
@@ -203,14 +208,16 @@ pub trait Backend {
         targets: &[u32],
         scale: f32,
     ) -> Result<(f32, Self::Storage)>;
-    /// See [`cpu::cross_entropy_backward`]; reuses `probs` for the gradient.
+    /// See [`cpu::cross_entropy_backward`](crate::cpu::cross_entropy_backward); reuses `probs` for
+    /// the gradient.
     fn cross_entropy_backward(
         &self,
         probs: Self::Storage,
         targets: &[u32],
         scale: f32,
     ) -> Result<Self::Storage>;
-    /// See [`cpu::embedding`] (token plus, where there is a table, positional embedding).
+    /// See [`cpu::embedding`](fn@crate::cpu::embedding) (token plus, where there is a table,
+    /// positional embedding).
     fn embedding(
         &self,
         ids: &[u32],
@@ -218,7 +225,7 @@ pub trait Backend {
         wte: &Self::Storage,
         wpe: Option<&Self::Storage>,
     ) -> Result<Self::Storage>;
-    /// See [`cpu::embedding_backward_weight`].
+    /// See [`cpu::embedding_backward_weight`](crate::cpu::embedding_backward_weight).
     fn embedding_backward_weight(
         &self,
         ids: &[u32],
@@ -227,8 +234,10 @@ pub trait Backend {
         dwte: &mut Self::Storage,
         dwpe: Option<&mut Self::Storage>,
     ) -> Result<()>;
-    /// See [`cpu::rotary::rotate`]: turns the query and key heads of a fused `qkv` in place
-    /// by their positions' angles (`table` from [`cpu::rotary_table`], uploaded), or back
+    /// See [`cpu::rotary::rotate`](crate::cpu::rotary::rotate): turns the query and key heads of a
+    /// fused `qkv` in place
+    /// by their positions' angles (`table` from [`cpu::rotary_table`](crate::cpu::rotary_table),
+    /// uploaded), or back
     /// by them (the backward, on a gradient).
     fn rotary(
         &self,
@@ -237,13 +246,15 @@ pub trait Backend {
         sh: AttnShape,
         dir: Turn,
     ) -> Result<()>;
-    /// See [`cpu::causal_attention`]: the output and what the backward needs.
+    /// See [`cpu::causal_attention`](crate::cpu::causal_attention): the output and what the
+    /// backward needs.
     fn causal_attention(
         &self,
         qkv: &Self::Storage,
         sh: AttnShape,
     ) -> Result<(Self::Storage, Self::AttnStash)>;
-    /// See [`cpu::causal_attention_backward`]: the gradient of the fused qkv
+    /// See [`cpu::causal_attention_backward`](crate::cpu::causal_attention_backward): the gradient
+    /// of the fused qkv
     /// from the forward's input `qkv`, its output `out` and its stash.
     fn causal_attention_backward(
         &self,
@@ -276,7 +287,7 @@ impl<S> Deref for Restored<'_, S> {
 }
 
 /// The scalars of one AdamW update of one parameter tensor: what a
-/// backend's [`Backend::adamw_step`](crate::Backend::adamw_step) needs.
+/// backend's [`Backend::adamw_step`] needs.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct AdamWUpdate {
     /// Learning rate.

@@ -6,9 +6,10 @@
 //! - [`Tensor`]: a contiguous row-major f32 tensor on the CPU, with bf16/f16
 //!   and byte conversions ([`DType`]) for storage and transfer.
 //! - [`backend`]: the [`Backend`] trait alone (and the words it speaks); it knows no backend.
-//! - [`cpu`]: the host backend [`Cpu`] and its ops, each with its backward: strided-sgemm
-//!   matmul (no transposes are ever copied), bias add, GeLU (tanh form), LayerNorm,
-//!   softmax cross-entropy, embedding, causal attention, residual add; its own AdamW update.
+//! - [`cpu`]: the host backend [`Cpu`](struct@Cpu) and its ops, each with its backward:
+//!   strided-sgemm matmul (no transposes are ever copied), bias add, GeLU (tanh form),
+//!   LayerNorm, softmax cross-entropy, embedding, causal attention, residual add; its own
+//!   AdamW update.
 //! - [`layers`]: `Linear`, column/row-parallel linears, head-split attention,
 //!   the MLP, the pre-norm block and the LM head. Every layer with weights
 //!   splits its backward into an input part (I) and a weight part (W), with

@@ -29,17 +29,18 @@ pub struct RunOptions {
     pub zero: Zero,
     /// Stop the run at the first non-finite loss (checked per microbatch on the last stage)
     /// or gradient (checked once per step and stage, before the optimizer) with
-    /// [`RuntimeError::NonFinite`](crate::RuntimeError::NonFinite), as Megatron's NaN check does. On by default.
+    /// [`RuntimeError::NonFinite`](crate::RuntimeError::NonFinite), as Megatron's NaN check
+    /// does. On by default.
     pub check_finite: bool,
     /// Parameters allowed a gradient that stays exactly zero through step 0 (by the name
-    /// [`StageModule::parameter_names`](crate::StageModule::parameter_names) gives, or a prefix of it). Otherwise such a
-    /// parameter, on a stage that received a non-zero gradient (or loss), refuses the run
-    /// at step 0 naming it and its stage, as PyTorch's DDP refuses unused parameters: its
-    /// layer computes its gradient and never stores it, or is never used. A frozen
-    /// parameter is better left out of the visit (`#[parameters(skip)]`: then it is not
-    /// stepped either); list here one that trains but gets no gradient at step 0 (a layer
-    /// behind a zero-initialised one). Not checked under ZeRO-1, whose replicas each see
-    /// only their own gradients.
+    /// [`StageModule::parameter_names`](crate::StageModule::parameter_names) gives, or a prefix of
+    /// it). Otherwise such a parameter, on a stage that received a non-zero gradient (or loss),
+    /// refuses the run at step 0 naming it and its stage, as PyTorch's DDP refuses unused
+    /// parameters: its layer computes its gradient and never stores it, or is never used. A frozen
+    /// parameter is better left out of the visit (`#[parameters(skip)]`: then it is not stepped
+    /// either); list here one that trains but gets no gradient at step 0 (a layer behind a
+    /// zero-initialised one). Not checked under ZeRO-1, whose replicas each see only their own
+    /// gradients.
     pub allow_unused: Vec<String>,
 }
 

@@ -1,6 +1,6 @@
 //! Run a timetable with every rank on one GPU (feature `cuda`): ranks as threads, each with
 //! a stream of its own, over the CUDA-local transport ([`crate::comm::cuda_local`]); the
-//! launcher beside [`run_mpi`](crate::run_mpi) and the NCCL ones.
+//! launcher beside `run_mpi.rs` and the NCCL ones.
 
 use std::sync::Arc;
 

@@ -1,5 +1,6 @@
 //! The CPU backend: every op of the crate on host [`Tensor`](crate::Tensor)s, and
-//! [`Cpu`], the [`Backend`](crate::Backend) that runs them (with its own AdamW update).
+//! [`Cpu`](struct@Cpu), the [`Backend`](crate::Backend) that runs them (with its own AdamW
+//! update).
 //!
 //! Each op is a plain function; those of layers with weights come as a
 //! forward, an input-gradient (I) and a weight-gradient (W) function, so a

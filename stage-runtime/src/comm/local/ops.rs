@@ -32,10 +32,11 @@ pub trait LocalOps {
     fn reduce(&self, parts: &[&Self::Message], op: ReduceOp) -> Result<Self::Tensor, CommError>;
     /// Copies of the parts of a round, in group order.
     fn gather(&self, parts: &[&Self::Message]) -> Result<Vec<Self::Tensor>, CommError>;
-    /// Position `pos`'s shard of `whole` over `n` ranks, flat ([`super::shard_range`]).
+    /// Position `pos`'s shard of `whole` over `n` ranks, flat
+    /// ([`shard_range`](crate::comm::shard_range)).
     fn share(&self, whole: &Self::Tensor, pos: usize, n: usize) -> Result<Self::Tensor, CommError>;
     /// The shards of a round (group order) concatenated into one flat tensor of `numel`
-    /// values, each checked against [`super::shard_range`].
+    /// values, each checked against [`shard_range`](crate::comm::shard_range).
     fn concat(&self, parts: &[&Self::Message], numel: usize) -> Result<Self::Tensor, CommError>;
     /// Number of values in `t`.
     fn numel(&self, t: &Self::Tensor) -> usize;
