@@ -3,7 +3,6 @@
 //! bf16 run, bf16 elements; per-row vectors, token ids), so the figure is the memory
 //! actually kept, not an estimate.
 
-use crate::cpu::LayerNormStash;
 use crate::tensor::Tensor;
 
 /// Bytes of storage a value keeps alive.
@@ -12,17 +11,11 @@ pub trait Footprint {
     fn bytes(&self) -> usize;
 }
 
-const F32: usize = std::mem::size_of::<f32>();
+pub(crate) const F32: usize = std::mem::size_of::<f32>();
 
 impl Footprint for Tensor {
     fn bytes(&self) -> usize {
         self.data().len() * F32
-    }
-}
-
-impl Footprint for LayerNormStash {
-    fn bytes(&self) -> usize {
-        self.xhat.bytes() + self.rstd.len() * F32
     }
 }
 
@@ -90,33 +83,10 @@ macro_rules! plain {
 
 plain!(bool, u8, u16, u32, u64, usize, i8, i16, i32, i64, isize, f32, f64);
 
-#[cfg(feature = "cuda")]
-mod cuda {
-    use super::{Footprint, F32};
-    use crate::cuda::{CudaAttnStash, CudaNormStash, CudaTensor};
-
-    impl Footprint for CudaTensor {
-        fn bytes(&self) -> usize {
-            self.numel() * F32
-        }
-    }
-
-    impl Footprint for CudaNormStash {
-        fn bytes(&self) -> usize {
-            self.xhat.bytes() + self.rstd.bytes()
-        }
-    }
-
-    impl Footprint for CudaAttnStash {
-        fn bytes(&self) -> usize {
-            self.lse.bytes()
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cpu::LayerNormStash;
 
     #[test]
     fn a_tensor_holds_four_bytes_per_element_and_a_norm_stash_adds_its_rows() {

@@ -9,35 +9,14 @@
 //! softmax probabilities (autocast and Megatron keep them in f32) or the CPU's attention
 //! probabilities (what a GPU's backward recomputes in f32).
 
-use std::ops::Deref;
-
 use half::bf16;
 
+pub use crate::backend::Restored;
 use crate::backend::Shaped;
 use crate::error::Result;
 use crate::footprint::Footprint;
 use crate::precision::Precision;
 use crate::tensor::{DType, Tensor};
-
-/// A kept tensor as the backward reads it: the stored tensor itself where nothing was
-/// narrowed (no copy), or a widened f32 copy.
-#[derive(Debug)]
-pub enum Restored<'a, S> {
-    /// The tensor the stash holds, lent.
-    Same(&'a S),
-    /// A widened copy, owned.
-    Widened(S),
-}
-
-impl<S> Deref for Restored<'_, S> {
-    type Target = S;
-    fn deref(&self) -> &S {
-        match self {
-            Restored::Same(s) => s,
-            Restored::Widened(s) => s,
-        }
-    }
-}
 
 /// A tensor as a stash keeps it, on any backend: the f32 tensor `S` itself, or its values
 /// rounded to bf16 in the backend's buffer `H` (round to nearest even) with its shape.

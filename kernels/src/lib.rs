@@ -5,9 +5,11 @@
 //! # Map
 //! - [`Tensor`]: a contiguous row-major f32 tensor on the CPU, with bf16/f16
 //!   and byte conversions ([`DType`]) for storage and transfer.
-//! - [`cpu`]: the ops, each with its backward: strided-sgemm matmul (no
-//!   transposes are ever copied), bias add, GeLU (tanh form), LayerNorm,
-//!   softmax cross-entropy, embedding, causal attention, residual add.
+//! - [`backend`]: the [`Backend`] trait alone (and the words it speaks); it knows no backend.
+//! - [`cpu`]: the host backend [`Cpu`](struct@Cpu) and its ops, each with its backward:
+//!   strided-sgemm matmul (no transposes are ever copied), bias add, GeLU (tanh form),
+//!   LayerNorm, softmax cross-entropy, embedding, causal attention, residual add; its own
+//!   AdamW update.
 //! - [`layers`]: `Linear`, column/row-parallel linears, head-split attention,
 //!   the MLP, the pre-norm block and the LM head. Every layer with weights
 //!   splits its backward into an input part (I) and a weight part (W), with
@@ -25,7 +27,9 @@
 //! - [`Backend`]: the ops the layers run on; layers and
 //!   [`gpt::GptStage`] are generic over it ([`Cpu`] by default).
 //! - `cuda` (cargo feature `cuda`): the same ops on a GPU through cuBLAS and
-//!   NVRTC; it checks for the CUDA libraries before its first call.
+//!   NVRTC, with its own AdamW kernel; it checks for the CUDA libraries before its first call.
+//! - [`Footprint`] and [`kept`]: leaves below the backends (a backend implements them for its
+//!   own types; they import no backend).
 //!
 //! # A pipeline of two stages, by hand
 //! A runtime does the following per microbatch, with the stashes kept per
@@ -78,7 +82,8 @@ pub mod params;
 pub mod precision;
 pub mod tensor;
 
-pub use backend::{Backend, Cpu, Shaped};
+pub use backend::{Backend, Shaped};
+pub use cpu::Cpu;
 pub use error::{KernelError, Result};
 pub use footprint::Footprint;
 /// `#[derive(Footprint)]`: a stash's bytes as the sum of its fields' (see [`pipewright_derive`]).

@@ -7,9 +7,11 @@
 
 pub mod shard;
 
+pub use crate::backend::AdamWUpdate;
 pub use shard::ShardedAdamW;
 
 use crate::backend::{Backend, Shaped};
+use crate::cpu::adamw::adamw_update;
 use crate::error::{shape_err, KernelError, Result};
 use crate::layers::{Param, Parameters};
 
@@ -145,26 +147,8 @@ impl AdamW {
     }
 }
 
-/// The scalars of one AdamW update of one parameter tensor: what a
-/// backend's [`Backend::adamw_step`](crate::Backend::adamw_step) needs.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct AdamWUpdate {
-    /// Learning rate.
-    pub lr: f32,
-    /// First-moment decay.
-    pub beta1: f32,
-    /// Second-moment decay.
-    pub beta2: f32,
-    /// Added to the root of the second moment.
-    pub eps: f32,
-    /// `1 - lr * weight_decay` for decayed parameters, else 1.
-    pub shrink: f32,
-    /// Bias correction of the first moment, `1 - beta1^t`.
-    pub bc1: f32,
-    /// Bias correction of the second moment, `1 - beta2^t`.
-    pub bc2: f32,
-}
-
+// `AdamWUpdate` is the backends' word (`backend.rs`, which knows nothing of the optimizer);
+// its constructor from the optimizer's hyper-parameters lives here, with them.
 impl AdamWUpdate {
     /// The update of step `step` (1-based) for a parameter with `decay` set or not.
     pub fn new(c: &AdamWConfig, step: u32, decay: bool) -> Self {
@@ -181,24 +165,6 @@ impl AdamWUpdate {
             bc1: 1.0 - c.beta1.powi(step as i32),
             bc2: 1.0 - c.beta2.powi(step as i32),
         }
-    }
-}
-
-/// The AdamW update on host slices of one length; the one definition both
-/// [`AdamW`] and the CPU backend use, so they agree to the bit.
-pub(crate) fn adamw_update(
-    x: &mut [f32],
-    g: &[f32],
-    m: &mut [f32],
-    v: &mut [f32],
-    h: &AdamWUpdate,
-) {
-    let state = m.iter_mut().zip(v.iter_mut());
-    for ((x, &g), (m, v)) in x.iter_mut().zip(g).zip(state) {
-        *m = h.beta1 * *m + (1.0 - h.beta1) * g;
-        *v = h.beta2 * *v + (1.0 - h.beta2) * g * g;
-        *x *= h.shrink;
-        *x -= h.lr * (*m / h.bc1) / ((*v / h.bc2).sqrt() + h.eps);
     }
 }
 

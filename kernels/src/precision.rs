@@ -144,7 +144,8 @@ mod tests {
     /// reduced precision is exactly the f32 product of rounded inputs.
     #[test]
     fn the_host_backend_rounds_only_what_its_precision_says() {
-        use crate::backend::{Backend, Cpu};
+        use crate::backend::Backend;
+        use crate::cpu::Cpu;
         use crate::{cpu, Tensor};
         let x = Tensor::new(&[2, 3], (0..6).map(|i| 1.0 + 0.0123 * i as f32).collect()).unwrap();
         let w = Tensor::new(&[3, 2], (0..6).map(|i| 0.3 - 0.0456 * i as f32).collect()).unwrap();

@@ -135,8 +135,11 @@ pub mod local_gpu;
 pub mod memory;
 pub mod mesh;
 pub mod module;
+pub mod options;
 mod param_name;
 pub mod run;
+#[cfg(feature = "cuda")]
+pub mod run_cuda;
 #[cfg(feature = "mpi")]
 pub mod run_mpi;
 #[cfg(feature = "nccl")]
@@ -158,8 +161,6 @@ pub use pipewright_kernels::{Footprint, Shaped, Tensor};
 pub use pipewright_schedule::Recompute;
 
 pub use batch::{MicrobatchId, StepBatch};
-#[cfg(feature = "cuda")]
-pub use comm::cuda_local::run_cuda_local;
 pub use comm::local::{HostOps, LocalComm, LocalOps, LocalWorld};
 pub use comm::{shard_range, CommError, Communicator, Direction, ReduceOp, Tag};
 pub use data::TokenBatch;
@@ -172,7 +173,10 @@ pub use module::{
     GptModule, MicrobatchData, ModuleError, Output, ParamName, StageModule, SyntheticModule,
     Unimplemented,
 };
-pub use run::{prepare, run, run_local, FinalParams, RunOptions, StepRecord};
+pub use options::RunOptions;
+pub use run::{prepare, run, run_local, FinalParams, StepRecord};
+#[cfg(feature = "cuda")]
+pub use run_cuda::run_cuda_local;
 #[cfg(feature = "mpi")]
 pub use run_mpi::run_mpi;
 #[cfg(feature = "nccl")]

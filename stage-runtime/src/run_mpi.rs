@@ -23,7 +23,8 @@ use crate::error::RuntimeError;
 use crate::executor::StepOutcome;
 use crate::mesh::{Coord, Mesh, MeshError};
 use crate::module::{ModuleError, StageModule};
-use crate::run::{prepare, run_rank, Assembler, FinalParams, RankContext, RunOptions, StepRecord};
+use crate::options::RunOptions;
+use crate::run::{prepare, run_rank, Assembler, FinalParams, RankContext, StepRecord};
 
 const STEP_TAG: c_int = 1;
 const PARAMS_TAG: c_int = 2;

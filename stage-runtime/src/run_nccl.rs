@@ -21,7 +21,8 @@ use crate::error::RuntimeError;
 use crate::executor::StepOutcome;
 use crate::mesh::{Coord, Mesh};
 use crate::module::{ModuleError, StageModule};
-use crate::run::{prepare, run_rank, FinalParams, RankContext, RunOptions};
+use crate::options::RunOptions;
+use crate::run::{prepare, run_rank, FinalParams, RankContext};
 
 /// Run `opts.steps` steps of `tt` as rank `rank` of `mesh` over NCCL on `backend`'s GPU.
 /// `make(coord, stage, backend)` builds this rank's modules on the same backend (and so the

@@ -31,7 +31,8 @@ use crate::error::RuntimeError;
 use crate::local_gpu::{choose_gpu, LOCAL_RANK_VAR};
 use crate::mesh::{Coord, Mesh};
 use crate::module::{ModuleError, StageModule};
-use crate::run::{FinalParams, RankContext, RunOptions, StepRecord};
+use crate::options::RunOptions;
+use crate::run::{FinalParams, RankContext, StepRecord};
 use crate::run_mpi::{end, guarded, start, time_zero, Gather};
 use crate::run_nccl::NcclRank;
 

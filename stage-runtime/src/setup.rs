@@ -8,9 +8,8 @@ use pipewright_schedule::recompute::recomputed;
 use pipewright_schedule::{Action, ActionKind, Recompute, RecomputePlan, Timetable};
 
 use crate::error::RuntimeError;
-use crate::executor::guard;
 use crate::mesh::{Coord, Mesh};
-use crate::module::{unimplemented_method, ModuleError, ParamName, StageModule};
+use crate::module::{guard, unimplemented_method, ModuleError, ParamName, StageModule};
 use pipewright_kernels::{Shaped, Tensor};
 
 /// Refuse a row asking a module with only a full backward for an I or W action, naming

@@ -12,7 +12,8 @@ use crate::data::{progression_batch, TokenBatch};
 use crate::error::RuntimeError;
 use crate::mesh::{Coord, Mesh};
 use crate::module::{GptModule, ModuleError};
-use crate::run::{run, FinalParams, RunOptions, StepRecord};
+use crate::options::RunOptions;
+use crate::run::{run, FinalParams, StepRecord};
 
 /// A training run of the reference GPT.
 #[derive(Clone, Debug)]
@@ -86,7 +87,7 @@ pub fn train_gpt_cuda(
     on_step: impl FnMut(&StepRecord),
 ) -> Result<FinalParams, RuntimeError> {
     let g = GptRun::new(cfg, tt)?;
-    crate::comm::cuda_local::run_cuda_local(
+    crate::run_cuda::run_cuda_local(
         cfg.mesh,
         tt,
         ordinal,

@@ -2,6 +2,7 @@
 //! an input part (I) and a weight part (W).
 
 use crate::error::{shape_err, Result};
+use crate::footprint::{Footprint, F32};
 use crate::tensor::Tensor;
 
 /// What the backward passes need from a [`layer_norm`] forward.
@@ -11,6 +12,12 @@ pub struct LayerNormStash {
     pub xhat: Tensor,
     /// `1 / sqrt(var + eps)` per row.
     pub rstd: Vec<f32>,
+}
+
+impl Footprint for LayerNormStash {
+    fn bytes(&self) -> usize {
+        self.xhat.bytes() + self.rstd.len() * F32
+    }
 }
 
 pub(super) fn check_params(op: &'static str, x: &Tensor, gamma: &Tensor) -> Result<()> {

@@ -1,10 +1,14 @@
-//! The CPU backend: every op of the crate on host [`Tensor`](crate::Tensor)s.
+//! The CPU backend: every op of the crate on host [`Tensor`](crate::Tensor)s, and
+//! [`Cpu`](struct@Cpu), the [`Backend`](crate::Backend) that runs them (with its own AdamW
+//! update).
 //!
 //! Each op is a plain function; those of layers with weights come as a
 //! forward, an input-gradient (I) and a weight-gradient (W) function, so a
 //! zero-bubble schedule can run I and W at different times.
 
+pub(crate) mod adamw;
 pub mod attention;
+mod backend;
 pub mod elementwise;
 pub mod embedding;
 pub mod gemm;
@@ -15,6 +19,7 @@ pub mod rmsnorm;
 pub mod rotary;
 
 pub use attention::{causal_attention, causal_attention_backward, AttnShape};
+pub use backend::Cpu;
 pub use elementwise::{add, add_bias, bias_grad_acc, gelu, gelu_backward};
 pub use embedding::{embedding, embedding_backward_weight};
 pub use gemm::{

@@ -3,8 +3,9 @@
 //! back by `from_bf16` when a backward reads it.
 
 use super::{CudaBackend, CudaTensor};
+use crate::backend::Restored;
 use crate::error::Result;
-use crate::kept::{Kept, Restored};
+use crate::kept::Kept;
 use crate::tensor::DType;
 use cudarc::driver::CudaSlice;
 use half::bf16;

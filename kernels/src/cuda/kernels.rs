@@ -1,8 +1,8 @@
 //! Elementwise kernels, compiled once per backend with NVRTC.
 
 use super::{cuda_err, CudaTensor};
+use crate::backend::AdamWUpdate;
 use crate::error::{KernelError, Result};
-use crate::optim::AdamWUpdate;
 use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
 use std::sync::Arc;
 
@@ -77,7 +77,7 @@ extern "C" __global__ void scale(float* x, float s, int n) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] *= s;
 }
-// AdamW, statement for statement the CPU's `adamw_update` (optim.rs).
+// AdamW, statement for statement the CPU's `adamw_update` (cpu/adamw.rs).
 extern "C" __global__ void adamw(float* x, const float* g, float* m, float* v, int n,
                                  float lr, float beta1, float beta2, float eps,
                                  float shrink, float bc1, float bc2) {

@@ -10,6 +10,7 @@
 
 mod attention;
 mod blas;
+mod device;
 pub mod interop;
 mod kept;
 mod kernels;
@@ -18,260 +19,19 @@ mod mixed;
 mod nvrtc;
 mod rotary;
 mod rowops;
+mod tensor;
+pub use device::{device_count, gpu_for_tests, missing_library, CudaBackend};
+pub use tensor::{CudaAttnStash, CudaNormStash, CudaTensor};
 
-use crate::backend::{check_range, Backend, Shaped};
+use crate::backend::{check_range, AdamWUpdate, Backend, Restored};
 use crate::cpu::rotary::Turn;
 use crate::cpu::{self, AttnShape, GluKind};
 use crate::error::{shape_err, KernelError, Result};
-use crate::kept::Restored;
-use crate::optim::AdamWUpdate;
 use crate::precision::Precision;
 use crate::tensor::Tensor;
-use cudarc::cublas::CudaBlas;
-use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
-use std::sync::Arc;
-
-/// A dense row-major f32 tensor in device memory.
-///
-/// The CUDA allocator rejects zero-byte allocations, so an empty tensor
-/// still owns one (never read) element: the shape alone says how many
-/// elements are live, and every kernel and copy goes by the shape.
-#[derive(Debug)]
-pub struct CudaTensor {
-    shape: Vec<usize>,
-    data: CudaSlice<f32>,
-}
-
-impl CudaTensor {
-    /// The dimensions.
-    pub fn shape(&self) -> &[usize] {
-        &self.shape
-    }
-
-    /// Number of elements.
-    pub fn numel(&self) -> usize {
-        self.shape.iter().product()
-    }
-
-    /// Size of the last dimension.
-    pub fn cols(&self) -> usize {
-        self.shape.last().copied().unwrap_or(1)
-    }
-
-    /// Product of all dimensions but the last.
-    pub fn rows(&self) -> usize {
-        self.numel().checked_div(self.cols()).unwrap_or(0)
-    }
-}
-
-impl Shaped for CudaTensor {
-    fn shape(&self) -> &[usize] {
-        &self.shape
-    }
-}
-
-/// What a LayerNorm forward on the GPU saves for its backward.
-#[derive(Debug)]
-pub struct CudaNormStash {
-    /// The normalised input `(x - mean) * rstd`, shape of `x`, kept like any activation.
-    pub xhat: CudaKept,
-    /// `1 / sqrt(var + eps)` per row, shape `[rows]`.
-    pub rstd: CudaTensor,
-}
-
-/// What a causal attention forward on the GPU saves for its backward (with
-/// its input and output): each row's logsumexp, from which the backward
-/// recomputes the probabilities.
-#[derive(Debug)]
-pub struct CudaAttnStash {
-    /// `log(sum_j exp(s_ij))` of the scaled, masked scores, `[batch, heads, seq]`.
-    pub lse: CudaTensor,
-}
-
-/// Why CUDA cannot be used here, or `None` if its libraries are present.
-pub fn missing_library() -> Option<&'static str> {
-    // SAFETY: these only try to dlopen the libraries; no CUDA call is made.
-    unsafe {
-        if !cudarc::driver::sys::is_culib_present() {
-            return Some("the CUDA driver library (libcuda) is not present");
-        }
-        if !cudarc::nvrtc::sys::is_culib_present() {
-            return Some("the NVRTC library is not present");
-        }
-        if !cudarc::cublas::sys::is_culib_present() {
-            return Some("the cuBLAS library is not present");
-        }
-    }
-    None
-}
-
-/// GPUs the driver sees, or [`KernelError::CudaUnavailable`] where a library is missing
-/// (checked before any CUDA call, which would panic without it).
-pub fn device_count() -> Result<usize> {
-    if let Some(why) = missing_library() {
-        return Err(KernelError::CudaUnavailable(why.into()));
-    }
-    let n = CudaContext::device_count()
-        .map_err(|e| KernelError::CudaUnavailable(format!("no usable device: {e:?}")))?;
-    Ok(n.max(0) as usize)
-}
-
-/// GPU `ordinal` for a test, or `None` after printing `skipped: <why>` where CUDA is absent
-/// (no library, no device): the one skip rule every GPU test follows.
-///
-/// # Panics
-/// Where CUDA is present but the backend fails to build (an NVRTC compile, a cuBLAS handle):
-/// a broken GPU path must fail its tests, not skip them.
-pub fn gpu_for_tests(ordinal: usize) -> Option<CudaBackend> {
-    match CudaBackend::new(ordinal) {
-        Ok(gpu) => Some(gpu),
-        Err(e @ KernelError::CudaUnavailable(_)) => {
-            println!("skipped: {e}");
-            None
-        }
-        Err(e) => panic!("CUDA is present but its backend failed: {e}"),
-    }
-}
 
 fn cuda_err(e: impl std::fmt::Debug) -> KernelError {
     KernelError::Cuda(format!("{e:?}"))
-}
-
-/// One GPU: its context, a stream, a cuBLAS handle and the compiled kernels.
-/// All work is queued on the one stream, so it runs in call order.
-pub struct CudaBackend {
-    ordinal: usize,
-    stream: Arc<CudaStream>,
-    blas: CudaBlas,
-    kernels: kernels::Kernels,
-    rows: rowops::RowKernels,
-    attn: attention::AttnKernels,
-    rotary: rotary::RotaryKernels,
-    /// f32 to bf16 conversions for reduced-precision matmuls and activations.
-    mixed: mixed::MixedKernels,
-    precision: Precision,
-}
-
-impl std::fmt::Debug for CudaBackend {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "CudaBackend(cuda:{})", self.ordinal)
-    }
-}
-
-impl CudaBackend {
-    /// Opens GPU `ordinal` and compiles the kernels; errors with
-    /// [`KernelError::CudaUnavailable`] if a library or the device is missing.
-    pub fn new(ordinal: usize) -> Result<Self> {
-        if let Some(why) = missing_library() {
-            return Err(KernelError::CudaUnavailable(why.into()));
-        }
-        let count = CudaContext::device_count()
-            .map_err(|e| KernelError::CudaUnavailable(format!("no usable device: {e:?}")))?;
-        if ordinal as i64 >= count as i64 {
-            return Err(KernelError::CudaUnavailable(format!(
-                "device {ordinal} requested, {count} present"
-            )));
-        }
-        let ctx = CudaContext::new(ordinal).map_err(cuda_err)?;
-        let stream = ctx.default_stream();
-        let blas = CudaBlas::new(stream.clone()).map_err(cuda_err)?;
-        let kernels = kernels::Kernels::compile(&ctx)?;
-        let rows = rowops::RowKernels::compile(&ctx)?;
-        let attn = attention::AttnKernels::compile(&ctx)?;
-        Ok(Self {
-            ordinal,
-            stream,
-            blas,
-            kernels,
-            rows,
-            attn,
-            rotary: rotary::RotaryKernels::compile(&ctx)?,
-            mixed: mixed::MixedKernels::compile(&ctx)?,
-            precision: Precision::F32,
-        })
-    }
-
-    /// This backend computing in `precision` (f32 by default): TF32 tensor-core math on the
-    /// f32 operands, or bf16 copies of them (f32 accumulation and output either way), and
-    /// bf16-rounded activations in a bf16 run. Activations keep f32 storage: the values
-    /// are bf16, the memory is not halved.
-    pub fn with_precision(mut self, precision: Precision) -> Self {
-        self.precision = precision;
-        self
-    }
-
-    /// Runs a product of `first` and `second` (the matmul's two tensor arguments, in
-    /// order) with the operands this backend's precision reads.
-    fn with_reads<T>(
-        &self,
-        first: &CudaTensor,
-        second: &CudaTensor,
-        product: impl FnOnce(&blas::Reads<'_>) -> Result<T>,
-    ) -> Result<T> {
-        match self.precision {
-            Precision::F32 => product(&blas::Reads::F32),
-            Precision::Tf32 => product(&blas::Reads::Tf32),
-            Precision::Bf16 => {
-                // Freed after the product is queued: the allocator orders the frees on
-                // the stream, behind the GEMM that reads them.
-                let a = self.mixed.to_bf16(&self.stream, first)?;
-                let b = self.mixed.to_bf16(&self.stream, second)?;
-                product(&blas::Reads::Bf16(&a, &b))
-            }
-        }
-    }
-
-    /// A zero tensor on the device.
-    pub fn zeros(&self, shape: &[usize]) -> Result<CudaTensor> {
-        let data = self
-            .stream
-            .alloc_zeros::<f32>(shape.iter().product::<usize>().max(1))
-            .map_err(cuda_err)?;
-        Ok(CudaTensor {
-            shape: shape.to_vec(),
-            data,
-        })
-    }
-
-    /// Copies host ids or targets to the device.
-    fn upload_ids(&self, ids: &[u32]) -> Result<CudaSlice<u32>> {
-        if ids.is_empty() {
-            // No zero-byte allocations (see `CudaTensor`); nothing reads it.
-            return self.stream.alloc_zeros::<u32>(1).map_err(cuda_err);
-        }
-        self.stream.clone_htod(ids).map_err(cuda_err)
-    }
-
-    /// The GPU's name as the driver reports it (e.g. "NVIDIA H100 80GB HBM3").
-    pub fn device_name(&self) -> Result<String> {
-        self.stream.context().name().map_err(cuda_err)
-    }
-
-    /// Waits for all queued work.
-    pub fn synchronize(&self) -> Result<()> {
-        self.stream.synchronize().map_err(cuda_err)
-    }
-
-    /// A norm's `x̂` as its input backward reads it, after checking the stash against the
-    /// output gradient `dy` and the scale (a stash is public, so its parts may not match).
-    fn norm_stash_for<'a>(
-        &self,
-        op: &'static str,
-        dy: &CudaTensor,
-        gamma: &CudaTensor,
-        stash: &'a CudaNormStash,
-    ) -> Result<Restored<'a, CudaTensor>> {
-        param_shape(op, dy, gamma)?;
-        let xhat = self.restore_tensor(&stash.xhat)?;
-        same_shape(op, dy, &xhat)?;
-        if stash.rstd.shape != [dy.rows()] {
-            return Err(shape_err(
-                op,
-                format!("rstd {:?} for {:?}", stash.rstd.shape, dy.shape),
-            ));
-        }
-        Ok(xhat)
-    }
 }
 
 fn same_shape(op: &'static str, a: &CudaTensor, b: &CudaTensor) -> Result<()> {

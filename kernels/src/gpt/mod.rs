@@ -19,7 +19,9 @@ mod config;
 pub use crate::layers::{MlpKind, NormKind};
 pub use config::{partition, BiasKind, GptConfig, Positions};
 
-use crate::backend::{Backend, Cpu, Shaped};
+use crate::backend::{Backend, Shaped};
+
+use crate::cpu::Cpu;
 use crate::error::{shape_err, KernelError, Result};
 use crate::footprint::Footprint;
 use crate::layers::seq;

@@ -23,9 +23,10 @@
 use super::linear::{ColumnParallelLinear, RowParallelLinear};
 use super::shard::TpShard;
 use super::{cpu_backend, seq, Parameters, TpReduce};
-use crate::backend::{Backend, Cpu, Shaped};
+use crate::backend::{Backend, Shaped};
 use crate::cpu::rotary::Turn;
 use crate::cpu::AttnShape;
+use crate::cpu::Cpu;
 use crate::error::{shape_err, KernelError, Result};
 use crate::tensor::Tensor;
 use std::sync::Arc;

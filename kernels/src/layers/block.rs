@@ -6,7 +6,8 @@ use super::mlp::{Mlp, MlpStash, MlpWeightStash};
 use super::norm::Norm;
 use super::shard::TpShard;
 use super::{Param, Parameters, TpReduce};
-use crate::backend::{Backend, Cpu};
+use crate::backend::Backend;
+use crate::cpu::Cpu;
 use crate::error::Result;
 
 /// A TP rank's share of one transformer block. Norms are replicated; the

@@ -5,7 +5,8 @@
 use super::linear::Linear;
 use super::norm::Norm;
 use super::Parameters;
-use crate::backend::{Backend, Cpu};
+use crate::backend::Backend;
+use crate::cpu::Cpu;
 use crate::error::Result;
 
 /// Final norm and projection to vocabulary logits.

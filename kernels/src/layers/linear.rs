@@ -11,7 +11,8 @@
 
 use super::shard::{shard_col_segments, shard_rows, TpShard};
 use super::{cpu_backend, Param, Parameters};
-use crate::backend::{Backend, Cpu, Shaped};
+use crate::backend::{Backend, Shaped};
+use crate::cpu::Cpu;
 use crate::error::{shape_err, Result};
 use crate::tensor::Tensor;
 use std::sync::Arc;

@@ -13,7 +13,8 @@
 use super::linear::{ColumnParallelLinear, RowParallelLinear};
 use super::shard::TpShard;
 use super::{cpu_backend, seq, Parameters, TpReduce};
-use crate::backend::{Backend, Cpu};
+use crate::backend::Backend;
+use crate::cpu::Cpu;
 use crate::cpu::GluKind;
 use crate::error::Result;
 use crate::tensor::Tensor;

@@ -63,7 +63,9 @@ pub use mlp::{Mlp, MlpKind, MlpStash, MlpWeightStash};
 pub use norm::{Embedding, LayerNorm, Norm, NormKind, RmsNorm};
 pub use shard::TpShard;
 
-use crate::backend::{Backend, Cpu, Shaped};
+use crate::backend::{Backend, Shaped};
+
+use crate::cpu::Cpu;
 use crate::error::Result;
 use crate::tensor::Tensor;
 use std::borrow::{Borrow, BorrowMut};

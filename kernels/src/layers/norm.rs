@@ -2,7 +2,8 @@
 //! parameters; [`Norm`] is either norm, as a block or the head holds it.
 
 use super::{cpu_backend, Param, Parameters};
-use crate::backend::{Backend, Cpu};
+use crate::backend::Backend;
+use crate::cpu::Cpu;
 use crate::error::Result;
 use crate::tensor::Tensor;
 use std::sync::Arc;

@@ -164,7 +164,7 @@ pub fn scatter<B: Backend>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::Cpu;
+    use crate::cpu::Cpu;
     use crate::tensor::Tensor;
 
     /// A group of two simulated in one thread: both ranks' inputs are known.

@@ -2,10 +2,12 @@
 //! tensors staying on the device. Compile-checked in CI; see the README for what has run.
 //!
 //! Communicators: one per mesh group (world, pipeline, DP, TP) and two per directed pipeline
-//! link between two ranks, each from its own unique id ([`nccl_plan`], ids shared through a
-//! [`Rendezvous`]), each with its own stream. NCCL has no tags: the k-th receive on a
-//! communicator takes the k-th send, so the timetable's SEND and RECV orders must agree on
-//! every link ([`check_link_order`], refused at start otherwise).
+//! link between two ranks, each from its own unique id
+//! ([`nccl_plan`](super::links::nccl_plan), ids shared through a
+//! [`Rendezvous`](super::rendezvous::Rendezvous)), each with its own stream. NCCL has no
+//! tags: the k-th receive on a communicator takes the k-th send, so the timetable's SEND and
+//! RECV orders must agree on every link
+//! ([`check_link_order`](super::links::check_link_order), refused at start otherwise).
 //!
 //! Point-to-point: the receiver does not know a message's shape, so a link has a header
 //! communicator (tag, payload format and shape, fixed size: `nccl/header.rs`) and a payload
@@ -31,24 +33,25 @@
 //! rendezvous before it does time out); NCCL kernels of several communicators must fit on
 //! the GPU together, which they do for the handful of small kernels a rank has in flight.
 
-use std::cell::{Cell, RefCell};
-use std::collections::{HashMap, VecDeque};
+use std::cell::RefCell;
+use std::collections::HashMap;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cudarc::driver::{CudaEvent, CudaSlice, CudaStream};
-use cudarc::nccl::{Comm, Id, ReduceOp as NcclOp};
+use cudarc::driver::{CudaEvent, CudaStream};
+use cudarc::nccl::{Comm, ReduceOp as NcclOp};
 use pipewright_kernels::cuda::{CudaBackend, CudaKept, CudaTensor};
 use pipewright_kernels::{Backend, Shaped};
-use pipewright_schedule::Timetable;
-
 mod header;
+mod link;
+mod setup;
 
-use super::links::{check_link_order, nccl_plan, CommRole};
-use super::rendezvous::{IdBytes, Rendezvous};
+use link::{Keep, LinkEnd};
+pub use setup::NcclSetup;
+
 use super::{check_shard, shard_range, CommError, Communicator, ReduceOp, Tag};
-use crate::mesh::{Group, GroupKind, Mesh};
+use crate::mesh::{Group, GroupKind};
 
 /// How long a waiting rank naps between polls once yielding alone found nothing.
 const NAP: Duration = Duration::from_micros(20);
@@ -79,54 +82,6 @@ fn device_err(e: impl std::fmt::Debug) -> CommError {
     CommError::Device(format!("{e:?}"))
 }
 
-fn new_id() -> Result<IdBytes, CommError> {
-    let id = Id::new().map_err(nccl_err)?;
-    Ok(id.internal().map(|c| c as u8))
-}
-
-fn id_from(bytes: IdBytes) -> Id {
-    Id::uninit(bytes.map(|b| b as std::ffi::c_char))
-}
-
-/// Something a send reads, kept alive until the send's event completes.
-enum Keep {
-    Header(#[allow(dead_code)] CudaSlice<u64>),
-    Payload(#[allow(dead_code)] CudaKept),
-}
-
-/// One end of a directed pipeline link between two ranks.
-struct LinkEnd {
-    /// The other end's NCCL rank in both communicators (the sender is 0, the receiver 1).
-    peer: i32,
-    headers: Comm,
-    payloads: Comm,
-    /// Receiving end: header receives posted, and payload receives posted, so far.
-    posted: Cell<u64>,
-    taken: Cell<u64>,
-    /// Sending end: what sends in flight read.
-    in_flight: RefCell<VecDeque<(Keep, CudaEvent)>>,
-}
-
-impl LinkEnd {
-    /// Free what finished sends no longer read.
-    fn reap(&self) -> Result<(), CommError> {
-        let mut q = self.in_flight.borrow_mut();
-        while let Some((_, done)) = q.front() {
-            if !done.try_is_complete().map_err(device_err)? {
-                break;
-            }
-            q.pop_front();
-        }
-        Ok(())
-    }
-
-    fn keep(&self, what: Keep, stream: &CudaStream) -> Result<(), CommError> {
-        let done = stream.record_event(None).map_err(device_err)?;
-        self.in_flight.borrow_mut().push_back((what, done));
-        Ok(())
-    }
-}
-
 /// A started NCCL all-reduce or reduce-scatter: the result and the event after the
 /// reduction (none when the group is this rank alone). A reduce-scatter also keeps its
 /// padded input alive until then, and cuts its padded shard to `len`.
@@ -148,20 +103,6 @@ impl NcclPending {
     }
 }
 
-/// What [`NcclComm::new`] needs.
-pub struct NcclSetup<'a> {
-    /// The mesh.
-    pub mesh: Mesh,
-    /// The lowered timetable (its links and their order).
-    pub tt: &'a Timetable,
-    /// This process's rank in the mesh.
-    pub rank: usize,
-    /// The rank's GPU; its stream is the compute stream the transport orders against.
-    pub backend: Arc<CudaBackend>,
-    /// Longest wait for a message, a collective or an id.
-    pub timeout: Duration,
-}
-
 /// One rank's NCCL communicator. Not `Send` (NCCL's communicators are not): it lives on its
 /// GPU's executor thread.
 pub struct NcclComm {
@@ -178,80 +119,6 @@ pub struct NcclComm {
 }
 
 impl NcclComm {
-    /// Check the libraries and the timetable's link order, then create every communicator
-    /// this rank is in, in the plan's global order, with ids from `rendezvous`.
-    pub fn new(setup: NcclSetup<'_>, rendezvous: &mut dyn Rendezvous) -> Result<Self, CommError> {
-        if let Some(why) = missing_library() {
-            return Err(CommError::Device(why));
-        }
-        check_link_order(setup.tt).map_err(|e| CommError::Invalid(e.to_string()))?;
-        let ctx = Arc::clone(setup.backend.context());
-        let comm = NcclComm {
-            rank: setup.rank,
-            size: setup.mesh.world_size(),
-            staging: ctx.new_stream().map_err(device_err)?,
-            backend: setup.backend,
-            groups: RefCell::default(),
-            outgoing: RefCell::default(),
-            incoming: RefCell::default(),
-            timeout: setup.timeout,
-            aborted: RefCell::default(),
-        };
-        let mut headers: HashMap<usize, Comm> = HashMap::new();
-        for spec in nccl_plan(&setup.mesh, setup.tt) {
-            let Some(id) = rendezvous.share(&spec, setup.rank, &mut new_id)? else {
-                continue;
-            };
-            // Checked before any NCCL call: a link's other end exists only on links.
-            let member = spec
-                .membership(setup.rank)
-                .map_err(|e| CommError::Invalid(e.to_string()))?;
-            let stream = ctx.new_stream().map_err(device_err)?;
-            let nccl = Comm::from_rank(stream, member.position, spec.ranks.len(), id_from(id))
-                .map_err(nccl_err)?;
-            match (spec.role, member.link_end) {
-                (CommRole::Group(kind, index), _) => {
-                    comm.groups
-                        .borrow_mut()
-                        .insert((kind, index), Rc::new(nccl));
-                }
-                (CommRole::Headers(_), Some((_, other))) => {
-                    headers.insert(other, nccl);
-                }
-                (CommRole::Payloads(_), Some((sending, other))) => {
-                    let h = headers.remove(&other).ok_or_else(|| {
-                        CommError::Invalid(format!("{}: its headers are missing", spec.name))
-                    })?;
-                    comm.add_link(sending, other, h, nccl);
-                }
-                (_, None) => {
-                    return Err(CommError::Invalid(format!(
-                        "{}: a link without another end",
-                        spec.name
-                    )))
-                }
-            }
-        }
-        Ok(comm)
-    }
-
-    fn add_link(&self, sending: bool, other: usize, headers: Comm, payloads: Comm) {
-        let end = Rc::new(LinkEnd {
-            peer: i32::from(sending),
-            headers,
-            payloads,
-            posted: Cell::new(0),
-            taken: Cell::new(0),
-            in_flight: RefCell::default(),
-        });
-        let map = if sending {
-            &self.outgoing
-        } else {
-            &self.incoming
-        };
-        map.borrow_mut().insert(other, end);
-    }
-
     fn compute(&self) -> &Arc<CudaStream> {
         self.backend.stream()
     }
