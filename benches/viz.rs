@@ -6,7 +6,7 @@
 use criterion::{criterion_group, criterion_main, Criterion};
 use pipewright_viz::{bubble_chart, terminal_chart, ChartOptions, ChartPanel, ImageFormat};
 
-#[path = "../viz/tests/common/mod.rs"]
+#[path = "../viz/tests/it/common/mod.rs"]
 mod common;
 
 fn charts(c: &mut Criterion) {

@@ -1,7 +1,7 @@
 //! Finite-difference gradient checks for every op and layer, including that
 //! input backward (I) followed by weight backward (W) is the full gradient.
 
-mod common;
+use crate::common;
 
 use common::{check_input, check_params, dot, randn};
 use pipewright_kernels::cpu::{self, AttnShape};

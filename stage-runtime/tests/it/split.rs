@@ -16,7 +16,7 @@ use pipewright_runtime::{
 use pipewright_schedule::{generate, ScheduleKind, ScheduleSpec};
 use pipewright_sim::CostModel;
 
-#[path = "common/user_mlp.rs"]
+#[path = "../common/user_mlp.rs"]
 mod user_mlp;
 use user_mlp::{model, rows, stage};
 

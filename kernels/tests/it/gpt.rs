@@ -1,7 +1,7 @@
 //! The reference GPT: stage equivalence, I/W split, microbatch accumulation,
 //! gradient check of the whole model, training, and API errors.
 
-mod common;
+use crate::common;
 
 use common::check_params;
 use pipewright_kernels::gpt::{GptConfig, GptStage, Microbatch, Positions, StageOutput};

@@ -9,7 +9,7 @@
 //! truncate inputs where the CPU rounds to nearest, a difference of up to 2^-10 per input:
 //! its bound is 2^-9 of the sum of |terms|.
 
-mod common;
+use crate::common;
 
 use common::randn;
 use pipewright_kernels::{Backend, Cpu, Precision, Tensor};

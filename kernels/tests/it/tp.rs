@@ -4,7 +4,7 @@
 //! Tolerance: 1e-5 times the largest magnitude of the reference tensor
 //! (at least 1): sharding only changes the order of f32 additions.
 
-mod common;
+use crate::common;
 
 use common::{grads, randn, ThreadReduce};
 use pipewright_kernels::gpt::{

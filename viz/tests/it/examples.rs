@@ -1,5 +1,5 @@
 //! Writes example charts to $VIZ_EXAMPLES (if set) for people to look at.
-mod common;
+use crate::common;
 
 use pipewright_viz::{bubble_chart, terminal_chart, ChartOptions, ChartPanel, ImageFormat};
 

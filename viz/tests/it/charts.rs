@@ -1,6 +1,6 @@
 //! What the charts must show: one identifiable box per compute action at true scale, images
 //! that decode at the requested size, terminal lines that fit, and no panics on odd input.
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::path::Path;

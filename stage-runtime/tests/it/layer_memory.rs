@@ -14,7 +14,7 @@ use pipewright_runtime::{run, Mesh, RunOptions, StepRecord, Zero};
 use pipewright_schedule::recompute::insert;
 use pipewright_schedule::{generate, RecomputePlan, ScheduleKind, ScheduleSpec};
 
-#[path = "common/user_mlp.rs"]
+#[path = "../common/user_mlp.rs"]
 #[allow(dead_code)]
 mod user_mlp;
 

@@ -4,7 +4,7 @@
 //! input backward (I) and weight backward (W) alike, and grouped-query
 //! attention against multi-head attention with its key/value heads repeated.
 
-mod common;
+use crate::common;
 
 use common::{check_input, check_params, dot, randn};
 use pipewright_kernels::cpu::{self, AttnShape, GluKind};

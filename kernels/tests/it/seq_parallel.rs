@@ -3,7 +3,7 @@
 //! every gradient (after the norms' gradients are summed over the group), and
 //! keeps a smaller stash and hands on `t` times fewer bytes.
 
-mod common;
+use crate::common;
 
 use common::{grads, ThreadReduce};
 use pipewright_kernels::gpt::{GptConfig, GptStage, Microbatch, Positions, StageOutput};

@@ -1,0 +1,9 @@
+//! Every integration test of this crate in one binary: one link instead of one per file.
+//! Each module is what was once its own `tests/<name>.rs`; run one with
+//! `cargo test --test it <name>::`.
+
+mod common;
+
+mod charts;
+mod examples;
+mod simulated;
