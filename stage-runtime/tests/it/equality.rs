@@ -1,8 +1,7 @@
 //! PP x TP x DP training equals one device: same seed, same global batch, same losses and
 //! final parameters within 1e-5, for every schedule.
 
-#[path = "../common/whole.rs"]
-mod whole;
+use crate::whole;
 
 use pipewright_kernels::gpt::GptConfig;
 use pipewright_runtime::{train_gpt, Mesh, RunOptions, TrainConfig};

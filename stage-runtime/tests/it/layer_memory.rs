@@ -14,9 +14,7 @@ use pipewright_runtime::{run, Mesh, RunOptions, StepRecord, Zero};
 use pipewright_schedule::recompute::insert;
 use pipewright_schedule::{generate, RecomputePlan, ScheduleKind, ScheduleSpec};
 
-#[path = "../common/user_mlp.rs"]
-#[allow(dead_code)]
-mod user_mlp;
+use crate::user_mlp;
 
 const LAYERS: usize = 8;
 const M: u32 = 4;

@@ -2,6 +2,14 @@
 //! Each module is what was once its own `tests/<name>.rs`; run one with
 //! `cargo test --test it <name>::`.
 
+// Shared by several modules; each file is compiled once.
+#[path = "../common/user_mlp.rs"]
+#[allow(dead_code)]
+mod user_mlp;
+#[path = "../common/whole.rs"]
+#[allow(dead_code)]
+mod whole;
+
 mod equality;
 mod faults;
 mod full_backward;

@@ -3,8 +3,7 @@
 //! interleaved 1F1B, ZB-H1 and ZBV; sequence parallelism equals TP without it; every
 //! recomputation policy is bit-identical; bf16 stays close to f32.
 
-#[path = "../common/whole.rs"]
-mod whole;
+use crate::whole;
 
 use pipewright_kernels::gpt::{BiasKind, GptConfig, MlpKind, NormKind, Positions};
 use pipewright_kernels::Precision;

@@ -16,8 +16,7 @@ use pipewright_runtime::{
 use pipewright_schedule::{generate, ScheduleKind, ScheduleSpec};
 use pipewright_sim::CostModel;
 
-#[path = "../common/user_mlp.rs"]
-mod user_mlp;
+use crate::user_mlp;
 use user_mlp::{model, rows, stage};
 
 fn assert_partition(ranges: &[Range<usize>], n: usize, stages: usize) {
