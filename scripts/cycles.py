@@ -74,7 +74,8 @@ def expand(tree):
             yield from expand(prefix + p.strip())
 
 
-def resolve(path, here, mods):
+def resolve(path, here, mods, reexports=None):
+    reexports = reexports or {}
     segs = path.split("::")
     if segs[0] == "crate":
         base, rest = (), segs[1:]
@@ -89,11 +90,17 @@ def resolve(path, here, mods):
         return None
     best = base if base in mods else None
     cur = base
-    for s in rest:
+    for i, s in enumerate(rest):
         cur = cur + (s,)
         if cur in mods:
             best = cur
         else:
+            # An item a module re-exports (`pub use child::Item`) lives where it is defined:
+            # a path through the re-export depends on that module, not on the one re-exporting.
+            hops = 0
+            while best in reexports and rest[i] in reexports[best] and hops < 8:
+                best = reexports[best][rest[i]]
+                hops += 1
             break
     return best
 
@@ -104,11 +111,22 @@ def related(a, b):
 
 def circles(src):
     mods = module_files(src)
+    texts = {m: strip(open(f, encoding="utf-8").read()) for m, f in mods.items()}
+    reexports = {}
+    for m, text in texts.items():
+        for use in re.finditer(r"\bpub(?:\([^)]*\))?\s+use\s+([^;]+);", text):
+            for path in expand(use.group(1).replace("\n", " ")):
+                full = use.group(1)
+                name = path.split("::")[-1]
+                alias = re.search(r"\b%s\s+as\s+(\w+)" % re.escape(name), full)
+                t = resolve(path if path.split("::")[0] in ("crate", "super", "self")
+                            else "self::" + path, m, mods)
+                if t is not None and t != m and name not in ("self", "*"):
+                    reexports.setdefault(m, {})[alias.group(1) if alias else name] = t
     edges = {m: set() for m in mods}
-    for m, f in mods.items():
-        text = strip(open(f, encoding="utf-8").read())
+    for m, text in texts.items():
         for path in expand_uses(text):
-            t = resolve(path, m, mods)
+            t = resolve(path, m, mods, reexports)
             if t is not None and t != m and not related(m, t):
                 edges[m].add(t)
     return [c for c in sccs(edges) if len(c) > 1], edges

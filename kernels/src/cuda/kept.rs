@@ -2,17 +2,13 @@
 //! bf16 copy in a bf16 run (`mixed.rs`'s `to_bf16`, the same rounding as the host's), widened
 //! back by `from_bf16` when a backward reads it.
 
+use super::tensor::CudaKept;
 use super::{CudaBackend, CudaTensor};
 use crate::backend::Restored;
 use crate::error::Result;
-use crate::kept::Kept;
 use crate::tensor::DType;
 use cudarc::driver::CudaSlice;
 use half::bf16;
-
-/// A device tensor as a stash keeps it: the f32 tensor, or a bf16 buffer of at least one
-/// element (as every device allocation) with the shape that says how many are live.
-pub type CudaKept = Kept<CudaTensor, CudaSlice<bf16>>;
 
 impl CudaBackend {
     /// A zeroed kept tensor of `shape` in `dtype` (f32 or bf16): a buffer to receive a

@@ -14,7 +14,7 @@ mod device;
 pub mod interop;
 mod kept;
 mod kernels;
-pub use kept::CudaKept;
+pub use tensor::CudaKept;
 mod mixed;
 mod nvrtc;
 mod rotary;

@@ -1,10 +1,15 @@
 //! The CUDA backend's storage: device tensors and what its norms and attention keep for
 //! their backwards, with the bytes each holds ([`Footprint`]).
 
-use super::CudaKept;
 use crate::backend::Shaped;
 use crate::footprint::{Footprint, F32};
+use crate::kept::Kept;
 use cudarc::driver::CudaSlice;
+use half::bf16;
+
+/// A device tensor as a stash keeps it: the f32 tensor, or a bf16 buffer of at least one
+/// element (as every device allocation) with the shape that says how many are live.
+pub type CudaKept = Kept<CudaTensor, CudaSlice<bf16>>;
 
 /// A dense row-major f32 tensor in device memory.
 ///
