@@ -4,7 +4,7 @@
 //! against the same model trained on one device.
 //!
 //! `cargo run --release --example custom_mlp` prints both runs' losses and exits non-zero if
-//! they differ by more than 1e-5 (relative). `tests/custom_mlp.rs` reuses this model under
+//! they differ by more than 1e-5 (relative). `cli/tests/it/custom_mlp.rs` reuses this model under
 //! more meshes and schedules.
 //!
 //! `cargo run --release --example custom_mlp -- --profile FILE` instead profiles the model

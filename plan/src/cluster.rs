@@ -280,7 +280,7 @@ pub fn a100_80g() -> Cluster {
         efficiency: Efficiency::a100(),
         source: Some(
             "NVIDIA A100 datasheet and DGX A100 user guide; achievable link figures as NCCL \
-             tests report them (see schedule/src/plan/cluster.rs)"
+             tests report them (see plan/src/cluster.rs)"
                 .into(),
         ),
     }
@@ -319,7 +319,7 @@ pub fn h100_80g() -> Cluster {
         efficiency: Efficiency::h100(),
         source: Some(
             "NVIDIA H100 SXM datasheet and DGX H100 user guide; achievable link figures at \
-             80-90% of nominal (see schedule/src/plan/cluster.rs)"
+             80-90% of nominal (see plan/src/cluster.rs)"
                 .into(),
         ),
     }

@@ -230,6 +230,12 @@ fn batch(req: &PlanRequest) -> String {
         (None, None) => {
             let Some(shape) = req.model.gpt() else {
                 if let Some(p) = req.model.profile().filter(|_| widest_tp.is_empty()) {
+                    if req.gpus % p.tp == 0 && p.tp > req.cluster.gpus_per_node {
+                        return format!(
+                            "the profile was measured at tp {} (one TP rank's layers), more than the {} GPUs of a node: allow cross-node TP (--allow-cross-node-tp), or profile at a tp that divides the node",
+                            p.tp, req.cluster.gpus_per_node
+                        );
+                    }
                     return format!(
                         "the profile was measured at tp {} (one TP rank's layers), which {} GPUs ({} per node) cannot hold: use a GPU count that is a multiple of {}, or profile at another tp",
                         p.tp,

@@ -136,7 +136,7 @@ pub enum PlanRequestError {
         error: ProfileError,
     },
     /// A GPT's flag beside a profile.
-    #[error("--profile {name} plans a layer-list model (tp 1, its own sizes): leave out {flag}")]
+    #[error("--profile {name} plans a layer-list model at the tp and sizes it was measured at: leave out {flag}")]
     BesideProfile {
         /// The profile's name.
         name: String,

@@ -13,7 +13,7 @@ use super::explain::{neighbours, terms, why, Terms, DIMENSIONS};
 use super::fit::{peaks, worst, BoundCache};
 use super::impossible;
 use super::row::row;
-pub use super::row::PlanRow;
+pub use super::row::{hardware_flops, PlanRow};
 use super::space::enumerate_counted;
 use super::PlanError;
 use pipewright_model::memory::MemoryBreakdown;

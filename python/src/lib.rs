@@ -40,7 +40,10 @@ pub(crate) fn to_py<T: serde::Serialize>(py: Python<'_>, value: &T) -> PyResult<
 /// A Python object (a dict, a list, numbers) as JSON text, `json.dumps`'s: how a value handed
 /// over from Python reaches serde (the reverse of [`to_py`]).
 pub(crate) fn json_text(obj: &Bound<'_, PyAny>) -> PyResult<String> {
-    obj.py().import("json")?.call_method1("dumps", (obj,))?.extract()
+    obj.py()
+        .import("json")?
+        .call_method1("dumps", (obj,))?
+        .extract()
 }
 
 /// A text file's content, refused as the CLI refuses it (`pipewright_input::read_text`: the

@@ -2,16 +2,14 @@
 //! ZeRO, SP) for a GPT on a cluster, ranked by predicted step time.
 
 use pipewright_input::{expect_kind, FileKind};
+use pipewright_model::shape::{AttentionKind, ShapeRequest};
 use pipewright_plan::evaluate::timetable as family_timetable;
-use pipewright_plan::launch::{
-    launch, model_line, profile_launch, report_json, row_step,
-};
+use pipewright_plan::launch::{launch, model_line, profile_launch, report_json, row_step};
 use pipewright_plan::listed::configuration;
 use pipewright_plan::request::parse_policy;
 use pipewright_plan::{
     plan as run_plan, Cluster, Fixed, Plan as RsPlan, PlanModel, PlanRequest, RawPlanRequest,
 };
-use pipewright_model::shape::{AttentionKind, ShapeRequest};
 use pipewright_schedule::{Cancel, RecomputePlan, ScheduleKind};
 use pipewright_viz::{bubble_chart_with_memory, ChartOptions, ChartPanel, MemoryBars};
 use pyo3::prelude::*;

@@ -3,11 +3,11 @@
 
 use std::time::Duration;
 
+use pipewright_schedule::{Cancel, ScheduleKind};
 use pipewright_sim::search::{
     search as run_search, MemoryCap, SearchOutcome, SearchSpec, MAX_TIME_BUDGET,
 };
 use pipewright_sim::sweep::sweep_until;
-use pipewright_schedule::{Cancel, ScheduleKind};
 use pipewright_sim::{SweepGrid, SweepRow as RsRow};
 use pipewright_viz::{pareto_plot, ChartOptions, ParetoPoint};
 use pyo3::prelude::*;

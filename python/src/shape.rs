@@ -6,11 +6,11 @@ use std::path::PathBuf;
 
 use pipewright_input::{expect_kind, FileKind};
 use pipewright_model::memory::{MemoryBreakdown, MemoryRequest};
-use pipewright_plan::Precision;
 use pipewright_model::shape::request::describe;
 use pipewright_model::shape::{
     AttentionKind, Named, ResolvedShape, RopeTheta, ShapeKinds, ShapeRequest,
 };
+use pipewright_plan::Precision;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 

@@ -1,7 +1,7 @@
 //! `simulate` (one step or K unfenced steps), `Timeline`, `Report`, `Simulation`.
 
-use pipewright_sim::simulate::{check_steps, simulate_steps, SteadyState};
-use pipewright_sim::{simulate as sim, Report as RsReport, Simulation as RsSim};
+use pipewright_sim::simulate::{check_steps, SimulateRequest, Simulated, SteadyState};
+use pipewright_sim::{Report as RsReport, Simulation as RsSim};
 use pyo3::prelude::*;
 
 use pipewright_input::timetable_fits;
@@ -9,8 +9,8 @@ use pipewright_model::memory::MemoryBreakdown;
 
 use crate::charts::{draw, Chart};
 use crate::costs::Costs;
-pub use crate::timeline::Timeline;
 use crate::shape::{memory_request, memory_to_py, Shape};
+pub use crate::timeline::Timeline;
 use crate::timetable::Timetable;
 use crate::{err, to_py};
 
@@ -242,20 +242,23 @@ fn simulate(
     .predict(tt, &timetable.recompute)
     .map_err(err)?;
     let model = Costs::or_default(costs)?.model(tt.num_stages(), tt.num_devices())?;
-    if steps == 1 {
-        let s = py.detach(|| sim(tt, &model)).map_err(err)?;
-        return Ok(Py::new(py, Simulation::new(py, s, memory.as_deref())?)?.into_any());
-    }
-    let spm = u64::from(tt.num_stages()) * u64::from(tt.microbatches);
-    timetable_fits(
-        &format!("{steps} steps of {}", tt.name),
-        spm,
-        u64::from(steps),
-    )
-    .map_err(err)?;
-    let s = py
-        .detach(|| simulate_steps(tt, &model, steps))
+    if steps > 1 {
+        let spm = u64::from(tt.num_stages()) * u64::from(tt.microbatches);
+        timetable_fits(
+            &format!("{steps} steps of {}", tt.name),
+            spm,
+            u64::from(steps),
+        )
         .map_err(err)?;
+    }
+    // The request the CLI's `simulate` builds too: it decides one step or K.
+    let request = SimulateRequest::new(tt, &model, steps).map_err(|e| err(e.named("steps")))?;
+    let s = match py.detach(|| request.run()).map_err(err)? {
+        Simulated::One(s) => {
+            return Ok(Py::new(py, Simulation::new(py, s, memory.as_deref())?)?.into_any())
+        }
+        Simulated::Steady(s) => *s,
+    };
     let single = Simulation::new(py, s.single.clone(), memory.as_deref())?;
     let steady = SteadySimulation {
         timeline: Py::new(

@@ -1,7 +1,10 @@
 //! `Timetable`, `generate`, `validate`: the timetable IR and its text forms.
 
 use pipewright_input::{expect_kind, timetable_fits, FileKind};
-use pipewright_schedule::{from_csv, generate as gen, lower, recompute, validate_with, write_csv, CsvForm, CsvSource, RawSpec, RecomputePlan, ScheduleSpec, Semantics, Timetable as Tt};
+use pipewright_schedule::{
+    from_csv, generate as gen, lower, recompute, validate_with, write_csv, CsvForm, CsvSource,
+    RawSpec, RecomputePlan, ScheduleSpec, Semantics, Timetable as Tt,
+};
 use pyo3::prelude::*;
 
 use crate::{err, read_file};

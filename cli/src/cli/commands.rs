@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
 use pipewright::schedule::{
-    chrome_trace, lower, simulate, validate, validate_with, Report, Semantics, Simulation,
+    chrome_trace, lower, validate, validate_with, Report, Semantics, Simulation,
 };
 
 use super::args::{CostArgs, SourceArgs, SpecArgs};
@@ -17,6 +17,7 @@ use super::memory::{memory_table, MemoryArgs};
 use super::outputs::Outputs;
 use super::timetable_out::CommsArg;
 use pipewright::schedule::memory::MemoryBreakdown;
+use pipewright::schedule::simulate::Simulated;
 
 /// How `schedule` prints a timetable.
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -374,14 +375,10 @@ fn with_memory(
 
 /// Simulate the timetable the flags name.
 pub fn simulation(source: &SourceArgs, costs: &CostArgs) -> Result<Simulation> {
-    let (tt, _) = source.timetable()?;
-    let model = costs.model(tt.num_stages(), tt.num_devices())?;
-    let mut sim = simulate(&tt, &model)?;
-    if let Some(unit) = costs.time_unit()? {
-        sim.timeline.meta.time_unit.clone_from(&unit);
-        sim.report.time_unit = unit;
-    }
-    Ok(sim)
+    Ok(match super::steady::simulated(source, costs, 1)? {
+        Simulated::One(sim) => sim,
+        Simulated::Steady(s) => s.single,
+    })
 }
 
 fn title(source: &SourceArgs, sim: &Simulation) -> String {

@@ -88,7 +88,7 @@ pub struct PlanCmd {
     /// GPUs to use, all of them (tp * pp * dp = N).
     #[arg(long, value_name = "N", required_unless_present = "calibrate")]
     gpus: Option<u32>,
-    /// `a100-80g`, `h100-80g`, or a cluster JSON file (see schedule/src/plan/cluster.rs).
+    /// `a100-80g`, `h100-80g`, or a cluster JSON file (see plan/src/cluster.rs).
     #[arg(long, default_value = "a100-80g", value_name = "NAME|FILE")]
     cluster: String,
     /// Sequences (with `--profile`, samples) per training step.

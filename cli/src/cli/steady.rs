@@ -3,9 +3,11 @@
 
 use std::fmt::Write as _;
 
-use anyhow::Result;
+use anyhow::{bail, Result};
 use pipewright::runtime::StepRecord;
-use pipewright::schedule::simulate::{period_of_starts, simulate_steps, step_starts, SteadyState};
+use pipewright::schedule::simulate::{
+    period_of_starts, simulate_steps, step_starts, SimulateRequest, Simulated, SteadyState,
+};
 use pipewright::schedule::{CostModel, Report, Timeline, Timetable};
 use serde_json::{json, Value};
 
@@ -19,19 +21,38 @@ pub fn check_steps(steps: u32) -> Result<()> {
     pipewright::sim::simulate::check_steps(steps).map_err(|e| anyhow::anyhow!(e.named("--steps")))
 }
 
+/// The timetable and costs the flags name, simulated through the library's request (the one
+/// Python's `simulate` builds too): one step, or `steps` unfenced steps.
+pub fn simulated(source: &SourceArgs, costs: &CostArgs, steps: u32) -> Result<Simulated> {
+    let (tt, _) = source.timetable()?;
+    if steps > 1 {
+        fits_steps(&tt, steps)?;
+    }
+    let model = costs.model(tt.num_stages(), tt.num_devices())?;
+    let request = SimulateRequest::new(&tt, &model, steps)
+        .map_err(|e| anyhow::anyhow!(e.named("--steps")))?;
+    let mut out = request.run()?;
+    if let Some(unit) = costs.time_unit()? {
+        let (single, steady) = match &mut out {
+            Simulated::One(sim) => (sim, None),
+            Simulated::Steady(s) => (&mut s.single, Some((&mut s.timeline, &mut s.report))),
+        };
+        single.timeline.meta.time_unit.clone_from(&unit);
+        single.report.time_unit.clone_from(&unit);
+        if let Some((timeline, report)) = steady {
+            timeline.meta.time_unit.clone_from(&unit);
+            report.time_unit = unit;
+        }
+    }
+    Ok(out)
+}
+
 /// Simulate `steps` (at least 2) unfenced steps of the timetable the flags name.
 pub fn steady_simulation(source: &SourceArgs, costs: &CostArgs, steps: u32) -> Result<SteadyState> {
-    let (tt, _) = source.timetable()?;
-    fits_steps(&tt, steps)?;
-    let model = costs.model(tt.num_stages(), tt.num_devices())?;
-    let mut s = simulate_steps(&tt, &model, steps)?;
-    if let Some(unit) = costs.time_unit()? {
-        s.single.timeline.meta.time_unit.clone_from(&unit);
-        s.single.report.time_unit.clone_from(&unit);
-        s.timeline.meta.time_unit.clone_from(&unit);
-        s.report.time_unit = unit;
+    match simulated(source, costs, steps.max(2))? {
+        Simulated::Steady(s) => Ok(*s),
+        Simulated::One(_) => bail!("--steps {steps}: a steady state needs at least 2 steps"),
     }
-    Ok(s)
 }
 
 /// Refuse `steps` unfenced steps of `tt` that this machine could not hold.

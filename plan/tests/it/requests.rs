@@ -127,7 +127,7 @@ fn a_profile_stands_alone() {
     raw.fixed.tp = Some(2);
     assert_eq!(
         refused(&raw),
-        "--profile p.json plans a layer-list model (tp 1, its own sizes): leave out --tp"
+        "--profile p.json plans a layer-list model at the tp and sizes it was measured at: leave out --tp"
     );
     raw.fixed.tp = None;
     assert!(refused(&raw).starts_with("--profile p.json: "));

@@ -1,5 +1,5 @@
 """Files `pipewright.torch` writes, declared as the CLI declares its outputs
-(src/cli/outputs.rs): an output may not be a file the run reads (the same path, another
+(cli/src/cli/outputs.rs): an output may not be a file the run reads (the same path, another
 spelling of it, a symbolic or a hard link to it), and it is written whole or not at all.
 Every refusal is a `RecordError` naming the path the user gave, never a temporary file.
 """
