@@ -313,6 +313,9 @@ pub enum SplitError {
     /// Balancing by time needs a sample input.
     #[error("balancing by time needs a sample input for the profiling pass")]
     NoSample,
+    /// A TP degree a profile cannot record.
+    #[error("tp {0} must be from 1 to {max} (the TP degree the layers are measured at)", max = pipewright_model::layer_profile::MAX_TP)]
+    Tp(u32),
 }
 
 /// Median milliseconds of one layer's forward, input backward and weight backward.

@@ -141,7 +141,8 @@ pub fn layer_profile(
 /// parameters and stashes are its shard's, a replicated one's whole), which is what the
 /// memory model and `plan --profile` then count per rank, and the profile says `tp`, the
 /// one degree `plan --profile` plans for it. Its times are the rank's compute alone (the
-/// layers run without their TP all-reduces here). `tp` 0 reads as 1.
+/// layers run without their TP all-reduces here). A `tp` outside 1 to
+/// [`MAX_TP`](pipewright_model::layer_profile::MAX_TP) is refused, as the profile's reader would.
 pub fn layer_profile_tp(
     layers: &mut [BoxedLayer],
     sample: &Tensor,
@@ -150,11 +151,14 @@ pub fn layer_profile_tp(
     device: &str,
     tp: u32,
 ) -> Result<LayerProfile, SplitError> {
+    if !(1..=pipewright_model::layer_profile::MAX_TP).contains(&tp) {
+        return Err(SplitError::Tp(tp));
+    }
     let measured = measure(layers, sample, repeats)?;
     Ok(LayerProfile {
         microbatch_size: samples.max(1),
         device: device.to_string(),
-        tp: tp.max(1),
+        tp,
         layers: measured
             .iter()
             .map(|m| ProfiledLayer {

@@ -339,6 +339,26 @@ fn profiled(tp: u32) -> LayerProfile {
 }
 
 #[test]
+fn a_tp_the_profile_reader_would_refuse_is_refused_when_profiling() {
+    let shard = TpShard::new(0, 1).unwrap();
+    let mut layers: Vec<BoxedLayer> = (0..LAYERS).map(|k| layer(k, shard).unwrap()).collect();
+    let id = MicrobatchId {
+        step: 0,
+        dp: 0,
+        microbatch: 0,
+        microbatches: 1,
+    };
+    let sample = rows(id).unwrap().x;
+    for tp in [0, 1025] {
+        let e = layer_profile_tp(&mut layers, &sample, 8, 1, "this CPU", tp).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!("tp {tp} must be from 1 to 1024 (the TP degree the layers are measured at)")
+        );
+    }
+}
+
+#[test]
 fn a_tp_2_profile_holds_one_rank_s_bytes_and_predicts_the_tp_2_run_to_the_byte() {
     let (whole, half) = (profiled(1), profiled(2));
     assert_eq!((whole.tp, half.tp), (1, 2));
