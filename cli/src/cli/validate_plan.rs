@@ -6,7 +6,6 @@
 //! them, not the top K: the top few are often within a percent of each other, where ranks say
 //! nothing but the machine's noise.
 
-
 use anyhow::{anyhow, bail, Context, Result};
 use pipewright::runtime::gpt_config;
 use pipewright::schedule::shape::request::kind_flags;
