@@ -27,6 +27,7 @@ __all__ = [
     "Plan",
     "plan",
     "Shape",
+    "cli_main",
 ]
 
 __version__: str
@@ -501,3 +502,7 @@ def plan(
     max_searched: int = 2,
 ) -> Plan:
     """`pipewright plan`: every keyword is its flag of the same name, checked in its words."""
+def cli_main(argv: list[str], self_command: list[str]) -> int:
+    """The `pipewright` command line (`argv[0]` the program's name); returns its exit status.
+    `self_command` runs the command again (`plan --validate` runs `train` as a child). It does
+    not check Python's signal handlers: `pipewright._cli.main` restores Ctrl-C's default first."""

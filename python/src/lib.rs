@@ -10,6 +10,7 @@ use pyo3::prelude::*;
 
 mod args;
 mod charts;
+mod cli;
 mod costs;
 mod interrupt;
 mod plan;
@@ -95,5 +96,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     search::register(m)?;
     plan::register(m)?;
     shape::register(m)?;
+    cli::register(m)?;
     Ok(())
 }

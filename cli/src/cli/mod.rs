@@ -17,6 +17,7 @@ pub mod plan;
 pub mod plan_searched;
 pub mod progress;
 pub mod search;
+pub mod self_command;
 pub mod shape;
 pub mod steady;
 pub mod timetable_out;

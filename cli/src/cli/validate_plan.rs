@@ -6,8 +6,6 @@
 //! them, not the top K: the top few are often within a percent of each other, where ranks say
 //! nothing but the machine's noise.
 
-use std::process::Command;
-
 use anyhow::{anyhow, bail, Context, Result};
 use pipewright::runtime::gpt_config;
 use pipewright::schedule::shape::request::kind_flags;
@@ -68,8 +66,7 @@ fn train_args(req: &PlanRequest, s: &ModelShape, c: &Config) -> Vec<String> {
 /// The measured steady-state period of one training run, in seconds, and each pipeline
 /// device's fullest rank's measured peak in bytes.
 fn measure(req: &PlanRequest, shape: &ModelShape, c: &Config) -> Result<(f64, Vec<u64>)> {
-    let exe = std::env::current_exe().context("finding this program to run `train`")?;
-    let out = Command::new(exe)
+    let out = super::self_command::command()?
         .args(train_args(req, shape, c))
         .output()
         .context("running `train`")?;
