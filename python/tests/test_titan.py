@@ -87,7 +87,8 @@ def test_a_lost_gradient_under_chunked_loss_and_split_backward_is_named(results)
     assert "no gradient" in split[1] and "norm.weight (stage 1)" in split[1], split
     assert "ChunkedLossWrapper" in split[1] and "--no-split-backward" in split[1]
     zbv = results["chunked-zbv"]["refusals"]  # V placement: the last stage is on rank 0
-    assert zbv[0].startswith("no gradient after the step for norm.weight (stage 3)"), zbv
+    assert zbv[0].startswith("no gradient (none, or all zeros) after the step for "
+                             "norm.weight (stage 3)"), zbv
 
 
 def test_a_wrong_gradient_under_chunked_loss_and_dualpipev_is_named(results):
@@ -169,6 +170,23 @@ def test_degree_microbatches_and_layers_are_checked(tmp):
         pwt.split_layers(FQNS, 4, cuts=[1, 2])
 
 
+def test_a_config_whose_csv_is_not_the_timetable_is_refused(tmp):
+    path = write(tmp, "1f1b", 2)
+    good = parallelism(**pwt.titan_config(path, FQNS, local_batch_size=M).fields())
+    pwt.check_titan_config(path, good, local_batch_size=M)
+    unset = dataclasses.replace(good, pipeline_parallel_schedule_csv="")
+    with pytest.raises(pwt.TitanError, match="^pipeline_parallel_schedule_csv is not set, so "
+                                             "torchtitan would run its own 1F1B schedule"):
+        pwt.check_titan_config(path, unset, local_batch_size=M)
+    other = write(tmp, "gpipe", 2)
+    with pytest.raises(pwt.TitanError, match="does not hold the actions of"):
+        pwt.check_titan_config(path, dataclasses.replace(
+            good, pipeline_parallel_schedule_csv=str(other)), local_batch_size=M)
+    with pytest.raises(pwt.TitanError, match="^pipeline_parallel_schedule_csv /nonexistent"):
+        pwt.check_titan_config(path, dataclasses.replace(
+            good, pipeline_parallel_schedule_csv="/nonexistent/other.csv"), local_batch_size=M)
+
+
 def test_the_csv_torchtitan_reads_is_compute_only(tmp):
     comms = tmp / "zbv-comms.csv"
     cli("schedule", "--schedule", "zbv", "-p", 2, "-v", 2, "-m", M, "--comms", "-o", comms)
@@ -187,12 +205,18 @@ def test_check_grads_names_a_missing_or_differing_gradient():
     model(torch.ones(1, 2))[0, 0].backward()
     pwt.check_grads(model)
     model[1].weight.grad = None
-    with pytest.raises(pwt.GradError, match=r"^no gradient after the step for 1.weight \(model part 0\)"):
+    with pytest.raises(pwt.GradError,
+                       match=r"^no gradient \(none, or all zeros\) after the step for 1.weight \(model part 0\)"):
         pwt.check_grads([model])
+    model[1].weight.grad = torch.zeros(2)  # zero_grad(set_to_none=False), then nothing added
+    with pytest.raises(pwt.GradError, match=r"for 1.weight \(model part 0\)"):
+        pwt.check_grads(model)
     model[1].weight.requires_grad_(False)
     pwt.check_grads(model)  # frozen parameters are not asked for
-    ref = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    ref = {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
     pwt.check_grads(model, reference=ref)
+    with pytest.raises(pwt.GradError, match=r"^reference has no gradient for 0.weight"):
+        pwt.check_grads(model, reference={"_orig_mod." + n: g for n, g in ref.items()})
     ref["0.bias"] = ref["0.bias"] + 1
     with pytest.raises(pwt.GradError, match=r"differs from the fused-backward reference for 0.bias"):
         pwt.check_grads(model, reference=ref)

@@ -35,7 +35,7 @@ def check_grads(parts, *, reference=None, rtol: float = 1e-5, atol: float = 1e-8
     from ._errors import GradError
 
     parts = [parts] if not isinstance(parts, (list, tuple)) else list(parts)
-    missing, differ = [], []
+    missing, differ, unreferenced = [], [], []
     for i, part in enumerate(parts):
         module = getattr(part, "submod", part)
         index = getattr(part, "stage_index", None)
@@ -45,9 +45,13 @@ def check_grads(parts, *, reference=None, rtol: float = 1e-5, atol: float = 1e-8
         for name, p in module.named_parameters():
             if not p.requires_grad:
                 continue
-            if p.grad is None:
+            local = p.grad is not None and not hasattr(p.grad, "full_tensor")
+            if p.grad is None or (local and not bool(torch.any(p.grad))):
+                # All zeros is a lost gradient too once `zero_grad(set_to_none=False)` ran.
                 missing.append(f"{name} ({where})")
-            elif reference is not None and name in reference:
+            elif reference is not None and name not in reference:
+                unreferenced.append(f"{name} ({where})")
+            elif reference is not None:
                 # An FSDP gradient is a DTensor: gathered whole (a collective of the
                 # data-parallel peers, which check the same parameters in the same order).
                 got = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
@@ -57,10 +61,15 @@ def check_grads(parts, *, reference=None, rtol: float = 1e-5, atol: float = 1e-8
                     differ.append(f"{name} ({where}, max error {err:.3g})")
     if missing:
         raise GradError(
-            f"no gradient after the step for {', '.join(missing)}: a split-backward timetable "
-            "(I/W) with a loss that runs part of the model itself (torchtitan's "
-            "ChunkedLossWrapper) leaves it out; use a timetable without split backward "
-            "(search --no-split-backward) or a plain loss"
+            f"no gradient (none, or all zeros) after the step for {', '.join(missing)}: an "
+            "unused parameter, or, most often, a split-backward timetable (I/W) with a loss "
+            "that runs part of the model itself (torchtitan's ChunkedLossWrapper); use a "
+            "timetable without split backward (search --no-split-backward) or a plain loss"
+        )
+    if unreferenced:
+        raise GradError(
+            f"reference has no gradient for {', '.join(unreferenced)}: key it by the names "
+            "module.named_parameters() gives on each stage or model part"
         )
     if differ:
         raise GradError(

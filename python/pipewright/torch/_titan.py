@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pipewright
+
 from ._errors import TitanError
 from ._timetable import COMPUTE_ONLY, TorchTimetable, load
 
@@ -123,6 +125,7 @@ def check_titan_config(timetable: Any, parallelism: Any, *, local_batch_size: in
         )
     name = parallelism.pipeline_parallel_schedule
     _check_name(name, tt, "pipeline_parallel_schedule")
+    _check_csv(getattr(parallelism, "pipeline_parallel_schedule_csv", None), name, tt)
     parts = parallelism.module_fqns_per_model_part
     if parts is None:
         _check_default_count(name, tt, "module_fqns_per_model_part")
@@ -138,6 +141,25 @@ def check_titan_config(timetable: Any, parallelism: Any, *, local_batch_size: in
             f"pipeline_parallel_microbatch_size is {mb}, so torchtitan would cut the local "
             f"batch of {local_batch_size} into {local_batch_size // max(mb, 1)} microbatches, "
             f"but {tt.source} has {tt.microbatches}: use {want}"
+        )
+
+
+def _check_csv(csv: Any, name: str, tt: TorchTimetable) -> None:
+    """torchtitan runs the file `pipeline_parallel_schedule_csv` names, or, when none is set,
+    its own schedule of that name: the file must be there and hold `tt`'s actions."""
+    if not csv:
+        raise TitanError(
+            f"pipeline_parallel_schedule_csv is not set, so torchtitan would run its own {name} "
+            f"schedule, not {tt.source}: set it to the timetable's compute-only CSV"
+        )
+    try:
+        given = load(csv, form=COMPUTE_ONLY)
+    except (pipewright.PipewrightError, OSError) as e:
+        raise TitanError(f"pipeline_parallel_schedule_csv {csv}: {e}") from e
+    if given.rows != tt.rows:
+        raise TitanError(
+            f"pipeline_parallel_schedule_csv {csv} does not hold the actions of {tt.source}: "
+            "write the timetable there (titan_config does) or point at its file"
         )
 
 
