@@ -324,31 +324,28 @@ fn a_layer_list_that_cannot_shard_is_refused_on_tp_2_naming_its_layers() {
     .unwrap();
 }
 
-/// The model's layers as TP rank 0 of `tp` holds them, profiled on one microbatch of 8 rows.
-fn profiled(tp: u32) -> LayerProfile {
+/// The model's layers as TP rank 0 of `tp` holds them, and one microbatch of 8 rows.
+fn rank_0_layers(tp: u32) -> (Vec<BoxedLayer>, Tensor) {
     let shard = TpShard::new(0, tp as usize).unwrap();
-    let mut layers: Vec<BoxedLayer> = (0..LAYERS).map(|k| layer(k, shard).unwrap()).collect();
+    let layers: Vec<BoxedLayer> = (0..LAYERS).map(|k| layer(k, shard).unwrap()).collect();
     let id = MicrobatchId {
         step: 0,
         dp: 0,
         microbatch: 0,
         microbatches: 1,
     };
-    let sample = rows(id).unwrap().x;
+    (layers, rows(id).unwrap().x)
+}
+
+/// Those layers profiled on that microbatch.
+fn profiled(tp: u32) -> LayerProfile {
+    let (mut layers, sample) = rank_0_layers(tp);
     layer_profile_tp(&mut layers, &sample, 8, 1, "this CPU", tp).unwrap()
 }
 
 #[test]
 fn a_tp_the_profile_reader_would_refuse_is_refused_when_profiling() {
-    let shard = TpShard::new(0, 1).unwrap();
-    let mut layers: Vec<BoxedLayer> = (0..LAYERS).map(|k| layer(k, shard).unwrap()).collect();
-    let id = MicrobatchId {
-        step: 0,
-        dp: 0,
-        microbatch: 0,
-        microbatches: 1,
-    };
-    let sample = rows(id).unwrap().x;
+    let (mut layers, sample) = rank_0_layers(1);
     for tp in [0, 1025] {
         let e = layer_profile_tp(&mut layers, &sample, 8, 1, "this CPU", tp).unwrap_err();
         assert_eq!(
