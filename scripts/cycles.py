@@ -87,22 +87,25 @@ def resolve(path, here, mods, reexports=None):
             segs = segs[1:]
         rest = segs
     else:
-        return None
+        return [None]
     best = base if base in mods else None
+    found = [best]
     cur = base
     for i, s in enumerate(rest):
         cur = cur + (s,)
         if cur in mods:
             best = cur
+            found = [best]
         else:
-            # An item a module re-exports (`pub use child::Item`) lives where it is defined:
-            # a path through the re-export depends on that module, not on the one re-exporting.
+            # An item a module re-exports (`pub use child::Item`) is named through the
+            # re-exporting module and lives in the defining one: the path depends on both.
             hops = 0
             while best in reexports and rest[i] in reexports[best] and hops < 8:
                 best = reexports[best][rest[i]]
+                found.append(best)
                 hops += 1
             break
-    return best
+    return found
 
 
 def related(a, b):
@@ -120,15 +123,15 @@ def circles(src):
                 name = path.split("::")[-1]
                 alias = re.search(r"\b%s\s+as\s+(\w+)" % re.escape(name), full)
                 t = resolve(path if path.split("::")[0] in ("crate", "super", "self")
-                            else "self::" + path, m, mods)
+                            else "self::" + path, m, mods)[-1]
                 if t is not None and t != m and name not in ("self", "*"):
                     reexports.setdefault(m, {})[alias.group(1) if alias else name] = t
     edges = {m: set() for m in mods}
     for m, text in texts.items():
         for path in expand_uses(text):
-            t = resolve(path, m, mods, reexports)
-            if t is not None and t != m and not related(m, t):
-                edges[m].add(t)
+            for t in resolve(path, m, mods, reexports):
+                if t is not None and t != m and not related(m, t):
+                    edges[m].add(t)
     return [c for c in sccs(edges) if len(c) > 1], edges
 
 

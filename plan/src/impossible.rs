@@ -230,7 +230,10 @@ fn batch(req: &PlanRequest) -> String {
         (None, None) => {
             let Some(shape) = req.model.gpt() else {
                 if let Some(p) = req.model.profile().filter(|_| widest_tp.is_empty()) {
-                    if req.gpus % p.tp == 0 && p.tp > req.cluster.gpus_per_node {
+                    if req.gpus % p.tp == 0
+                        && p.tp > req.cluster.gpus_per_node
+                        && !req.allow_cross_node_tp
+                    {
                         return format!(
                             "the profile was measured at tp {} (one TP rank's layers), more than the {} GPUs of a node: allow cross-node TP (--allow-cross-node-tp), or profile at a tp that divides the node",
                             p.tp, req.cluster.gpus_per_node

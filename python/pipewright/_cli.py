@@ -16,8 +16,11 @@ def main() -> None:
     # Ctrl-C stops the command as it stops the binary: the default action ends the process.
     # Python's own handler would only set a flag that nothing checks while Rust runs.
     signal.signal(signal.SIGINT, signal.SIG_DFL)
-    # How `plan --validate` runs `train` again: this interpreter, this module.
-    self_command = [sys.executable, "-m", "pipewright._cli"]
+    # How `plan --validate` runs `train` again: this interpreter, this package. Not `-m`, which
+    # puts the working directory first on the path (a source tree there would shadow the
+    # installed package).
+    self_command = [sys.executable, "-c",
+                    "import sys; del sys.path[0]; from pipewright._cli import main; main()"]
     sys.exit(cli_main(["pipewright", *sys.argv[1:]], self_command))
 
 

@@ -182,7 +182,13 @@ def test_a_config_whose_csv_is_not_the_timetable_is_refused(tmp):
     with pytest.raises(pwt.TitanError, match="does not hold the actions of"):
         pwt.check_titan_config(path, dataclasses.replace(
             good, pipeline_parallel_schedule_csv=str(other)), local_batch_size=M)
-    with pytest.raises(pwt.TitanError, match="^pipeline_parallel_schedule_csv /nonexistent"):
+    comms = tmp / "1f1b-comms.csv"
+    cli("schedule", "--schedule", "1f1b", "-p", 2, "-m", M, "--comms", "-o", comms)
+    with pytest.raises(pwt.TitanError, match="holds the compute_comms form; torchtitan reads "
+                                             "the compute-only one"):
+        pwt.check_titan_config(path, dataclasses.replace(
+            good, pipeline_parallel_schedule_csv=str(comms)), local_batch_size=M)
+    with pytest.raises(pwt.TitanError, match="^pipeline_parallel_schedule_csv: .*nonexistent"):
         pwt.check_titan_config(path, dataclasses.replace(
             good, pipeline_parallel_schedule_csv="/nonexistent/other.csv"), local_batch_size=M)
 
@@ -211,6 +217,10 @@ def test_check_grads_names_a_missing_or_differing_gradient():
     model[1].weight.grad = torch.zeros(2)  # zero_grad(set_to_none=False), then nothing added
     with pytest.raises(pwt.GradError, match=r"for 1.weight \(model part 0\)"):
         pwt.check_grads(model)
+    pwt.check_grads(model, zeros_are_lost=False)  # zeros that are right (a LoRA pair at zero)
+    zero_ref = {n: p.grad.clone() for n, p in model.named_parameters()}
+    pwt.check_grads(model, reference=zero_ref)  # the reference says zero too: it decides
+    pwt.check_grads(model, reference={"1.weight": zero_ref["1.weight"]})  # a partial one
     model[1].weight.requires_grad_(False)
     pwt.check_grads(model)  # frozen parameters are not asked for
     ref = {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}

@@ -20,7 +20,8 @@ def restore_grads(saved: list) -> None:
             p.grad.copy_(g)
 
 
-def check_grads(parts, *, reference=None, rtol: float = 1e-5, atol: float = 1e-8) -> None:
+def check_grads(parts, *, reference=None, rtol: float = 1e-5, atol: float = 1e-8,
+                zeros_are_lost: bool = True) -> None:
     """Refuse a step that left a trainable parameter without a gradient (or, with
     `reference`, a mapping from parameter name to the gradient of a fused-backward step,
     with one that differs from it), naming the parameter and its stage or model part.
@@ -29,6 +30,12 @@ def check_grads(parts, *, reference=None, rtol: float = 1e-5, atol: float = 1e-8
     `_pipeline_module_split` returns them), or one of either. Call it after the step,
     before the optimizer; parameters with `requires_grad=False` are skipped. With
     `reference` under FSDP, every data-parallel peer must call it (gradients are gathered).
+
+    A gradient of exact zeros counts as lost (after `zero_grad(set_to_none=False)` that is
+    what a lost one looks like), unless `reference` has the parameter (then the comparison
+    decides) or `zeros_are_lost=False` (a model whose first step has legitimately zero
+    gradients: a LoRA pair starting at zero, a gate initialised to zero). A `reference` that
+    names none of the trainable parameters is refused: it would check nothing.
     """
     import torch
 
@@ -45,13 +52,14 @@ def check_grads(parts, *, reference=None, rtol: float = 1e-5, atol: float = 1e-8
         for name, p in module.named_parameters():
             if not p.requires_grad:
                 continue
+            referenced = reference is not None and name in reference
             local = p.grad is not None and not hasattr(p.grad, "full_tensor")
-            if p.grad is None or (local and not bool(torch.any(p.grad))):
-                # All zeros is a lost gradient too once `zero_grad(set_to_none=False)` ran.
+            zeros = local and zeros_are_lost and not referenced and not bool(torch.any(p.grad))
+            if p.grad is None or zeros:
                 missing.append(f"{name} ({where})")
-            elif reference is not None and name not in reference:
+            elif reference is not None and not referenced:
                 unreferenced.append(f"{name} ({where})")
-            elif reference is not None:
+            elif referenced:
                 # An FSDP gradient is a DTensor: gathered whole (a collective of the
                 # data-parallel peers, which check the same parameters in the same order).
                 got = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
@@ -64,9 +72,13 @@ def check_grads(parts, *, reference=None, rtol: float = 1e-5, atol: float = 1e-8
             f"no gradient (none, or all zeros) after the step for {', '.join(missing)}: an "
             "unused parameter, or, most often, a split-backward timetable (I/W) with a loss "
             "that runs part of the model itself (torchtitan's ChunkedLossWrapper); use a "
-            "timetable without split backward (search --no-split-backward) or a plain loss"
+            "timetable without split backward (search --no-split-backward) or a plain loss "
+            "(where all zeros is right, as for a LoRA pair starting at zero, pass "
+            "zeros_are_lost=False)"
         )
-    if unreferenced:
+    if unreferenced and reference is not None and not any(
+            n in reference for part in parts
+            for n, _ in getattr(part, "submod", part).named_parameters()):
         raise GradError(
             f"reference has no gradient for {', '.join(unreferenced)}: key it by the names "
             "module.named_parameters() gives on each stage or model part"

@@ -153,9 +153,14 @@ def _check_csv(csv: Any, name: str, tt: TorchTimetable) -> None:
             f"schedule, not {tt.source}: set it to the timetable's compute-only CSV"
         )
     try:
-        given = load(csv, form=COMPUTE_ONLY)
+        given = load(csv)
     except (pipewright.PipewrightError, OSError) as e:
-        raise TitanError(f"pipeline_parallel_schedule_csv {csv}: {e}") from e
+        raise TitanError(f"pipeline_parallel_schedule_csv: {e}") from e
+    if given.form != COMPUTE_ONLY:
+        raise TitanError(
+            f"pipeline_parallel_schedule_csv {csv} holds the {given.form} form; torchtitan reads "
+            "the compute-only one: write it with titan_config(..., csv_path=)"
+        )
     if given.rows != tt.rows:
         raise TitanError(
             f"pipeline_parallel_schedule_csv {csv} does not hold the actions of {tt.source}: "
