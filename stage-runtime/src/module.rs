@@ -297,7 +297,9 @@ pub trait StageModule {
     /// the loss of a fixed prediction of `shape`, or `None` (the default) for none. At the
     /// end of step 0 every rank compares it with the other ranks' of its replica, as for
     /// [`data_fingerprint`](Self::data_fingerprint): targets that depend on the thread are
-    /// refused though only the last stage reads them.
+    /// refused though only the last stage reads them. `LayerStage` computes it by calling the
+    /// loss once more per microbatch on every rank at step 0, so a loss that logs or counts
+    /// its calls sees those calls too.
     fn target_fingerprint(
         &self,
         data: &Self::Data,
