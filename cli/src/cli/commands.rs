@@ -17,7 +17,7 @@ use super::memory::{memory_table, MemoryArgs};
 use super::outputs::Outputs;
 use super::timetable_out::CommsArg;
 use pipewright::schedule::memory::MemoryBreakdown;
-use pipewright::schedule::simulate::Simulated;
+use pipewright::schedule::simulate::{Simulated, SteadyState};
 
 /// How `schedule` prints a timetable.
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -278,46 +278,61 @@ impl SimulateCmd {
             );
         }
         let memory = self.predicted()?;
-        let text = if self.steps > 1 {
-            let spinner =
-                super::progress::working(format!("simulate: {} unfenced steps", self.steps));
-            let r = self.run_steady(memory.as_deref(), &mut outs);
+        // The request decides one step or K; a spinner while K unfenced steps simulate.
+        let spinner = (self.steps > 1)
+            .then(|| super::progress::working(format!("simulate: {} unfenced steps", self.steps)));
+        let simulated = super::steady::simulated(&self.source, &self.costs, self.steps);
+        if let Some(spinner) = spinner {
             spinner.finish_and_clear();
-            r?
-        } else {
-            let sim = self.simulation()?;
-            self.write_timeline(&sim.timeline, &mut outs)?;
-            match self.format {
-                ReportFormat::Json => {
-                    let mut report = serde_json::to_value(&sim.report)?;
-                    if !self.memory_series {
-                        drop_memory_series(&mut report);
-                    }
-                    let report = with_memory(report, memory.as_deref())?;
-                    serde_json::to_string_pretty(&report)? + "\n"
-                }
-                ReportFormat::Table => {
-                    table(&title(&self.source, &sim), &sim.report)
-                        + &memory.as_deref().map(memory_table).unwrap_or_default()
-                }
-            }
+        }
+        let text = match simulated? {
+            Simulated::One(sim) => self.one_step(&sim, memory.as_deref(), &mut outs)?,
+            Simulated::Steady(s) => self.steady(&s, memory.as_deref(), &mut outs)?,
         };
         outs.commit()?;
         console::print(&text)
     }
 
-    /// `--steps K` with K > 1: the steady-state report.
-    fn run_steady(&self, memory: Option<&[MemoryBreakdown]>, outs: &mut Outputs) -> Result<String> {
-        use super::steady::{steady_json, steady_simulation, steady_table};
-        let s = steady_simulation(&self.source, &self.costs, self.steps)?;
-        self.write_timeline(&s.timeline, outs)?;
+    /// One step: its report, with each device's memory series only when asked for.
+    fn one_step(
+        &self,
+        sim: &Simulation,
+        memory: Option<&[MemoryBreakdown]>,
+        outs: &mut Outputs,
+    ) -> Result<String> {
+        self.write_timeline(&sim.timeline, outs)?;
         Ok(match self.format {
             ReportFormat::Json => {
-                let report = with_memory(steady_json(&s), memory)?;
+                let mut report = serde_json::to_value(&sim.report)?;
+                if !self.memory_series {
+                    drop_memory_series(&mut report);
+                }
+                let report = with_memory(report, memory)?;
                 serde_json::to_string_pretty(&report)? + "\n"
             }
             ReportFormat::Table => {
-                steady_table(&title(&self.source, &s.single), &s)
+                table(&title(&self.source, sim), &sim.report)
+                    + &memory.map(memory_table).unwrap_or_default()
+            }
+        })
+    }
+
+    /// `--steps K` with K > 1: the steady-state report.
+    fn steady(
+        &self,
+        s: &SteadyState,
+        memory: Option<&[MemoryBreakdown]>,
+        outs: &mut Outputs,
+    ) -> Result<String> {
+        use super::steady::{steady_json, steady_table};
+        self.write_timeline(&s.timeline, outs)?;
+        Ok(match self.format {
+            ReportFormat::Json => {
+                let report = with_memory(steady_json(s), memory)?;
+                serde_json::to_string_pretty(&report)? + "\n"
+            }
+            ReportFormat::Table => {
+                steady_table(&title(&self.source, &s.single), s)
                     + &memory.map(memory_table).unwrap_or_default()
             }
         })
@@ -345,11 +360,6 @@ impl SimulateCmd {
             outs.stage("--trace", trace.as_bytes())?;
         }
         Ok(())
-    }
-
-    /// Generate or load, then simulate.
-    pub fn simulation(&self) -> Result<Simulation> {
-        simulation(&self.source, &self.costs)
     }
 }
 

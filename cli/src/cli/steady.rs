@@ -3,7 +3,7 @@
 
 use std::fmt::Write as _;
 
-use anyhow::{bail, Result};
+use anyhow::Result;
 use pipewright::runtime::StepRecord;
 use pipewright::schedule::simulate::{
     period_of_starts, simulate_steps, step_starts, SimulateRequest, Simulated, SteadyState,
@@ -45,14 +45,6 @@ pub fn simulated(source: &SourceArgs, costs: &CostArgs, steps: u32) -> Result<Si
         }
     }
     Ok(out)
-}
-
-/// Simulate `steps` (at least 2) unfenced steps of the timetable the flags name.
-pub fn steady_simulation(source: &SourceArgs, costs: &CostArgs, steps: u32) -> Result<SteadyState> {
-    match simulated(source, costs, steps.max(2))? {
-        Simulated::Steady(s) => Ok(*s),
-        Simulated::One(_) => bail!("--steps {steps}: a steady state needs at least 2 steps"),
-    }
 }
 
 /// Refuse `steps` unfenced steps of `tt` that this machine could not hold.
