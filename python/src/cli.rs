@@ -18,15 +18,12 @@ fn cli_main(py: Python<'_>, argv: Vec<OsString>, self_command: Vec<OsString>) ->
         // A panic ends the binary with 101 after its message; here it would become a Python
         // traceback with status 1, the status of an ordinary `error:` line. Keep the binary's.
         let run = std::panic::AssertUnwindSafe(|| pipewright_cli::run_embedded(argv, self_command));
-        let Ok(code) = std::panic::catch_unwind(run) else {
-            let _ = std::io::stdout().flush();
-            return 101;
-        };
+        let code = std::panic::catch_unwind(run).map_or(101, i32::from);
         // A binary's exit flushes Rust's standard output; here the interpreter exits
         // instead, so a last line without a newline is flushed now. A reader gone away
         // is the command's business, already handled.
         let _ = std::io::stdout().flush();
-        i32::from(code)
+        code
     })
 }
 
