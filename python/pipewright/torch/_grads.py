@@ -43,6 +43,7 @@ def check_grads(parts, *, reference=None, rtol: float = 1e-5, atol: float = 1e-8
 
     parts = [parts] if not isinstance(parts, (list, tuple)) else list(parts)
     missing, differ, unreferenced = [], [], []
+    named = False  # whether `reference` names any parameter of the parts at all
     for i, part in enumerate(parts):
         module = getattr(part, "submod", part)
         index = getattr(part, "stage_index", None)
@@ -50,9 +51,10 @@ def check_grads(parts, *, reference=None, rtol: float = 1e-5, atol: float = 1e-8
         if not isinstance(module, torch.nn.Module):
             raise GradError(f"{where} is a {type(part).__name__}, not a module or PipelineStage")
         for name, p in module.named_parameters():
+            referenced = reference is not None and name in reference
+            named = named or referenced
             if not p.requires_grad:
                 continue
-            referenced = reference is not None and name in reference
             local = p.grad is not None and not hasattr(p.grad, "full_tensor")
             zeros = local and zeros_are_lost and not referenced and not bool(torch.any(p.grad))
             if p.grad is None or zeros:
@@ -76,9 +78,7 @@ def check_grads(parts, *, reference=None, rtol: float = 1e-5, atol: float = 1e-8
             "(where all zeros is right, as for a LoRA pair starting at zero, pass "
             "zeros_are_lost=False)"
         )
-    if unreferenced and reference is not None and not any(
-            n in reference for part in parts
-            for n, _ in getattr(part, "submod", part).named_parameters()):
+    if unreferenced and not named:
         raise GradError(
             f"reference has no gradient for {', '.join(unreferenced)}: key it by the names "
             "module.named_parameters() gives on each stage or model part"
