@@ -199,6 +199,10 @@ def test_the_csv_torchtitan_reads_is_compute_only(tmp):
     with pytest.raises(pwt.TitanError, match="not a compute-only .csv file.*csv_path="):
         pwt.titan_config(comms, FQNS, local_batch_size=M)
     out = tmp / "for-titan.csv"
+    before = comms.read_bytes()
+    with pytest.raises(pwt.RecordError, match="^csv_path .* is the timetable .* this run reads"):
+        pwt.titan_config(comms, FQNS, local_batch_size=M, csv_path=comms)
+    assert comms.read_bytes() == before  # the compute+comms file it was read from, untouched
     cfg = pwt.titan_config(comms, FQNS, local_batch_size=M, csv_path=out)
     assert cfg.schedule_csv == str(out) and pwt.load(out).form == "compute_only"
     assert pwt.load(out).rows == pwt.load(comms, form="compute_only").rows

@@ -13,7 +13,6 @@ Nothing here imports torchtitan.
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +21,7 @@ from typing import Any
 import pipewright
 
 from ._errors import TitanError
+from ._outputs import write_output
 from ._timetable import COMPUTE_ONLY, TorchTimetable, load
 
 __all__ = ["TitanConfig", "check_titan_config", "split_layers", "titan_config"]
@@ -268,13 +268,9 @@ def _csv_for(timetable: Any, tt: TorchTimetable, csv_path: Any) -> str:
             f"{tt.source} is not a compute-only .csv file, the one form torchtitan reads: "
             "give csv_path= to write one"
         )
-    path = Path(csv_path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", newline="") as f:
-            f.write(tt.csv_text())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return str(path)
+    # Written as every output of pipewright.torch is: whole or not at all, never over the
+    # timetable file it was read from.
+    inputs = [("the timetable", os.fspath(timetable))] if isinstance(
+        timetable, (str, os.PathLike)) else []
+    write_output(csv_path, tt.csv_text(), inputs, "csv_path")
+    return str(Path(csv_path))
