@@ -16,7 +16,7 @@
 use std::path::Path;
 
 use pipewright_schedule::timeline::TimelineError;
-use pipewright_schedule::Timeline;
+use pipewright_schedule::{Timeline, Timetable};
 use pipewright_sim::sweep::SWEEP_STEPS;
 use pipewright_sim::SweepGrid;
 
@@ -171,6 +171,17 @@ pub fn fits(what: &str, need: u64) -> Result<(), InputError> {
 /// that builds, validates and simulates a timetable and keeps its timeline: measured at
 /// about 1 KiB (`simulate --timeline` at p = 64, m = 2048), doubled.
 pub const PER_STAGE_MICROBATCH: u64 = 2048;
+
+/// Refuse `steps` unfenced steps of `tt` whose simulation would not fit this machine (the
+/// CLI's `simulate --steps` and `viz --steps`, Python's `simulate(steps=)`).
+pub fn steps_fit(tt: &Timetable, steps: u32) -> Result<(), InputError> {
+    let spm = u64::from(tt.num_stages()) * u64::from(tt.microbatches);
+    timetable_fits(
+        &format!("{steps} steps of {}", tt.name),
+        spm,
+        u64::from(steps),
+    )
+}
 
 /// Refuse a timetable of `spm` stage-microbatches (p * v * m), `times` over (steps,
 /// panels), called `what`, when simulating it would not fit this machine.

@@ -4,7 +4,7 @@ use pipewright_sim::simulate::{check_steps, SimulateRequest, Simulated, SteadySt
 use pipewright_sim::{Report as RsReport, Simulation as RsSim};
 use pyo3::prelude::*;
 
-use pipewright_input::timetable_fits;
+use pipewright_input::steps_fit;
 use pipewright_model::memory::MemoryBreakdown;
 
 use crate::charts::{draw, Chart};
@@ -243,13 +243,7 @@ fn simulate(
     .map_err(err)?;
     let model = Costs::or_default(costs)?.model(tt.num_stages(), tt.num_devices())?;
     if steps > 1 {
-        let spm = u64::from(tt.num_stages()) * u64::from(tt.microbatches);
-        timetable_fits(
-            &format!("{steps} steps of {}", tt.name),
-            spm,
-            u64::from(steps),
-        )
-        .map_err(err)?;
+        steps_fit(tt, steps).map_err(err)?;
     }
     // The request the CLI's `simulate` builds too: it decides one step or K.
     let request = SimulateRequest::new(tt, &model, steps).map_err(|e| err(e.named("steps")))?;

@@ -49,12 +49,7 @@ pub fn simulated(source: &SourceArgs, costs: &CostArgs, steps: u32) -> Result<Si
 
 /// Refuse `steps` unfenced steps of `tt` that this machine could not hold.
 pub fn fits_steps(tt: &Timetable, steps: u32) -> Result<()> {
-    let spm = u64::from(tt.num_stages()) * u64::from(tt.microbatches);
-    super::budget::timetable(
-        &format!("{} steps of {}", steps, tt.name),
-        spm,
-        u64::from(steps),
-    )
+    Ok(pipewright::input::steps_fit(tt, steps)?)
 }
 
 /// The JSON of `simulate --steps K`: the single step and the steady state side by side,
