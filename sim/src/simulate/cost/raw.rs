@@ -1,0 +1,240 @@
+//! The cost file as written: every field optional, resolved into [`StageCost`]s and a
+//! [`CostModel`] with one clear refusal per bad value.
+
+use serde::{Deserialize, Serialize};
+
+use super::{check, CostError, CostModel, StageCost};
+use crate::simulate::host::{HostCosts, Runtime};
+
+/// A stage's costs as written in a cost file: any field may be left to the default.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawStageCost {
+    /// Forward time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub f: Option<f64>,
+    /// Full backward time (default `i + w`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub b: Option<f64>,
+    /// Input-gradient time (default `b - w`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub i: Option<f64>,
+    /// Weight-gradient time (default `b - i`, or `b / 2`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub w: Option<f64>,
+    /// Stashed activation bytes (default 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub activation_bytes: Option<u64>,
+    /// Fraction of the activations held after I until W, in [0, 1] (default 1: all).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub w_memory: Option<f64>,
+    /// Bytes sent to the next stage (default 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub p2p_bytes: Option<u64>,
+    /// Time of the hand-off to the next stage (default: the link model's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub p2p_time: Option<f64>,
+    /// Time of an F&B overlap whose forward is this stage's (default: F plus the B's time).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overlap: Option<f64>,
+    /// Optimizer step time per training step (default 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub optimizer: Option<f64>,
+    /// Data-parallel gradient all-reduce time per training step (default 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dp_allreduce: Option<f64>,
+    /// Recompute (`R`) time (default: `f`, a full recompute reruns the forward).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub r: Option<f64>,
+    /// Bytes a recomputed microbatch keeps from F to R (default: the previous stage's
+    /// `p2p_bytes`, the stage's input).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kept_bytes: Option<u64>,
+}
+
+impl RawStageCost {
+    /// Whether nothing is given (every field left to its default).
+    pub fn is_empty(&self) -> bool {
+        *self == RawStageCost::default()
+    }
+
+    fn or(self, d: RawStageCost) -> RawStageCost {
+        RawStageCost {
+            f: self.f.or(d.f),
+            b: self.b.or(d.b),
+            i: self.i.or(d.i),
+            w: self.w.or(d.w),
+            activation_bytes: self.activation_bytes.or(d.activation_bytes),
+            w_memory: self.w_memory.or(d.w_memory),
+            p2p_bytes: self.p2p_bytes.or(d.p2p_bytes),
+            p2p_time: self.p2p_time.or(d.p2p_time),
+            overlap: self.overlap.or(d.overlap),
+            optimizer: self.optimizer.or(d.optimizer),
+            dp_allreduce: self.dp_allreduce.or(d.dp_allreduce),
+            r: self.r.or(d.r),
+            kept_bytes: self.kept_bytes.or(d.kept_bytes),
+        }
+    }
+
+    /// The stage's costs. `apart`: the file's backward was measured split and fused apart
+    /// (PyTorch's runtime), so `i + w` may differ from `b`; elsewhere a stage with all three
+    /// must add up, since the simulator would time a split schedule by `i + w` and a fused
+    /// one by `b`.
+    pub(super) fn resolve(self, place: &str, apart: bool) -> Result<StageCost, CostError> {
+        let missing = |what| CostError::Missing {
+            place: place.to_string(),
+            what,
+        };
+        let f = self.f.ok_or(missing("f"))?;
+        let (b, i, w) = match (self.b, self.i, self.w) {
+            (Some(b), Some(i), Some(w)) => (b, i, w),
+            (Some(b), Some(i), None) => (b, i, b - i),
+            (Some(b), None, Some(w)) => (b, b - w, w),
+            (Some(b), None, None) => (b, b / 2.0, b / 2.0),
+            (None, Some(i), Some(w)) => (i + w, i, w),
+            _ => return Err(missing("b, or i and w")),
+        };
+        // A part larger than the whole would make the other part negative: say which.
+        for (part, value) in [("w", self.w), ("i", self.i)] {
+            match (value, self.b) {
+                (Some(x), Some(b)) if x > b && (self.i.is_none() || self.w.is_none()) => {
+                    return Err(CostError::PartOverWhole {
+                        place: place.to_string(),
+                        part,
+                        value: x,
+                        b,
+                    })
+                }
+                _ => {}
+            }
+        }
+        if let (Some(b), Some(i), Some(w)) = (self.b, self.i, self.w) {
+            if !apart && (i + w - b).abs() > 1e-9 * b.abs().max(1e-300) {
+                return Err(CostError::SplitMismatch {
+                    place: place.to_string(),
+                    i,
+                    w,
+                    b,
+                });
+            }
+        }
+        let w_memory = self.w_memory.unwrap_or(1.0);
+        if !(0.0..=1.0).contains(&w_memory) {
+            return Err(CostError::WMemory {
+                place: place.to_string(),
+                value: w_memory,
+            });
+        }
+        let overlap = self.overlap.unwrap_or(0.0);
+        let optimizer = self.optimizer.unwrap_or(0.0);
+        let dp_allreduce = self.dp_allreduce.unwrap_or(0.0);
+        let all = [
+            ("f", f),
+            ("b", b),
+            ("i", i),
+            ("w", w),
+            ("overlap", overlap),
+            ("optimizer", optimizer),
+            ("dp_allreduce", dp_allreduce),
+            ("r", self.r.unwrap_or(0.0)),
+            ("p2p_time", self.p2p_time.unwrap_or(0.0)),
+        ];
+        for (what, v) in all {
+            check(what, v).map_err(|_| CostError::Invalid {
+                what: format!("{place}: {what}"),
+                value: v,
+            })?;
+        }
+        Ok(StageCost {
+            f,
+            b,
+            i,
+            w,
+            activation_bytes: self.activation_bytes.unwrap_or(0),
+            w_memory,
+            p2p_bytes: self.p2p_bytes.unwrap_or(0),
+            p2p_time: self.p2p_time,
+            overlap: self.overlap,
+            optimizer,
+            dp_allreduce,
+            r: self.r,
+            kept_bytes: self.kept_bytes,
+        })
+    }
+}
+
+/// A cost file: `default` applies to every stage, `stages` (one entry per stage) overrides it.
+/// A list of another length is cut or joined to the timetable's stages (see
+/// [`CostModel::resample`]): costs of a 4-device pipeline serve one of 4 devices with 2 chunks.
+///
+/// ```json
+/// { "default": { "f": 1.0, "b": 2.0, "w": 1.0, "activation_bytes": 4096, "w_memory": 0.4,
+///                "p2p_bytes": 1024, "overlap": 2.5, "optimizer": 0.5, "dp_allreduce": 0.2 },
+///   "stages": [ {}, {}, {}, { "f": 1.5, "b": 3.0 } ],
+///   "p2p_latency": 0.05, "bandwidth": 1e6 }
+/// ```
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawCostFile {
+    /// Costs of every stage unless overridden.
+    #[serde(default, skip_serializing_if = "RawStageCost::is_empty")]
+    pub default: RawStageCost,
+    /// Per-stage overrides; when present, exactly one per stage.
+    #[serde(default)]
+    pub stages: Option<Vec<RawStageCost>>,
+    /// Latency of each point-to-point transfer (default 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub p2p_latency: Option<f64>,
+    /// Link bandwidth in bytes per time unit (default infinite).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bandwidth: Option<f64>,
+    /// Unit of the times, for people (e.g. `ms` in a measured file); not used in arithmetic.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_unit: Option<String>,
+    /// Where the costs come from, for people (e.g. the run that measured them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+    /// Host time per action and per message, and whose runtime it is (default: none, and
+    /// pipewright's runtime). See [`host`](super::host).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<HostCosts>,
+}
+
+impl RawCostFile {
+    /// Resolve for a timetable with `stages` stages.
+    pub fn resolve(&self, stages: u32) -> Result<CostModel, CostError> {
+        let apart = self.host.is_some_and(|h| h.runtime == Runtime::Pytorch);
+        if let Some(host) = self.host {
+            for (what, v) in host.times() {
+                check(what, v)?;
+            }
+        }
+        let per_stage = match &self.stages {
+            None => (0..stages)
+                .map(|s| self.default.resolve(&format!("stage {s}"), apart))
+                .collect::<Result<Vec<_>, _>>()?,
+            Some(list) if list.is_empty() => {
+                return Err(CostError::StageCount { given: 0, stages })
+            }
+            Some(list) => list
+                .iter()
+                .enumerate()
+                .map(|(s, c)| c.or(self.default).resolve(&format!("stage {s}"), apart))
+                .collect::<Result<Vec<_>, _>>()?,
+        };
+        let given = per_stage.len();
+        CostModel {
+            stages: per_stage,
+            p2p_latency: 0.0,
+            bandwidth: None,
+            host: None,
+        }
+        .resample(stages)
+        .map_err(|_| CostError::StageCount { given, stages })?
+        .with_link(self.p2p_latency.unwrap_or(0.0), self.bandwidth)
+        .map(|model| CostModel {
+            host: self.host,
+            ..model
+        })
+    }
+}
