@@ -128,6 +128,7 @@ fn gpt_cost_model(req: &PlanRequest, shape: &ModelShape, cfg: &Config) -> (CostM
                 dp_allreduce,
                 r: recompute_time(cfg.recompute_of(s), &p, n, f),
                 kept_bytes: Some(0),
+                ..Default::default()
             }
         })
         .collect();

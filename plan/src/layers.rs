@@ -118,6 +118,7 @@ pub fn cost_model(req: &PlanRequest, profile: &LayerProfile, cfg: &Config) -> (C
                 r: (cfg.recompute_of(s32) != pipewright_schedule::recompute::Recompute::None)
                     .then_some(f),
                 kept_bytes: Some(0),
+                ..Default::default()
             }
         })
         .collect();

@@ -27,7 +27,7 @@ pub mod simulate;
 pub mod sweep;
 
 pub use simulate::{
-    measured_costs, simulate, CostError, CostModel, DeviceReport, RawCostFile, RawStageCost,
-    Report, SimError, Simulation, StageCost,
+    measured_costs, overlap_time, simulate, CostError, CostModel, DeviceReport, RawCostFile,
+    RawStageCost, Report, SimError, Simulation, StageCost,
 };
 pub use sweep::{best, parse_counts, sweep, CountsError, SweepGrid, SweepRow};

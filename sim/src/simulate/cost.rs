@@ -24,6 +24,18 @@ pub struct StageCost {
     pub i: f64,
     /// Weight-gradient backward time.
     pub w: f64,
+    /// Time of the communication inside this stage's forward that is not a pipeline
+    /// hand-off: expert parallelism's all-to-all, dispatch and combine, of every MoE layer in
+    /// the stage. `f`, `b`, `i` and `w` are computation only; a forward on its own pays
+    /// `f + f_comm`, a recompute (`R`) repeats it, and an F&B overlap hides it behind the
+    /// other microbatch's computation (see [`overlap_time`]). 0 (the default) for dense.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub f_comm: f64,
+    /// The same in the backward (the all-to-all of the gradients): a full backward `B` pays
+    /// `b + b_comm`, and so does the input part `I` of a split one (`i + b_comm`); the weight
+    /// part `W` communicates nothing.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub b_comm: f64,
     /// Bytes of activations stashed from F until the backward is done.
     pub activation_bytes: u64,
     /// Fraction of the stashed activations still held after the input backward (I) until the
@@ -39,8 +51,9 @@ pub struct StageCost {
     /// sets it per stage); `None` for the link model.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub p2p_time: Option<f64>,
-    /// Time of DualPipe's F&B overlap whose forward is this stage's; `None` for the sum of
-    /// this stage's `f` and the backward stage's `b` (no gain from overlapping).
+    /// Time of DualPipe's F&B overlap whose forward is this stage's, as measured: it wins over
+    /// the closed form; `None` for [`overlap_time`] of this stage's F and the backward
+    /// stage's B (with no `f_comm`/`b_comm`, the sum of `f` and `b`: nothing to hide).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub overlap: Option<f64>,
     /// Time of the stage's optimizer step, once per training step after its last backward
@@ -74,6 +87,30 @@ fn is_one(x: &f64) -> bool {
     *x == 1.0
 }
 
+impl Default for StageCost {
+    /// All zero: no time, no bytes; `w_memory` 1 and every override `None`, as a cost file
+    /// that gives only zeros. For literals: `StageCost { f, b, ..Default::default() }`.
+    fn default() -> Self {
+        StageCost {
+            f: 0.0,
+            b: 0.0,
+            i: 0.0,
+            w: 0.0,
+            f_comm: 0.0,
+            b_comm: 0.0,
+            activation_bytes: 0,
+            w_memory: 1.0,
+            p2p_bytes: 0,
+            p2p_time: None,
+            overlap: None,
+            optimizer: 0.0,
+            dp_allreduce: 0.0,
+            r: None,
+            kept_bytes: None,
+        }
+    }
+}
+
 impl StageCost {
     /// Forward `f`, full backward `b`, and weight part `w` (default `b/2`); `i = b - w`.
     pub fn new(f: f64, b: f64, w: Option<f64>) -> Result<Self, CostError> {
@@ -96,19 +133,32 @@ impl StageCost {
         }
     }
 
-    /// Time of a compute kind; zero for communication kinds.
+    /// Time of a compute kind run on its own: its computation plus the communication inside
+    /// it ([`comm_of`](Self::comm_of)); zero for the hand-off kinds (timed by the link).
     pub fn of(&self, kind: ActionKind) -> f64 {
-        match kind {
+        let compute = match kind {
             ActionKind::F => self.f,
             ActionKind::B => self.b,
             ActionKind::I => self.i,
             ActionKind::W => self.w,
             ActionKind::R => self.r.unwrap_or(self.f),
             _ => 0.0,
+        };
+        compute + self.comm_of(kind)
+    }
+
+    /// Communication inside a compute kind (the all-to-all): `f_comm` for F and R (a
+    /// recompute reruns the forward's), `b_comm` for B and I; none for W.
+    pub fn comm_of(&self, kind: ActionKind) -> f64 {
+        match kind {
+            ActionKind::F | ActionKind::R => self.f_comm,
+            ActionKind::B | ActionKind::I => self.b_comm,
+            _ => 0.0,
         }
     }
 
-    /// The same costs divided over `v` chunks: time and activations scale by `1/v` (so do the
+    /// The same costs divided over `v` chunks: time (communication too: each chunk holds
+    /// `1/v` of the layers and their all-to-alls) and activations scale by `1/v` (so do the
     /// optimizer and all-reduce, which follow the parameters), hand-off size does not (every
     /// chunk boundary carries a whole activation).
     pub fn split(&self, v: u32) -> StageCost {
@@ -118,6 +168,8 @@ impl StageCost {
             b: self.b / k,
             i: self.i / k,
             w: self.w / k,
+            f_comm: self.f_comm / k,
+            b_comm: self.b_comm / k,
             activation_bytes: self.activation_bytes / u64::from(v.max(1)),
             w_memory: self.w_memory,
             p2p_bytes: self.p2p_bytes,
@@ -172,7 +224,13 @@ impl CostModel {
         let time: f64 = used
             .iter()
             .map(|c| {
-                let per = c.f + c.b + c.i + c.w + c.r.unwrap_or(c.f) + c.overlap.unwrap_or(0.0);
+                let per = c.f
+                    + c.b
+                    + c.i
+                    + c.w
+                    + c.r.unwrap_or(c.f)
+                    + c.overlap.unwrap_or(0.0)
+                    + 2.0 * (c.f_comm + c.b_comm);
                 per * m
                     + 4.0 * m * c.p2p_time.unwrap_or(0.0).max(transfer)
                     + c.optimizer
@@ -198,16 +256,40 @@ impl CostModel {
         Ok(())
     }
 
-    /// Time of a compute action: its stage's cost of its kind; for an F&B overlap, the
-    /// forward stage's `overlap` time, or else the sum of the F's and the B's times.
+    /// Time of a compute action: its stage's cost of its kind, computation plus the
+    /// communication inside it; for an F&B overlap, the forward stage's measured `overlap`
+    /// time, or else [`overlap_time`] of the F's and the B's parts.
     pub fn duration(&self, a: Action) -> f64 {
         let stage = |s: u32| &self.stages[s as usize];
         match a.kind {
-            ActionKind::Overlap { b_stage, .. } => stage(a.stage)
-                .overlap
-                .unwrap_or_else(|| stage(a.stage).f + stage(b_stage).b),
+            ActionKind::Overlap { b_stage, .. } => {
+                let (f, b) = (stage(a.stage), stage(b_stage));
+                f.overlap
+                    .unwrap_or_else(|| overlap_time((f.f, f.f_comm), (b.b, b.b_comm)))
+            }
             kind => stage(a.stage).of(kind),
         }
+    }
+
+    /// Communication inside a compute action (an overlap's: both parts'), hidden or not.
+    pub fn comm(&self, a: Action) -> f64 {
+        a.parts()
+            .map(|p| self.stages[p.stage as usize].comm_of(p.kind))
+            .sum()
+    }
+
+    /// Communication an F&B overlap hides: what its parts would take one after the other
+    /// less its time, at most their communication (a measured `overlap` shorter than that
+    /// also saved computation, which is not communication). 0 for any other action.
+    pub fn comm_hidden(&self, a: Action) -> f64 {
+        if !matches!(a.kind, ActionKind::Overlap { .. }) {
+            return 0.0;
+        }
+        let sequential: f64 = a
+            .parts()
+            .map(|p| self.stages[p.stage as usize].of(p.kind))
+            .sum();
+        (sequential - self.duration(a)).clamp(0.0, self.comm(a))
     }
 
     /// Bytes a recomputed microbatch of `stage` keeps between its F and its R: the stage's
@@ -297,6 +379,27 @@ impl CostModel {
     }
 }
 
+/// Time of one F and one B chunk of two microbatches run as DualPipe's overlap, from each
+/// part's `(computation, communication)`: `f = (f, f_comm)` of the forward's stage and
+/// `b = (b, b_comm)` of the backward's:
+///
+/// `max(f + b, f_comm + b_comm, f + f_comm, b + b_comm)`.
+///
+/// DualPipe (DeepSeek-V3 technical report, arXiv:2412.19437, section 3.2.1 and its figure 4)
+/// cuts each chunk into attention, all-to-all dispatch, MLP and all-to-all combine, and runs
+/// one microbatch's communication while the other computes. Assumptions: a device has one
+/// computation stream and one communication stream, each serial (so the pair takes at least
+/// `f + b` and at least `f_comm + b_comm`); a microbatch's own communication and computation
+/// depend on each other in turn and never overlap (so at least `f + f_comm` and `b + b_comm`);
+/// the pieces are fine (many layers per chunk), so the two streams reach the largest of these
+/// bounds (the first and last piece, one layer's worth, is not counted); and communication
+/// does not slow computation (DualPipe gives it dedicated SMs, whose cost belongs in the
+/// measured `f` and `b`). With no communication it is `f + b`, today's sequential sum.
+pub fn overlap_time(f: (f64, f64), b: (f64, f64)) -> f64 {
+    let ((fc, fm), (bc, bm)) = (f, b);
+    (fc + bc).max(fm + bm).max(fc + fm).max(bc + bm)
+}
+
 /// `c` without each time's fixed part (`call`, at most the time itself), and those parts: a
 /// stage cut or joined pays each action's fixed part once, so it is taken out first and put
 /// back after.
@@ -343,6 +446,8 @@ fn join(parts: &[StageCost]) -> StageCost {
         b: sum(|c| c.b),
         i: sum(|c| c.i),
         w: sum(|c| c.w),
+        f_comm: sum(|c| c.f_comm),
+        b_comm: sum(|c| c.b_comm),
         activation_bytes: bytes,
         w_memory,
         p2p_bytes: parts.last().map_or(0, |c| c.p2p_bytes),
@@ -350,7 +455,7 @@ fn join(parts: &[StageCost]) -> StageCost {
         overlap,
         optimizer: sum(|c| c.optimizer),
         dp_allreduce: sum(|c| c.dp_allreduce),
-        r: r.then(|| sum(|c| c.of(ActionKind::R))),
+        r: r.then(|| sum(|c| c.r.unwrap_or(c.f))),
         // The joined stage's input is its first piece's.
         kept_bytes: parts.first().and_then(|c| c.kept_bytes),
     }

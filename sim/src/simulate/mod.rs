@@ -22,7 +22,7 @@ mod report;
 mod request;
 mod steady;
 
-pub use cost::{CostError, CostModel, RawCostFile, RawStageCost, StageCost};
+pub use cost::{overlap_time, CostError, CostModel, RawCostFile, RawStageCost, StageCost};
 pub use hand_off::{hand_offs, measured_latency, HandOff};
 pub use host::{CallCosts, HostCosts, HostError, Runtime};
 pub use measure::{measured_costs, measured_costs_with};

@@ -22,6 +22,12 @@ pub struct RawStageCost {
     /// Weight-gradient time (default `b - i`, or `b / 2`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub w: Option<f64>,
+    /// All-to-all time inside the forward, beside `f` (default 0; see [`StageCost::f_comm`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub f_comm: Option<f64>,
+    /// All-to-all time inside the backward, B or I, beside `b` and `i` (default 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub b_comm: Option<f64>,
     /// Stashed activation bytes (default 0).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub activation_bytes: Option<u64>,
@@ -64,6 +70,8 @@ impl RawStageCost {
             b: self.b.or(d.b),
             i: self.i.or(d.i),
             w: self.w.or(d.w),
+            f_comm: self.f_comm.or(d.f_comm),
+            b_comm: self.b_comm.or(d.b_comm),
             activation_bytes: self.activation_bytes.or(d.activation_bytes),
             w_memory: self.w_memory.or(d.w_memory),
             p2p_bytes: self.p2p_bytes.or(d.p2p_bytes),
@@ -81,18 +89,47 @@ impl RawStageCost {
     /// must add up, since the simulator would time a split schedule by `i + w` and a fused
     /// one by `b`.
     pub(super) fn resolve(self, place: &str, apart: bool) -> Result<StageCost, CostError> {
-        let missing = |what| CostError::Missing {
-            place: place.to_string(),
-            what,
+        let f = self.f.ok_or(missing(place, "f"))?;
+        let (b, i, w) = self.backward(place, apart)?;
+        let w_memory = self.w_memory.unwrap_or(1.0);
+        if !(0.0..=1.0).contains(&w_memory) {
+            return Err(CostError::WMemory {
+                place: place.to_string(),
+                value: w_memory,
+            });
+        }
+        let cost = StageCost {
+            f,
+            b,
+            i,
+            w,
+            f_comm: self.f_comm.unwrap_or(0.0),
+            b_comm: self.b_comm.unwrap_or(0.0),
+            activation_bytes: self.activation_bytes.unwrap_or(0),
+            w_memory,
+            p2p_bytes: self.p2p_bytes.unwrap_or(0),
+            p2p_time: self.p2p_time,
+            overlap: self.overlap,
+            optimizer: self.optimizer.unwrap_or(0.0),
+            dp_allreduce: self.dp_allreduce.unwrap_or(0.0),
+            r: self.r,
+            kept_bytes: self.kept_bytes,
         };
-        let f = self.f.ok_or(missing("f"))?;
+        check_times(&cost, place)?;
+        Ok(cost)
+    }
+
+    /// The full backward and its two parts, from those given: two of `b`, `i`, `w` give
+    /// the third, `b` alone splits in half. A part larger than the whole, or three that do
+    /// not add up (outside `apart`), is refused naming the field.
+    fn backward(&self, place: &str, apart: bool) -> Result<(f64, f64, f64), CostError> {
         let (b, i, w) = match (self.b, self.i, self.w) {
             (Some(b), Some(i), Some(w)) => (b, i, w),
             (Some(b), Some(i), None) => (b, i, b - i),
             (Some(b), None, Some(w)) => (b, b - w, w),
             (Some(b), None, None) => (b, b / 2.0, b / 2.0),
             (None, Some(i), Some(w)) => (i + w, i, w),
-            _ => return Err(missing("b, or i and w")),
+            _ => return Err(missing(place, "b, or i and w")),
         };
         // A part larger than the whole would make the other part negative: say which.
         for (part, value) in [("w", self.w), ("i", self.i)] {
@@ -118,49 +155,39 @@ impl RawStageCost {
                 });
             }
         }
-        let w_memory = self.w_memory.unwrap_or(1.0);
-        if !(0.0..=1.0).contains(&w_memory) {
-            return Err(CostError::WMemory {
-                place: place.to_string(),
-                value: w_memory,
-            });
-        }
-        let overlap = self.overlap.unwrap_or(0.0);
-        let optimizer = self.optimizer.unwrap_or(0.0);
-        let dp_allreduce = self.dp_allreduce.unwrap_or(0.0);
-        let all = [
-            ("f", f),
-            ("b", b),
-            ("i", i),
-            ("w", w),
-            ("overlap", overlap),
-            ("optimizer", optimizer),
-            ("dp_allreduce", dp_allreduce),
-            ("r", self.r.unwrap_or(0.0)),
-            ("p2p_time", self.p2p_time.unwrap_or(0.0)),
-        ];
-        for (what, v) in all {
-            check(what, v).map_err(|_| CostError::Invalid {
-                what: format!("{place}: {what}"),
-                value: v,
-            })?;
-        }
-        Ok(StageCost {
-            f,
-            b,
-            i,
-            w,
-            activation_bytes: self.activation_bytes.unwrap_or(0),
-            w_memory,
-            p2p_bytes: self.p2p_bytes.unwrap_or(0),
-            p2p_time: self.p2p_time,
-            overlap: self.overlap,
-            optimizer,
-            dp_allreduce,
-            r: self.r,
-            kept_bytes: self.kept_bytes,
-        })
+        Ok((b, i, w))
     }
+}
+
+fn missing(place: &str, what: &'static str) -> CostError {
+    CostError::Missing {
+        place: place.to_string(),
+        what,
+    }
+}
+
+/// Refuse a negative or non-finite time, naming the stage and the field.
+fn check_times(c: &StageCost, place: &str) -> Result<(), CostError> {
+    let all = [
+        ("f", c.f),
+        ("b", c.b),
+        ("i", c.i),
+        ("w", c.w),
+        ("f_comm", c.f_comm),
+        ("b_comm", c.b_comm),
+        ("overlap", c.overlap.unwrap_or(0.0)),
+        ("optimizer", c.optimizer),
+        ("dp_allreduce", c.dp_allreduce),
+        ("r", c.r.unwrap_or(0.0)),
+        ("p2p_time", c.p2p_time.unwrap_or(0.0)),
+    ];
+    for (what, v) in all {
+        check(what, v).map_err(|_| CostError::Invalid {
+            what: format!("{place}: {what}"),
+            value: v,
+        })?;
+    }
+    Ok(())
 }
 
 /// A cost file: `default` applies to every stage, `stages` (one entry per stage) overrides it.
