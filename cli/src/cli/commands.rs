@@ -414,6 +414,16 @@ pub fn table(title: &str, r: &Report) -> String {
         r.ideal,
         percent(r.bubble_fraction)
     );
+    if r.comm > 0.0 {
+        // Costs with all-to-all (f_comm, b_comm): how much of it F&B overlaps hid.
+        let _ = writeln!(
+            out,
+            "communication in actions {:.3}, hidden by F&B overlaps {:.3} ({})",
+            r.comm,
+            r.comm_hidden,
+            percent(r.comm_hidden_share)
+        );
+    }
     let _ = writeln!(
         out,
         "{:>6} {:>12} {:>8} {:>10} {:>14}",

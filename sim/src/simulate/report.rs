@@ -23,6 +23,16 @@ pub struct DeviceReport {
     pub peak_activation_bytes: u64,
     /// Stashed activations over time (a step function).
     pub memory: Vec<MemorySample>,
+    /// Communication inside the device's actions (the costs' `f_comm`, `b_comm`: the
+    /// all-to-all), hidden or not; part of `busy`. Absent (0) for dense costs.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub comm: f64,
+    /// Of `comm`, what F&B overlaps hid behind the other microbatch's computation.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub comm_hidden: f64,
+    /// `comm_hidden / comm` (0 with no communication).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub comm_hidden_share: f64,
 }
 
 /// Figures of a step.
@@ -38,6 +48,19 @@ pub struct Report {
     pub time_unit: String,
     /// Per device.
     pub devices: Vec<DeviceReport>,
+    /// Communication inside actions over all devices (see [`DeviceReport::comm`]).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub comm: f64,
+    /// Of `comm`, what F&B overlaps hid, over all devices.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub comm_hidden: f64,
+    /// `comm_hidden / comm` over all devices (0 with no communication).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub comm_hidden_share: f64,
+}
+
+fn is_zero(x: &f64) -> bool {
+    *x == 0.0
 }
 
 impl Report {
@@ -55,25 +78,35 @@ impl Report {
         let busy = timeline.busy_per_device();
         let ideal = busy.iter().copied().fold(0.0, f64::max);
         let tracks = memory_tracks(timeline, costs);
-        let devices = busy
+        let comms = comm_per_device(timeline, costs, busy.len());
+        let devices: Vec<DeviceReport> = busy
             .iter()
             .zip(tracks)
+            .zip(comms)
             .enumerate()
-            .map(|(d, (&busy, track))| DeviceReport {
+            .map(|(d, ((&busy, track), (comm, hidden)))| DeviceReport {
                 device: d as u32,
                 busy,
                 bubble_fraction: fraction_idle(busy, makespan),
                 peak_activations: track.peak_count,
                 peak_activation_bytes: track.peak_bytes,
                 memory: track.samples,
+                comm,
+                comm_hidden: hidden,
+                comm_hidden_share: share(hidden, comm),
             })
             .collect();
+        let comm: f64 = devices.iter().map(|d| d.comm).sum();
+        let comm_hidden: f64 = devices.iter().map(|d| d.comm_hidden).sum();
         Report {
             makespan,
             ideal,
             bubble_fraction: fraction_idle(ideal, makespan),
             time_unit: timeline.meta.time_unit.clone(),
             devices,
+            comm,
+            comm_hidden,
+            comm_hidden_share: share(comm_hidden, comm),
         }
     }
 
@@ -93,6 +126,30 @@ impl Report {
             .map(|d| d.peak_activations)
             .max()
             .unwrap_or(0)
+    }
+}
+
+/// Per device, the communication inside its compute actions and how much of it F&B
+/// overlaps hid (see [`CostModel::comm_hidden`]). Stages the costs lack count nothing.
+fn comm_per_device(timeline: &Timeline, costs: &CostModel, n: usize) -> Vec<(f64, f64)> {
+    let mut per = vec![(0.0, 0.0); n];
+    let known = |a: pipewright_schedule::action::Action| {
+        a.parts().all(|p| (p.stage as usize) < costs.stages.len())
+    };
+    for e in timeline.compute_events().filter(|e| known(e.action)) {
+        if let Some((comm, hidden)) = per.get_mut(e.device as usize) {
+            *comm += costs.comm(e.action);
+            *hidden += costs.comm_hidden(e.action);
+        }
+    }
+    per
+}
+
+fn share(part: f64, whole: f64) -> f64 {
+    if whole > 0.0 {
+        part / whole
+    } else {
+        0.0
     }
 }
 

@@ -3,6 +3,7 @@
 //! `cargo test --test it <name>::`.
 
 mod closed_forms;
+mod comm;
 mod dualpipev;
 mod host;
 mod memory_search;
