@@ -6,6 +6,7 @@ mod common;
 
 mod bad_input;
 mod cli;
+mod comm_cli;
 mod custom_mlp;
 mod features;
 mod flags;

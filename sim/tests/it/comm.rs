@@ -174,3 +174,102 @@ fn dualpipev_with_comm_runs_as_dense_costs_with_the_overlap_time_measured() {
     // Every chunk-microbatch pays fm + bm once: 4 stages x 8 microbatches.
     assert!(close(got.comm, 32.0 * (fm + bm)), "{}", got.comm);
 }
+
+#[test]
+fn search_picks_dualpipev_when_its_overlaps_hide_all_to_all() {
+    use pipewright_sim::search::{search, MemoryCap, SearchSpec};
+    // 4 devices, 16 microbatches, f = 1, b = 2, no memory limit. Dense, a schedule without
+    // overlaps wins; with all-to-all of 0.5 in F and 1 in B, DualPipeV's overlaps hide it and
+    // it wins (58.5 against 85.5 for 1F1B, which pays it all).
+    let best = |fm: f64, bm: f64| {
+        let c = StageCost {
+            f_comm: fm,
+            b_comm: bm,
+            activation_bytes: 1,
+            ..StageCost::new(1.0, 2.0, None).unwrap()
+        };
+        let cap = MemoryCap::Microbatches(100.0);
+        let found = search(&SearchSpec::new(4, 16, CostModel::uniform(4, c), cap)).unwrap();
+        let best = found.candidates[found.best].clone();
+        (best, found.simulation.report)
+    };
+    let (dense, _) = best(0.0, 0.0);
+    assert!(!dense.family.starts_with("dualpipev"), "{}", dense.label);
+    let (moe, report) = best(0.5, 1.0);
+    assert!(moe.family.starts_with("dualpipev"), "{}", moe.label);
+    assert!(close(moe.makespan, 58.5), "{}", moe.makespan);
+    assert!(report.comm_hidden > 0.0);
+}
+
+#[test]
+fn a_cost_file_with_negative_or_nan_comm_is_refused_naming_stage_and_field() {
+    let e = CostModel::from_json(r#"{"default": {"f": 1, "b": 2, "f_comm": -1}}"#, 2).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "stage 0: f_comm must be a finite number >= 0 (got -1)"
+    );
+    let text = r#"{"default": {"f": 1, "b": 2}, "stages": [{}, {"b_comm": -0.5}]}"#;
+    let e = CostModel::from_json(text, 2).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "stage 1: b_comm must be a finite number >= 0 (got -0.5)"
+    );
+    let raw = pipewright_sim::RawCostFile {
+        default: pipewright_sim::RawStageCost {
+            f: Some(1.0),
+            b: Some(2.0),
+            b_comm: Some(f64::NAN),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let e = raw.resolve(1).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "stage 0: b_comm must be a finite number >= 0 (got NaN)"
+    );
+}
+
+#[test]
+fn a_cost_file_reads_comm_and_cutting_or_joining_stages_divides_or_sums_it() {
+    let text = r#"{"default": {"f": 1, "b": 2, "f_comm": 0.5}, "stages": [{}, {"b_comm": 1}]}"#;
+    let two = CostModel::from_json(text, 2).unwrap();
+    let comm = |m: &CostModel| -> Vec<(f64, f64)> {
+        m.stages.iter().map(|c| (c.f_comm, c.b_comm)).collect()
+    };
+    assert_eq!(comm(&two), [(0.5, 0.0), (0.5, 1.0)]);
+    let four = CostModel::from_json(text, 4).unwrap();
+    assert_eq!(
+        comm(&four),
+        [(0.25, 0.0), (0.25, 0.0), (0.25, 0.5), (0.25, 0.5)]
+    );
+    assert_eq!(comm(&CostModel::from_json(text, 1).unwrap()), [(1.0, 1.0)]);
+    // Written back, dense stages say nothing of it; these say exactly what they have.
+    let dense = serde_json::to_string(&StageCost::new(1.0, 2.0, None).unwrap()).unwrap();
+    assert!(!dense.contains("comm"), "{dense}");
+    let moe = serde_json::to_string(&two.stages[1]).unwrap();
+    assert!(moe.contains(r#""f_comm":0.5,"b_comm":1.0"#), "{moe}");
+}
+
+#[test]
+fn steady_state_steps_pay_comm_as_one_step_does() {
+    use pipewright_sim::simulate::simulate_steps;
+    // 1F1B's period with all-to-all equals its period with dense costs of F + f_comm and
+    // B + b_comm: the multi-step simulation times actions as one step does.
+    let spec = ScheduleSpec::new(ScheduleKind::OneFOneB, 3, 1, 6, None).unwrap();
+    let tt = generate(&spec);
+    let moe = StageCost {
+        f_comm: 0.5,
+        b_comm: 0.75,
+        optimizer: 0.25,
+        ..StageCost::new(1.0, 2.0, None).unwrap()
+    };
+    let dense = StageCost {
+        optimizer: 0.25,
+        ..StageCost::new(1.5, 2.75, None).unwrap()
+    };
+    let got = simulate_steps(&tt, &CostModel::uniform(3, moe), 3).unwrap();
+    let want = simulate_steps(&tt, &CostModel::uniform(3, dense), 3).unwrap();
+    assert!(close(got.report.period, want.report.period));
+    assert!(got.report.period > 6.0 * 3.0, "{}", got.report.period);
+}
