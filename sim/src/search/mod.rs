@@ -34,6 +34,8 @@
 //! ```
 
 mod budget;
+mod evaluate;
+mod found;
 mod improve;
 mod jobs;
 mod list;
@@ -55,9 +57,9 @@ pub use memory::{
 };
 pub use rounds::{round_schedule, RoundKnobs};
 
-use crate::simulate::{
-    simulate_steps, Bubbles, CostError, CostModel, Runtime, Simulation, SteadyError, SteadyState,
-};
+use crate::simulate::{Bubbles, CostError, CostModel, Runtime, Simulation};
+use evaluate::{build, describe, evaluate_all, Best};
+use found::{no_best, Found, Polish};
 use improve::{improve, Improve};
 use jobs::{fixed_label, jobs, list_placements, passage_need};
 pub use list::fmt_units;
@@ -354,18 +356,78 @@ pub fn search_with(
     let per_device = spec.costs.resample(p)?;
     // Sums first: costs each finite but adding up past f64 would fail every candidate.
     per_device.check_totals(p, u64::from(m) * u64::from(PERIOD_STEPS))?;
-    let mut unit = unit_bytes(&per_device, p);
-    let cap = match (spec.cap, &spec.memory) {
-        (MemoryCap::Microbatches(x), _) => x,
+    let (cap, unit) = cap_in_units(spec, &per_device)?;
+    let shapes = shapes(spec);
+    let (jobs, skipped) = jobs(spec, cap, &shapes);
+    let (evaluated, best) = evaluate_all(&jobs, spec, &shapes, unit, deadline.clone(), on_progress);
+    let cut_short = (evaluated.len() < jobs.len()).then(|| CutShort {
+        budget_seconds: spec.time_budget.map_or(0.0, |b| b.as_secs_f64()),
+        evaluated: evaluated.len(),
+        total: jobs.len(),
+    });
+    let mut found = Found::collect(evaluated, &jobs, best.as_ref(), skipped, spec.objective);
+    let (Some(mut best), Some(best_index)) = (best, found.best_index) else {
+        return Err(no_best(spec, &found, cut_short, &shapes));
+    };
+    let polish = Polish {
+        spec,
+        shapes: &shapes,
+        cap,
+        unit,
+        deadline,
+    };
+    let best_index = polish.improve(&mut best, &jobs, &mut found.candidates, best_index);
+    let front = pareto_front(&found.candidates, spec.objective);
+    let runners_up = runners_up(
+        spec,
+        &jobs,
+        &shapes,
+        &found.candidates,
+        &found.made_by,
+        &best,
+    );
+    Ok(SearchOutcome {
+        cap_microbatches: cap,
+        unit_bytes: unit,
+        candidates: found.candidates,
+        skipped: found.skipped,
+        front,
+        best: best_index,
+        best_fixed: found.best_fixed,
+        timetable: best.timetable,
+        simulation: best.simulation,
+        objective: spec.objective,
+        cut_short,
+        runners_up,
+    })
+}
+
+/// The cap in microbatch units, and the bytes of one unit when known (from the costs'
+/// activation sizes, or the memory model's whole-rank account under a cap in bytes).
+fn cap_in_units(
+    spec: &SearchSpec,
+    per_device: &CostModel,
+) -> Result<(f64, Option<f64>), SearchError> {
+    let p = spec.devices;
+    let unit = unit_bytes(per_device, p);
+    Ok(match (spec.cap, &spec.memory) {
+        (MemoryCap::Microbatches(x), _) => (x, unit),
         (MemoryCap::Bytes(b), Some(mem)) => {
             let (cap, bytes) = whole::units_cap(mem, p, b)?;
-            unit = Some(bytes);
-            cap
+            (cap, Some(bytes))
         }
-        (MemoryCap::Bytes(b), None) => b as f64 / unit.ok_or(SearchError::NoActivationBytes)?,
-    };
-    let max_v = spec.max_virtual.max(2);
-    let shapes: Vec<Option<Shape>> = (0..=max_v)
+        (MemoryCap::Bytes(b), None) => {
+            let unit = unit.ok_or(SearchError::NoActivationBytes)?;
+            (b as f64 / unit, Some(unit))
+        }
+    })
+}
+
+/// Costs and stage weights per chunk count `v` (index `v`; 0 is one chunk too), `None`
+/// where the costs cannot be cut to `p * v` stages.
+fn shapes(spec: &SearchSpec) -> Vec<Option<Shape>> {
+    let p = spec.devices;
+    (0..=spec.max_virtual.max(2))
         .map(|v| {
             let costs = spec.costs.resample(p * v.max(1)).ok()?;
             let weights = stage_weights(&costs, p);
@@ -378,105 +440,7 @@ pub fn search_with(
                 kept,
             })
         })
-        .collect();
-    let (jobs, mut skipped) = jobs(spec, cap, &shapes);
-    let (evaluated, best) = evaluate_all(&jobs, spec, &shapes, unit, deadline.clone(), on_progress);
-    let cut_short = (evaluated.len() < jobs.len()).then(|| CutShort {
-        budget_seconds: spec.time_budget.map_or(0.0, |b| b.as_secs_f64()),
-        evaluated: evaluated.len(),
-        total: jobs.len(),
-    });
-    let mut candidates = Vec::new();
-    let mut made_by = Vec::new();
-    let mut best_index = None;
-    let mut best_fixed: Option<usize> = None;
-    for (i, result) in evaluated {
-        let job = &jobs[i];
-        match result {
-            Err((label, reason)) => skipped.push(Skipped { label, reason }),
-            Ok(cand) => {
-                let at = candidates.len();
-                let fixed = matches!(job, Job::Fixed(_));
-                if cand.fits
-                    && fixed
-                    && best_fixed.map_or(true, |b| {
-                        key(&cand, spec.objective) < key(&candidates[b], spec.objective)
-                    })
-                {
-                    best_fixed = Some(at);
-                }
-                if best.as_ref().is_some_and(|b| b.job == i) {
-                    best_index = Some(at);
-                }
-                candidates.push(cand);
-                made_by.push(i);
-            }
-        }
-    }
-    let (Some(mut best), Some(mut best_index)) = (best, best_index) else {
-        if let Some(cut) = cut_short {
-            return Err(SearchError::OutOfTime {
-                budget_seconds: cut.budget_seconds,
-                evaluated: cut.evaluated,
-                total: cut.total,
-                cap: spec.cap.to_string(),
-            });
-        }
-        if candidates.is_empty() {
-            if let Some(first) = skipped.first() {
-                // Nothing was simulated at all: say why, not that nothing fits.
-                return Err(SearchError::NoCandidates(format!(
-                    "{}: {}",
-                    first.label, first.reason
-                )));
-            }
-        }
-        let passage = spec
-            .list_scheduler
-            .then(|| least_passage(p, spec.max_virtual, &shapes))
-            .flatten();
-        return Err(nothing_fits(spec.cap, &candidates, &skipped, passage));
-    };
-    if let Some(shape) = &shapes[jobs[best.job].v() as usize] {
-        let how = Improve {
-            costs: &shape.costs,
-            weights: shape.weights(),
-            cap,
-            budget: spec.improve_budget,
-            objective: spec.objective,
-            deadline,
-        };
-        if let Some((tt, sim)) = improve(&best.timetable, &how) {
-            let sim = &sim;
-            let base = &candidates[best_index];
-            let label = format!("{} + gap filling", base.label);
-            let family = base.family.clone();
-            let v = base.virtual_stages;
-            let cand = describe((label, family, v), &tt, sim, shape, unit, spec);
-            if cand.fits {
-                best_index = candidates.len();
-                candidates.push(cand);
-                best.timetable = tt;
-                best.simulation = sim.single.clone();
-            }
-        }
-    }
-    let front = pareto_front(&candidates, spec.objective);
-    let runners_up = runners_up(spec, &jobs, &shapes, &candidates, &made_by, &best);
-    Ok(SearchOutcome {
-        cap_microbatches: cap,
-        unit_bytes: unit,
-        candidates,
-        skipped,
-        front,
-        best: best_index,
-        best_fixed,
-        timetable: best.timetable,
-        simulation: best.simulation,
-        objective: spec.objective,
-        cut_short,
-        runners_up,
-    })
+        .collect()
 }
 
 /// Order of preference: faster by the objective, then smaller.
@@ -497,47 +461,6 @@ impl PartialOrd for Ordered {
 impl Ord for Ordered {
     fn cmp(&self, other: &Self) -> std::cmp::Ordering {
         self.0.total_cmp(&other.0)
-    }
-}
-
-/// The least memory any list schedule could run in: one microbatch at a time through the
-/// placement whose neediest device needs the least.
-fn least_passage(p: u32, max_v: u32, shapes: &[Option<Shape>]) -> Option<(f64, String)> {
-    list_placements(max_v)
-        .into_iter()
-        .filter_map(|(v, place)| {
-            let shape = shapes.get(v as usize)?.as_ref()?;
-            let need = passage_need(p, v, place, &shape.weights);
-            Some((
-                need,
-                format!("the list scheduler, one microbatch at a time, v={v}"),
-            ))
-        })
-        .min_by(|a, b| a.0.total_cmp(&b.0))
-}
-
-fn nothing_fits(
-    cap: MemoryCap,
-    candidates: &[Candidate],
-    skipped: &[Skipped],
-    passage: Option<(f64, String)>,
-) -> SearchError {
-    let least = candidates
-        .iter()
-        .map(|c| (c.peak_microbatches, c.label.clone()))
-        .chain(passage)
-        .min_by(|a, b| a.0.total_cmp(&b.0));
-    match least {
-        Some((units, label)) => SearchError::NothingFits {
-            cap: cap.to_string(),
-            least: fmt_units(units),
-            label,
-        },
-        None => {
-            SearchError::NoCandidates(skipped.first().map_or("no shapes to try".to_string(), |s| {
-                format!("{}: {}", s.label, s.reason)
-            }))
-        }
     }
 }
 
@@ -567,216 +490,4 @@ fn pareto_front(candidates: &[Candidate], objective: Objective) -> Vec<usize> {
         }
     }
     front
-}
-
-type Evaluated = Result<Candidate, (String, String)>;
-
-/// The best fitting timetable so far, and the job that made it.
-struct Best {
-    job: usize,
-    /// The objective, the peak, and 1 for the list scheduler and the rounds heuristic: a fixed
-    /// family wins a tie whichever was evaluated first (and among the others, the earlier job).
-    key: (Ordered, Ordered, u8),
-    timetable: Timetable,
-    simulation: Simulation,
-}
-
-/// Evaluate the jobs in [`budget::order`] until all are done or the deadline has passed:
-/// `(job index, result)` in the order evaluated, at least one. A fixed family whose peak is over a cap in
-/// microbatches cannot win, so it is simulated (for the Pareto front) only after every job
-/// that can; the deadline then cuts those first. Only the best fitting timetable is kept
-/// (large searches make hundreds of them). Sequential on purpose: this crate has no
-/// threads, and the budget bounds the time (BENCHMARKS.md).
-fn evaluate_all(
-    jobs: &[Job],
-    spec: &SearchSpec,
-    shapes: &[Option<Shape>],
-    unit: Option<f64>,
-    deadline: budget::Deadline,
-    on_progress: &mut dyn FnMut(&Progress),
-) -> (Vec<(usize, Evaluated)>, Option<Best>) {
-    let mut best: Option<Best> = None;
-    let mut best_label = None;
-    let mut all = Vec::with_capacity(jobs.len());
-    let order = budget::order(jobs, spec.devices, spec.microbatches);
-    // Over-cap fixed families are met on the first pass and put off to the second.
-    let mut over = Vec::new();
-    let mut k = 0;
-    loop {
-        let (i, first) = match (order.get(k), over.get(k.wrapping_sub(order.len()))) {
-            (Some(&i), _) => (i, true),
-            (None, Some(&i)) => (i, false),
-            (None, None) => break,
-        };
-        k += 1;
-        // The first job always runs (the likeliest to fit), so any budget returns something.
-        if !all.is_empty() && deadline.passed() {
-            break;
-        }
-        let job = &jobs[i];
-        let generated = match (first, job) {
-            (true, Job::Fixed(s)) => Some(generate(s)),
-            _ => None,
-        };
-        if generated
-            .as_ref()
-            .is_some_and(|tt| over_cap(tt, job, spec, shapes))
-        {
-            over.push(i);
-            continue;
-        }
-        let result = match evaluate(job, spec, shapes, unit, generated) {
-            Ok((cand, Some((timetable, simulation)))) => {
-                let (a, b) = key(&cand, spec.objective);
-                let k = (a, b, u8::from(!matches!(job, Job::Fixed(_))));
-                if best.as_ref().map_or(true, |b| k < b.key) {
-                    best_label = Some(cand.label.clone());
-                    best = Some(Best {
-                        job: i,
-                        key: k,
-                        timetable,
-                        simulation,
-                    });
-                }
-                Ok(cand)
-            }
-            Ok((cand, None)) => Ok(cand),
-            Err(e) => Err(e),
-        };
-        all.push((i, result));
-        on_progress(&Progress {
-            done: all.len(),
-            total: jobs.len(),
-            best: best.as_ref().map(|b| b.key.0 .0),
-            best_label: best_label.clone(),
-        });
-    }
-    (all, best)
-}
-
-/// Whether a fixed family's timetable is over a cap in microbatches, by the same peak
-/// [`describe`] judges it by (generating a timetable is cheap beside simulating it).
-fn over_cap(tt: &Timetable, job: &Job, spec: &SearchSpec, shapes: &[Option<Shape>]) -> bool {
-    let MemoryCap::Microbatches(cap) = spec.cap else {
-        return false;
-    };
-    let Some(shape) = &shapes[job.v() as usize] else {
-        return false;
-    };
-    let peak = peak_units_kept(tt, &shape.weights, &shape.held, &shape.kept)
-        .into_iter()
-        .fold(0.0, f64::max);
-    peak > cap + 1e-9
-}
-
-type Kept = Option<(Timetable, Simulation)>;
-
-/// Evaluate one job; `generated` is a fixed family's timetable when already made.
-fn evaluate(
-    job: &Job,
-    spec: &SearchSpec,
-    shapes: &[Option<Shape>],
-    unit: Option<f64>,
-    generated: Option<Timetable>,
-) -> Result<(Candidate, Kept), (String, String)> {
-    let Some(shape) = &shapes[job.v() as usize] else {
-        return Err(("?".into(), "no costs".into()));
-    };
-    let (label, family, tt) = build(job, spec, shapes, generated)?;
-    if let Some(why) = refused(&tt, spec) {
-        return Err((label, why.into()));
-    }
-    let sim = simulate_steps(&tt, &shape.costs, PERIOD_STEPS)
-        .map_err(|e| (label.clone(), steady_reason(e)))?;
-    let cand = describe((label, family, job.v()), &tt, &sim, shape, unit, spec);
-    let fits = cand.fits;
-    let kept = fits.then_some((tt, sim.single));
-    Ok((cand, kept))
-}
-
-/// The label, family and timetable of a job; `generated` is a fixed family's timetable when
-/// already made.
-fn build(
-    job: &Job,
-    spec: &SearchSpec,
-    shapes: &[Option<Shape>],
-    generated: Option<Timetable>,
-) -> Result<(String, String, Timetable), (String, String)> {
-    let (p, m) = (spec.devices, spec.microbatches);
-    let Some(shape) = &shapes[job.v() as usize] else {
-        return Err(("?".into(), "no costs".into()));
-    };
-    Ok(match job {
-        Job::Fixed(s) => (
-            fixed_label(s.kind(), s.virtual_stages(), grouped(s)),
-            s.kind().name().to_string(),
-            generated.unwrap_or_else(|| generate(s)),
-        ),
-        Job::List(k) => match list_schedule(p, m, &shape.costs, &shape.weights, *k) {
-            Some(tt) => (k.label(), "list".to_string(), tt),
-            None => return Err((k.label(), "the cap stops every device at once".into())),
-        },
-        Job::Rounds(k, cap) => {
-            let (costs, weights, held) = (&shape.costs, &shape.weights, &shape.held);
-            match round_schedule(p, m, costs, weights, held, *cap, *k) {
-                Some(tt) => (k.label(*cap), "list".to_string(), tt),
-                None => return Err((k.label(*cap), "a forward does not fit the cap".into())),
-            }
-        }
-        Job::Recompute(s, cap) => {
-            let base = fixed_label(s.kind(), s.virtual_stages(), grouped(s));
-            let tt = recompute::fit(&generate(s), shape.weights(), *cap);
-            let (r, f) = recompute::count(&tt);
-            let label = format!("{base} + recompute {r}/{f}");
-            (label, s.kind().name().to_string(), tt)
-        }
-    })
-}
-
-fn steady_reason(e: SteadyError) -> String {
-    match e {
-        SteadyError::Sim(e) => e.to_string(),
-        e => e.to_string(),
-    }
-}
-
-/// A simulated timetable's figures, and whether it fits the cap: by its peak in units, by
-/// the simulator's peak in bytes, or by the memory model's whole-rank total.
-fn describe(
-    (label, family, virtual_stages): (String, String, u32),
-    tt: &Timetable,
-    steady: &SteadyState,
-    shape: &Shape,
-    unit: Option<f64>,
-    spec: &SearchSpec,
-) -> Candidate {
-    let sim = &steady.single;
-    let peak = peak_units_kept(tt, &shape.weights, &shape.held, &shape.kept)
-        .into_iter()
-        .fold(0.0, f64::max);
-    let peak_bytes = match (&spec.memory, spec.cap) {
-        (Some(mem), MemoryCap::Bytes(_)) => whole::peak_total(mem, tt),
-        _ => unit.map(|_| sim.report.peak_activation_bytes()),
-    };
-    let fits = match spec.cap {
-        MemoryCap::Microbatches(x) => peak <= x + 1e-9,
-        MemoryCap::Bytes(b) => peak_bytes.is_some_and(|pb| pb <= b),
-    };
-    Candidate {
-        label,
-        family,
-        virtual_stages,
-        makespan: sim.report.makespan,
-        bubble_fraction: sim.report.bubble_fraction,
-        period: steady.report.period,
-        bubble: steady.report.bubble,
-        peak_microbatches: peak,
-        peak_bytes,
-        fits,
-        recomputes: recompute::count(tt).0,
-    }
-}
-
-fn grouped(s: &ScheduleSpec) -> Option<u32> {
-    (s.kind() == ScheduleKind::Interleaved1F1B && s.virtual_stages() > 1).then(|| s.group_size())
 }
