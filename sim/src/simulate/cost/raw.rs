@@ -40,7 +40,8 @@ pub struct RawStageCost {
     /// Time of the hand-off to the next stage (default: the link model's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub p2p_time: Option<f64>,
-    /// Time of an F&B overlap whose forward is this stage's (default: F plus the B's time).
+    /// Time of an F&B overlap whose forward is this stage's, as measured (default:
+    /// [`overlap_time`](super::overlap_time), F plus the B's time when neither communicates).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub overlap: Option<f64>,
     /// Optimizer step time per training step (default 0).
@@ -222,7 +223,7 @@ pub struct RawCostFile {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source: Option<String>,
     /// Host time per action and per message, and whose runtime it is (default: none, and
-    /// pipewright's runtime). See [`host`](super::host).
+    /// pipewright's runtime). See [`host`](crate::simulate::host).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host: Option<HostCosts>,
 }
