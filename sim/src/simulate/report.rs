@@ -13,7 +13,7 @@ use pipewright_schedule::timeline::{MemorySample, Timeline};
 pub struct DeviceReport {
     /// Device index.
     pub device: u32,
-    /// Compute time.
+    /// Time in compute actions (with the communication inside them, [`Self::comm`]).
     pub busy: f64,
     /// `1 - busy / makespan`.
     pub bubble_fraction: f64,
