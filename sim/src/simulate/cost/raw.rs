@@ -197,7 +197,8 @@ fn check_times(c: &StageCost, place: &str) -> Result<(), CostError> {
 ///
 /// ```json
 /// { "default": { "f": 1.0, "b": 2.0, "w": 1.0, "activation_bytes": 4096, "w_memory": 0.4,
-///                "p2p_bytes": 1024, "overlap": 2.5, "optimizer": 0.5, "dp_allreduce": 0.2 },
+///                "p2p_bytes": 1024, "overlap": 2.5, "optimizer": 0.5, "dp_allreduce": 0.2,
+///                "f_comm": 0.25, "b_comm": 0.5 },
 ///   "stages": [ {}, {}, {}, { "f": 1.5, "b": 3.0 } ],
 ///   "p2p_latency": 0.05, "bandwidth": 1e6 }
 /// ```
