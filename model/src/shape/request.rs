@@ -77,6 +77,10 @@ impl ShapeKinds {
             positions,
             rope_theta: self.rope_theta.unwrap_or_default(),
             bias: self.bias.unwrap_or_default(),
+            head_width: None,
+            qk_norm: false,
+            mla: None,
+            moe: None,
         };
         shape.check().map_err(ShapeRequestError::Shape)?;
         Ok(shape)
@@ -228,6 +232,7 @@ fn flag_error(e: &ShapeError) -> String {
         ShapeError::TooLarge { what, layers, d_model, ffn, seq_len, vocab } => format!(
             "{what} pass 2^60 (--layers {layers}, --d-model {d_model}, --ffn {ffn}, --seq-len {seq_len}, --vocab {vocab}): a count that large would wrap; check the sizes"
         ),
+        ShapeError::Conflict(why) => why.clone(),
         ShapeError::OddRotaryHead(w) => format!(
             "--positions rotary turns pairs of a head's dimensions: the head width {w} (--d-model / --heads) is not even"
         ),
