@@ -85,6 +85,7 @@ pub(crate) fn kinds(
         positions: kind(positions)?,
         rope_theta: rope_theta.map(RopeTheta::new).transpose().map_err(err)?,
         bias: kind(bias)?,
+        moe: Default::default(),
     })
 }
 

@@ -14,7 +14,7 @@ use crate::error::RuntimeError;
 pub fn gpt_config(shape: &ModelShape) -> Result<GptConfig, RuntimeError> {
     if let Some(what) = shape.not_modelled() {
         return Err(RuntimeError::Model(format!(
-            "the reference GPT has no {what}"
+            "the reference GPT does not have {what} yet"
         )));
     }
     if shape.tied_embeddings {

@@ -7,6 +7,7 @@
 //! Nothing here reads a file: a face hands over a config's text with the name to call it by.
 
 use super::hf::{from_hf_config, HfError, HfModel};
+pub use super::request_moe::MoeKinds;
 use super::{BiasKind, MlpKind, ModelShape, NormKind, PositionKind, RopeTheta, ShapeError};
 
 /// The kinds of a shape beyond its sizes, as given (`None`: the reference GPT's, GPT-2's).
@@ -28,6 +29,8 @@ pub struct ShapeKinds {
     pub rope_theta: Option<RopeTheta>,
     /// Biases of the linear layers.
     pub bias: Option<BiasKind>,
+    /// A mixture of experts (none given: a dense model).
+    pub moe: MoeKinds,
 }
 
 impl ShapeKinds {
@@ -46,6 +49,7 @@ impl ShapeKinds {
         .into_iter()
         .filter(|f| f.1)
         .map(|f| f.0)
+        .chain(self.moe.given())
         .collect()
     }
 
@@ -63,12 +67,14 @@ impl ShapeKinds {
         if self.rope_theta.is_some() && positions != PositionKind::Rotary {
             return Err(ShapeRequestError::RopeWithoutRotary);
         }
+        let ffn = self.ffn.unwrap_or_else(|| mlp.default_ffn(d_model));
+        let moe = self.moe.moe(layers, ffn)?;
         let shape = ModelShape {
             layers,
             d_model,
             heads,
             kv_heads: self.kv_heads.unwrap_or(heads),
-            ffn: self.ffn.unwrap_or_else(|| mlp.default_ffn(d_model)),
+            ffn,
             seq_len,
             vocab,
             mlp,
@@ -80,7 +86,7 @@ impl ShapeKinds {
             head_width: None,
             qk_norm: false,
             mla: None,
-            moe: None,
+            moe,
         };
         shape.check().map_err(ShapeRequestError::Shape)?;
         Ok(shape)
@@ -248,6 +254,9 @@ pub enum ShapeRequestError {
     /// Sizes that do not fit each other, by flag name.
     #[error("{}", flag_error(.0))]
     Shape(ShapeError),
+    /// Mixture-of-experts flags that do not fit each other.
+    #[error("{0}")]
+    Moe(String),
     /// `--rope-theta` without rotary positions.
     #[error("--rope-theta is the base of rotary positions: also give --positions rotary")]
     RopeWithoutRotary,
