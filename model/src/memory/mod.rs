@@ -33,6 +33,7 @@ use pipewright_schedule::timetable::Timetable;
 mod breakdown;
 mod layers;
 mod megatron;
+pub mod moe;
 mod params;
 mod pipewright;
 pub mod request;
