@@ -300,7 +300,43 @@ pub fn describe(s: &ModelShape) -> String {
     if s.bias != BiasKind::All {
         out += &format!(", bias {}", s.bias);
     }
+    out += &moe_phrase(s);
     out += &format!(", vocab {}, seq {}", s.vocab, s.seq_len);
+    out
+}
+
+/// What [`describe`] says of heads of their own width, latent attention and a mixture of
+/// experts (nothing for a shape without them, so a dense shape's phrase is unchanged).
+fn moe_phrase(s: &ModelShape) -> String {
+    let mut out = String::new();
+    if let Some(w) = s.head_width {
+        out += &format!(", heads of {w}");
+    }
+    if s.qk_norm {
+        out += ", qk-norm";
+    }
+    if let Some(m) = s.mla {
+        out += &format!(
+            ", latent attention (q {}, kv {})",
+            m.q_lora_rank.map_or("direct".into(), |r| r.to_string()),
+            m.kv_lora_rank
+        );
+    }
+    if let Some(m) = s.moe {
+        out += &format!(
+            ", {} experts of {} (top {})",
+            m.experts, m.expert_ffn, m.top_k
+        );
+        if m.shared_experts > 0 {
+            out += &format!(" + {} shared of {}", m.shared_experts, m.shared_ffn);
+        }
+        if m.dense_layers > 0 {
+            out += &format!(" after {} dense", m.dense_layers);
+        }
+        if m.every > 1 {
+            out += &format!(" every {} layers", m.every);
+        }
+    }
     out
 }
 
@@ -331,6 +367,24 @@ pub fn kind_flags(s: &ModelShape) -> String {
     }
     if s.bias != BiasKind::All {
         out += &format!(" --bias {}", s.bias);
+    }
+    if let Some(m) = s.moe {
+        out += &format!(" --experts {} --top-k {}", m.experts, m.top_k);
+        if m.expert_ffn != s.ffn {
+            out += &format!(" --expert-ffn {}", m.expert_ffn);
+        }
+        if m.shared_experts > 0 {
+            out += &format!(" --shared-experts {}", m.shared_experts);
+            if m.shared_ffn != m.expert_ffn {
+                out += &format!(" --shared-ffn {}", m.shared_ffn);
+            }
+        }
+        if m.dense_layers > 0 {
+            out += &format!(" --dense-layers {}", m.dense_layers);
+        }
+        if m.every > 1 {
+            out += &format!(" --moe-every {}", m.every);
+        }
     }
     out
 }

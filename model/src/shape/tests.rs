@@ -316,3 +316,39 @@ fn contradicting_mixture_fields_are_refused_naming_them() {
     assert_eq!(s.not_modelled(), Some("a mixture of experts"));
     assert_eq!(ModelShape::gpt(2, 8, 2, 32, 4, 10).not_modelled(), None);
 }
+
+/// The mixture's flags build the shape, name it in the plan's phrase, and write it back as
+/// the same flags.
+#[test]
+fn mixture_flags_build_describe_and_write_back_the_shape() {
+    use super::request::{describe, kind_flags, MoeKinds, ShapeKinds};
+    let kinds = ShapeKinds {
+        ffn: Some(12),
+        mlp: Some(MlpKind::SwiGlu),
+        moe: MoeKinds {
+            experts: Some(4),
+            top_k: Some(2),
+            expert_ffn: Some(6),
+            shared_experts: Some(1),
+            shared_ffn: Some(5),
+            dense_layers: Some(1),
+            every: None,
+        },
+        ..ShapeKinds::default()
+    };
+    let s = kinds.shape(3, 8, 2, 4, 10).unwrap();
+    assert_eq!(s.moe, tiny_moe().moe);
+    assert_eq!(
+        describe(&s),
+        "3 layers x d_model 8 x 2 heads, swiglu 12, 4 experts of 6 (top 2) + 1 shared of 5 after 1 dense, vocab 10, seq 4"
+    );
+    assert_eq!(
+        kind_flags(&s),
+        " --ffn 12 --mlp swiglu --experts 4 --top-k 2 --expert-ffn 6 --shared-experts 1 --shared-ffn 5 --dense-layers 1"
+    );
+    let dense = ModelShape::gpt(2, 8, 2, 32, 4, 10);
+    assert_eq!(
+        describe(&dense),
+        "2 layers x d_model 8 x 2 heads, gelu 32, vocab 10, seq 4"
+    );
+}
