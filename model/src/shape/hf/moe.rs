@@ -52,6 +52,35 @@ fn bounded(f: &Fields, field: &'static str, most: u64) -> Result<Option<u64>, Hf
     }
 }
 
+/// `num_experts_per_tok` read against the experts (`experts_field`), refused naming it
+/// where it asks for more experts than there are.
+fn top_k(f: &Fields, experts_field: &'static str, experts: u32) -> Result<u32, HfError> {
+    let k = self::experts(f, "num_experts_per_tok")?;
+    if k > experts {
+        return Err(HfError::Unsupported {
+            field: "num_experts_per_tok",
+            value: k.to_string(),
+            why: format!("a token goes to at most the {experts} experts of {experts_field}"),
+        });
+    }
+    Ok(k)
+}
+
+/// Dense layers before the first MoE layer (`field`), refused naming it where it leaves none.
+fn dense_prefix(f: &Fields, field: &'static str, dense: u32) -> Result<u32, HfError> {
+    let layers = f.need_u32("num_hidden_layers")?;
+    if dense >= layers {
+        return Err(HfError::Unsupported {
+            field,
+            value: dense.to_string(),
+            why: format!(
+                "it leaves none of the {layers} layers (num_hidden_layers) a mixture of experts"
+            ),
+        });
+    }
+    Ok(dense)
+}
+
 fn experts(f: &Fields, field: &'static str) -> Result<u32, HfError> {
     let n = bounded(f, field, 1 << 20)?.ok_or_else(|| f.missing(field))?;
     Ok(n as u32)
@@ -133,9 +162,10 @@ fn mixtral(f: &Fields) -> Result<HfModel, HfError> {
     let ffn = width(f, "intermediate_size")?;
     let mut notes = Vec::new();
     let mut shape = base(f, ffn, &mut notes)?;
+    let n = experts(f, "num_local_experts")?;
     shape.moe = Some(MoeShape {
-        experts: experts(f, "num_local_experts")?,
-        top_k: experts(f, "num_experts_per_tok")?,
+        experts: n,
+        top_k: top_k(f, "num_local_experts", n)?,
         expert_ffn: ffn,
         shared_experts: 0,
         shared_ffn: 0,
@@ -188,15 +218,16 @@ fn qwen_moe(f: &Fields) -> Result<HfModel, HfError> {
         true => 0,
         false => bounded(f, "shared_expert_intermediate_size", 1 << 24)?.unwrap_or(0),
     };
+    let n = experts(f, "num_experts")?;
     shape.moe = Some(MoeShape {
-        experts: experts(f, "num_experts")?,
-        top_k: experts(f, "num_experts_per_tok")?,
+        experts: n,
+        top_k: top_k(f, "num_experts", n)?,
         expert_ffn: width(f, "moe_intermediate_size")?,
         shared_experts: u32::from(shared > 0),
         shared_ffn: shared,
         shared_gate: shared > 0,
         router_bias: false,
-        dense_layers: mlp_only_prefix(f)?,
+        dense_layers: dense_prefix(f, "mlp_only_layers", mlp_only_prefix(f)?)?,
         every: bounded(f, "decoder_sparse_step", 1 << 20)?.unwrap_or(1) as u32,
     });
     if qwen3 {
@@ -246,15 +277,16 @@ fn deepseek_v3(f: &Fields) -> Result<HfModel, HfError> {
                 want: "an integer from 0",
             })?,
     };
+    let n = experts(f, "n_routed_experts")?;
     shape.moe = Some(MoeShape {
-        experts: experts(f, "n_routed_experts")?,
-        top_k: experts(f, "num_experts_per_tok")?,
+        experts: n,
+        top_k: top_k(f, "n_routed_experts", n)?,
         expert_ffn,
         shared_experts: shared,
         shared_ffn: if shared > 0 { expert_ffn } else { 0 },
         shared_gate: false,
         router_bias: f.text("topk_method")?.unwrap_or("noaux_tc") == "noaux_tc",
-        dense_layers,
+        dense_layers: dense_prefix(f, "first_k_dense_replace", dense_layers)?,
         every: 1,
     });
     shape.mla = Some(MlaShape {
