@@ -68,7 +68,7 @@ impl ShapeKinds {
             return Err(ShapeRequestError::RopeWithoutRotary);
         }
         let ffn = self.ffn.unwrap_or_else(|| mlp.default_ffn(d_model));
-        let moe = self.moe.moe(layers, ffn)?;
+        let moe = self.moe.moe(layers, ffn).map_err(ShapeRequestError::Moe)?;
         let shape = ModelShape {
             layers,
             d_model,

@@ -2,7 +2,6 @@
 //! `--shared-experts`, `--shared-ffn`, `--dense-layers`, `--moe-every`; Python's keywords of
 //! the same names), refused in the flags' words.
 
-use super::request::ShapeRequestError;
 use super::MoeShape;
 
 /// The mixture's flags, as given (all `None`: a dense model).
@@ -44,9 +43,9 @@ impl MoeKinds {
     }
 
     /// The mixture of a model of `layers` layers whose dense MLP is `ffn` wide, or `None`
-    /// where no flag of it is given.
-    pub fn moe(&self, layers: u32, ffn: u64) -> Result<Option<MoeShape>, ShapeRequestError> {
-        let bad = |m: String| Err(ShapeRequestError::Moe(m));
+    /// where no flag of it is given; or why not, in one line naming the flags.
+    pub fn moe(&self, layers: u32, ffn: u64) -> Result<Option<MoeShape>, String> {
+        let bad = Err;
         let Some(experts) = self.experts else {
             return match self.given().first() {
                 Some(flag) => bad(format!(
