@@ -33,6 +33,7 @@ pub mod launch;
 pub mod layers;
 pub mod listed;
 pub mod model;
+pub mod moe_comm;
 pub mod pieces;
 pub mod rank;
 pub mod refused;

@@ -226,10 +226,18 @@ class Shape:
         positions: Optional[Literal["learned", "rotary"]] = None,
         rope_theta: Optional[float] = None,
         bias: Optional[Literal["all", "qkv", "none"]] = None,
+        experts: Optional[int] = None,
+        top_k: Optional[int] = None,
+        expert_ffn: Optional[int] = None,
+        shared_experts: Optional[int] = None,
+        shared_ffn: Optional[int] = None,
+        dense_layers: Optional[int] = None,
+        moe_every: Optional[int] = None,
     ) -> Shape: ...
     @staticmethod
     def from_hf_config(config: _JsonSource, seq_len: Optional[int] = None) -> Shape:
-        """llama, mistral, qwen2, gpt2, gpt_neox, as `--hf-config` reads them."""
+        """llama, mistral, qwen2, gpt2, gpt_neox, mixtral, qwen2_moe, qwen3_moe, deepseek_v3,
+        as `--hf-config` reads them."""
     @property
     def layers(self) -> int: ...
     @property
@@ -246,6 +254,8 @@ class Shape:
     def vocab(self) -> int: ...
     @property
     def parameters(self) -> int: ...
+    @property
+    def active_parameters(self) -> int: ...
     @property
     def notes(self) -> list[str]: ...
     def to_dict(self) -> dict[str, Any]: ...

@@ -8,7 +8,7 @@ use pipewright_input::{expect_kind, FileKind};
 use pipewright_model::memory::{MemoryBreakdown, MemoryRequest};
 use pipewright_model::shape::request::describe;
 use pipewright_model::shape::{
-    AttentionKind, Named, ResolvedShape, RopeTheta, ShapeKinds, ShapeRequest,
+    AttentionKind, MoeKinds, Named, ResolvedShape, RopeTheta, ShapeKinds, ShapeRequest,
 };
 use pipewright_plan::Precision;
 use pyo3::prelude::*;
@@ -85,6 +85,7 @@ pub(crate) fn kinds(
         positions: kind(positions)?,
         rope_theta: rope_theta.map(RopeTheta::new).transpose().map_err(err)?,
         bias: kind(bias)?,
+        moe: Default::default(),
     })
 }
 
@@ -110,7 +111,7 @@ impl Shape {
     /// A shape by its sizes and kinds, checked as `pipewright simulate --layers ...` checks
     /// it (the same words).
     #[new]
-    #[pyo3(signature = (layers, d_model, heads, seq_len, vocab, *, ffn = None, kv_heads = None, mlp = None, norm = None, tied_embeddings = false, positions = None, rope_theta = None, bias = None))]
+    #[pyo3(signature = (layers, d_model, heads, seq_len, vocab, *, ffn = None, kv_heads = None, mlp = None, norm = None, tied_embeddings = false, positions = None, rope_theta = None, bias = None, experts = None, top_k = None, expert_ffn = None, shared_experts = None, shared_ffn = None, dense_layers = None, moe_every = None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         #[pyo3(from_py_with = crate::args::whole)] layers: u32,
@@ -126,14 +127,25 @@ impl Shape {
         positions: Option<&str>,
         #[pyo3(from_py_with = crate::args::opt_real)] rope_theta: Option<f64>,
         bias: Option<&str>,
+        #[pyo3(from_py_with = crate::args::opt_whole)] experts: Option<u32>,
+        #[pyo3(from_py_with = crate::args::opt_whole)] top_k: Option<u32>,
+        #[pyo3(from_py_with = crate::args::opt_whole)] expert_ffn: Option<u64>,
+        #[pyo3(from_py_with = crate::args::opt_whole)] shared_experts: Option<u32>,
+        #[pyo3(from_py_with = crate::args::opt_whole)] shared_ffn: Option<u64>,
+        #[pyo3(from_py_with = crate::args::opt_whole)] dense_layers: Option<u32>,
+        #[pyo3(from_py_with = crate::args::opt_whole)] moe_every: Option<u32>,
     ) -> PyResult<Self> {
-        Shape::of(ShapeRequest {
-            layers: Some(layers),
-            d_model: Some(d_model),
-            heads: Some(heads),
-            seq_len: Some(seq_len),
-            vocab: Some(vocab),
-            kinds: kinds(
+        let kinds = ShapeKinds {
+            moe: MoeKinds {
+                experts,
+                top_k,
+                expert_ffn,
+                shared_experts,
+                shared_ffn,
+                dense_layers,
+                every: moe_every,
+            },
+            ..kinds(
                 ffn,
                 kv_heads,
                 mlp,
@@ -142,13 +154,22 @@ impl Shape {
                 positions,
                 rope_theta,
                 bias,
-            )?,
+            )?
+        };
+        Shape::of(ShapeRequest {
+            layers: Some(layers),
+            d_model: Some(d_model),
+            heads: Some(heads),
+            seq_len: Some(seq_len),
+            vocab: Some(vocab),
+            kinds,
             hf_config: None,
         })
     }
 
     /// The shape of a Hugging Face config.json (a path, its text, or its dict; llama,
-    /// mistral, qwen2, gpt2, gpt_neox), as `--hf-config` reads it; `seq_len` replaces the
+    /// mistral, qwen2, gpt2, gpt_neox, mixtral, qwen2_moe, qwen3_moe, deepseek_v3), as
+    /// `--hf-config` reads it; `seq_len` replaces the
     /// context it was pretrained at. `notes` says how it was read.
     #[staticmethod]
     #[pyo3(signature = (config, seq_len = None))]
@@ -205,10 +226,18 @@ impl Shape {
         self.resolved.shape.vocab
     }
 
-    /// Parameters of the model, each counted once (a tied embedding once).
+    /// Parameters of the model, each counted once (a tied embedding once), every expert of
+    /// a mixture counted.
     #[getter]
     fn parameters(&self) -> u64 {
         self.resolved.shape.parameters()
+    }
+
+    /// Parameters one token's forward uses: of a mixture of experts, the `top_k` routed
+    /// experts and the shared ones only; `parameters` for a dense model.
+    #[getter]
+    fn active_parameters(&self) -> u64 {
+        self.resolved.shape.active_parameters()
     }
 
     /// How a config was read (where its sequence length came from, what is not modelled),

@@ -12,6 +12,11 @@ use crate::error::RuntimeError;
 /// embeddings only (tying across pipeline stages needs an all-reduce of the two copies'
 /// gradients between the first and the last stage, which it does not have).
 pub fn gpt_config(shape: &ModelShape) -> Result<GptConfig, RuntimeError> {
+    if let Some(what) = shape.not_modelled() {
+        return Err(RuntimeError::Model(format!(
+            "the reference GPT does not have {what} yet"
+        )));
+    }
     if shape.tied_embeddings {
         return Err(RuntimeError::Model(
             "the reference GPT has no tied embeddings: its LM head is its own matrix".into(),

@@ -48,7 +48,7 @@ pub struct PlanCmd {
     #[arg(
         long,
         value_name = "FILE",
-        conflicts_with_all = ["layers", "d_model", "heads", "ffn", "kv_heads", "mlp", "norm", "tied_embeddings", "positions", "rope_theta", "bias", "hf_config", "attention", "seq_len", "vocab", "tp", "sequence_parallel", "validate", "calibrate", "timetable_out"]
+        conflicts_with_all = ["layers", "d_model", "heads", "ffn", "kv_heads", "mlp", "norm", "tied_embeddings", "positions", "rope_theta", "bias", "experts", "top_k", "expert_ffn", "shared_experts", "shared_ffn", "dense_layers", "moe_every", "hf_config", "attention", "seq_len", "vocab", "tp", "sequence_parallel", "validate", "calibrate", "timetable_out"]
     )]
     profile: Option<PathBuf>,
     /// Plan the model of a Hugging Face config.json (llama, mistral, qwen2, gpt2, gpt_neox):

@@ -1,6 +1,6 @@
 //! The model-shape flags every command that takes a shape shares (`plan`, `simulate`,
 //! `search`, `train`): the kinds beyond GPT-2's (key/value heads, the MLP's kind and width,
-//! the norm, tied embeddings, positions, biases), `--hf-config` (a Hugging Face
+//! the norm, tied embeddings, positions, biases, a mixture of experts), `--hf-config` (a Hugging Face
 //! `config.json`) and the run's `--attention`. The names, defaults and checks are the schedule
 //! crate's (`pipewright::schedule::shape::request`, which the Python package calls too), so
 //! every command, and Python, reads a shape the same way.
@@ -10,8 +10,8 @@ use std::path::PathBuf;
 use anyhow::Result;
 use clap::Args;
 use pipewright::schedule::shape::{
-    AttentionKind, BiasKind, MlpKind, ModelShape, Named, NormKind, PositionKind, RopeTheta,
-    ShapeKinds,
+    AttentionKind, BiasKind, MlpKind, ModelShape, MoeKinds, Named, NormKind, PositionKind,
+    RopeTheta, ShapeKinds,
 };
 
 use super::io::{read_text, FileKind};
@@ -54,6 +54,32 @@ pub struct ShapeArgs {
     /// Biases of the linear layers: all, qkv (Qwen2) or none (Llama) [default: all].
     #[arg(long, value_name = "KIND", value_parser = parse_kind::<BiasKind>, help_heading = "Model shape")]
     pub bias: Option<BiasKind>,
+    /// Routed experts of a mixture-of-experts layer: its MLP is this many experts of the
+    /// --mlp kind, without biases, and a router (a d_model x experts matrix) [default: a
+    /// dense model].
+    #[arg(long, value_name = "E", help_heading = "Mixture of experts")]
+    pub experts: Option<u32>,
+    /// Routed experts each token goes to; at most --experts (required with it).
+    #[arg(long, value_name = "K", help_heading = "Mixture of experts")]
+    pub top_k: Option<u32>,
+    /// Hidden width of one expert [default: --ffn].
+    #[arg(long, value_name = "F", help_heading = "Mixture of experts")]
+    pub expert_ffn: Option<u64>,
+    /// Experts every token goes to beside the routed ones (DeepSeek's shared experts)
+    /// [default: 0].
+    #[arg(long, value_name = "N", help_heading = "Mixture of experts")]
+    pub shared_experts: Option<u32>,
+    /// Hidden width of one shared expert [default: --expert-ffn].
+    #[arg(long, value_name = "F", help_heading = "Mixture of experts")]
+    pub shared_ffn: Option<u64>,
+    /// Dense layers (an MLP of --ffn) before the first mixture-of-experts layer
+    /// (DeepSeek's first_k_dense_replace) [default: 0].
+    #[arg(long, value_name = "N", help_heading = "Mixture of experts")]
+    pub dense_layers: Option<u32>,
+    /// After the dense layers, one layer in this many is a mixture-of-experts layer, the
+    /// last of each group (Qwen-MoE's decoder_sparse_step) [default: 1].
+    #[arg(long, value_name = "N", help_heading = "Mixture of experts")]
+    pub moe_every: Option<u32>,
 }
 
 impl ShapeArgs {
@@ -68,6 +94,15 @@ impl ShapeArgs {
             positions: self.positions,
             rope_theta: self.rope_theta,
             bias: self.bias,
+            moe: MoeKinds {
+                experts: self.experts,
+                top_k: self.top_k,
+                expert_ffn: self.expert_ffn,
+                shared_experts: self.shared_experts,
+                shared_ffn: self.shared_ffn,
+                dense_layers: self.dense_layers,
+                every: self.moe_every,
+            },
         }
     }
 

@@ -362,8 +362,14 @@ impl TrainCmd {
     /// The reference GPT of the flags (checked; a kind the reference lacks refused in one
     /// line).
     fn model(&self) -> Result<GptConfig> {
-        // The reference refuses tied embeddings only.
-        gpt_config(&self.shape()?).map_err(|e| anyhow!("--tied-embeddings: {e}"))
+        // The reference refuses tied embeddings and a mixture of experts.
+        let shape = self.shape()?;
+        let flag = if shape.moe.is_some() {
+            "--experts"
+        } else {
+            "--tied-embeddings"
+        };
+        gpt_config(&shape).map_err(|e| anyhow!("{flag}: {e}"))
     }
 
     /// The memory model's view of this run (pipewright's own accounting of the reference

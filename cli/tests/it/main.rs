@@ -15,6 +15,7 @@ mod harden;
 mod limits;
 mod long_work;
 mod memory_cli;
+mod moe_cli;
 mod outputs;
 mod plan_cli;
 mod plan_profile_cli;

@@ -33,6 +33,7 @@ use pipewright_schedule::timetable::Timetable;
 mod breakdown;
 mod layers;
 mod megatron;
+pub mod moe;
 mod params;
 mod pipewright;
 pub mod request;
@@ -157,6 +158,9 @@ impl MemoryConfig {
     pub fn check(&self) -> Result<(), MemoryError> {
         let s = &self.shape;
         s.check().map_err(MemoryError::from)?;
+        if let Some(what) = s.not_modelled() {
+            return Err(MemoryError::NotModelled(what));
+        }
         let positive = [
             ("pp", u64::from(self.pp)),
             ("tp", u64::from(self.tp)),
@@ -216,6 +220,9 @@ pub enum MemoryError {
     /// stashes exactly, so it counts no other).
     #[error("memory model: the pipewright accounting counts the reference GPT's stashes, which has no {0}; use the megatron accounting")]
     NotReference(String),
+    /// A shape with parts the memory model does not count yet.
+    #[error("memory model: {0} is not modelled yet (its parameters, FLOPs and config are read; its memory is not)")]
+    NotModelled(&'static str),
     /// A size that must be at least 1.
     #[error("memory model: {0} must be positive")]
     NotPositive(&'static str),

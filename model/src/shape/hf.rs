@@ -1,6 +1,7 @@
 //! A Hugging Face `config.json` as a [`ModelShape`], so a user plans the model they have.
 //!
-//! Read: the Llama family (`model_type` `llama`, `mistral`, `qwen2`: RMSNorm, rotary
+//! Read: the mixtures of experts `mixtral`, `qwen2_moe`, `qwen3_moe` and `deepseek_v3` (see
+//! `moe.rs`; `gpt_oss` refused, naming what it lacks); the Llama family (`model_type` `llama`, `mistral`, `qwen2`: RMSNorm, rotary
 //! positions, a gated MLP whose gate is `hidden_act`, grouped-query attention by
 //! `num_key_value_heads`), `gpt2` (`n_layer`, `n_embd`, `n_head`, `n_inner`, `n_positions`;
 //! LayerNorm, a learned position table, tied embeddings unless `tie_word_embeddings` says
@@ -23,7 +24,12 @@
 
 use serde_json::{Map, Value};
 
-use super::{BiasKind, MlpKind, ModelShape, NormKind, PositionKind, RopeTheta, ShapeError};
+use super::{
+    BiasKind, MlaShape, MlpKind, ModelShape, MoeShape, NormKind, PositionKind, RopeTheta,
+    ShapeError,
+};
+
+mod moe;
 
 /// A config.json as a shape, with what was read and what could not be modelled.
 #[derive(Clone, Debug, PartialEq)]
@@ -55,7 +61,7 @@ pub enum HfError {
     #[error("not a config.json: the top level is not an object")]
     NotObject,
     /// No `model_type`, or one not read.
-    #[error("model_type {0}: reads llama, mistral, qwen2, gpt2 and gpt_neox")]
+    #[error("model_type {0}: reads llama, mistral, qwen2, gpt2, gpt_neox, mixtral, qwen2_moe, qwen3_moe and deepseek_v3")]
     ModelType(String),
     /// A field the family needs is absent.
     #[error("field `{field}` is missing ({model_type} needs it)")]
@@ -214,7 +220,10 @@ pub fn from_hf_config(text: &str) -> Result<HfModel, HfError> {
         "llama" | "mistral" | "qwen2" => llama_family(&f)?,
         "gpt2" => gpt2(&f)?,
         "gpt_neox" => gpt_neox(&f)?,
-        other => return Err(HfError::ModelType(format!("`{other}`"))),
+        other => match moe::read(&f) {
+            Some(model) => model?,
+            None => return Err(HfError::ModelType(format!("`{other}`"))),
+        },
     };
     model.shape.check()?;
     Ok(model)
@@ -284,6 +293,10 @@ fn llama_family(f: &Fields) -> Result<HfModel, HfError> {
         positions: PositionKind::Rotary,
         rope_theta,
         bias,
+        head_width: None,
+        qk_norm: false,
+        mla: None,
+        moe: None,
     };
     if bias == BiasKind::All {
         notes.extend(bias_all_note(&shape, llama_bias));

@@ -18,10 +18,14 @@ use serde::{Deserialize, Serialize};
 
 pub mod hf;
 mod kinds;
+mod layers;
+mod moe;
 pub mod request;
+mod request_moe;
 
 pub use kinds::{AttentionKind, BiasKind, MlpKind, NormKind, PositionKind, RopeTheta};
-pub use request::{Named, ResolvedShape, ShapeKinds, ShapeRequest, ShapeRequestError};
+pub use moe::{MlaShape, MoeShape};
+pub use request::{MoeKinds, Named, ResolvedShape, ShapeKinds, ShapeRequest, ShapeRequestError};
 
 /// A decoder-only transformer's shape (the memory model's and plan's unit of "a model").
 ///
@@ -73,6 +77,20 @@ pub struct ModelShape {
     pub rope_theta: RopeTheta,
     /// Which linear layers carry biases.
     pub bias: BiasKind,
+    /// Width of one attention head where it is not `d_model / heads` (Qwen3-235B-A22B:
+    /// 128 at `d_model` 4096 with 64 heads); `None`: `d_model / heads`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub head_width: Option<u64>,
+    /// An RMSNorm of each query and key head before attention (Qwen3): `2 x head_dim`
+    /// parameters a layer.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub qk_norm: bool,
+    /// Multi-head latent attention in place of the Q, K and V projections (DeepSeek-V2/V3).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mla: Option<MlaShape>,
+    /// A mixture of experts in place of the MLP of some layers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moe: Option<MoeShape>,
 }
 
 /// [`ModelShape`] as written in JSON: fields added since the first version may be absent
@@ -99,6 +117,14 @@ struct RawShape {
     rope_theta: RopeTheta,
     #[serde(default)]
     bias: BiasKind,
+    #[serde(default)]
+    head_width: Option<u64>,
+    #[serde(default)]
+    qk_norm: bool,
+    #[serde(default)]
+    mla: Option<MlaShape>,
+    #[serde(default)]
+    moe: Option<MoeShape>,
 }
 
 impl From<RawShape> for ModelShape {
@@ -117,6 +143,10 @@ impl From<RawShape> for ModelShape {
             positions: r.positions,
             rope_theta: r.rope_theta,
             bias: r.bias,
+            head_width: r.head_width,
+            qk_norm: r.qk_norm,
+            mla: r.mla,
+            moe: r.moe,
         }
     }
 }
@@ -173,12 +203,23 @@ impl ModelShape {
             positions: PositionKind::Learned,
             rope_theta: RopeTheta::DEFAULT,
             bias: BiasKind::All,
+            head_width: None,
+            qk_norm: false,
+            mla: None,
+            moe: None,
         }
     }
 
-    /// Width of one head, `d_model / heads`.
+    /// Width of one head: `head_width` where given, else `d_model / heads`.
     pub fn head_dim(&self) -> u64 {
-        self.d_model / u64::from(self.heads.max(1))
+        self.head_width
+            .unwrap_or(self.d_model / u64::from(self.heads.max(1)))
+    }
+
+    /// Width of the queries (and of attention's output), `heads * head_dim`: `d_model`
+    /// unless the heads have their own width.
+    pub fn q_width(&self) -> u64 {
+        u64::from(self.heads) * self.head_dim()
     }
 
     /// Width of the keys (and of the values): `kv_heads * head_dim`, `d_model` without GQA.
@@ -186,7 +227,8 @@ impl ModelShape {
         u64::from(self.kv_heads) * self.head_dim()
     }
 
-    /// A block's four linear layers, in order: the fused QKV projection (`d -> d + 2 kv`,
+    /// A dense block's four linear layers (see [`ModelShape::is_uniform`] for the shapes
+    /// whose every block is one), in order: the fused QKV projection (`d -> q + 2 kv`,
     /// column-parallel), attention's output projection (row-parallel), the MLP's up
     /// projection (`d -> f`, or `d -> 2f` for a gated MLP's gate and up matrices fused, as
     /// Megatron-LM fuses them; column-parallel) and its down projection (`f -> d`,
@@ -197,12 +239,12 @@ impl ModelShape {
         [
             Linear {
                 inputs: d,
-                outputs: d + 2 * self.kv_width(),
+                outputs: self.q_width() + 2 * self.kv_width(),
                 split: TpSplit::Column,
                 bias: all || self.bias == BiasKind::Qkv,
             },
             Linear {
-                inputs: d,
+                inputs: self.q_width(),
                 outputs: d,
                 split: TpSplit::Row,
                 bias: all,
@@ -235,7 +277,16 @@ impl ModelShape {
             .iter()
             .map(|l| l.rank_parameters(t))
             .sum();
-        linears + 2 * self.norm_parameters()
+        linears + 2 * self.norm_parameters() + self.qk_norm_parameters()
+    }
+
+    /// Parameters of the query and key heads' norms of one layer (none without `qk_norm`).
+    pub fn qk_norm_parameters(&self) -> u64 {
+        if self.qk_norm {
+            2 * self.head_dim()
+        } else {
+            0
+        }
     }
 
     /// The token embedding, `V x d`.
@@ -270,19 +321,33 @@ impl ModelShape {
         }
     }
 
-    /// Parameters of the model, each counted once (a tied embedding once).
+    /// Parameters of the model, each counted once (a tied embedding once), every expert
+    /// of a mixture counted.
     pub fn parameters(&self) -> u64 {
         self.embedding_parameters()
             + self.position_parameters()
-            + u64::from(self.layers) * self.block_parameters(1)
+            + self.layers_parameters(false)
+            + self.norm_parameters()
+            + self.head_parameters(false)
+    }
+
+    /// Parameters one token's forward uses: [`ModelShape::parameters`] with only the
+    /// `top_k` routed experts of each MoE layer (and the shared ones); the embedding and the
+    /// LM head counted whole, as Mixtral's and DeepSeek's published "active" counts do.
+    pub fn active_parameters(&self) -> u64 {
+        self.embedding_parameters()
+            + self.position_parameters()
+            + self.layers_parameters(true)
             + self.norm_parameters()
             + self.head_parameters(false)
     }
 
     /// Forward FLOPs of one block for `b` sequences, whole (before the TP split): `2` per
     /// multiply-add of every linear layer (`2 b s` times the sum of their weights), plus the
-    /// attention core's two batched matmuls, scores `Q K^T` and context `P V`, `2 b s^2 h`
-    /// each (every query head attends, so GQA's shared keys change neither). At `ffn = 4h`
+    /// attention core's two batched matmuls, scores `Q K^T` and context `P V`, `2 b s^2 q`
+    /// each (`q` the queries' width, `h` unless heads have their own width; every query head
+    /// attends, so GQA's shared keys change neither). Of a dense block: the FLOPs of the
+    /// layers of a mixture or of latent attention are [`ModelShape::layer_flops`]. At `ffn = 4h`
     /// with multi-head attention this is Narayanan et al. (SC'21) eq. 3's
     /// `24 b s h^2 (1 + s/6h)`. Causal masking is not subtracted (Megatron-LM and the
     /// published MFU figures count the full square).
@@ -293,7 +358,7 @@ impl ModelShape {
             .iter()
             .map(|l| (l.inputs * l.outputs) as f64)
             .sum();
-        2.0 * b * s * weights + 4.0 * b * s * s * self.d_model as f64
+        2.0 * b * s * weights + 4.0 * b * s * s * self.q_width() as f64
     }
 
     /// Forward FLOPs of the LM head for `b` sequences, whole: `2 b s h V`.
@@ -304,7 +369,7 @@ impl ModelShape {
     /// Model FLOPs of one training step of `sequences` sequences: forward and backward (3x
     /// the forward), no recomputation, as MFU counts them.
     pub fn model_flops(&self, sequences: f64) -> f64 {
-        3.0 * (f64::from(self.layers) * self.block_flops(sequences) + self.head_flops(sequences))
+        3.0 * (self.layers_flops(sequences) + self.head_flops(sequences))
     }
 
     /// Elements of one tensor-parallel collective of a block for `b` sequences: each of the
@@ -337,6 +402,8 @@ impl ModelShape {
         if let Some((name, _)) = positive.iter().find(|(_, x)| *x == 0) {
             return Err(ShapeError::NotPositive(name));
         }
+        // Heads of their own width (or latent attention's) need not divide the width.
+        let own_width = self.head_width.is_some() || self.mla.is_some();
         let divides = [
             ("heads", "d_model", u64::from(self.heads), self.d_model),
             (
@@ -346,15 +413,18 @@ impl ModelShape {
                 u64::from(self.heads),
             ),
         ];
-        for (a, b, x, y) in divides {
+        for (a, b, x, y) in divides.into_iter().skip(usize::from(own_width)) {
             if y % x != 0 {
                 return Err(ShapeError::NotDividing { a, x, b, y });
             }
         }
-        if self.positions == PositionKind::Rotary && self.head_dim() % 2 != 0 {
+        self.check_parts()?;
+        if self.mla.is_none() && self.positions == PositionKind::Rotary && self.head_dim() % 2 != 0
+        {
             return Err(ShapeError::OddRotaryHead(self.head_dim()));
         }
-        self.check_counts()
+        self.check_counts()?;
+        self.check_part_counts()
     }
 
     /// Every count the shape's methods multiply out (parameters, a sequence's activations)
@@ -426,6 +496,9 @@ pub enum ShapeError {
     /// A size that must be at least 1.
     #[error("{0} must be positive")]
     NotPositive(&'static str),
+    /// Fields of a mixture of experts or of latent attention that contradict each other.
+    #[error("{0}")]
+    Conflict(String),
     /// Sizes whose products pass [`MAX_COUNT`] (they would wrap a `u64` count).
     #[error("{what} pass 2^60 (sizes: layers {layers}, d_model {d_model}, ffn {ffn}, seq_len {seq_len}, vocab {vocab}): check the sizes")]
     TooLarge {

@@ -7,6 +7,7 @@
 //! Nothing here reads a file: a face hands over a config's text with the name to call it by.
 
 use super::hf::{from_hf_config, HfError, HfModel};
+pub use super::request_moe::MoeKinds;
 use super::{BiasKind, MlpKind, ModelShape, NormKind, PositionKind, RopeTheta, ShapeError};
 
 /// The kinds of a shape beyond its sizes, as given (`None`: the reference GPT's, GPT-2's).
@@ -28,6 +29,8 @@ pub struct ShapeKinds {
     pub rope_theta: Option<RopeTheta>,
     /// Biases of the linear layers.
     pub bias: Option<BiasKind>,
+    /// A mixture of experts (none given: a dense model).
+    pub moe: MoeKinds,
 }
 
 impl ShapeKinds {
@@ -46,6 +49,7 @@ impl ShapeKinds {
         .into_iter()
         .filter(|f| f.1)
         .map(|f| f.0)
+        .chain(self.moe.given())
         .collect()
     }
 
@@ -63,12 +67,14 @@ impl ShapeKinds {
         if self.rope_theta.is_some() && positions != PositionKind::Rotary {
             return Err(ShapeRequestError::RopeWithoutRotary);
         }
+        let ffn = self.ffn.unwrap_or_else(|| mlp.default_ffn(d_model));
+        let moe = self.moe.moe(layers, ffn).map_err(ShapeRequestError::Moe)?;
         let shape = ModelShape {
             layers,
             d_model,
             heads,
             kv_heads: self.kv_heads.unwrap_or(heads),
-            ffn: self.ffn.unwrap_or_else(|| mlp.default_ffn(d_model)),
+            ffn,
             seq_len,
             vocab,
             mlp,
@@ -77,6 +83,10 @@ impl ShapeKinds {
             positions,
             rope_theta: self.rope_theta.unwrap_or_default(),
             bias: self.bias.unwrap_or_default(),
+            head_width: None,
+            qk_norm: false,
+            mla: None,
+            moe,
         };
         shape.check().map_err(ShapeRequestError::Shape)?;
         Ok(shape)
@@ -228,6 +238,7 @@ fn flag_error(e: &ShapeError) -> String {
         ShapeError::TooLarge { what, layers, d_model, ffn, seq_len, vocab } => format!(
             "{what} pass 2^60 (--layers {layers}, --d-model {d_model}, --ffn {ffn}, --seq-len {seq_len}, --vocab {vocab}): a count that large would wrap; check the sizes"
         ),
+        ShapeError::Conflict(why) => why.clone(),
         ShapeError::OddRotaryHead(w) => format!(
             "--positions rotary turns pairs of a head's dimensions: the head width {w} (--d-model / --heads) is not even"
         ),
@@ -243,6 +254,9 @@ pub enum ShapeRequestError {
     /// Sizes that do not fit each other, by flag name.
     #[error("{}", flag_error(.0))]
     Shape(ShapeError),
+    /// Mixture-of-experts flags that do not fit each other.
+    #[error("{0}")]
+    Moe(String),
     /// `--rope-theta` without rotary positions.
     #[error("--rope-theta is the base of rotary positions: also give --positions rotary")]
     RopeWithoutRotary,
@@ -286,7 +300,43 @@ pub fn describe(s: &ModelShape) -> String {
     if s.bias != BiasKind::All {
         out += &format!(", bias {}", s.bias);
     }
+    out += &moe_phrase(s);
     out += &format!(", vocab {}, seq {}", s.vocab, s.seq_len);
+    out
+}
+
+/// What [`describe`] says of heads of their own width, latent attention and a mixture of
+/// experts (nothing for a shape without them, so a dense shape's phrase is unchanged).
+fn moe_phrase(s: &ModelShape) -> String {
+    let mut out = String::new();
+    if let Some(w) = s.head_width {
+        out += &format!(", heads of {w}");
+    }
+    if s.qk_norm {
+        out += ", qk-norm";
+    }
+    if let Some(m) = s.mla {
+        out += &format!(
+            ", latent attention (q {}, kv {})",
+            m.q_lora_rank.map_or("direct".into(), |r| r.to_string()),
+            m.kv_lora_rank
+        );
+    }
+    if let Some(m) = s.moe {
+        out += &format!(
+            ", {} experts of {} (top {})",
+            m.experts, m.expert_ffn, m.top_k
+        );
+        if m.shared_experts > 0 {
+            out += &format!(" + {} shared of {}", m.shared_experts, m.shared_ffn);
+        }
+        if m.dense_layers > 0 {
+            out += &format!(" after {} dense", m.dense_layers);
+        }
+        if m.every > 1 {
+            out += &format!(" every {} layers", m.every);
+        }
+    }
     out
 }
 
@@ -317,6 +367,24 @@ pub fn kind_flags(s: &ModelShape) -> String {
     }
     if s.bias != BiasKind::All {
         out += &format!(" --bias {}", s.bias);
+    }
+    if let Some(m) = s.moe {
+        out += &format!(" --experts {} --top-k {}", m.experts, m.top_k);
+        if m.expert_ffn != s.ffn {
+            out += &format!(" --expert-ffn {}", m.expert_ffn);
+        }
+        if m.shared_experts > 0 {
+            out += &format!(" --shared-experts {}", m.shared_experts);
+            if m.shared_ffn != m.expert_ffn {
+                out += &format!(" --shared-ffn {}", m.shared_ffn);
+            }
+        }
+        if m.dense_layers > 0 {
+            out += &format!(" --dense-layers {}", m.dense_layers);
+        }
+        if m.every > 1 {
+            out += &format!(" --moe-every {}", m.every);
+        }
     }
     out
 }

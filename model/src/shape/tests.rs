@@ -183,3 +183,172 @@ fn bad_shapes_are_named() {
         "kv_heads must be positive"
     );
 }
+
+/// A tiny mixture: 3 layers, the first dense, 4 SwiGLU experts of width 6 (2 a token) and
+/// one shared expert of width 5, RMSNorm, no biases, d 8, vocabulary 10, rotary.
+fn tiny_moe() -> ModelShape {
+    ModelShape {
+        mlp: MlpKind::SwiGlu,
+        norm: NormKind::RmsNorm,
+        positions: PositionKind::Rotary,
+        bias: BiasKind::None,
+        moe: Some(MoeShape {
+            experts: 4,
+            top_k: 2,
+            expert_ffn: 6,
+            shared_experts: 1,
+            shared_ffn: 5,
+            shared_gate: false,
+            router_bias: false,
+            dense_layers: 1,
+            every: 1,
+        }),
+        ..ModelShape::gpt(3, 8, 2, 12, 4, 10)
+    }
+}
+
+#[test]
+fn a_mixture_counts_every_expert_and_its_flops_the_active_ones() {
+    let s = tiny_moe();
+    // Attention 4 d^2 = 256; dense MLP 3 d f = 288; an expert 3 d 6 = 144, the shared one
+    // 3 d 5 = 120, the router d x 4 = 32; two norms 16; embedding and head 2 V d = 160 and
+    // the final norm 8.
+    let dense = 256 + 288 + 16;
+    let moe_all = 256 + 4 * 144 + 120 + 32 + 16;
+    let moe_active = 256 + 2 * 144 + 120 + 32 + 16;
+    assert_eq!(s.parameters(), 168 + dense + 2 * moe_all);
+    assert_eq!(s.active_parameters(), 168 + dense + 2 * moe_active);
+    assert_eq!(s.moe_layers(), 2);
+    assert!(!s.is_moe_layer(0) && s.is_moe_layer(1) && s.is_moe_layer(2));
+    // Forward FLOPs for one sequence of 4 tokens: 2 a weight a token (norms aside), and the
+    // core's 4 s^2 d.
+    let core = 4.0 * 16.0 * 8.0;
+    assert_eq!(s.layer_flops(false, 1.0), 2.0 * 4.0 * 544.0 + core);
+    assert_eq!(
+        s.layer_flops(true, 1.0),
+        2.0 * 4.0 * (256 + 2 * 144 + 120 + 32) as f64 + core
+    );
+    let head = 2.0 * 4.0 * 80.0;
+    let forward = s.layer_flops(false, 1.0) + 2.0 * s.layer_flops(true, 1.0) + head;
+    assert_eq!(s.model_flops(1.0), 3.0 * forward);
+    // Every other layer after the dense one: layers 2 (and 4, 6 of a deeper model).
+    let sparse = ModelShape {
+        moe: s.moe.map(|m| MoeShape { every: 2, ..m }),
+        ..s
+    };
+    assert_eq!(sparse.moe_layers(), 1);
+    assert!(!sparse.is_moe_layer(1) && sparse.is_moe_layer(2));
+    assert_eq!(sparse.parameters(), 168 + 2 * dense + moe_all);
+}
+
+#[test]
+fn latent_attention_counts_its_bottlenecks() {
+    let s = ModelShape {
+        mla: Some(MlaShape {
+            q_lora_rank: Some(3),
+            kv_lora_rank: 4,
+            qk_nope_head_dim: 2,
+            qk_rope_head_dim: 2,
+            v_head_dim: 3,
+        }),
+        ..tiny_moe()
+    };
+    // q: 8 x 3 + norm 3 + 3 x (2 heads x 4); kv: 8 x (4 + 2) + norm 4 + 4 x 2 (2 + 3);
+    // out: 2 x 3 x 8.
+    let attention = 24 + 3 + 24 + 48 + 4 + 40 + 48;
+    assert_eq!(s.attention_parameters(), attention);
+    assert_eq!(s.layer_parameters(false, false), attention + 288 + 16);
+    // The core: scores over 2 x 4 and context over 2 x 3 per token pair.
+    let weights = (24 + 24 + 48 + 40 + 48 + 288) as f64;
+    assert_eq!(
+        s.layer_flops(false, 1.0),
+        2.0 * 4.0 * weights + 2.0 * 16.0 * (8.0 + 6.0)
+    );
+    let direct = ModelShape {
+        mla: s.mla.map(|m| MlaShape {
+            q_lora_rank: None,
+            ..m
+        }),
+        ..s
+    };
+    assert_eq!(direct.attention_parameters(), 8 * 8 + 48 + 4 + 40 + 48);
+}
+
+#[test]
+fn contradicting_mixture_fields_are_refused_naming_them() {
+    let s = tiny_moe();
+    let with = |f: fn(&mut MoeShape)| {
+        let mut m = s.moe.unwrap();
+        f(&mut m);
+        ModelShape { moe: Some(m), ..s }
+            .check()
+            .unwrap_err()
+            .to_string()
+    };
+    assert_eq!(
+        with(|m| m.top_k = 5),
+        "top_k 5 is more than the 4 routed experts"
+    );
+    assert_eq!(with(|m| m.experts = 0), "experts must be positive");
+    assert_eq!(
+        with(|m| m.shared_ffn = 0),
+        "shared_experts 1 and shared_ffn 0: both are 0 or neither"
+    );
+    assert_eq!(
+        with(|m| m.dense_layers = 3),
+        "dense_layers 3 and every 1 leave none of the 3 layers an MoE layer"
+    );
+    assert_eq!(
+        with(|m| m.expert_ffn = 1 << 40),
+        "expert_ffn 1099511627776 is too large: at most 2^30"
+    );
+    // Experts whose parameters together pass 2^60.
+    let mut m = s.moe.unwrap();
+    (m.experts, m.expert_ffn) = (1 << 20, 1 << 29);
+    let huge = ModelShape {
+        d_model: 1 << 16,
+        heads: 1 << 10,
+        kv_heads: 1 << 10,
+        moe: Some(m),
+        ..s
+    };
+    assert!(matches!(huge.check(), Err(ShapeError::TooLarge { .. })));
+    assert_eq!(s.not_modelled(), Some("a mixture of experts"));
+    assert_eq!(ModelShape::gpt(2, 8, 2, 32, 4, 10).not_modelled(), None);
+}
+
+/// The mixture's flags build the shape, name it in the plan's phrase, and write it back as
+/// the same flags.
+#[test]
+fn mixture_flags_build_describe_and_write_back_the_shape() {
+    use super::request::{describe, kind_flags, MoeKinds, ShapeKinds};
+    let kinds = ShapeKinds {
+        ffn: Some(12),
+        mlp: Some(MlpKind::SwiGlu),
+        moe: MoeKinds {
+            experts: Some(4),
+            top_k: Some(2),
+            expert_ffn: Some(6),
+            shared_experts: Some(1),
+            shared_ffn: Some(5),
+            dense_layers: Some(1),
+            every: None,
+        },
+        ..ShapeKinds::default()
+    };
+    let s = kinds.shape(3, 8, 2, 4, 10).unwrap();
+    assert_eq!(s.moe, tiny_moe().moe);
+    assert_eq!(
+        describe(&s),
+        "3 layers x d_model 8 x 2 heads, swiglu 12, 4 experts of 6 (top 2) + 1 shared of 5 after 1 dense, vocab 10, seq 4"
+    );
+    assert_eq!(
+        kind_flags(&s),
+        " --ffn 12 --mlp swiglu --experts 4 --top-k 2 --expert-ffn 6 --shared-experts 1 --shared-ffn 5 --dense-layers 1"
+    );
+    let dense = ModelShape::gpt(2, 8, 2, 32, 4, 10);
+    assert_eq!(
+        describe(&dense),
+        "2 layers x d_model 8 x 2 heads, gelu 32, vocab 10, seq 4"
+    );
+}

@@ -155,10 +155,10 @@ fn bad_configs_are_refused_in_one_line_naming_the_field() {
     );
     let kv = llama.replace("\"num_key_value_heads\": 8", "\"num_key_value_heads\": 5");
     assert_eq!(e(&kv), "kv_heads (5) must divide heads (32)");
-    let other = llama.replace("\"llama\"", "\"mixtral\"");
+    let other = llama.replace("\"llama\"", "\"falcon\"");
     assert_eq!(
         e(&other),
-        "model_type `mixtral`: reads llama, mistral, qwen2, gpt2 and gpt_neox"
+        "model_type `falcon`: reads llama, mistral, qwen2, gpt2, gpt_neox, mixtral, qwen2_moe, qwen3_moe and deepseek_v3"
     );
     assert!(matches!(
         from_hf_config("{\"model_type\": \"llama\",\n  oops}"),

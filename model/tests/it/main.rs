@@ -3,4 +3,5 @@
 //! `cargo test --test it <name>::`.
 
 mod hf_config;
+mod hf_moe;
 mod memory_partial;

@@ -227,3 +227,29 @@ fn cross_node_tp_is_only_tried_when_allowed() {
     let p = plan(&req, &mut |_| {}).unwrap();
     assert_eq!(p.rows[0].config.tp, 16);
 }
+
+/// A mixture of experts is read (its parameters and FLOPs are right) but its memory and
+/// time are not modelled yet: the plan refuses it in one line rather than plan a dense
+/// model of its attention and dense MLP.
+#[test]
+fn a_mixture_of_experts_is_refused_not_planned_as_dense() {
+    use pipewright_model::shape::MoeShape;
+    let moe = ModelShape {
+        moe: Some(MoeShape {
+            experts: 8,
+            top_k: 2,
+            expert_ffn: 4096,
+            shared_experts: 0,
+            shared_ffn: 0,
+            shared_gate: false,
+            router_bias: false,
+            dense_layers: 0,
+            every: 1,
+        }),
+        ..gpt(8, 1024, 16, 1024)
+    };
+    assert_eq!(
+        impossible(&a100(moe, 8, 64)),
+        "the planner does not model a mixture of experts yet: its memory and time would be a dense model's"
+    );
+}

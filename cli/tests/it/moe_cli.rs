@@ -1,0 +1,97 @@
+//! Mixture-of-experts shapes on the command line (issue 35): the flags of a mixture mean the
+//! same on every command that takes a shape and are refused in the flags' words where they
+//! contradict; a mixture (from flags or a config) is refused, not planned, simulated or
+//! trained as a dense model, until its memory and time are modelled.
+
+use crate::common;
+
+const SHAPE: [&str; 10] = [
+    "--layers",
+    "4",
+    "--d-model",
+    "64",
+    "--heads",
+    "4",
+    "--seq-len",
+    "16",
+    "--vocab",
+    "64",
+];
+
+fn plan(extra: &[&str], needles: &[&str]) {
+    let rest = [
+        "--gpus",
+        "8",
+        "--global-batch",
+        "8",
+        "--cluster",
+        "a100-80g",
+    ];
+    common::plan::refused(&[&SHAPE[..], extra, &rest].concat(), needles);
+}
+
+#[test]
+fn contradicting_expert_flags_are_refused_naming_them() {
+    plan(
+        &["--experts", "4", "--top-k", "5"],
+        &["--top-k 5 must be at most --experts 4"],
+    );
+    plan(
+        &["--top-k", "2"],
+        &["--top-k describes a mixture of experts: also give --experts"],
+    );
+    plan(&["--experts", "4"], &["--experts needs --top-k"]);
+    plan(
+        &["--experts", "4", "--top-k", "1", "--shared-ffn", "32"],
+        &["--shared-ffn is the width of a shared expert: also give --shared-experts"],
+    );
+    plan(
+        &["--experts", "4", "--top-k", "1", "--dense-layers", "4"],
+        &["--dense-layers 4 and --moe-every 1 leave none of the --layers 4 an MoE layer"],
+    );
+}
+
+#[test]
+fn a_mixture_is_refused_where_its_memory_and_time_are_not_modelled() {
+    let moe = ["--experts", "4", "--top-k", "2", "--shared-experts", "1"];
+    plan(
+        &moe,
+        &["the planner does not model a mixture of experts yet"],
+    );
+    let deepseek = format!(
+        "{}/../model/tests/fixtures/hf/deepseek-v3.json",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let args = [
+        "--hf-config",
+        &deepseek,
+        "--gpus",
+        "64",
+        "--global-batch",
+        "64",
+    ];
+    common::plan::refused(
+        &args,
+        &["the planner does not model a mixture of experts yet"],
+    );
+    // The mixture's flags beside a config, which gives the shape, are refused.
+    common::plan::refused(
+        &[&args[..], &["--experts", "8"]].concat(),
+        &["leave out --experts"],
+    );
+    let simulate = [
+        &["simulate", "--stages", "2", "--microbatch-size", "1"][..],
+        &SHAPE,
+        &moe,
+    ]
+    .concat();
+    common::refused(&simulate, &["a mixture of experts is not modelled yet"]);
+    let train = [&["train", "--steps", "1"][..], &SHAPE, &moe].concat();
+    common::refused(
+        &train,
+        &["--experts: model: the reference GPT does not have a mixture of experts yet"],
+    );
+    // A layer profile is its own model: the mixture's flags beside it are clap's error.
+    let o = common::plan::run(&["--profile", "p.json", "--experts", "4", "--gpus", "1"]);
+    assert_eq!(o.status.code(), Some(2));
+}

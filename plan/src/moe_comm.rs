@@ -1,0 +1,201 @@
+//! The all-to-all of expert parallelism: what an MoE layer's token dispatch and combine move
+//! per microbatch, and how long they take on the cluster's links. Pure functions, for the
+//! cost model to charge to a stage as communication (which an overlapped F&B pair may hide).
+//!
+//! Parallel folding (Megatron-Core's MoE "parallel folding", Liu et al. 2025): a stage's
+//! `tp x dp` GPUs run attention as TP `tp` x DP `dp`, and the same GPUs run the experts as
+//! expert-TP `etp` x EP `ep` x expert-DP `tp dp / (etp ep)`. Within a stage the GPUs are
+//! numbered `j = tp_rank + tp dp_rank` (global rank `tp_rank + tp (pp_rank + pp dp_rank)`,
+//! as [`crate::comm`] places them) and the expert side splits `j` as
+//! `etp_rank + etp (ep_rank + ep edp_rank)`, so an EP group is every `etp`-th GPU of a run of
+//! `etp ep`.
+//!
+//! Volume (per GPU, one MoE layer, one microbatch of `b` sequences of `s` tokens): a GPU holds
+//! `b s / tp` tokens (the sequence-parallel slice Megatron-Core's MoE layers take under TP);
+//! the dispatch sends each to its `top_k` experts, `b s / tp x top_k x d` elements, scaled by
+//! the capacity factor (the padding of dropping routers, or the imbalance of dropless ones:
+//! the busiest GPU receives that much more than the mean); the combine returns as many. The
+//! backward sends the gradients of both back the same way. Of these, the fraction bound for
+//! the GPU's own experts, `1 / ep`, stays put. Expert-TP's own all-gather and reduce-scatter
+//! of the dispatched tokens are not counted here.
+//!
+//! Time: the bytes for peers in the GPU's node go over the intra-node link, those for peers
+//! on other nodes over the inter-node link (its own NIC), both at once, so the slower sets
+//! the time; plus one latency per peer (a pairwise exchange), over the slower link's latency
+//! where the group spans nodes.
+
+use std::ops::Range;
+
+use pipewright_model::memory::ModelShape;
+
+use super::cluster::Cluster;
+
+/// How a stage's `tp x dp` GPUs are folded for the experts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExpertFold {
+    /// Attention's tensor parallelism.
+    pub tp: u32,
+    /// Pipeline stages (devices), for where a stage's GPUs sit.
+    pub pp: u32,
+    /// Attention's data parallelism.
+    pub dp: u32,
+    /// Expert tensor parallelism.
+    pub etp: u32,
+    /// Expert parallelism.
+    pub ep: u32,
+}
+
+impl ExpertFold {
+    /// Expert data parallelism, `tp dp / (etp ep)`.
+    pub fn edp(&self) -> u32 {
+        (self.tp * self.dp) / (self.etp * self.ep).max(1)
+    }
+
+    /// Why this fold does not fit `experts` routed experts, naming the figure; `None` where
+    /// it does: EP divides the experts, and `etp x ep` divides the stage's `tp x dp` GPUs.
+    pub fn refusal(&self, experts: u32) -> Option<String> {
+        let (etp, ep) = (self.etp, self.ep);
+        let group = u64::from(self.tp) * u64::from(self.dp);
+        if etp == 0 || ep == 0 {
+            return Some(format!("--ep {ep} and --etp {etp} must be at least 1"));
+        }
+        if experts % ep != 0 {
+            return Some(format!(
+                "--ep {ep} must divide the {experts} routed experts"
+            ));
+        }
+        if group % (u64::from(etp) * u64::from(ep)) != 0 {
+            return Some(format!(
+                "--etp {etp} x --ep {ep} must divide a stage's tp {} x dp {} GPUs (expert parallelism folds over them)",
+                self.tp, self.dp
+            ));
+        }
+        None
+    }
+
+    /// Node of stage-local GPU `j` of pipeline stage `pp_rank`.
+    fn node(&self, cluster: &Cluster, pp_rank: u64, j: u64) -> u64 {
+        let tp = u64::from(self.tp.max(1));
+        let (t, d) = (j % tp, j / tp);
+        let global = t + tp * (pp_rank + u64::from(self.pp) * d);
+        global / u64::from(cluster.gpus_per_node.max(1))
+    }
+
+    /// The fewest peers a GPU has on its own node within its EP group, over the groups
+    /// (placement repeats, so the first few of each kind are checked; the worst group sets
+    /// the pace of an all-to-all every group runs at once).
+    pub fn peers_in_node(&self, cluster: &Cluster) -> u32 {
+        let (etp, ep) = (u64::from(self.etp.max(1)), u64::from(self.ep.max(1)));
+        let few = |n: u32| u64::from(n.clamp(1, 8));
+        let mut least = self.ep.max(1) - 1;
+        for pp_rank in 0..few(self.pp) {
+            for edp in 0..few(self.edp()) {
+                for offset in 0..etp.min(8) {
+                    let base = offset + etp * ep * edp;
+                    // Global rank grows with `j`, so a group's nodes come in runs.
+                    let mut run = 0u32;
+                    let mut last = None;
+                    for e in 0..ep {
+                        let n = self.node(cluster, pp_rank, base + e * etp);
+                        if last.is_some_and(|l| l != n) {
+                            least = least.min(run - 1);
+                            run = 0;
+                        }
+                        last = Some(n);
+                        run += 1;
+                    }
+                    least = least.min(run.saturating_sub(1));
+                }
+            }
+        }
+        least
+    }
+}
+
+/// One MoE layer's all-to-all traffic and time for one microbatch, on one GPU.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AllToAll {
+    /// Bytes one dispatch (or one combine) hands the all-to-all on one GPU, its own experts'
+    /// share included: `b s / tp x top_k x d x bytes x capacity`.
+    pub bytes: f64,
+    /// Of those, the bytes that leave the GPU for peers on its node.
+    pub intra_bytes: f64,
+    /// Of those, the bytes that leave the GPU for peers on other nodes.
+    pub inter_bytes: f64,
+    /// Seconds of one dispatch (or one combine).
+    pub one_s: f64,
+}
+
+impl AllToAll {
+    /// Forward seconds: a dispatch and a combine.
+    pub fn forward_s(&self) -> f64 {
+        2.0 * self.one_s
+    }
+
+    /// Backward seconds: the gradients of the combine and of the dispatch, the same volume.
+    pub fn backward_s(&self) -> f64 {
+        2.0 * self.one_s
+    }
+}
+
+/// One MoE layer's all-to-all for a microbatch of `microbatch_size` sequences with
+/// `act_bytes`-byte activations and a `capacity` factor (1 for even routing), under `fold`;
+/// `None` for a shape without experts. Zero where `ep` is 1 (no token leaves its GPU).
+pub fn layer_all_to_all(
+    shape: &ModelShape,
+    cluster: &Cluster,
+    fold: &ExpertFold,
+    microbatch_size: u64,
+    act_bytes: u64,
+    capacity: f64,
+) -> Option<AllToAll> {
+    let moe = shape.moe?;
+    let tokens = microbatch_size as f64 * shape.seq_len as f64 / f64::from(fold.tp.max(1));
+    let bytes = tokens * f64::from(moe.top_k) * shape.d_model as f64 * act_bytes as f64 * capacity;
+    let ep = fold.ep.max(1);
+    let near = fold.peers_in_node(cluster).min(ep - 1);
+    let far = ep - 1 - near;
+    let share = |peers: u32| bytes * f64::from(peers) / f64::from(ep);
+    let (intra_bytes, inter_bytes) = (share(near), share(far));
+    let (intra, inter) = (&cluster.intra_node, &cluster.inter_node);
+    let latency = match (near, far) {
+        (0, 0) => 0.0,
+        (_, 0) => f64::from(near) * intra.latency_s(),
+        _ => f64::from(ep - 1) * inter.latency_s().max(intra.latency_s()),
+    };
+    let one_s =
+        (intra_bytes / intra.bytes_per_s()).max(inter_bytes / inter.bytes_per_s()) + latency;
+    Some(AllToAll {
+        bytes,
+        intra_bytes,
+        inter_bytes,
+        one_s,
+    })
+}
+
+/// A stage's all-to-all per microbatch: its MoE layers among `layers` (0-based indices of
+/// the model's blocks), each one [`layer_all_to_all`]. `(forward_s, backward_s, bytes)`, the
+/// bytes being all four all-to-alls' (dispatch and combine, forward and backward) of every
+/// MoE layer of the stage; zeros for a stage without MoE layers or a shape without experts.
+pub fn stage_all_to_all(
+    shape: &ModelShape,
+    cluster: &Cluster,
+    fold: &ExpertFold,
+    layers: Range<u32>,
+    microbatch_size: u64,
+    act_bytes: u64,
+    capacity: f64,
+) -> (f64, f64, f64) {
+    let moe = layers.filter(|&i| shape.is_moe_layer(i)).count() as f64;
+    match layer_all_to_all(shape, cluster, fold, microbatch_size, act_bytes, capacity) {
+        Some(a) if moe > 0.0 => (
+            moe * a.forward_s(),
+            moe * a.backward_s(),
+            moe * 4.0 * a.bytes,
+        ),
+        _ => (0.0, 0.0, 0.0),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,125 @@
+use super::*;
+use crate::cluster::Link;
+use pipewright_model::shape::{MlpKind, MoeShape};
+
+/// 8 GPUs a node, NVLink 100 GB/s and 5 us, a NIC of 25 GB/s and 10 us per GPU.
+fn cluster() -> Cluster {
+    Cluster {
+        gpus_per_node: 8,
+        intra_node: Link {
+            bandwidth_gbs: 100.0,
+            latency_us: 5.0,
+        },
+        inter_node: Link {
+            bandwidth_gbs: 25.0,
+            latency_us: 10.0,
+        },
+        ..Cluster::preset("a100-80g").unwrap()
+    }
+}
+
+/// d 4096, sequences of 4096 tokens, 8 experts of which 2 a token; the first layer dense.
+fn shape() -> ModelShape {
+    ModelShape {
+        mlp: MlpKind::SwiGlu,
+        moe: Some(MoeShape {
+            experts: 8,
+            top_k: 2,
+            expert_ffn: 14336,
+            shared_experts: 0,
+            shared_ffn: 0,
+            shared_gate: false,
+            router_bias: false,
+            dense_layers: 1,
+            every: 1,
+        }),
+        ..ModelShape::gpt(4, 4096, 32, 14336, 4096, 32000)
+    }
+}
+
+fn fold(tp: u32, pp: u32, dp: u32, etp: u32, ep: u32) -> ExpertFold {
+    ExpertFold {
+        tp,
+        pp,
+        dp,
+        etp,
+        ep,
+    }
+}
+
+/// One sequence's dispatch in bf16: 4096 tokens x 2 experts x 4096 x 2 bytes.
+const B: f64 = 4096.0 * 2.0 * 4096.0 * 2.0;
+
+#[test]
+fn ep_within_a_node_sends_all_but_its_own_share_over_nvlink() {
+    let a = layer_all_to_all(&shape(), &cluster(), &fold(1, 1, 8, 1, 8), 1, 2, 1.0).unwrap();
+    assert_eq!(a.bytes, B);
+    assert_eq!(a.intra_bytes, B * 7.0 / 8.0);
+    assert_eq!(a.inter_bytes, 0.0);
+    let one = B * 7.0 / 8.0 / 100e9 + 7.0 * 5e-6;
+    assert!((a.one_s - one).abs() < 1e-15, "{} vs {one}", a.one_s);
+    assert_eq!(a.forward_s(), 2.0 * a.one_s);
+    assert_eq!(a.backward_s(), 2.0 * a.one_s);
+}
+
+#[test]
+fn ep_across_nodes_is_paced_by_the_nic() {
+    // EP 16 over two nodes: 7 peers on NVLink, 8 over the NIC, at once.
+    let a = layer_all_to_all(&shape(), &cluster(), &fold(1, 1, 16, 1, 16), 1, 2, 1.0).unwrap();
+    assert_eq!(a.intra_bytes, B * 7.0 / 16.0);
+    assert_eq!(a.inter_bytes, B * 8.0 / 16.0);
+    let one = (B * 8.0 / 16.0 / 25e9) + 15.0 * 10e-6;
+    assert!((a.one_s - one).abs() < 1e-15);
+    // Pipeline stages placed between a stage's replicas put EP 8 over two nodes too:
+    // stage 0's GPUs are global ranks 0, 2, .., 14 under pp 2.
+    let f = fold(1, 2, 8, 1, 8);
+    assert_eq!(f.peers_in_node(&cluster()), 3);
+    let a = layer_all_to_all(&shape(), &cluster(), &f, 1, 2, 1.0).unwrap();
+    assert_eq!(a.inter_bytes, B * 4.0 / 8.0);
+}
+
+#[test]
+fn tp_slices_the_tokens_and_capacity_scales_the_volume() {
+    // Sequence-parallel slices: each of tp 2 GPUs dispatches half the tokens; EP 8 folds
+    // over the 16 GPUs of the stage (expert-DP 2).
+    let f = fold(2, 1, 8, 1, 8);
+    assert_eq!(f.edp(), 2);
+    assert_eq!(f.peers_in_node(&cluster()), 7);
+    let a = layer_all_to_all(&shape(), &cluster(), &f, 1, 2, 1.25).unwrap();
+    assert_eq!(a.bytes, B / 2.0 * 1.25);
+    // No all-to-all without EP, none without experts.
+    let one = layer_all_to_all(&shape(), &cluster(), &fold(1, 1, 8, 1, 1), 4, 2, 1.0).unwrap();
+    assert_eq!(one.one_s, 0.0);
+    let dense = ModelShape {
+        moe: None,
+        ..shape()
+    };
+    assert!(layer_all_to_all(&dense, &cluster(), &f, 1, 2, 1.0).is_none());
+}
+
+#[test]
+fn a_stage_pays_for_its_moe_layers_only() {
+    let (c, f) = (cluster(), fold(1, 1, 8, 1, 8));
+    let a = layer_all_to_all(&shape(), &c, &f, 2, 2, 1.0).unwrap();
+    // Layers 0..3: layer 0 is dense, 1 and 2 are MoE layers.
+    let (fwd, bwd, bytes) = stage_all_to_all(&shape(), &c, &f, 0..3, 2, 2, 1.0);
+    assert_eq!((fwd, bwd), (2.0 * a.forward_s(), 2.0 * a.backward_s()));
+    assert_eq!(bytes, 2.0 * 4.0 * 2.0 * B);
+    assert_eq!(
+        stage_all_to_all(&shape(), &c, &f, 0..1, 2, 2, 1.0),
+        (0.0, 0.0, 0.0)
+    );
+}
+
+#[test]
+fn a_fold_that_does_not_fit_is_refused_naming_it() {
+    assert_eq!(
+        fold(1, 1, 8, 1, 3).refusal(8).unwrap(),
+        "--ep 3 must divide the 8 routed experts"
+    );
+    assert_eq!(
+        fold(1, 1, 8, 2, 8).refusal(8).unwrap(),
+        "--etp 2 x --ep 8 must divide a stage's tp 1 x dp 8 GPUs (expert parallelism folds over them)"
+    );
+    assert_eq!(fold(2, 1, 4, 2, 4).refusal(8), None);
+}

@@ -1,0 +1,39 @@
+"""Mixture-of-experts shapes in Python (issue 35): the same keywords as the CLI's flags, the
+same words when they contradict, and the published configs' total and active counts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import pipewright as pw
+
+FIXTURES = Path(__file__).resolve().parents[2] / "model" / "tests" / "fixtures" / "hf"
+
+
+def test_keywords_make_a_mixture_whose_counts_are_the_closed_form():
+    s = pw.Shape(3, 8, 2, 4, 10, ffn=12, mlp="swiglu", norm="rmsnorm", positions="rotary",
+                 bias="none", experts=4, top_k=2, expert_ffn=6, shared_experts=1,
+                 shared_ffn=5, dense_layers=1)
+    # Embedding, head and final norm 168; a dense layer 560; an MoE layer with all four
+    # experts 1000, with the two a token goes to 712 (tests of model/src/shape).
+    assert s.parameters == 168 + 560 + 2 * 1000
+    assert s.active_parameters == 168 + 560 + 2 * 712
+    dense = pw.Shape(2, 8, 2, 4, 10)
+    assert dense.active_parameters == dense.parameters
+
+
+def test_contradicting_keywords_are_refused_in_the_flags_words():
+    with pytest.raises(pw.PipewrightError, match="--top-k 5 must be at most --experts 4"):
+        pw.Shape(2, 8, 2, 4, 10, experts=4, top_k=5)
+    with pytest.raises(pw.PipewrightError, match="also give --experts"):
+        pw.Shape(2, 8, 2, 4, 10, top_k=2)
+
+
+def test_published_configs_give_their_counts():
+    mixtral = pw.Shape.from_hf_config(str(FIXTURES / "mixtral-8x7b-v0.1.json"))
+    assert mixtral.parameters == 46_702_792_704
+    deepseek = pw.Shape.from_hf_config(str(FIXTURES / "deepseek-v3.json"))
+    assert abs(deepseek.parameters / 671e9 - 1) < 1e-3
+    assert any("multi-token-prediction" in n for n in deepseek.notes)
