@@ -1,8 +1,8 @@
 //! A device-generic face over the ops that both backends implement, so one
 //! test (or one caller) can run on the CPU and, with feature `cuda`, a GPU.
 //!
-//! [`Cpu`](struct@crate::Cpu) is the host backend (`cpu/`); `cuda::CudaBackend` the GPU one
-//! (`cuda/`),
+//! [`Cpu`](struct@crate::Cpu) is the host backend (`cpu/`); `CudaBackend` the GPU one
+//! (crate `pipewright-kernels-cuda`),
 //! each in its own folder with its own AdamW update. This file knows neither. Copies
 //! between host and device are explicit ([`Backend::upload`],
 //! [`Backend::download`]); nothing moves implicitly.
@@ -33,7 +33,7 @@ impl Shaped for Tensor {
 }
 
 /// Errors unless `offset + len` fits in `total` (for the offset copies).
-pub(crate) fn check_range(op: &'static str, offset: usize, len: usize, total: usize) -> Result<()> {
+pub fn check_range(op: &'static str, offset: usize, len: usize, total: usize) -> Result<()> {
     match offset.checked_add(len) {
         Some(end) if end <= total => Ok(()),
         _ => Err(shape_err(
@@ -113,7 +113,7 @@ pub trait Backend {
         dst: &mut Self::Storage,
     ) -> Result<()>;
     /// One AdamW update of one parameter tensor `x` with gradient `g` and
-    /// moments `m`, `v` (all the same shape), as [`crate::optim::AdamW`].
+    /// moments `m`, `v` (all the same shape), as `pipewright_kernels::optim::AdamW`.
     fn adamw_step(
         &self,
         x: &mut Self::Storage,

@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# Runs the NVRTC kernel sources of kernels/src/cuda/{rowops,kernels}.rs on
+# Runs the NVRTC kernel sources of kernels-cuda/src/{rowops,kernels}.rs on
 # the host, compiled as C++ with address and UB sanitizers, against double
 # references: a check of index arithmetic, grid guards and out-of-bounds
 # access for machines without a GPU (it does not replace the CUDA tests).
 # Each kernel runs once per thread of the same 1024-thread-block grid the
 # backend launches, serially (so atomics are plain adds).
-# Needs g++ and python3. Usage: kernels/tools/nvrtc-host-check/run.sh
+# Needs g++ and python3. Usage: kernels-cuda/tools/nvrtc-host-check/run.sh
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-src="$here/../../src/cuda"
+src="$here/../../src"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 for name in rowops kernels; do

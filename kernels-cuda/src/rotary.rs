@@ -1,5 +1,5 @@
 //! Rotary position embeddings on the GPU, compiled with NVRTC: the CPU op's rotation
-//! ([`crate::cpu::rotary`]) of the query and key heads of a fused `qkv`, in place, one
+//! ([`pipewright_kernels_core::cpu::rotary`]) of the query and key heads of a fused `qkv`, in place, one
 //! thread per turned pair, from the same host-computed table of cosines and sines.
 //!
 //! Each output is two products and a sum, each rounded (`__fmul_rn`, `__fadd_rn`,
@@ -8,12 +8,12 @@
 
 use super::rowops::int;
 use super::{cuda_err, CudaTensor};
-use crate::cpu::rotary::Turn;
-use crate::cpu::AttnShape;
 use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
+use pipewright_kernels_core::cpu::rotary::Turn;
+use pipewright_kernels_core::cpu::AttnShape;
 use std::sync::Arc;
 
-use crate::error::{KernelError, Result};
+use pipewright_kernels_core::error::{KernelError, Result};
 
 /// One thread per (row, turned head, pair): `n = rows * heads * half`, `heads` the query
 /// heads then the key heads at the start of each row of `w3` columns, `half = head_dim / 2`;

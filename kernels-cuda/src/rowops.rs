@@ -10,10 +10,10 @@
 //! Callers check every shape before launching: the kernels trust them.
 
 use super::{cuda_err, CudaTensor};
-use crate::error::{KernelError, Result};
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaSlice, CudaStream, LaunchArgs, LaunchConfig, PushKernelArg,
 };
+use pipewright_kernels_core::error::{KernelError, Result};
 use std::sync::Arc;
 
 pub(super) const SOURCE: &str = include_str!("rowops.cu");

@@ -1,9 +1,9 @@
 //! Elementwise kernels, compiled once per backend with NVRTC.
 
 use super::{cuda_err, CudaTensor};
-use crate::backend::AdamWUpdate;
-use crate::error::{KernelError, Result};
 use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
+use pipewright_kernels_core::backend::AdamWUpdate;
+use pipewright_kernels_core::error::{KernelError, Result};
 use std::sync::Arc;
 
 /// Same formulas as the CPU ops (GeLU in its tanh form).

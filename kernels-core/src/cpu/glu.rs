@@ -43,7 +43,7 @@ impl GluKind {
 }
 
 /// Width `f` of the output rows of a fused `[.., 2f]` pre-activation.
-pub(crate) fn half_width(op: &'static str, shape: &[usize]) -> Result<usize> {
+pub fn half_width(op: &'static str, shape: &[usize]) -> Result<usize> {
     let cols = shape.last().copied().unwrap_or(0);
     if shape.is_empty() || cols % 2 != 0 {
         return Err(shape_err(

@@ -3,9 +3,9 @@
 //! so a CUDA syntax or type error fails CI rather than the first GPU run.
 
 use super::cuda_err;
-use crate::error::Result;
 use cudarc::driver::{CudaContext, CudaFunction};
 use cudarc::nvrtc::Ptx;
+use pipewright_kernels_core::error::Result;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 

@@ -64,7 +64,7 @@ impl AttnShape {
     }
 
     /// Checks a fused qkv of shape `shape` (shared with the CUDA backend).
-    pub(crate) fn check(&self, op: &'static str, shape: &[usize]) -> Result<()> {
+    pub fn check(&self, op: &'static str, shape: &[usize]) -> Result<()> {
         let cols = shape.last().copied().unwrap_or(1);
         let rows = shape
             .iter()

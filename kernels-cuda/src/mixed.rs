@@ -6,11 +6,11 @@
 //! the host backend's emulation uses, so a bf16 value is the same on both.
 
 use super::{cuda_err, CudaTensor};
-use crate::error::{KernelError, Result};
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg,
 };
 use half::bf16;
+use pipewright_kernels_core::error::{KernelError, Result};
 use std::sync::Arc;
 
 pub(super) const SOURCE: &str = r#"

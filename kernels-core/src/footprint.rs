@@ -11,7 +11,8 @@ pub trait Footprint {
     fn bytes(&self) -> usize;
 }
 
-pub(crate) const F32: usize = std::mem::size_of::<f32>();
+/// Bytes of one f32 element.
+pub const F32: usize = std::mem::size_of::<f32>();
 
 impl Footprint for Tensor {
     fn bytes(&self) -> usize {

@@ -78,12 +78,7 @@ pub fn rotary_table(positions: usize, head_dim: usize, theta: f64) -> Result<Ten
 
 /// Checks a fused qkv of `shape` and a table of `table` for `sh` (shared with the CUDA
 /// backend, which checks before it launches).
-pub(crate) fn check(
-    op: &'static str,
-    shape: &[usize],
-    table: &[usize],
-    sh: AttnShape,
-) -> Result<()> {
+pub fn check(op: &'static str, shape: &[usize], table: &[usize], sh: AttnShape) -> Result<()> {
     sh.check(op, shape)?;
     if sh.head_dim % 2 != 0 {
         return Err(shape_err(

@@ -6,7 +6,7 @@
 //! forward, an input-gradient (I) and a weight-gradient (W) function, so a
 //! zero-bubble schedule can run I and W at different times.
 
-pub(crate) mod adamw;
+pub mod adamw;
 pub mod attention;
 mod backend;
 pub mod elementwise;

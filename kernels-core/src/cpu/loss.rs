@@ -5,7 +5,7 @@ use crate::tensor::Tensor;
 
 /// Checks targets against logits of shape `shape` before any work (shared
 /// with the CUDA backend, which must validate before launching a kernel).
-pub(crate) fn check_targets(shape: &[usize], targets: &[u32]) -> Result<()> {
+pub fn check_targets(shape: &[usize], targets: &[u32]) -> Result<()> {
     let vocab = shape.last().copied().unwrap_or(1);
     let rows = shape
         .iter()

@@ -5,11 +5,11 @@ use super::{
     attention, blas, cuda_err, kernels, mixed, param_shape, rotary, rowops, same_shape,
     CudaNormStash, CudaTensor,
 };
-use crate::backend::Restored;
-use crate::error::{shape_err, KernelError, Result};
-use crate::precision::Precision;
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
+use pipewright_kernels_core::backend::Restored;
+use pipewright_kernels_core::error::{shape_err, KernelError, Result};
+use pipewright_kernels_core::precision::Precision;
 use std::sync::Arc;
 
 /// Why CUDA cannot be used here, or `None` if its libraries are present.

@@ -58,8 +58,8 @@ pub enum KernelError {
 /// Result with [`KernelError`].
 pub type Result<T, E = KernelError> = std::result::Result<T, E>;
 
-/// Shorthand for a [`KernelError::Shape`].
-pub(crate) fn shape_err(op: &'static str, detail: impl Into<String>) -> KernelError {
+/// Shorthand for a [`KernelError::Shape`] (for the crates built on this one too).
+pub fn shape_err(op: &'static str, detail: impl Into<String>) -> KernelError {
     KernelError::Shape {
         op,
         detail: detail.into(),

@@ -1,4 +1,5 @@
-//! The CUDA backend (cargo feature `cuda`): device tensors, explicit copies,
+//! The CUDA backend of pipewright's kernels (`pipewright_kernels::cuda` with the feature
+//! `cuda`): device tensors, explicit copies,
 //! cuBLAS matmuls, NVRTC-compiled elementwise and row kernels (LayerNorm,
 //! cross-entropy, column sums, embedding) and fused flash-style causal
 //! attention (`attention.rs`).
@@ -7,6 +8,14 @@
 //! so [`CudaBackend::new`] first checks that the driver, NVRTC and cuBLAS
 //! libraries are present and returns [`KernelError::CudaUnavailable`]
 //! otherwise; tests use that to skip with a message on machines without a GPU.
+//!
+//! # Invariants
+//! - No layer, model or optimizer lives here: it depends on `pipewright-kernels-core` only
+//!   (the [`Backend`](pipewright_kernels_core::Backend) trait, the host ops it matches and
+//!   their shape checks), never on `pipewright-kernels`.
+//! - No implicit copy: host and device meet only in `upload`, `download` and [`interop`].
+//! - No CUDA library is touched before [`CudaBackend::new`] has found it.
+#![deny(missing_docs)]
 
 mod attention;
 mod blas;
@@ -23,12 +32,12 @@ mod tensor;
 pub use device::{device_count, gpu_for_tests, missing_library, CudaBackend};
 pub use tensor::{CudaAttnStash, CudaNormStash, CudaTensor};
 
-use crate::backend::{check_range, AdamWUpdate, Backend, Restored};
-use crate::cpu::rotary::Turn;
-use crate::cpu::{self, AttnShape, GluKind};
-use crate::error::{shape_err, KernelError, Result};
-use crate::precision::Precision;
-use crate::tensor::Tensor;
+use pipewright_kernels_core::backend::{check_range, AdamWUpdate, Backend, Restored};
+use pipewright_kernels_core::cpu::rotary::Turn;
+use pipewright_kernels_core::cpu::{self, AttnShape, GluKind};
+use pipewright_kernels_core::error::{shape_err, KernelError, Result};
+use pipewright_kernels_core::precision::Precision;
+use pipewright_kernels_core::tensor::Tensor;
 
 fn cuda_err(e: impl std::fmt::Debug) -> KernelError {
     KernelError::Cuda(format!("{e:?}"))

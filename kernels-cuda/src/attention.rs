@@ -19,9 +19,9 @@
 
 use super::rowops::int;
 use super::{cuda_err, CudaTensor};
-use crate::cpu::AttnShape;
-use crate::error::{shape_err, KernelError, Result};
 use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
+use pipewright_kernels_core::cpu::AttnShape;
+use pipewright_kernels_core::error::{shape_err, KernelError, Result};
 use std::sync::Arc;
 
 const TEMPLATES: &str = include_str!("attention.cu");

@@ -8,7 +8,7 @@ use crate::tensor::Tensor;
 
 /// Checks ids and table shapes before any work (shared with the CUDA
 /// backend, which must validate before launching a kernel).
-pub(crate) fn check(ids: &[u32], seq: usize, wte: &[usize], wpe: Option<&[usize]>) -> Result<()> {
+pub fn check(ids: &[u32], seq: usize, wte: &[usize], wpe: Option<&[usize]>) -> Result<()> {
     let d = wte.last().copied().unwrap_or(1);
     if seq == 0 || ids.len() % seq != 0 {
         return Err(shape_err(

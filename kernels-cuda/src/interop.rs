@@ -9,8 +9,8 @@
 pub use cudarc::driver::{CudaContext, CudaEvent, CudaSlice, CudaStream, DriverError};
 
 use super::{cuda_err, CudaBackend, CudaTensor};
-use crate::error::{shape_err, Result};
 use cudarc::cublas::CudaBlas;
+use pipewright_kernels_core::error::{shape_err, Result};
 use std::sync::Arc;
 
 impl CudaTensor {

@@ -1,14 +1,14 @@
-//! Kept tensors on the GPU ([`crate::kept`]): the f32 tensor itself in f32 and tf32 runs, a
+//! Kept tensors on the GPU ([`pipewright_kernels_core::kept`]): the f32 tensor itself in f32 and tf32 runs, a
 //! bf16 copy in a bf16 run (`mixed.rs`'s `to_bf16`, the same rounding as the host's), widened
 //! back by `from_bf16` when a backward reads it.
 
 use super::tensor::CudaKept;
 use super::{CudaBackend, CudaTensor};
-use crate::backend::Restored;
-use crate::error::Result;
-use crate::tensor::DType;
 use cudarc::driver::CudaSlice;
 use half::bf16;
+use pipewright_kernels_core::backend::Restored;
+use pipewright_kernels_core::error::Result;
+use pipewright_kernels_core::tensor::DType;
 
 impl CudaBackend {
     /// A zeroed kept tensor of `shape` in `dtype` (f32 or bf16): a buffer to receive a
@@ -27,7 +27,7 @@ impl CudaBackend {
                 })
             }
             DType::F32 => Ok(CudaKept::F32(self.zeros(shape)?)),
-            DType::F16 => Err(crate::error::KernelError::Config(
+            DType::F16 => Err(pipewright_kernels_core::KernelError::Config(
                 "f16 is not a kept format (f32 or bf16)".into(),
             )),
         }

@@ -1,11 +1,11 @@
 //! The CUDA backend's storage: device tensors and what its norms and attention keep for
 //! their backwards, with the bytes each holds ([`Footprint`]).
 
-use crate::backend::Shaped;
-use crate::footprint::{Footprint, F32};
-use crate::kept::Kept;
 use cudarc::driver::CudaSlice;
 use half::bf16;
+use pipewright_kernels_core::backend::Shaped;
+use pipewright_kernels_core::footprint::{Footprint, F32};
+use pipewright_kernels_core::kept::Kept;
 
 /// A device tensor as a stash keeps it: the f32 tensor, or a bf16 buffer of at least one
 /// element (as every device allocation) with the shape that says how many are live.

@@ -11,12 +11,12 @@
 //! `B` the first.
 
 use super::{cuda_err, CudaTensor};
-use crate::error::{KernelError, Result};
 use cudarc::cublas::sys::cublasOperation_t::{CUBLAS_OP_N, CUBLAS_OP_T};
 use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cudaDataType_t};
 use cudarc::cublas::{result as blas_result, CudaBlas, Gemm, GemmConfig};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 use half::bf16;
+use pipewright_kernels_core::error::{KernelError, Result};
 use std::os::raw::{c_int, c_void};
 
 /// What a product reads: `F32` is cuBLAS's SGEMM (bit-identical to the backend before
