@@ -15,7 +15,7 @@ pub use crate::backend::Restored;
 use crate::backend::Shaped;
 use crate::error::Result;
 use crate::footprint::Footprint;
-use crate::precision::Precision;
+use crate::precision::{Precision, PrecisionExt};
 use crate::tensor::{DType, Tensor};
 
 /// A tensor as a stash keeps it, on any backend: the f32 tensor `S` itself, or its values

@@ -37,5 +37,5 @@ pub use backend::{Backend, Shaped};
 pub use cpu::Cpu;
 pub use error::{KernelError, Result};
 pub use footprint::Footprint;
-pub use precision::Precision;
+pub use precision::{Precision, PrecisionExt};
 pub use tensor::{DType, Tensor};

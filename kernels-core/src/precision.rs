@@ -6,51 +6,36 @@
 //! stay in f32 storage), so a bf16 run on the CPU computes what a GPU computes with bf16
 //! inputs and f32 accumulation, up to the order of the sums.
 
-use std::fmt;
-use std::str::FromStr;
-
 use half::bf16;
 
 use crate::tensor::DType;
 
-/// How a backend computes: the format of matmul inputs and of stored activations.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub enum Precision {
-    /// Everything in f32 (bit-identical to a backend without a precision).
-    #[default]
-    F32,
-    /// Matmul inputs rounded to TF32 (f32's exponent, 10 mantissa bits), f32 accumulation;
-    /// activations in f32.
-    Tf32,
-    /// Matmul inputs rounded to bf16, f32 accumulation; the residual stream between blocks
-    /// (so every pipeline hand-off, activation and gradient) stored as bf16.
-    Bf16,
-}
+/// How a backend computes: the format of matmul inputs and of stored activations. Defined
+/// once in `pipewright-kinds` (names, parsing, `activation_bytes`); what it means to a
+/// backend is [`PrecisionExt`].
+pub use pipewright_kinds::Precision;
 
-impl Precision {
-    /// Every precision, in the order the CLI lists them.
-    pub const ALL: [Precision; 3] = [Precision::F32, Precision::Tf32, Precision::Bf16];
-
-    /// The name the CLI takes (`f32`, `tf32`, `bf16`).
-    pub fn name(self) -> &'static str {
-        match self {
-            Precision::F32 => "f32",
-            Precision::Tf32 => "tf32",
-            Precision::Bf16 => "bf16",
-        }
-    }
-
+/// What a [`Precision`] means to a backend's values (kernel-only, so not in
+/// `pipewright-kinds`).
+pub trait PrecisionExt {
     /// The format stored activations and pipeline hand-offs take: bf16 in a bf16 run,
     /// else f32 (TF32 only changes what a matmul reads).
-    pub fn activation_dtype(self) -> DType {
+    fn activation_dtype(self) -> DType;
+    /// Rounds `x` in place to what a matmul in this precision reads.
+    fn round_matmul_input(self, x: &mut [f32]);
+    /// Rounds `x` in place to the stored-activation format ([`Self::activation_dtype`]).
+    fn round_activation(self, x: &mut [f32]);
+}
+
+impl PrecisionExt for Precision {
+    fn activation_dtype(self) -> DType {
         match self {
             Precision::Bf16 => DType::BF16,
             Precision::F32 | Precision::Tf32 => DType::F32,
         }
     }
 
-    /// Rounds `x` in place to what a matmul in this precision reads.
-    pub fn round_matmul_input(self, x: &mut [f32]) {
+    fn round_matmul_input(self, x: &mut [f32]) {
         match self {
             Precision::F32 => {}
             Precision::Tf32 => x.iter_mut().for_each(|v| *v = round_tf32(*v)),
@@ -58,8 +43,7 @@ impl Precision {
         }
     }
 
-    /// Rounds `x` in place to the stored-activation format ([`Self::activation_dtype`]).
-    pub fn round_activation(self, x: &mut [f32]) {
+    fn round_activation(self, x: &mut [f32]) {
         if self == Precision::Bf16 {
             round_bf16(x);
         }
@@ -85,27 +69,6 @@ pub fn round_tf32(v: f32) -> f32 {
     // the mantissa, which is the correct rounding up, up to infinity).
     let rounded = bits.wrapping_add(half - 1 + odd) & !((1u32 << DROP) - 1);
     f32::from_bits(rounded)
-}
-
-impl fmt::Display for Precision {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-/// A precision name that is not one of [`Precision::ALL`].
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("unknown precision `{0}` (expected f32, tf32 or bf16)")]
-pub struct UnknownPrecision(pub String);
-
-impl FromStr for Precision {
-    type Err = UnknownPrecision;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Precision::ALL
-            .into_iter()
-            .find(|p| p.name() == s)
-            .ok_or_else(|| UnknownPrecision(s.to_string()))
-    }
 }
 
 #[cfg(test)]
@@ -181,14 +144,5 @@ mod tests {
         let mut t = t.clone();
         round_bf16(t.data_mut());
         t
-    }
-
-    #[test]
-    fn names_round_trip_and_unknown_names_are_refused() {
-        for p in Precision::ALL {
-            assert_eq!(p.name().parse::<Precision>(), Ok(p));
-        }
-        let e = "fp16".parse::<Precision>().unwrap_err().to_string();
-        assert_eq!(e, "unknown precision `fp16` (expected f32, tf32 or bf16)");
     }
 }

@@ -8,6 +8,7 @@ use cudarc::driver::CudaSlice;
 use half::bf16;
 use pipewright_kernels_core::backend::Restored;
 use pipewright_kernels_core::error::Result;
+use pipewright_kernels_core::precision::PrecisionExt;
 use pipewright_kernels_core::tensor::DType;
 
 impl CudaBackend {

@@ -80,5 +80,5 @@ pub use error::{KernelError, Result};
 pub use footprint::Footprint;
 /// `#[derive(Footprint)]`: a stash's bytes as the sum of its fields' (see [`pipewright_derive`]).
 pub use pipewright_derive::Footprint;
-pub use precision::Precision;
+pub use precision::{Precision, PrecisionExt};
 pub use tensor::{DType, Tensor};

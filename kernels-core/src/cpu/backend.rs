@@ -8,7 +8,7 @@ use crate::backend::{check_range, AdamWUpdate, Backend, Restored};
 use crate::cpu;
 use crate::error::Result;
 use crate::kept::{HostKept, HostNormStash};
-use crate::precision::Precision;
+use crate::precision::{Precision, PrecisionExt};
 use crate::tensor::Tensor;
 
 /// The host backend: storage is a [`Tensor`], ops are [`cpu`]'s. In a reduced
