@@ -13,7 +13,8 @@ import os
 import re
 import sys
 
-CRATES = ["schedule/src", "model/src", "sim/src", "plan/src", "kernels/src",
+CRATES = ["kinds/src", "schedule/src", "model/src", "sim/src", "plan/src", "kernels-core/src",
+          "kernels-cuda/src", "kernels/src",
           "stage-runtime/src", "viz/src", "input/src", "derive/src", "cli/src", "src",
           "python/src"]
 

@@ -1,15 +1,11 @@
-//! Tensors, CPU (and optionally CUDA) kernels with backward, and the layers
-//! of a small GPT with tensor-parallel splits: the real work that
-//! pipewright's runtime schedules.
+//! The layers of a small GPT with split backward and tensor-parallel splits, the reference
+//! GPT and its optimizers, over the kernels of `pipewright-kernels-core` (re-exported here
+//! under their old paths, so `pipewright_kernels::cpu`, `::Tensor` and `::Backend` still
+//! work) and, with feature `cuda`, the GPU backend of `pipewright-kernels-cuda` as `cuda`.
 //!
 //! # Map
-//! - [`Tensor`]: a contiguous row-major f32 tensor on the CPU, with bf16/f16
-//!   and byte conversions ([`DType`]) for storage and transfer.
-//! - [`backend`]: the [`Backend`] trait alone (and the words it speaks); it knows no backend.
-//! - [`cpu`]: the host backend [`Cpu`](struct@Cpu) and its ops, each with its backward:
-//!   strided-sgemm matmul (no transposes are ever copied), bias add, GeLU (tanh form),
-//!   LayerNorm, softmax cross-entropy, embedding, causal attention, residual add; its own
-//!   AdamW update.
+//! - [`Tensor`], [`backend`], [`cpu`], [`Precision`], [`Footprint`], [`kept`], [`init`]: re-exported
+//!   from `pipewright-kernels-core` (see its map).
 //! - [`layers`]: `Linear`, column/row-parallel linears, head-split attention,
 //!   the MLP, the pre-norm block and the LM head. Every layer with weights
 //!   splits its backward into an input part (I) and a weight part (W), with
@@ -22,14 +18,16 @@
 //!   and [`optim::DeviceAdamW`], AdamW on any backend's tensors.
 //! - [`params`]: flat gradients, their reset and host copies of parameters
 //!   on any backend (what a runtime needs around the optimizer step).
-//! - [`Precision`]: f32, TF32 or bf16 matmul inputs (f32 accumulation) and bf16 stored
-//!   activations, a property of a backend; the host backend emulates the reduced ones.
-//! - [`Backend`]: the ops the layers run on; layers and
-//!   [`gpt::GptStage`] are generic over it ([`Cpu`] by default).
 //! - `cuda` (cargo feature `cuda`): the same ops on a GPU through cuBLAS and
 //!   NVRTC, with its own AdamW kernel; it checks for the CUDA libraries before its first call.
-//! - [`Footprint`] and [`kept`]: leaves below the backends (a backend implements them for its
-//!   own types; they import no backend).
+//!
+//! # Invariants
+//! - No op is implemented here: layers call a [`Backend`]'s methods, so the core crate and
+//!   the CUDA crate never depend on this one.
+//! - No CUDA type is named outside the `cuda` re-export: layers, the GPT and the optimizers
+//!   are generic over [`Backend`] and compile the same with and without feature `cuda`.
+//! - No communication: tensor parallelism reaches other ranks only through the runtime's
+//!   [`layers::TpReduce`].
 //!
 //! # A pipeline of two stages, by hand
 //! A runtime does the following per microbatch, with the stashes kept per
@@ -67,20 +65,14 @@
 //! ```
 #![deny(missing_docs)]
 
-pub mod backend;
-pub mod cpu;
+pub use pipewright_kernels_core::{backend, cpu, error, footprint, init, kept, precision, tensor};
+/// The CUDA backend (cargo feature `cuda`): the crate `pipewright-kernels-cuda`.
 #[cfg(feature = "cuda")]
-pub mod cuda;
-pub mod error;
-pub mod footprint;
+pub use pipewright_kernels_cuda as cuda;
 pub mod gpt;
-pub mod init;
-pub mod kept;
 pub mod layers;
 pub mod optim;
 pub mod params;
-pub mod precision;
-pub mod tensor;
 
 pub use backend::{Backend, Shaped};
 pub use cpu::Cpu;
@@ -88,5 +80,5 @@ pub use error::{KernelError, Result};
 pub use footprint::Footprint;
 /// `#[derive(Footprint)]`: a stash's bytes as the sum of its fields' (see [`pipewright_derive`]).
 pub use pipewright_derive::Footprint;
-pub use precision::Precision;
+pub use precision::{Precision, PrecisionExt};
 pub use tensor::{DType, Tensor};

@@ -140,19 +140,21 @@ impl AdamW {
         let (ms, vs) = (&mut self.m, &mut self.v);
         visit_flat(model, ms.len(), &mut |off, p| {
             let n = p.value.numel();
-            let h = AdamWUpdate::new(&cfg, step, p.decay);
+            let h = cfg.update(step, p.decay);
             let (m, v) = (&mut ms[off..off + n], &mut vs[off..off + n]);
             adamw_update(p.value.data_mut(), p.grad.data(), m, v, &h);
         })
     }
 }
 
-// `AdamWUpdate` is the backends' word (`backend.rs`, which knows nothing of the optimizer);
-// its constructor from the optimizer's hyper-parameters lives here, with them.
-impl AdamWUpdate {
+// `AdamWUpdate` is the backends' word (`backend.rs` in `pipewright-kernels-core`, which knows
+// nothing of the optimizer); its constructor from the optimizer's hyper-parameters lives here,
+// with them (a method of the config: the orphan rule keeps inherent impls in the type's crate).
+impl AdamWConfig {
     /// The update of step `step` (1-based) for a parameter with `decay` set or not.
-    pub fn new(c: &AdamWConfig, step: u32, decay: bool) -> Self {
-        Self {
+    pub fn update(&self, step: u32, decay: bool) -> AdamWUpdate {
+        let c = self;
+        AdamWUpdate {
             lr: c.lr,
             beta1: c.beta1,
             beta2: c.beta2,
@@ -240,7 +242,7 @@ impl<B: Backend> DeviceAdamW<B> {
         let mut err = None;
         model.visit_mut(&mut |p| {
             let Some((m, v)) = state.next() else { return };
-            let h = AdamWUpdate::new(&cfg, step, p.decay);
+            let h = cfg.update(step, p.decay);
             let r = if m.shape() == p.value.shape() {
                 be.adamw_step(&mut p.value, &p.grad, m, v, &h)
             } else {

@@ -88,58 +88,9 @@ pub struct Cluster {
     pub source: Option<String>,
 }
 
-/// Number format of the matmuls (what peak applies).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Precision {
-    /// bf16 inputs, f32 accumulation, Megatron-style mixed precision.
-    Bf16,
-    /// TF32 inputs, f32 everything else.
-    Tf32,
-    /// f32 throughout.
-    F32,
-}
-
-impl Precision {
-    /// Bytes of one stored activation or pipeline hand-off element.
-    pub const fn activation_bytes(self) -> u64 {
-        match self {
-            Precision::Bf16 => 2,
-            Precision::Tf32 | Precision::F32 => 4,
-        }
-    }
-    /// The name on the command line.
-    pub const fn name(self) -> &'static str {
-        match self {
-            Precision::Bf16 => "bf16",
-            Precision::Tf32 => "tf32",
-            Precision::F32 => "f32",
-        }
-    }
-}
-
-impl std::str::FromStr for Precision {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "bf16" => Ok(Precision::Bf16),
-            "tf32" => Ok(Precision::Tf32),
-            "f32" => Ok(Precision::F32),
-            _ => Err(format!("precision `{s}`: expected bf16, tf32 or f32")),
-        }
-    }
-}
-
-impl From<Precision> for pipewright_model::memory::MemPrecision {
-    /// A run's number format as the memory model stores it: bf16 is mixed precision, tf32
-    /// stores f32.
-    fn from(p: Precision) -> Self {
-        match p {
-            Precision::Bf16 => pipewright_model::memory::MemPrecision::Bf16,
-            Precision::Tf32 | Precision::F32 => pipewright_model::memory::MemPrecision::F32,
-        }
-    }
-}
+/// Number format of the matmuls (what peak applies): defined once in `pipewright-kinds`,
+/// shared with the kernels; the memory model converts it (`MemPrecision: From<Precision>`).
+pub use pipewright_kinds::Precision;
 
 impl Cluster {
     /// Peak FLOP/s of one GPU in `precision`.

@@ -14,6 +14,7 @@ use std::time::Instant;
 use mpi::collective::CommunicatorCollectives;
 use mpi::environment::Universe;
 use mpi::topology::Communicator as _;
+use pipewright_kernels::PrecisionExt;
 use pipewright_schedule::{Event, Timetable};
 
 use crate::batch::MicrobatchId;

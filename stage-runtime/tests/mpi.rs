@@ -10,7 +10,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use pipewright_kernels::gpt::GptConfig;
-use pipewright_kernels::{Precision, Tensor};
+use pipewright_kernels::{Precision, PrecisionExt, Tensor};
 use pipewright_runtime::comm::mpi::{self, MpiComm};
 use pipewright_runtime::split::uniform;
 use pipewright_runtime::{

@@ -419,16 +419,6 @@ impl From<PrecisionArg> for pipewright::schedule::plan::Precision {
     }
 }
 
-impl From<PrecisionArg> for pipewright::kernels::Precision {
-    fn from(p: PrecisionArg) -> Self {
-        match p {
-            PrecisionArg::F32 => Self::F32,
-            PrecisionArg::Tf32 => Self::Tf32,
-            PrecisionArg::Bf16 => Self::Bf16,
-        }
-    }
-}
-
 /// How ranks talk to each other.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Transport {

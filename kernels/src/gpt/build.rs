@@ -7,7 +7,9 @@ use crate::backend::Backend;
 use crate::cpu::rotary_table;
 use crate::error::{KernelError, Result};
 use crate::init::normal_tensor;
-use crate::layers::{cpu_backend, Attention, Block, Embedding, Linear, LmHead, Mlp, Norm, TpShard};
+use crate::layers::{
+    cpu_backend, Attention, Block, Embedding, Linear, LmHead, Mlp, MlpKindExt, Norm, TpShard,
+};
 use crate::tensor::Tensor;
 use std::ops::Range;
 use std::sync::Arc;

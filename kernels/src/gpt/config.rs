@@ -2,7 +2,7 @@
 
 use crate::cpu::rotary::{check_config, DEFAULT_THETA};
 use crate::error::{KernelError, Result};
-use crate::layers::{Heads, MlpKind, NormKind};
+use crate::layers::{Heads, MlpKind, MlpKindExt, NormKind};
 use std::ops::Range;
 
 /// Sizes of the reference GPT.

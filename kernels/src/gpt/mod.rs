@@ -16,7 +16,7 @@
 mod build;
 mod config;
 
-pub use crate::layers::{MlpKind, NormKind};
+pub use crate::layers::{MlpKind, MlpKindExt, NormKind};
 pub use config::{partition, BiasKind, GptConfig, Positions};
 
 use crate::backend::{Backend, Shaped};

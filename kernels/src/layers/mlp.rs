@@ -20,21 +20,21 @@ use crate::error::Result;
 use crate::tensor::Tensor;
 use std::sync::Arc;
 
-/// The MLP's form.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub enum MlpKind {
-    /// GPT-2's: `fc1`, GeLU, `fc2`, with biases.
-    #[default]
-    Gelu,
-    /// Gated by SiLU (Llama, Mistral, Qwen).
-    SwiGlu,
-    /// Gated by GeLU (Gemma).
-    GeGlu,
+/// The MLP's form: GPT-2's GeLU MLP (`fc1`, GeLU, `fc2`, with biases), or gated by SiLU
+/// (Llama, Mistral, Qwen) or GeLU (Gemma). Defined once in `pipewright-kinds`; what it means
+/// to the layers is [`MlpKindExt`].
+pub use pipewright_kinds::MlpKind;
+
+/// What an [`MlpKind`] means to the layers (kernel-only, so not in `pipewright-kinds`).
+pub trait MlpKindExt {
+    /// The gate's activation, or `None` for the plain GeLU MLP.
+    fn glu(self) -> Option<GluKind>;
+    /// Columns of `fc1` per hidden unit: 2 (gate and up) when gated.
+    fn fc1_width(self) -> usize;
 }
 
-impl MlpKind {
-    /// The gate's activation, or `None` for the plain GeLU MLP.
-    pub fn glu(self) -> Option<GluKind> {
+impl MlpKindExt for MlpKind {
+    fn glu(self) -> Option<GluKind> {
         match self {
             MlpKind::Gelu => None,
             MlpKind::SwiGlu => Some(GluKind::SwiGlu),
@@ -42,8 +42,7 @@ impl MlpKind {
         }
     }
 
-    /// Columns of `fc1` per hidden unit: 2 (gate and up) when gated.
-    pub fn fc1_width(self) -> usize {
+    fn fc1_width(self) -> usize {
         if self.glu().is_some() {
             2
         } else {

@@ -59,7 +59,7 @@ pub use attention::{Attention, AttentionStash, AttentionWeightStash, Heads};
 pub use block::{Block, BlockStash, BlockWeightStash};
 pub use head::{HeadStash, HeadWeightStash, LmHead};
 pub use linear::{ColumnParallelLinear, Linear, RowParallelLinear};
-pub use mlp::{Mlp, MlpKind, MlpStash, MlpWeightStash};
+pub use mlp::{Mlp, MlpKind, MlpKindExt, MlpStash, MlpWeightStash};
 pub use norm::{Embedding, LayerNorm, Norm, NormKind, RmsNorm};
 pub use shard::TpShard;
 

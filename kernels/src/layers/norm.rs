@@ -138,15 +138,9 @@ impl<B: Backend> Parameters<B::Storage> for RmsNorm<B> {
     }
 }
 
-/// Which normalisation a model uses.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub enum NormKind {
-    /// LayerNorm with scale and shift (GPT-2).
-    #[default]
-    LayerNorm,
-    /// RMSNorm with a scale (Llama, Mistral, Qwen).
-    RmsNorm,
-}
+/// Which normalisation a model uses: LayerNorm with scale and shift (GPT-2), or RMSNorm with
+/// a scale (Llama, Mistral, Qwen). Defined once in `pipewright-kinds`.
+pub use pipewright_kinds::NormKind;
 
 /// A norm of either kind; both keep the same stash (`x̂` and `1/σ` per row).
 #[derive(Debug)]

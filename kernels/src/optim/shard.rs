@@ -16,7 +16,7 @@ use std::ops::Range;
 use crate::backend::{Backend, Shaped};
 use crate::error::{KernelError, Result};
 use crate::layers::Parameters;
-use crate::optim::{AdamWConfig, AdamWUpdate};
+use crate::optim::AdamWConfig;
 
 /// The part of one parameter a shard covers.
 #[derive(Debug)]
@@ -146,7 +146,7 @@ impl<B: Backend> ShardedAdamW<B> {
         for (piece, mut x) in self.pieces.iter_mut().zip(values) {
             let mut g = be.zeros(&[piece.len])?;
             be.copy_from_offset(grads, piece.at, &mut g)?;
-            let h = AdamWUpdate::new(&self.cfg, self.step, piece.decay);
+            let h = self.cfg.update(self.step, piece.decay);
             be.adamw_step(&mut x, &g, &mut piece.m, &mut piece.v, &h)?;
             be.copy_to_offset(&x, &mut out, piece.at)?;
         }

@@ -12,7 +12,7 @@
 use crate::common;
 
 use common::randn;
-use pipewright_kernels::{Backend, Cpu, Precision, Tensor};
+use pipewright_kernels::{Backend, Cpu, Precision, PrecisionExt, Tensor};
 
 /// `x @ w` in f64 over inputs rounded as `p` rounds them, and the sum of |terms| per output.
 fn reference(p: Precision, x: &Tensor, w: &Tensor) -> (Vec<f64>, Vec<f64>) {

@@ -60,6 +60,19 @@ pub enum MemPrecision {
     Bf16,
 }
 
+impl From<pipewright_kinds::Precision> for MemPrecision {
+    /// A run's number format as the memory model stores it: bf16 is mixed precision, tf32
+    /// stores f32.
+    fn from(p: pipewright_kinds::Precision) -> Self {
+        match p {
+            pipewright_kinds::Precision::Bf16 => MemPrecision::Bf16,
+            pipewright_kinds::Precision::Tf32 | pipewright_kinds::Precision::F32 => {
+                MemPrecision::F32
+            }
+        }
+    }
+}
+
 /// Whose activations (and parameter layout) the model counts.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]

@@ -23,14 +23,6 @@ pub(super) fn check_handoffs(
     microbatches: u32,
 ) -> Result<(), CsvError> {
     let stages = stage_device.len() as u32;
-    let handoff_error = |(d, i): (usize, usize), message: String| {
-        let (line, column) = cells[d][i];
-        CsvError::Handoff {
-            line,
-            column,
-            message,
-        }
-    };
     let forwards = devices
         .iter()
         .flatten()
@@ -42,11 +34,36 @@ pub(super) fn check_handoffs(
     if u64::from(stages) * u64::from(microbatches) > forwards {
         return Ok(());
     }
-    let mut at = Positions::new(stages, microbatches);
+    let mut at = place(devices, cells, Positions::new(stages, microbatches))?;
+    check_pairs(devices, cells, stage_device, &mut at)?;
+    check_needed(devices, cells, stages, &at)
+}
+
+/// A hand-off error at the cell of row `d`'s action `i`.
+fn handoff_error(
+    cells: &[Vec<(usize, usize)>],
+    (d, i): (usize, usize),
+    message: String,
+) -> CsvError {
+    let (line, column) = cells[d][i];
+    CsvError::Handoff {
+        line,
+        column,
+        message,
+    }
+}
+
+/// Every action's place in `at`; a send or receive posted twice is refused.
+fn place(
+    devices: &[Vec<Action>],
+    cells: &[Vec<(usize, usize)>],
+    mut at: Positions,
+) -> Result<Positions, CsvError> {
     for (d, row) in devices.iter().enumerate() {
         for (i, a) in row.iter().enumerate() {
             if a.kind.is_comm() && at.get(*a).is_some() {
                 return Err(handoff_error(
+                    cells,
                     (d, i),
                     format!("`{a}` is posted twice (PyTorch would pair the second with another message)"),
                 ));
@@ -56,6 +73,18 @@ pub(super) fn check_handoffs(
             }
         }
     }
+    Ok(at)
+}
+
+/// Each hand-off between two devices has its send after its maker in the maker's row and its
+/// receive before its user in the user's row; the ones found are marked needed in `at`.
+fn check_pairs(
+    devices: &[Vec<Action>],
+    cells: &[Vec<(usize, usize)>],
+    stage_device: &[u32],
+    at: &mut Positions,
+) -> Result<(), CsvError> {
+    let stages = stage_device.len() as u32;
     for (d, row) in devices.iter().enumerate() {
         for (i, a) in row.iter().enumerate() {
             for p in a.parts() {
@@ -81,7 +110,7 @@ pub(super) fn check_handoffs(
                 }
                 let send = Action::new(s, send, mb);
                 if !matches!(at.get(send), Some((sd, si)) if sd == d && si > i) {
-                    return Err(handoff_error((d, i), format!(
+                    return Err(handoff_error(cells, (d, i), format!(
                         "`{p}` hands its output to device {to_device}, but no `{send}` follows it in its row (the receiver would wait for it for ever)"
                     )));
                 }
@@ -92,7 +121,7 @@ pub(super) fn check_handoffs(
                 if let Some((kind, (ud, ui))) = user {
                     if !matches!(at.get(recv), Some((rd, ri)) if rd == ud && ri < ui) {
                         let user = Action::new(to, kind, mb);
-                        return Err(handoff_error((ud, ui), format!(
+                        return Err(handoff_error(cells, (ud, ui), format!(
                             "`{user}` uses what `{p}` sends, but no `{recv}` comes before it in its row (PyTorch's runtime refuses to compute before receiving)"
                         )));
                     }
@@ -102,6 +131,16 @@ pub(super) fn check_handoffs(
             }
         }
     }
+    Ok(())
+}
+
+/// No send or receive that no hand-off needs.
+fn check_needed(
+    devices: &[Vec<Action>],
+    cells: &[Vec<(usize, usize)>],
+    stages: u32,
+    at: &Positions,
+) -> Result<(), CsvError> {
     for (d, row) in devices.iter().enumerate() {
         for (i, a) in row.iter().enumerate() {
             if a.kind.is_comm() && !at.needed(*a) {
@@ -114,7 +153,7 @@ pub(super) fn check_handoffs(
                     }
                     _ => "no action of its row or its peer's makes or uses it there".to_string(),
                 };
-                return Err(handoff_error((d, i), format!(
+                return Err(handoff_error(cells, (d, i), format!(
                     "`{a}` is no hand-off of this timetable ({why}; PyTorch would wait for it for ever)"
                 )));
             }

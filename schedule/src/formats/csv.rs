@@ -73,22 +73,51 @@ impl CsvSource {
 pub fn from_csv(text: &str) -> Result<(Timetable, CsvSource), CsvError> {
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let rows: Vec<&str> = text.trim_end().lines().collect();
-    let mut devices = Vec::with_capacity(rows.len());
-    let mut cells = Vec::with_capacity(rows.len());
-    // (device, line) of each stage's first appearance.
-    let mut owner = Owners {
-        slots: Vec::new(),
-        // Each stage needs a cell of at least 3 bytes (`0F0`) and a separator, so a stage
-        // number past this bound leaves a stage below it on no row: refused before the table
-        // is sized by it (a 12-byte file must not allocate by a stage number of 2^28).
-        most: (text.len() + 1) / 4,
-        bytes: text.len(),
-    };
-    let (mut max_stage, mut max_mb) = (0u32, 0u32);
-    // PyTorch's compute+comms form: an action only it has was seen; the first send of any
-    // row that no wait followed.
-    let (mut pytorch_comms, mut unwaited) = (false, None);
+    let mut read = Rows::new(text, rows.len());
     for (d, row) in rows.iter().enumerate() {
+        read.row(d, row)?;
+    }
+    read.finish()
+}
+
+/// What a CSV file's rows hold, read one row (device) at a time.
+struct Rows {
+    devices: Vec<Vec<Action>>,
+    cells: Vec<Vec<(usize, usize)>>,
+    /// (device, line) of each stage's first appearance.
+    owner: Owners,
+    max_stage: u32,
+    max_mb: u32,
+    /// PyTorch's compute+comms form: an action only it has was seen.
+    pytorch_comms: bool,
+    /// The first send of any row that no wait followed.
+    unwaited: Option<(Action, (usize, usize))>,
+}
+
+impl Rows {
+    fn new(text: &str, rows: usize) -> Self {
+        Rows {
+            devices: Vec::with_capacity(rows),
+            cells: Vec::with_capacity(rows),
+            owner: Owners {
+                slots: Vec::new(),
+                // Each stage needs a cell of at least 3 bytes (`0F0`) and a separator, so a
+                // stage number past this bound leaves a stage below it on no row: refused
+                // before the table is sized by it (a 12-byte file must not allocate by a
+                // stage number of 2^28).
+                most: (text.len() + 1) / 4,
+                bytes: text.len(),
+            },
+            max_stage: 0,
+            max_mb: 0,
+            pytorch_comms: false,
+            unwaited: None,
+        }
+    }
+
+    /// Reads row `d` (line `d + 1`): its actions and their cells, each stage claimed for
+    /// device `d`.
+    fn row(&mut self, d: usize, row: &str) -> Result<(), CsvError> {
         let line = d + 1;
         let mut actions = Vec::new();
         let mut places = Vec::new();
@@ -101,19 +130,7 @@ pub fn from_csv(text: &str) -> Result<(Timetable, CsvSource), CsvError> {
                 column,
                 source,
             })? {
-                pytorch_comms = true;
-                claim(&mut owner, extra.stage_action(), d as u32, at)?;
-                max_stage = max_stage.max(extra.stage);
-                reductions.see((extra.name, extra.stage), token, at)?;
-                if let Some(waited) = extra.waits_for() {
-                    if !sends.wait(waited) {
-                        return Err(CsvError::WaitWithoutSend {
-                            line,
-                            column,
-                            token: token.to_string(),
-                        });
-                    }
-                }
+                self.extra(&extra, token, d, at, (&mut sends, &mut reductions))?;
                 continue;
             }
             let a: Action = token.parse().map_err(|source| CsvError::Token {
@@ -123,9 +140,9 @@ pub fn from_csv(text: &str) -> Result<(Timetable, CsvSource), CsvError> {
             })?;
             // An overlap names two stages and two microbatches: each counts.
             for part in a.parts() {
-                claim(&mut owner, part, d as u32, at)?;
-                max_stage = max_stage.max(part.stage);
-                max_mb = max_mb.max(part.microbatch);
+                claim(&mut self.owner, part, d as u32, at)?;
+                self.max_stage = self.max_stage.max(part.stage);
+                self.max_mb = self.max_mb.max(part.microbatch);
             }
             if matches!(a.kind, ActionKind::SendF | ActionKind::SendB) {
                 sends.send(a, at);
@@ -137,52 +154,98 @@ pub fn from_csv(text: &str) -> Result<(Timetable, CsvSource), CsvError> {
             return Err(CsvError::BlankRow { line });
         }
         reductions.end()?;
-        unwaited = unwaited.or(sends.first_unwaited());
-        devices.push(actions);
-        cells.push(places);
+        self.unwaited = self.unwaited.or(sends.first_unwaited());
+        self.devices.push(actions);
+        self.cells.push(places);
+        Ok(())
     }
-    if owner.slots.is_empty() {
-        return Err(CsvError::Empty);
-    }
-    if let (true, Some((send, (line, column)))) = (pytorch_comms, unwaited) {
-        return Err(CsvError::SendWithoutWait { line, column, send });
-    }
-    let stage_device = owner
-        .slots
-        .iter()
-        .enumerate()
-        .map(|(s, o)| {
-            o.map(|(d, _)| d).ok_or(CsvError::MissingStage {
-                stage: s as u32,
-                max: max_stage,
-            })
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    let form = if pytorch_comms {
-        check_handoffs(&devices, &cells, &stage_device, max_mb + 1)?;
-        // The compute order is what the file says; PyTorch's sends and receives are a
-        // function of it (checked above to be in place), placed again when the timetable is
-        // written in this form.
-        for (actions, places) in devices.iter_mut().zip(cells.iter_mut()) {
-            let keep: Vec<bool> = actions.iter().map(|a| a.kind.is_compute()).collect();
-            let mut k = keep.iter();
-            actions.retain(|_| *k.next().unwrap_or(&true));
-            let mut k = keep.iter();
-            places.retain(|_| *k.next().unwrap_or(&true));
+
+    /// One of the actions only PyTorch's compute+comms form has, at `at` of row `d`: it
+    /// claims its stage, and a wait must follow its send in the row.
+    fn extra(
+        &mut self,
+        extra: &Extra,
+        token: &str,
+        d: usize,
+        at: (usize, usize),
+        (sends, reductions): (&mut Sends, &mut Reductions),
+    ) -> Result<(), CsvError> {
+        self.pytorch_comms = true;
+        claim(&mut self.owner, extra.stage_action(), d as u32, at)?;
+        self.max_stage = self.max_stage.max(extra.stage);
+        reductions.see((extra.name, extra.stage), token, at)?;
+        if let Some(waited) = extra.waits_for() {
+            if !sends.wait(waited) {
+                let (line, column) = at;
+                return Err(CsvError::WaitWithoutSend {
+                    line,
+                    column,
+                    token: token.to_string(),
+                });
+            }
         }
-        CsvForm::ComputeComms
-    } else if devices.iter().flatten().any(|a| a.kind.is_comm()) {
-        CsvForm::Lowered
-    } else {
-        CsvForm::ComputeOnly
-    };
-    let tt = Timetable {
-        name: "custom".to_string(),
-        microbatches: max_mb + 1,
-        stage_device,
-        devices,
-    };
-    Ok((tt, CsvSource { cells, form }))
+        Ok(())
+    }
+
+    /// The timetable the rows make, once every row is read: each stage on the device where
+    /// it first appears, and the file's form.
+    fn finish(mut self) -> Result<(Timetable, CsvSource), CsvError> {
+        if self.owner.slots.is_empty() {
+            return Err(CsvError::Empty);
+        }
+        if let (true, Some((send, (line, column)))) = (self.pytorch_comms, self.unwaited) {
+            return Err(CsvError::SendWithoutWait { line, column, send });
+        }
+        let max_stage = self.max_stage;
+        let stage_device = self
+            .owner
+            .slots
+            .iter()
+            .enumerate()
+            .map(|(s, o)| {
+                o.map(|(d, _)| d).ok_or(CsvError::MissingStage {
+                    stage: s as u32,
+                    max: max_stage,
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let form = self.form(&stage_device)?;
+        let tt = Timetable {
+            name: "custom".to_string(),
+            microbatches: self.max_mb + 1,
+            stage_device,
+            devices: self.devices,
+        };
+        Ok((
+            tt,
+            CsvSource {
+                cells: self.cells,
+                form,
+            },
+        ))
+    }
+
+    /// The file's form. A compute+comms file's hand-offs are checked, then its sends and
+    /// receives dropped: the compute order is what the file says; PyTorch's sends and
+    /// receives are a function of it (checked to be in place), placed again when the
+    /// timetable is written in this form.
+    fn form(&mut self, stage_device: &[u32]) -> Result<CsvForm, CsvError> {
+        if self.pytorch_comms {
+            check_handoffs(&self.devices, &self.cells, stage_device, self.max_mb + 1)?;
+            for (actions, places) in self.devices.iter_mut().zip(self.cells.iter_mut()) {
+                let keep: Vec<bool> = actions.iter().map(|a| a.kind.is_compute()).collect();
+                let mut k = keep.iter();
+                actions.retain(|_| *k.next().unwrap_or(&true));
+                let mut k = keep.iter();
+                places.retain(|_| *k.next().unwrap_or(&true));
+            }
+            Ok(CsvForm::ComputeComms)
+        } else if self.devices.iter().flatten().any(|a| a.kind.is_comm()) {
+            Ok(CsvForm::Lowered)
+        } else {
+            Ok(CsvForm::ComputeOnly)
+        }
+    }
 }
 
 /// A cell of PyTorch's compute+comms form that pipewright has no action for.
