@@ -31,7 +31,7 @@ for line in sys.stdin:
     while read -r name exe; do strip -o "$out/bin/$pkg-$name" "$exe"; echo "  $pkg-$name"; done
 }
 echo "test binaries:"
-tests pipewright-kernels-cuda "" --lib
+tests pipewright-kernels-cuda cuda --lib
 tests pipewright-kernels cuda --test backends --test stage_backends
 tests pipewright-runtime "nccl mpi" --lib --test cuda --test nccl --test gpu_gpt
 echo "pipewright (cuda nccl mpi) and the gpu_train bench:"

@@ -16,6 +16,8 @@
 //! - No implicit copy: host and device meet only in `upload`, `download` and [`interop`].
 //! - No CUDA library is touched before [`CudaBackend::new`] has found it.
 #![deny(missing_docs)]
+// Empty without its feature, so a default workspace build does not compile cudarc.
+#![cfg(feature = "cuda")]
 
 mod attention;
 mod blas;
