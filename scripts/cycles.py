@@ -15,7 +15,7 @@ import sys
 
 CRATES = ["kinds/src", "schedule/src", "model/src", "sim/src", "plan/src", "kernels-core/src",
           "kernels-cuda/src", "kernels/src",
-          "stage-runtime/src", "viz/src", "input/src", "derive/src", "cli/src", "src",
+          "stage-runtime/src", "viz/src", "input/src", "calibrate/src", "derive/src", "cli/src", "src",
           "python/src"]
 
 

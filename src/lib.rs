@@ -4,11 +4,13 @@
 //! with [`model`], [`sim`] and [`plan`] also by their own crates' names,
 //! [`runtime`] (meshes, the per-device runtime, [`runtime::StageModule`] and layer lists),
 //! [`kernels`] (tensors, layers with split backward, optimizers), [`viz`] (bubble charts) and
-//! [`input`] (files read within this machine's limits, timelines checked on the way in).
+//! [`input`] (files read within this machine's limits, timelines checked on the way in) and
+//! [`calibrate`] (this machine measured as a cluster for the planner).
 //! Cargo features `mpi`, `cuda`, `nccl` and `candle` turn on the runtime's transports and
 //! bridges. [`prelude`] holds what a model needs.
 #![deny(missing_docs)]
 
+pub use pipewright_calibrate as calibrate;
 pub use pipewright_input as input;
 pub use pipewright_kernels as kernels;
 pub use pipewright_model as model;

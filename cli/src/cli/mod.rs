@@ -3,8 +3,6 @@
 pub mod args;
 pub mod budget;
 pub mod calibrate;
-#[cfg(feature = "cuda")]
-mod calibrate_cuda;
 pub mod charts;
 pub mod checks;
 pub mod commands;
@@ -21,6 +19,5 @@ pub mod self_command;
 pub mod shape;
 pub mod steady;
 pub mod timetable_out;
-mod timing;
 pub mod train;
 pub mod validate_plan;

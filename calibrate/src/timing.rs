@@ -1,10 +1,11 @@
 //! Timing and the matmul grid shared by both calibrations (`calibrate` on the CPU,
-//! `calibrate_cuda` on a GPU), so neither imports the other.
+//! `cuda` on a GPU), so neither imports the other.
 
 use std::time::{Duration, Instant};
 
-use anyhow::Result;
-use pipewright::schedule::plan::efficiency::MatmulSample;
+use pipewright_plan::efficiency::MatmulSample;
+
+use super::CalibrateError;
 
 /// Least time spent timing each measurement.
 const SPAN: Duration = Duration::from_millis(40);
@@ -29,8 +30,8 @@ pub(super) fn fastest(mut f: impl FnMut()) -> f64 {
 pub(super) fn matmul_grid(
     dims: &[usize],
     k: usize,
-    mut time: impl FnMut(usize, usize, usize) -> Result<f64>,
-) -> Result<Vec<MatmulSample>> {
+    mut time: impl FnMut(usize, usize, usize) -> Result<f64, CalibrateError>,
+) -> Result<Vec<MatmulSample>, CalibrateError> {
     let mut out = Vec::new();
     for &m in dims {
         for &n in dims {

@@ -1,4 +1,4 @@
-//! `plan --calibrate FILE --device cuda:N` (feature `cuda`): a GPU as a cluster file.
+//! A GPU as a cluster (feature `cuda`).
 //!
 //! Measured on the GPU, through the kernels' CUDA backend that `train --device cuda` uses:
 //! - matmul rates in each precision (f32, TF32 on the f32 operands, bf16 with its operand
@@ -13,13 +13,15 @@
 //! and the cluster file's `source` says so. The attention kernels are tiled with an online
 //! softmax (nothing of size seq x seq in memory), so `fused_attention` is on.
 
-use anyhow::{anyhow, Result};
-use pipewright::kernels::cuda::{device_count, CudaBackend, CudaTensor};
-use pipewright::kernels::{Backend, KernelError, Precision, Tensor};
-use pipewright::schedule::plan::efficiency::{fit, MatmulSample};
-use pipewright::schedule::plan::{Cluster, Efficiency, PeakTflops};
+use pipewright_kernels_core::{Backend, KernelError, Precision, Tensor};
+use pipewright_kernels_cuda::{device_count, CudaBackend, CudaTensor};
+use pipewright_plan::efficiency::{fit, MatmulSample};
+use pipewright_plan::{Cluster, Efficiency, PeakTflops};
 
 use super::timing::{expected, fastest, matmul_grid};
+use super::{CalibrateError, Calibration};
+
+type Result<T> = std::result::Result<T, CalibrateError>;
 
 /// Matmul dimensions tried (each pair of them as m and n) and the inner dimension: from
 /// launch-bound to a tensor-core-saturating 8192 x 8192 x 4096.
@@ -47,12 +49,13 @@ fn matmuls(gpu: &CudaBackend) -> Result<Vec<MatmulSample>> {
             y = Some(gpu.matmul(&x, &w)?);
             Ok(())
         })?;
-        let y = y.ok_or_else(|| anyhow!("calibration matmul did not run"))?;
-        let host = gpu.download(&y)?;
-        anyhow::ensure!(
-            host.data().first() == Some(&expected(k)) && host.data().last() == Some(&expected(k)),
-            "calibration matmul {m}x{k}x{n} on the GPU gave a wrong result"
-        );
+        let wrong = || CalibrateError::WrongResult {
+            what: format!("matmul {m}x{k}x{n} on the GPU"),
+        };
+        let host = gpu.download(&y.ok_or_else(wrong)?)?;
+        if host.data().first() != Some(&expected(k)) || host.data().last() != Some(&expected(k)) {
+            return Err(wrong());
+        }
         Ok(secs)
     })
 }
@@ -69,12 +72,10 @@ fn bandwidths(gpu: &CudaBackend) -> Result<(f64, f64)> {
 
 /// GPU `ordinal` as a cluster of one node of this machine's GPUs, with `links`' links, and a
 /// line saying what was measured.
-pub fn measure(ordinal: usize, links: &Cluster) -> Result<(Cluster, String)> {
+pub fn cuda(ordinal: usize, links: &Cluster) -> Result<Calibration> {
     let unavailable = |e: KernelError| match e {
-        KernelError::CudaUnavailable(why) => {
-            anyhow!("--calibrate --device cuda:{ordinal}: no GPU to measure: {why}")
-        }
-        e => anyhow!("--calibrate --device cuda:{ordinal}: {e}"),
+        KernelError::CudaUnavailable(why) => CalibrateError::NoGpu { ordinal, why },
+        e => CalibrateError::Kernel(e),
     };
     let gpus = device_count().map_err(unavailable)?;
     let mut gpu = CudaBackend::new(ordinal).map_err(unavailable)?;
@@ -87,7 +88,9 @@ pub fn measure(ordinal: usize, links: &Cluster) -> Result<(Cluster, String)> {
     {
         gpu = gpu.with_precision(p);
         let samples = matmuls(&gpu)?;
-        let (peak, half) = fit(&samples).ok_or_else(|| anyhow!("no {p:?} matmul rate"))?;
+        let (peak, half) = fit(&samples).ok_or_else(|| CalibrateError::NoRate {
+            what: format!("{p:?}"),
+        })?;
         peaks[i] = peak / 1e12;
         half_dim = half;
     }
@@ -113,7 +116,7 @@ pub fn measure(ordinal: usize, links: &Cluster) -> Result<(Cluster, String)> {
             fused_attention: true,
         },
         source: Some(format!(
-            "pipewright plan --calibrate --device cuda:{ordinal} on {name}: {n} matmul shapes per precision fitted, a 256 MiB device copy, GeLU; links from the {} preset (not measured)",
+            "pipewright calibration of cuda:{ordinal}, {name}: {n} matmul shapes per precision fitted, a 256 MiB device copy, GeLU; links from the {} preset (not measured)",
             links.name,
             n = DIMS.len() * DIMS.len()
         )),
@@ -128,5 +131,5 @@ pub fn measure(ordinal: usize, links: &Cluster) -> Result<(Cluster, String)> {
         cluster.memory_gib,
         links.name
     );
-    Ok((cluster, summary))
+    Ok(Calibration { cluster, summary })
 }
