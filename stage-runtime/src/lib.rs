@@ -137,6 +137,7 @@ pub mod mesh;
 pub mod module;
 pub mod options;
 mod param_name;
+pub mod report;
 pub mod run;
 #[cfg(feature = "cuda")]
 pub mod run_cuda;
@@ -174,6 +175,7 @@ pub use module::{
     Unimplemented,
 };
 pub use options::RunOptions;
+pub use report::{StepReport, StepReportError};
 pub use run::{prepare, run, run_local, FinalParams, StepRecord};
 #[cfg(feature = "cuda")]
 pub use run_cuda::run_cuda_local;

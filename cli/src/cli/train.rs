@@ -11,7 +11,7 @@ use pipewright::kernels::gpt::GptConfig;
 use pipewright::kernels::optim::AdamWConfig;
 use pipewright::runtime::{
     gpt_config, run, train_gpt, Coord, FinalParams, Mesh, MicrobatchId, ModuleError, RunOptions,
-    RuntimeError, StepRecord, SyntheticModule, TrainConfig, Zero,
+    RuntimeError, StepRecord, StepReport, SyntheticModule, TrainConfig, Zero,
 };
 use pipewright::schedule::{simulate, Timeline, Timetable};
 use pipewright::viz::{
@@ -239,14 +239,9 @@ impl TrainCmd {
             first_loss.get_or_insert(loss);
             let tps = tokens / s.seconds.max(1e-9);
             match self.format {
-                ReportFormat::Json => lines.line(
-                    &serde_json::json!({"step": s.step, "loss": loss, "tokens_per_second": tps,
-                        "seconds": s.seconds, "bubble_fraction": s.bubble_fraction(), "peak_stash": s.peak_stash,
-                        "peak_stash_bytes": s.peak_stash_bytes, "kept_per_microbatch": s.kept_per_microbatch,
-                        "optimizer_state_bytes": s.optimizer_state_bytes, "memory": s.memory,
-                        "steady_state_period_ms": period_ms, "oversubscribed": oversubscribed})
-                    .to_string(),
-                ),
+                ReportFormat::Json => {
+                    lines.try_line(StepReport::new(s, tokens, period_ms, oversubscribed).to_line())
+                }
                 ReportFormat::Table => {
                     bar.set_message(format!(
                         "loss {loss:.4}  {tps:.0} tok/s  bubble {:.1}%{}",

@@ -7,7 +7,7 @@
 //! nothing but the machine's noise.
 
 use anyhow::{anyhow, bail, Context, Result};
-use pipewright::runtime::gpt_config;
+use pipewright::runtime::{gpt_config, StepReport};
 use pipewright::schedule::shape::request::kind_flags;
 
 use super::memory::human;
@@ -73,33 +73,22 @@ fn measure(req: &PlanRequest, shape: &ModelShape, c: &Config) -> Result<(f64, Ve
     if !out.status.success() {
         bail!("train of {c} failed: {}", child_failure(&out));
     }
-    let text = String::from_utf8_lossy(&out.stdout);
+    read_report(c, &String::from_utf8_lossy(&out.stdout))
+}
+
+/// The period and per-device peaks of `train`'s last step report in `text` (its stdout).
+fn read_report(c: &Config, text: &str) -> Result<(f64, Vec<u64>)> {
     let last = text
         .lines()
         .rev()
         .find(|l| l.starts_with('{'))
-        .ok_or_else(|| anyhow!("train of {} printed no step", c))?;
-    let v: serde_json::Value = serde_json::from_str(last)?;
-    let period = v["steady_state_period_ms"]
-        .as_f64()
+        .ok_or_else(|| anyhow!("train of {c} printed no step"))?;
+    let report = StepReport::from_line(last).with_context(|| format!("train of {c}"))?;
+    let period = report
+        .steady_state_period_ms
         .map(|ms| ms / 1e3)
-        .ok_or_else(|| anyhow!("train of {} reported no period", c))?;
-    // `memory` lists every rank, device by device (tp * dp ranks each).
-    let ranks = (c.tp * c.dp) as usize;
-    let per_rank: Vec<u64> = v["memory"]
-        .as_array()
-        .map(|rs| {
-            rs.iter()
-                .filter_map(|r| serde_json::from_value::<MemoryBreakdown>(r["peak"].clone()).ok())
-                .map(|m| m.total())
-                .collect()
-        })
-        .unwrap_or_default();
-    let devices = per_rank
-        .chunks(ranks.max(1))
-        .map(|d| d.iter().copied().max().unwrap_or(0))
-        .collect();
-    Ok((period, devices))
+        .ok_or_else(|| anyhow!("train of {c} reported no period"))?;
+    Ok((period, report.device_peak_totals((c.tp * c.dp) as usize)))
 }
 
 /// Why a child `train` failed: its `error:` line, or how it ended (a signal: killed, most
@@ -258,4 +247,69 @@ pub fn validate(req: &PlanRequest, runs: &[(Config, f64)]) -> Result<String> {
         None => "Spearman rank correlation: undefined (fewer than 2 distinct values)\n".into(),
     };
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pipewright::runtime::RankMemory;
+    use pipewright::schedule::{Recompute, ScheduleKind};
+
+    fn config() -> Config {
+        Config {
+            tp: 1,
+            pp: 2,
+            dp: 2,
+            v: 1,
+            microbatch_size: 1,
+            microbatches: 4,
+            schedule: ScheduleKind::OneFOneB,
+            recompute: Recompute::None,
+            recompute_devices: 2,
+            zero: 0,
+            sequence_parallel: false,
+        }
+    }
+
+    /// `train`'s stdout: a note, then one step report whose memory is `peaks` (by rank).
+    fn stdout(peaks: &[u64], period: serde_json::Value) -> String {
+        let rank = |p| RankMemory {
+            peak: MemoryBreakdown {
+                parameters: p,
+                ..MemoryBreakdown::default()
+            },
+            ..RankMemory::default()
+        };
+        let mut v = serde_json::json!({"step": 5, "loss": 1.5, "tokens_per_second": 10.0,
+            "seconds": 0.1, "bubble_fraction": 0.2, "peak_stash": [1, 1], "peak_stash_bytes": [1, 1],
+            "kept_per_microbatch": [1, 1], "optimizer_state_bytes": [0, 0, 0, 0],
+            "oversubscribed": false});
+        v["memory"] =
+            serde_json::to_value(peaks.iter().map(|&p| rank(p)).collect::<Vec<_>>()).unwrap();
+        v["steady_state_period_ms"] = period;
+        format!("training\n{v}\n")
+    }
+
+    #[test]
+    fn a_report_gives_the_period_and_each_device_s_fullest_rank() {
+        let (period, peaks) = read_report(&config(), &stdout(&[5, 9, 4, 3], 250.0.into())).unwrap();
+        assert_eq!((period, peaks), (0.25, vec![9, 4]));
+    }
+
+    #[test]
+    fn a_malformed_report_is_refused_in_one_line_naming_the_field() {
+        let c = config();
+        let e = read_report(&c, &stdout(&[5, 9, 4, 3], "fast".into())).unwrap_err();
+        let line = super::super::console::one_line(&e);
+        assert!(
+            line.starts_with(&format!(
+                "train of {c}: step report field `steady_state_period_ms`: invalid type: string \"fast\""
+            )),
+            "{line}"
+        );
+        let e = read_report(&c, &stdout(&[5, 9, 4, 3], serde_json::Value::Null)).unwrap_err();
+        assert_eq!(e.to_string(), format!("train of {c} reported no period"));
+        let e = read_report(&c, "no step here\n").unwrap_err();
+        assert_eq!(e.to_string(), format!("train of {c} printed no step"));
+    }
 }
