@@ -8,19 +8,21 @@
 
 use anyhow::{anyhow, bail, Context, Result};
 use pipewright::runtime::{gpt_config, StepReport};
-use pipewright::schedule::shape::request::kind_flags;
 
 use super::memory::human;
 use pipewright::schedule::memory::{MemoryBreakdown, ModelShape};
 use pipewright::schedule::plan::fit::peaks_as_run;
+use pipewright::schedule::plan::launch::{family_flags, train_flags};
 use pipewright::schedule::plan::rank::spearman;
 use pipewright::schedule::plan::{Config, PlanRequest};
 
 /// Steps each configuration trains for (the period is the median advance after the first).
 const STEPS: &str = "6";
 
-/// `train`'s arguments for `row` on in-process devices.
+/// `train`'s arguments for `c` on in-process devices: the plan's own launch flags (the
+/// library builds both), printing one step report per line.
 fn train_args(req: &PlanRequest, s: &ModelShape, c: &Config) -> Vec<String> {
+    let flags = train_flags(req, s, c, &family_flags(c));
     [
         "train",
         "--transport",
@@ -32,34 +34,9 @@ fn train_args(req: &PlanRequest, s: &ModelShape, c: &Config) -> Vec<String> {
         "--steps",
         STEPS,
     ]
-    .iter()
-    .map(|x| x.to_string())
-    .chain(
-        [
-            ("--precision", req.precision.name().to_string()),
-            ("--schedule", c.schedule.to_string()),
-            ("--stages", c.pp.to_string()),
-            ("--virtual", c.v.to_string()),
-            ("--microbatches", c.microbatches.to_string()),
-            ("--microbatch-size", c.microbatch_size.to_string()),
-            ("--tp", c.tp.to_string()),
-            ("--dp", c.dp.to_string()),
-            ("--zero", c.zero.to_string()),
-            ("--recompute", c.recompute_plan().to_string()),
-            ("--layers", s.layers.to_string()),
-            ("--d-model", s.d_model.to_string()),
-            ("--heads", s.heads.to_string()),
-            ("--seq-len", s.seq_len.to_string()),
-            ("--vocab", s.vocab.to_string()),
-        ]
-        .into_iter()
-        .flat_map(|(k, v)| [k.to_string(), v]),
-    )
-    .chain(
-        c.sequence_parallel
-            .then(|| "--sequence-parallel".to_string()),
-    )
-    .chain(kind_flags(s).split_whitespace().map(str::to_string))
+    .into_iter()
+    .chain(flags.split_whitespace())
+    .map(str::to_string)
     .collect()
 }
 
@@ -271,6 +248,11 @@ mod tests {
         }
     }
 
+    fn request(shape: &ModelShape) -> PlanRequest {
+        let cluster = pipewright::schedule::plan::cluster::a100_80g();
+        PlanRequest::new(*shape, cluster, 4, 8)
+    }
+
     /// `train`'s stdout: a note, then one step report whose memory is `peaks` (by rank).
     fn stdout(peaks: &[u64], period: serde_json::Value) -> String {
         let rank = |p| RankMemory {
@@ -288,6 +270,20 @@ mod tests {
             serde_json::to_value(peaks.iter().map(|&p| rank(p)).collect::<Vec<_>>()).unwrap();
         v["steady_state_period_ms"] = period;
         format!("training\n{v}\n")
+    }
+
+    #[test]
+    fn training_runs_take_the_launch_line_s_flags_on_local_ranks() {
+        let shape = ModelShape::gpt(2, 64, 4, 256, 16, 128);
+        let c = Config {
+            sequence_parallel: true,
+            ..config()
+        };
+        let args = train_args(&request(&shape), &shape, &c).join(" ");
+        assert_eq!(
+            args,
+            "train --transport local --format json --log-interval 0 --steps 6 --precision bf16 --schedule 1f1b --stages 2 --virtual 1 --microbatches 4 --microbatch-size 1 --tp 1 --dp 2 --zero 0 --recompute none --sequence-parallel --layers 2 --d-model 64 --heads 4 --seq-len 16 --vocab 128"
+        );
     }
 
     #[test]
