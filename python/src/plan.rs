@@ -276,15 +276,18 @@ fn named_file(
     arg.map(|a| named_text(a, what, kind)).transpose()
 }
 
+/// The fixed sizes as given: TP, PP, v, the microbatch size and the ZeRO level.
+type FixedSizes = (
+    Option<u32>,
+    Option<u32>,
+    Option<u32>,
+    Option<u64>,
+    Option<u8>,
+);
+
 /// The fixed dimensions: sizes as given, the schedule and policy read.
 fn fixed(
-    (tp, pp, v, microbatch_size, zero): (
-        Option<u32>,
-        Option<u32>,
-        Option<u32>,
-        Option<u64>,
-        Option<u8>,
-    ),
+    (tp, pp, v, microbatch_size, zero): FixedSizes,
     (schedule, recompute): (Option<&str>, Option<&str>),
     sequence_parallel: Option<bool>,
 ) -> PyResult<Fixed> {
