@@ -151,6 +151,7 @@ mod setup;
 pub mod shape;
 pub mod split;
 pub mod train;
+pub mod train_request;
 pub mod zero;
 
 /// The kernels crate, whose types [`StageModule`] and [`split::Layer`] use.
@@ -195,4 +196,5 @@ pub use train::train_gpt_nccl_mpi;
 #[cfg(feature = "nccl")]
 pub use train::train_gpt_nccl_rank;
 pub use train::{gpt_data, train_gpt, TrainConfig};
+pub use train_request::{TrainRequest, TrainRequestError};
 pub use zero::{Zero, ZeroError};

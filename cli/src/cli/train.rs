@@ -2,16 +2,13 @@
 //! durations, measured against the simulator).
 
 use std::path::PathBuf;
-use std::time::Duration;
 
 use anyhow::{anyhow, bail, Result};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
-use pipewright::kernels::gpt::GptConfig;
-use pipewright::kernels::optim::AdamWConfig;
 use pipewright::runtime::{
-    gpt_config, train_gpt, FinalParams, Mesh, RunOptions, RuntimeError, StepRecord, StepReport,
-    TrainConfig, Zero,
+    train_gpt, FinalParams, Mesh, RuntimeError, StepRecord, StepReport, TrainConfig, TrainRequest,
+    TrainRequestError, Zero,
 };
 use pipewright::schedule::{Timeline, Timetable};
 use pipewright::viz::{
@@ -22,7 +19,7 @@ use super::args::{
     mpi_universe, nccl_universe, parse_device, Device, MpiUniverse, PrecisionArg, SourceArgs,
     Transport,
 };
-use super::checks::{at_least, in_range, Kind, Output};
+use super::checks::{Kind, Output};
 use super::commands::ReportFormat;
 use super::console::{self, Lines};
 use super::measured;
@@ -143,16 +140,17 @@ impl TrainCmd {
                 Output::new("--costs-out", self.costs_out.as_ref(), Kind::Json),
             ],
         )?;
-        self.check_numbers()?;
+        let request = self.request()?;
+        request.check().map_err(refused)?;
         let chart_format = self
             .chart
             .as_deref()
             .map(ImageFormat::from_path)
             .transpose()?;
         let (tt, _) = self.source.timetable()?;
-        let cfg = self.config(&tt)?;
+        let cfg = self.config(&request, &tt)?;
         let device = self.device()?;
-        self.fits(&tt, &cfg.mesh, device)?;
+        self.fits(&request.shape().map_err(refused)?, &tt, &cfg.mesh, device)?;
         let universe = match self.transport {
             Transport::Mpi => Some(mpi_universe()?),
             Transport::Nccl => Some(nccl_universe()?),
@@ -201,65 +199,28 @@ impl TrainCmd {
         Ok(())
     }
 
-    /// The run's configuration from the flags, with what cannot train refused in one line
-    /// and what changes nothing warned about.
-    fn config(&self, tt: &Timetable) -> Result<TrainConfig> {
-        if self.layers < tt.num_stages() as usize {
-            bail!(
-                "--layers {}: {} stages need at least {} layers (one or more per stage)",
-                self.layers,
-                tt.num_stages(),
-                tt.num_stages()
-            );
-        }
-        let mesh = Mesh::new(tt.num_devices() as usize, self.tp, self.dp)?;
-        let zero = Zero::from_level(self.zero, mesh.pp)
-            .map_err(|e| anyhow!("--zero {}: {e}", self.zero))?;
-        if zero == Zero::One && mesh.dp == 1 {
+    /// The run's configuration, checked by the library, with what changes nothing warned
+    /// about.
+    fn config(&self, request: &TrainRequest, tt: &Timetable) -> Result<TrainConfig> {
+        let cfg = request.config(tt).map_err(refused)?;
+        if cfg.run.zero == Zero::One && cfg.mesh.dp == 1 {
             console::note("warning: --zero 1 with --dp 1 changes nothing: the one replica holds all the optimizer state");
         }
-        if self.sequence_parallel && mesh.tp == 1 {
+        if self.sequence_parallel && cfg.mesh.tp == 1 {
             console::note("warning: --sequence-parallel with --tp 1 changes nothing: there is no group to split the sequence over");
         }
-        if self.sequence_parallel && self.seq_len % mesh.tp != 0 {
-            bail!(
-                "--sequence-parallel: --seq-len {} is not divisible by --tp {} (each TP rank keeps a slice of seq-len / tp positions)",
-                self.seq_len,
-                mesh.tp
-            );
-        }
-        Ok(TrainConfig {
-            mesh,
-            model: self.model()?,
-            microbatch_size: self.microbatch_size,
-            sequence_parallel: self.sequence_parallel,
-            seed: self.seed,
-            run: RunOptions {
-                steps: self.steps,
-                timeout: timeout(self.timeout)?,
-                adamw: AdamWConfig {
-                    lr: self.lr,
-                    ..AdamWConfig::default()
-                },
-                // The timetable carries the R actions; the plan says what each stage keeps.
-                recompute: self.source.recompute.clone(),
-                precision: self.precision.into(),
-                zero,
-                check_finite: !self.allow_non_finite,
-                ..RunOptions::default()
-            },
-        })
+        Ok(cfg)
     }
 
     /// Refuse a run this machine cannot hold: the ranks' memory on the CPU, and with
     /// `--costs-out` every step's timeline kept.
-    fn fits(&self, tt: &Timetable, mesh: &Mesh, device: Device) -> Result<()> {
+    fn fits(&self, shape: &ModelShape, tt: &Timetable, mesh: &Mesh, device: Device) -> Result<()> {
         if device == Device::Cpu {
             let ranks_here = match self.transport {
                 Transport::Local => mesh.world_size() as u64,
                 _ => 1,
             };
-            super::budget::training(&self.memory_config(tt, mesh)?, tt, ranks_here)?;
+            super::budget::training(&self.memory_config(shape, tt, mesh), tt, ranks_here)?;
         }
         if self.costs_out.is_some() {
             let spm = u64::from(tt.num_stages()) * u64::from(tt.microbatches);
@@ -350,75 +311,39 @@ impl<'a> Watch<'a> {
 }
 
 impl TrainCmd {
-    /// Hyperparameters and sizes, checked before any work so that a bad one fails in one
-    /// line instead of inside step 0 or as a NaN loss.
-    fn check_numbers(&self) -> Result<()> {
-        in_range(
-            "--lr",
-            self.lr,
-            0.0,
-            1.0,
-            "AdamW's learning rate; the default is 3e-3",
-        )?;
-        in_range(
-            "--timeout",
-            self.timeout,
-            0.0,
-            1e6,
-            "seconds a receive may wait",
-        )?;
-        at_least(
-            "--vocab",
-            self.vocab,
-            2,
-            "a next-token task needs two tokens or more",
-        )?;
-        at_least("--seq-len", self.seq_len, 1, "tokens per sequence")?;
-        at_least(
-            "--microbatch-size",
-            self.microbatch_size,
-            1,
-            "sequences per microbatch",
-        )?;
-        at_least("--heads", self.heads, 1, "attention heads")?;
-        for (flag, value) in [("--layers", self.layers), ("--heads", self.heads)] {
-            if u32::try_from(value).is_err() {
-                bail!("{flag} {value}: at most {}", u32::MAX);
-            }
-        }
-        at_least("--d-model", self.d_model, 1, "width of the residual stream")?;
-        at_least("--tp", self.tp, 1, "tensor-parallel ranks")?;
-        at_least("--dp", self.dp, 1, "data-parallel replicas")?;
-        at_least("--steps", self.steps as usize, 1, "training steps")?;
-        self.model()?.validate(self.tp)?;
-        Ok(())
-    }
-
-    /// The model's description from the flags: the sizes and the shape's kinds.
-    fn shape(&self) -> Result<ModelShape> {
-        let size =
-            |flag: &str, v: usize| u32::try_from(v).map_err(|_| anyhow!("{flag} {v} is too large"));
-        self.shape.shape(
-            size("--layers", self.layers)?,
-            self.d_model as u64,
-            size("--heads", self.heads)?,
-            self.seq_len as u64,
-            self.vocab as u64,
-        )
-    }
-
-    /// The reference GPT of the flags (checked; a kind the reference lacks refused in one
-    /// line).
-    fn model(&self) -> Result<GptConfig> {
-        // The reference refuses tied embeddings only.
-        gpt_config(&self.shape()?).map_err(|e| anyhow!("--tied-embeddings: {e}"))
+    /// The flags as the library's [`TrainRequest`] (`--layers` and `--heads` as 32-bit
+    /// counts), unchecked.
+    fn request(&self) -> Result<TrainRequest> {
+        let count = |flag: &str, v: usize| {
+            u32::try_from(v).map_err(|_| anyhow!("{flag} {v}: at most {}", u32::MAX))
+        };
+        Ok(TrainRequest {
+            layers: count("--layers", self.layers)?,
+            d_model: self.d_model as u64,
+            heads: count("--heads", self.heads)?,
+            seq_len: self.seq_len as u64,
+            vocab: self.vocab as u64,
+            kinds: self.shape.kinds(),
+            tp: self.tp,
+            dp: self.dp,
+            zero: self.zero,
+            sequence_parallel: self.sequence_parallel,
+            microbatch_size: self.microbatch_size,
+            steps: self.steps,
+            seed: self.seed,
+            lr: self.lr,
+            timeout: self.timeout,
+            precision: self.precision.into(),
+            recompute: self.source.recompute.clone(),
+            allow_non_finite: self.allow_non_finite,
+        })
     }
 
     /// The memory model's view of this run (pipewright's own accounting of the reference
     /// GPT), for the estimate made before anything is allocated.
-    fn memory_config(&self, tt: &Timetable, mesh: &Mesh) -> Result<MemoryConfig> {
+    fn memory_config(&self, shape: &ModelShape, tt: &Timetable, mesh: &Mesh) -> MemoryConfig {
         let u32_of = |x: usize| u32::try_from(x).unwrap_or(u32::MAX);
-        Ok(MemoryConfig {
+        MemoryConfig {
             precision: match self.precision {
                 PrecisionArg::Bf16 => MemPrecision::Bf16,
                 _ => MemPrecision::F32,
@@ -430,9 +355,8 @@ impl TrainCmd {
             sequence_parallel: self.sequence_parallel,
             zero: self.zero as u8,
             recompute: self.source.recompute.clone(),
-            ..MemoryConfig::new(self.shape()?, u32_of(mesh.pp))
-                .with_accounting(Accounting::Pipewright)
-        })
+            ..MemoryConfig::new(*shape, u32_of(mesh.pp)).with_accounting(Accounting::Pipewright)
+        }
     }
 
     /// Where tensors live: `--device`, checked against the transport. Over NCCL each rank
@@ -556,6 +480,17 @@ fn train_cuda(
     bail!(NO_CUDA)
 }
 
+/// A training request's refusal in the command line's words (`--seq-len`); an error of the
+/// model's shape, its sizes or the mesh keeps its own chain of causes.
+fn refused(e: TrainRequestError) -> anyhow::Error {
+    match e {
+        TrainRequestError::Shape(e) => e.into(),
+        TrainRequestError::Sizes(e) => e.into(),
+        TrainRequestError::Mesh(e) => e.into(),
+        e => anyhow!(e.named(&|f| format!("--{}", f.replace('_', "-")))),
+    }
+}
+
 /// Why `--device cuda` cannot run in this build.
 const NO_CUDA: &str = "--device cuda: this pipewright was built without CUDA; rebuild with: cargo build --release --features cuda";
 
@@ -567,13 +502,6 @@ fn non_finite_hint(e: anyhow::Error) -> anyhow::Error {
         }
         _ => e,
     }
-}
-
-fn timeout(secs: f64) -> Result<Duration> {
-    if !(secs.is_finite() && secs > 0.0) {
-        bail!("--timeout must be a positive number of seconds (got {secs})");
-    }
-    Ok(Duration::from_secs_f64(secs))
 }
 
 fn progress(steps: u64, show: bool) -> ProgressBar {
