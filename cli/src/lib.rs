@@ -7,11 +7,12 @@ mod cli;
 use std::ffi::OsString;
 
 use clap::{Parser, Subcommand};
+use cli::bench::BenchCmd;
 use cli::charts::{SweepCmd, VizCmd};
 use cli::commands::{ScheduleCmd, SimulateCmd, ValidateCmd};
 use cli::plan::PlanCmd;
 use cli::search::SearchCmd;
-use cli::train::{BenchCmd, TrainCmd};
+use cli::train::TrainCmd;
 
 /// Pipeline-parallel schedules as data: generated, validated, simulated, drawn, executed.
 #[derive(Parser, Debug)]

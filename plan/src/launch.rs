@@ -7,9 +7,9 @@ use serde_json::{json, Value};
 
 use pipewright_model::layer_profile::LayerProfile;
 use pipewright_model::shape::request::{describe, kind_flags};
-use pipewright_model::shape::PositionKind;
+use pipewright_model::shape::{ModelShape, PositionKind};
 
-use super::config::PlanRequest;
+use super::config::{Config, PlanRequest};
 use super::costs::cost_model;
 use super::evaluate::one_step;
 use super::model::PlanModel;
@@ -40,10 +40,15 @@ fn quoted(path: &str) -> String {
 /// The schedule flags of the launch line: the family's, or for a searched best the
 /// timetable file that replaces them (its microbatches, stages and order are in the file).
 pub fn schedule_flags(best: &PlanRow, timetable: Option<&str>) -> String {
-    let c = &best.config;
     if best.searched.is_some() {
         return format!("--timetable {}", quoted(timetable.unwrap_or(PLACEHOLDER)));
     }
+    family_flags(&best.config)
+}
+
+/// A configuration's schedule as `pipewright train` flags: its family, stages, chunks and
+/// microbatches.
+pub fn family_flags(c: &Config) -> String {
     format!(
         "--schedule {} --stages {} --virtual {} --microbatches {}",
         c.schedule, c.pp, c.v, c.microbatches
@@ -57,6 +62,34 @@ pub fn searched_note(best: &PlanRow, timetable: Option<&str>) -> Option<String> 
     })
 }
 
+/// `pipewright train`'s flags for configuration `c` of the GPT `shape` that `req` plans,
+/// after the transport: the precision, `schedule` (the family's flags or a timetable file),
+/// the microbatch size, the mesh, ZeRO, recomputation, sequence parallelism and the model's
+/// sizes and kinds. The launch line and `plan --validate`'s training runs are both made of
+/// these, so the run validated is the run launched.
+pub fn train_flags(req: &PlanRequest, shape: &ModelShape, c: &Config, schedule: &str) -> String {
+    let sp = if c.sequence_parallel {
+        " --sequence-parallel"
+    } else {
+        ""
+    };
+    format!(
+        "--precision {} {schedule} --microbatch-size {} --tp {} --dp {} --zero {} --recompute {}{sp} --layers {} --d-model {} --heads {} --seq-len {} --vocab {}{}",
+        req.precision.name(),
+        c.microbatch_size,
+        c.tp,
+        c.dp,
+        c.zero,
+        c.recompute_plan(),
+        shape.layers,
+        shape.d_model,
+        shape.heads,
+        shape.seq_len,
+        shape.vocab,
+        kind_flags(shape)
+    )
+}
+
 /// A GPT's best configuration as `pipewright train` over NCCL, one process per GPU (a
 /// searched timetable as the file `timetable` names); empty for a layer-list model, whose
 /// launch is [`profile_launch`].
@@ -64,29 +97,11 @@ pub fn launch(req: &PlanRequest, r: &PlanRow, timetable: Option<&str>) -> String
     let Some(shape) = req.model.gpt() else {
         return String::new();
     };
-    let c = &r.config;
-    let recompute = c.recompute_plan().to_string();
-    let sp = if c.sequence_parallel {
-        " --sequence-parallel"
-    } else {
-        ""
-    };
+    let schedule = schedule_flags(r, timetable);
     format!(
-        "mpirun -np {} pipewright train --transport nccl --precision {} {} --microbatch-size {} --tp {} --dp {} --zero {} --recompute {}{sp} --layers {} --d-model {} --heads {} --seq-len {} --vocab {}{}",
-        c.gpus(),
-        req.precision.name(),
-        schedule_flags(r, timetable),
-        c.microbatch_size,
-        c.tp,
-        c.dp,
-        c.zero,
-        recompute,
-        shape.layers,
-        shape.d_model,
-        shape.heads,
-        shape.seq_len,
-        shape.vocab,
-        kind_flags(shape)
+        "mpirun -np {} pipewright train --transport nccl {}",
+        r.config.gpus(),
+        train_flags(req, shape, &r.config, &schedule)
     )
 }
 

@@ -2,7 +2,7 @@
 //! ZeRO, SP) for a GPT on a cluster, ranked by predicted step time.
 
 use pipewright_input::{expect_kind, FileKind};
-use pipewright_model::shape::{AttentionKind, ShapeRequest};
+use pipewright_model::shape::{AttentionKind, Named, ShapeRequest};
 use pipewright_plan::evaluate::timetable as family_timetable;
 use pipewright_plan::launch::{launch, model_line, profile_launch, report_json, row_step};
 use pipewright_plan::listed::configuration;
@@ -243,35 +243,20 @@ fn plan(
                 rope_theta,
                 bias,
             )?,
-            hf_config: hf_config
-                .map(|c| named_text(c, "config", FileKind::HfConfig))
-                .transpose()?,
+            hf_config: named_file(hf_config, "config", FileKind::HfConfig)?,
         },
-        profile: profile
-            .map(|p| named_text(p, "profile", FileKind::LayerProfile))
-            .transpose()?,
+        profile: named_file(profile, "profile", FileKind::LayerProfile)?,
         gpus,
         global_batch,
         cluster: cluster.to_string(),
         cluster_file: cluster_file(cluster)?,
         precision: precision.parse().map_err(err)?,
         attention: kind::<AttentionKind>(attention)?,
-        fixed: Fixed {
-            tp,
-            pp,
-            v,
-            microbatch_size,
-            schedule: schedule
-                .map(|s| s.parse::<ScheduleKind>())
-                .transpose()
-                .map_err(err)?,
-            recompute: recompute
-                .map(parse_policy)
-                .transpose()
-                .map_err(|e| err(format!("--recompute: {e}")))?,
-            zero,
+        fixed: fixed(
+            (tp, pp, v, microbatch_size, zero),
+            (schedule, recompute),
             sequence_parallel,
-        },
+        )?,
         allow_cross_node_tp,
         top,
         max_virtual,
@@ -279,6 +264,53 @@ fn plan(
         max_simulated,
         max_searched,
     };
+    planned(py, raw)
+}
+
+/// An optional file argument's name and text (see [`named_text`]).
+fn named_file(
+    arg: Option<&Bound<'_, PyAny>>,
+    what: &str,
+    kind: FileKind,
+) -> PyResult<Option<Named>> {
+    arg.map(|a| named_text(a, what, kind)).transpose()
+}
+
+/// The fixed sizes as given: TP, PP, v, the microbatch size and the ZeRO level.
+type FixedSizes = (
+    Option<u32>,
+    Option<u32>,
+    Option<u32>,
+    Option<u64>,
+    Option<u8>,
+);
+
+/// The fixed dimensions: sizes as given, the schedule and policy read.
+fn fixed(
+    (tp, pp, v, microbatch_size, zero): FixedSizes,
+    (schedule, recompute): (Option<&str>, Option<&str>),
+    sequence_parallel: Option<bool>,
+) -> PyResult<Fixed> {
+    Ok(Fixed {
+        tp,
+        pp,
+        v,
+        microbatch_size,
+        schedule: schedule
+            .map(|s| s.parse::<ScheduleKind>())
+            .transpose()
+            .map_err(err)?,
+        recompute: recompute
+            .map(parse_policy)
+            .transpose()
+            .map_err(|e| err(format!("--recompute: {e}")))?,
+        zero,
+        sequence_parallel,
+    })
+}
+
+/// Build the request and plan it, interruptibly.
+fn planned(py: Python<'_>, raw: RawPlanRequest) -> PyResult<Plan> {
     let (request, notes) = raw.build().map_err(err)?;
     let started = std::time::Instant::now();
     // Ctrl-C returns at once; the planner, which has no stop flag of its own, ends in the

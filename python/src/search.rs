@@ -1,14 +1,13 @@
 //! `search` (the fastest timetable under a memory cap) and `sweep` (families over chunk
 //! counts).
 
-use std::time::Duration;
-
 use pipewright_schedule::{Cancel, ScheduleKind};
 use pipewright_sim::search::{
-    search as run_search, MemoryCap, SearchOutcome, SearchSpec, MAX_TIME_BUDGET,
+    search as run_search, MemoryCap, SearchOutcome, SearchRequest, SearchRequestError,
+    MAX_RUNNERS_UP,
 };
-use pipewright_sim::sweep::sweep_until;
-use pipewright_sim::{SweepGrid, SweepRow as RsRow};
+use pipewright_sim::sweep::{sweep_until, SweepRequest, SweepRequestError};
+use pipewright_sim::SweepRow as RsRow;
 use pipewright_viz::{pareto_plot, ChartOptions, ParetoPoint};
 use pyo3::prelude::*;
 
@@ -21,7 +20,7 @@ use crate::interrupt::interruptible;
 use crate::shape::{memory_request, memory_to_py, Shape};
 use crate::simulate::Simulation;
 use crate::timetable::Timetable;
-use crate::{check_counts, err, to_py};
+use crate::{err, to_py};
 
 /// A memory cap from a number of microbatches (`4`, `2.5`) or bytes with a unit (`"24GiB"`).
 fn cap_of(cap: &Bound<'_, PyAny>) -> PyResult<MemoryCap> {
@@ -30,6 +29,11 @@ fn cap_of(cap: &Bound<'_, PyAny>) -> PyResult<MemoryCap> {
         Err(_) => cap.str()?.to_string(),
     };
     text.parse().map_err(err)
+}
+
+/// A request's error with its field as Python names it (`max_virtual`).
+fn named(e: SearchRequestError) -> PyErr {
+    err(e.named(str::to_string))
 }
 
 fn families(list: Option<Vec<String>>) -> PyResult<Vec<ScheduleKind>> {
@@ -227,20 +231,20 @@ fn search(
     accounting: Option<&str>,
     attention: Option<&str>,
 ) -> PyResult<SearchResult> {
-    if !(0.0..=MAX_TIME_BUDGET).contains(&time_budget) {
-        return Err(err(format!(
-            "time_budget {time_budget}: give seconds between 0 and {MAX_TIME_BUDGET} (Ctrl-C stops a search sooner)"
-        )));
-    }
-    check_counts(("p", p), ("p", p))?;
-    if m == 0 || max_virtual == 0 {
-        let (name, n) = if m == 0 {
-            ("m", m)
-        } else {
-            ("max_virtual", max_virtual)
-        };
-        return Err(err(format!("{name} {n}: give at least 1")));
-    }
+    let mut request = SearchRequest::new(p, m, cap_of(memory_cap)?);
+    request.max_virtual = max_virtual;
+    request.families = families(schedules)?;
+    request.list_scheduler = list_scheduler;
+    request.split_backward = split_backward;
+    request.improve = improve;
+    request.objective = objective.parse().map_err(err)?;
+    request.time_budget = time_budget;
+    // `timetables(k)` hands back the best and as many runners-up as a search keeps.
+    request.runners_up = MAX_RUNNERS_UP;
+    request.check().map_err(named)?;
+    // Refused when this machine could not hold it, as the CLI's search.
+    let (what, spm, times) = request.footprint();
+    timetable_fits(&what, spm, times).map_err(err)?;
     let memory = memory_request(
         shape,
         tp,
@@ -252,27 +256,12 @@ fn search(
         accounting,
         attention,
     )?;
-    // A candidate's timetable at the largest v, simulated over a few steps, and the best
-    // one kept beside it: refused when this machine could not hold it, as the CLI's search.
-    let top_v = max_virtual.max(2);
-    timetable_fits(
-        &format!("search p={p} m={m} up to v={top_v}"),
-        u64::from(p) * u64::from(m) * u64::from(top_v),
-        2,
-    )
-    .map_err(err)?;
-    let model = Costs::or_default(costs)?.model(p, p)?;
-    let mut spec = SearchSpec::new(p, m, model, cap_of(memory_cap)?);
-    spec.max_virtual = max_virtual;
-    spec.families = families(schedules)?;
-    spec.list_scheduler = list_scheduler;
-    spec.split_backward = split_backward;
-    spec.improve_budget = improve;
-    spec.objective = objective.parse().map_err(err)?;
-    spec.time_budget = Some(Duration::from_secs_f64(time_budget));
-    spec.memory = memory
+    request.memory = memory
         .checked(p, 1, &RecomputePlan::default(), m)
         .map_err(err)?;
+    let spec = request
+        .into_spec(Costs::or_default(costs)?.model(p, p)?)
+        .map_err(named)?;
     let started = std::time::Instant::now();
     let cancel = spec.cancel.clone();
     let found = interruptible(py, &cancel, move || run_search(&spec))?.map_err(err)?;
@@ -365,30 +354,25 @@ fn sweep(
     costs: Option<&Costs>,
     memory_cap: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<Vec<SweepRow>> {
-    check_counts(("p", p), ("p", p))?;
-    for (name, list) in [("m", Some(&m)), ("v", v.as_ref())] {
-        if let Some(bad) = list.into_iter().flatten().find(|&&x| x == 0) {
-            return Err(err(format!(
-                "{name}: counts must be at least 1 (got {bad})"
-            )));
-        }
-    }
-    let costs = Costs::or_default(costs)?;
-    let memory_cap = match memory_cap {
-        Some(cap) => Some(cap_of(cap)?.bytes(&costs.model(p, p)?, p).map_err(err)?),
-        None => None,
-    };
-    let grid = SweepGrid {
+    let request = SweepRequest {
         schedules: families(Some(schedules.unwrap_or_else(|| {
             ["gpipe", "1f1b", "interleaved-1f1b"]
                 .map(String::from)
                 .to_vec()
         })))?,
-        devices: p,
-        virtual_stages: v.unwrap_or_else(|| vec![2]),
-        microbatches: m,
-        memory_cap,
+        p,
+        v: v.unwrap_or_else(|| vec![2]),
+        m,
+        memory_cap: memory_cap.map(cap_of).transpose()?,
     };
+    let named = |e: SweepRequestError| err(e.named(str::to_string));
+    request.check().map_err(named)?;
+    let costs = Costs::or_default(costs)?;
+    let cap_costs = match request.memory_cap {
+        Some(_) => Some(costs.model(p, p)?),
+        None => None,
+    };
+    let grid = request.into_grid(cap_costs.as_ref()).map_err(named)?;
     sweep_fits(&grid, "m=, v= or schedules=").map_err(err)?;
     let cancel = Cancel::default();
     let stop = cancel.clone();

@@ -290,3 +290,22 @@ def test_byte_arguments_take_the_clis_units():
     assert [r.fits for r in pw.sweep(4, [8], schedules=["gpipe", "1f1b"], costs=costs,
                                      memory_cap=4)] == [False, True]
     refused("", pw.sweep, 4, [8], memory_cap="4MiB")
+
+
+def test_search_and_sweep_refuse_a_bad_request_in_the_clis_words():
+    """One request type checks both faces' search and sweep: only the field's name differs."""
+    cases = [
+        (lambda: pw.search(4, 8, 4, max_virtual=0), "max_virtual", "--max-virtual",
+         ("search", "--memory-cap", "4", "--max-virtual", "0")),
+        (lambda: pw.search(4, 8, 4, time_budget=0), "time_budget", "--time-budget",
+         ("search", "--memory-cap", "4", "--time-budget", "0")),
+        (lambda: pw.search(4, 0, 4), "m", "--microbatches",
+         ("search", "-m", "0", "--memory-cap", "4")),
+        (lambda: pw.sweep(p=0), "p", "--stages", ("sweep", "-p", "0")),
+        (lambda: pw.sweep(v=[0, 2]), "v", "--virtual", ("sweep", "-v", "0,2")),
+        (lambda: pw.sweep(schedules=[]), "schedules", "--schedules",
+         ("sweep", "--schedules", ",")),
+    ]
+    for call, ours, theirs, args in cases:
+        line = refused(ours, call)
+        assert line.replace(ours, theirs, 1) == cli_error(*args), (line, args)

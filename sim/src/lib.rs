@@ -30,4 +30,6 @@ pub use simulate::{
     measured_costs, overlap_time, simulate, CostError, CostModel, DeviceReport, RawCostFile,
     RawStageCost, Report, SimError, Simulation, StageCost,
 };
-pub use sweep::{best, parse_counts, sweep, CountsError, SweepGrid, SweepRow};
+pub use sweep::{
+    best, parse_counts, sweep, CountsError, SweepGrid, SweepRequest, SweepRequestError, SweepRow,
+};

@@ -3,10 +3,12 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::search::{CapError, MemoryCap};
 use crate::simulate::{simulate_steps, Bubbles, CostModel};
 use pipewright_schedule::cancel::Cancel;
 use pipewright_schedule::generators::generate;
 use pipewright_schedule::spec::{ScheduleKind, ScheduleSpec};
+use pipewright_schedule::timeline::MAX_DEVICES;
 
 /// One combination's outcome. Combinations that cannot run carry `error` and no figures.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -54,6 +56,102 @@ impl SweepRow {
             fits: None,
             error: Some(error),
         }
+    }
+}
+
+/// One sweep as either face asks for it: the CLI's `sweep` and Python's `sweep(...)` build
+/// the same [`SweepRequest`], so what they accept cannot drift apart.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SweepRequest {
+    /// Schedule families.
+    pub schedules: Vec<ScheduleKind>,
+    /// Pipeline devices.
+    pub p: u32,
+    /// Chunks per device to try.
+    pub v: Vec<u32>,
+    /// Microbatch counts to try.
+    pub m: Vec<u32>,
+    /// The memory cap that marks which rows fit, as `search` reads it.
+    pub memory_cap: Option<MemoryCap>,
+}
+
+/// A sweep request a face cannot run, naming the field; each face renders the field in its
+/// own words ([`SweepRequestError::named`]: `--virtual` or `v`).
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum SweepRequestError {
+    /// No pipeline device, or more than a timeline holds.
+    #[error("p {got}: must be 1 to {MAX_DEVICES} (pipeline devices)")]
+    Devices {
+        /// What was asked for.
+        got: u32,
+    },
+    /// An empty list of families.
+    #[error("schedules names no schedule")]
+    NoSchedules,
+    /// A count of 0 in `v` or `m`.
+    #[error("{field}: counts must be at least 1 (got 0)")]
+    ZeroCount {
+        /// `v` or `m`.
+        field: &'static str,
+    },
+    /// The cap cannot be turned into bytes at these costs.
+    #[error(transparent)]
+    Cap(#[from] CapError),
+}
+
+impl SweepRequestError {
+    /// The message with the field called what `name` calls it (`--virtual` on the command
+    /// line).
+    pub fn named(&self, name: impl Fn(&str) -> String) -> String {
+        match self {
+            SweepRequestError::Devices { got } => {
+                format!(
+                    "{} {got}: must be 1 to {MAX_DEVICES} (pipeline devices)",
+                    name("p")
+                )
+            }
+            SweepRequestError::NoSchedules => format!("{} names no schedule", name("schedules")),
+            SweepRequestError::ZeroCount { field } => {
+                format!("{}: counts must be at least 1 (got 0)", name(field))
+            }
+            SweepRequestError::Cap(e) => e.to_string(),
+        }
+    }
+}
+
+impl SweepRequest {
+    /// Refuse what no sweep can run, naming the field.
+    pub fn check(&self) -> Result<(), SweepRequestError> {
+        if self.p == 0 || self.p > MAX_DEVICES {
+            return Err(SweepRequestError::Devices { got: self.p });
+        }
+        if self.schedules.is_empty() {
+            return Err(SweepRequestError::NoSchedules);
+        }
+        for (field, counts) in [("v", &self.v), ("m", &self.m)] {
+            if counts.contains(&0) {
+                return Err(SweepRequestError::ZeroCount { field });
+            }
+        }
+        Ok(())
+    }
+
+    /// The checked request as the grid to simulate, its cap in bytes at `costs` (the costs
+    /// of `p` stages on `p` devices; needed only with a cap).
+    pub fn into_grid(self, costs: Option<&CostModel>) -> Result<SweepGrid, SweepRequestError> {
+        self.check()?;
+        let memory_cap = match (self.memory_cap, costs) {
+            (Some(cap), Some(costs)) => Some(cap.bytes(costs, self.p)?),
+            (Some(_), None) => return Err(CapError::NoSizes.into()),
+            (None, _) => None,
+        };
+        Ok(SweepGrid {
+            schedules: self.schedules,
+            devices: self.p,
+            virtual_stages: self.v,
+            microbatches: self.m,
+            memory_cap,
+        })
     }
 }
 
@@ -236,6 +334,9 @@ pub fn parse_counts(text: &str) -> Result<Vec<u32>, CountsError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What makes a good request bad.
+    type Spoil<R> = fn(&mut R);
     use crate::simulate::StageCost;
 
     #[test]
@@ -309,5 +410,62 @@ mod tests {
             ("interleaved-1f1b", 2, 32)
         );
         assert!(b.peak_activation_bytes.unwrap() <= 800);
+    }
+
+    #[test]
+    fn a_bad_request_is_refused_naming_the_field_in_each_face_s_words() {
+        let request = SweepRequest {
+            schedules: vec![ScheduleKind::OneFOneB],
+            p: 2,
+            v: vec![1, 2],
+            m: vec![4, 8],
+            memory_cap: None,
+        };
+        let flag = |f: &str| match f {
+            "p" => "--stages".to_string(),
+            "v" => "--virtual".to_string(),
+            "m" => "--microbatches".to_string(),
+            f => format!("--{f}"),
+        };
+        let cases: [(Spoil<SweepRequest>, &str, &str); 4] = [
+            (
+                |r| r.p = 0,
+                "--stages 0: must be 1 to 65536 (pipeline devices)",
+                "p 0: must be 1",
+            ),
+            (
+                |r| r.schedules.clear(),
+                "--schedules names no schedule",
+                "schedules names",
+            ),
+            (
+                |r| r.v.push(0),
+                "--virtual: counts must be at least 1 (got 0)",
+                "v: counts",
+            ),
+            (
+                |r| r.m[0] = 0,
+                "--microbatches: counts must be at least 1 (got 0)",
+                "m: counts",
+            ),
+        ];
+        for (spoil, cli, python) in cases {
+            let mut r = request.clone();
+            spoil(&mut r);
+            let e = r.into_grid(None).unwrap_err();
+            assert_eq!(e.named(flag), cli);
+            assert!(e.named(str::to_string).starts_with(python), "{e}");
+        }
+        let capped = SweepRequest {
+            memory_cap: Some(MemoryCap::Microbatches(2.0)),
+            ..request.clone()
+        };
+        let costs = CostModel::uniform(2, crate::simulate::StageCost::new(1.0, 2.0, None).unwrap());
+        assert_eq!(
+            capped.into_grid(Some(&costs)).unwrap_err(),
+            CapError::NoSizes.into()
+        );
+        let grid = request.into_grid(None).unwrap();
+        assert_eq!((grid.devices, grid.memory_cap), (2, None));
     }
 }

@@ -137,6 +137,7 @@ pub mod mesh;
 pub mod module;
 pub mod options;
 mod param_name;
+pub mod report;
 pub mod run;
 #[cfg(feature = "cuda")]
 pub mod run_cuda;
@@ -150,6 +151,7 @@ mod setup;
 pub mod shape;
 pub mod split;
 pub mod train;
+pub mod train_request;
 pub mod zero;
 
 /// The kernels crate, whose types [`StageModule`] and [`split::Layer`] use.
@@ -174,6 +176,7 @@ pub use module::{
     Unimplemented,
 };
 pub use options::RunOptions;
+pub use report::{StepReport, StepReportError};
 pub use run::{prepare, run, run_local, FinalParams, StepRecord};
 #[cfg(feature = "cuda")]
 pub use run_cuda::run_cuda_local;
@@ -193,4 +196,5 @@ pub use train::train_gpt_nccl_mpi;
 #[cfg(feature = "nccl")]
 pub use train::train_gpt_nccl_rank;
 pub use train::{gpt_data, train_gpt, TrainConfig};
+pub use train_request::{TrainRequest, TrainRequestError};
 pub use zero::{Zero, ZeroError};

@@ -3,9 +3,10 @@
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, ValueEnum};
 use pipewright::schedule::search::MemoryCap;
+use pipewright::schedule::sweep::{SweepRequest, SweepRequestError};
 use pipewright::schedule::{
     best, generate, parse_counts, simulate, sweep, Report, ScheduleKind, ScheduleSpec, SweepGrid,
     SweepRow, Timeline,
@@ -338,10 +339,9 @@ impl SweepCmd {
         console::print(&text)
     }
 
+    /// The flags as the library's [`SweepRequest`] (the one Python builds), checked, as the
+    /// grid to simulate.
     fn grid(&self) -> Result<SweepGrid> {
-        super::checks::at_least("--stages", self.stages as usize, 1, "pipeline devices")?;
-        // The costs are the same for every combination: a bad file is refused once, here.
-        self.costs.model(self.stages, self.stages)?;
         let schedules = self
             .schedules
             .split(',')
@@ -349,31 +349,20 @@ impl SweepCmd {
             .filter(|n| !n.is_empty())
             .map(str::parse)
             .collect::<Result<Vec<ScheduleKind>, _>>()?;
-        if schedules.is_empty() {
-            bail!("--schedules names no schedule");
-        }
-        let vs = parse_counts(&self.virtual_stages).context("--virtual")?;
-        let ms = parse_counts(&self.microbatches).context("--microbatches")?;
-        if let Some(zero) = [("--virtual", &vs), ("--microbatches", &ms)]
-            .into_iter()
-            .find(|(_, counts)| counts.contains(&0))
-        {
-            bail!(
-                "{} `{}`: counts must be at least 1",
-                zero.0,
-                match zero.0 {
-                    "--virtual" => &self.virtual_stages,
-                    _ => &self.microbatches,
-                }
-            );
-        }
-        let grid = SweepGrid {
+        let request = SweepRequest {
             schedules,
-            devices: self.stages,
-            virtual_stages: vs,
-            microbatches: ms,
-            memory_cap: self.cap_bytes()?,
+            p: self.stages,
+            v: parse_counts(&self.virtual_stages).context("--virtual")?,
+            m: parse_counts(&self.microbatches).context("--microbatches")?,
+            memory_cap: (self.memory_cap.as_deref())
+                .map(str::parse::<MemoryCap>)
+                .transpose()?,
         };
+        let named = |e: SweepRequestError| anyhow!(e.named(sweep_flag));
+        request.check().map_err(named)?;
+        // The costs are the same for every combination: a bad file is refused once, here.
+        let costs = self.costs.model(self.stages, self.stages)?;
+        let grid = request.into_grid(Some(&costs)).map_err(named)?;
         self.bounded(&grid)?;
         Ok(grid)
     }
@@ -384,16 +373,15 @@ impl SweepCmd {
         let narrow = "--microbatches, --virtual or --schedules";
         Ok(pipewright::input::sweep_fits(grid, narrow)?)
     }
+}
 
-    /// The cap in bytes: read by the one cap parser `search` uses and turned into bytes by
-    /// the schedule crate (as Python's `sweep` does).
-    fn cap_bytes(&self) -> Result<Option<u64>> {
-        let Some(text) = &self.memory_cap else {
-            return Ok(None);
-        };
-        let cap: MemoryCap = text.parse()?;
-        let model = self.costs.model(self.stages, self.stages)?;
-        Ok(Some(cap.bytes(&model, self.stages)?))
+/// A sweep request field as the command line names it (`v` -> `--virtual`).
+fn sweep_flag(field: &str) -> String {
+    match field {
+        "p" => "--stages".into(),
+        "v" => "--virtual".into(),
+        "m" => "--microbatches".into(),
+        f => format!("--{f}"),
     }
 }
 

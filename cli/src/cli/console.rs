@@ -65,6 +65,16 @@ impl Lines {
         }
     }
 
+    /// Print the line `text` makes, or remember why it could not be made.
+    pub fn try_line<E: Into<anyhow::Error>>(&mut self, text: Result<String, E>) {
+        match text {
+            Ok(t) => self.line(&t),
+            Err(e) => {
+                self.failed.get_or_insert(e.into());
+            }
+        }
+    }
+
     /// The first failure, if any.
     pub fn finish(self) -> Result<()> {
         self.failed.map_or(Ok(()), Err)

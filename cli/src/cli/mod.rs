@@ -1,6 +1,7 @@
 //! The `pipewright` command line.
 
 pub mod args;
+pub mod bench;
 pub mod budget;
 pub mod calibrate;
 pub mod charts;

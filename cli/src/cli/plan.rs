@@ -266,22 +266,7 @@ impl PlanCmd {
                 .as_deref()
                 .map(|p| ("--timetable-out", p)),
         )?;
-        let started = Instant::now();
-        let bar = bar();
-        let mut show = |p: &Progress| {
-            if started.elapsed() > Duration::from_secs(1) {
-                bar.set_length(p.candidates as u64);
-                bar.set_position(p.bounded as u64);
-                bar.set_message(format!(
-                    "{} memory-checked, {} simulated",
-                    p.memory_checked, p.simulated
-                ));
-            }
-        };
-        let result = plan(&req, &mut show);
-        bar.finish_and_clear();
-        let plan = result.map_err(|e| anyhow!("{e}"))?;
-        let seconds = started.elapsed().as_secs_f64();
+        let (plan, seconds) = planned(&req)?;
         // A searched best's timetable text first: what PyTorch cannot run is refused before
         // any output.
         let tt_text = match (&self.timetable_out, plan.rows.first()) {
@@ -384,67 +369,14 @@ impl PlanCmd {
     }
 
     fn table(&self, req: &PlanRequest, plan: &Plan, seconds: f64) -> String {
-        let mut out = format!(
-            "{} GPUs of {} ({} per node, {:.0} GiB), {}, batch {} {}, {}\n",
-            req.gpus,
-            req.cluster.name,
-            req.cluster.gpus_per_node,
-            req.cluster.memory_gib,
-            model_line(req),
-            req.global_batch,
-            req.model.batch_unit(),
-            // A profile plans its weights in the format it measured them in.
-            req.model.profile().map_or_else(
-                || req.precision.name().to_string(),
-                |p| format!("{} (the profile's weights)", p.weight_format())
-            )
-        );
-        let p = &plan.progress;
-        out += &format!(
-            "{} configurations, {} checked against memory ({} did not fit), {} simulated, {} schedule searches, in {seconds:.2} s{}{}\n\n",
-            p.candidates,
-            p.memory_checked,
-            p.unfit,
-            p.simulated,
-            p.searched,
-            match p.refused {
-                0 => String::new(),
-                n => format!(" ({n} refused by a check and dropped: --explain says why)"),
-            },
-            if plan.cut_short {
-                " (simulation budget spent: raise --max-simulated to look further)"
-            } else {
-                ""
-            }
-        );
+        let mut out = heading(req, plan, seconds);
         out += if req.model.tokens(1.0).is_some() {
             "  #  step s   tokens/s  TFLOP/s/GPU   MFU  peak GiB  headroom  bubble  limit     configuration\n"
         } else {
             "  #  step s  samples/s  TFLOP/s/GPU   MFU  peak GiB  headroom  bubble  limit     configuration\n"
         };
         for (i, r) in plan.rows.iter().take(self.top).enumerate() {
-            out += &format!(
-                "{:>3}  {:>6}  {:>9.0}  {:>11}  {:>5}  {:>8.1}  {:>7.1}%  {:>5.1}%  {:<8}  {}\n",
-                i + 1,
-                if r.step_time_s >= 0.01 {
-                    format!("{:.3}", r.step_time_s)
-                } else {
-                    format!("{:.1e}", r.step_time_s)
-                },
-                r.tokens_per_s.unwrap_or(r.samples_per_s),
-                match r.tflops_per_gpu {
-                    None => "n/a".to_string(),
-                    Some(t) if t < 10.0 => format!("{t:.3}"),
-                    Some(t) => format!("{t:.1}"),
-                },
-                r.mfu
-                    .map_or("n/a".to_string(), |m| format!("{:.1}%", 100.0 * m)),
-                r.peak_memory_bytes as f64 / f64::from(1u32 << 30),
-                100.0 * r.headroom_bytes as f64 / req.cluster.memory_bytes() as f64,
-                100.0 * r.bubble,
-                r.limit.map_or("", |l| l.name()),
-                configuration(r)
-            );
+            out += &row_line(req, i, r);
         }
         if let Some(best) = plan.rows.first() {
             if self.explain {
@@ -570,4 +502,88 @@ fn json(
     let file = timetable.map(|p| p.display().to_string());
     let value = report_json(req, plan, seconds, file.as_deref());
     Ok(serde_json::to_string_pretty(&value)? + "\n")
+}
+
+/// Plan `req` under a progress bar (drawn after a second); the plan and its seconds.
+fn planned(req: &PlanRequest) -> Result<(Plan, f64)> {
+    let started = Instant::now();
+    let bar = bar();
+    let mut show = |p: &Progress| {
+        if started.elapsed() > Duration::from_secs(1) {
+            bar.set_length(p.candidates as u64);
+            bar.set_position(p.bounded as u64);
+            bar.set_message(format!(
+                "{} memory-checked, {} simulated",
+                p.memory_checked, p.simulated
+            ));
+        }
+    };
+    let result = plan(req, &mut show);
+    bar.finish_and_clear();
+    let plan = result.map_err(|e| anyhow!("{e}"))?;
+    Ok((plan, started.elapsed().as_secs_f64()))
+}
+
+/// The table's first lines: the cluster and model, what the plan looked at, the column heads.
+fn heading(req: &PlanRequest, plan: &Plan, seconds: f64) -> String {
+    let mut out = format!(
+        "{} GPUs of {} ({} per node, {:.0} GiB), {}, batch {} {}, {}\n",
+        req.gpus,
+        req.cluster.name,
+        req.cluster.gpus_per_node,
+        req.cluster.memory_gib,
+        model_line(req),
+        req.global_batch,
+        req.model.batch_unit(),
+        // A profile plans its weights in the format it measured them in.
+        req.model.profile().map_or_else(
+            || req.precision.name().to_string(),
+            |p| format!("{} (the profile's weights)", p.weight_format())
+        )
+    );
+    let p = &plan.progress;
+    out += &format!(
+            "{} configurations, {} checked against memory ({} did not fit), {} simulated, {} schedule searches, in {seconds:.2} s{}{}\n\n",
+            p.candidates,
+            p.memory_checked,
+            p.unfit,
+            p.simulated,
+            p.searched,
+            match p.refused {
+                0 => String::new(),
+                n => format!(" ({n} refused by a check and dropped: --explain says why)"),
+            },
+            if plan.cut_short {
+                " (simulation budget spent: raise --max-simulated to look further)"
+            } else {
+                ""
+            }
+        );
+    out
+}
+
+/// Row `i` (from 0) of the plan table.
+fn row_line(req: &PlanRequest, i: usize, r: &PlanRow) -> String {
+    format!(
+        "{:>3}  {:>6}  {:>9.0}  {:>11}  {:>5}  {:>8.1}  {:>7.1}%  {:>5.1}%  {:<8}  {}\n",
+        i + 1,
+        if r.step_time_s >= 0.01 {
+            format!("{:.3}", r.step_time_s)
+        } else {
+            format!("{:.1e}", r.step_time_s)
+        },
+        r.tokens_per_s.unwrap_or(r.samples_per_s),
+        match r.tflops_per_gpu {
+            None => "n/a".to_string(),
+            Some(t) if t < 10.0 => format!("{t:.3}"),
+            Some(t) => format!("{t:.1}"),
+        },
+        r.mfu
+            .map_or("n/a".to_string(), |m| format!("{:.1}%", 100.0 * m)),
+        r.peak_memory_bytes as f64 / f64::from(1u32 << 30),
+        100.0 * r.headroom_bytes as f64 / req.cluster.memory_bytes() as f64,
+        100.0 * r.bubble,
+        r.limit.map_or("", |l| l.name()),
+        configuration(r)
+    )
 }

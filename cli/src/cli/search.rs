@@ -1,13 +1,14 @@
 //! `search`: the fastest schedule for the user's costs under a memory cap.
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use anyhow::{bail, Result};
+use anyhow::{anyhow, Result};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use pipewright::schedule::search::{
-    fmt_units, search_with, Candidate, MemoryCap, Objective, Progress, SearchOutcome, SearchSpec,
+    fmt_units, search_with, Candidate, Objective, Progress, SearchOutcome, SearchRequest,
+    SearchSpec,
 };
 use pipewright::schedule::{measured_costs, ScheduleKind, Timeline};
 use pipewright::viz::{
@@ -15,7 +16,7 @@ use pipewright::viz::{
 };
 
 use super::args::CostArgs;
-use super::checks::{in_range, Kind, Output};
+use super::checks::{Kind, Output};
 use super::commands::ReportFormat;
 use super::console;
 use super::memory::{memory_table, MemoryArgs};
@@ -107,129 +108,31 @@ pub struct SearchCmd {
 }
 
 impl SearchCmd {
+    /// Flags -> request -> search -> render.
     pub fn run(&self) -> Result<()> {
-        if self.runners_up > RUNNER_FLAGS.len() {
-            bail!(
-                "--runners-up {}: give at most {} (the search keeps that many beside the best)",
-                self.runners_up,
-                RUNNER_FLAGS.len()
-            );
-        }
         let runner_paths: Vec<PathBuf> = (0..self.runners_up)
             .filter_map(|k| self.timetable_out.as_deref().map(|p| runner_path(p, k + 2)))
             .collect();
-        let runners = runner_paths
-            .iter()
-            .zip(RUNNER_FLAGS)
-            .map(|(p, flag)| Output::new(flag, Some(p), Kind::Timetable));
-        let mut outs = Outputs::plan(
-            self.costs.inputs().chain(self.memory.inputs()),
-            [
-                Output::new("-o", self.output.as_ref(), Kind::Image),
-                Output::new("--chart", self.chart.as_ref(), Kind::Image),
-                Output::new(
-                    "--timetable-out",
-                    self.timetable_out.as_ref(),
-                    Kind::Timetable,
-                ),
-            ]
-            .into_iter()
-            .chain(runners),
-        )?;
-        in_range(
-            "--time-budget",
-            self.time_budget,
-            0.0,
-            pipewright::schedule::search::MAX_TIME_BUDGET,
-            "seconds to spend evaluating candidates",
-        )?;
-        let cap: MemoryCap = self.memory_cap.parse()?;
+        let mut outs = self.plan_outputs(&runner_paths)?;
         // Catch bad output names before the work, not after.
-        let plot_fmt = self
-            .output
-            .as_deref()
-            .map(ImageFormat::from_path)
-            .transpose()?;
-        let chart_fmt = self
-            .chart
-            .as_deref()
-            .map(ImageFormat::from_path)
-            .transpose()?;
+        let plot_fmt = image_format(self.output.as_deref())?;
+        let chart_fmt = image_format(self.chart.as_deref())?;
         self.comms.check(
             self.timetable_out
                 .as_deref()
                 .map(|p| ("--timetable-out", p)),
         )?;
-        super::checks::at_least(
-            "--max-virtual",
-            self.max_virtual as usize,
-            1,
-            "chunks per device",
-        )?;
         super::checks::at_least("--top", self.top, 1, "candidates listed")?;
-        // A candidate's timetable at the largest v, simulated over a few steps, and the best
-        // one kept beside it.
-        let spm = u64::from(self.stages) * u64::from(self.microbatches);
-        super::budget::timetable(
-            &format!(
-                "search p={} m={} up to v={}",
-                self.stages,
-                self.microbatches,
-                self.max_virtual.max(2)
-            ),
-            spm * u64::from(self.max_virtual.max(2)),
-            2,
-        )?;
-        let costs = self.costs.model(self.stages, self.stages)?;
-        let mut spec = SearchSpec::new(self.stages, self.microbatches, costs, cap);
-        spec.runners_up = self.runners_up;
-        spec.max_virtual = self.max_virtual;
-        spec.list_scheduler = !self.no_list;
-        spec.split_backward = !self.no_split_backward;
-        spec.improve_budget = self.improve;
-        spec.objective = self.objective;
-        spec.time_budget = Some(Duration::from_secs_f64(self.time_budget));
-        spec.memory =
-            self.memory
-                .config(self.stages, 1, &RecomputePlan::default(), self.microbatches)?;
-        if let Some(list) = &self.schedules {
-            spec.families = list
-                .split(',')
-                .map(|s| s.parse::<ScheduleKind>())
-                .collect::<Result<_, _>>()?;
-        }
+        let spec = self.spec()?;
         let started = Instant::now();
         let bar = search_bar();
         let found = search_with(&spec, &mut |p| show_progress(&bar, p));
         bar.finish_and_clear();
         let found = found?;
         let secs = started.elapsed().as_secs_f64();
-        // The timetable's text first: what PyTorch cannot run is refused before any output.
-        let tt_text = match &self.timetable_out {
-            Some(path) => {
-                let mut tt = found.timetable.clone();
-                tt.name = format!("search: {}", found.candidates[found.best].label);
-                Some(self.comms.text(&tt, path)?)
-            }
-            None => None,
-        };
-        let mut runner_texts = Vec::new();
-        for ((i, tt), path) in found.runners_up.iter().zip(&runner_paths) {
-            let mut tt = tt.clone();
-            tt.name = format!("search: {}", found.candidates[*i].label);
-            runner_texts.push(self.comms.text(&tt, path)?);
-        }
-        let report = match self.format {
-            ReportFormat::Json => json_report(&found, secs).to_string() + "\n",
-            ReportFormat::Table => {
-                let plan = RecomputePlan::default();
-                let memory = self.memory.predict(&found.timetable, &plan)?;
-                self.table(&found, secs)
-                    + &memory.map_or(String::new(), |m| {
-                        format!("best timetable's {}", memory_table(&m))
-                    })
-            }
-        };
+        // The timetables' text first: what PyTorch cannot run is refused before any output.
+        let texts = self.timetable_texts(&found, &runner_paths)?;
+        let report = self.report(&found, secs)?;
         if let Some(fmt) = plot_fmt {
             let bytes = pareto_plot(
                 &ParetoPoint::of_search(&found),
@@ -245,22 +148,99 @@ impl SearchCmd {
             let bytes = bubble_chart(&[panel], &ChartOptions::default(), fmt)?;
             outs.stage("--chart", &bytes)?;
         }
-        if let Some(text) = tt_text {
-            outs.stage("--timetable-out", text.as_bytes())?;
-        }
-        for (text, flag) in runner_texts.iter().zip(RUNNER_FLAGS) {
-            outs.stage(flag, text.as_bytes())?;
-        }
-        for path in runner_paths.iter().skip(runner_texts.len()) {
-            // Said, so that an older file of that name is not taken for this search's.
-            console::note(&format!(
-                "note: only {} fitting timetables after the best: {} not written",
-                runner_texts.len(),
-                path.display()
-            ));
-        }
+        stage_timetables(&mut outs, texts, &runner_paths)?;
         outs.commit()?;
         console::print(&report)
+    }
+
+    /// Every file this search writes, checked against its inputs before any work.
+    fn plan_outputs(&self, runner_paths: &[PathBuf]) -> Result<Outputs> {
+        let runners = runner_paths
+            .iter()
+            .zip(RUNNER_FLAGS)
+            .map(|(p, flag)| Output::new(flag, Some(p), Kind::Timetable));
+        Outputs::plan(
+            self.costs.inputs().chain(self.memory.inputs()),
+            [
+                Output::new("-o", self.output.as_ref(), Kind::Image),
+                Output::new("--chart", self.chart.as_ref(), Kind::Image),
+                Output::new(
+                    "--timetable-out",
+                    self.timetable_out.as_ref(),
+                    Kind::Timetable,
+                ),
+            ]
+            .into_iter()
+            .chain(runners),
+        )
+    }
+
+    /// The flags as the library's [`SearchRequest`] (the one Python builds), checked, with
+    /// this machine's memory and the costs and memory model the flags name.
+    fn spec(&self) -> Result<SearchSpec> {
+        let mut request =
+            SearchRequest::new(self.stages, self.microbatches, self.memory_cap.parse()?);
+        request.max_virtual = self.max_virtual;
+        request.list_scheduler = !self.no_list;
+        request.split_backward = !self.no_split_backward;
+        request.improve = self.improve;
+        request.objective = self.objective;
+        request.time_budget = self.time_budget;
+        request.runners_up = self.runners_up;
+        if let Some(list) = &self.schedules {
+            request.families = list
+                .split(',')
+                .map(|s| s.parse::<ScheduleKind>())
+                .collect::<Result<_, _>>()?;
+        }
+        request.check().map_err(|e| anyhow!(e.named(flag_of)))?;
+        let (what, spm, times) = request.footprint();
+        super::budget::timetable(&what, spm, times)?;
+        let costs = self.costs.model(self.stages, self.stages)?;
+        request.memory =
+            self.memory
+                .config(self.stages, 1, &RecomputePlan::default(), self.microbatches)?;
+        request
+            .into_spec(costs)
+            .map_err(|e| anyhow!(e.named(flag_of)))
+    }
+
+    /// The best timetable's text and its runners-up's, for the files that name them.
+    fn timetable_texts(
+        &self,
+        found: &SearchOutcome,
+        runner_paths: &[PathBuf],
+    ) -> Result<(Option<String>, Vec<String>)> {
+        let best = match &self.timetable_out {
+            Some(path) => {
+                let mut tt = found.timetable.clone();
+                tt.name = format!("search: {}", found.candidates[found.best].label);
+                Some(self.comms.text(&tt, path)?)
+            }
+            None => None,
+        };
+        let mut runners = Vec::new();
+        for ((i, tt), path) in found.runners_up.iter().zip(runner_paths) {
+            let mut tt = tt.clone();
+            tt.name = format!("search: {}", found.candidates[*i].label);
+            runners.push(self.comms.text(&tt, path)?);
+        }
+        Ok((best, runners))
+    }
+
+    /// What stdout shows: the JSON report, or the table with the best's predicted memory.
+    fn report(&self, found: &SearchOutcome, secs: f64) -> Result<String> {
+        Ok(match self.format {
+            ReportFormat::Json => json_report(found, secs).to_string() + "\n",
+            ReportFormat::Table => {
+                let plan = RecomputePlan::default();
+                let memory = self.memory.predict(&found.timetable, &plan)?;
+                self.table(found, secs)
+                    + &memory.map_or(String::new(), |m| {
+                        format!("best timetable's {}", memory_table(&m))
+                    })
+            }
+        })
     }
 
     fn table(&self, found: &SearchOutcome, secs: f64) -> String {
@@ -377,6 +357,43 @@ fn runner_path(best: &Path, k: usize) -> PathBuf {
         None => format!("{stem}.{k}"),
     };
     best.with_file_name(name)
+}
+
+/// A request field as the command line names it (`max_virtual` -> `--max-virtual`).
+fn flag_of(field: &str) -> String {
+    match field {
+        "p" => "--stages".into(),
+        "m" => "--microbatches".into(),
+        f => format!("--{}", f.replace('_', "-")),
+    }
+}
+
+/// The chart format of an output path, refused before any work when it is neither.
+fn image_format(path: Option<&Path>) -> Result<Option<ImageFormat>> {
+    Ok(path.map(ImageFormat::from_path).transpose()?)
+}
+
+/// Stage `--timetable-out` and the runners-up, saying which runners-up were not found.
+fn stage_timetables(
+    outs: &mut Outputs,
+    (best, runners): (Option<String>, Vec<String>),
+    runner_paths: &[PathBuf],
+) -> Result<()> {
+    if let Some(text) = best {
+        outs.stage("--timetable-out", text.as_bytes())?;
+    }
+    for (text, flag) in runners.iter().zip(RUNNER_FLAGS) {
+        outs.stage(flag, text.as_bytes())?;
+    }
+    for path in runner_paths.iter().skip(runners.len()) {
+        // Said, so that an older file of that name is not taken for this search's.
+        console::note(&format!(
+            "note: only {} fitting timetables after the best: {} not written",
+            runners.len(),
+            path.display()
+        ));
+    }
+    Ok(())
 }
 
 fn parse_objective(s: &str) -> Result<Objective, String> {

@@ -10,8 +10,8 @@ use std::path::PathBuf;
 use anyhow::Result;
 use clap::Args;
 use pipewright::schedule::shape::{
-    AttentionKind, BiasKind, MlpKind, ModelShape, MoeKinds, Named, NormKind, PositionKind,
-    RopeTheta, ShapeKinds,
+    AttentionKind, BiasKind, MlpKind, MoeKinds, Named, NormKind, PositionKind, RopeTheta,
+    ShapeKinds,
 };
 
 use super::io::{read_text, FileKind};
@@ -104,18 +104,6 @@ impl ShapeArgs {
                 every: self.moe_every,
             },
         }
-    }
-
-    /// The shape of these sizes with these kinds, checked (errors name the flags).
-    pub fn shape(
-        &self,
-        layers: u32,
-        d_model: u64,
-        heads: u32,
-        seq_len: u64,
-        vocab: u64,
-    ) -> Result<ModelShape> {
-        Ok(self.kinds().shape(layers, d_model, heads, seq_len, vocab)?)
     }
 }
 

@@ -2,37 +2,32 @@
 //! durations, measured against the simulator).
 
 use std::path::PathBuf;
-use std::time::Duration;
 
 use anyhow::{anyhow, bail, Result};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
-use pipewright::kernels::gpt::GptConfig;
-use pipewright::kernels::optim::AdamWConfig;
 use pipewright::runtime::{
-    gpt_config, run, train_gpt, Coord, FinalParams, Mesh, MicrobatchId, ModuleError, RunOptions,
-    RuntimeError, StepRecord, SyntheticModule, TrainConfig, Zero,
+    train_gpt, FinalParams, Mesh, RuntimeError, StepRecord, StepReport, TrainConfig, TrainRequest,
+    TrainRequestError, Zero,
 };
-use pipewright::schedule::{simulate, Timeline, Timetable};
+use pipewright::schedule::{Timeline, Timetable};
 use pipewright::viz::{
-    bubble_chart, bubble_chart_with_memory, ChartOptions, ChartPanel, ImageFormat, MemoryBars,
+    bubble_chart_with_memory, ChartOptions, ChartPanel, ImageFormat, MemoryBars,
 };
 
 use super::args::{
-    mpi_universe, nccl_universe, parse_device, CostArgs, Device, MpiUniverse, PrecisionArg,
-    SourceArgs, Transport,
+    mpi_universe, nccl_universe, parse_device, Device, MpiUniverse, PrecisionArg, SourceArgs,
+    Transport,
 };
-use super::checks::{at_least, in_range, Kind, Output};
+use super::checks::{Kind, Output};
 use super::commands::ReportFormat;
 use super::console::{self, Lines};
 use super::measured;
 use super::outputs::Outputs;
-use super::progress::{
-    oversubscribed, oversubscription_json, warn_oversubscribed, working, StepLog,
-};
+use super::progress::{oversubscribed, warn_oversubscribed, StepLog};
 use super::search::stage_measured_costs;
 use super::shape::ShapeArgs;
-use super::steady::{bench_periods, period_compare, period_json, period_line, MeasuredPeriod};
+use super::steady::{period_line, MeasuredPeriod};
 use pipewright::schedule::memory::{Accounting, MemPrecision, MemoryConfig, ModelShape};
 
 /// Train the reference GPT on in-process devices (one thread per rank), or one process per
@@ -135,6 +130,7 @@ pub struct TrainCmd {
 }
 
 impl TrainCmd {
+    /// Flags -> checked run -> training, watched step by step -> files and the summary.
     pub fn run(&self) -> Result<()> {
         let mut outs = Outputs::plan(
             self.source.inputs(),
@@ -144,123 +140,32 @@ impl TrainCmd {
                 Output::new("--costs-out", self.costs_out.as_ref(), Kind::Json),
             ],
         )?;
-        self.check_numbers()?;
+        let request = self.request()?;
+        request.check().map_err(refused)?;
         let chart_format = self
             .chart
             .as_deref()
             .map(ImageFormat::from_path)
             .transpose()?;
         let (tt, _) = self.source.timetable()?;
-        if self.layers < tt.num_stages() as usize {
-            bail!(
-                "--layers {}: {} stages need at least {} layers (one or more per stage)",
-                self.layers,
-                tt.num_stages(),
-                tt.num_stages()
-            );
-        }
-        let mesh = Mesh::new(tt.num_devices() as usize, self.tp, self.dp)?;
-        let zero = Zero::from_level(self.zero, mesh.pp)
-            .map_err(|e| anyhow!("--zero {}: {e}", self.zero))?;
-        if zero == Zero::One && mesh.dp == 1 {
-            console::note("warning: --zero 1 with --dp 1 changes nothing: the one replica holds all the optimizer state");
-        }
-        if self.sequence_parallel && mesh.tp == 1 {
-            console::note("warning: --sequence-parallel with --tp 1 changes nothing: there is no group to split the sequence over");
-        }
-        if self.sequence_parallel && self.seq_len % mesh.tp != 0 {
-            bail!(
-                "--sequence-parallel: --seq-len {} is not divisible by --tp {} (each TP rank keeps a slice of seq-len / tp positions)",
-                self.seq_len,
-                mesh.tp
-            );
-        }
-        let model = self.model()?;
-        let cfg = TrainConfig {
-            mesh,
-            model,
-            microbatch_size: self.microbatch_size,
-            sequence_parallel: self.sequence_parallel,
-            seed: self.seed,
-            run: RunOptions {
-                steps: self.steps,
-                timeout: timeout(self.timeout)?,
-                adamw: AdamWConfig {
-                    lr: self.lr,
-                    ..AdamWConfig::default()
-                },
-                // The timetable carries the R actions; the plan says what each stage keeps.
-                recompute: self.source.recompute.clone(),
-                precision: self.precision.into(),
-                zero,
-                check_finite: !self.allow_non_finite,
-                ..RunOptions::default()
-            },
-        };
-        let tokens = cfg.global_batch(tt.microbatches) as f64 * self.seq_len as f64;
+        let cfg = self.config(&request, &tt)?;
         let device = self.device()?;
-        if device == Device::Cpu {
-            let ranks_here = match self.transport {
-                Transport::Local => mesh.world_size() as u64,
-                _ => 1,
-            };
-            super::budget::training(&self.memory_config(&tt, &mesh)?, &tt, ranks_here)?;
-        }
-        if self.costs_out.is_some() {
-            let spm = u64::from(tt.num_stages()) * u64::from(tt.microbatches);
-            super::budget::timetable("--costs-out (every step's timeline kept)", spm, self.steps)?;
-        }
+        self.fits(&request.shape().map_err(refused)?, &tt, &cfg.mesh, device)?;
         let universe = match self.transport {
             Transport::Mpi => Some(mpi_universe()?),
             Transport::Nccl => Some(nccl_universe()?),
             Transport::Local => None,
         };
         let lead = universe.as_ref().map_or(true, is_rank_zero);
-        let table = lead && self.format == ReportFormat::Table;
-        let bar = progress(self.steps, table);
-        let mut log = StepLog::new(if table { self.log_interval } else { 0 }, self.steps);
         // Over MPI or NCCL each rank is its own process: the launcher places them.
-        let oversubscribed = universe.is_none() && oversubscribed(mesh.world_size()).is_some();
+        let world = cfg.mesh.world_size();
+        let oversubscribed = universe.is_none() && oversubscribed(world).is_some();
         if universe.is_none() && lead {
-            warn_oversubscribed(mesh.world_size());
+            warn_oversubscribed(world);
         }
-        let mut last: Option<StepRecord> = None;
-        let mut first_loss = None;
-        let mut timelines = Vec::new();
-        let mut period = MeasuredPeriod::default();
-        let mut lines = Lines::default();
-        let on_step = |s: &StepRecord| {
-            if self.costs_out.is_some() {
-                timelines.push(s.timeline.clone());
-            }
-            period.add(s);
-            let period_ms = period.period_ms();
-            let loss = s.loss.unwrap_or(f32::NAN);
-            first_loss.get_or_insert(loss);
-            let tps = tokens / s.seconds.max(1e-9);
-            match self.format {
-                ReportFormat::Json => lines.line(
-                    &serde_json::json!({"step": s.step, "loss": loss, "tokens_per_second": tps,
-                        "seconds": s.seconds, "bubble_fraction": s.bubble_fraction(), "peak_stash": s.peak_stash,
-                        "peak_stash_bytes": s.peak_stash_bytes, "kept_per_microbatch": s.kept_per_microbatch,
-                        "optimizer_state_bytes": s.optimizer_state_bytes, "memory": s.memory,
-                        "steady_state_period_ms": period_ms, "oversubscribed": oversubscribed})
-                    .to_string(),
-                ),
-                ReportFormat::Table => {
-                    bar.set_message(format!(
-                        "loss {loss:.4}  {tps:.0} tok/s  bubble {:.1}%{}",
-                        100.0 * s.bubble_fraction(),
-                        period_ms.map_or(String::new(), |p| format!("  period {p:.1} ms"))
-                    ));
-                    bar.inc(1);
-                    if let Some(line) = log.line(s.step, loss, tps, s.seconds) {
-                        lines.line(&line);
-                    }
-                }
-            }
-            last = Some(s.clone());
-        };
+        let tokens = cfg.global_batch(tt.microbatches) as f64 * self.seq_len as f64;
+        let mut watch = Watch::new(self, tokens, lead, oversubscribed);
+        let on_step = |s: &StepRecord| watch.step(s);
         let finished = match universe {
             Some(u) if self.transport == Transport::Nccl => train_nccl(u, &cfg, &tt, on_step),
             Some(u) => train_mpi(u, &cfg, &tt, on_step),
@@ -271,18 +176,17 @@ impl TrainCmd {
         }
         .map_err(non_finite_hint);
         // Cleared before an error too, so a stopped run's one line stands alone.
-        bar.finish_and_clear();
+        watch.bar.finish_and_clear();
         let finished = finished?;
-        lines.finish()?;
+        std::mem::take(&mut watch.lines).finish()?;
         if finished.is_none() {
             return Ok(()); // an MPI or NCCL rank other than 0: rank 0 reports
         }
-        let period_ms = period.period_ms();
-        let Some(last) = last else {
+        let Some(last) = &watch.last else {
             bail!("no step ran (--steps 0?)")
         };
-        stage_measured_costs(&mut outs, &timelines)?;
-        let devices = last.device_peaks(&mesh);
+        stage_measured_costs(&mut outs, &watch.timelines)?;
+        let devices = last.device_peaks(&cfg.mesh);
         let bars = MemoryBars {
             label: format!("measured peak memory per device (step {})", last.step),
             devices: &devices,
@@ -290,93 +194,156 @@ impl TrainCmd {
         stage_outputs(&mut outs, &last.timeline, chart_format, bars)?;
         outs.commit()?;
         if self.format == ReportFormat::Table {
-            console::println(&format!(
-                "{} on pp={} tp={} dp={}: {} steps, loss {:.4} -> {:.4}, last step {:.1} ms, {:.0} tokens/s, measured bubble {:.1}%{}\n{}",
-                tt.name, mesh.pp, mesh.tp, mesh.dp, self.steps, first_loss.unwrap_or(f32::NAN),
-                last.loss.unwrap_or(f32::NAN), last.seconds * 1e3, tokens / last.seconds.max(1e-9), 100.0 * last.bubble_fraction(),
-                period_line(period_ms, tokens), measured::peak_line(&last, &mesh)
-            ))?;
+            console::println(&self.summary(&tt, &cfg.mesh, &watch, last, tokens))?;
         }
         Ok(())
+    }
+
+    /// The run's configuration, checked by the library, with what changes nothing warned
+    /// about.
+    fn config(&self, request: &TrainRequest, tt: &Timetable) -> Result<TrainConfig> {
+        let cfg = request.config(tt).map_err(refused)?;
+        if cfg.run.zero == Zero::One && cfg.mesh.dp == 1 {
+            console::note("warning: --zero 1 with --dp 1 changes nothing: the one replica holds all the optimizer state");
+        }
+        if self.sequence_parallel && cfg.mesh.tp == 1 {
+            console::note("warning: --sequence-parallel with --tp 1 changes nothing: there is no group to split the sequence over");
+        }
+        Ok(cfg)
+    }
+
+    /// Refuse a run this machine cannot hold: the ranks' memory on the CPU, and with
+    /// `--costs-out` every step's timeline kept.
+    fn fits(&self, shape: &ModelShape, tt: &Timetable, mesh: &Mesh, device: Device) -> Result<()> {
+        if device == Device::Cpu {
+            let ranks_here = match self.transport {
+                Transport::Local => mesh.world_size() as u64,
+                _ => 1,
+            };
+            super::budget::training(&self.memory_config(shape, tt, mesh), tt, ranks_here)?;
+        }
+        if self.costs_out.is_some() {
+            let spm = u64::from(tt.num_stages()) * u64::from(tt.microbatches);
+            super::budget::timetable("--costs-out (every step's timeline kept)", spm, self.steps)?;
+        }
+        Ok(())
+    }
+
+    /// The table's closing lines: the run in one line, its period and its measured peaks.
+    fn summary(
+        &self,
+        tt: &Timetable,
+        mesh: &Mesh,
+        watch: &Watch<'_>,
+        last: &StepRecord,
+        tokens: f64,
+    ) -> String {
+        format!(
+            "{} on pp={} tp={} dp={}: {} steps, loss {:.4} -> {:.4}, last step {:.1} ms, {:.0} tokens/s, measured bubble {:.1}%{}\n{}",
+            tt.name, mesh.pp, mesh.tp, mesh.dp, self.steps, watch.first_loss.unwrap_or(f32::NAN),
+            last.loss.unwrap_or(f32::NAN), last.seconds * 1e3, tokens / last.seconds.max(1e-9), 100.0 * last.bubble_fraction(),
+            period_line(watch.period.period_ms(), tokens), measured::peak_line(last, mesh)
+        )
+    }
+}
+
+/// What a run shows and keeps as its steps finish: the bar or the log lines, or one
+/// [`StepReport`] line per step; the last step, the first loss, the period so far, and with
+/// `--costs-out` every step's timeline.
+struct Watch<'a> {
+    cmd: &'a TrainCmd,
+    tokens: f64,
+    oversubscribed: bool,
+    bar: ProgressBar,
+    log: StepLog,
+    lines: Lines,
+    period: MeasuredPeriod,
+    first_loss: Option<f32>,
+    last: Option<StepRecord>,
+    timelines: Vec<Timeline>,
+}
+
+impl<'a> Watch<'a> {
+    fn new(cmd: &'a TrainCmd, tokens: f64, lead: bool, oversubscribed: bool) -> Self {
+        let table = lead && cmd.format == ReportFormat::Table;
+        Watch {
+            cmd,
+            tokens,
+            oversubscribed,
+            bar: progress(cmd.steps, table),
+            log: StepLog::new(if table { cmd.log_interval } else { 0 }, cmd.steps),
+            lines: Lines::default(),
+            period: MeasuredPeriod::default(),
+            first_loss: None,
+            last: None,
+            timelines: Vec::new(),
+        }
+    }
+
+    fn step(&mut self, s: &StepRecord) {
+        if self.cmd.costs_out.is_some() {
+            self.timelines.push(s.timeline.clone());
+        }
+        self.period.add(s);
+        let period_ms = self.period.period_ms();
+        let loss = s.loss.unwrap_or(f32::NAN);
+        self.first_loss.get_or_insert(loss);
+        let tps = self.tokens / s.seconds.max(1e-9);
+        match self.cmd.format {
+            ReportFormat::Json => {
+                let report = StepReport::new(s, self.tokens, period_ms, self.oversubscribed);
+                self.lines.try_line(report.to_line());
+            }
+            ReportFormat::Table => {
+                self.bar.set_message(format!(
+                    "loss {loss:.4}  {tps:.0} tok/s  bubble {:.1}%{}",
+                    100.0 * s.bubble_fraction(),
+                    period_ms.map_or(String::new(), |p| format!("  period {p:.1} ms"))
+                ));
+                self.bar.inc(1);
+                if let Some(line) = self.log.line(s.step, loss, tps, s.seconds) {
+                    self.lines.line(&line);
+                }
+            }
+        }
+        self.last = Some(s.clone());
     }
 }
 
 impl TrainCmd {
-    /// Hyperparameters and sizes, checked before any work so that a bad one fails in one
-    /// line instead of inside step 0 or as a NaN loss.
-    fn check_numbers(&self) -> Result<()> {
-        in_range(
-            "--lr",
-            self.lr,
-            0.0,
-            1.0,
-            "AdamW's learning rate; the default is 3e-3",
-        )?;
-        in_range(
-            "--timeout",
-            self.timeout,
-            0.0,
-            1e6,
-            "seconds a receive may wait",
-        )?;
-        at_least(
-            "--vocab",
-            self.vocab,
-            2,
-            "a next-token task needs two tokens or more",
-        )?;
-        at_least("--seq-len", self.seq_len, 1, "tokens per sequence")?;
-        at_least(
-            "--microbatch-size",
-            self.microbatch_size,
-            1,
-            "sequences per microbatch",
-        )?;
-        at_least("--heads", self.heads, 1, "attention heads")?;
-        for (flag, value) in [("--layers", self.layers), ("--heads", self.heads)] {
-            if u32::try_from(value).is_err() {
-                bail!("{flag} {value}: at most {}", u32::MAX);
-            }
-        }
-        at_least("--d-model", self.d_model, 1, "width of the residual stream")?;
-        at_least("--tp", self.tp, 1, "tensor-parallel ranks")?;
-        at_least("--dp", self.dp, 1, "data-parallel replicas")?;
-        at_least("--steps", self.steps as usize, 1, "training steps")?;
-        self.model()?.validate(self.tp)?;
-        Ok(())
-    }
-
-    /// The model's description from the flags: the sizes and the shape's kinds.
-    fn shape(&self) -> Result<ModelShape> {
-        let size =
-            |flag: &str, v: usize| u32::try_from(v).map_err(|_| anyhow!("{flag} {v} is too large"));
-        self.shape.shape(
-            size("--layers", self.layers)?,
-            self.d_model as u64,
-            size("--heads", self.heads)?,
-            self.seq_len as u64,
-            self.vocab as u64,
-        )
-    }
-
-    /// The reference GPT of the flags (checked; a kind the reference lacks refused in one
-    /// line).
-    fn model(&self) -> Result<GptConfig> {
-        // The reference refuses tied embeddings and a mixture of experts.
-        let shape = self.shape()?;
-        let flag = if shape.moe.is_some() {
-            "--experts"
-        } else {
-            "--tied-embeddings"
+    /// The flags as the library's [`TrainRequest`] (`--layers` and `--heads` as 32-bit
+    /// counts), unchecked.
+    fn request(&self) -> Result<TrainRequest> {
+        let count = |flag: &str, v: usize| {
+            u32::try_from(v).map_err(|_| anyhow!("{flag} {v}: at most {}", u32::MAX))
         };
-        gpt_config(&shape).map_err(|e| anyhow!("{flag}: {e}"))
+        Ok(TrainRequest {
+            layers: count("--layers", self.layers)?,
+            d_model: self.d_model as u64,
+            heads: count("--heads", self.heads)?,
+            seq_len: self.seq_len as u64,
+            vocab: self.vocab as u64,
+            kinds: self.shape.kinds(),
+            tp: self.tp,
+            dp: self.dp,
+            zero: self.zero,
+            sequence_parallel: self.sequence_parallel,
+            microbatch_size: self.microbatch_size,
+            steps: self.steps,
+            seed: self.seed,
+            lr: self.lr,
+            timeout: self.timeout,
+            precision: self.precision.into(),
+            recompute: self.source.recompute.clone(),
+            allow_non_finite: self.allow_non_finite,
+        })
     }
 
     /// The memory model's view of this run (pipewright's own accounting of the reference
     /// GPT), for the estimate made before anything is allocated.
-    fn memory_config(&self, tt: &Timetable, mesh: &Mesh) -> Result<MemoryConfig> {
+    fn memory_config(&self, shape: &ModelShape, tt: &Timetable, mesh: &Mesh) -> MemoryConfig {
         let u32_of = |x: usize| u32::try_from(x).unwrap_or(u32::MAX);
-        Ok(MemoryConfig {
+        MemoryConfig {
             precision: match self.precision {
                 PrecisionArg::Bf16 => MemPrecision::Bf16,
                 _ => MemPrecision::F32,
@@ -388,9 +355,8 @@ impl TrainCmd {
             sequence_parallel: self.sequence_parallel,
             zero: self.zero as u8,
             recompute: self.source.recompute.clone(),
-            ..MemoryConfig::new(self.shape()?, u32_of(mesh.pp))
-                .with_accounting(Accounting::Pipewright)
-        })
+            ..MemoryConfig::new(*shape, u32_of(mesh.pp)).with_accounting(Accounting::Pipewright)
+        }
     }
 
     /// Where tensors live: `--device`, checked against the transport. Over NCCL each rank
@@ -448,7 +414,7 @@ fn train_mpi(
 
 /// A world of the wrong size most often means a launch without mpirun: say how to launch.
 #[cfg(feature = "mpi")]
-fn launch_hint(e: pipewright::runtime::RuntimeError) -> anyhow::Error {
+pub(super) fn launch_hint(e: pipewright::runtime::RuntimeError) -> anyhow::Error {
     use pipewright::runtime::{MeshError, RuntimeError};
     match e {
         RuntimeError::Mesh(MeshError::WorldSize { product, .. }) => {
@@ -492,37 +458,6 @@ fn train_nccl(
     bail!("--transport nccl: this pipewright was built without NCCL and MPI")
 }
 
-#[cfg(feature = "mpi")]
-#[allow(clippy::too_many_arguments)]
-fn bench_mpi(
-    u: pipewright::runtime::comm::mpi::Universe,
-    mesh: Mesh,
-    tt: &Timetable,
-    make: impl Fn(Coord, u32) -> Result<SyntheticModule, pipewright::runtime::ModuleError>,
-    data: impl Fn(MicrobatchId) -> Result<(), ModuleError>,
-    opts: &RunOptions,
-    describe: &str,
-    on_step: impl FnMut(&StepRecord),
-) -> Result<Option<FinalParams>> {
-    pipewright::runtime::run_mpi(u, mesh, tt, make, data, opts, describe, on_step)
-        .map_err(launch_hint)
-}
-
-#[cfg(not(feature = "mpi"))]
-#[allow(clippy::too_many_arguments)]
-fn bench_mpi(
-    u: std::convert::Infallible,
-    _: Mesh,
-    _: &Timetable,
-    _: impl Fn(Coord, u32) -> Result<SyntheticModule, pipewright::runtime::ModuleError>,
-    _: impl Fn(MicrobatchId) -> Result<(), ModuleError>,
-    _: &RunOptions,
-    _: &str,
-    _: impl FnMut(&StepRecord),
-) -> Result<Option<FinalParams>> {
-    match u {}
-}
-
 #[cfg(feature = "cuda")]
 fn train_cuda(
     cfg: &TrainConfig,
@@ -545,6 +480,17 @@ fn train_cuda(
     bail!(NO_CUDA)
 }
 
+/// A training request's refusal in the command line's words (`--seq-len`); an error of the
+/// model's shape, its sizes or the mesh keeps its own chain of causes.
+fn refused(e: TrainRequestError) -> anyhow::Error {
+    match e {
+        TrainRequestError::Shape(e) => e.into(),
+        TrainRequestError::Sizes(e) => e.into(),
+        TrainRequestError::Mesh(e) => e.into(),
+        e => anyhow!(e.named(&|f| format!("--{}", f.replace('_', "-")))),
+    }
+}
+
 /// Why `--device cuda` cannot run in this build.
 const NO_CUDA: &str = "--device cuda: this pipewright was built without CUDA; rebuild with: cargo build --release --features cuda";
 
@@ -556,13 +502,6 @@ fn non_finite_hint(e: anyhow::Error) -> anyhow::Error {
         }
         _ => e,
     }
-}
-
-fn timeout(secs: f64) -> Result<Duration> {
-    if !(secs.is_finite() && secs > 0.0) {
-        bail!("--timeout must be a positive number of seconds (got {secs})");
-    }
-    Ok(Duration::from_secs_f64(secs))
 }
 
 fn progress(steps: u64, show: bool) -> ProgressBar {
@@ -593,154 +532,4 @@ fn stage_outputs(
         outs.stage("--chart", &bytes)?;
     }
     Ok(())
-}
-
-/// Run a timetable with synthetic stages of exact durations and compare with the simulator.
-#[derive(Args, Debug)]
-pub struct BenchCmd {
-    #[command(flatten)]
-    source: SourceArgs,
-    /// Durations in milliseconds: the cost flags' units are milliseconds here.
-    #[command(flatten)]
-    costs: CostArgs,
-    /// Steps to run; the report is the median step.
-    #[arg(long, default_value_t = 5)]
-    steps: u64,
-    /// `local`: every device a thread of this process; `mpi`: one process per device
-    /// (`mpirun -np <p>`; rank 0 reports).
-    #[arg(long, value_enum, default_value_t = Transport::Local)]
-    transport: Transport,
-    /// Write the median step's measured timeline (JSON).
-    #[arg(long, value_name = "FILE")]
-    trace: Option<PathBuf>,
-    /// Draw the median measured step next to the simulated one (FILE.svg or FILE.png).
-    #[arg(long, value_name = "FILE")]
-    chart: Option<PathBuf>,
-    /// Output form.
-    #[arg(long, value_enum, default_value_t = ReportFormat::Table)]
-    format: ReportFormat,
-    /// Write the measured per-stage times and the hand-off latency between devices in ms as a
-    /// cost file (median over the steps after the first).
-    #[arg(long, value_name = "FILE")]
-    costs_out: Option<PathBuf>,
-}
-
-impl BenchCmd {
-    pub fn run(&self) -> Result<()> {
-        let mut outs = Outputs::plan(
-            self.source.inputs().chain(self.costs.inputs()),
-            [
-                Output::new("--trace", self.trace.as_ref(), Kind::Json),
-                Output::new("--chart", self.chart.as_ref(), Kind::Image),
-                Output::new("--costs-out", self.costs_out.as_ref(), Kind::Json),
-            ],
-        )?;
-        let chart_format = self
-            .chart
-            .as_deref()
-            .map(ImageFormat::from_path)
-            .transpose()?;
-        at_least(
-            "--steps",
-            self.steps as usize,
-            1,
-            "steps to run and measure",
-        )?;
-        let (tt, _) = self.source.timetable()?;
-        // Each step's timeline is kept, on top of the runtime's own per-action state.
-        let spm = u64::from(tt.num_stages()) * u64::from(tt.microbatches);
-        super::budget::timetable("bench", spm, self.steps.saturating_mul(2).saturating_add(8))?;
-        let model = self.costs.model(tt.num_stages(), tt.num_devices())?;
-        let sim = simulate(&tt, &model)?;
-        let mesh = Mesh::new(tt.num_devices() as usize, 1, 1)?;
-        let last = tt.num_stages() - 1;
-        let make = |_: Coord, s: u32| {
-            Ok(SyntheticModule::from_cost_ms(
-                &model.stages[s as usize],
-                s == last,
-            ))
-        };
-        // Synthetic stages read no data.
-        let data = |_| Ok(());
-        let opts = RunOptions {
-            steps: self.steps,
-            ..RunOptions::default()
-        };
-        let mut steps = Vec::new();
-        let on_step = |s: &StepRecord| steps.push(s.clone());
-        let threads = mesh.world_size();
-        match self.transport {
-            Transport::Local => {
-                warn_oversubscribed(threads);
-                let spinner = working(format!("bench: {} steps of {}", opts.steps, tt.name));
-                let r = run(mesh, &tt, make, data, &opts, on_step);
-                spinner.finish_and_clear();
-                r?;
-            }
-            Transport::Nccl => {
-                bail!("bench runs synthetic stages on host tensors: use --transport local or mpi")
-            }
-            Transport::Mpi => {
-                let describe = format!("{model:?}");
-                if bench_mpi(
-                    mpi_universe()?,
-                    mesh,
-                    &tt,
-                    make,
-                    data,
-                    &opts,
-                    &describe,
-                    on_step,
-                )?
-                .is_none()
-                {
-                    return Ok(()); // an MPI rank other than 0: rank 0 reports
-                }
-            }
-        }
-        let (measured_period, simulated_period) = bench_periods(&tt, &model, &steps)?;
-        steps.sort_by(|a, b| a.seconds.total_cmp(&b.seconds));
-        let median = &steps[steps.len() / 2];
-        let measured = median.seconds * 1e3;
-        let predicted = sim.report.makespan;
-        let actions = tt.len();
-        let overhead_us = (measured - predicted) * 1e3 / actions as f64;
-        let report = match self.format {
-            ReportFormat::Json => serde_json::json!({"measured_ms": measured, "simulated_ms": predicted, "ratio": (predicted > 0.0).then(|| measured / predicted),
-                    "compute_actions": actions, "overhead_us_per_action": overhead_us,
-                    "measured_bubble": median.bubble_fraction(), "simulated_bubble": sim.report.bubble_fraction,
-                    "steady_state": period_json(measured_period, simulated_period),
-                    "threads": (self.transport == Transport::Local).then(|| oversubscription_json(threads))}).to_string(),
-            ReportFormat::Table => format!(
-                "{}: measured {measured:.3} ms, simulated {predicted:.3} ms ({}), {actions} compute actions, {overhead_us:.2} us overhead per action; bubble measured {:.2}% vs simulated {:.2}%\n{}",
-                tt.name,
-                if predicted > 0.0 { format!("{:+.2}%", 100.0 * (measured / predicted - 1.0)) } else { "no simulated time".into() },
-                100.0 * median.bubble_fraction(),
-                100.0 * sim.report.bubble_fraction,
-                period_compare(measured_period, simulated_period)
-            ),
-        };
-        if outs.has("--trace") {
-            outs.stage(
-                "--trace",
-                serde_json::to_string(&median.timeline)?.as_bytes(),
-            )?;
-        }
-        let mut ordered: Vec<&StepRecord> = steps.iter().collect();
-        ordered.sort_by_key(|s| s.step);
-        let timelines: Vec<_> = ordered.iter().map(|s| s.timeline.clone()).collect();
-        stage_measured_costs(&mut outs, &timelines)?;
-        if let Some(fmt) = chart_format {
-            let mut simulated = sim.timeline.clone();
-            simulated.meta.time_unit = "ms".into();
-            let panels = [
-                ChartPanel::new(&median.timeline).with_label("measured"),
-                ChartPanel::new(&simulated).with_label("simulated"),
-            ];
-            let bytes = bubble_chart(&panels, &ChartOptions::default(), fmt)?;
-            outs.stage("--chart", &bytes)?;
-        }
-        outs.commit()?;
-        console::println(&report)
-    }
 }

@@ -7,20 +7,22 @@
 //! nothing but the machine's noise.
 
 use anyhow::{anyhow, bail, Context, Result};
-use pipewright::runtime::gpt_config;
-use pipewright::schedule::shape::request::kind_flags;
+use pipewright::runtime::{gpt_config, StepReport};
 
 use super::memory::human;
 use pipewright::schedule::memory::{MemoryBreakdown, ModelShape};
 use pipewright::schedule::plan::fit::peaks_as_run;
+use pipewright::schedule::plan::launch::{family_flags, train_flags};
 use pipewright::schedule::plan::rank::spearman;
 use pipewright::schedule::plan::{Config, PlanRequest};
 
 /// Steps each configuration trains for (the period is the median advance after the first).
 const STEPS: &str = "6";
 
-/// `train`'s arguments for `row` on in-process devices.
+/// `train`'s arguments for `c` on in-process devices: the plan's own launch flags (the
+/// library builds both), printing one step report per line.
 fn train_args(req: &PlanRequest, s: &ModelShape, c: &Config) -> Vec<String> {
+    let flags = train_flags(req, s, c, &family_flags(c));
     [
         "train",
         "--transport",
@@ -32,34 +34,9 @@ fn train_args(req: &PlanRequest, s: &ModelShape, c: &Config) -> Vec<String> {
         "--steps",
         STEPS,
     ]
-    .iter()
-    .map(|x| x.to_string())
-    .chain(
-        [
-            ("--precision", req.precision.name().to_string()),
-            ("--schedule", c.schedule.to_string()),
-            ("--stages", c.pp.to_string()),
-            ("--virtual", c.v.to_string()),
-            ("--microbatches", c.microbatches.to_string()),
-            ("--microbatch-size", c.microbatch_size.to_string()),
-            ("--tp", c.tp.to_string()),
-            ("--dp", c.dp.to_string()),
-            ("--zero", c.zero.to_string()),
-            ("--recompute", c.recompute_plan().to_string()),
-            ("--layers", s.layers.to_string()),
-            ("--d-model", s.d_model.to_string()),
-            ("--heads", s.heads.to_string()),
-            ("--seq-len", s.seq_len.to_string()),
-            ("--vocab", s.vocab.to_string()),
-        ]
-        .into_iter()
-        .flat_map(|(k, v)| [k.to_string(), v]),
-    )
-    .chain(
-        c.sequence_parallel
-            .then(|| "--sequence-parallel".to_string()),
-    )
-    .chain(kind_flags(s).split_whitespace().map(str::to_string))
+    .into_iter()
+    .chain(flags.split_whitespace())
+    .map(str::to_string)
     .collect()
 }
 
@@ -73,33 +50,22 @@ fn measure(req: &PlanRequest, shape: &ModelShape, c: &Config) -> Result<(f64, Ve
     if !out.status.success() {
         bail!("train of {c} failed: {}", child_failure(&out));
     }
-    let text = String::from_utf8_lossy(&out.stdout);
+    read_report(c, &String::from_utf8_lossy(&out.stdout))
+}
+
+/// The period and per-device peaks of `train`'s last step report in `text` (its stdout).
+fn read_report(c: &Config, text: &str) -> Result<(f64, Vec<u64>)> {
     let last = text
         .lines()
         .rev()
         .find(|l| l.starts_with('{'))
-        .ok_or_else(|| anyhow!("train of {} printed no step", c))?;
-    let v: serde_json::Value = serde_json::from_str(last)?;
-    let period = v["steady_state_period_ms"]
-        .as_f64()
+        .ok_or_else(|| anyhow!("train of {c} printed no step"))?;
+    let report = StepReport::from_line(last).with_context(|| format!("train of {c}"))?;
+    let period = report
+        .steady_state_period_ms
         .map(|ms| ms / 1e3)
-        .ok_or_else(|| anyhow!("train of {} reported no period", c))?;
-    // `memory` lists every rank, device by device (tp * dp ranks each).
-    let ranks = (c.tp * c.dp) as usize;
-    let per_rank: Vec<u64> = v["memory"]
-        .as_array()
-        .map(|rs| {
-            rs.iter()
-                .filter_map(|r| serde_json::from_value::<MemoryBreakdown>(r["peak"].clone()).ok())
-                .map(|m| m.total())
-                .collect()
-        })
-        .unwrap_or_default();
-    let devices = per_rank
-        .chunks(ranks.max(1))
-        .map(|d| d.iter().copied().max().unwrap_or(0))
-        .collect();
-    Ok((period, devices))
+        .ok_or_else(|| anyhow!("train of {c} reported no period"))?;
+    Ok((period, report.device_peak_totals((c.tp * c.dp) as usize)))
 }
 
 /// Why a child `train` failed: its `error:` line, or how it ended (a signal: killed, most
@@ -258,4 +224,88 @@ pub fn validate(req: &PlanRequest, runs: &[(Config, f64)]) -> Result<String> {
         None => "Spearman rank correlation: undefined (fewer than 2 distinct values)\n".into(),
     };
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pipewright::runtime::RankMemory;
+    use pipewright::schedule::{Recompute, ScheduleKind};
+
+    fn config() -> Config {
+        Config {
+            tp: 1,
+            pp: 2,
+            dp: 2,
+            v: 1,
+            microbatch_size: 1,
+            microbatches: 4,
+            schedule: ScheduleKind::OneFOneB,
+            recompute: Recompute::None,
+            recompute_devices: 2,
+            zero: 0,
+            sequence_parallel: false,
+        }
+    }
+
+    fn request(shape: &ModelShape) -> PlanRequest {
+        let cluster = pipewright::schedule::plan::cluster::a100_80g();
+        PlanRequest::new(*shape, cluster, 4, 8)
+    }
+
+    /// `train`'s stdout: a note, then one step report whose memory is `peaks` (by rank).
+    fn stdout(peaks: &[u64], period: serde_json::Value) -> String {
+        let rank = |p| RankMemory {
+            peak: MemoryBreakdown {
+                parameters: p,
+                ..MemoryBreakdown::default()
+            },
+            ..RankMemory::default()
+        };
+        let mut v = serde_json::json!({"step": 5, "loss": 1.5, "tokens_per_second": 10.0,
+            "seconds": 0.1, "bubble_fraction": 0.2, "peak_stash": [1, 1], "peak_stash_bytes": [1, 1],
+            "kept_per_microbatch": [1, 1], "optimizer_state_bytes": [0, 0, 0, 0],
+            "oversubscribed": false});
+        v["memory"] =
+            serde_json::to_value(peaks.iter().map(|&p| rank(p)).collect::<Vec<_>>()).unwrap();
+        v["steady_state_period_ms"] = period;
+        format!("training\n{v}\n")
+    }
+
+    #[test]
+    fn training_runs_take_the_launch_line_s_flags_on_local_ranks() {
+        let shape = ModelShape::gpt(2, 64, 4, 256, 16, 128);
+        let c = Config {
+            sequence_parallel: true,
+            ..config()
+        };
+        let args = train_args(&request(&shape), &shape, &c).join(" ");
+        assert_eq!(
+            args,
+            "train --transport local --format json --log-interval 0 --steps 6 --precision bf16 --schedule 1f1b --stages 2 --virtual 1 --microbatches 4 --microbatch-size 1 --tp 1 --dp 2 --zero 0 --recompute none --sequence-parallel --layers 2 --d-model 64 --heads 4 --seq-len 16 --vocab 128"
+        );
+    }
+
+    #[test]
+    fn a_report_gives_the_period_and_each_device_s_fullest_rank() {
+        let (period, peaks) = read_report(&config(), &stdout(&[5, 9, 4, 3], 250.0.into())).unwrap();
+        assert_eq!((period, peaks), (0.25, vec![9, 4]));
+    }
+
+    #[test]
+    fn a_malformed_report_is_refused_in_one_line_naming_the_field() {
+        let c = config();
+        let e = read_report(&c, &stdout(&[5, 9, 4, 3], "fast".into())).unwrap_err();
+        let line = super::super::console::one_line(&e);
+        assert!(
+            line.starts_with(&format!(
+                "train of {c}: step report field `steady_state_period_ms`: invalid type: string \"fast\""
+            )),
+            "{line}"
+        );
+        let e = read_report(&c, &stdout(&[5, 9, 4, 3], serde_json::Value::Null)).unwrap_err();
+        assert_eq!(e.to_string(), format!("train of {c} reported no period"));
+        let e = read_report(&c, "no step here\n").unwrap_err();
+        assert_eq!(e.to_string(), format!("train of {c} printed no step"));
+    }
 }

@@ -41,6 +41,7 @@ mod jobs;
 mod list;
 mod memory;
 mod recompute;
+mod request;
 mod rounds;
 mod runners;
 mod whole;
@@ -55,6 +56,7 @@ pub use memory::{
     held_weights, kept_weights, parse_bytes, peak_units, peak_units_held, peak_units_kept,
     stage_weights, unit_bytes, BytesError, CapError, MemoryCap,
 };
+pub use request::{SearchRequest, SearchRequestError, MAX_RUNNERS_UP};
 pub use rounds::{round_schedule, RoundKnobs};
 
 use crate::simulate::{Bubbles, CostError, CostModel, Runtime, Simulation};
