@@ -51,6 +51,7 @@ pub mod block;
 pub mod head;
 pub mod linear;
 pub mod mlp;
+pub mod moe;
 pub mod norm;
 pub mod seq;
 pub mod shard;
@@ -60,6 +61,7 @@ pub use block::{Block, BlockStash, BlockWeightStash};
 pub use head::{HeadStash, HeadWeightStash, LmHead};
 pub use linear::{ColumnParallelLinear, Linear, RowParallelLinear};
 pub use mlp::{Mlp, MlpKind, MlpStash, MlpWeightStash};
+pub use moe::{Moe, MoeConfig, MoeStash, MoeWeightStash};
 pub use norm::{Embedding, LayerNorm, Norm, NormKind, RmsNorm};
 pub use shard::TpShard;
 

@@ -8,6 +8,7 @@ mod common;
 mod gpt;
 mod gradcheck;
 mod gradcheck_shapes;
+mod moe;
 mod precision;
 mod seq_parallel;
 mod tp;
