@@ -48,6 +48,8 @@ pub fn gpt_config(shape: &ModelShape) -> Result<GptConfig, RuntimeError> {
                 theta: shape.rope_theta.get(),
             },
         },
+        // The planner's shape carries no mixture of experts yet; a dense model.
+        moe: None,
     })
 }
 

@@ -48,6 +48,7 @@ pub(crate) use footprint_of;
 
 pub mod attention;
 pub mod block;
+pub mod ffn;
 pub mod head;
 pub mod linear;
 pub mod mlp;
@@ -58,6 +59,7 @@ pub mod shard;
 
 pub use attention::{Attention, AttentionStash, AttentionWeightStash, Heads};
 pub use block::{Block, BlockStash, BlockWeightStash};
+pub use ffn::{FeedForward, FfnStash, FfnWeightStash};
 pub use head::{HeadStash, HeadWeightStash, LmHead};
 pub use linear::{ColumnParallelLinear, Linear, RowParallelLinear};
 pub use mlp::{Mlp, MlpKind, MlpStash, MlpWeightStash};

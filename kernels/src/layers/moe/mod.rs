@@ -67,6 +67,8 @@ struct ExpertPass<B: Backend> {
     y: Tensor,
 }
 
+super::clone_if_tensors_clone!(ExpertPass { mlp, y });
+
 impl<B: Backend> Footprint for ExpertPass<B> {
     fn bytes(&self) -> usize {
         self.mlp.bytes() + self.y.bytes()
@@ -82,6 +84,14 @@ pub struct MoeStash<B: Backend = Cpu> {
     shared: Option<MlpStash<B>>,
     aux: f32,
 }
+
+super::clone_if_tensors_clone!(MoeStash {
+    x,
+    routing,
+    experts,
+    shared,
+    aux
+});
 
 impl<B: Backend> Footprint for MoeStash<B> {
     fn bytes(&self) -> usize {
@@ -110,6 +120,12 @@ pub struct MoeWeightStash<B: Backend = Cpu> {
     shared: Option<MlpWeightStash<B>>,
 }
 
+super::clone_if_tensors_clone!(MoeWeightStash {
+    x,
+    dlogits,
+    experts,
+    shared
+});
 super::footprint_of!(MoeWeightStash {
     x,
     dlogits,
