@@ -24,8 +24,8 @@ pub enum FeedForward<B: Backend = Cpu> {
 pub enum FfnStash<B: Backend = Cpu> {
     /// The MLP's.
     Dense(MlpStash<B>),
-    /// The mixture's.
-    Moe(MoeStash<B>),
+    /// The mixture's (boxed: it holds the routing and the dispatch layout besides).
+    Moe(Box<MoeStash<B>>),
 }
 
 /// What a feed-forward layer's weight backward needs.
@@ -127,7 +127,7 @@ impl<B: Backend> FeedForward<B> {
             }
             (FeedForward::Moe(m), None) => {
                 let (y, s) = m.forward(x, tp)?;
-                Ok((y, FfnStash::Moe(s)))
+                Ok((y, FfnStash::Moe(Box::new(s))))
             }
             (FeedForward::Moe(_), Some(_)) => Err(no_seq()),
         }
@@ -151,7 +151,7 @@ impl<B: Backend> FeedForward<B> {
                 Ok((dx, FfnWeightStash::Dense(w)))
             }
             (FeedForward::Moe(m), FfnStash::Moe(s), None) => {
-                let (dx, w) = m.backward_input(s, dy, tp)?;
+                let (dx, w) = m.backward_input(*s, dy, tp)?;
                 Ok((dx, FfnWeightStash::Moe(w)))
             }
             (FeedForward::Moe(_), _, Some(_)) => Err(no_seq()),

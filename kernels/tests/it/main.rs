@@ -9,6 +9,7 @@ mod gpt;
 mod gradcheck;
 mod gradcheck_shapes;
 mod moe;
+mod moe_ep;
 mod moe_gpt;
 mod precision;
 mod seq_parallel;

@@ -16,18 +16,23 @@
 //! gradient to the router's. Its coefficient is per forward call, so a caller that scales
 //! its loss (by `1 / microbatches`, say) scales the coefficient alike ([`Moe::set_aux_coef`]).
 //! The experts run with the caller's TP group: every rank routes alike (the router and the
-//! input are replicated), so every rank's shard of an expert sees the same rows.
+//! input are replicated), so every rank's shard of an expert sees the same rows. With
+//! expert parallelism ([`ep`]) a rank holds a contiguous share of the experts, and
+//! [`Moe::forward_ep`] sends rows to the rank holding their expert and back.
 
+pub mod ep;
 pub mod route;
 
 use super::mlp::{Mlp, MlpStash, MlpWeightStash};
+use super::shard::TpShard;
 use super::{cpu_backend, Linear, Parameters, TpReduce};
 use crate::backend::{Backend, Shaped};
 use crate::cpu::Cpu;
 use crate::error::{shape_err, KernelError, Result};
 use crate::footprint::Footprint;
 use crate::tensor::Tensor;
-use route::{gather_rows, Routing};
+use ep::{assemble, counts_of, split_back, ExpertExchange, NoEp, Sent};
+use route::Routing;
 use std::sync::Arc;
 
 /// The routing hyper-parameters.
@@ -39,48 +44,41 @@ pub struct MoeConfig {
     pub aux_coef: f32,
 }
 
-/// A mixture of experts (all of them: no expert parallelism).
+/// A mixture of experts: all of them, or an expert-parallel rank's share.
 #[derive(Debug, Parameters)]
 #[parameters(tensor = B::Storage, router, experts, shared)]
 pub struct Moe<B: Backend = Cpu> {
-    /// `[d, E]`, no bias.
+    /// `[d, E]`, no bias (every rank holds it whole).
     pub router: Linear<B>,
-    /// The routed experts, in router column order.
+    /// This rank's routed experts, in router column order.
     pub experts: Vec<Mlp<B>>,
-    /// The always-on expert, if any.
+    /// The always-on expert, if any (every rank holds it).
     pub shared: Option<Mlp<B>>,
     cfg: MoeConfig,
+    ep: TpShard,
 }
 
 super::clone_if_tensors_clone!(Moe {
     router,
     experts,
     shared,
-    cfg
+    cfg,
+    ep
 });
-
-/// One expert's forward: the rows it saw and what its backward needs.
-#[derive(Debug)]
-struct ExpertPass<B: Backend> {
-    mlp: MlpStash<B>,
-    /// Its output `[n_e, d]`, for the gates' gradient `dy[t] . y_e[row]`.
-    y: Tensor,
-}
-
-super::clone_if_tensors_clone!(ExpertPass { mlp, y });
-
-impl<B: Backend> Footprint for ExpertPass<B> {
-    fn bytes(&self) -> usize {
-        self.mlp.bytes() + self.y.bytes()
-    }
-}
 
 /// What the MoE layer's input backward needs.
 #[derive(Debug)]
 pub struct MoeStash<B: Backend = Cpu> {
     x: B::Kept,
     routing: Routing,
-    experts: Vec<Option<ExpertPass<B>>>,
+    /// Where this rank's rows went.
+    sent: Sent,
+    /// The expert outputs they came back as, per destination, for the gates' gradient.
+    back: Vec<Tensor>,
+    /// How many rows each source sent each local expert.
+    counts: Vec<Vec<usize>>,
+    /// Each local expert's stash (`None`: it got no rows).
+    experts: Vec<Option<MlpStash<B>>>,
     shared: Option<MlpStash<B>>,
     aux: f32,
 }
@@ -88,6 +86,9 @@ pub struct MoeStash<B: Backend = Cpu> {
 super::clone_if_tensors_clone!(MoeStash {
     x,
     routing,
+    sent,
+    back,
+    counts,
     experts,
     shared,
     aux
@@ -95,7 +96,20 @@ super::clone_if_tensors_clone!(MoeStash {
 
 impl<B: Backend> Footprint for MoeStash<B> {
     fn bytes(&self) -> usize {
-        self.x.bytes() + self.routing.bytes() + self.experts.bytes() + self.shared.bytes()
+        let word = std::mem::size_of::<usize>();
+        let layout = self
+            .sent
+            .rows
+            .iter()
+            .map(|r| r.len() * 2 * word)
+            .sum::<usize>()
+            + (self.sent.counts.len() + self.counts.len()) * self.experts.len() * word;
+        self.x.bytes()
+            + self.routing.bytes()
+            + self.back.bytes()
+            + layout
+            + self.experts.bytes()
+            + self.shared.bytes()
     }
 }
 
@@ -148,7 +162,7 @@ impl Moe {
 
 impl<B: Backend> Moe<B> {
     /// The layer with router weight `router` (`[d, E]`, named `{name}.router.weight`) and
-    /// its experts, built by the caller (so any [`Mlp`] kind and TP shard).
+    /// all its experts, built by the caller (so any [`Mlp`] kind and TP shard).
     pub fn on(
         be: &Arc<B>,
         name: &str,
@@ -157,14 +171,38 @@ impl<B: Backend> Moe<B> {
         shared: Option<Mlp<B>>,
         cfg: MoeConfig,
     ) -> Result<Self> {
+        Self::on_ep(be, name, router, experts, shared, cfg, TpShard::SINGLE)
+    }
+
+    /// Expert-parallel rank `ep`'s share of the layer: `experts` are its `E / ep.size`
+    /// experts (from `ep.rank * E / ep.size` on); the router is whole.
+    pub fn on_ep(
+        be: &Arc<B>,
+        name: &str,
+        router: &Tensor,
+        experts: Vec<Mlp<B>>,
+        shared: Option<Mlp<B>>,
+        cfg: MoeConfig,
+        ep: TpShard,
+    ) -> Result<Self> {
         let (d, e) = match router.shape() {
             [d, e] => (*d, *e),
             s => return Err(shape_err("Moe::on", format!("router {s:?} is not [d, E]"))),
         };
-        if e != experts.len() {
+        if e % ep.size != 0 {
+            return Err(KernelError::Config(format!(
+                "{name}: expert-parallel size {} must divide the {e} experts",
+                ep.size
+            )));
+        }
+        if e / ep.size != experts.len() {
             return Err(shape_err(
                 "Moe::on",
-                format!("router of {e} columns for {} experts", experts.len()),
+                format!(
+                    "router of {e} columns for {} experts on each of {} ranks",
+                    experts.len(),
+                    ep.size
+                ),
             ));
         }
         if cfg.top_k == 0 || cfg.top_k > e {
@@ -191,6 +229,7 @@ impl<B: Backend> Moe<B> {
             experts,
             shared,
             cfg,
+            ep,
         })
     }
 
@@ -204,35 +243,67 @@ impl<B: Backend> Moe<B> {
         self.cfg.aux_coef = coef;
     }
 
-    /// Forward of `x` (`[.., d]`): route, run each expert on its rows, combine.
+    fn check_ep(&self, ep: &dyn ExpertExchange) -> Result<()> {
+        if (ep.rank(), ep.size()) != (self.ep.rank, self.ep.size) {
+            return Err(KernelError::Config(format!(
+                "an expert-parallel group at rank {} of {} for a layer built as rank {} of {}",
+                ep.rank(),
+                ep.size(),
+                self.ep.rank,
+                self.ep.size
+            )));
+        }
+        Ok(())
+    }
+
+    /// Forward of `x` (`[.., d]`) with all experts on this rank.
     pub fn forward(
         &self,
         x: B::Storage,
         tp: &mut dyn TpReduce<B::Storage>,
     ) -> Result<(B::Storage, MoeStash<B>)> {
+        self.forward_ep(x, tp, &mut NoEp)
+    }
+
+    /// Forward with the experts spread over `ep`: route, send each expert's rows to its
+    /// rank, run the local experts on what arrives, send the outputs back, combine.
+    pub fn forward_ep(
+        &self,
+        x: B::Storage,
+        tp: &mut dyn TpReduce<B::Storage>,
+        ep: &mut dyn ExpertExchange,
+    ) -> Result<(B::Storage, MoeStash<B>)> {
+        self.check_ep(ep)?;
         let be = self.router.backend().clone();
         let shape = x.shape().to_vec();
         let xh = be.download(&x)?;
         let logits = be.download(&self.router.forward_no_bias(&x)?)?;
         let routing = Routing::new(&logits, self.cfg.top_k)?;
-        let (k, d) = (self.cfg.top_k, xh.cols());
-        let mut y = Tensor::zeros(&[xh.rows(), d]);
-        let mut passes = Vec::with_capacity(self.experts.len());
-        for (e, expert) in self.experts.iter().enumerate() {
-            let rows = routing.assigned(e);
-            if rows.is_empty() {
-                passes.push(None);
+        let (k, d, local) = (self.cfg.top_k, xh.cols(), self.experts.len());
+        let sent = Sent::plan(&routing, ep.size(), local);
+        let counts = counts_of(&ep.all_to_all(sent.count_messages())?, local)?;
+        let recv = ep.all_to_all(sent.gather(&xh))?;
+        let (mut outs, mut stashes) = (Vec::with_capacity(local), Vec::with_capacity(local));
+        for (j, expert) in self.experts.iter().enumerate() {
+            let xe = assemble(&recv, &counts, j, d);
+            if xe.rows() == 0 {
+                outs.push(None);
+                stashes.push(None);
                 continue;
             }
-            let xe = be.upload(&gather_rows(&xh, rows.iter().map(|r| r.0)))?;
-            let (ye, mlp) = expert.forward(xe, tp)?;
-            let ye = be.download(&ye)?;
+            let (ye, st) = expert.forward(be.upload(&xe)?, tp)?;
+            outs.push(Some(be.download(&ye)?));
+            stashes.push(Some(st));
+        }
+        let back = ep.all_to_all(split_back(&outs, &counts, d))?;
+        // Summed expert by expert in index order, whatever the ranks.
+        let mut y = Tensor::zeros(&[xh.rows(), d]);
+        for (rows, out) in sent.rows.iter().zip(&back) {
             for (r, &(t, s)) in rows.iter().enumerate() {
                 let g = routing.gates()[t * k + s];
-                let (dst, src) = (&mut y.data_mut()[t * d..][..d], &ye.data()[r * d..][..d]);
+                let (dst, src) = (&mut y.data_mut()[t * d..][..d], &out.data()[r * d..][..d]);
                 dst.iter_mut().zip(src).for_each(|(a, b)| *a += g * b);
             }
-            passes.push(Some(ExpertPass { mlp, y: ye }));
         }
         let mut y = be.upload(&y.reshape(&shape)?)?;
         let shared = match &self.shared {
@@ -247,53 +318,78 @@ impl<B: Backend> Moe<B> {
         let stash = MoeStash {
             x: be.keep(x)?,
             routing,
-            experts: passes,
+            sent,
+            back,
+            counts,
+            experts: stashes,
             shared,
             aux,
         };
         Ok((y, stash))
     }
 
-    /// Input backward (I): the input gradient through the experts, the gates (into the
-    /// router) and the shared expert, plus the load-balancing loss's through the router.
+    /// Input backward (I) of [`Moe::forward`].
     pub fn backward_input(
         &self,
         stash: MoeStash<B>,
         dy: B::Storage,
         tp: &mut dyn TpReduce<B::Storage>,
     ) -> Result<(B::Storage, MoeWeightStash<B>)> {
+        self.backward_input_ep(stash, dy, tp, &mut NoEp)
+    }
+
+    /// Input backward (I) of [`Moe::forward_ep`] over the same group: the input gradient
+    /// through the experts (the output gradients travel to the experts' ranks and the
+    /// input gradients back), the gates (into the router) and the shared expert, plus the
+    /// load-balancing loss's through the router.
+    pub fn backward_input_ep(
+        &self,
+        stash: MoeStash<B>,
+        dy: B::Storage,
+        tp: &mut dyn TpReduce<B::Storage>,
+        ep: &mut dyn ExpertExchange,
+    ) -> Result<(B::Storage, MoeWeightStash<B>)> {
+        self.check_ep(ep)?;
         let be = self.router.backend().clone();
         let shape = dy.shape().to_vec();
         let dyh = be.download(&dy)?;
         let (k, d) = (self.cfg.top_k, dyh.cols());
-        let routing = &stash.routing;
-        let mut dx = Tensor::zeros(&[dyh.rows(), d]);
+        let (routing, sent) = (&stash.routing, &stash.sent);
         let mut dgates = vec![0.0f32; routing.gates().len()];
-        let mut wstashes = Vec::with_capacity(self.experts.len());
-        for (e, pass) in stash.experts.into_iter().enumerate() {
-            let Some(pass) = pass else {
-                wstashes.push(None);
-                continue;
-            };
-            let rows = routing.assigned(e);
-            let mut dye = gather_rows(&dyh, rows.iter().map(|r| r.0));
+        let mut msgs = sent.gather(&dyh);
+        for ((msg, rows), out) in msgs.iter_mut().zip(&sent.rows).zip(&stash.back) {
             for (r, &(t, s)) in rows.iter().enumerate() {
-                let row = &mut dye.data_mut()[r * d..][..d];
-                let ye = &pass.y.data()[r * d..][..d];
+                let row = &mut msg.data_mut()[r * d..][..d];
+                let ye = &out.data()[r * d..][..d];
                 dgates[t * k + s] = row.iter().zip(ye).map(|(a, b)| a * b).sum();
                 let g = routing.gates()[t * k + s];
                 row.iter_mut().for_each(|v| *v *= g);
             }
-            let (dxe, ws) = self.experts[e].backward_input(pass.mlp, be.upload(&dye)?, tp)?;
-            let dxe = be.download(&dxe)?;
-            for (r, &(t, _)) in rows.iter().enumerate() {
-                let (dst, src) = (&mut dx.data_mut()[t * d..][..d], &dxe.data()[r * d..][..d]);
-                dst.iter_mut().zip(src).for_each(|(a, b)| *a += b);
-            }
+        }
+        let recv = ep.all_to_all(msgs)?;
+        let mut outs = Vec::with_capacity(self.experts.len());
+        let mut wstashes = Vec::with_capacity(self.experts.len());
+        for (j, st) in stash.experts.into_iter().enumerate() {
+            let Some(st) = st else {
+                outs.push(None);
+                wstashes.push(None);
+                continue;
+            };
+            let dye = be.upload(&assemble(&recv, &stash.counts, j, d))?;
+            let (dxe, ws) = self.experts[j].backward_input(st, dye, tp)?;
+            outs.push(Some(be.download(&dxe)?));
             wstashes.push(Some(ws));
         }
+        let back = ep.all_to_all(split_back(&outs, &stash.counts, d))?;
+        let mut dx = Tensor::zeros(&[dyh.rows(), d]);
+        for (rows, out) in sent.rows.iter().zip(&back) {
+            for (r, &(t, _)) in rows.iter().enumerate() {
+                let (dst, src) = (&mut dx.data_mut()[t * d..][..d], &out.data()[r * d..][..d]);
+                dst.iter_mut().zip(src).for_each(|(a, b)| *a += b);
+            }
+        }
         let mut logits_shape = shape.clone();
-        *logits_shape.last_mut().expect("dy has a feature axis") = self.experts.len();
+        *logits_shape.last_mut().expect("dy has a feature axis") = self.router.out_features();
         let dlogits = routing.dlogits(&dgates, self.cfg.aux_coef)?;
         let dlogits = be.upload(&Tensor::new(&logits_shape, dlogits)?)?;
         let mut dx = be.upload(&dx.reshape(&shape)?)?;
