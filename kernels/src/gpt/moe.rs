@@ -1,10 +1,10 @@
 //! The initial weights of the reference GPT's mixtures of experts.
 
-use super::{GptConfig, MoeSpec};
+use super::{GptConfig, GptStage, MoeSpec};
 use crate::backend::Backend;
 use crate::error::Result;
 use crate::init::normal_tensor;
-use crate::layers::{Mlp, Moe, MoeConfig, TpShard};
+use crate::layers::{FeedForward, Mlp, Moe, MoeConfig, TpShard};
 use crate::tensor::Tensor;
 use std::sync::Arc;
 
@@ -90,4 +90,19 @@ pub(super) fn init_moe<B: Backend>(
         aux_coef: spec.aux_coef,
     };
     Moe::on(be, &name, &router, experts, shared, routing)
+}
+
+impl<B: Backend> GptStage<B> {
+    /// Keeps expert-parallel rank `ep`'s share of every mixture's experts (rank `r` of `n`
+    /// the `r`-th contiguous `E / n`); the router, attention and shared expert stay whole.
+    /// The stage's forward and backward then need a TP group that offers the EP group's
+    /// all-to-all ([`crate::layers::TpReduce::expert_exchange`]).
+    pub fn shard_experts(&mut self, ep: TpShard) -> Result<()> {
+        for b in &mut self.blocks {
+            if let FeedForward::Moe(m) = &mut b.mlp {
+                m.shard_experts(ep)?;
+            }
+        }
+        Ok(())
+    }
 }

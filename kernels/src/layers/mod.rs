@@ -302,6 +302,12 @@ pub trait TpReduce<T = Tensor> {
         let _ = t;
         Err(crate::error::KernelError::Config(NO_SEQ.into()))
     }
+
+    /// The all-to-all of the expert-parallel group the mixtures of experts run over
+    /// ([`moe::ep`]), where the runtime gives them one; `None`: every expert is here.
+    fn expert_exchange(&mut self) -> Option<&mut dyn moe::ep::ExpertExchange> {
+        None
+    }
 }
 
 const NO_SEQ: &str = "sequence parallelism needs a tensor-parallel group with all-gather and \

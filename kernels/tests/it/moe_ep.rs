@@ -4,8 +4,9 @@
 use crate::common;
 
 use common::{grads, randn};
+use pipewright_kernels::gpt::{GptStage, Microbatch, StageOutput};
 use pipewright_kernels::layers::moe::ep::{ExpertExchange, NoEp};
-use pipewright_kernels::layers::{Mlp, Moe, MoeConfig, NoTp, TpShard};
+use pipewright_kernels::layers::{Mlp, Moe, MoeConfig, NoTp, TpReduce, TpShard};
 use pipewright_kernels::{Result, Tensor};
 use std::sync::{Arc, Barrier, Mutex};
 
@@ -16,7 +17,7 @@ const E: usize = 4;
 type Mail = (Mutex<Vec<Vec<Option<Tensor>>>>, Barrier);
 
 /// One rank's handle on an in-process all-to-all: a mailbox per (destination, source).
-struct ThreadExchange {
+pub(crate) struct ThreadExchange {
     rank: usize,
     size: usize,
     mail: Arc<Mail>,
@@ -197,4 +198,117 @@ fn a_group_other_than_the_layers_is_refused() {
             .contains("blocks.2.mlp: expert-parallel size 3 must divide the 4 experts"),
         "{err}"
     );
+}
+
+/// A TP group of one whose mixtures run over an expert-parallel group.
+struct EpOnly(ThreadExchange);
+
+impl TpReduce for EpOnly {
+    fn all_reduce_sum(&mut self, _t: &mut Tensor) -> Result<()> {
+        Ok(())
+    }
+    fn expert_exchange(&mut self) -> Option<&mut dyn ExpertExchange> {
+        Some(&mut self.0)
+    }
+}
+
+fn tokens(rank: u32) -> (Vec<u32>, Vec<u32>) {
+    let t: Vec<u32> = (0..24).map(|i| (i * 7 + 3 + rank * 5) % 13).collect();
+    let targets = t.iter().map(|v| (v * 5 + 1) % 13).collect();
+    (t, targets)
+}
+
+/// Forward through `stages`, then I and W backward: the loss.
+fn step(stages: &mut [GptStage], data: &(Vec<u32>, Vec<u32>), tp: &mut dyn TpReduce) -> f32 {
+    let mb = Microbatch {
+        tokens: &data.0,
+        targets: &data.1,
+        seq: 8,
+        loss_scale: 1.0,
+    };
+    let (mut x, mut stashes, mut loss) = (None, Vec::new(), f32::NAN);
+    for st in stages.iter() {
+        let (out, stash) = st.forward(&mb, x.take(), tp).unwrap();
+        stashes.push(stash);
+        match out {
+            StageOutput::Hidden(h) => x = Some(h),
+            StageOutput::Loss(l) => loss = l,
+        }
+    }
+    let mut g = None;
+    for (st, stash) in stages.iter_mut().zip(stashes).rev() {
+        let (dx, ws) = st.backward_input(stash, g.take(), tp).unwrap();
+        st.backward_weight(ws).unwrap();
+        g = dx;
+    }
+    loss
+}
+
+/// Expert parallelism folded over data parallelism, at the model's level: two ranks, each
+/// with its own tokens, a two-stage cut and half of every mixture's experts, against one
+/// device that runs both ranks' tokens in turn.
+#[test]
+fn gpt_stages_over_two_expert_parallel_ranks_equal_one_device() {
+    let cfg = crate::moe_gpt::cfg();
+    let mut whole = vec![GptStage::whole(&cfg, 42).unwrap()];
+    let want: Vec<f32> = (0..2)
+        .map(|r| step(&mut whole, &tokens(r), &mut NoTp))
+        .collect();
+    let whole_grads = grads(&whole[0]);
+    let got: Vec<(f32, Vec<(String, Tensor)>)> = std::thread::scope(|s| {
+        let handles: Vec<_> = ThreadExchange::group(2)
+            .into_iter()
+            .map(|ex| {
+                let cfg = &cfg;
+                s.spawn(move || {
+                    let rank = ex.rank;
+                    let mut stages: Vec<GptStage> = (0..2)
+                        .map(|i| GptStage::new(cfg, 42, i, 2, TpShard::SINGLE).unwrap())
+                        .collect();
+                    for st in &mut stages {
+                        st.shard_experts(TpShard::new(rank, 2).unwrap()).unwrap();
+                    }
+                    let loss = step(&mut stages, &tokens(rank as u32), &mut EpOnly(ex));
+                    (loss, stages.iter().flat_map(grads).collect())
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (rank, ((loss, _), want)) in got.iter().zip(&want).enumerate() {
+        assert!(
+            (loss - want).abs() <= 1e-5 * want.abs(),
+            "rank {rank}: {loss} vs {want}"
+        );
+    }
+    let mut experts = 0;
+    for (name, whole) in &whole_grads {
+        let held: Vec<&Tensor> = got
+            .iter()
+            .filter_map(|(_, g)| g.iter().find(|(n, _)| n == name).map(|(_, t)| t))
+            .collect();
+        if name.contains(".experts.") {
+            // Held by one rank, which saw both ranks' rows.
+            assert_eq!(held.len(), 1, "{name}");
+            near(name, held[0], whole);
+            experts += 1;
+        } else {
+            let mut sum = held[0].clone();
+            sum.add_assign(held[1]).unwrap();
+            near(name, &sum, whole);
+        }
+    }
+    assert_eq!(experts, 3 * 4 * 4, "3 mixtures of 4 experts of 4 tensors");
+    // Without the exchange a sharded stage refuses to run rather than drop experts.
+    let mut lone = GptStage::new(&cfg, 42, 0, 1, TpShard::SINGLE).unwrap();
+    lone.shard_experts(TpShard::new(0, 2).unwrap()).unwrap();
+    let data = tokens(0);
+    let mb = Microbatch {
+        tokens: &data.0,
+        targets: &data.1,
+        seq: 8,
+        loss_scale: 1.0,
+    };
+    let err = lone.forward(&mb, None, &mut NoTp).unwrap_err().to_string();
+    assert!(err.contains("for a layer built as rank 0 of 2"), "{err}");
 }

@@ -19,7 +19,7 @@ pub(crate) fn as_dense_name(name: &str) -> String {
 }
 
 /// 4 blocks: the first dense, then mixtures of 4 experts (top-2) with a shared expert.
-fn cfg() -> GptConfig {
+pub(crate) fn cfg() -> GptConfig {
     let spec = MoeSpec {
         shared_d_ff: 8,
         dense_first: 1,

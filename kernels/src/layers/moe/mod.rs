@@ -233,6 +233,25 @@ impl<B: Backend> Moe<B> {
         })
     }
 
+    /// Keeps expert-parallel rank `ep`'s share of the experts of a layer that holds all of
+    /// them (the same numbers as [`Moe::on_ep`] given that share).
+    pub fn shard_experts(&mut self, ep: TpShard) -> Result<()> {
+        let e = self.experts.len();
+        if self.ep.size != 1 || e % ep.size != 0 {
+            return Err(KernelError::Config(format!(
+                "expert-parallel size {} must divide the {e} experts of a whole mixture",
+                ep.size
+            )));
+        }
+        let local = e / ep.size;
+        self.experts = self
+            .experts
+            .drain(ep.rank * local..(ep.rank + 1) * local)
+            .collect();
+        self.ep = ep;
+        Ok(())
+    }
+
     /// The routing hyper-parameters.
     pub fn config(&self) -> MoeConfig {
         self.cfg
@@ -257,12 +276,13 @@ impl<B: Backend> Moe<B> {
     }
 
     /// Forward of `x` (`[.., d]`) with all experts on this rank.
+    /// With the expert-parallel exchange `tp` offers ([`TpReduce::expert_exchange`]), if any.
     pub fn forward(
         &self,
         x: B::Storage,
         tp: &mut dyn TpReduce<B::Storage>,
     ) -> Result<(B::Storage, MoeStash<B>)> {
-        self.forward_ep(x, tp, &mut NoEp)
+        self.forward_core(x, &mut ViaTp { tp, none: NoEp })
     }
 
     /// Forward with the experts spread over `ep`: route, send each expert's rows to its
@@ -273,16 +293,24 @@ impl<B: Backend> Moe<B> {
         tp: &mut dyn TpReduce<B::Storage>,
         ep: &mut dyn ExpertExchange,
     ) -> Result<(B::Storage, MoeStash<B>)> {
-        self.check_ep(ep)?;
+        self.forward_core(x, &mut Pair { tp, ep })
+    }
+
+    fn forward_core(
+        &self,
+        x: B::Storage,
+        c: &mut dyn Comms<B::Storage>,
+    ) -> Result<(B::Storage, MoeStash<B>)> {
+        self.check_ep(c.ep())?;
         let be = self.router.backend().clone();
         let shape = x.shape().to_vec();
         let xh = be.download(&x)?;
         let logits = be.download(&self.router.forward_no_bias(&x)?)?;
         let routing = Routing::new(&logits, self.cfg.top_k)?;
         let (k, d, local) = (self.cfg.top_k, xh.cols(), self.experts.len());
-        let sent = Sent::plan(&routing, ep.size(), local);
-        let counts = counts_of(&ep.all_to_all(sent.count_messages())?, local)?;
-        let recv = ep.all_to_all(sent.gather(&xh))?;
+        let sent = Sent::plan(&routing, c.ep().size(), local);
+        let counts = counts_of(&c.ep().all_to_all(sent.count_messages())?, local)?;
+        let recv = c.ep().all_to_all(sent.gather(&xh))?;
         let (mut outs, mut stashes) = (Vec::with_capacity(local), Vec::with_capacity(local));
         for (j, expert) in self.experts.iter().enumerate() {
             let xe = assemble(&recv, &counts, j, d);
@@ -291,11 +319,11 @@ impl<B: Backend> Moe<B> {
                 stashes.push(None);
                 continue;
             }
-            let (ye, st) = expert.forward(be.upload(&xe)?, tp)?;
+            let (ye, st) = expert.forward(be.upload(&xe)?, c.tp())?;
             outs.push(Some(be.download(&ye)?));
             stashes.push(Some(st));
         }
-        let back = ep.all_to_all(split_back(&outs, &counts, d))?;
+        let back = c.ep().all_to_all(split_back(&outs, &counts, d))?;
         // Summed expert by expert in index order, whatever the ranks.
         let mut y = Tensor::zeros(&[xh.rows(), d]);
         for (rows, out) in sent.rows.iter().zip(&back) {
@@ -308,7 +336,7 @@ impl<B: Backend> Moe<B> {
         let mut y = be.upload(&y.reshape(&shape)?)?;
         let shared = match &self.shared {
             Some(m) => {
-                let (ys, st) = m.forward(be.copy(&x)?, tp)?;
+                let (ys, st) = m.forward(be.copy(&x)?, c.tp())?;
                 be.add_assign(&mut y, &ys)?;
                 Some(st)
             }
@@ -335,7 +363,7 @@ impl<B: Backend> Moe<B> {
         dy: B::Storage,
         tp: &mut dyn TpReduce<B::Storage>,
     ) -> Result<(B::Storage, MoeWeightStash<B>)> {
-        self.backward_input_ep(stash, dy, tp, &mut NoEp)
+        self.backward_core(stash, dy, &mut ViaTp { tp, none: NoEp })
     }
 
     /// Input backward (I) of [`Moe::forward_ep`] over the same group: the input gradient
@@ -349,7 +377,16 @@ impl<B: Backend> Moe<B> {
         tp: &mut dyn TpReduce<B::Storage>,
         ep: &mut dyn ExpertExchange,
     ) -> Result<(B::Storage, MoeWeightStash<B>)> {
-        self.check_ep(ep)?;
+        self.backward_core(stash, dy, &mut Pair { tp, ep })
+    }
+
+    fn backward_core(
+        &self,
+        stash: MoeStash<B>,
+        dy: B::Storage,
+        c: &mut dyn Comms<B::Storage>,
+    ) -> Result<(B::Storage, MoeWeightStash<B>)> {
+        self.check_ep(c.ep())?;
         let be = self.router.backend().clone();
         let shape = dy.shape().to_vec();
         let dyh = be.download(&dy)?;
@@ -366,7 +403,7 @@ impl<B: Backend> Moe<B> {
                 row.iter_mut().for_each(|v| *v *= g);
             }
         }
-        let recv = ep.all_to_all(msgs)?;
+        let recv = c.ep().all_to_all(msgs)?;
         let mut outs = Vec::with_capacity(self.experts.len());
         let mut wstashes = Vec::with_capacity(self.experts.len());
         for (j, st) in stash.experts.into_iter().enumerate() {
@@ -376,11 +413,11 @@ impl<B: Backend> Moe<B> {
                 continue;
             };
             let dye = be.upload(&assemble(&recv, &stash.counts, j, d))?;
-            let (dxe, ws) = self.experts[j].backward_input(st, dye, tp)?;
+            let (dxe, ws) = self.experts[j].backward_input(st, dye, c.tp())?;
             outs.push(Some(be.download(&dxe)?));
             wstashes.push(Some(ws));
         }
-        let back = ep.all_to_all(split_back(&outs, &stash.counts, d))?;
+        let back = c.ep().all_to_all(split_back(&outs, &stash.counts, d))?;
         let mut dx = Tensor::zeros(&[dyh.rows(), d]);
         for (rows, out) in sent.rows.iter().zip(&back) {
             for (r, &(t, _)) in rows.iter().enumerate() {
@@ -396,7 +433,7 @@ impl<B: Backend> Moe<B> {
         be.add_assign(&mut dx, &self.router.backward_input(&dlogits)?)?;
         let shared = match (&self.shared, stash.shared) {
             (Some(m), Some(st)) => {
-                let (dxs, ws) = m.backward_input(st, dy, tp)?;
+                let (dxs, ws) = m.backward_input(st, dy, c.tp())?;
                 be.add_assign(&mut dx, &dxs)?;
                 Some(ws)
             }
@@ -425,6 +462,45 @@ impl<B: Backend> Moe<B> {
         match (&mut self.shared, ws.shared) {
             (Some(m), Some(w)) => m.backward_weight(w),
             _ => Ok(()),
+        }
+    }
+}
+
+/// A mixture's two groups: its experts' TP group and its expert-parallel one.
+trait Comms<S> {
+    fn tp(&mut self) -> &mut dyn TpReduce<S>;
+    fn ep(&mut self) -> &mut dyn ExpertExchange;
+}
+
+/// The groups given apart.
+struct Pair<'a, S> {
+    tp: &'a mut dyn TpReduce<S>,
+    ep: &'a mut dyn ExpertExchange,
+}
+
+impl<S> Comms<S> for Pair<'_, S> {
+    fn tp(&mut self) -> &mut dyn TpReduce<S> {
+        self.tp
+    }
+    fn ep(&mut self) -> &mut dyn ExpertExchange {
+        self.ep
+    }
+}
+
+/// The TP group, with the exchange it offers or a group of one.
+struct ViaTp<'a, S> {
+    tp: &'a mut dyn TpReduce<S>,
+    none: NoEp,
+}
+
+impl<S> Comms<S> for ViaTp<'_, S> {
+    fn tp(&mut self) -> &mut dyn TpReduce<S> {
+        self.tp
+    }
+    fn ep(&mut self) -> &mut dyn ExpertExchange {
+        match self.tp.expert_exchange() {
+            Some(e) => e,
+            None => &mut self.none,
         }
     }
 }
