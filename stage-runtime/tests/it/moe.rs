@@ -36,10 +36,21 @@ fn config(mesh: Mesh) -> TrainConfig {
     }
 }
 
-fn check(kind: ScheduleKind, v: u32, m: u32, (pp, tp, dp): (usize, usize, usize)) {
+fn check(kind: ScheduleKind, v: u32, m: u32, mesh: (usize, usize, usize)) {
+    check_recompute(kind, v, m, mesh, "none")
+}
+
+fn check_recompute(
+    kind: ScheduleKind,
+    v: u32,
+    m: u32,
+    (pp, tp, dp): (usize, usize, usize),
+    recompute: &str,
+) {
     let spec = ScheduleSpec::new(kind, pp as u32, v, m, None).unwrap();
-    let what = format!("moe {spec} tp={tp} dp={dp}");
-    let cfg = config(Mesh::new(pp, tp, dp).unwrap());
+    let what = format!("moe {spec} tp={tp} dp={dp} recompute {recompute}");
+    let mut cfg = config(Mesh::new(pp, tp, dp).unwrap());
+    cfg.run.recompute = recompute.parse().unwrap();
     let tt = generate(&spec);
     let mut losses = Vec::new();
     let params = train_gpt(&cfg, &tt, |s| losses.push(s.loss.unwrap()))
@@ -64,6 +75,13 @@ fn moe_gpt_on_1f1b_interleaved_and_dualpipev_equals_one_device() {
         check(ScheduleKind::OneFOneB, 1, 4, mesh);
         check(ScheduleKind::Interleaved1F1B, 2, 4, mesh);
         check(ScheduleKind::DualPipeV, 2, 4, mesh);
+    }
+}
+
+#[test]
+fn moe_gpt_with_recomputation_equals_one_device() {
+    for policy in ["full", "selective", "every:2"] {
+        check_recompute(ScheduleKind::OneFOneB, 1, 4, (2, 1, 1), policy);
     }
 }
 
