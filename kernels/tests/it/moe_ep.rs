@@ -312,3 +312,35 @@ fn gpt_stages_over_two_expert_parallel_ranks_equal_one_device() {
     let err = lone.forward(&mb, None, &mut NoTp).unwrap_err().to_string();
     assert!(err.contains("for a layer built as rank 0 of 2"), "{err}");
 }
+
+/// An exchange of one rank that loses every row of its second message.
+struct Lossy(usize);
+
+impl ExpertExchange for Lossy {
+    fn size(&self) -> usize {
+        1
+    }
+    fn rank(&self) -> usize {
+        0
+    }
+    fn all_to_all(&mut self, send: Vec<Tensor>) -> Result<Vec<Tensor>> {
+        self.0 += 1;
+        if self.0 == 2 {
+            return Ok(send.iter().map(|_| Tensor::zeros(&[0, D])).collect());
+        }
+        Ok(send)
+    }
+}
+
+#[test]
+fn an_exchange_that_loses_rows_is_refused_not_read_out_of_bounds() {
+    let m = layer(TpShard::SINGLE);
+    let err = m
+        .forward_ep(randn(&[3, D], "x"), &mut NoTp, &mut Lossy(0))
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("expert all-to-all: 1 messages do not hold the rows sent for 1 ranks"),
+        "{err}"
+    );
+}

@@ -311,6 +311,7 @@ impl<B: Backend> Moe<B> {
         let sent = Sent::plan(&routing, c.ep().size(), local);
         let counts = counts_of(&c.ep().all_to_all(sent.count_messages())?, local)?;
         let recv = c.ep().all_to_all(sent.gather(&xh))?;
+        check_rows(&recv, counts.iter().map(|c| c.iter().sum()), d)?;
         let (mut outs, mut stashes) = (Vec::with_capacity(local), Vec::with_capacity(local));
         for (j, expert) in self.experts.iter().enumerate() {
             let xe = assemble(&recv, &counts, j, d);
@@ -324,6 +325,7 @@ impl<B: Backend> Moe<B> {
             stashes.push(Some(st));
         }
         let back = c.ep().all_to_all(split_back(&outs, &counts, d))?;
+        check_rows(&back, sent.rows.iter().map(Vec::len), d)?;
         // Summed expert by expert in index order, whatever the ranks.
         let mut y = Tensor::zeros(&[xh.rows(), d]);
         for (rows, out) in sent.rows.iter().zip(&back) {
@@ -404,6 +406,7 @@ impl<B: Backend> Moe<B> {
             }
         }
         let recv = c.ep().all_to_all(msgs)?;
+        check_rows(&recv, stash.counts.iter().map(|c| c.iter().sum()), d)?;
         let mut outs = Vec::with_capacity(self.experts.len());
         let mut wstashes = Vec::with_capacity(self.experts.len());
         for (j, st) in stash.experts.into_iter().enumerate() {
@@ -418,6 +421,7 @@ impl<B: Backend> Moe<B> {
             wstashes.push(Some(ws));
         }
         let back = c.ep().all_to_all(split_back(&outs, &stash.counts, d))?;
+        check_rows(&back, sent.rows.iter().map(Vec::len), d)?;
         let mut dx = Tensor::zeros(&[dyh.rows(), d]);
         for (rows, out) in sent.rows.iter().zip(&back) {
             for (r, &(t, _)) in rows.iter().enumerate() {
@@ -464,6 +468,23 @@ impl<B: Backend> Moe<B> {
             _ => Ok(()),
         }
     }
+}
+
+/// Errors unless the exchange returned one message per rank of `want[r]` rows of width `d`
+/// (a transport that lost or cut a message is refused here, not read out of bounds).
+fn check_rows(msgs: &[Tensor], want: impl ExactSizeIterator<Item = usize>, d: usize) -> Result<()> {
+    let n = want.len();
+    let bad = msgs.len() != n || msgs.iter().zip(want).any(|(m, rows)| m.numel() != rows * d);
+    if bad {
+        return Err(shape_err(
+            "expert all-to-all",
+            format!(
+                "{} messages do not hold the rows sent for {n} ranks",
+                msgs.len()
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// A mixture's two groups: its experts' TP group and its expert-parallel one.
