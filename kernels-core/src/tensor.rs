@@ -72,8 +72,10 @@ impl Tensor {
         }
     }
 
-    /// Internal constructor for kernels that already know the length is right.
-    pub(crate) fn from_parts(shape: Vec<usize>, data: Vec<f32>) -> Self {
+    /// Constructor for kernels (here and in `pipewright-kernels`' layers) that already know
+    /// the length is right; not for users, whose data goes through [`Tensor::new`].
+    #[doc(hidden)]
+    pub fn from_parts(shape: Vec<usize>, data: Vec<f32>) -> Self {
         debug_assert_eq!(shape.iter().product::<usize>(), data.len());
         Self { shape, data }
     }

@@ -2,7 +2,7 @@
 //! [`ModelShape`] (what `plan`, the memory model and the CLI read) to the kernels'
 //! [`GptConfig`] (what trains), so a planned shape trains as planned.
 
-use pipewright_kernels::gpt::{BiasKind, GptConfig, MlpKind, NormKind, Positions};
+use pipewright_kernels::gpt::{BiasKind, GptConfig, MlpKind, MoeSpec, NormKind, Positions};
 use pipewright_model::shape::{self, ModelShape, PositionKind};
 
 use crate::error::RuntimeError;
@@ -12,7 +12,13 @@ use crate::error::RuntimeError;
 /// embeddings only (tying across pipeline stages needs an all-reduce of the two copies'
 /// gradients between the first and the last stage, which it does not have).
 pub fn gpt_config(shape: &ModelShape) -> Result<GptConfig, RuntimeError> {
-    if let Some(what) = shape.not_modelled() {
+    // The reference has a mixture of experts (mapped below); the rest of what the planner
+    // does not model yet, it lacks too.
+    let without_moe = ModelShape {
+        moe: None,
+        ..shape.clone()
+    };
+    if let Some(what) = without_moe.not_modelled() {
         return Err(RuntimeError::Model(format!(
             "the reference GPT does not have {what} yet"
         )));
@@ -53,6 +59,43 @@ pub fn gpt_config(shape: &ModelShape) -> Result<GptConfig, RuntimeError> {
                 theta: shape.rope_theta.get(),
             },
         },
+        moe: shape.moe.map(|m| moe_spec(m, shape.bias)).transpose()?,
+    })
+}
+
+/// The reference's mixture of the shape's. Several shared experts of one width are one
+/// shared MLP of their summed width (their outputs add; no expert has a bias). Qwen2's
+/// shared gate and DeepSeek's router bias are refused: the reference has neither.
+fn moe_spec(m: shape::MoeShape, bias: shape::BiasKind) -> Result<MoeSpec, RuntimeError> {
+    let lacks = |what: &str| {
+        Err(RuntimeError::Model(format!(
+            "the reference GPT's mixture of experts has no {what} yet"
+        )))
+    };
+    if m.shared_gate {
+        return lacks("shared-expert gate (shared_gate)");
+    }
+    if m.router_bias {
+        return lacks("router bias (router_bias)");
+    }
+    if bias == shape::BiasKind::All {
+        // The shape's experts (Hugging Face's) have no biases; the reference's would.
+        return lacks(
+            "experts without biases beside biased layers (bias all): use bias none or qkv",
+        );
+    }
+    let size = |name: &str, v: u64| {
+        usize::try_from(v).map_err(|_| RuntimeError::Model(format!("{name} {v} is too large")))
+    };
+    Ok(MoeSpec {
+        shared_d_ff: size("shared_ffn", u64::from(m.shared_experts) * m.shared_ffn)?,
+        dense_first: size("dense_layers", m.dense_layers.into())?,
+        every: size("every", m.every.into())?,
+        ..MoeSpec::new(
+            size("experts", m.experts.into())?,
+            size("top_k", m.top_k.into())?,
+            size("expert_ffn", m.expert_ffn)?,
+        )
     })
 }
 
@@ -99,6 +142,77 @@ mod tests {
         }
         let gpt = ModelShape::gpt(3, 16, 4, 64, 8, 11);
         assert_eq!(gpt_config(&gpt).unwrap(), GptConfig::new(11, 8, 16, 4, 3));
+    }
+
+    /// A mixture of experts (GeLU, SwiGLU and GeGLU, with QKV biases or none, shared experts,
+    /// dense layers first, one layer in two): the reference built from the shape has the
+    /// shape's parameters, so a planned MoE shape trains as counted.
+    #[test]
+    fn the_reference_gpt_of_an_moe_shape_has_the_shape_s_parameters() {
+        for (mlp, bias, shared, every) in [
+            (shape::MlpKind::Gelu, shape::BiasKind::None, 1, 1),
+            (shape::MlpKind::SwiGlu, shape::BiasKind::None, 2, 2),
+            (shape::MlpKind::GeGlu, shape::BiasKind::Qkv, 0, 1),
+        ] {
+            let s = ModelShape {
+                mlp,
+                bias,
+                moe: Some(shape::MoeShape {
+                    experts: 4,
+                    top_k: 2,
+                    expert_ffn: 12,
+                    shared_experts: shared,
+                    shared_ffn: if shared > 0 { 8 } else { 0 },
+                    shared_gate: false,
+                    router_bias: false,
+                    dense_layers: 1,
+                    every,
+                }),
+                ..ModelShape::gpt(5, 16, 4, 64, 8, 11)
+            };
+            let cfg = gpt_config(&s).unwrap();
+            let whole = GptStage::whole(&cfg, 0).unwrap();
+            assert_eq!(whole.num_params() as u64, s.parameters(), "{s:?}");
+        }
+    }
+
+    #[test]
+    fn what_the_reference_mixture_lacks_is_refused_by_name() {
+        let moe = shape::MoeShape {
+            experts: 4,
+            top_k: 2,
+            expert_ffn: 12,
+            shared_experts: 2,
+            shared_ffn: 8,
+            shared_gate: false,
+            router_bias: false,
+            dense_layers: 0,
+            every: 1,
+        };
+        let with = |moe| ModelShape {
+            moe: Some(moe),
+            ..ModelShape::gpt(2, 16, 4, 64, 8, 11)
+        };
+        for (m, needle) in [
+            (moe, "bias all"),
+            (
+                shape::MoeShape {
+                    shared_gate: true,
+                    ..moe
+                },
+                "shared_gate",
+            ),
+            (
+                shape::MoeShape {
+                    router_bias: true,
+                    ..moe
+                },
+                "router_bias",
+            ),
+        ] {
+            let err = gpt_config(&with(m)).unwrap_err().to_string();
+            assert!(err.contains(needle), "{err}");
+        }
     }
 
     #[test]

@@ -8,7 +8,8 @@ use crate::cpu::rotary_table;
 use crate::error::{KernelError, Result};
 use crate::init::normal_tensor;
 use crate::layers::{
-    cpu_backend, Attention, Block, Embedding, Linear, LmHead, Mlp, MlpKindExt, Norm, TpShard,
+    cpu_backend, Attention, Block, Embedding, FeedForward, Linear, LmHead, Mlp, MlpKindExt, Norm,
+    TpShard,
 };
 use crate::tensor::Tensor;
 use std::ops::Range;
@@ -56,7 +57,12 @@ fn init_block<B: Backend>(
     let w2 = normal_tensor(&[f, d], resid, seed, &p(&format!("mlp.{w2_name}.weight")));
     let b1 = zeros(cfg.bias.rest(), w1.cols());
     let (fc1, fc2) = ((&w1, b1.as_ref()), (&w2, b_o.as_ref()));
-    let mlp = Mlp::from_fused_on(be, &p("mlp"), cfg.mlp, fc1, fc2, tp)?;
+    let mlp = match &cfg.moe {
+        Some(spec) if spec.is_moe_layer(l) => {
+            FeedForward::Moe(super::moe::init_moe(be, cfg, spec, (seed, l), tp)?)
+        }
+        _ => FeedForward::Dense(Mlp::from_fused_on(be, &p("mlp"), cfg.mlp, fc1, fc2, tp)?),
+    };
     Ok(Block {
         ln1: Norm::on(be, cfg.norm, &p("ln1"), d)?,
         attn,

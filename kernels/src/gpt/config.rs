@@ -1,5 +1,6 @@
 //! The reference GPT's configuration, its validation and its cut into stages.
 
+use super::moe_spec::MoeSpec;
 use crate::cpu::rotary::{check_config, DEFAULT_THETA};
 use crate::error::{KernelError, Result};
 use crate::layers::{Heads, MlpKind, MlpKindExt, NormKind};
@@ -32,6 +33,8 @@ pub struct GptConfig {
     pub bias: BiasKind,
     /// How positions enter: a learned table (GPT-2) or rotary embeddings (Llama).
     pub positions: Positions,
+    /// Mixtures of experts in place of some blocks' MLPs; `None`: a dense model.
+    pub moe: Option<MoeSpec>,
 }
 
 /// How positions enter the reference GPT.
@@ -102,6 +105,7 @@ impl GptConfig {
             norm: NormKind::LayerNorm,
             bias: BiasKind::All,
             positions: Positions::Learned,
+            moe: None,
         }
     }
 
@@ -150,6 +154,9 @@ impl GptConfig {
         if let Positions::Rotary { theta } = self.positions {
             check_config(self.head_dim(), theta)?;
         }
+        if let Some(spec) = &self.moe {
+            spec.validate(tp)?;
+        }
         self.heads().check(tp)
     }
 
@@ -176,11 +183,20 @@ impl GptConfig {
         let attn = (d * q + bias(b_qkv, q)) + (d * d + bias(b, d));
         let mlp = (d * up + bias(b, up)) + (f * d + bias(b, d));
         let block = 2 * norm + attn + mlp;
+        // A mixture's block has the mixture in place of the MLP.
+        let (moe_layers, moe) = self.moe.map_or((0, 0), |s| {
+            let layers = (0..self.n_layers).filter(|&l| s.is_moe_layer(l)).count();
+            (layers, layers * s.layer_params(d, self.mlp, b))
+        });
         let positions = match self.positions {
             Positions::Learned => self.seq_len * d,
             Positions::Rotary { .. } => 0,
         };
-        v * d + positions + self.n_layers * block + norm + d * v + bias(b, v)
+        v * d + positions + self.n_layers * block - moe_layers * mlp
+            + moe
+            + norm
+            + d * v
+            + bias(b, v)
     }
 }
 

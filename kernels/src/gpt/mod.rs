@@ -15,9 +15,12 @@
 
 mod build;
 mod config;
+mod moe;
+mod moe_spec;
 
 pub use crate::layers::{MlpKind, MlpKindExt, NormKind};
 pub use config::{partition, BiasKind, GptConfig, Positions};
+pub use moe_spec::MoeSpec;
 
 use crate::backend::{Backend, Shaped};
 

@@ -2,7 +2,7 @@
 //! `h = x + attn(ln1(x))`, `out = h + mlp(ln2(h))`.
 
 use super::attention::{Attention, AttentionStash, AttentionWeightStash};
-use super::mlp::{Mlp, MlpStash, MlpWeightStash};
+use super::ffn::{FeedForward, FfnStash, FfnWeightStash};
 use super::norm::Norm;
 use super::shard::TpShard;
 use super::{Param, Parameters, TpReduce};
@@ -22,8 +22,8 @@ pub struct Block<B: Backend = Cpu> {
     pub attn: Attention<B>,
     /// Norm before the MLP.
     pub ln2: Norm<B>,
-    /// Column-then-row MLP (plain or gated).
-    pub mlp: Mlp<B>,
+    /// Column-then-row MLP (plain or gated), or a mixture of experts.
+    pub mlp: FeedForward<B>,
 }
 
 super::clone_if_tensors_clone!(Block {
@@ -39,7 +39,7 @@ pub struct BlockStash<B: Backend = Cpu> {
     ln1: B::NormStash,
     attn: AttentionStash<B>,
     ln2: B::NormStash,
-    mlp: MlpStash<B>,
+    mlp: FfnStash<B>,
 }
 
 super::clone_if_tensors_clone!(BlockStash {
@@ -69,7 +69,7 @@ pub struct BlockWeightStash<B: Backend = Cpu> {
     ln1: (B::NormStash, B::Kept),
     attn: AttentionWeightStash<B>,
     ln2: (B::NormStash, B::Kept),
-    mlp: MlpWeightStash<B>,
+    mlp: FfnWeightStash<B>,
 }
 
 super::clone_if_tensors_clone!(BlockWeightStash {
@@ -115,10 +115,7 @@ impl<B: Backend> Block<B> {
         let mut h = x;
         be.add_assign(&mut h, &a)?;
         let (n2, ln2) = self.ln2.forward(&h)?;
-        let (m, mlp) = match sp {
-            Some(shard) => self.mlp.forward_seq(n2, tp, shard)?,
-            None => self.mlp.forward(n2, tp)?,
-        };
+        let (m, mlp) = self.mlp.forward_seq(n2, tp, sp)?;
         be.add_assign(&mut h, &m)?;
         // The residual stream is stored in the activation precision (bf16 in a bf16 run),
         // so a pipeline boundary between blocks rounds nothing a single device does not.
@@ -156,12 +153,9 @@ impl<B: Backend> Block<B> {
     ) -> Result<(B::Storage, BlockWeightStash<B>)> {
         let be = self.ln1.backend();
         // The residual passes dy straight to h; the MLP branch adds to it.
-        let (dn2, mlp) = match sp {
-            Some(shard) => self
-                .mlp
-                .backward_input_seq(stash.mlp, be.copy(&dy)?, tp, shard)?,
-            None => self.mlp.backward_input(stash.mlp, be.copy(&dy)?, tp)?,
-        };
+        let (dn2, mlp) = self
+            .mlp
+            .backward_input_seq(stash.mlp, be.copy(&dy)?, tp, sp)?;
         let mut dh = dy;
         be.add_assign(&mut dh, &self.ln2.backward_input(&dn2, &stash.ln2)?)?;
         let (dn1, attn) = match sp {

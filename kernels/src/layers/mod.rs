@@ -48,18 +48,22 @@ pub(crate) use footprint_of;
 
 pub mod attention;
 pub mod block;
+pub mod ffn;
 pub mod head;
 pub mod linear;
 pub mod mlp;
+pub mod moe;
 pub mod norm;
 pub mod seq;
 pub mod shard;
 
 pub use attention::{Attention, AttentionStash, AttentionWeightStash, Heads};
 pub use block::{Block, BlockStash, BlockWeightStash};
+pub use ffn::{FeedForward, FfnStash, FfnWeightStash};
 pub use head::{HeadStash, HeadWeightStash, LmHead};
 pub use linear::{ColumnParallelLinear, Linear, RowParallelLinear};
 pub use mlp::{Mlp, MlpKind, MlpKindExt, MlpStash, MlpWeightStash};
+pub use moe::{Moe, MoeConfig, MoeStash, MoeWeightStash};
 pub use norm::{Embedding, LayerNorm, Norm, NormKind, RmsNorm};
 pub use shard::TpShard;
 
@@ -297,6 +301,12 @@ pub trait TpReduce<T = Tensor> {
     fn reduce_scatter_sum(&mut self, t: &T) -> Result<T> {
         let _ = t;
         Err(crate::error::KernelError::Config(NO_SEQ.into()))
+    }
+
+    /// The all-to-all of the expert-parallel group the mixtures of experts run over
+    /// ([`moe::ep`]), where the runtime gives them one; `None`: every expert is here.
+    fn expert_exchange(&mut self) -> Option<&mut dyn moe::ep::ExpertExchange> {
+        None
     }
 }
 

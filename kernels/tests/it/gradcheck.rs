@@ -181,7 +181,7 @@ fn transformer_block() {
         ln1: ln1.into(),
         attn: attention(6, 3, 0.4),
         ln2: ln2.into(),
-        mlp: mlp(6, 12),
+        mlp: mlp(6, 12).into(),
     };
     let (x, r) = (randn(&[2, 3, 6], "x"), randn(&[2, 3, 6], "r"));
     let (_, s) = b.forward(x.clone(), &mut NoTp).unwrap();

@@ -225,7 +225,7 @@ fn llama_shaped_block_and_head() {
         ln1: ln1.into(),
         attn: gqa(8, Heads { query: 4, kv: 2 }, 0.4),
         ln2: ln2.into(),
-        mlp: gated_mlp(8, 12, GluKind::SwiGlu),
+        mlp: gated_mlp(8, 12, GluKind::SwiGlu).into(),
     };
     let (x, r) = (randn(&[2, 3, 8], "x"), randn(&[2, 3, 8], "r"));
     let (_, s) = b.forward(x.clone(), &mut NoTp).unwrap();

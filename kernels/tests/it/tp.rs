@@ -40,6 +40,8 @@ fn scaled(shape: &[usize], tag: &str) -> Tensor {
 /// The shard of a full gradient that rank `tp` should hold, by parameter name;
 /// `kv` is the key/value columns' share of a fused QKV's (1 for multi-head).
 fn expected_shard(name: &str, full: &Tensor, tp: TpShard, kv: f64) -> Tensor {
+    // A mixture's experts are cut like the MLP (`blocks.1.mlp.experts.3.fc1` as `mlp.fc1`).
+    let name = &crate::moe_gpt::as_dense_name(name);
     if name.contains("attn.qkv") {
         let q = (full.cols() as f64 / (1.0 + 2.0 * kv)).round() as usize;
         let k = (full.cols() - q) / 2;
@@ -207,7 +209,7 @@ fn llama_shaped_gpt_on_tp_threads_matches_whole() {
     check_gpt_on_tp_threads(&mqa, &[]);
 }
 
-fn check_gpt_on_tp_threads(cfg: &GptConfig, sizes: &[usize]) {
+pub(crate) fn check_gpt_on_tp_threads(cfg: &GptConfig, sizes: &[usize]) {
     let cfg = *cfg;
     let kv = cfg.kv_heads as f64 / cfg.n_heads as f64;
     let tokens: Vec<u32> = (0..12).map(|i| (i * 5 % 11) as u32).collect();

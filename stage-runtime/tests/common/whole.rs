@@ -54,6 +54,12 @@ pub fn single_device(cfg: &TrainConfig, m: u32, steps: u64) -> (Vec<f32>, GptSta
 /// segments, the output projections by rows, the rest replicated.
 pub fn shard_of(model: &GptConfig, name: &str, full: &Tensor, tp: TpShard) -> Tensor {
     let kv = model.kv_heads * model.head_dim();
+    // A mixture's experts are cut as the MLP is (`mlp.experts.3.fc1.` as `mlp.fc1.`).
+    let name = &name.replace(".shared.", ".");
+    let name = &match name.split_once(".experts.") {
+        Some((head, rest)) => format!("{head}.{}", rest.split_once('.').map_or(rest, |r| r.1)),
+        None => name.clone(),
+    };
     if name.contains("attn.qkv.") {
         shard_col_segments(full, &[model.d_model, kv, kv], tp).unwrap()
     } else if name.contains("mlp.gate_up.") {

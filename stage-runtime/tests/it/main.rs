@@ -20,6 +20,7 @@ mod memory;
 mod memory_model;
 mod model_shapes;
 mod module_checks;
+mod moe;
 mod non_finite;
 mod partial_recompute;
 mod precision;
