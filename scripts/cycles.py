@@ -14,8 +14,8 @@ import re
 import sys
 
 CRATES = ["schedule/src", "model/src", "sim/src", "plan/src", "kernels/src",
-          "stage-runtime/src", "viz/src", "input/src", "derive/src", "cli/src", "src",
-          "python/src"]
+          "comm/src", "stage/src", "stage-runtime/src", "viz/src", "input/src", "derive/src",
+          "cli/src", "src", "python/src"]
 
 
 def module_files(src):
