@@ -84,7 +84,7 @@ where
                 comm: &**comm,
                 group: tp_group,
             },
-            tt: &**tt,
+            tt,
             recompute,
             whole,
             check_finite: *check_finite,
