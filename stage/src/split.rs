@@ -2,7 +2,7 @@
 //! `PipelineModule` with its `partition_method`): [`Layer`] is what a user implements per
 //! layer, [`split`] cuts `p * v` contiguous stages by count, by parameters or by measured
 //! time (a short profiling pass, [`profile`]), and [`LayerStage`] runs a stage's layers as a
-//! [`StageModule`]. A profile becomes a cost file for `pipewright search --costs`
+//! [`StageModule`](crate::StageModule). A profile becomes a cost file for `pipewright search --costs`
 //! ([`cost_file`]), and with each layer's parameters and bytes ([`measure`]) a layer
 //! profile for `pipewright plan --profile` ([`layer_profile`]).
 
