@@ -33,6 +33,7 @@ for line in sys.stdin:
 echo "test binaries:"
 tests pipewright-kernels-cuda cuda --lib
 tests pipewright-kernels cuda --test backends --test stage_backends
+tests pipewright-comm "nccl mpi" --lib
 tests pipewright-runtime "nccl mpi" --lib --test cuda --test nccl --test gpu_gpt
 echo "pipewright (cuda nccl mpi) and the gpu_train bench:"
 cargo build --release --features "cuda nccl mpi" 2>/dev/null
@@ -61,7 +62,7 @@ out=${OUT:-/tmp/gpu-out}; mkdir -p "$out"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 has() { [[ " $parts " == *" $1 "* ]]; }
 if has tests; then
-  for t in "$bin"/pipewright-kernels-* "$bin"/pipewright-runtime-*; do
+  for t in "$bin"/pipewright-kernels-* "$bin"/pipewright-comm-* "$bin"/pipewright-runtime-*; do
     echo "== $(basename "$t")"
     "$t" --test-threads=1 2>&1 | grep -E "^test |test result|skipped|panicked|FAILED" | tail -40
   done

@@ -124,19 +124,13 @@
 #![deny(missing_docs)]
 
 pub mod batch;
-#[cfg(feature = "candle")]
-pub mod candle;
-pub mod comm;
 pub mod data;
 pub mod error;
 pub mod executor;
-pub mod host;
 pub mod local_gpu;
 pub mod memory;
-pub mod mesh;
 pub mod module;
 pub mod options;
-mod param_name;
 pub mod report;
 pub mod run;
 #[cfg(feature = "cuda")]
@@ -149,10 +143,18 @@ pub mod run_nccl;
 pub mod run_nccl_mpi;
 mod setup;
 pub mod shape;
-pub mod split;
 pub mod train;
 pub mod train_request;
 pub mod zero;
+
+// What moved to the crates below the runtime keeps its paths here.
+/// The transports (`pipewright-comm`): the [`Communicator`] trait, in-process, MPI, NCCL and
+/// CUDA-local.
+pub use pipewright_comm as comm;
+pub use pipewright_comm::mesh;
+#[cfg(feature = "candle")]
+pub use pipewright_stage::candle;
+pub use pipewright_stage::{host, split};
 
 /// The kernels crate, whose types [`StageModule`] and [`split::Layer`] use.
 pub use pipewright_kernels as kernels;

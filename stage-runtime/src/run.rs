@@ -153,7 +153,6 @@ where
                 let (tx, world, tt) = (tx.clone(), &world, &tt);
                 let (ops, make, data) = (&ops, &make, &data);
                 scope.spawn(move || {
-                    let coord = mesh.coord(rank)?;
                     let threads = Threads {
                         world,
                         ops,
@@ -161,20 +160,7 @@ where
                         data,
                         tx: &tx,
                     };
-                    let body = || rank_main(&threads, mesh, coord, tt, opts, epoch);
-                    let r = catch_unwind(AssertUnwindSafe(body)).unwrap_or_else(|_| {
-                        Err(RuntimeError::device(
-                            rank,
-                            coord,
-                            0,
-                            None,
-                            "rank thread panicked".into(),
-                        ))
-                    });
-                    if let Err(e) = &r {
-                        world.abort(&e.to_string());
-                    }
-                    r
+                    rank_thread(&threads, rank, mesh, tt, opts, epoch)
                 })
             })
             .collect();
@@ -193,7 +179,15 @@ where
             })
             .collect::<Vec<_>>()
     });
-    let root = world.abort_reason();
+    combine(results, world.abort_reason())
+}
+
+/// The run's answer from its ranks' results: their final parameters, or the error that
+/// stopped the run (the one whose text is the world's abort reason `root`, else the first).
+fn combine(
+    results: Vec<Result<FinalParams, RuntimeError>>,
+    root: Option<String>,
+) -> Result<FinalParams, RuntimeError> {
     let mut params = FinalParams::new();
     let mut errors = Vec::new();
     for r in results {
@@ -215,6 +209,41 @@ struct Threads<'a, K: LocalOps, OF, MF, DF> {
     make: &'a MF,
     data: &'a DF,
     tx: &'a mpsc::Sender<(Coord, u64, StepOutcome)>,
+}
+
+/// One rank thread of an in-process run: its part of the run, with a panic made an error
+/// naming the rank, and any error stopping every other rank.
+fn rank_thread<K, M, OF, MF, DF>(
+    th: &Threads<'_, K, OF, MF, DF>,
+    rank: usize,
+    mesh: Mesh,
+    tt: &Timetable,
+    opts: &RunOptions,
+    epoch: Instant,
+) -> Result<FinalParams, RuntimeError>
+where
+    K: LocalOps + 'static,
+    K::Tensor: 'static,
+    M: StageModule<Tensor = K::Tensor>,
+    OF: Fn(usize) -> Result<K, ModuleError>,
+    MF: Fn(Coord, u32, &K) -> Result<M, ModuleError>,
+    DF: Fn(MicrobatchId) -> Result<M::Data, ModuleError>,
+{
+    let coord = mesh.coord(rank)?;
+    let body = || rank_main(th, mesh, coord, tt, opts, epoch);
+    let r = catch_unwind(AssertUnwindSafe(body)).unwrap_or_else(|_| {
+        Err(RuntimeError::device(
+            rank,
+            coord,
+            0,
+            None,
+            "rank thread panicked".into(),
+        ))
+    });
+    if let Err(e) = &r {
+        th.world.abort(&e.to_string());
+    }
+    r
 }
 
 fn rank_main<K, M, OF, MF, DF>(

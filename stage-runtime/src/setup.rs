@@ -193,90 +193,129 @@ where
         let module = modules
             .get_mut(&stage)
             .ok_or(RuntimeError::MissingStage(stage))?;
-        let refuse = |method: &'static str, message: String| RuntimeError::Module {
-            stage,
-            method,
-            message,
-        };
-        let failed = |method: &'static str, e: ModuleError| {
-            let message = match unimplemented_method(&e) {
-                Some(_) => needed_for(method, dp),
-                None => format!("{method} failed before the first step: {e}"),
-            };
-            refuse(method, message)
-        };
-        let grads = guard(|| module.flat_grads());
-        let reported = module.parameter_bytes();
-        let params = if reported == 0 {
-            let flat = guard(|| module.flat_params()).map_err(|e| failed("flat_params", e))?;
-            flat.map_or(0, |p| p.len())
-        } else {
-            0
-        };
-        let grad_numel = match &grads {
-            Ok(Some(g)) => g.numel(),
-            _ => 0,
-        };
-        if dp > 1 {
-            match grads {
-                Err(e) => return Err(failed("flat_grads", e)),
-                Ok(None) if params > 0 || reported > 0 => {
-                    let shown = if params > 0 {
-                        format!("flat_params shows {params} parameters")
-                    } else {
-                        format!("parameter_bytes says it holds {reported} bytes of parameters")
-                    };
-                    let message = format!(
-                        "its module's flat_grads says it has no gradients, but {shown}: \
-                         dp = {dp} sums a stage's gradients over the data-parallel replicas \
-                         through flat_grads and set_flat_grads"
-                    );
-                    return Err(refuse("flat_grads", message));
-                }
-                // Gradients left out of flat_grads would never be summed over the replicas.
-                Ok(Some(g)) if params > 0 && g.numel() != params => {
-                    let message = format!(
-                        "its module's flat_grads holds {} gradients, but flat_params shows \
-                         {params} parameters: dp = {dp} sums only what flat_grads holds over \
-                         the data-parallel replicas, so every parameter needs its gradient \
-                         there, in flat_params' order",
-                        g.numel()
-                    );
-                    return Err(refuse("flat_grads", message));
-                }
-                Ok(Some(g)) if !sharded => {
-                    let n = g.numel();
-                    match set_grads_probed(module, g) {
-                        Err((method, e)) => return Err(failed(method, e)),
-                        Ok(Some(i)) => {
-                            let message = format!(
-                                "its module's set_flat_grads does not set what flat_grads \
-                                 reads (value {i} of {n} differs when read back): dp = {dp} \
-                                 hands each stage its summed gradients through set_flat_grads, \
-                                 and without them each replica would step on its own gradients"
-                            );
-                            return Err(refuse("set_flat_grads", message));
-                        }
-                        Ok(None) => {}
-                    }
-                }
-                Ok(_) => {}
-            }
-        }
-        if check_finite {
-            guard(|| module.non_finite_grad()).map_err(|e| failed("non_finite_grad", e))?;
-        }
-        let f32s = |n: usize| 4 * n as u64;
-        let grad_bytes = if module.gradient_bytes() == 0 {
-            f32s(grad_numel)
-        } else {
-            0
-        };
-        if params > 0 || grad_bytes > 0 {
-            sizes.insert(stage, (f32s(params), grad_bytes));
+        if let Some(bytes) = check_stage(module, stage, dp, sharded, check_finite)? {
+            sizes.insert(stage, bytes);
         }
     }
     Ok(sizes)
+}
+
+/// One stage's methods, as [`check_methods`] checks them: its parameter and gradient bytes
+/// when the module does not say them and its flat views show some.
+fn check_stage<M: StageModule>(
+    module: &mut M,
+    stage: u32,
+    dp: usize,
+    sharded: bool,
+    check_finite: bool,
+) -> Result<Option<(u64, u64)>, RuntimeError>
+where
+    M::Tensor: 'static,
+{
+    let failed = |method, e| method_failed(stage, dp, method, e);
+    let grads = guard(|| module.flat_grads());
+    let reported = module.parameter_bytes();
+    let params = if reported == 0 {
+        let flat = guard(|| module.flat_params()).map_err(|e| failed("flat_params", e))?;
+        flat.map_or(0, |p| p.len())
+    } else {
+        0
+    };
+    let grad_numel = match &grads {
+        Ok(Some(g)) => g.numel(),
+        _ => 0,
+    };
+    if dp > 1 {
+        check_replica_grads(module, stage, grads, (params, reported), dp, sharded)?;
+    }
+    if check_finite {
+        guard(|| module.non_finite_grad()).map_err(|e| failed("non_finite_grad", e))?;
+    }
+    let f32s = |n: usize| 4 * n as u64;
+    let grad_bytes = if module.gradient_bytes() == 0 {
+        f32s(grad_numel)
+    } else {
+        0
+    };
+    Ok((params > 0 || grad_bytes > 0).then_some((f32s(params), grad_bytes)))
+}
+
+/// A method that failed (or is missing) before the first step, as the refusal naming it.
+fn method_failed(stage: u32, dp: usize, method: &'static str, e: ModuleError) -> RuntimeError {
+    let message = match unimplemented_method(&e) {
+        Some(_) => needed_for(method, dp),
+        None => format!("{method} failed before the first step: {e}"),
+    };
+    RuntimeError::Module {
+        stage,
+        method,
+        message,
+    }
+}
+
+/// With `dp > 1`, what the replicas' gradient sum needs of a stage: `flat_grads` holds a
+/// gradient for every parameter (`params` from `flat_params`, or the `reported` bytes), and,
+/// unless ZeRO-1 shards the step, `set_flat_grads` sets what `flat_grads` reads.
+fn check_replica_grads<M: StageModule>(
+    module: &mut M,
+    stage: u32,
+    grads: Result<Option<M::Tensor>, ModuleError>,
+    (params, reported): (usize, usize),
+    dp: usize,
+    sharded: bool,
+) -> Result<(), RuntimeError>
+where
+    M::Tensor: 'static,
+{
+    let refuse = |method: &'static str, message: String| RuntimeError::Module {
+        stage,
+        method,
+        message,
+    };
+    match grads {
+        Err(e) => Err(method_failed(stage, dp, "flat_grads", e)),
+        Ok(None) if params > 0 || reported > 0 => {
+            let shown = if params > 0 {
+                format!("flat_params shows {params} parameters")
+            } else {
+                format!("parameter_bytes says it holds {reported} bytes of parameters")
+            };
+            let message = format!(
+                "its module's flat_grads says it has no gradients, but {shown}: \
+                 dp = {dp} sums a stage's gradients over the data-parallel replicas \
+                 through flat_grads and set_flat_grads"
+            );
+            Err(refuse("flat_grads", message))
+        }
+        // Gradients left out of flat_grads would never be summed over the replicas.
+        Ok(Some(g)) if params > 0 && g.numel() != params => {
+            let message = format!(
+                "its module's flat_grads holds {} gradients, but flat_params shows \
+                 {params} parameters: dp = {dp} sums only what flat_grads holds over \
+                 the data-parallel replicas, so every parameter needs its gradient \
+                 there, in flat_params' order",
+                g.numel()
+            );
+            Err(refuse("flat_grads", message))
+        }
+        Ok(Some(g)) if !sharded => {
+            let n = g.numel();
+            match set_grads_probed(module, g) {
+                Err((method, e)) => Err(method_failed(stage, dp, method, e)),
+                Ok(Some(i)) => {
+                    let message = format!(
+                        "its module's set_flat_grads does not set what flat_grads \
+                         reads (value {i} of {n} differs when read back): dp = {dp} \
+                         hands each stage its summed gradients through set_flat_grads, \
+                         and without them each replica would step on its own gradients"
+                    );
+                    Err(refuse("set_flat_grads", message))
+                }
+                Ok(None) => Ok(()),
+            }
+        }
+        Ok(_) => Ok(()),
+    }
 }
 
 /// Refuse, before any rank starts, data-parallel replicas of a stage that would start from

@@ -17,9 +17,6 @@ where
         batch: &StepBatch<M::Data>,
         st: &mut StateOf<M>,
     ) -> Result<(), RuntimeError> {
-        let key = (a.stage, a.microbatch);
-        let stages = self.tt.num_stages();
-        let here = self.coord.pp as u32;
         let mb = batch
             .microbatches
             .get(a.microbatch as usize)
@@ -29,155 +26,9 @@ where
             data: mb,
             loss_scale: batch.loss_scale,
         };
-        let Self {
-            comm,
-            tp_group,
-            modules,
-            tt,
-            recompute,
-            whole,
-            handoffs,
-            check_finite,
-            ..
-        } = self;
-        let check_finite = *check_finite;
-        let shapes = handoffs
-            .get_mut(a.stage as usize)
-            .ok_or_else(|| RuntimeError::missing_stage(a.stage))?;
-        let module = modules
-            .get_mut(&a.stage)
-            .ok_or_else(|| RuntimeError::missing_stage(a.stage))?;
-        let mut tp = TpReducer {
-            comm: &**comm,
-            group: tp_group,
-        };
-        let tensor_bytes = |t: &C::Tensor| F32 * comm.numel(t) as u64;
-        let mut loss = None;
-        let mut reached = false;
-        let result: Result<(), ModuleError> = guard(|| {
-            match a.kind {
-                ActionKind::F => {
-                    let input = if a.stage == 0 {
-                        None
-                    } else {
-                        Some(take(&mut st.fwd_in, key, "input")?)
-                    };
-                    if let Some(x) = &input {
-                        shapes.input(x);
-                    }
-                    // The input moves into the stash (or is dropped): no longer a buffer.
-                    let held = input.as_ref().map_or(0, tensor_bytes);
-                    st.mem.sub(Category::Buffers, held);
-                    st.live += 1;
-                    st.peak = st.peak.max(st.live);
-                    let policy = recompute.get(&a.stage).filter(|_| whole.contains(&key));
-                    if policy.is_some() {
-                        module.set_recompute(Recompute::None)?;
-                        st.rebuilt.insert(key);
-                    }
-                    let (out, stash) = module.forward(&data, input, &mut tp)?;
-                    if let Some(&policy) = policy {
-                        module.set_recompute(policy)?;
-                    }
-                    let kept = stash.bytes();
-                    st.keep_bytes(kept);
-                    st.kept = st.kept.max(kept as u64);
-                    st.stash.insert(key, stash);
-                    let last = a.stage + 1 == stages;
-                    match out {
-                        Output::Loss(l) if last => {
-                            *st.loss.get_or_insert(0.0) += l;
-                            loss = Some(l);
-                        }
-                        Output::Loss(_) => {
-                            let msg = format!(
-                                "stage {} returned a loss, but only the last stage ({}) may: \
-                                 the others return Output::Hidden for the next stage",
-                                a.stage,
-                                stages - 1
-                            );
-                            return Err(msg.into());
-                        }
-                        Output::Hidden(t) if !last => {
-                            shapes.output(a.stage, &t, check_finite)?;
-                            st.mem.add(Category::Buffers, tensor_bytes(&t));
-                            if tt.stage_device[a.stage as usize + 1] == here {
-                                st.fwd_in.insert((a.stage + 1, a.microbatch), t);
-                            } else {
-                                st.outbox.insert((a.stage, a.microbatch, true), t);
-                            }
-                        }
-                        Output::Hidden(_) => {
-                            let msg = format!(
-                                "stage {} is the last stage, but it returned activations \
-                                 (Output::Hidden), not a loss",
-                                a.stage
-                            );
-                            return Err(msg.into());
-                        }
-                    }
-                }
-                ActionKind::B | ActionKind::I => {
-                    let grad_out = if a.stage + 1 == stages {
-                        None
-                    } else {
-                        Some(take(&mut st.bwd_in, key, "output gradient")?)
-                    };
-                    let held = grad_out.as_ref().map_or(0, tensor_bytes);
-                    st.mem.sub(Category::Buffers, held);
-                    reached = step == 0 && grad_out.as_ref().is_some_and(first_step::nonzero);
-                    let mut stash = take(&mut st.stash, key, "stash (its forward)")?;
-                    // The first backward rebuilds what the policy dropped, unless an R did.
-                    if recompute.contains_key(&a.stage) && !st.rebuilt.remove(&key) {
-                        stash = rebuild(module, &data, stash, &mut tp, st)?;
-                    }
-                    st.free_bytes(stash.bytes());
-                    let grad_in = if a.kind == ActionKind::B {
-                        let g = module.backward(stash, grad_out, &mut tp)?;
-                        st.live -= 1;
-                        g
-                    } else {
-                        let (g, ws) = module.backward_input(stash, grad_out, &mut tp)?;
-                        st.keep_bytes(ws.bytes());
-                        st.wstash.insert(key, ws);
-                        g
-                    };
-                    if a.stage > 0 && grad_in.is_none() {
-                        let msg = format!(
-                            "stage {} returned no input gradient: every stage after the first \
-                             returns the gradient of its input",
-                            a.stage
-                        );
-                        return Err(msg.into());
-                    }
-                    if let (Some(g), true) = (grad_in, a.stage > 0) {
-                        shapes.input_grad(a.stage, &g, check_finite)?;
-                        st.mem.add(Category::Buffers, tensor_bytes(&g));
-                        if tt.stage_device[a.stage as usize - 1] == here {
-                            st.bwd_in.insert((a.stage - 1, a.microbatch), g);
-                        } else {
-                            st.outbox.insert((a.stage, a.microbatch, false), g);
-                        }
-                    }
-                }
-                ActionKind::R => {
-                    let stash = take(&mut st.stash, key, "stash (its forward)")?;
-                    let full = rebuild(module, &data, stash, &mut tp, st)?;
-                    st.stash.insert(key, full);
-                    st.rebuilt.insert(key);
-                }
-                ActionKind::W => {
-                    let ws = take(&mut st.wstash, key, "weight stash (its I)")?;
-                    st.free_bytes(ws.bytes());
-                    module.backward_weight(ws)?;
-                    st.live -= 1;
-                }
-                // Kinds this executor does not know are refused, never guessed at.
-                other => return Err(format!("this runtime cannot execute {other} actions").into()),
-            }
-            Ok(())
-        });
-        result.map_err(|e| {
+        let mut site = self.site(step, a, data)?;
+        let result = guard(|| site.run(st));
+        let (loss, reached) = result.map_err(|e| {
             let at = (self.mesh.rank(self.coord), self.coord, step);
             boundary_error(&e, at, a).unwrap_or_else(|| self.module_fail(step, Some(a), a.stage, e))
         })?;
@@ -190,6 +41,256 @@ where
             }
             _ => Ok(()),
         }
+    }
+
+    /// The action's stage, borrowed from the executor for the action; an error if this device
+    /// does not hold it.
+    fn site<'a>(
+        &'a mut self,
+        step: u64,
+        a: Action,
+        data: MicrobatchData<'a, M::Data>,
+    ) -> Result<Site<'a, C, M>, RuntimeError> {
+        let stages = self.tt.num_stages();
+        let here = self.coord.pp as u32;
+        let Self {
+            comm,
+            tp_group,
+            modules,
+            tt,
+            recompute,
+            whole,
+            handoffs,
+            check_finite,
+            ..
+        } = self;
+        let shapes = handoffs
+            .get_mut(a.stage as usize)
+            .ok_or_else(|| RuntimeError::missing_stage(a.stage))?;
+        let module = modules
+            .get_mut(&a.stage)
+            .ok_or_else(|| RuntimeError::missing_stage(a.stage))?;
+        Ok(Site {
+            step,
+            a,
+            key: (a.stage, a.microbatch),
+            stages,
+            here,
+            data,
+            comm: &**comm,
+            module,
+            shapes,
+            tp: TpReducer {
+                comm: &**comm,
+                group: tp_group,
+            },
+            tt,
+            recompute,
+            whole,
+            check_finite: *check_finite,
+        })
+    }
+}
+
+/// What one compute action works on: its stage's module, hand-off shapes and TP group, and
+/// what it needs of the timetable, borrowed from the executor for the action.
+struct Site<'a, C: Communicator, M: StageModule<Tensor = C::Tensor>> {
+    step: u64,
+    a: Action,
+    key: (u32, u32),
+    stages: u32,
+    /// This device's pipeline index.
+    here: u32,
+    data: MicrobatchData<'a, M::Data>,
+    comm: &'a C,
+    module: &'a mut M,
+    shapes: &'a mut Handoffs,
+    tp: TpReducer<'a, C>,
+    tt: &'a Timetable,
+    recompute: &'a HashMap<u32, Recompute>,
+    /// The forwards that keep whole stashes under a recompute policy.
+    whole: &'a HashSet<(u32, u32)>,
+    check_finite: bool,
+}
+
+impl<C, M> Site<'_, C, M>
+where
+    C: Communicator + 'static,
+    C::Tensor: 'static,
+    M: StageModule<Tensor = C::Tensor>,
+{
+    /// Run the action on the module: the loss it produced (a forward on the last stage), and
+    /// whether a nonzero gradient reached it (a backward in step 0).
+    fn run(&mut self, st: &mut StateOf<M>) -> Result<(Option<f32>, bool), ModuleError> {
+        match self.a.kind {
+            ActionKind::F => self.forward(st).map(|loss| (loss, false)),
+            ActionKind::B | ActionKind::I => self.backward(st).map(|reached| (None, reached)),
+            ActionKind::R => self.recompute_stash(st).map(|()| (None, false)),
+            ActionKind::W => self.weight(st).map(|()| (None, false)),
+            // Kinds this executor does not know are refused, never guessed at.
+            other => Err(format!("this runtime cannot execute {other} actions").into()),
+        }
+    }
+
+    fn tensor_bytes(&self, t: &C::Tensor) -> u64 {
+        F32 * self.comm.numel(t) as u64
+    }
+
+    /// F: take the input, run the forward, stash what it keeps, hand its output on.
+    fn forward(&mut self, st: &mut StateOf<M>) -> Result<Option<f32>, ModuleError> {
+        let (a, key) = (self.a, self.key);
+        let input = if a.stage == 0 {
+            None
+        } else {
+            Some(take(&mut st.fwd_in, key, "input")?)
+        };
+        if let Some(x) = &input {
+            self.shapes.input(x);
+        }
+        // The input moves into the stash (or is dropped): no longer a buffer.
+        let held = input.as_ref().map_or(0, |t| self.tensor_bytes(t));
+        st.mem.sub(Category::Buffers, held);
+        st.live += 1;
+        st.peak = st.peak.max(st.live);
+        let recompute = self.recompute;
+        let policy = recompute
+            .get(&a.stage)
+            .filter(|_| self.whole.contains(&key));
+        if policy.is_some() {
+            self.module.set_recompute(Recompute::None)?;
+            st.rebuilt.insert(key);
+        }
+        let (out, stash) = self.module.forward(&self.data, input, &mut self.tp)?;
+        if let Some(&policy) = policy {
+            self.module.set_recompute(policy)?;
+        }
+        let kept = stash.bytes();
+        st.keep_bytes(kept);
+        st.kept = st.kept.max(kept as u64);
+        st.stash.insert(key, stash);
+        self.hand_forward(out, st)
+    }
+
+    /// Where a forward's output goes: a loss into the step's sum (the last stage only),
+    /// activations to the next stage, on this device or through the outbox.
+    fn hand_forward(
+        &mut self,
+        out: Output<C::Tensor>,
+        st: &mut StateOf<M>,
+    ) -> Result<Option<f32>, ModuleError> {
+        let (a, stages) = (self.a, self.stages);
+        let last = a.stage + 1 == stages;
+        match out {
+            Output::Loss(l) if last => {
+                *st.loss.get_or_insert(0.0) += l;
+                Ok(Some(l))
+            }
+            Output::Loss(_) => {
+                let msg = format!(
+                    "stage {} returned a loss, but only the last stage ({}) may: \
+                     the others return Output::Hidden for the next stage",
+                    a.stage,
+                    stages - 1
+                );
+                Err(msg.into())
+            }
+            Output::Hidden(t) if !last => {
+                self.shapes.output(a.stage, &t, self.check_finite)?;
+                st.mem.add(Category::Buffers, self.tensor_bytes(&t));
+                if self.tt.stage_device[a.stage as usize + 1] == self.here {
+                    st.fwd_in.insert((a.stage + 1, a.microbatch), t);
+                } else {
+                    st.outbox.insert((a.stage, a.microbatch, true), t);
+                }
+                Ok(None)
+            }
+            Output::Hidden(_) => {
+                let msg = format!(
+                    "stage {} is the last stage, but it returned activations \
+                     (Output::Hidden), not a loss",
+                    a.stage
+                );
+                Err(msg.into())
+            }
+        }
+    }
+
+    /// B or I: take the output gradient and the stash (rebuilt if its policy left it slim),
+    /// run the backward, hand the input gradient on. Whether a nonzero gradient arrived.
+    fn backward(&mut self, st: &mut StateOf<M>) -> Result<bool, ModuleError> {
+        let (a, key) = (self.a, self.key);
+        let grad_out = if a.stage + 1 == self.stages {
+            None
+        } else {
+            Some(take(&mut st.bwd_in, key, "output gradient")?)
+        };
+        let held = grad_out.as_ref().map_or(0, |t| self.tensor_bytes(t));
+        st.mem.sub(Category::Buffers, held);
+        let reached = self.step == 0 && grad_out.as_ref().is_some_and(first_step::nonzero);
+        let mut stash = take(&mut st.stash, key, "stash (its forward)")?;
+        // The first backward rebuilds what the policy dropped, unless an R did.
+        if self.recompute.contains_key(&a.stage) && !st.rebuilt.remove(&key) {
+            stash = rebuild(self.module, &self.data, stash, &mut self.tp, st)?;
+        }
+        st.free_bytes(stash.bytes());
+        let grad_in = if a.kind == ActionKind::B {
+            let g = self.module.backward(stash, grad_out, &mut self.tp)?;
+            st.live -= 1;
+            g
+        } else {
+            let (g, ws) = self.module.backward_input(stash, grad_out, &mut self.tp)?;
+            st.keep_bytes(ws.bytes());
+            st.wstash.insert(key, ws);
+            g
+        };
+        self.hand_backward(grad_in, st)?;
+        Ok(reached)
+    }
+
+    /// Where an input gradient goes: to the previous stage, on this device or through the
+    /// outbox; every stage after the first must return one.
+    fn hand_backward(
+        &mut self,
+        grad_in: Option<C::Tensor>,
+        st: &mut StateOf<M>,
+    ) -> Result<(), ModuleError> {
+        let a = self.a;
+        if a.stage > 0 && grad_in.is_none() {
+            let msg = format!(
+                "stage {} returned no input gradient: every stage after the first \
+                 returns the gradient of its input",
+                a.stage
+            );
+            return Err(msg.into());
+        }
+        if let (Some(g), true) = (grad_in, a.stage > 0) {
+            self.shapes.input_grad(a.stage, &g, self.check_finite)?;
+            st.mem.add(Category::Buffers, self.tensor_bytes(&g));
+            if self.tt.stage_device[a.stage as usize - 1] == self.here {
+                st.bwd_in.insert((a.stage - 1, a.microbatch), g);
+            } else {
+                st.outbox.insert((a.stage, a.microbatch, false), g);
+            }
+        }
+        Ok(())
+    }
+
+    /// R: rebuild the stash now, so the backward finds it whole.
+    fn recompute_stash(&mut self, st: &mut StateOf<M>) -> Result<(), ModuleError> {
+        let stash = take(&mut st.stash, self.key, "stash (its forward)")?;
+        let full = rebuild(self.module, &self.data, stash, &mut self.tp, st)?;
+        st.stash.insert(self.key, full);
+        st.rebuilt.insert(self.key);
+        Ok(())
+    }
+
+    /// W: the weight backward from what the I kept.
+    fn weight(&mut self, st: &mut StateOf<M>) -> Result<(), ModuleError> {
+        let ws = take(&mut st.wstash, self.key, "weight stash (its I)")?;
+        st.free_bytes(ws.bytes());
+        self.module.backward_weight(ws)?;
+        st.live -= 1;
+        Ok(())
     }
 }
 

@@ -9,6 +9,8 @@ use pipewright_kernels::Tensor;
 use pipewright_schedule::Recompute;
 use pipewright_sim::StageCost;
 
+use pipewright_comm::timer::precise_sleeps;
+
 use super::{MicrobatchData, ModuleError, Output, StageModule};
 
 /// A stage that takes exact durations and computes nothing, the way a GPU kernel occupies its
@@ -54,21 +56,6 @@ fn occupy(d: Duration) {
     }
     while Instant::now() < end {
         std::hint::spin_loop();
-    }
-}
-
-/// Linux lets a sleeping thread oversleep by its timer slack (50 us by default); set it to
-/// 1 ns once per thread so synthetic durations are exact.
-pub(crate) fn precise_sleeps() {
-    #[cfg(target_os = "linux")]
-    {
-        thread_local!(static DONE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) });
-        DONE.with(|done| {
-            if !done.replace(true) {
-                // SAFETY: PR_SET_TIMERSLACK takes one integer and changes only this thread.
-                unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong) };
-            }
-        });
     }
 }
 

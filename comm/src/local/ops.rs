@@ -3,7 +3,7 @@
 
 use pipewright_kernels::Tensor;
 
-use crate::comm::{concat_shards, reduce_in_order, share_of, CommError, ReduceOp};
+use crate::{concat_shards, reduce_in_order, share_of, CommError, ReduceOp};
 
 /// The data plane of the in-process transport, as one rank sees it: how a tensor leaves this
 /// rank, how one arrives, and how a round of a collective is combined. Every method runs on
@@ -33,10 +33,10 @@ pub trait LocalOps {
     /// Copies of the parts of a round, in group order.
     fn gather(&self, parts: &[&Self::Message]) -> Result<Vec<Self::Tensor>, CommError>;
     /// Position `pos`'s shard of `whole` over `n` ranks, flat
-    /// ([`shard_range`](crate::comm::shard_range)).
+    /// ([`shard_range`](crate::shard_range)).
     fn share(&self, whole: &Self::Tensor, pos: usize, n: usize) -> Result<Self::Tensor, CommError>;
     /// The shards of a round (group order) concatenated into one flat tensor of `numel`
-    /// values, each checked against [`shard_range`](crate::comm::shard_range).
+    /// values, each checked against [`shard_range`](crate::shard_range).
     fn concat(&self, parts: &[&Self::Message], numel: usize) -> Result<Self::Tensor, CommError>;
     /// Number of values in `t`.
     fn numel(&self, t: &Self::Tensor) -> usize;

@@ -12,10 +12,10 @@ use pipewright_kernels::cuda::CudaBackend;
 use pipewright_schedule::Timetable;
 
 use super::{device_err, missing_library, nccl_err, LinkEnd, NcclComm};
-use crate::comm::links::{check_link_order, nccl_plan, CommRole};
-use crate::comm::rendezvous::{IdBytes, Rendezvous};
-use crate::comm::CommError;
+use crate::links::{check_link_order, nccl_plan, CommRole};
 use crate::mesh::Mesh;
+use crate::rendezvous::{IdBytes, Rendezvous};
+use crate::CommError;
 
 /// What [`NcclComm::new`] needs.
 pub struct NcclSetup<'a> {

@@ -15,7 +15,7 @@ use mpi::datatype::Equivalence;
 use mpi::ffi;
 use mpi::raw::AsRaw;
 
-use crate::comm::CommError;
+use crate::CommError;
 
 /// A started non-blocking operation and the buffers it uses.
 pub(crate) struct Flight<B> {

@@ -9,7 +9,7 @@ use cudarc::nccl::Comm;
 use pipewright_kernels::cuda::CudaKept;
 
 use super::device_err;
-use crate::comm::CommError;
+use crate::CommError;
 
 /// Something a send reads, kept alive until the send's event completes.
 pub(super) enum Keep {

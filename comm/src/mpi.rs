@@ -250,14 +250,14 @@ impl MpiComm {
     }
 
     /// Send bytes to rank 0 on the records communicator (step outcomes, parameters).
-    pub(crate) fn send_record(&self, tag: c_int, bytes: Vec<u8>) -> Result<(), CommError> {
+    pub fn send_record(&self, tag: c_int, bytes: Vec<u8>) -> Result<(), CommError> {
         let f = raw::isend(self.rec.as_raw(), bytes, 0, tag)?;
         self.sends.borrow_mut().push(Box::new(f));
         Ok(())
     }
 
     /// A record with `tag` from any rank, if one has arrived (rank 0).
-    pub(crate) fn try_record(&self, tag: c_int) -> Result<Option<(usize, Vec<u8>)>, CommError> {
+    pub fn try_record(&self, tag: c_int) -> Result<Option<(usize, Vec<u8>)>, CommError> {
         self.check_abort()?;
         let Some(m) = raw::improbe(self.rec.as_raw(), ffi_any_source(), tag)? else {
             return Ok(None);
@@ -269,7 +269,7 @@ impl MpiComm {
     }
 
     /// Wait for a record with `tag` from any rank, watching every rank (rank 0).
-    pub(crate) fn record(&self, tag: c_int) -> Result<(usize, Vec<u8>), CommError> {
+    pub fn record(&self, tag: c_int) -> Result<(usize, Vec<u8>), CommError> {
         let deadline = Instant::now() + self.timeout;
         loop {
             if let Some(r) = self.try_record(tag)? {

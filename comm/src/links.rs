@@ -12,8 +12,12 @@ use std::collections::BTreeMap;
 
 use pipewright_schedule::{Action, ActionKind, Timetable};
 
-use crate::error::RuntimeError;
 use crate::mesh::{Coord, GroupKind, Mesh};
+
+/// A timetable that an order-matched transport cannot run, or a malformed plan entry.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("timetable: {0}")]
+pub struct LinkError(pub String);
 
 /// A directed pipeline link: messages from device `from` to device `to`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -66,7 +70,7 @@ pub fn links(tt: &Timetable) -> Vec<Link> {
 
 /// Refuse a lowered timetable in which some link's receiver takes messages in another order
 /// than its sender sends them, naming the link and the first message that differs.
-pub fn check_link_order(tt: &Timetable) -> Result<(), RuntimeError> {
+pub fn check_link_order(tt: &Timetable) -> Result<(), LinkError> {
     let (sends, recvs) = (per_link(tt, true), per_link(tt, false));
     let mut all: Vec<Link> = sends.keys().chain(recvs.keys()).copied().collect();
     all.sort();
@@ -79,7 +83,7 @@ pub fn check_link_order(tt: &Timetable) -> Result<(), RuntimeError> {
         if let Some(k) = first_bad {
             let show =
                 |x: Option<&(MessageId, Action)>| x.map_or("nothing".into(), |x| x.1.to_string());
-            return Err(RuntimeError::Timetable(format!(
+            return Err(LinkError(format!(
                 "NCCL matches messages by order, but on the link from device {} to device {} \
                  message {} is sent by {} and received by {} (their orders must be equal)",
                 link.from,
@@ -119,8 +123,8 @@ pub struct Membership {
 impl CommSpec {
     /// Where `rank` sits in this communicator; errors if it is not a member, or if a link
     /// does not join exactly two distinct ranks (so no rank count can index out of bounds).
-    pub fn membership(&self, rank: usize) -> Result<Membership, RuntimeError> {
-        let bad = |why: &str| RuntimeError::Timetable(format!("NCCL plan: {}: {why}", self.name));
+    pub fn membership(&self, rank: usize) -> Result<Membership, LinkError> {
+        let bad = |why: &str| LinkError(format!("NCCL plan: {}: {why}", self.name));
         let position = self
             .ranks
             .iter()

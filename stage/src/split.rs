@@ -2,7 +2,7 @@
 //! `PipelineModule` with its `partition_method`): [`Layer`] is what a user implements per
 //! layer, [`split`] cuts `p * v` contiguous stages by count, by parameters or by measured
 //! time (a short profiling pass, [`profile`]), and [`LayerStage`] runs a stage's layers as a
-//! [`StageModule`]. A profile becomes a cost file for `pipewright search --costs`
+//! [`StageModule`](crate::StageModule). A profile becomes a cost file for `pipewright search --costs`
 //! ([`cost_file`]), and with each layer's parameters and bytes ([`measure`]) a layer
 //! profile for `pipewright plan --profile` ([`layer_profile`]).
 
@@ -28,8 +28,8 @@ use crate::module::ModuleError;
 /// [`Footprint`] for the runtime's measured memory and the profile:
 ///
 /// ```
-/// use pipewright_runtime::split::Layer;
-/// use pipewright_runtime::{Footprint, ModuleError, Param, Parameters, Tensor};
+/// use pipewright_stage::split::Layer;
+/// use pipewright_stage::{Footprint, ModuleError, Param, Parameters, Tensor};
 ///
 /// #[derive(Footprint)] // its bytes: the sum of its fields'
 /// struct Kept { x: Tensor }
@@ -60,8 +60,8 @@ use crate::module::ModuleError;
 /// A stash whose bytes are not known does not compile (it would count as 0 bytes):
 ///
 /// ```compile_fail,E0277
-/// use pipewright_runtime::split::Layer;
-/// use pipewright_runtime::{ModuleError, Param, Parameters, Tensor};
+/// use pipewright_stage::split::Layer;
+/// use pipewright_stage::{ModuleError, Param, Parameters, Tensor};
 ///
 /// struct Kept { x: Tensor } // no Footprint
 ///
@@ -91,8 +91,8 @@ use crate::module::ModuleError;
 /// would train frozen without a word, so it does not compile:
 ///
 /// ```compile_fail,E0080
-/// use pipewright_runtime::kernels::layers::Linear;
-/// use pipewright_runtime::Parameters;
+/// use pipewright_stage::kernels::layers::Linear;
+/// use pipewright_stage::Parameters;
 ///
 /// #[derive(Parameters)]
 /// #[parameters(up)]
@@ -102,8 +102,8 @@ use crate::module::ModuleError;
 /// unless it is frozen on purpose:
 ///
 /// ```
-/// use pipewright_runtime::kernels::layers::Linear;
-/// use pipewright_runtime::{Parameters, Tensor};
+/// use pipewright_stage::kernels::layers::Linear;
+/// use pipewright_stage::{Parameters, Tensor};
 ///
 /// #[derive(Parameters)]
 /// #[parameters(up)]
@@ -488,7 +488,7 @@ pub fn cost_file(profile: &[LayerCost], partition: &[Range<usize>]) -> RawCostFi
     RawCostFile {
         stages: Some(stages),
         time_unit: Some("ms".into()),
-        source: Some("pipewright_runtime::split::profile".into()),
+        source: Some("pipewright_stage::split::profile".into()),
         ..RawCostFile::default()
     }
 }

@@ -21,8 +21,8 @@ use crate::module::{MicrobatchData, ModuleError, Output, ParamName, StageModule}
 /// takes the scale as an argument, as a hand-written [`StageModule`] does, does not compile.
 ///
 /// ```compile_fail,E0593
-/// use pipewright_runtime::split::{BoxedLayer, LayerStage};
-/// use pipewright_runtime::{ModuleError, Tensor};
+/// use pipewright_stage::split::{BoxedLayer, LayerStage};
+/// use pipewright_stage::{ModuleError, Tensor};
 ///
 /// let layer = |_: usize| -> Result<BoxedLayer, ModuleError> { Err("unused".into()) };
 /// let loss = |p: &Tensor, _: &Tensor, scale: f32| Ok((scale, p.clone()));

@@ -5,16 +5,26 @@
 //! stream); receives are futures that can be posted early and awaited when needed;
 //! collectives can be started and waited on later, so a data-parallel all-reduce overlaps the
 //! rest of the step. Nothing requires `Send`: a NCCL communicator lives on one OS thread.
+//!
+//! The [`mesh`] (`pp x tp x dp` ranks and their groups) lives here because every transport
+//! is built from it. Invariants, as absences:
+//! - comm does not know modules, stashes, optimizers or the executor: it moves tensors by
+//!   [`Tag`] and group, and the runtime (`pipewright-runtime`) depends on it, never the reverse;
+//! - comm knows a timetable only as the order of messages on each link ([`links`], which an
+//!   order-matched transport such as NCCL checks before its first step).
+#![deny(missing_docs)]
 
 #[cfg(feature = "cuda")]
 pub mod cuda_local;
 pub mod links;
 pub mod local;
+pub mod mesh;
 #[cfg(feature = "mpi")]
 pub mod mpi;
 #[cfg(feature = "nccl")]
 pub mod nccl;
 pub mod rendezvous;
+pub mod timer;
 
 use std::fmt;
 use std::ops::Range;

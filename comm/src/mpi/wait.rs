@@ -12,7 +12,7 @@ use super::raw::{self, Flight, Matched};
 use super::{
     ffi_any_source, MpiComm, ABORT_TAG, LIVENESS_EVERY, NAP, NOTICE_GRACE, SPIN, SWEEP_EVERY,
 };
-use crate::comm::CommError;
+use crate::CommError;
 
 impl MpiComm {
     /// Finish what can be finished; true when no send is left in flight.
@@ -155,7 +155,7 @@ impl MpiComm {
         let quiet = now.duration_since(self.last_progress.get()) > SPIN;
         if quiet && now.duration_since(self.last_nap.get()) > NAP {
             // Naps must be short: Linux would stretch them by its 50 us timer slack.
-            crate::module::precise_sleeps();
+            crate::timer::precise_sleeps();
             std::thread::sleep(NAP);
             self.last_nap.set(Instant::now());
         } else {

@@ -3,7 +3,7 @@
 
 use pipewright_kernels::DType;
 
-use crate::comm::{CommError, Direction, Tag};
+use crate::{CommError, Direction, Tag};
 
 /// Most dimensions a point-to-point tensor may have (the header has a fixed size).
 pub(super) const MAX_DIMS: usize = 8;

@@ -48,7 +48,7 @@ pub(super) mod sigterm {
     }
 
     /// Install the handler (once per process is enough; again is harmless).
-    pub(in crate::comm::mpi) fn catch() {
+    pub(in crate::mpi) fn catch() {
         #[cfg(target_os = "linux")]
         // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
         unsafe {
@@ -59,7 +59,7 @@ pub(super) mod sigterm {
         }
     }
 
-    pub(in crate::comm::mpi) fn received() -> bool {
+    pub(in crate::mpi) fn received() -> bool {
         RECEIVED.load(Ordering::SeqCst)
     }
 }

@@ -179,7 +179,7 @@ impl Rendezvous for MpiRendezvous<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::comm::links::CommRole;
+    use crate::links::CommRole;
     use crate::mesh::GroupKind;
 
     fn spec(ranks: Vec<usize>) -> CommSpec {

@@ -420,8 +420,8 @@ impl<K: LocalOps> Communicator for LocalComm<K> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::comm::Direction;
     use crate::mesh::Mesh;
+    use crate::Direction;
 
     fn tag(mb: u32) -> Tag {
         Tag {

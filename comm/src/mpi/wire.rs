@@ -4,7 +4,7 @@
 
 use std::os::raw::c_int;
 
-use crate::comm::{CommError, Direction, Tag};
+use crate::{CommError, Direction, Tag};
 
 /// How a [`Tag`] packs into an MPI tag: bit 0 tells header from payload, bit 1 the direction,
 /// then the stage, the microbatch, and the low bits of the step in what is left below
