@@ -1,5 +1,5 @@
 //! The words a model shape and a run are made of, defined once: the MLP's kind, the norm's
-//! kind and the precision of a run. The kernels build layers from them, the memory model and
+//! kind, which layers have biases, and the precision of a run. The kernels build layers from them, the memory model and
 //! the planner count with them, and each face parses and prints them by the same names.
 //!
 //! # Invariants
@@ -17,4 +17,4 @@ mod precision;
 mod shape;
 
 pub use precision::Precision;
-pub use shape::{MlpKind, NormKind};
+pub use shape::{BiasKind, MlpKind, NormKind};

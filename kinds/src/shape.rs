@@ -153,3 +153,31 @@ mod tests {
         );
     }
 }
+
+/// Which linear layers carry biases (norms carry theirs by [`NormKind`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BiasKind {
+    /// Every linear layer: QKV, attention's output, the MLP's, and the LM head where it is
+    /// untied (GPT-2, GPT-NeoX, pipewright's reference GPT).
+    #[default]
+    All,
+    /// Only the QKV projection (Qwen2).
+    Qkv,
+    /// None (Llama, Mistral).
+    None,
+}
+
+named!(BiasKind, "a bias kind", All => "all", Qkv => "qkv", None => "none");
+
+impl BiasKind {
+    /// Whether the QKV projection has a bias.
+    pub fn qkv(self) -> bool {
+        self != BiasKind::None
+    }
+
+    /// Whether every other linear layer (attention's output, the MLP's, the head) has one.
+    pub fn rest(self) -> bool {
+        self == BiasKind::All
+    }
+}

@@ -2,7 +2,7 @@
 //! [`ModelShape`] (what `plan`, the memory model and the CLI read) to the kernels'
 //! [`GptConfig`] (what trains), so a planned shape trains as planned.
 
-use pipewright_kernels::gpt::{BiasKind, GptConfig, MlpKind, MoeSpec, NormKind, Positions};
+use pipewright_kernels::gpt::{GptConfig, MoeSpec, Positions};
 use pipewright_model::shape::{self, ModelShape, PositionKind};
 
 use crate::error::RuntimeError;
@@ -16,7 +16,7 @@ pub fn gpt_config(shape: &ModelShape) -> Result<GptConfig, RuntimeError> {
     // does not model yet, it lacks too.
     let without_moe = ModelShape {
         moe: None,
-        ..shape.clone()
+        ..*shape
     };
     if let Some(what) = without_moe.not_modelled() {
         return Err(RuntimeError::Model(format!(
@@ -39,20 +39,10 @@ pub fn gpt_config(shape: &ModelShape) -> Result<GptConfig, RuntimeError> {
         kv_heads: size("kv_heads", shape.kv_heads.into())?,
         n_layers: size("layers", shape.layers.into())?,
         d_ff: size("ffn", shape.ffn)?,
-        mlp: match shape.mlp {
-            shape::MlpKind::Gelu => MlpKind::Gelu,
-            shape::MlpKind::SwiGlu => MlpKind::SwiGlu,
-            shape::MlpKind::GeGlu => MlpKind::GeGlu,
-        },
-        norm: match shape.norm {
-            shape::NormKind::LayerNorm => NormKind::LayerNorm,
-            shape::NormKind::RmsNorm => NormKind::RmsNorm,
-        },
-        bias: match shape.bias {
-            shape::BiasKind::All => BiasKind::All,
-            shape::BiasKind::Qkv => BiasKind::Qkv,
-            shape::BiasKind::None => BiasKind::None,
-        },
+        // One definition of each kind (`pipewright-kinds`): the shape's are the kernels'.
+        mlp: shape.mlp,
+        norm: shape.norm,
+        bias: shape.bias,
         positions: match shape.positions {
             PositionKind::Learned => Positions::Learned,
             PositionKind::Rotary => Positions::Rotary {

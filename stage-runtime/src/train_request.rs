@@ -96,7 +96,7 @@ pub enum TrainRequestError {
         /// The field that asked for the kind.
         field: &'static str,
         /// Why the reference cannot build it.
-        source: RuntimeError,
+        source: Box<RuntimeError>,
     },
     /// Sizes the reference GPT cannot be built with (heads that do not divide, ...).
     Sizes(KernelError),
@@ -315,7 +315,10 @@ fn reference(shape: &ModelShape) -> Result<GptConfig, TrainRequestError> {
     } else {
         "tied_embeddings"
     };
-    gpt_config(shape).map_err(|source| TrainRequestError::Kind { field, source })
+    gpt_config(shape).map_err(|source| TrainRequestError::Kind {
+        field,
+        source: Box::new(source),
+    })
 }
 
 #[cfg(test)]

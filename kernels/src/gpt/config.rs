@@ -59,29 +59,9 @@ impl Positions {
     };
 }
 
-/// Which linear layers of the model have biases (norms have theirs by their kind).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub enum BiasKind {
-    /// Every one: QKV, attention's output, the MLP's and the LM head (GPT-2).
-    #[default]
-    All,
-    /// Only the QKV projection (Qwen2).
-    Qkv,
-    /// None (Llama, Mistral).
-    None,
-}
-
-impl BiasKind {
-    /// Whether the QKV projection has a bias.
-    pub fn qkv(self) -> bool {
-        self != BiasKind::None
-    }
-
-    /// Whether every other linear layer (attention's output, the MLP's, the head) has one.
-    pub fn rest(self) -> bool {
-        self == BiasKind::All
-    }
-}
+/// Which linear layers of the model have biases (norms have theirs by their kind): the
+/// shared kind of `pipewright-kinds`.
+pub use pipewright_kinds::BiasKind;
 
 impl GptConfig {
     /// GPT-2's shape: multi-head attention, a GeLU MLP with `d_ff = 4 * d_model`,

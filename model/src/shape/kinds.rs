@@ -42,7 +42,7 @@ macro_rules! named {
 
 /// The MLP of a block and the norm kind: defined once in `pipewright-kinds`, shared with the
 /// kernels.
-pub use pipewright_kinds::{MlpKind, NormKind};
+pub use pipewright_kinds::{BiasKind, MlpKind, NormKind};
 
 /// How positions enter the model.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -133,22 +133,6 @@ impl std::str::FromStr for RopeTheta {
         Self::new(v)
     }
 }
-
-/// Which linear layers carry biases (norms carry theirs by [`NormKind`]).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum BiasKind {
-    /// Every linear layer, the LM head included where it is untied (GPT-2, GPT-NeoX,
-    /// pipewright's reference GPT).
-    #[default]
-    All,
-    /// Only the QKV projection (Qwen2).
-    Qkv,
-    /// None (Llama, Mistral).
-    None,
-}
-
-named!(BiasKind, "a bias kind", All => "all", Qkv => "qkv", None => "none");
 
 /// How a run computes attention's core (`softmax(Q K^T / sqrt(d)) V`): a property of the
 /// run, not of the model, read by both the time and the memory model.
