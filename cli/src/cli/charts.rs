@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, ValueEnum};
 use pipewright::schedule::search::MemoryCap;
+use pipewright::schedule::simulate::{SimulateRequest, Simulated};
 use pipewright::schedule::sweep::{SweepRequest, SweepRequestError};
 use pipewright::schedule::{
     best, generate, parse_counts, simulate, sweep, Report, ScheduleKind, ScheduleSpec, SweepGrid,
@@ -236,12 +237,17 @@ impl VizCmd {
         Ok(())
     }
 
-    /// `--steps K` of one timetable: its K-step timeline and a report over all of it.
+    /// `--steps K` of one timetable: its K-step timeline and a report over all of it, through
+    /// the library's request (the one `simulate --steps` and Python's `simulate` build).
     fn steady(&self, tt: &pipewright::schedule::Timetable) -> Result<(Timeline, Report)> {
         super::steady::fits_steps(tt, self.steps)?;
         let model = self.costs.model(tt.num_stages(), tt.num_devices())?;
-        let s = pipewright::schedule::simulate::simulate_steps(tt, &model, self.steps)?;
-        Ok(super::steady::steady_chart(s, &model))
+        let request = SimulateRequest::new(tt, &model, self.steps)
+            .map_err(|e| anyhow::anyhow!(e.named("--steps")))?;
+        Ok(match request.run()? {
+            Simulated::Steady(s) => super::steady::steady_chart(*s, &model),
+            Simulated::One(sim) => (sim.timeline, sim.report),
+        })
     }
 }
 
