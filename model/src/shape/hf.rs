@@ -244,27 +244,8 @@ fn llama_family(f: &Fields) -> Result<HfModel, HfError> {
             });
         }
     }
-    let act = f.text("hidden_act")?.unwrap_or("silu");
-    let mlp = match act {
-        "silu" | "swish" => MlpKind::SwiGlu,
-        "gelu" | "gelu_new" | "gelu_pytorch_tanh" | "gelu_fast" => MlpKind::GeGlu,
-        other => {
-            return Err(HfError::Unsupported {
-                field: "hidden_act",
-                value: format!("`{other}`"),
-                why: "a gated MLP's gate is silu (SwiGLU) or gelu (GeGLU) here".into(),
-            })
-        }
-    };
-    let llama_bias = (
-        f.model_type == "llama" && f.flag("attention_bias", false)?,
-        f.model_type == "llama" && f.flag("mlp_bias", false)?,
-    );
-    let bias = match f.model_type {
-        "qwen2" => BiasKind::Qkv,
-        _ if llama_bias.0 || llama_bias.1 => BiasKind::All,
-        _ => BiasKind::None,
-    };
+    let mlp = gated_mlp(f)?;
+    let (bias, llama_bias) = llama_bias(f)?;
     let (seq_len, seq_len_field) = pretrained_context(f)?;
     let mut notes = Vec::new();
     let rope_theta = rope_theta(f, &["rope_theta"])?;
@@ -301,19 +282,55 @@ fn llama_family(f: &Fields) -> Result<HfModel, HfError> {
     if bias == BiasKind::All {
         notes.extend(bias_all_note(&shape, llama_bias));
     }
-    if let Some(w) = f.count("sliding_window")? {
-        if f.flag("use_sliding_window", f.model_type == "mistral")? && w < seq_len {
-            notes.push(format!(
-                "sliding_window {w} is not modelled: attention is costed over all {seq_len} positions"
-            ));
-        }
-    }
+    notes.extend(sliding_window_note(f, seq_len)?);
     Ok(HfModel {
         shape,
         model_type: f.model_type.to_string(),
         seq_len_field,
         notes,
     })
+}
+
+/// The gated MLP of `hidden_act`: SwiGLU for silu, GeGLU for gelu's forms.
+fn gated_mlp(f: &Fields) -> Result<MlpKind, HfError> {
+    match f.text("hidden_act")?.unwrap_or("silu") {
+        "silu" | "swish" => Ok(MlpKind::SwiGlu),
+        "gelu" | "gelu_new" | "gelu_pytorch_tanh" | "gelu_fast" => Ok(MlpKind::GeGlu),
+        other => Err(HfError::Unsupported {
+            field: "hidden_act",
+            value: format!("`{other}`"),
+            why: "a gated MLP's gate is silu (SwiGLU) or gelu (GeGLU) here".into(),
+        }),
+    }
+}
+
+/// The biases of the llama family: Qwen2's QKV biases; Llama's `attention_bias` and
+/// `mlp_bias` (returned too, for the note on how they are planned), else none.
+fn llama_bias(f: &Fields) -> Result<(BiasKind, (bool, bool)), HfError> {
+    let llama = (
+        f.model_type == "llama" && f.flag("attention_bias", false)?,
+        f.model_type == "llama" && f.flag("mlp_bias", false)?,
+    );
+    let bias = match f.model_type {
+        "qwen2" => BiasKind::Qkv,
+        _ if llama.0 || llama.1 => BiasKind::All,
+        _ => BiasKind::None,
+    };
+    Ok((bias, llama))
+}
+
+/// Mistral's sliding window (on by default there, by `use_sliding_window` elsewhere), which
+/// the plan does not model, where it is shorter than the context.
+fn sliding_window_note(f: &Fields, seq_len: u64) -> Result<Option<String>, HfError> {
+    let Some(w) = f.count("sliding_window")? else {
+        return Ok(None);
+    };
+    let on = f.flag("use_sliding_window", f.model_type == "mistral")?;
+    Ok((on && w < seq_len).then(|| {
+        format!(
+            "sliding_window {w} is not modelled: attention is costed over all {seq_len} positions"
+        )
+    }))
 }
 
 /// Llama's `attention_bias` (Q, K, V and output projections) and `mlp_bias` (the MLP's three
