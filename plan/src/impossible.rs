@@ -21,39 +21,8 @@ pub fn structure(req: &PlanRequest) -> String {
         fixed: Fixed::default(),
         ..req.clone()
     };
-    let gpn = req.cluster.gpus_per_node;
-    if let Some(tp) = req.fixed.tp {
-        if tp_options(&PlanRequest {
-            fixed: Fixed::default(),
-            ..req.clone()
-        })
-        .binary_search(&tp)
-        .is_err()
-        {
-            let ok = tp_options(&free);
-            let node = if req.allow_cross_node_tp {
-                String::new()
-            } else {
-                format!(" inside a node of {gpn}")
-            };
-            let Some(shape) = req.model.gpt() else {
-                let own = req.model.profile().map_or(1, |p| p.tp);
-                return format!(
-                    "--tp {tp}: a layer-list profile runs at the tp it was measured at ({own})"
-                );
-            };
-            let kv = if shape.kv_heads == shape.heads {
-                String::new()
-            } else {
-                format!(" ({} key/value heads)", shape.kv_heads)
-            };
-            return format!(
-                "--tp {tp} cannot split the {} heads{kv} over {} GPUs{node}: TP sizes that can: {}",
-                shape.heads,
-                req.gpus,
-                list(&ok)
-            );
-        }
+    if let Some(line) = fixed_tp(req, &free) {
+        return line;
     }
     let (some, refused) = enumerate_counted(&free);
     if some.is_empty() {
@@ -70,100 +39,106 @@ pub fn structure(req: &PlanRequest) -> String {
         .1
         .most_common()
         .map_or(String::new(), |r| format!(": {}", r.message));
-    let f = &req.fixed;
-    // --tp and --pp fixed together fix dp: say so when it cannot split the batch.
-    if let (Some(tp), Some(pp)) = (f.tp, f.pp) {
-        let group = u64::from(tp) * u64::from(pp);
-        let gpus = u64::from(req.gpus);
-        if gpus % group != 0 {
-            return format!("--tp {tp} x --pp {pp} = {group} does not divide --gpus {gpus}: every GPU must be in one pipeline of tp x pp GPUs");
-        }
-        let dp = gpus / group;
-        if req.global_batch % dp != 0 {
-            return format!(
-                "global batch {} {} cannot be split over dp = {dp} replicas (--gpus {gpus} / (--tp {tp} x --pp {pp})): give a batch that {dp} divides, e.g. {}",
-                req.global_batch,
-                req.model.batch_unit(),
-                req.global_batch.div_ceil(dp) * dp
-            );
-        }
+    if let Some(line) = fixed_tp_pp(req).or_else(|| released(req, &because)) {
+        return line;
     }
-    // Some fixed dimension rules everything out: name the first whose release helps.
+    let c = enumerate(&free)[0];
+    format!("the dimensions fixed by hand fit no configuration together{because}; with none fixed, e.g. {c}")
+}
+
+/// A fixed TP that cannot split the heads (or a profile's own TP), and the sizes that can.
+fn fixed_tp(req: &PlanRequest, free: &PlanRequest) -> Option<String> {
+    let tp = req.fixed.tp?;
+    if tp_options(free).binary_search(&tp).is_ok() {
+        return None;
+    }
+    let ok = tp_options(free);
+    let node = if req.allow_cross_node_tp {
+        String::new()
+    } else {
+        format!(" inside a node of {}", req.cluster.gpus_per_node)
+    };
+    let Some(shape) = req.model.gpt() else {
+        let own = req.model.profile().map_or(1, |p| p.tp);
+        return Some(format!(
+            "--tp {tp}: a layer-list profile runs at the tp it was measured at ({own})"
+        ));
+    };
+    let kv = if shape.kv_heads == shape.heads {
+        String::new()
+    } else {
+        format!(" ({} key/value heads)", shape.kv_heads)
+    };
+    Some(format!(
+        "--tp {tp} cannot split the {} heads{kv} over {} GPUs{node}: TP sizes that can: {}",
+        shape.heads,
+        req.gpus,
+        list(&ok)
+    ))
+}
+
+/// `--tp` and `--pp` fixed together fix dp: say so when it cannot split the GPUs or the batch.
+fn fixed_tp_pp(req: &PlanRequest) -> Option<String> {
+    let (tp, pp) = (req.fixed.tp?, req.fixed.pp?);
+    let group = u64::from(tp) * u64::from(pp);
+    let gpus = u64::from(req.gpus);
+    if gpus % group != 0 {
+        return Some(format!("--tp {tp} x --pp {pp} = {group} does not divide --gpus {gpus}: every GPU must be in one pipeline of tp x pp GPUs"));
+    }
+    let dp = gpus / group;
+    (req.global_batch % dp != 0).then(|| {
+        format!(
+            "global batch {} {} cannot be split over dp = {dp} replicas (--gpus {gpus} / (--tp {tp} x --pp {pp})): give a batch that {dp} divides, e.g. {}",
+            req.global_batch,
+            req.model.batch_unit(),
+            req.global_batch.div_ceil(dp) * dp
+        )
+    })
+}
+
+/// The first fixed dimension whose release lets a configuration through, named with one.
+fn released(req: &PlanRequest, because: &str) -> Option<String> {
+    let f = &req.fixed;
+    let without = |clear: fn(&mut Fixed)| {
+        let mut fixed = f.clone();
+        clear(&mut fixed);
+        fixed
+    };
     let releases: [(&str, String, Fixed); 7] = [
-        (
-            "--tp",
-            opt(f.tp),
-            Fixed {
-                tp: None,
-                ..f.clone()
-            },
-        ),
-        (
-            "--pp",
-            opt(f.pp),
-            Fixed {
-                pp: None,
-                ..f.clone()
-            },
-        ),
+        ("--tp", opt(f.tp), without(|x| x.tp = None)),
+        ("--pp", opt(f.pp), without(|x| x.pp = None)),
         (
             "--microbatch-size",
             opt(f.microbatch_size),
-            Fixed {
-                microbatch_size: None,
-                ..f.clone()
-            },
+            without(|x| x.microbatch_size = None),
         ),
         (
             "--schedule",
             opt(f.schedule),
-            Fixed {
-                schedule: None,
-                ..f.clone()
-            },
+            without(|x| x.schedule = None),
         ),
-        (
-            "--v",
-            opt(f.v),
-            Fixed {
-                v: None,
-                ..f.clone()
-            },
-        ),
-        (
-            "--zero",
-            opt(f.zero),
-            Fixed {
-                zero: None,
-                ..f.clone()
-            },
-        ),
+        ("--v", opt(f.v), without(|x| x.v = None)),
+        ("--zero", opt(f.zero), without(|x| x.zero = None)),
         (
             "--sequence-parallel",
             opt(f.sequence_parallel),
-            Fixed {
-                sequence_parallel: None,
-                ..f.clone()
-            },
+            without(|x| x.sequence_parallel = None),
         ),
     ];
-    for (flag, value, fixed) in releases {
-        if value.is_empty() {
-            continue;
-        }
-        let relaxed = PlanRequest {
-            fixed,
-            ..req.clone()
-        };
-        if let Some(c) = enumerate(&relaxed).first() {
-            return format!(
+    releases
+        .into_iter()
+        .filter(|(_, value, _)| !value.is_empty())
+        .find_map(|(flag, value, fixed)| {
+            let relaxed = PlanRequest {
+                fixed,
+                ..req.clone()
+            };
+            let c = *enumerate(&relaxed).first()?;
+            Some(format!(
                 "{flag} {value} fits no configuration of the other dimensions given ({} GPUs, {} layers, batch {}){because}; without it, e.g. {c}",
                 req.gpus, req.model.layers(), req.global_batch
-            );
-        }
-    }
-    let c = enumerate(&free)[0];
-    format!("the dimensions fixed by hand fit no configuration together{because}; with none fixed, e.g. {c}")
+            ))
+        })
 }
 
 fn opt<T: std::fmt::Display>(v: Option<T>) -> String {
@@ -227,39 +202,7 @@ fn batch(req: &PlanRequest) -> String {
         (Some(d), Some(u)) => format!("{d} or {u}"),
         (Some(d), None) => d.to_string(),
         (None, Some(u)) => u.to_string(),
-        (None, None) => {
-            let Some(shape) = req.model.gpt() else {
-                if let Some(p) = req.model.profile().filter(|_| widest_tp.is_empty()) {
-                    if req.gpus % p.tp == 0
-                        && p.tp > req.cluster.gpus_per_node
-                        && !req.allow_cross_node_tp
-                    {
-                        return format!(
-                            "the profile was measured at tp {} (one TP rank's layers), more than the {} GPUs of a node: allow cross-node TP (--allow-cross-node-tp), or profile at a tp that divides the node",
-                            p.tp, req.cluster.gpus_per_node
-                        );
-                    }
-                    return format!(
-                        "the profile was measured at tp {} (one TP rank's layers), which {} GPUs ({} per node) cannot hold: use a GPU count that is a multiple of {}, or profile at another tp",
-                        p.tp,
-                        req.gpus,
-                        req.cluster.gpus_per_node,
-                        p.tp
-                    );
-                }
-                return format!(
-                    "{} GPUs cannot hold {} layers in any PP x DP with microbatches of {} samples: use a GPU count with a divisor of at most {} layers, and a batch that many replicas can split into such microbatches",
-                    req.gpus,
-                    req.model.layers(),
-                    req.fixed.microbatch_size.or(req.model.profile().map(|p| p.microbatch_size)).unwrap_or(1),
-                    req.model.layers()
-                );
-            };
-            return format!(
-                "{} GPUs cannot hold {} layers with {} heads in any TP x PP x DP: use a GPU count of which some tp*pp (tp dividing the heads, pp at most the layers) is a divisor",
-                req.gpus, shape.layers, shape.heads
-            );
-        }
+        (None, None) => return no_batch_fits(req, widest_tp.is_empty()),
     };
     let unit = req.model.batch_unit();
     format!(
@@ -269,6 +212,37 @@ fn batch(req: &PlanRequest) -> String {
         dps.iter().map(u64::to_string).collect::<Vec<_>>().join(", "),
         req.gpus,
         req.model.layers()
+    )
+}
+
+/// No batch near the asked one works: what of the GPUs, layers, heads or profile rules every
+/// batch out (`no_tp`: no TP size fits at all).
+fn no_batch_fits(req: &PlanRequest, no_tp: bool) -> String {
+    let Some(shape) = req.model.gpt() else {
+        if let Some(p) = req.model.profile().filter(|_| no_tp) {
+            if req.gpus % p.tp == 0 && p.tp > req.cluster.gpus_per_node && !req.allow_cross_node_tp
+            {
+                return format!(
+                    "the profile was measured at tp {} (one TP rank's layers), more than the {} GPUs of a node: allow cross-node TP (--allow-cross-node-tp), or profile at a tp that divides the node",
+                    p.tp, req.cluster.gpus_per_node
+                );
+            }
+            return format!(
+                "the profile was measured at tp {} (one TP rank's layers), which {} GPUs ({} per node) cannot hold: use a GPU count that is a multiple of {}, or profile at another tp",
+                p.tp, req.gpus, req.cluster.gpus_per_node, p.tp
+            );
+        }
+        return format!(
+            "{} GPUs cannot hold {} layers in any PP x DP with microbatches of {} samples: use a GPU count with a divisor of at most {} layers, and a batch that many replicas can split into such microbatches",
+            req.gpus,
+            req.model.layers(),
+            req.fixed.microbatch_size.or(req.model.profile().map(|p| p.microbatch_size)).unwrap_or(1),
+            req.model.layers()
+        );
+    };
+    format!(
+        "{} GPUs cannot hold {} layers with {} heads in any TP x PP x DP: use a GPU count of which some tp*pp (tp dividing the heads, pp at most the layers) is a divisor",
+        req.gpus, shape.layers, shape.heads
     )
 }
 

@@ -31,10 +31,13 @@ use super::refused::Refusals;
 pub use super::row::Searched;
 use super::row::{row, PlanRow};
 use super::PlanError;
+use pipewright_model::memory::ModelShape;
 use pipewright_schedule::recompute::{insert, Recompute, RecomputePlan};
 use pipewright_schedule::spec::{Placement, ScheduleKind, ScheduleSpec};
 use pipewright_schedule::timetable::Timetable;
-use pipewright_sim::search::{search, MemoryCap, Objective, SearchError, SearchSpec, PERIOD_STEPS};
+use pipewright_sim::search::{
+    search, MemoryCap, Objective, SearchError, SearchOutcome, SearchSpec, PERIOD_STEPS,
+};
 use pipewright_sim::simulate::{simulate_steps, CostModel};
 
 /// Largest `pp x m` searched: a search runs a few dozen candidates and up to
@@ -134,52 +137,13 @@ fn searched_row(
         return Ok(None);
     };
     let cfg = &base.config;
-    // Costs cut in 2 chunks per device when the layers allow, so both v = 1 (joined) and
-    // v = 2 come from the cost model's own cuts.
-    // A v fixed by hand is the only one searched; two chunks need m >= p, as interleaving.
-    let two = ScheduleSpec::new(
-        ScheduleKind::Interleaved1F1B,
-        cfg.pp,
-        2,
-        cfg.microbatches,
-        None,
-    );
-    let v = match req.fixed.v {
-        Some(v) => v,
-        None if 2 * cfg.pp <= shape.layers && two.is_ok() => 2,
-        None => 1,
-    };
     let at_v = Config {
-        v,
-        schedule: kind_of(Placement::Loop, v),
         recompute: policy,
         recompute_devices: cfg.pp,
-        ..*cfg
+        ..searched_v(req, shape, cfg)
     };
-    let spec = SearchSpec {
-        max_virtual: v,
-        families: Vec::new(),
-        improve_budget: IMPROVE_BUDGET,
-        objective: Objective::Period,
-        memory: Some(memory_config(req, shape, &at_v)),
-        time_budget: None,
-        ..SearchSpec::new(
-            cfg.pp,
-            cfg.microbatches,
-            folded(cost_model(req, &at_v).0),
-            MemoryCap::Bytes(capacity),
-        )
-    };
-    let outcome = match search(&spec) {
-        Ok(o) => o,
-        // Nothing the list scheduler builds fits: the fixed rows stand.
-        Err(
-            SearchError::NothingFits { .. }
-            | SearchError::StaticOverCap { .. }
-            | SearchError::NoCandidates(_)
-            | SearchError::Memory(_),
-        ) => return Ok(None),
-        Err(e) => return Err(e.into()),
+    let Some(outcome) = search_at(req, shape, &at_v, capacity)? else {
+        return Ok(None);
     };
     let label = outcome.candidates[outcome.best].label.clone();
     let plan = RecomputePlan::uniform(policy);
@@ -209,6 +173,63 @@ fn searched_row(
         timetable: tt,
     }));
     Ok(Some(r))
+}
+
+/// `cfg` at the chunk count the search gets: a v fixed by hand, else 2 where the layers
+/// allow two chunks per device (so both v = 1, joined, and v = 2 come from the cost model's
+/// own cuts; two chunks need m >= p, as interleaving), else 1.
+fn searched_v(req: &PlanRequest, shape: &ModelShape, cfg: &Config) -> Config {
+    let two = ScheduleSpec::new(
+        ScheduleKind::Interleaved1F1B,
+        cfg.pp,
+        2,
+        cfg.microbatches,
+        None,
+    );
+    let v = match req.fixed.v {
+        Some(v) => v,
+        None if 2 * cfg.pp <= shape.layers && two.is_ok() => 2,
+        None => 1,
+    };
+    Config {
+        v,
+        schedule: kind_of(Placement::Loop, v),
+        ..*cfg
+    }
+}
+
+/// The list scheduler's search of `at_v` under the GPU's memory; `None` where nothing it
+/// builds fits (the fixed rows stand).
+fn search_at(
+    req: &PlanRequest,
+    shape: &ModelShape,
+    at_v: &Config,
+    capacity: u64,
+) -> Result<Option<SearchOutcome>, PlanError> {
+    let spec = SearchSpec {
+        max_virtual: at_v.v,
+        families: Vec::new(),
+        improve_budget: IMPROVE_BUDGET,
+        objective: Objective::Period,
+        memory: Some(memory_config(req, shape, at_v)),
+        time_budget: None,
+        ..SearchSpec::new(
+            at_v.pp,
+            at_v.microbatches,
+            folded(cost_model(req, at_v).0),
+            MemoryCap::Bytes(capacity),
+        )
+    };
+    match search(&spec) {
+        Ok(o) => Ok(Some(o)),
+        Err(
+            SearchError::NothingFits { .. }
+            | SearchError::StaticOverCap { .. }
+            | SearchError::NoCandidates(_)
+            | SearchError::Memory(_),
+        ) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// The steady-state period of `tt` under `costs`, every microbatch simulated (a list
