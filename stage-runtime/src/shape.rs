@@ -70,9 +70,9 @@ fn moe_spec(m: shape::MoeShape, bias: shape::BiasKind) -> Result<MoeSpec, Runtim
     }
     if bias == shape::BiasKind::All {
         // The shape's experts (Hugging Face's) have no biases; the reference's would.
-        return lacks(
-            "experts without biases beside biased layers (bias all): use bias none or qkv",
-        );
+        return Err(RuntimeError::Model(
+            "a mixture's experts have no biases, so the other layers cannot have them (bias all): use bias none or qkv".into(),
+        ));
     }
     let size = |name: &str, v: u64| {
         usize::try_from(v).map_err(|_| RuntimeError::Model(format!("{name} {v} is too large")))

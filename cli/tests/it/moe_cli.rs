@@ -89,7 +89,7 @@ fn a_mixture_is_refused_where_its_memory_and_time_are_not_modelled() {
     let train = [&["train", "--steps", "1"][..], &SHAPE, &moe].concat();
     common::refused(
         &train,
-        &["--experts: model: the reference GPT does not have a mixture of experts yet"],
+        &["--experts: model: a mixture's experts have no biases, so the other layers cannot have them (bias all)"],
     );
     // A layer profile is its own model: the mixture's flags beside it are clap's error.
     let o = common::plan::run(&["--profile", "p.json", "--experts", "4", "--gpus", "1"]);
