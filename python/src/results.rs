@@ -293,7 +293,7 @@ record! {
     /// One ranked configuration of a plan with its predicted figures.
     PlanRow(RsPlanRow) |r, py| {
         /// The configuration.
-        config: PlanConfig = PlanConfig { inner: r.config.clone() };
+        config: PlanConfig = PlanConfig { inner: r.config };
         /// Predicted time per training step (steady-state period), seconds.
         step_time_s: f64 = r.step_time_s;
         /// Tokens per second over the cluster (None for a profile).
