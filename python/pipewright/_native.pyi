@@ -645,6 +645,8 @@ class SweepRow:
     def error(self) -> Optional[str]: ...
     @property
     def bubble(self) -> Optional[Bubbles]: ...
+    def to_dict(self) -> dict[str, Any]:
+        """The row as a dict (what `sweep --format json` gives per row)."""
 
 def sweep(
     p: int = 4,

@@ -16,12 +16,12 @@ use pipewright_schedule::RecomputePlan;
 
 use crate::charts::{draw, image_format, Chart};
 use crate::costs::Costs;
-use crate::err;
 use crate::interrupt::interruptible;
 use crate::results::{Bubbles, Candidate, CutShort, Skipped};
 use crate::shape::{memory_request, memory_to_py, Shape};
 use crate::simulate::Simulation;
 use crate::timetable::Timetable;
+use crate::{err, to_py};
 
 /// A memory cap from a number of microbatches (`4`, `2.5`) or bytes with a unit (`"24GiB"`).
 fn cap_of(cap: &Bound<'_, PyAny>) -> PyResult<MemoryCap> {
@@ -330,6 +330,26 @@ impl SweepRow {
 
 #[pymethods]
 impl SweepRow {
+    /// The row as a dict (what `sweep --format json` gives per row): for `json.dumps` or
+    /// `pandas.DataFrame([r.to_dict() for r in rows])`.
+    fn to_dict(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        let row = RsRow {
+            schedule: self.schedule.clone(),
+            virtual_stages: self.virtual_stages,
+            microbatches: self.microbatches,
+            makespan: self.makespan,
+            bubble_fraction: self.bubble_fraction,
+            period: self.period,
+            bubble: self.bubble.as_ref().map(|b| b.get().inner),
+            throughput: self.throughput,
+            peak_activations: self.peak_activations,
+            peak_activation_bytes: self.peak_activation_bytes,
+            fits: self.fits,
+            error: self.error.clone(),
+        };
+        to_py(py, &row)
+    }
+
     fn __repr__(&self) -> String {
         match &self.error {
             Some(e) => format!(

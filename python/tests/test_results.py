@@ -90,6 +90,10 @@ def test_sweep_bubbles_are_typed():
         assert isinstance(r.bubble, pw.Bubbles)
         same(r.bubble)
         assert r.bubble.single_step == pytest.approx(r.bubble_fraction)
+        d = r.to_dict()
+        assert {k: getattr(r, k) for k in d if k != "bubble"} == {
+            k: v for k, v in d.items() if k != "bubble"}
+        assert d["bubble"] == r.bubble.to_dict() and isinstance(r.period, float)
 
 
 def test_report_devices_and_steady_bubble_are_typed():
