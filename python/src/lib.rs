@@ -14,6 +14,7 @@ mod cli;
 mod costs;
 mod interrupt;
 mod plan;
+mod results;
 mod search;
 mod shape;
 mod simulate;
@@ -95,6 +96,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     charts::register(m)?;
     search::register(m)?;
     plan::register(m)?;
+    results::register(m)?;
     shape::register(m)?;
     cli::register(m)?;
     Ok(())

@@ -16,6 +16,7 @@ use pyo3::prelude::*;
 
 use crate::charts::{image_format, Chart};
 use crate::interrupt::interruptible;
+use crate::results::PlanRow;
 use crate::shape::{kind, kinds, named_text};
 use crate::timetable::Timetable;
 use crate::{err, read_file, to_py};
@@ -50,14 +51,16 @@ impl Plan {
     /// Every ranked row, fastest first: its configuration, predicted step time, throughput,
     /// MFU, peak memory and headroom, bubble and the terms of its step.
     #[getter]
-    fn rows(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
-        to_py(py, &self.inner.rows)
+    fn rows(&self) -> Vec<PlanRow> {
+        let rows = self.inner.rows.iter().cloned();
+        rows.map(|inner| PlanRow { inner }).collect()
     }
 
     /// The best row, or None when nothing fits.
     #[getter]
-    fn best(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
-        to_py(py, &self.inner.rows.first())
+    fn best(&self) -> Option<PlanRow> {
+        let best = self.inner.rows.first().cloned();
+        best.map(|inner| PlanRow { inner })
     }
 
     /// Why the best beat the runners-up, one line each.

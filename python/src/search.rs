@@ -17,6 +17,7 @@ use pipewright_schedule::RecomputePlan;
 use crate::charts::{draw, image_format, Chart};
 use crate::costs::Costs;
 use crate::interrupt::interruptible;
+use crate::results::{Bubbles, Candidate, CutShort, Skipped};
 use crate::shape::{memory_request, memory_to_py, Shape};
 use crate::simulate::Simulation;
 use crate::timetable::Timetable;
@@ -65,51 +66,58 @@ pub struct SearchResult {
     predicted_memory: Option<Py<PyAny>>,
 }
 
+impl SearchResult {
+    /// The candidate at index `i` of the search's list.
+    fn candidate(&self, i: usize) -> Candidate {
+        Candidate {
+            inner: self.inner.candidates[i].clone(),
+        }
+    }
+}
+
 #[pymethods]
 impl SearchResult {
     /// The best candidate (label, family, period, makespan, bubbles, peak, fits, ...).
     #[getter]
-    fn best(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
-        to_py(py, &self.inner.candidates[self.inner.best])
+    fn best(&self) -> Candidate {
+        self.candidate(self.inner.best)
     }
 
     /// The best fixed-family candidate, if one fits the cap.
     #[getter]
-    fn best_fixed(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
-        to_py(
-            py,
-            &self.inner.best_fixed.map(|i| &self.inner.candidates[i]),
-        )
+    fn best_fixed(&self) -> Option<Candidate> {
+        self.inner.best_fixed.map(|i| self.candidate(i))
     }
 
     /// Every evaluated candidate, in the order tried.
     #[getter]
-    fn candidates(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
-        to_py(py, &self.inner.candidates)
+    fn candidates(&self) -> Vec<Candidate> {
+        (0..self.inner.candidates.len())
+            .map(|i| self.candidate(i))
+            .collect()
     }
 
     /// The Pareto front (no candidate both smaller and faster), by memory.
     #[getter]
-    fn front(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
-        let front: Vec<_> = self
-            .inner
+    fn front(&self) -> Vec<Candidate> {
+        self.inner
             .front
             .iter()
-            .map(|&i| &self.inner.candidates[i])
-            .collect();
-        to_py(py, &front)
+            .map(|&i| self.candidate(i))
+            .collect()
     }
 
     /// Shapes that could not be tried, and why.
     #[getter]
-    fn skipped(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
-        to_py(py, &self.inner.skipped)
+    fn skipped(&self) -> Vec<Skipped> {
+        let skipped = self.inner.skipped.iter().cloned();
+        skipped.map(|inner| Skipped { inner }).collect()
     }
 
     /// Set when the time budget stopped the search early (budget, evaluated, total).
     #[getter]
-    fn cut_short(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
-        to_py(py, &self.inner.cut_short)
+    fn cut_short(&self) -> Option<CutShort> {
+        self.inner.cut_short.clone().map(|inner| CutShort { inner })
     }
 
     /// The cap in microbatch units.
@@ -295,13 +303,16 @@ pub struct SweepRow {
     peak_activation_bytes: Option<u64>,
     fits: Option<bool>,
     error: Option<String>,
-    bubble: Py<PyAny>,
+    bubble: Option<Py<Bubbles>>,
 }
 
 impl SweepRow {
     fn new(py: Python<'_>, r: RsRow) -> PyResult<Self> {
         Ok(SweepRow {
-            bubble: to_py(py, &r.bubble)?,
+            bubble: r
+                .bubble
+                .map(|inner| Py::new(py, Bubbles { inner }))
+                .transpose()?,
             schedule: r.schedule,
             virtual_stages: r.virtual_stages,
             microbatches: r.microbatches,
@@ -319,6 +330,26 @@ impl SweepRow {
 
 #[pymethods]
 impl SweepRow {
+    /// The row as a dict (what `sweep --format json` gives per row): for `json.dumps` or
+    /// `pandas.DataFrame([r.to_dict() for r in rows])`.
+    fn to_dict(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        let row = RsRow {
+            schedule: self.schedule.clone(),
+            virtual_stages: self.virtual_stages,
+            microbatches: self.microbatches,
+            makespan: self.makespan,
+            bubble_fraction: self.bubble_fraction,
+            period: self.period,
+            bubble: self.bubble.as_ref().map(|b| b.get().inner),
+            throughput: self.throughput,
+            peak_activations: self.peak_activations,
+            peak_activation_bytes: self.peak_activation_bytes,
+            fits: self.fits,
+            error: self.error.clone(),
+        };
+        to_py(py, &row)
+    }
+
     fn __repr__(&self) -> String {
         match &self.error {
             Some(e) => format!(

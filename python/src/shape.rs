@@ -311,7 +311,7 @@ pub(crate) fn memory_request(
     })
 }
 
-/// Each device's predicted memory as dicts of bytes by category, with their `total`.
+/// Each device's predicted memory as a list of `MemoryPeak` (bytes by category, `total`).
 pub(crate) fn memory_to_py(
     py: Python<'_>,
     memory: Option<&[MemoryBreakdown]>,
@@ -319,15 +319,8 @@ pub(crate) fn memory_to_py(
     let Some(devices) = memory else {
         return Ok(None);
     };
-    let rows = devices
-        .iter()
-        .map(|m| {
-            let mut v = serde_json::to_value(m).map_err(err)?;
-            v["total"] = m.total().into();
-            Ok(v)
-        })
-        .collect::<PyResult<Vec<_>>>()?;
-    to_py(py, &rows).map(Some)
+    let list = pyo3::types::PyList::new(py, crate::results::peaks(devices))?;
+    Ok(Some(list.into_any().unbind()))
 }
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

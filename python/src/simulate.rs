@@ -9,6 +9,7 @@ use pipewright_model::memory::MemoryBreakdown;
 
 use crate::charts::{draw, Chart};
 use crate::costs::Costs;
+use crate::results::{Bubbles, DeviceReport};
 use crate::shape::{memory_request, memory_to_py, Shape};
 pub use crate::timeline::Timeline;
 use crate::timetable::Timetable;
@@ -42,8 +43,9 @@ impl Report {
 
     /// Per device: busy time, bubble, peak in-flight activations (count and bytes).
     #[getter]
-    fn devices(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
-        to_py(py, &self.inner.devices)
+    fn devices(&self) -> Vec<DeviceReport> {
+        let devices = self.inner.devices.iter().cloned();
+        devices.map(|inner| DeviceReport { inner }).collect()
     }
 
     /// The whole report as a dict (what `simulate --format json` prints).
@@ -161,8 +163,10 @@ impl SteadySimulation {
     /// The bubble against the makespan (`single_step`), the period (`steady_state`) and
     /// the largest per-device span (`largest_span`).
     #[getter]
-    fn bubble(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
-        to_py(py, &self.inner.report.bubble)
+    fn bubble(&self) -> Bubbles {
+        Bubbles {
+            inner: self.inner.report.bubble,
+        }
     }
 
     /// The whole steady-state report as a dict.

@@ -83,7 +83,7 @@ def test_simulate_k_unfenced_steps_gives_the_steady_period():
     assert isinstance(steady, pw.SteadySimulation)
     assert steady.steps == 4 and len(steady.step_makespans) == 4
     assert steady.period <= steady.single_step_makespan + 1e-9
-    assert set(steady.bubble) == {"single_step", "steady_state", "largest_span"}
+    assert set(steady.bubble.to_dict()) == {"single_step", "steady_state", "largest_span"}
     assert isinstance(steady.single, pw.Simulation)
     with pytest.raises(pw.PipewrightError):
         pw.simulate(tt, steps=0)

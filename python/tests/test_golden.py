@@ -26,7 +26,8 @@ REL_TOL = 1e-12
 
 def _plain(x):
     """A JSON-able copy of `x` without elapsed time, which varies run to run. A result
-    class with `to_dict` (as issue 34 plans for more results) is compared as its dict."""
+    class or record with `to_dict` (`Candidate`, `Bubbles`, `PlanRow`, ...: issue 34's typed
+    results) is compared as its dict, the dict it was before it was a class."""
     if callable(getattr(x, "to_dict", None)):
         x = x.to_dict()
     if isinstance(x, dict):
