@@ -1,6 +1,6 @@
 //! A GPT with mixtures of experts trains under pipeline schedules, with TP and DP, equal to
-//! one device: same losses and final parameters within 1e-5. (Every rank holds all of a
-//! stage's experts: expert parallelism runs in the kernels' layers, not yet here.)
+//! one device: same losses and final parameters within 1e-5, with every rank holding all of a
+//! stage's experts (EP 1) or expert parallelism folded over the data-parallel replicas.
 
 use crate::whole;
 
@@ -44,12 +44,23 @@ fn check_recompute(
     kind: ScheduleKind,
     v: u32,
     m: u32,
+    mesh: (usize, usize, usize),
+    recompute: &str,
+) {
+    check_ep(kind, v, m, mesh, 1, recompute)
+}
+
+fn check_ep(
+    kind: ScheduleKind,
+    v: u32,
+    m: u32,
     (pp, tp, dp): (usize, usize, usize),
+    ep: usize,
     recompute: &str,
 ) {
     let spec = ScheduleSpec::new(kind, pp as u32, v, m, None).unwrap();
-    let what = format!("moe {spec} tp={tp} dp={dp} recompute {recompute}");
-    let mut cfg = config(Mesh::new(pp, tp, dp).unwrap());
+    let what = format!("moe {spec} tp={tp} dp={dp} ep={ep} recompute {recompute}");
+    let mut cfg = config(Mesh::new(pp, tp, dp).unwrap().with_ep(ep).unwrap());
     cfg.run.recompute = recompute.parse().unwrap();
     let tt = generate(&spec);
     let mut losses = Vec::new();
@@ -76,6 +87,51 @@ fn moe_gpt_on_1f1b_interleaved_and_dualpipev_equals_one_device() {
         check(ScheduleKind::Interleaved1F1B, 2, 4, mesh);
         check(ScheduleKind::DualPipeV, 2, 4, mesh);
     }
+}
+
+/// Expert parallelism folded over data parallelism: pp 2 x ep 2 (dp 2, every replica half
+/// the experts) and pp 2 x ep 2 x dp 2 (dp 4: two EP groups, each expert on two replicas).
+#[test]
+fn moe_gpt_with_expert_parallelism_equals_one_device() {
+    for dp in [2, 4] {
+        check_ep(ScheduleKind::OneFOneB, 1, 4, (2, 1, dp), 2, "none");
+        check_ep(ScheduleKind::Interleaved1F1B, 2, 4, (2, 1, dp), 2, "none");
+        check_ep(ScheduleKind::DualPipeV, 2, 4, (2, 1, dp), 2, "none");
+    }
+}
+
+#[test]
+fn moe_gpt_with_expert_parallelism_and_recomputation_equals_one_device() {
+    check_ep(ScheduleKind::OneFOneB, 1, 4, (2, 1, 2), 2, "selective");
+}
+
+/// What expert parallelism does not run with is refused in one line naming `ep`.
+#[test]
+fn expert_parallelism_refuses_what_it_cannot_run() {
+    let spec = ScheduleSpec::new(ScheduleKind::OneFOneB, 2, 1, 4, None).unwrap();
+    let tt = generate(&spec);
+    let mesh = Mesh::new(2, 1, 2).unwrap().with_ep(2).unwrap();
+    let mut zero = config(mesh);
+    zero.run.zero = pipewright_runtime::Zero::One;
+    let err = train_gpt(&zero, &tt, |_| {}).unwrap_err().to_string();
+    assert!(err.contains("ep = 2 does not run with ZeRO-1"), "{err}");
+    let mut dense = config(mesh);
+    dense.model.moe = None;
+    let err = train_gpt(&dense, &tt, |_| {}).unwrap_err().to_string();
+    assert!(
+        err.contains("ep = 2 shards the experts of mixtures, but the model has none"),
+        "{err}"
+    );
+    let four = Mesh::new(2, 1, 4).unwrap().with_ep(4).unwrap();
+    let mut six = config(four);
+    if let Some(m) = six.model.moe.as_mut() {
+        m.experts = 6;
+    }
+    let err = train_gpt(&six, &tt, |_| {}).unwrap_err().to_string();
+    assert!(
+        err.contains("ep = 4 must divide the model's 6 experts"),
+        "{err}"
+    );
 }
 
 #[test]
