@@ -181,3 +181,31 @@ fn measured_memory_counts_every_expert_of_the_stage() {
         assert_eq!(total, cfg.model.num_params() as u64, "{name}");
     }
 }
+
+/// Under ep 2 each replica holds half of every mixture's experts: its measured parameters
+/// are its stage's with half the experts, not the whole stage's.
+#[test]
+fn each_expert_parallel_replica_holds_its_share_of_the_experts() {
+    use pipewright_kernels::gpt::GptStage;
+    use pipewright_kernels::layers::{Parameters, TpShard};
+    let mesh = Mesh::new(2, 1, 2).unwrap().with_ep(2).unwrap();
+    let mut cfg = config(mesh);
+    cfg.run.steps = 1;
+    let spec = ScheduleSpec::new(ScheduleKind::OneFOneB, 2, 1, 4, None).unwrap();
+    let mut steps = Vec::new();
+    train_gpt(&cfg, &generate(&spec), |s| steps.push(s.clone())).unwrap();
+    let last = steps.last().unwrap();
+    for rank in 0..mesh.world_size() {
+        let c = mesh.coord(rank).unwrap();
+        let mut st = GptStage::new(&cfg.model, cfg.seed, c.pp, 2, TpShard::SINGLE).unwrap();
+        let whole = st.num_params();
+        st.shard_experts(TpShard::new(c.dp, 2).unwrap()).unwrap();
+        let share = st.num_params();
+        assert!(share < whole, "rank {rank}: {share} of {whole}");
+        assert_eq!(
+            last.memory[rank].peak.parameters,
+            4 * share as u64,
+            "rank {rank}"
+        );
+    }
+}
