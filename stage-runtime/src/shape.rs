@@ -16,7 +16,7 @@ pub fn gpt_config(shape: &ModelShape) -> Result<GptConfig, RuntimeError> {
     // does not model yet, it lacks too.
     let without_moe = ModelShape {
         moe: None,
-        ..shape.clone()
+        ..*shape
     };
     if let Some(what) = without_moe.not_modelled() {
         return Err(RuntimeError::Model(format!(

@@ -98,8 +98,8 @@ pub enum TrainRequestError {
     Kind {
         /// The field that asked for the kind.
         field: &'static str,
-        /// Why the reference cannot build it.
-        source: RuntimeError,
+        /// Why the reference cannot build it (boxed: it is large).
+        source: Box<RuntimeError>,
     },
     /// Sizes the reference GPT cannot be built with (heads that do not divide, ...).
     Sizes(KernelError),
@@ -355,7 +355,10 @@ fn reference(shape: &ModelShape) -> Result<GptConfig, TrainRequestError> {
     } else {
         "tied_embeddings"
     };
-    gpt_config(shape).map_err(|source| TrainRequestError::Kind { field, source })
+    gpt_config(shape).map_err(|source| TrainRequestError::Kind {
+        field,
+        source: Box::new(source),
+    })
 }
 
 #[cfg(test)]
