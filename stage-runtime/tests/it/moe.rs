@@ -102,7 +102,10 @@ fn moe_gpt_with_expert_parallelism_equals_one_device() {
 
 #[test]
 fn moe_gpt_with_expert_parallelism_and_recomputation_equals_one_device() {
-    check_ep(ScheduleKind::OneFOneB, 1, 4, (2, 1, 2), 2, "selective");
+    // A recomputed forward runs the mixtures' all-to-all again, on every EP rank alike.
+    for policy in ["selective", "full"] {
+        check_ep(ScheduleKind::OneFOneB, 1, 4, (2, 1, 2), 2, policy);
+    }
 }
 
 /// What expert parallelism does not run with is refused in one line naming `ep`.
