@@ -219,6 +219,43 @@ pub trait Communicator {
         group: &Group,
         tensor: &Self::Tensor,
     ) -> Result<Vec<Self::Tensor>, CommError>;
+    /// Sends `send[i]` to the group's `i`-th rank and returns what each rank of the group sent
+    /// to this one, in group order (shapes may differ): expert parallelism's dispatch and
+    /// combine. Every rank of the group calls it in the same order.
+    ///
+    /// Provided as one [`all_gather`](Self::all_gather) per destination, which every
+    /// transport whose all-gather takes parts of different shapes (in-process, MPI) runs as
+    /// it is: correct, at `n` times an all-to-all's traffic for a group of `n`. A transport
+    /// with a native all-to-all overrides it.
+    fn all_to_all(
+        &self,
+        group: &Group,
+        send: Vec<Self::Tensor>,
+    ) -> Result<Vec<Self::Tensor>, CommError> {
+        let pos = group.position(self.rank()).ok_or_else(|| {
+            CommError::Invalid(format!(
+                "rank {} is not in group {:?} {:?}",
+                self.rank(),
+                group.kind,
+                group.ranks
+            ))
+        })?;
+        if send.len() != group.size() {
+            return Err(CommError::Invalid(format!(
+                "all-to-all of {} messages over a group of {}",
+                send.len(),
+                group.size()
+            )));
+        }
+        let mut mine = None;
+        for (dst, t) in send.iter().enumerate() {
+            let got = self.all_gather(group, t)?;
+            if dst == pos {
+                mine = Some(got);
+            }
+        }
+        mine.ok_or_else(|| CommError::Invalid("all-to-all: no message for this rank".into()))
+    }
     /// Reduce over the group, then keep this rank's shard ([`shard_range`]) of the flat
     /// result.
     fn reduce_scatter(

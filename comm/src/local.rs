@@ -493,6 +493,34 @@ mod tests {
     }
 
     #[test]
+    fn all_to_all_hands_each_rank_its_messages_in_group_order() {
+        let mesh = Mesh::new(1, 1, 3).unwrap().with_ep(3).unwrap();
+        let world = LocalWorld::new(3, Duration::from_secs(5));
+        let got: Vec<Vec<Vec<f32>>> = (0..3)
+            .map(|r| {
+                let c = world.comm(r);
+                let g = mesh.group(GroupKind::Ep, r).unwrap();
+                std::thread::spawn(move || {
+                    // Rank r sends d + 1 values of 10 r + d to rank d.
+                    let send = (0..3)
+                        .map(|d| Tensor::new(&[d + 1], vec![(10 * r + d) as f32; d + 1]).unwrap())
+                        .collect();
+                    let got = c.all_to_all(&g, send).unwrap();
+                    got.into_iter().map(Tensor::into_data).collect::<Vec<_>>()
+                })
+            })
+            .collect::<Vec<_>>()
+            .into_iter()
+            .map(|h| h.join().unwrap())
+            .collect();
+        for (d, msgs) in got.iter().enumerate() {
+            for (src, m) in msgs.iter().enumerate() {
+                assert_eq!(m, &vec![(10 * src + d) as f32; d + 1], "{src} -> {d}");
+            }
+        }
+    }
+
+    #[test]
     fn abort_wakes_a_waiting_receive_and_a_collective() {
         let world = LocalWorld::new(2, Duration::from_secs(30));
         let c = world.comm(1);

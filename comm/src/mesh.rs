@@ -2,6 +2,12 @@
 //!
 //! Groups are derived from the mesh, never listed by hand: a rank's TP group is the ranks that
 //! share its PP and DP coordinates, and so on.
+//!
+//! Expert parallelism folds over data parallelism, as Megatron-Core's parallel folding does
+//! with an expert TP of 1: `ep` ranks hold a mixture's experts between them, and they are `ep`
+//! adjacent DP replicas of one stage ([`GroupKind::Ep`]); the replicas holding the same experts
+//! ([`GroupKind::ExpertDp`], `dp / ep` of them) sum those experts' gradients. `ep` adds no
+//! ranks: the world is still `pp x tp x dp`.
 
 use serde::{Deserialize, Serialize};
 
@@ -25,6 +31,14 @@ pub enum MeshError {
         /// Ranks available.
         world: usize,
     },
+    /// An expert-parallel degree that does not fold over the data-parallel one.
+    #[error("ep = {ep} {why}")]
+    Ep {
+        /// Expert-parallel degree asked for.
+        ep: usize,
+        /// Why it does not fit.
+        why: String,
+    },
     /// A rank outside the mesh.
     #[error("rank {rank} is outside a mesh of {world} ranks")]
     NoSuchRank {
@@ -44,6 +58,14 @@ pub struct Mesh {
     pub tp: usize,
     /// Data-parallel replicas.
     pub dp: usize,
+    /// Expert-parallel ranks, folded over the `dp` replicas (1: every rank holds every
+    /// expert). Set with [`Mesh::with_ep`].
+    #[serde(default = "one")]
+    pub ep: usize,
+}
+
+fn one() -> usize {
+    1
 }
 
 /// A rank's coordinates.
@@ -68,6 +90,12 @@ pub enum GroupKind {
     Pp,
     /// Every rank.
     World,
+    /// Ranks sharing PP and TP whose DP indices fall in one block of `ep`: the expert-parallel
+    /// group whose all-to-all moves a mixture's rows.
+    Ep,
+    /// Ranks sharing PP, TP and the position in their EP group: the replicas of one share of
+    /// the experts, which sum its gradients.
+    ExpertDp,
 }
 
 /// A set of ranks that run collectives together.
@@ -101,7 +129,31 @@ impl Mesh {
                 return Err(MeshError::Zero(what));
             }
         }
-        Ok(Mesh { pp, tp, dp })
+        Ok(Mesh { pp, tp, dp, ep: 1 })
+    }
+
+    /// This mesh with its experts sharded over `ep` ranks, folded over the data-parallel
+    /// replicas: `ep` must divide `dp`, and (for now) TP must be 1.
+    pub fn with_ep(self, ep: usize) -> Result<Mesh, MeshError> {
+        let why = if ep == 0 {
+            Some("must be at least 1".to_string())
+        } else if self.dp % ep != 0 {
+            Some(format!(
+                "must divide dp = {}: expert parallelism folds over the data-parallel replicas",
+                self.dp
+            ))
+        } else if ep > 1 && self.tp > 1 {
+            Some(format!(
+                "needs tp = 1 (here tp = {}): experts are not yet sharded over tensor-parallel ranks",
+                self.tp
+            ))
+        } else {
+            None
+        };
+        match why {
+            Some(why) => Err(MeshError::Ep { ep, why }),
+            None => Ok(Mesh { ep, ..self }),
+        }
     }
 
     /// A mesh that must fill a world of `world` ranks exactly.
@@ -168,6 +220,25 @@ impl Mesh {
                     .collect(),
             ),
             GroupKind::World => (0, (0..self.world_size()).collect()),
+            GroupKind::Ep => {
+                let (ep, first) = (self.ep.max(1), c.dp - c.dp % self.ep.max(1));
+                (
+                    (c.pp * self.tp + c.tp) * self.dp + first,
+                    (first..first + ep)
+                        .map(|dp| self.rank(Coord { dp, ..c }))
+                        .collect(),
+                )
+            }
+            GroupKind::ExpertDp => {
+                let ep = self.ep.max(1);
+                (
+                    (c.pp * self.tp + c.tp) * ep + c.dp % ep,
+                    (c.dp % ep..self.dp)
+                        .step_by(ep)
+                        .map(|dp| self.rank(Coord { dp, ..c }))
+                        .collect(),
+                )
+            }
         };
         Ok(Group { kind, index, ranks })
     }
@@ -244,5 +315,46 @@ mod tests {
             "pp 2 x tp 2 x dp 3 = 12 ranks, but the world has 8"
         );
         assert_eq!(Mesh::new(0, 1, 1).unwrap_err(), MeshError::Zero("pp"));
+    }
+
+    #[test]
+    fn experts_fold_over_adjacent_data_parallel_replicas() {
+        let m = Mesh::new(2, 1, 4).unwrap().with_ep(2).unwrap();
+        assert_eq!(m.world_size(), 8);
+        assert_eq!(m.group(GroupKind::Ep, 5).unwrap().ranks, [4, 5]);
+        assert_eq!(m.group(GroupKind::Ep, 6).unwrap().ranks, [6, 7]);
+        assert_eq!(m.group(GroupKind::ExpertDp, 5).unwrap().ranks, [5, 7]);
+        assert_eq!(m.group(GroupKind::ExpertDp, 0).unwrap().ranks, [0, 2]);
+        for kind in [GroupKind::Ep, GroupKind::ExpertDp] {
+            let mut seen = vec![0; m.world_size()];
+            for r in 0..m.world_size() {
+                let g = m.group(kind, r).unwrap();
+                if g.ranks[0] == r {
+                    g.ranks.iter().for_each(|&x| seen[x] += 1);
+                    // Keys are unique among the groups of a kind.
+                    let other = (0..m.world_size())
+                        .map(|o| m.group(kind, o).unwrap())
+                        .filter(|o| o.index == g.index)
+                        .all(|o| o.ranks == g.ranks);
+                    assert!(other, "{kind:?} {r}");
+                }
+            }
+            assert!(seen.iter().all(|&n| n == 1), "{kind:?}");
+        }
+        let one = Mesh::new(2, 2, 2).unwrap();
+        assert_eq!(one.group(GroupKind::Ep, 3).unwrap().ranks, [3]);
+        assert_eq!(one.group(GroupKind::ExpertDp, 3).unwrap().ranks, [1, 3]);
+    }
+
+    #[test]
+    fn an_expert_degree_that_does_not_fold_is_refused() {
+        let e = Mesh::new(2, 1, 4).unwrap().with_ep(3).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "ep = 3 must divide dp = 4: expert parallelism folds over the data-parallel replicas"
+        );
+        let e = Mesh::new(2, 2, 2).unwrap().with_ep(2).unwrap_err();
+        assert!(e.to_string().starts_with("ep = 2 needs tp = 1"), "{e}");
+        assert!(Mesh::new(2, 2, 2).unwrap().with_ep(1).is_ok());
     }
 }

@@ -161,6 +161,8 @@ impl MpiComm {
             GroupKind::Dp,
             GroupKind::Pp,
             GroupKind::World,
+            GroupKind::Ep,
+            GroupKind::ExpertDp,
         ] {
             let g = mesh
                 .group(kind, rank)

@@ -33,8 +33,12 @@ use crate::zero::Zero;
 
 mod boundary;
 mod compute;
+mod ep;
 mod first_step;
 mod grads;
+
+use ep::moves_host;
+pub(crate) use ep::{merge_experts, to_comm, to_host};
 
 use boundary::{boundary_error, Handoffs};
 
@@ -69,6 +73,9 @@ pub struct Executor<C: Communicator, M: StageModule<Tensor = C::Tensor>> {
     adamw: AdamWConfig,
     tp_group: Group,
     dp_group: Group,
+    /// Under expert parallelism (`mesh.ep > 1`): the EP group, whose all-to-all the mixtures
+    /// call, and the expert-DP group, which sums the gradients of this rank's experts.
+    ep_groups: Option<(Group, Group)>,
     /// Whether gradients are reduce-scattered and the optimizer sharded (ZeRO-1 over
     /// several replicas).
     sharded: bool,
@@ -98,15 +105,38 @@ struct Reduction<P> {
     stage: u32,
     numel: usize,
     pending: P,
+    /// Under expert parallelism: the experts' part, summed over the expert-DP group, and
+    /// where its runs lie in the stage's flat gradients (`pending` then holds the rest).
+    experts: Option<(P, Vec<std::ops::Range<usize>>)>,
 }
 
 /// The TP all-reduce the kernels call in the middle of a layer.
 struct TpReducer<'a, C: Communicator> {
     comm: &'a C,
     group: &'a Group,
+    /// The EP group's all-to-all, under expert parallelism.
+    ep: Option<ep::EpExchange<'a, C>>,
 }
 
-impl<C: Communicator> TpReduce<C::Tensor> for TpReducer<'_, C> {
+impl<'a, C: Communicator> TpReducer<'a, C> {
+    fn new(comm: &'a C, group: &'a Group, ep_groups: Option<&'a (Group, Group)>) -> Self {
+        let ep = ep_groups.map(|(group, _)| ep::EpExchange { comm, group });
+        TpReducer { comm, group, ep }
+    }
+}
+
+impl<C: Communicator> TpReduce<C::Tensor> for TpReducer<'_, C>
+where
+    C::Tensor: 'static,
+{
+    fn expert_exchange(
+        &mut self,
+    ) -> Option<&mut dyn pipewright_kernels::layers::moe::ep::ExpertExchange> {
+        self.ep
+            .as_mut()
+            .map(|e| e as &mut dyn pipewright_kernels::layers::moe::ep::ExpertExchange)
+    }
+
     fn all_reduce_sum(&mut self, t: &mut C::Tensor) -> Result<(), KernelError> {
         if self.group.size() == 1 {
             return Ok(());
@@ -219,6 +249,7 @@ where
             return Err(RuntimeError::NoShardedOptimizer { stage, dp: mesh.dp });
         }
         check_tp(&modules, mesh.tp)?;
+        let ep_groups = check_ep::<C, M>(mesh, rank, &modules, sharded)?;
         let sizes = check_methods(&mut modules, mesh.dp, sharded, opts.check_finite)?;
         let handoffs = (0..tt.num_stages()).map(|_| Handoffs::default()).collect();
         Ok(Executor {
@@ -227,6 +258,7 @@ where
             coord,
             tp_group: mesh.group(GroupKind::Tp, rank)?,
             dp_group: mesh.group(GroupKind::Dp, rank)?,
+            ep_groups,
             sharded,
             tt,
             modules,
@@ -241,6 +273,16 @@ where
             reached: HashSet::new(),
             allow_unused: opts.allow_unused.clone(),
         })
+    }
+
+    /// The EP group, under expert parallelism.
+    pub(crate) fn ep_group(&self) -> Option<&Group> {
+        self.ep_groups.as_ref().map(|(g, _)| g)
+    }
+
+    /// The communicator.
+    pub(crate) fn comm(&self) -> &C {
+        &self.comm
     }
 
     /// This rank's stage modules.
@@ -487,4 +529,54 @@ fn last_backward_per_stage(row: &[Action]) -> HashMap<u32, usize> {
         .filter(|(_, p)| matches!(p.kind, ActionKind::B | ActionKind::W))
         .map(|(i, p)| (p.stage, i))
         .collect()
+}
+
+/// Under `ep > 1`, the EP and expert-DP groups of `rank`, after refusing, in one line naming
+/// `ep`, what expert parallelism does not run with: ZeRO-1, device tensors, and a stage whose
+/// module does not say where its experts are.
+fn check_ep<C, M>(
+    mesh: Mesh,
+    rank: usize,
+    modules: &HashMap<u32, M>,
+    sharded: bool,
+) -> Result<Option<(Group, Group)>, RuntimeError>
+where
+    C: Communicator,
+    C::Tensor: 'static,
+    M: StageModule<Tensor = C::Tensor>,
+{
+    if mesh.ep < 2 {
+        return Ok(None);
+    }
+    let ep = mesh.ep;
+    if sharded {
+        return Err(RuntimeError::Model(format!(
+            "ep = {ep} does not run with ZeRO-1 yet: the optimizer shards would cut across \
+             experts that each replica does not hold"
+        )));
+    }
+    if !moves_host::<C::Tensor>() {
+        return Err(RuntimeError::Model(format!(
+            "ep = {ep} runs on the in-process and MPI transports, which move host tensors; \
+             this one moves device tensors"
+        )));
+    }
+    let mut stages: Vec<&u32> = modules.keys().collect();
+    stages.sort_unstable();
+    for &stage in stages {
+        if modules[&stage].expert_ranges().is_none() {
+            return Err(RuntimeError::Module {
+                stage,
+                method: "expert_ranges",
+                message: format!(
+                    "ep = {ep} needs its module to say which of its parameters are its \
+                     experts (expert_ranges)"
+                ),
+            });
+        }
+    }
+    Ok(Some((
+        mesh.group(GroupKind::Ep, rank)?,
+        mesh.group(GroupKind::ExpertDp, rank)?,
+    )))
 }

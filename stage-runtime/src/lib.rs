@@ -6,6 +6,12 @@
 //! group within layers and over its DP group after each stage's last backward. Every rank is
 //! an OS thread with a current-thread tokio runtime; the in-process [`LocalWorld`] connects
 //! them. A failure anywhere stops every rank with one error naming rank, action and microbatch.
+//! With [`Mesh::with_ep`], a mixture of experts' experts are sharded over `ep` adjacent DP
+//! replicas (Megatron-Core's parallel folding, expert TP 1): the mixtures all-to-all their rows
+//! over that EP group ([`Communicator::all_to_all`]), the experts' gradients are summed over
+//! the replicas holding the same experts and the rest over every replica
+//! ([`StageModule::expert_ranges`] says which are which), and the final parameters gather every
+//! replica's experts.
 //!
 //! Any model cut into stages trains through it: a user implements [`StageModule`] for a
 //! stage (forward, and a backward split into input and weight parts, or only a full one) with

@@ -17,7 +17,7 @@ use crate::batch::{MicrobatchId, StepBatch};
 use crate::comm::local::{HostOps, LocalOps, LocalWorld};
 use crate::comm::Communicator;
 use crate::error::RuntimeError;
-use crate::executor::{Executor, StepOutcome};
+use crate::executor::{merge_experts, to_comm, to_host, Executor, StepOutcome};
 use crate::memory::RankMemory;
 use crate::mesh::{Coord, Mesh};
 use crate::module::{first_non_finite, ModuleError, StageModule};
@@ -340,12 +340,16 @@ where
         Ok::<(), RuntimeError>(())
     })?;
     let mut params = FinalParams::new();
-    if coord.dp == 0 {
-        for (&stage, m) in exec.modules_mut() {
-            let flat = m
-                .flat_params()
-                .map_err(|e| fail(format!("reading the parameters of stage {stage}: {e}")))?;
-            let Some(p) = flat else { continue };
+    // Under expert parallelism the first `ep` replicas hold a stage's experts between them.
+    if coord.dp < mesh.ep.max(1) {
+        let mut stages: Vec<u32> = exec.modules().keys().copied().collect();
+        stages.sort_unstable();
+        for stage in stages {
+            let Some(p) = final_params(&mut exec, stage)
+                .map_err(|e| fail(format!("reading the parameters of stage {stage}: {e}")))?
+            else {
+                continue;
+            };
             // The last step's update, which no later loss will see (and the only check of a
             // module whose gradients the per-step check cannot read).
             if let Some(value) = first_non_finite(&p).filter(|_| ctx.opts.check_finite) {
@@ -359,10 +363,43 @@ where
                     value,
                 });
             }
-            params.insert((stage, coord.tp), p);
+            if coord.dp == 0 {
+                params.insert((stage, coord.tp), p);
+            }
         }
     }
     Ok(params)
+}
+
+/// A stage's final flat parameters; under expert parallelism every EP rank's experts,
+/// gathered over the EP group (every member calls this, stage by stage) and spliced in.
+fn final_params<C, M>(
+    exec: &mut Executor<C, M>,
+    stage: u32,
+) -> Result<Option<Vec<f32>>, ModuleError>
+where
+    C: Communicator + 'static,
+    C::Tensor: 'static,
+    M: StageModule<Tensor = C::Tensor>,
+{
+    let module = exec
+        .modules_mut()
+        .get_mut(&stage)
+        .ok_or_else(|| RuntimeError::missing_stage(stage))?;
+    let runs = module.expert_ranges().unwrap_or_default();
+    let Some(p) = module.flat_params()? else {
+        return Ok(None);
+    };
+    let Some(group) = exec.ep_group().cloned() else {
+        return Ok(Some(p));
+    };
+    let flat = Tensor::new(&[p.len()], p)?;
+    let parts = exec.comm().all_gather(&group, &to_comm(flat)?)?;
+    let parts = parts
+        .into_iter()
+        .map(to_host)
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Some(merge_experts(&parts, &runs)?))
 }
 
 /// Gathers each step's outcomes from every rank into a [`StepRecord`].

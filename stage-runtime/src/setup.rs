@@ -352,20 +352,25 @@ where
                     .map_err(|e| fail(format!("stage {stage}: flat_params failed: {e}")))?;
                 Ok::<_, RuntimeError>(flat.map(|f| (f, module.parameter_names())))
             };
-            let Some((first, names)) = params(0)? else {
-                continue;
-            };
-            for dp in 1..mesh.dp {
-                let Some((other, _)) = params(dp)? else {
+            // Under expert parallelism replica `dp` holds the experts of EP rank `dp % ep`,
+            // as the first `ep` replicas do between them.
+            let ep = mesh.ep.max(1);
+            for first_dp in 0..ep.min(mesh.dp) {
+                let Some((first, names)) = params(first_dp)? else {
                     continue;
                 };
-                let at = (dp, mesh.tp > 1, tp);
-                if let Some(message) = differ(&first, &other, names.as_deref(), at) {
-                    return Err(RuntimeError::Module {
-                        stage,
-                        method: "make",
-                        message,
-                    });
+                for dp in (first_dp + ep..mesh.dp).step_by(ep) {
+                    let Some((other, _)) = params(dp)? else {
+                        continue;
+                    };
+                    let at = (first_dp, dp, mesh.tp > 1, tp);
+                    if let Some(message) = differ(&first, &other, names.as_deref(), at) {
+                        return Err(RuntimeError::Module {
+                            stage,
+                            method: "make",
+                            message,
+                        });
+                    }
                 }
             }
         }
@@ -379,7 +384,7 @@ fn differ(
     first: &[f32],
     other: &[f32],
     names: Option<&[ParamName]>,
-    (dp, with_tp, tp): (usize, bool, usize),
+    (first_dp, dp, with_tp, tp): (usize, usize, bool, usize),
 ) -> Option<String> {
     let at = if with_tp {
         format!(" (tp rank {tp})")
@@ -399,7 +404,7 @@ fn differ(
         format!("{name} is {} against {}", first[i], other[i])
     };
     Some(format!(
-        "data-parallel replicas 0 and {dp}{at} build it with different parameters ({what}): \
+        "data-parallel replicas {first_dp} and {dp}{at} build it with different parameters ({what}): \
          every replica must start from the same values, as one device would; build each \
          layer from its index or from a seed that depends on neither the replica nor the call"
     ))

@@ -209,6 +209,23 @@ impl<'a> GptRun<'a> {
                  sequence length {seq} is not divisible by {tp}"
             )));
         }
+        let ep = cfg.mesh.ep;
+        if ep > 1 {
+            let experts = cfg.model.moe.as_ref().map(|m| m.experts);
+            match experts {
+                None => {
+                    return Err(RuntimeError::Model(format!(
+                        "ep = {ep} shards the experts of mixtures, but the model has none"
+                    )))
+                }
+                Some(e) if e % ep != 0 => {
+                    return Err(RuntimeError::Model(format!(
+                        "ep = {ep} must divide the model's {e} experts"
+                    )))
+                }
+                Some(_) => {}
+            }
+        }
         if cfg.microbatch_size == 0 {
             return Err(RuntimeError::Model(
                 "--microbatch-size must be at least 1".into(),
@@ -240,6 +257,11 @@ impl<'a> GptRun<'a> {
         let mut m = GptModule::on(be, &cfg.model, cfg.seed, stage as usize, self.stages, shard)?;
         m.stage
             .set_sequence_parallel(cfg.sequence_parallel.then_some(shard))?;
+        // Under expert parallelism, replica `dp` holds EP rank `dp % ep`'s experts.
+        let ep = cfg.mesh.ep;
+        if ep > 1 {
+            m.stage.shard_experts(TpShard::new(c.dp % ep, ep)?)?;
+        }
         Ok(m)
     }
 }

@@ -39,6 +39,9 @@ pub struct TrainRequest {
     pub tp: usize,
     /// Data-parallel replicas.
     pub dp: usize,
+    /// Expert-parallel ranks, folded over the `dp` replicas (1: every rank holds every
+    /// expert; more needs a mixture of experts, `ep` dividing `dp` and the experts, tp 1, ZeRO 0).
+    pub ep: usize,
     /// ZeRO level (0 or 1 with a pipeline).
     pub zero: u32,
     /// Sequence parallelism in the TP group.
@@ -95,7 +98,7 @@ pub enum TrainRequestError {
     Kind {
         /// The field that asked for the kind.
         field: &'static str,
-        /// Why the reference cannot build it.
+        /// Why the reference cannot build it (boxed: it is large).
         source: Box<RuntimeError>,
     },
     /// Sizes the reference GPT cannot be built with (heads that do not divide, ...).
@@ -115,6 +118,13 @@ pub enum TrainRequestError {
         level: u32,
         /// Why not.
         source: ZeroError,
+    },
+    /// Expert parallelism the model or the ZeRO level cannot take.
+    Ep {
+        /// The degree asked for.
+        ep: usize,
+        /// Why not.
+        why: String,
     },
     /// Sequence parallelism over a sequence that does not split evenly.
     SeqParallel {
@@ -175,6 +185,7 @@ impl TrainRequestError {
             TrainRequestError::Zero { level, source } => {
                 format!("{} {level}: {source}", name("zero"))
             }
+            TrainRequestError::Ep { ep, why } => format!("{} {ep}: {why}", name("ep")),
             TrainRequestError::SeqParallel { seq_len, tp } => format!(
                 "{}: {} {seq_len} is not divisible by {} {tp} (each TP rank keeps a slice of seq-len / tp positions)",
                 name("sequence_parallel"),
@@ -233,6 +244,7 @@ impl TrainRequest {
             ("d_model", self.d_model, 1, "width of the residual stream"),
             ("tp", self.tp as u64, 1, "tensor-parallel ranks"),
             ("dp", self.dp as u64, 1, "data-parallel replicas"),
+            ("ep", self.ep as u64, 1, "expert-parallel ranks"),
             ("steps", self.steps, 1, "training steps"),
         ] {
             if got < min {
@@ -273,6 +285,7 @@ impl TrainRequest {
         }
         let mesh = Mesh::new(tt.num_devices() as usize, self.tp, self.dp)
             .map_err(TrainRequestError::Mesh)?;
+        let mesh = self.expert_mesh(mesh)?;
         let zero =
             Zero::from_level(self.zero, mesh.pp).map_err(|source| TrainRequestError::Zero {
                 level: self.zero,
@@ -308,6 +321,33 @@ impl TrainRequest {
     }
 }
 
+impl TrainRequest {
+    /// `mesh` with `ep`, refused in one line naming `ep` where it does not fold over the
+    /// replicas, the model has no mixture or its experts do not split, or ZeRO-1 is asked.
+    fn expert_mesh(&self, mesh: Mesh) -> Result<Mesh, TrainRequestError> {
+        let ep = self.ep;
+        if ep < 2 {
+            return Ok(mesh);
+        }
+        let refuse = |why: String| Err(TrainRequestError::Ep { ep, why });
+        let experts = self.shape()?.moe.map(|m| m.experts);
+        match experts {
+            None => return refuse("shards the experts of a mixture; the model has none".into()),
+            Some(e) if e as usize % ep != 0 => {
+                return refuse(format!("must divide the {e} experts"))
+            }
+            Some(_) => {}
+        }
+        if self.zero > 0 {
+            return refuse("does not run with ZeRO-1 yet".into());
+        }
+        mesh.with_ep(ep).or_else(|e| match e {
+            MeshError::Ep { why, .. } => refuse(why),
+            other => Err(TrainRequestError::Mesh(other)),
+        })
+    }
+}
+
 /// The reference GPT of `shape`, or the kind it lacks, named by the field that asked for it.
 fn reference(shape: &ModelShape) -> Result<GptConfig, TrainRequestError> {
     let field = if shape.moe.is_some() {
@@ -336,6 +376,7 @@ mod tests {
             kinds: ShapeKinds::default(),
             tp: 1,
             dp: 1,
+            ep: 1,
             zero: 0,
             sequence_parallel: false,
             microbatch_size: 4,
@@ -372,5 +413,35 @@ mod tests {
         }
         let cfg = request().config(&tt).unwrap();
         assert_eq!((cfg.mesh.pp, cfg.run.steps), (2, 2));
+    }
+
+    #[test]
+    fn expert_parallelism_is_refused_naming_ep() {
+        let flag = |f: &str| format!("--{}", f.replace('_', "-"));
+        let tt = generate(&ScheduleSpec::new(ScheduleKind::OneFOneB, 2, 1, 4, None).unwrap());
+        let dense = TrainRequest {
+            ep: 2,
+            dp: 2,
+            ..request()
+        };
+        let e = dense.config(&tt).unwrap_err().named(&flag);
+        assert_eq!(
+            e,
+            "--ep 2: shards the experts of a mixture; the model has none"
+        );
+        let mut moe = dense.clone();
+        moe.kinds.moe = pipewright_model::shape::MoeKinds {
+            experts: Some(4),
+            top_k: Some(2),
+            ..Default::default()
+        };
+        moe.kinds.bias = Some(pipewright_model::shape::BiasKind::None);
+        assert_eq!(moe.config(&tt).unwrap().mesh.ep, 2);
+        moe.dp = 3;
+        let e = moe.config(&tt).unwrap_err().named(&flag);
+        assert!(e.starts_with("--ep 2: must divide dp = 3"), "{e}");
+        moe.ep = 3;
+        let e = moe.config(&tt).unwrap_err().named(&flag);
+        assert_eq!(e, "--ep 3: must divide the 4 experts");
     }
 }

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use pipewright_kernels::gpt::GptConfig;
+use pipewright_kernels::gpt::{GptConfig, MoeSpec};
 use pipewright_kernels::{Precision, PrecisionExt, Tensor};
 use pipewright_runtime::comm::mpi::{self, MpiComm};
 use pipewright_runtime::split::uniform;
@@ -22,6 +22,9 @@ use pipewright_schedule::{generate, ScheduleKind, ScheduleSpec, Timetable};
 #[allow(dead_code)]
 #[path = "common/user_mlp.rs"]
 mod user_mlp;
+#[allow(dead_code)]
+#[path = "common/whole.rs"]
+mod whole;
 
 const CHILD: &str = "PIPEWRIGHT_MPI_CHILD";
 
@@ -158,6 +161,48 @@ fn mpi_interleaved_pp2_tp2_dp2_equals_in_process() {
         return equality_child(ScheduleKind::Interleaved1F1B, 2, Precision::F32);
     }
     check_equal("mpi_interleaved_pp2_tp2_dp2_equals_in_process");
+}
+
+/// Rank program: a mixture of experts with expert parallelism folded over data parallelism
+/// (pp 2 x ep 2 x dp 2: mesh pp 2, dp 4, ep 2) over MPI, whose mixtures all-to-all over MPI;
+/// rank 0 then compares with one device training the whole global batch (within 1e-5).
+fn ep_child() {
+    let universe = mpi::init().expect("MPI starts");
+    let mesh = Mesh::new(2, 1, 4).unwrap().with_ep(2).unwrap();
+    let mut cfg = config(mesh, 3, Duration::from_secs(60));
+    cfg.model.moe = Some(MoeSpec {
+        shared_d_ff: 8,
+        dense_first: 1,
+        aux_coef: 0.05,
+        ..MoeSpec::new(4, 2, 16)
+    });
+    let tt = timetable(ScheduleKind::OneFOneB, 1);
+    let mut losses = Vec::new();
+    let got = train_gpt_mpi(universe, &cfg, &tt, |s| losses.push(s.loss.unwrap()))
+        .unwrap_or_else(|e| panic!("MPI run: {e}"));
+    let Some(params) = got else { return };
+    let (want, whole) = whole::single_device(&cfg, tt.microbatches, 3);
+    assert_eq!(losses.len(), want.len());
+    for (step, (a, b)) in losses.iter().zip(&want).enumerate() {
+        assert!(
+            whole::close(*a, *b),
+            "step {step}: MPI loss {a} vs one device {b}"
+        );
+    }
+    whole::check_params(&cfg, tt.num_stages() as usize, &params, &whole, "MPI ep 2");
+    println!(
+        "MPI-EQUAL {} ep 2 equals one device: losses {losses:?}, {} parameter sets",
+        tt.name,
+        params.len()
+    );
+}
+
+#[test]
+fn mpi_expert_parallel_pp2_ep2_dp2_equals_one_device() {
+    if std::env::var_os(CHILD).is_some() {
+        return ep_child();
+    }
+    check_equal("mpi_expert_parallel_pp2_ep2_dp2_equals_one_device");
 }
 
 /// Rank program: ZeRO-1 over MPI (an all-to-all reduce-scatter, sharded AdamW, an

@@ -248,6 +248,17 @@ pub trait StageModule {
         Ok(None)
     }
 
+    /// Under expert parallelism (a mesh with `ep > 1`): the runs of
+    /// [`flat_grads`](Self::flat_grads) and [`flat_params`](Self::flat_params) values that
+    /// hold this rank's experts, one run per mixture, each its rank's contiguous share of the
+    /// mixture's experts in expert order. Their gradients are summed over the ranks holding the
+    /// same experts, the rest over every replica, and the final parameters splice every EP
+    /// rank's runs together. `None` (the default): the module shards no experts, and a run
+    /// with `ep > 1` is refused before its first step naming the stage.
+    fn expert_ranges(&self) -> Option<Vec<Range<usize>>> {
+        None
+    }
+
     /// Refuse, before step 0, a run with `tp > 1` TP ranks that this module would not
     /// shard (it would hold and compute all of its stage on every TP rank, changing
     /// nothing). Called once per stage on every rank when `tp > 1`; an error refuses the run

@@ -61,6 +61,12 @@ pub struct TrainCmd {
     /// Data-parallel replicas of the whole pipeline.
     #[arg(long, default_value_t = 1)]
     dp: usize,
+    /// Expert-parallel ranks: each mixture's experts sharded over this many data-parallel
+    /// replicas (folded over --dp, which it must divide), their rows moved by all-to-all; the
+    /// experts' gradients are summed over the replicas holding them (same losses). Needs
+    /// --experts divisible by it, --tp 1 and --zero 0; in-process and MPI transports.
+    #[arg(long, default_value_t = 1)]
+    ep: usize,
     /// ZeRO level: 0 all-reduces gradients and keeps AdamW's state whole on every replica;
     /// 1 reduce-scatters them and keeps 1/dp of the state per replica (same losses).
     /// 2 and 3 are refused with a pipeline, which accumulates gradients across microbatches.
@@ -326,6 +332,7 @@ impl TrainCmd {
             kinds: self.shape.kinds(),
             tp: self.tp,
             dp: self.dp,
+            ep: self.ep,
             zero: self.zero,
             sequence_parallel: self.sequence_parallel,
             microbatch_size: self.microbatch_size,

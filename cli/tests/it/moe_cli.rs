@@ -95,3 +95,29 @@ fn a_mixture_is_refused_where_its_memory_and_time_are_not_modelled() {
     let o = common::plan::run(&["--profile", "p.json", "--experts", "4", "--gpus", "1"]);
     assert_eq!(o.status.code(), Some(2));
 }
+
+/// `train --ep` is checked before any work, in the flags' words.
+#[test]
+fn train_refuses_an_expert_degree_naming_ep() {
+    let moe = ["--experts", "4", "--top-k", "2", "--bias", "none"];
+    let head = ["train", "--steps", "1", "--stages", "2", "--dp", "2"];
+    let three = [&head[..], &SHAPE, &moe, &["--ep", "3"]].concat();
+    common::refused(&three, &["--ep 3: must divide the 4 experts"]);
+    let dense = [&head[..], &SHAPE, &["--ep", "2"]].concat();
+    common::refused(
+        &dense,
+        &["--ep 2: shards the experts of a mixture; the model has none"],
+    );
+    let eight = [
+        "--experts",
+        "8",
+        "--top-k",
+        "2",
+        "--bias",
+        "none",
+        "--ep",
+        "4",
+    ];
+    let folded = [&head[..], &SHAPE, &eight].concat();
+    common::refused(&folded, &["--ep 4: must divide dp = 2"]);
+}

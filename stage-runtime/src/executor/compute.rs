@@ -56,6 +56,7 @@ where
         let Self {
             comm,
             tp_group,
+            ep_groups,
             modules,
             tt,
             recompute,
@@ -80,10 +81,7 @@ where
             comm: &**comm,
             module,
             shapes,
-            tp: TpReducer {
-                comm: &**comm,
-                group: tp_group,
-            },
+            tp: TpReducer::new(&**comm, tp_group, ep_groups.as_ref()),
             tt,
             recompute,
             whole,

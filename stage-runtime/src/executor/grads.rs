@@ -66,10 +66,7 @@ where
         let module = modules
             .get_mut(&a.stage)
             .ok_or_else(|| RuntimeError::missing_stage(a.stage))?;
-        let mut tp = TpReducer {
-            comm: &**comm,
-            group: tp_group,
-        };
+        let mut tp = TpReducer::new(&**comm, tp_group, None);
         let r = guard(|| module.reduce_tp_grads(&mut tp));
         r.map_err(|e| self.fail(step, Some(a), e))
     }
@@ -85,12 +82,31 @@ where
             .modules
             .get_mut(&a.stage)
             .ok_or_else(|| RuntimeError::missing_stage(a.stage))?;
+        let runs = match &self.ep_groups {
+            Some(_) => module.expert_ranges().filter(|r| !r.is_empty()),
+            None => None,
+        };
         let Some(grads) = guard(|| module.flat_grads()).map_err(|e| self.fail(step, Some(a), e))?
         else {
             return Ok(None);
         };
         let (comm, group) = (&self.comm, &self.dp_group);
         let numel = comm.numel(&grads);
+        if let (Some(runs), Some((_, edp))) = (runs, &self.ep_groups) {
+            let started = (|| {
+                let (dense, experts) = ep::split(&ep::to_host(grads)?, &runs)?;
+                let dense = comm.start_all_reduce(group, ep::to_comm(dense)?, ReduceOp::Sum)?;
+                let experts = comm.start_all_reduce(edp, ep::to_comm(experts)?, ReduceOp::Sum)?;
+                Ok::<_, CommError>((dense, experts))
+            })();
+            let (pending, experts) = started.map_err(|e| self.fail(step, Some(a), e))?;
+            return Ok(Some(Reduction {
+                stage: a.stage,
+                numel,
+                pending,
+                experts: Some((experts, runs)),
+            }));
+        }
         let pending = if self.sharded {
             comm.start_reduce_scatter(group, grads, ReduceOp::Sum)
         } else {
@@ -101,6 +117,7 @@ where
             stage: a.stage,
             numel,
             pending,
+            experts: None,
         }))
     }
 
@@ -167,7 +184,11 @@ where
         r: Reduction<C::Pending>,
         mem: &mut Meter,
     ) -> Result<(), ModuleError> {
-        let t = self.comm.wait_all_reduce(r.pending)?;
+        let mut t = self.comm.wait_all_reduce(r.pending)?;
+        if let Some((experts, runs)) = r.experts {
+            let experts = ep::to_host(self.comm.wait_all_reduce(experts)?)?;
+            t = ep::to_comm(ep::splice(&ep::to_host(t)?, &experts, &runs)?)?;
+        }
         let module = self
             .modules
             .get_mut(&r.stage)

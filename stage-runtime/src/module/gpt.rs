@@ -129,6 +129,25 @@ impl<B: Backend> StageModule for GptModule<B> {
         Some(names)
     }
 
+    /// The values of parameters named `*.experts.*`, in runs of consecutive ones: a
+    /// mixture's experts are contiguous in the stage's visit order, between its router and its
+    /// shared expert.
+    fn expert_ranges(&self) -> Option<Vec<Range<usize>>> {
+        let mut runs: Vec<Range<usize>> = Vec::new();
+        let mut at = 0;
+        for n in self.parameter_names()? {
+            let next = at + n.numel;
+            if n.name.contains(".experts.") {
+                match runs.last_mut() {
+                    Some(r) if r.end == at => r.end = next,
+                    _ => runs.push(at..next),
+                }
+            }
+            at = next;
+        }
+        Some(runs)
+    }
+
     /// The tokens and targets, hashed: every rank of a replica must hold the same.
     fn data_fingerprint(&self, data: &TokenBatch) -> Result<Option<u64>, ModuleError> {
         use std::hash::{Hash, Hasher};

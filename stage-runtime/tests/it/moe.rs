@@ -1,6 +1,6 @@
 //! A GPT with mixtures of experts trains under pipeline schedules, with TP and DP, equal to
-//! one device: same losses and final parameters within 1e-5. (Every rank holds all of a
-//! stage's experts: expert parallelism runs in the kernels' layers, not yet here.)
+//! one device: same losses and final parameters within 1e-5, with every rank holding all of a
+//! stage's experts (EP 1) or expert parallelism folded over the data-parallel replicas.
 
 use crate::whole;
 
@@ -44,12 +44,23 @@ fn check_recompute(
     kind: ScheduleKind,
     v: u32,
     m: u32,
+    mesh: (usize, usize, usize),
+    recompute: &str,
+) {
+    check_ep(kind, v, m, mesh, 1, recompute)
+}
+
+fn check_ep(
+    kind: ScheduleKind,
+    v: u32,
+    m: u32,
     (pp, tp, dp): (usize, usize, usize),
+    ep: usize,
     recompute: &str,
 ) {
     let spec = ScheduleSpec::new(kind, pp as u32, v, m, None).unwrap();
-    let what = format!("moe {spec} tp={tp} dp={dp} recompute {recompute}");
-    let mut cfg = config(Mesh::new(pp, tp, dp).unwrap());
+    let what = format!("moe {spec} tp={tp} dp={dp} ep={ep} recompute {recompute}");
+    let mut cfg = config(Mesh::new(pp, tp, dp).unwrap().with_ep(ep).unwrap());
     cfg.run.recompute = recompute.parse().unwrap();
     let tt = generate(&spec);
     let mut losses = Vec::new();
@@ -76,6 +87,54 @@ fn moe_gpt_on_1f1b_interleaved_and_dualpipev_equals_one_device() {
         check(ScheduleKind::Interleaved1F1B, 2, 4, mesh);
         check(ScheduleKind::DualPipeV, 2, 4, mesh);
     }
+}
+
+/// Expert parallelism folded over data parallelism: pp 2 x ep 2 (dp 2, every replica half
+/// the experts) and pp 2 x ep 2 x dp 2 (dp 4: two EP groups, each expert on two replicas).
+#[test]
+fn moe_gpt_with_expert_parallelism_equals_one_device() {
+    for dp in [2, 4] {
+        check_ep(ScheduleKind::OneFOneB, 1, 4, (2, 1, dp), 2, "none");
+        check_ep(ScheduleKind::Interleaved1F1B, 2, 4, (2, 1, dp), 2, "none");
+        check_ep(ScheduleKind::DualPipeV, 2, 4, (2, 1, dp), 2, "none");
+    }
+}
+
+#[test]
+fn moe_gpt_with_expert_parallelism_and_recomputation_equals_one_device() {
+    // A recomputed forward runs the mixtures' all-to-all again, on every EP rank alike.
+    for policy in ["selective", "full"] {
+        check_ep(ScheduleKind::OneFOneB, 1, 4, (2, 1, 2), 2, policy);
+    }
+}
+
+/// What expert parallelism does not run with is refused in one line naming `ep`.
+#[test]
+fn expert_parallelism_refuses_what_it_cannot_run() {
+    let spec = ScheduleSpec::new(ScheduleKind::OneFOneB, 2, 1, 4, None).unwrap();
+    let tt = generate(&spec);
+    let mesh = Mesh::new(2, 1, 2).unwrap().with_ep(2).unwrap();
+    let mut zero = config(mesh);
+    zero.run.zero = pipewright_runtime::Zero::One;
+    let err = train_gpt(&zero, &tt, |_| {}).unwrap_err().to_string();
+    assert!(err.contains("ep = 2 does not run with ZeRO-1"), "{err}");
+    let mut dense = config(mesh);
+    dense.model.moe = None;
+    let err = train_gpt(&dense, &tt, |_| {}).unwrap_err().to_string();
+    assert!(
+        err.contains("ep = 2 shards the experts of mixtures, but the model has none"),
+        "{err}"
+    );
+    let four = Mesh::new(2, 1, 4).unwrap().with_ep(4).unwrap();
+    let mut six = config(four);
+    if let Some(m) = six.model.moe.as_mut() {
+        m.experts = 6;
+    }
+    let err = train_gpt(&six, &tt, |_| {}).unwrap_err().to_string();
+    assert!(
+        err.contains("ep = 4 must divide the model's 6 experts"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -123,5 +182,33 @@ fn measured_memory_counts_every_expert_of_the_stage() {
             );
         }
         assert_eq!(total, cfg.model.num_params() as u64, "{name}");
+    }
+}
+
+/// Under ep 2 each replica holds half of every mixture's experts: its measured parameters
+/// are its stage's with half the experts, not the whole stage's.
+#[test]
+fn each_expert_parallel_replica_holds_its_share_of_the_experts() {
+    use pipewright_kernels::gpt::GptStage;
+    use pipewright_kernels::layers::{Parameters, TpShard};
+    let mesh = Mesh::new(2, 1, 2).unwrap().with_ep(2).unwrap();
+    let mut cfg = config(mesh);
+    cfg.run.steps = 1;
+    let spec = ScheduleSpec::new(ScheduleKind::OneFOneB, 2, 1, 4, None).unwrap();
+    let mut steps = Vec::new();
+    train_gpt(&cfg, &generate(&spec), |s| steps.push(s.clone())).unwrap();
+    let last = steps.last().unwrap();
+    for rank in 0..mesh.world_size() {
+        let c = mesh.coord(rank).unwrap();
+        let mut st = GptStage::new(&cfg.model, cfg.seed, c.pp, 2, TpShard::SINGLE).unwrap();
+        let whole = st.num_params();
+        st.shard_experts(TpShard::new(c.dp, 2).unwrap()).unwrap();
+        let share = st.num_params();
+        assert!(share < whole, "rank {rank}: {share} of {whole}");
+        assert_eq!(
+            last.memory[rank].peak.parameters,
+            4 * share as u64,
+            "rank {rank}"
+        );
     }
 }
