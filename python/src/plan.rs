@@ -271,6 +271,7 @@ fn plan(
                 .map_err(|e| err(format!("--recompute: {e}")))?,
             zero,
             sequence_parallel,
+            ..Fixed::default()
         },
         allow_cross_node_tp,
         top,
@@ -278,6 +279,7 @@ fn plan(
         max_microbatch_size,
         max_simulated,
         max_searched,
+        ..RawPlanRequest::default()
     };
     let (request, notes) = raw.build().map_err(err)?;
     let started = std::time::Instant::now();

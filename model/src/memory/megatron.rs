@@ -200,14 +200,18 @@ pub(super) fn stage_bytes(cfg: &MemoryConfig, s: u32) -> StageBytes {
             let k = layers.min(u128::from(n)) as u32;
             let rerun = range.start..range.start + k;
             let kept = u128::from(k) * input
-                + (rerun.end..range.end).map(|i| layer(i, Recompute::None)).sum::<u128>()
+                + (rerun.end..range.end)
+                    .map(|i| layer(i, Recompute::None))
+                    .sum::<u128>()
                 + extra;
             let grows = rerun.map(|i| layer(i, Recompute::None) - input).max();
             (kept, grows.unwrap_or(0))
         }
         policy => {
             let kept: u128 = range.clone().map(|i| layer(i, policy)).sum();
-            let grows = range.clone().map(|i| layer(i, Recompute::None) - layer(i, policy));
+            let grows = range
+                .clone()
+                .map(|i| layer(i, Recompute::None) - layer(i, policy));
             (kept + extra, grows.max().unwrap_or(0))
         }
     };

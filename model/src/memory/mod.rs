@@ -283,7 +283,9 @@ pub enum MemoryError {
     #[error("memory model: capacity_factor must be a finite number at least 1 (got {0})")]
     Capacity(f64),
     /// Expert parallelism asked of a model without experts.
-    #[error("memory model: {0} above 1 needs a mixture of experts; the model has no routed experts")]
+    #[error(
+        "memory model: {0} above 1 needs a mixture of experts; the model has no routed experts"
+    )]
     NoExperts(&'static str),
     /// A size that must be at least 1.
     #[error("memory model: {0} must be positive")]

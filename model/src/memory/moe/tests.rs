@@ -174,7 +174,8 @@ mod predicted {
             e(config(4, 2, 1.0)),
             "memory model: ep x etp (8) must divide tp x dp (4)"
         );
-        assert!(e(config(2, 1, 0.5)).contains("capacity_factor must be a finite number at least 1 (got 0.5)"));
+        assert!(e(config(2, 1, 0.5))
+            .contains("capacity_factor must be a finite number at least 1 (got 0.5)"));
         assert!(e(config(2, 1, f64::NAN)).contains("capacity_factor"));
         let dense = MemoryConfig {
             shape: crate::shape::ModelShape::gpt(2, 8, 2, 12, 4, 10),
