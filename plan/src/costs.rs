@@ -27,7 +27,7 @@ use super::comm::{all_reduce, crosses_nodes, Links};
 pub use super::config::layers_per_stage;
 use super::config::{Config, PlanRequest};
 use super::model::PlanModel;
-use super::moe_comm::{stage_all_to_all, ExpertFold};
+use super::moe_comm::{layer_all_to_all, ExpertFold};
 use super::pieces::data_parallel;
 pub use super::pieces::device;
 pub use super::pieces::Pieces;
@@ -51,18 +51,26 @@ pub fn pieces(req: &PlanRequest, shape: &ModelShape, cfg: &Config) -> Pieces {
         capacity: req.capacity_factor,
     };
     let layer_work = (!shape.is_uniform()).then(|| {
+        // A layer's work depends only on whether it is an MoE layer: two kinds, timed once.
+        let of = |i: u32| {
+            layer_at(
+                shape,
+                i,
+                cfg.tp,
+                cfg.microbatch_size,
+                cfg.sequence_parallel,
+                req.attention,
+                &experts,
+                &dev,
+            )
+        };
+        let first_moe = (0..shape.layers).find(|&i| shape.is_moe_layer(i));
+        let first_dense = (0..shape.layers).find(|&i| !shape.is_moe_layer(i));
+        let (moe, dense) = (first_moe.map(of), first_dense.map(of));
         (0..shape.layers)
-            .map(|i| {
-                layer_at(
-                    shape,
-                    i,
-                    cfg.tp,
-                    cfg.microbatch_size,
-                    cfg.sequence_parallel,
-                    req.attention,
-                    &experts,
-                    &dev,
-                )
+            .map(|i| match shape.is_moe_layer(i) {
+                true => moe.unwrap_or_default(),
+                false => dense.unwrap_or_default(),
             })
             .collect()
     });
@@ -103,22 +111,27 @@ fn all_to_all(
         ep: cfg.ep,
     };
     let act = req.precision.activation_bytes();
+    // One MoE layer's all-to-all is the same in every stage (the fold looks at every
+    // stage's placement): found once, times each stage's MoE layers.
+    let Some(one) = layer_all_to_all(
+        shape,
+        &req.cluster,
+        &fold,
+        cfg.microbatch_size,
+        act,
+        req.capacity_factor,
+    ) else {
+        return Vec::new();
+    };
     let mut start = 0;
     layers
         .iter()
         .map(|&n| {
-            let range = start..start + n;
+            let moe = (start..start + n)
+                .filter(|&i| shape.is_moe_layer(i))
+                .count() as f64;
             start += n;
-            let (f, b, _) = stage_all_to_all(
-                shape,
-                &req.cluster,
-                &fold,
-                range,
-                cfg.microbatch_size,
-                act,
-                req.capacity_factor,
-            );
-            (f, b)
+            (moe * one.forward_s(), moe * one.backward_s())
         })
         .collect()
 }

@@ -60,7 +60,7 @@ pub enum FoldError {
 }
 
 /// How a stage's `tp x dp` GPUs are folded for the experts.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct ExpertFold {
     /// Attention's tensor parallelism.
     pub tp: u32,
@@ -114,6 +114,22 @@ impl ExpertFold {
     /// (placement repeats, so the first few of each kind are checked; the worst group sets
     /// the pace of an all-to-all every group runs at once).
     pub fn peers_in_node(&self, cluster: &Cluster) -> u32 {
+        // The plan asks this of every candidate it bounds, and the walk below is thousands
+        // of steps for a wide EP: remembered per fold and node size.
+        thread_local! {
+            static SEEN: std::cell::RefCell<std::collections::HashMap<(ExpertFold, u32), u32>> =
+                Default::default();
+        }
+        let key = (*self, cluster.gpus_per_node);
+        if let Some(n) = SEEN.with(|m| m.borrow().get(&key).copied()) {
+            return n;
+        }
+        let n = self.walk_peers_in_node(cluster);
+        SEEN.with(|m| m.borrow_mut().insert(key, n));
+        n
+    }
+
+    fn walk_peers_in_node(&self, cluster: &Cluster) -> u32 {
         let (etp, ep) = (u64::from(self.etp.max(1)), u64::from(self.ep.max(1)));
         let few = |n: u32| u64::from(n.clamp(1, 8));
         let mut least = self.ep.max(1) - 1;

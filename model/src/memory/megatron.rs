@@ -189,9 +189,24 @@ pub(super) fn stage_bytes(cfg: &MemoryConfig, s: u32) -> StageBytes {
     let layers = u128::from(range.end - range.start);
     let (tokens, t) = dims(cfg);
     let sbh = tokens * u128::from(cfg.shape.d_model);
-    // A uniform shape's layers are alike: its first layer's bytes stand for all.
-    let uniform = cfg.shape.is_uniform();
-    let layer = |i: u32, p| u128::from(layer_i_bytes(cfg, if uniform { 0 } else { i }, p));
+    // A layer's bytes depend only on whether it is an MoE layer: a uniform shape's first
+    // layer stands for all, a mixture's first MoE layer for every MoE layer.
+    let first_moe = (0..cfg.shape.layers).find(|&i| cfg.shape.is_moe_layer(i));
+    let first_dense = (0..cfg.shape.layers).find(|&i| !cfg.shape.is_moe_layer(i));
+    let kinds = [Recompute::None, cfg.recompute.of(s)];
+    let table = |first: Option<u32>| first.map(|i| kinds.map(|p| layer_i_bytes(cfg, i, p)));
+    let (moe, dense) = (table(first_moe), table(first_dense));
+    let layer = |i: u32, p: Recompute| {
+        let row = if cfg.shape.is_moe_layer(i) {
+            moe
+        } else {
+            dense
+        };
+        match (row, kinds.iter().position(|&k| k == p)) {
+            (Some(r), Some(at)) => u128::from(r[at]),
+            _ => u128::from(layer_i_bytes(cfg, i, p)),
+        }
+    };
     let extra = extras(cfg, s);
     let input = u128::from(handoff_bytes(cfg));
     let whole: u128 = range.clone().map(|i| layer(i, Recompute::None)).sum();
