@@ -53,16 +53,13 @@ pub fn pieces(req: &PlanRequest, shape: &ModelShape, cfg: &Config) -> Pieces {
     let layer_work = (!shape.is_uniform()).then(|| {
         // A layer's work depends only on whether it is an MoE layer: two kinds, timed once.
         let of = |i: u32| {
-            layer_at(
-                shape,
-                i,
+            let run = (
                 cfg.tp,
                 cfg.microbatch_size,
                 cfg.sequence_parallel,
                 req.attention,
-                &experts,
-                &dev,
-            )
+            );
+            layer_at(shape, i, run, &experts, &dev)
         };
         let first_moe = (0..shape.layers).find(|&i| shape.is_moe_layer(i));
         let first_dense = (0..shape.layers).find(|&i| !shape.is_moe_layer(i));
@@ -217,7 +214,6 @@ fn gpt_cost_model(req: &PlanRequest, shape: &ModelShape, cfg: &Config) -> (CostM
                 kept_bytes: Some(0),
                 f_comm,
                 b_comm,
-                ..Default::default()
             }
         })
         .collect();

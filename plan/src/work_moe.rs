@@ -77,18 +77,17 @@ fn mla_gemms(m: &MlaShape, shape: &ModelShape, tokens: f64, t: f64) -> Vec<(f64,
         .collect()
 }
 
-/// Layer `i`'s work on one of `tp` ranks for a microbatch of `b` sequences (see the module's
-/// note), the experts laid out as `experts` says.
+/// Layer `i`'s work on one of `tp` ranks for a microbatch of `b` sequences, `run` being
+/// `(tp, b, sequence parallelism, attention)` (see the module's note), the experts laid out
+/// as `experts` says.
 pub fn layer_at(
     shape: &ModelShape,
     i: u32,
-    tp: u32,
-    b: u64,
-    sp: bool,
-    attention: AttentionKind,
+    run: (u32, u64, bool, AttentionKind),
     experts: &ExpertLayout,
     dev: &Device,
 ) -> WorkTimes {
+    let (tp, b, sp, attention) = run;
     let t = f64::from(tp.max(1));
     let (s, h) = (shape.seq_len as f64, shape.d_model as f64);
     let tokens = b as f64 * s;
