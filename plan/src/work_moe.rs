@@ -168,3 +168,65 @@ fn finish(
         selective,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::efficiency::Efficiency;
+    use pipewright_model::shape::{MlpKind, MoeShape};
+
+    /// A device at its peak for any matmul shape, with memory too fast to count.
+    fn ideal() -> Device {
+        Device {
+            peak: 1e15,
+            hbm: 1e30,
+            efficiency: Efficiency {
+                peak_fraction: 1.0,
+                half_dim: 0.0,
+                fused_attention: true,
+            },
+            act_bytes: 2.0,
+        }
+    }
+
+    fn mixture() -> ModelShape {
+        ModelShape {
+            mlp: MlpKind::SwiGlu,
+            moe: Some(MoeShape {
+                experts: 16,
+                top_k: 4,
+                expert_ffn: 512,
+                shared_experts: 0,
+                shared_ffn: 0,
+                shared_gate: false,
+                router_bias: false,
+                dense_layers: 1,
+                every: 1,
+            }),
+            ..ModelShape::gpt(4, 1024, 16, 2048, 1024, 32000)
+        }
+    }
+
+    #[test]
+    fn a_gpu_computes_its_own_tokens_share_of_the_active_experts_times_the_capacity() {
+        let (s, dev) = (mixture(), ideal());
+        let run = (2, 2, true, AttentionKind::Fused);
+        let at = |ep, etp, capacity| {
+            let e = ExpertLayout { ep, etp, capacity };
+            layer_at(&s, 1, run, &e, &dev).w
+        };
+        // b s / tp = 1024 tokens a GPU, 4 copies each, 2 x 3 x 1024 x 512 FLOPs a copy.
+        let copy = 2.0 * 3.0 * 1024.0 * 512.0;
+        let extra = at(4, 1, 1.5) - at(4, 1, 1.0);
+        let want = 0.5 * 1024.0 * 4.0 * copy / 1e15;
+        assert!((extra / want - 1.0).abs() < 1e-9, "{extra} vs {want}");
+        // The layout changes the GEMMs' shapes, not their FLOPs.
+        for (ep, etp) in [(1, 1), (2, 1), (2, 2), (4, 1)] {
+            let w = at(ep, etp, 1.0);
+            assert!((w / at(4, 1, 1.0) - 1.0).abs() < 1e-9, "ep {ep} etp {etp}");
+        }
+        // The first layer is dense: its MLP, not the experts.
+        let dense = layer_at(&s, 0, run, &ExpertLayout::default(), &dev).w;
+        assert_ne!(dense, at(1, 1, 1.0));
+    }
+}
