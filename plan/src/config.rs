@@ -37,6 +37,20 @@ pub struct Config {
     pub zero: u8,
     /// Sequence parallelism in the TP group.
     pub sequence_parallel: bool,
+    /// Expert parallelism, folded over a stage's `tp x dp` GPUs (1 for a dense model).
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub ep: u32,
+    /// Expert tensor parallelism (1 for a dense model).
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub etp: u32,
+}
+
+fn one() -> u32 {
+    1
+}
+
+fn is_one(x: &u32) -> bool {
+    *x == 1
 }
 
 impl Config {
@@ -109,7 +123,15 @@ impl std::fmt::Display for Config {
             },
             self.zero,
             if self.sequence_parallel { " sp" } else { "" }
-        )
+        )?;
+        // A dense configuration's line is as it was; a mixture's names its expert layout.
+        if self.ep > 1 || self.etp > 1 {
+            write!(f, " ep {}", self.ep)?;
+        }
+        if self.etp > 1 {
+            write!(f, " etp {}", self.etp)?;
+        }
+        Ok(())
     }
 }
 
@@ -132,6 +154,12 @@ pub struct Fixed {
     pub zero: Option<u8>,
     /// Sequence parallelism.
     pub sequence_parallel: Option<bool>,
+    /// Expert parallelism.
+    #[serde(default)]
+    pub ep: Option<u32>,
+    /// Expert tensor parallelism.
+    #[serde(default)]
+    pub etp: Option<u32>,
 }
 
 /// What a plan is asked: a model, a cluster, how many GPUs, the batch, and what is fixed.
@@ -168,6 +196,9 @@ pub struct PlanRequest {
     /// Shapes of the ranking (tp, pp, dp, microbatch size and count) searched with
     /// `search`'s list scheduler where `pp x m` permits ([`super::listed`]); 0 searches none.
     pub max_searched: usize,
+    /// A mixture's capacity factor (at least 1): the tokens an expert rank receives over the
+    /// even share, in both memory and time; 1 for even routing.
+    pub capacity_factor: f64,
 }
 
 impl PlanRequest {
@@ -208,6 +239,7 @@ impl PlanRequest {
             max_simulated: 200,
             top: 10,
             max_searched: 2,
+            capacity_factor: 1.0,
         }
     }
 }

@@ -27,10 +27,13 @@ use super::comm::{all_reduce, crosses_nodes, Links};
 pub use super::config::layers_per_stage;
 use super::config::{Config, PlanRequest};
 use super::model::PlanModel;
+use super::moe_comm::{layer_all_to_all, ExpertFold};
 use super::pieces::data_parallel;
 pub use super::pieces::device;
 pub use super::pieces::Pieces;
 use super::work::{head, layer, WorkTimes};
+use super::work_moe::layer_at;
+use pipewright_model::memory::moe::ExpertLayout;
 use pipewright_model::memory::{stage_parameters, ModelShape};
 use pipewright_schedule::recompute::Recompute;
 use pipewright_sim::simulate::{CostModel, StageCost};
@@ -41,6 +44,34 @@ pub fn pieces(req: &PlanRequest, shape: &ModelShape, cfg: &Config) -> Pieces {
     let links = Links::new(&req.cluster, cfg.tp, cfg.pp, cfg.dp);
     let act = activation_bytes(req, shape, cfg);
     let tp_ar = all_reduce(&links.tp, cfg.tp, act);
+    let layers = layers_per_stage(shape.layers, cfg.stages());
+    let experts = ExpertLayout {
+        ep: cfg.ep,
+        etp: cfg.etp,
+        capacity: req.capacity_factor,
+    };
+    let layer_work = (!shape.is_uniform()).then(|| {
+        // A layer's work depends only on whether it is an MoE layer: two kinds, timed once.
+        let of = |i: u32| {
+            let run = (
+                cfg.tp,
+                cfg.microbatch_size,
+                cfg.sequence_parallel,
+                req.attention,
+            );
+            layer_at(shape, i, run, &experts, &dev)
+        };
+        let first_moe = (0..shape.layers).find(|&i| shape.is_moe_layer(i));
+        let first_dense = (0..shape.layers).find(|&i| !shape.is_moe_layer(i));
+        let (moe, dense) = (first_moe.map(of), first_dense.map(of));
+        (0..shape.layers)
+            .map(|i| match shape.is_moe_layer(i) {
+                true => moe.unwrap_or_default(),
+                false => dense.unwrap_or_default(),
+            })
+            .collect()
+    });
+    let all_to_all = all_to_all(req, shape, cfg, &layers);
     Pieces {
         layer: layer(
             shape,
@@ -53,8 +84,53 @@ pub fn pieces(req: &PlanRequest, shape: &ModelShape, cfg: &Config) -> Pieces {
         layer_tp: f64::from(ModelShape::TP_COLLECTIVES_PER_BLOCK) * tp_ar,
         head: head(shape, cfg.tp, cfg.microbatch_size, &dev),
         embed_tp: tp_ar,
-        layers: layers_per_stage(shape.layers, cfg.stages()),
+        layers,
+        layer_work,
+        all_to_all,
     }
+}
+
+/// Each stage's expert all-to-all per microbatch (empty for a dense model).
+fn all_to_all(
+    req: &PlanRequest,
+    shape: &ModelShape,
+    cfg: &Config,
+    layers: &[u32],
+) -> Vec<(f64, f64)> {
+    if shape.moe.is_none() {
+        return Vec::new();
+    }
+    let fold = ExpertFold {
+        tp: cfg.tp,
+        pp: cfg.pp,
+        dp: cfg.dp,
+        etp: cfg.etp,
+        ep: cfg.ep,
+    };
+    let act = req.precision.activation_bytes();
+    // One MoE layer's all-to-all is the same in every stage (the fold looks at every
+    // stage's placement): found once, times each stage's MoE layers.
+    let Some(one) = layer_all_to_all(
+        shape,
+        &req.cluster,
+        &fold,
+        cfg.microbatch_size,
+        act,
+        req.capacity_factor,
+    ) else {
+        return Vec::new();
+    };
+    let mut start = 0;
+    layers
+        .iter()
+        .map(|&n| {
+            let moe = (start..start + n)
+                .filter(|&i| shape.is_moe_layer(i))
+                .count() as f64;
+            start += n;
+            (moe * one.forward_s(), moe * one.backward_s())
+        })
+        .collect()
 }
 
 /// Bytes of one microbatch's `b s h` activation: a TP collective's, and a pipeline
@@ -63,13 +139,20 @@ fn activation_bytes(req: &PlanRequest, shape: &ModelShape, cfg: &Config) -> f64 
     shape.tp_collective_elements(cfg.microbatch_size) * req.precision.activation_bytes() as f64
 }
 
-/// Recomputation time of a stage of `n` layers, given its forward `f`.
-fn recompute_time(policy: Recompute, p: &Pieces, n: f64, f: f64) -> Option<f64> {
+/// Recomputation time of stage `s`, given its forward `f`.
+fn recompute_time(policy: Recompute, p: &Pieces, s: u32, f: f64) -> Option<f64> {
+    let n = p.layers[s as usize];
     match policy {
         Recompute::None => None,
-        Recompute::Selective => Some(n * p.layer.selective),
+        Recompute::Selective => Some(p.stage_layers_work(s, n).0.selective),
         Recompute::Full => Some(f),
-        Recompute::Every(k) => Some(f64::from(k).min(n) * (p.layer.f + p.layer_tp)),
+        Recompute::Every(k) if p.layer_work.is_none() => {
+            Some(f64::from(k.min(n)) * (p.layer.f + p.layer_tp))
+        }
+        Recompute::Every(k) => {
+            let first = p.stage_layers_work(s, k).1;
+            Some(first.f + f64::from(k.min(n)) * p.layer_tp)
+        }
     }
 }
 
@@ -94,7 +177,8 @@ fn gpt_cost_model(req: &PlanRequest, shape: &ModelShape, cfg: &Config) -> (CostM
             let last = s + 1 == stages;
             let first = s == 0;
             let extra = |w: WorkTimes| if last { w } else { WorkTimes::default() };
-            let work = p.layer * n + extra(p.head);
+            let work = p.stage_layers_work(s, 0).0 + extra(p.head);
+            let (f_comm, b_comm) = p.all_to_all.get(s as usize).copied().unwrap_or_default();
             let embed = if first { p.embed_tp } else { 0.0 };
             let f = work.f + n * p.layer_tp + embed;
             let i = work.i + n * p.layer_tp + if last { p.embed_tp } else { 0.0 };
@@ -126,9 +210,10 @@ fn gpt_cost_model(req: &PlanRequest, shape: &ModelShape, cfg: &Config) -> (CostM
                 overlap: None,
                 optimizer,
                 dp_allreduce,
-                r: recompute_time(cfg.recompute_of(s), &p, n, f),
+                r: recompute_time(cfg.recompute_of(s), &p, s, f),
                 kept_bytes: Some(0),
-                ..Default::default()
+                f_comm,
+                b_comm,
             }
         })
         .collect();

@@ -76,8 +76,10 @@ pub fn one_step(cfg: &Config, costs: &CostModel) -> Result<pipewright_sim::Simul
 /// (nothing to overlap it with once the last backward is done) and the optimizer.
 fn single_device(cfg: &Config, costs: &CostModel) -> f64 {
     let c = &costs.stages[0];
-    let r = c.r.unwrap_or(0.0);
-    f64::from(cfg.microbatches) * (c.f + c.b + r) + c.dp_allreduce + c.optimizer
+    // A recompute repeats the forward's communication (an MoE layer's all-to-all).
+    let r = c.r.map_or(0.0, |r| r + c.f_comm);
+    let comm = c.f_comm + c.b_comm;
+    f64::from(cfg.microbatches) * (c.f + c.b + r + comm) + c.dp_allreduce + c.optimizer
 }
 
 #[cfg(test)]
@@ -124,6 +126,8 @@ mod tests {
                 recompute_devices: 4,
                 zero: 0,
                 sequence_parallel: false,
+                ep: 1,
+                etp: 1,
             };
             let model = costs(4 * v);
             let predicted = step_time(&cfg, &model).unwrap();

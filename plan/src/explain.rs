@@ -38,6 +38,14 @@ pub struct Terms {
     pub optimizer: f64,
     /// Idle time the schedule leaves.
     pub bubble: f64,
+    /// Exposed expert all-to-all (a mixture's dispatch and combine the schedule does not hide
+    /// behind another microbatch's compute); 0 for a dense model.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub ep_comm: f64,
+}
+
+fn is_zero(x: &f64) -> bool {
+    *x == 0.0
 }
 
 /// What limits a configuration.
@@ -54,6 +62,8 @@ pub enum Limit {
     PpComm,
     /// DP gradient reduction.
     DpComm,
+    /// Expert all-to-all.
+    EpComm,
     /// Recomputation, paid to fit in memory.
     Memory,
 }
@@ -67,6 +77,7 @@ impl Limit {
             Limit::TpComm => "TP comm",
             Limit::PpComm => "PP comm",
             Limit::DpComm => "DP comm",
+            Limit::EpComm => "EP comm",
             Limit::Memory => "memory",
         }
     }
@@ -115,9 +126,10 @@ pub fn terms(cfg: &Config, costs: &CostModel, p: &Pieces, step: f64) -> Result<T
     free_dp.stages.iter_mut().for_each(|c| c.dp_allreduce = 0.0);
     let dp_comm = (step - step_time(cfg, &free_dp)?).max(0.0);
     let optimizer = load.optimizer;
+    let ep_comm = exposed_all_to_all(cfg, costs, step)?;
     // The two exposures are measured one at a time, so together they can count an overlap
     // twice; what exceeds the step comes off them (DP first), so the terms add up to it.
-    let work = compute + recompute + tp_comm + optimizer;
+    let work = compute + recompute + tp_comm + optimizer + ep_comm;
     let mut excess = (work + pp_comm + dp_comm - step).max(0.0);
     let dp_comm = dp_comm - excess.min(dp_comm);
     excess = (work + pp_comm + dp_comm - step).max(0.0);
@@ -130,7 +142,31 @@ pub fn terms(cfg: &Config, costs: &CostModel, p: &Pieces, step: f64) -> Result<T
         dp_comm,
         optimizer,
         bubble: (step - work - pp_comm - dp_comm).max(0.0),
+        ep_comm,
     })
+}
+
+/// The part of `step` the expert all-to-all adds: the step minus the step re-simulated with
+/// it free (0 without one).
+pub fn exposed_all_to_all(cfg: &Config, costs: &CostModel, step: f64) -> Result<f64, PlanError> {
+    if costs
+        .stages
+        .iter()
+        .all(|c| c.f_comm == 0.0 && c.b_comm == 0.0)
+    {
+        return Ok(0.0);
+    }
+    Ok((step - step_time(cfg, &free_all_to_all(costs))?).max(0.0))
+}
+
+/// `costs` with the all-to-all free.
+pub fn free_all_to_all(costs: &CostModel) -> CostModel {
+    let mut free = costs.clone();
+    free.stages.iter_mut().for_each(|c| {
+        c.f_comm = 0.0;
+        c.b_comm = 0.0;
+    });
+    free
 }
 
 impl Terms {
@@ -143,16 +179,18 @@ impl Terms {
             + self.dp_comm
             + self.optimizer
             + self.bubble
+            + self.ep_comm
     }
 
     /// The overheads, named.
-    pub fn overheads(&self) -> [(Limit, f64); 5] {
+    pub fn overheads(&self) -> [(Limit, f64); 6] {
         [
             (Limit::Bubble, self.bubble),
             (Limit::TpComm, self.tp_comm),
             (Limit::PpComm, self.pp_comm),
             (Limit::DpComm, self.dp_comm),
             (Limit::Memory, self.recompute),
+            (Limit::EpComm, self.ep_comm),
         ]
     }
 
@@ -178,6 +216,7 @@ impl Terms {
             ("DP comm", other.dp_comm - self.dp_comm),
             ("optimizer", other.optimizer - self.optimizer),
             ("bubble", other.bubble - self.bubble),
+            ("EP comm", other.ep_comm - self.ep_comm),
         ];
         d.sort_by(|a, b| b.1.abs().total_cmp(&a.1.abs()));
         d

@@ -49,6 +49,11 @@ pub fn memory_config(req: &PlanRequest, shape: &ModelShape, cfg: &Config) -> Mem
         zero: cfg.zero,
         recompute: cfg.recompute_plan(),
         attention: req.attention,
+        experts: pipewright_model::memory::moe::ExpertLayout {
+            ep: cfg.ep,
+            etp: cfg.etp,
+            capacity: req.capacity_factor,
+        },
     }
 }
 
@@ -61,7 +66,20 @@ fn memory_microbatches(cfg: &Config) -> u32 {
 }
 
 /// What the one-microbatch bound depends on.
-type BoundKey = (u32, u32, u32, u32, u64, Recompute, u32, u8, bool, Placement);
+type BoundKey = (
+    u32,
+    u32,
+    u32,
+    u32,
+    u64,
+    Recompute,
+    u32,
+    u8,
+    bool,
+    Placement,
+    u32,
+    u32,
+);
 
 /// Cached one-microbatch lower bounds on the worst device's peak.
 #[derive(Default)]
@@ -82,6 +100,8 @@ impl BoundCache {
             cfg.zero,
             cfg.sequence_parallel,
             placement,
+            cfg.ep,
+            cfg.etp,
         );
         if let Some(&b) = self.0.get(&key) {
             return Ok(b);

@@ -151,9 +151,14 @@ pub fn profile_launch(p: &LayerProfile, r: &PlanRow) -> (String, Value) {
 pub fn model_line(req: &PlanRequest) -> String {
     match &req.model {
         PlanModel::Gpt(s) => format!(
-            "{} ({:.2}B parameters), {} attention",
+            "{} ({:.2}B parameters{}), {} attention",
             describe(s),
             s.parameters() as f64 / 1e9,
+            match s.moe {
+                // A mixture's tokens multiply only part of it.
+                Some(_) => format!(", {:.2}B active", s.active_parameters() as f64 / 1e9),
+                None => String::new(),
+            },
             req.attention
         ),
         PlanModel::Layers(p) => format!(

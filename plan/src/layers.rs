@@ -128,6 +128,8 @@ pub fn cost_model(req: &PlanRequest, profile: &LayerProfile, cfg: &Config) -> (C
         head: WorkTimes::default(),
         embed_tp: 0.0,
         layers: cuts.iter().map(|r| r.len() as u32).collect(),
+        layer_work: None,
+        all_to_all: Vec::new(),
     };
     let model = CostModel {
         stages: costs,
@@ -201,6 +203,8 @@ mod tests {
             recompute_devices: 2,
             zero: 0,
             sequence_parallel: false,
+            ep: 1,
+            etp: 1,
         }
     }
 

@@ -27,6 +27,7 @@ pub mod costs;
 pub mod efficiency;
 pub mod evaluate;
 pub mod explain;
+pub mod explain_moe;
 pub mod fit;
 pub mod impossible;
 pub mod launch;
@@ -42,6 +43,7 @@ pub mod row;
 pub mod search;
 pub mod space;
 pub mod work;
+pub mod work_moe;
 
 pub use cluster::{Cluster, Link, PeakTflops, Precision};
 pub use config::{Config, Fixed, PlanRequest};

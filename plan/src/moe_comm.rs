@@ -30,8 +30,37 @@ use pipewright_model::memory::ModelShape;
 
 use super::cluster::Cluster;
 
+/// Why an expert fold does not fit, naming the fields (`ep`, `etp`), which each face
+/// renders in its own words.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum FoldError {
+    /// `ep` or `etp` of 0.
+    #[error("ep and etp must be at least 1")]
+    Zero,
+    /// `ep` not dividing the experts.
+    #[error("ep {ep} must divide the {experts} routed experts")]
+    Experts {
+        /// Expert parallelism.
+        ep: u32,
+        /// Routed experts.
+        experts: u32,
+    },
+    /// `etp x ep` not dividing a stage's GPUs.
+    #[error("etp {etp} x ep {ep} must divide a stage's tp {tp} x dp {dp} GPUs (expert parallelism folds over them)")]
+    Group {
+        /// Expert tensor parallelism.
+        etp: u32,
+        /// Expert parallelism.
+        ep: u32,
+        /// Tensor parallelism.
+        tp: u32,
+        /// Data parallelism.
+        dp: u32,
+    },
+}
+
 /// How a stage's `tp x dp` GPUs are folded for the experts.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct ExpertFold {
     /// Attention's tensor parallelism.
     pub tp: u32,
@@ -51,24 +80,24 @@ impl ExpertFold {
         (self.tp * self.dp) / (self.etp * self.ep).max(1)
     }
 
-    /// Why this fold does not fit `experts` routed experts, naming the figure; `None` where
-    /// it does: EP divides the experts, and `etp x ep` divides the stage's `tp x dp` GPUs.
-    pub fn refusal(&self, experts: u32) -> Option<String> {
+    /// Why this fold does not fit `experts` routed experts; `None` where it does: EP
+    /// divides the experts, and `etp x ep` divides the stage's `tp x dp` GPUs.
+    pub fn refusal(&self, experts: u32) -> Option<FoldError> {
         let (etp, ep) = (self.etp, self.ep);
         let group = u64::from(self.tp) * u64::from(self.dp);
         if etp == 0 || ep == 0 {
-            return Some(format!("--ep {ep} and --etp {etp} must be at least 1"));
+            return Some(FoldError::Zero);
         }
         if experts % ep != 0 {
-            return Some(format!(
-                "--ep {ep} must divide the {experts} routed experts"
-            ));
+            return Some(FoldError::Experts { ep, experts });
         }
         if group % (u64::from(etp) * u64::from(ep)) != 0 {
-            return Some(format!(
-                "--etp {etp} x --ep {ep} must divide a stage's tp {} x dp {} GPUs (expert parallelism folds over them)",
-                self.tp, self.dp
-            ));
+            return Some(FoldError::Group {
+                etp,
+                ep,
+                tp: self.tp,
+                dp: self.dp,
+            });
         }
         None
     }
@@ -85,6 +114,22 @@ impl ExpertFold {
     /// (placement repeats, so the first few of each kind are checked; the worst group sets
     /// the pace of an all-to-all every group runs at once).
     pub fn peers_in_node(&self, cluster: &Cluster) -> u32 {
+        // The plan asks this of every candidate it bounds, and the walk below is thousands
+        // of steps for a wide EP: remembered per fold and node size.
+        thread_local! {
+            static SEEN: std::cell::RefCell<std::collections::HashMap<(ExpertFold, u32), u32>> =
+                Default::default();
+        }
+        let key = (*self, cluster.gpus_per_node);
+        if let Some(n) = SEEN.with(|m| m.borrow().get(&key).copied()) {
+            return n;
+        }
+        let n = self.walk_peers_in_node(cluster);
+        SEEN.with(|m| m.borrow_mut().insert(key, n));
+        n
+    }
+
+    fn walk_peers_in_node(&self, cluster: &Cluster) -> u32 {
         let (etp, ep) = (u64::from(self.etp.max(1)), u64::from(self.ep.max(1)));
         let few = |n: u32| u64::from(n.clamp(1, 8));
         let mut least = self.ep.max(1) - 1;

@@ -21,6 +21,29 @@ pub struct Pieces {
     pub embed_tp: f64,
     /// Layers per stage.
     pub layers: Vec<u32>,
+    /// Each layer's compute where the layers differ (a mixture's MoE and dense layers,
+    /// latent attention: [`super::work_moe`]); `None`: every layer is `layer`.
+    pub layer_work: Option<Vec<WorkTimes>>,
+    /// Each stage's expert all-to-all per microbatch, `(forward, backward)` seconds
+    /// ([`super::moe_comm::stage_all_to_all`]); empty for a dense model.
+    pub all_to_all: Vec<(f64, f64)>,
+}
+
+impl Pieces {
+    /// The compute of stage `s`'s layers, and of its first `k` alone.
+    pub fn stage_layers_work(&self, s: u32, k: u32) -> (WorkTimes, WorkTimes) {
+        let n = self.layers[s as usize];
+        let Some(work) = &self.layer_work else {
+            return (self.layer * f64::from(n), self.layer * f64::from(k.min(n)));
+        };
+        let start: u32 = self.layers[..s as usize].iter().sum();
+        let sum = |to: u32| {
+            work[start as usize..(start + to) as usize]
+                .iter()
+                .fold(WorkTimes::default(), |a, &b| a + b)
+        };
+        (sum(n), sum(k.min(n)))
+    }
 }
 
 /// The device a configuration's work runs on.

@@ -89,6 +89,8 @@ mod tests {
             recompute_devices: 2,
             zero: 0,
             sequence_parallel: true,
+            ep: 1,
+            etp: 1,
         }
     }
 

@@ -55,6 +55,8 @@ pub struct RawPlanRequest {
     pub max_simulated: usize,
     /// Shapes of the ranking searched (`--max-searched`).
     pub max_searched: usize,
+    /// A mixture's capacity factor (`--capacity-factor`), at least 1.
+    pub capacity_factor: f64,
 }
 
 impl Default for RawPlanRequest {
@@ -76,6 +78,7 @@ impl Default for RawPlanRequest {
             max_microbatch_size: 16,
             max_simulated: 200,
             max_searched: 2,
+            capacity_factor: 1.0,
         }
     }
 }
@@ -98,6 +101,23 @@ pub enum PlanRequestError {
     /// A fixed mesh dimension of 0.
     #[error("--tp, --pp and --v must be at least 1")]
     FixedZero,
+    /// A fixed expert dimension of 0.
+    #[error("--ep and --etp must be at least 1")]
+    ExpertZero,
+    /// An expert dimension for a model without experts.
+    #[error("{0} applies to a mixture of experts; the model has no routed experts")]
+    NoExperts(&'static str),
+    /// `--ep` that does not divide the experts.
+    #[error("--ep {ep} must divide the model's {experts} routed experts")]
+    EpExperts {
+        /// The EP asked for.
+        ep: u32,
+        /// Routed experts of the model.
+        experts: u32,
+    },
+    /// A capacity factor below 1.
+    #[error("--capacity-factor {0}: must be a finite number at least 1 (1: even routing)")]
+    Capacity(f64),
     /// A ZeRO level the plan does not model.
     #[error("--zero {0}: the ZeRO level is 0 or 1 (ZeRO-2/3 do not fit a pipeline)")]
     Zero23(u8),
@@ -204,6 +224,8 @@ impl RawPlanRequest {
         req.max_virtual = self.max_virtual.max(self.fixed.v.unwrap_or(0));
         req.max_simulated = self.max_simulated;
         req.max_searched = self.max_searched;
+        req.capacity_factor = self.capacity_factor;
+        self.check_experts(&req.model)?;
         Ok((req, notes))
     }
 
@@ -266,6 +288,31 @@ impl RawPlanRequest {
     /// The preset, or the cluster file the face read.
     fn cluster(&self) -> Result<Cluster, PlanRequestError> {
         cluster_of(&self.cluster, self.cluster_file.as_deref())
+    }
+
+    /// The expert layout's flags against the model: a fixed EP divides its experts.
+    fn check_experts(&self, model: &PlanModel) -> Result<(), PlanRequestError> {
+        let f = &self.fixed;
+        if !(self.capacity_factor.is_finite() && self.capacity_factor >= 1.0) {
+            return Err(PlanRequestError::Capacity(self.capacity_factor));
+        }
+        if f.ep == Some(0) || f.etp == Some(0) {
+            return Err(PlanRequestError::ExpertZero);
+        }
+        let Some(moe) = model.gpt().and_then(|s| s.moe) else {
+            let given = [("--ep", f.ep), ("--etp", f.etp)];
+            return match given.iter().find(|(_, x)| x.is_some_and(|x| x > 1)) {
+                Some((flag, _)) => Err(PlanRequestError::NoExperts(flag)),
+                None => Ok(()),
+            };
+        };
+        match f.ep {
+            Some(ep) if moe.experts % ep != 0 => Err(PlanRequestError::EpExperts {
+                ep,
+                experts: moe.experts,
+            }),
+            _ => Ok(()),
+        }
     }
 
     /// Fixed dimensions that contradict each other, and counts of 0, refused by name before

@@ -79,7 +79,7 @@ pub fn hardware_flops(req: &PlanRequest, cfg: &Config) -> Option<f64> {
             let layers = f64::from(cfg.recomputed_layers(shape.layers));
             match cfg.recompute {
                 Recompute::None => 0.0,
-                Recompute::Full | Recompute::Every(_) => layers * layer_flops(shape, samples),
+                Recompute::Full | Recompute::Every(_) => layers * mean_layer_flops(shape, samples),
                 Recompute::Selective if req.attention == AttentionKind::Fused => 0.0,
                 Recompute::Selective => {
                     layers * 4.0 * samples * (shape.seq_len as f64).powi(2) * shape.d_model as f64
@@ -97,6 +97,18 @@ pub fn hardware_flops(req: &PlanRequest, cfg: &Config) -> Option<f64> {
         }
     };
     Some(model + extra)
+}
+
+/// Forward FLOPs of a layer for `samples` sequences, the mean over the model's layers (a
+/// uniform shape's every layer; a mixture's MoE and dense layers weighted by their counts).
+fn mean_layer_flops(shape: &pipewright_model::shape::ModelShape, samples: f64) -> f64 {
+    if shape.is_uniform() {
+        return layer_flops(shape, samples);
+    }
+    let moe = f64::from(shape.moe_layers());
+    let dense = f64::from(shape.layers) - moe;
+    (dense * shape.layer_flops(false, samples) + moe * shape.layer_flops(true, samples))
+        / f64::from(shape.layers)
 }
 
 pub(super) fn row(

@@ -61,12 +61,6 @@ pub struct Plan {
 
 /// Make the plan for `req`, reporting progress as it goes.
 pub fn plan(req: &PlanRequest, progress: &mut dyn FnMut(&Progress)) -> Result<Plan, PlanError> {
-    // Its memory and time would be a dense model's: refused, not planned wrong.
-    if let Some(what) = req.model.gpt().and_then(|s| s.not_modelled()) {
-        return Err(PlanError::Impossible(format!(
-            "the planner does not model {what} yet: its memory and time would be a dense model's"
-        )));
-    }
     if req.global_batch > MAX_GLOBAL_BATCH {
         return Err(PlanError::Impossible(format!(
             "global batch {} sequences: at most {MAX_GLOBAL_BATCH} (2^30) sequences a step can be planned",
@@ -198,6 +192,7 @@ pub fn plan(req: &PlanRequest, progress: &mut dyn FnMut(&Progress)) -> Result<Pl
     // best with values it does not have).
     let mut explain = explain(req, &found[0], &simulated)?;
     explain.splice(0..0, super::listed::explain(&found[0]));
+    explain.extend(super::explain_moe::line(req, &found[0].config)?);
     explain.extend(refused.line());
     simulated.sort_by(|a, b| a.1.total_cmp(&b.1));
     Ok(Plan {

@@ -154,12 +154,33 @@ fn for_each_shape(req: &PlanRequest, out: &mut Vec<Config>) {
                         recompute_devices: pp,
                         zero: 0,
                         sequence_parallel: false,
+                        ep: 1,
+                        etp: 1,
                     };
-                    levers(req, base, out);
+                    for (ep, etp) in expert_layouts(req, tp * dp) {
+                        levers(req, Config { ep, etp, ..base }, out);
+                    }
                 }
             }
         }
     }
+}
+
+/// `(ep, etp)` pairs for a stage of `group = tp x dp` GPUs: for a mixture, every EP dividing
+/// its routed experts with `etp x ep` dividing the group (etp 1 unless fixed); `(1, 1)` for a
+/// dense model.
+fn expert_layouts(req: &PlanRequest, group: u32) -> Vec<(u32, u32)> {
+    let Some(moe) = req.model.gpt().and_then(|s| s.moe) else {
+        return vec![(1, 1)];
+    };
+    let etp = req.fixed.etp.unwrap_or(1);
+    divisors(u64::from(moe.experts))
+        .into_iter()
+        .map(|ep| ep as u32)
+        .filter(|&ep| req.fixed.ep.map_or(true, |f| f == ep))
+        .filter(|&ep| u64::from(group) % (u64::from(ep) * u64::from(etp)) == 0)
+        .map(|ep| (ep, etp))
+        .collect()
 }
 
 /// `base` with every allowed recompute policy, ZeRO level and SP setting.

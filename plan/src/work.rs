@@ -81,6 +81,11 @@ pub struct Device {
 }
 
 impl Device {
+    /// Seconds of an `(m x k)(k x n)` matmul at the curve's efficiency for its shape.
+    pub fn matmul_time(&self, m: f64, n: f64, k: f64) -> f64 {
+        self.matmul(m, n, k)
+    }
+
     fn matmul(&self, m: f64, n: f64, k: f64) -> f64 {
         self.efficiency
             .matmul_time(2.0 * m * n * k, (m, n, k), self.peak)

@@ -266,6 +266,7 @@ fn plan(
         max_microbatch_size,
         max_simulated,
         max_searched,
+        ..RawPlanRequest::default()
     };
     planned(py, raw)
 }
@@ -309,6 +310,7 @@ fn fixed(
             .map_err(|e| err(format!("--recompute: {e}")))?,
         zero,
         sequence_parallel,
+        ..Fixed::default()
     })
 }
 

@@ -125,6 +125,17 @@ pub struct PlanCmd {
     /// Fix sequence parallelism off.
     #[arg(long)]
     no_sequence_parallel: bool,
+    /// Fix expert parallelism of a mixture of experts (folded over each stage's tp x dp
+    /// GPUs; it divides the routed experts).
+    #[arg(long)]
+    ep: Option<u32>,
+    /// Fix expert tensor parallelism of a mixture of experts [default: 1].
+    #[arg(long)]
+    etp: Option<u32>,
+    /// A mixture's capacity factor: tokens an expert rank receives over the even share, in
+    /// memory and time (1: even routing).
+    #[arg(long, default_value_t = 1.0, value_name = "X")]
+    capacity_factor: f64,
     /// Let a TP group span nodes (over the inter-node link).
     #[arg(long)]
     allow_cross_node_tp: bool,
@@ -349,6 +360,8 @@ impl PlanCmd {
                     (_, true) => Some(false),
                     _ => None,
                 },
+                ep: self.ep,
+                etp: self.etp,
             },
             allow_cross_node_tp: self.allow_cross_node_tp,
             top: self.top,
@@ -356,6 +369,7 @@ impl PlanCmd {
             max_microbatch_size: self.max_microbatch_size,
             max_simulated: self.max_simulated,
             max_searched: self.max_searched,
+            capacity_factor: self.capacity_factor,
         };
         let (mut req, notes) = raw.build()?;
         if let Some(k) = self.validate {
@@ -475,6 +489,10 @@ fn explain(best: &PlanRow, plan: &Plan) -> String {
             x(t.optimizer),
             x(t.bubble)
         );
+        if t.ep_comm > 0.0 {
+            // A mixture's step: the all-to-all its schedule leaves exposed.
+            out.insert_str(out.len() - 1, &format!(", EP comm {}", x(t.ep_comm)));
+        }
     }
     for line in &plan.explain {
         out += &format!("  {line}\n");

@@ -245,6 +245,8 @@ mod tests {
             recompute_devices: 2,
             zero: 0,
             sequence_parallel: false,
+            ep: 1,
+            etp: 1,
         }
     }
 

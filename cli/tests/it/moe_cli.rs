@@ -1,7 +1,7 @@
 //! Mixture-of-experts shapes on the command line (issue 35): the flags of a mixture mean the
 //! same on every command that takes a shape and are refused in the flags' words where they
-//! contradict; a mixture (from flags or a config) is refused, not planned, simulated or
-//! trained as a dense model, until its memory and time are modelled.
+//! contradict; a mixture (from flags or a config) is planned with its experts, and refused,
+//! not simulated or trained as a dense model, where its memory and time are not modelled.
 
 use crate::common;
 
@@ -52,27 +52,70 @@ fn contradicting_expert_flags_are_refused_naming_them() {
 }
 
 #[test]
-fn a_mixture_is_refused_where_its_memory_and_time_are_not_modelled() {
+fn a_mixture_is_planned_and_refused_where_its_memory_and_time_are_not_modelled() {
     let moe = ["--experts", "4", "--top-k", "2", "--shared-experts", "1"];
-    plan(
-        &moe,
-        &["the planner does not model a mixture of experts yet"],
+    let rest = [
+        "--gpus",
+        "8",
+        "--global-batch",
+        "8",
+        "--cluster",
+        "a100-80g",
+    ];
+    let out = common::plan::ok(&[&SHAPE[..], &moe, &rest].concat());
+    // The header gives both counts; a dense model's gives one.
+    assert!(
+        out.lines()
+            .next()
+            .unwrap()
+            .contains("B parameters, 0.00B active)"),
+        "{out}"
     );
+    let dense = common::plan::ok(&[&SHAPE[..], &rest].concat());
+    assert!(!dense.contains("active"), "{dense}");
     let deepseek = format!(
         "{}/../model/tests/fixtures/hf/deepseek-v3.json",
         env!("CARGO_MANIFEST_DIR")
     );
+    let fixed = [
+        "--tp",
+        "1",
+        "--pp",
+        "16",
+        "--ep",
+        "32",
+        "--microbatch-size",
+        "1",
+        "--recompute",
+        "full",
+        "--zero",
+        "1",
+        "--seq-len",
+        "1024",
+    ];
     let args = [
         "--hf-config",
         &deepseek,
         "--gpus",
-        "64",
+        "512",
         "--global-batch",
         "64",
     ];
+    let out = common::plan::ok(&[&args[..], &fixed, &["--cluster", "h100-80g"]].concat());
+    assert!(out.contains("671.03B parameters, 37.55B active"), "{out}");
+    assert!(out.contains(" ep 32"), "{out}");
+    // A fixed layout that does not fit the model is refused naming the flag.
     common::plan::refused(
-        &args,
-        &["the planner does not model a mixture of experts yet"],
+        &[&SHAPE[..], &moe, &rest, &["--ep", "3"]].concat(),
+        &["--ep 3 must divide the model's 4 routed experts"],
+    );
+    common::plan::refused(
+        &[&SHAPE[..], &rest, &["--ep", "2"]].concat(),
+        &["--ep applies to a mixture of experts"],
+    );
+    common::plan::refused(
+        &[&SHAPE[..], &moe, &rest, &["--capacity-factor", "0.5"]].concat(),
+        &["--capacity-factor 0.5: must be a finite number at least 1"],
     );
     // The mixture's flags beside a config, which gives the shape, are refused.
     common::plan::refused(
@@ -85,7 +128,11 @@ fn a_mixture_is_refused_where_its_memory_and_time_are_not_modelled() {
         &moe,
     ]
     .concat();
-    common::refused(&simulate, &["a mixture of experts is not modelled yet"]);
+    // simulate's memory of the reference GPT has no experts; Megatron's accounting counts them.
+    common::refused(
+        &simulate,
+        &["which has no mixture of experts; use the megatron accounting"],
+    );
     let train = [&["train", "--steps", "1"][..], &SHAPE, &moe].concat();
     common::refused(
         &train,

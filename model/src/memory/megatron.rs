@@ -44,6 +44,7 @@
 //! (`4sbV/t`, the output layer being vocabulary-parallel) on the last. Megatron recomputes
 //! transformer layers only, so these extras are kept under every policy.
 
+use super::moe::moe_activations;
 use super::walk::StageBytes;
 use super::{params, MemoryConfig};
 use crate::shape::AttentionKind;
@@ -64,15 +65,37 @@ fn dims(cfg: &MemoryConfig) -> (u128, u128) {
     (tokens, u128::from(cfg.tp.max(1)))
 }
 
-/// One layer's bytes (see the module's note).
-fn layer(cfg: &MemoryConfig) -> Layer {
+/// Attention's projections' bytes per token inside the TP regions, `(split by t, whole)`:
+/// the queries, keys and values and the attention output (the projection's input), `2`
+/// bytes an element; with QK norms the normalized queries and keys as well. Latent attention
+/// keeps, whole on every TP rank as its down projections run, the two bottlenecks and their
+/// norms' outputs (`2 (2 r_q + 2 r_kv + rope)`), and split over TP its up projections'
+/// queries, keys and values and the attention output (`2 (2 a qk + 2 a v)`).
+fn attention_widths(cfg: &MemoryConfig) -> (u128, u128) {
+    let sh = &cfg.shape;
+    if let Some(m) = sh.mla {
+        let a = u128::from(sh.heads);
+        let (qk, v) = (u128::from(m.qk_head_dim()), u128::from(m.v_head_dim));
+        let (rq, rkv) = (
+            u128::from(m.q_lora_rank.unwrap_or(0)),
+            u128::from(m.kv_lora_rank),
+        );
+        let whole = 2 * (2 * rq + 2 * rkv + u128::from(m.qk_rope_head_dim));
+        return (2 * (2 * a * qk + 2 * a * v), whole);
+    }
+    let (q, kv) = (u128::from(sh.q_width()), u128::from(sh.kv_width()));
+    let normed = if sh.qk_norm { 2 * (q + kv) } else { 0 };
+    (2 * (2 * q + 2 * kv) + normed, 0)
+}
+
+/// Layer `i`'s bytes (see the module's note): an MoE layer's MLP part is
+/// [`moe_activations`]'s stash, kept under every policy but full (Megatron's selective
+/// `moe_act` would rebuild part of it; counting it kept errs high).
+fn layer(cfg: &MemoryConfig, i: u32) -> Layer {
     let sh = &cfg.shape;
     let (tokens, t) = dims(cfg);
-    let (h, kv, f) = (
-        u128::from(sh.d_model),
-        u128::from(sh.kv_width()),
-        u128::from(sh.ffn),
-    );
+    let h = u128::from(sh.d_model);
+    let f = u128::from(sh.ffn);
     let a = u128::from(sh.heads);
     let s = u128::from(sh.seq_len);
     let outside = if cfg.sequence_parallel { t } else { 1 };
@@ -81,9 +104,16 @@ fn layer(cfg: &MemoryConfig) -> Layer {
     // selective recomputation rebuilds.
     let norm_outputs = tokens * 4 * h / outside;
     let other_outside = tokens * 6 * h / outside;
-    let attention = tokens * 2 * (2 * h + 2 * kv) / t;
-    let mlp_kept = tokens * 2 * (hidden - 1) * f / t;
-    let mlp_output = tokens * 2 * f / t;
+    let (split, whole) = attention_widths(cfg);
+    let attention = tokens * split / t + tokens * whole;
+    let experts = sh.is_moe_layer(i).then(|| {
+        let e = &cfg.experts;
+        moe_activations(sh, tokens as u64, cfg.tp, e.etp, e.capacity).map_or(0, |m| m.stash)
+    });
+    let (mlp_kept, mlp_output) = match experts {
+        Some(stash) => (u128::from(stash), 0),
+        None => (tokens * 2 * (hidden - 1) * f / t, tokens * 2 * f / t),
+    };
     match cfg.attention {
         AttentionKind::Materialized => Layer {
             kept: other_outside + norm_outputs + attention + mlp_kept + mlp_output,
@@ -96,6 +126,19 @@ fn layer(cfg: &MemoryConfig) -> Layer {
     }
 }
 
+/// Bytes of the dispatch buffers of stage `s`'s MoE layers on one rank, alive while one of
+/// them dispatches (0 for a stage without one).
+pub(super) fn dispatch_bytes(cfg: &MemoryConfig, s: u32) -> u64 {
+    let range = params::stage_range(cfg.shape.layers, cfg.stages(), s);
+    if !range.clone().any(|i| cfg.shape.is_moe_layer(i)) {
+        return 0;
+    }
+    let (tokens, _) = dims(cfg);
+    let e = &cfg.experts;
+    moe_activations(&cfg.shape, tokens as u64, cfg.tp, e.etp, e.capacity)
+        .map_or(0, |m| m.dispatch_buffers)
+}
+
 /// Bytes of one pipeline hand-off on one rank: `2sbh`, `/t` with sequence parallelism.
 pub(super) fn handoff_bytes(cfg: &MemoryConfig) -> u64 {
     let (tokens, t) = dims(cfg);
@@ -103,9 +146,15 @@ pub(super) fn handoff_bytes(cfg: &MemoryConfig) -> u64 {
     u64::try_from(2 * tokens * u128::from(cfg.shape.d_model) / split).unwrap_or(u64::MAX)
 }
 
-/// One layer's bytes under `policy` (for `Every`, a layer that is recomputed: its input).
+/// The first layer's bytes under `policy` (for `Every`, a layer that is recomputed: its
+/// input); every layer's, of a uniform shape.
 pub(super) fn layer_bytes(cfg: &MemoryConfig, policy: Recompute) -> u64 {
-    let l = layer(cfg);
+    layer_i_bytes(cfg, 0, policy)
+}
+
+/// Layer `i`'s bytes under `policy`.
+fn layer_i_bytes(cfg: &MemoryConfig, i: u32, policy: Recompute) -> u64 {
+    let l = layer(cfg, i);
     let bytes = match policy {
         Recompute::None => l.kept + l.selective,
         Recompute::Selective => l.kept,
@@ -136,30 +185,56 @@ fn extras(cfg: &MemoryConfig, s: u32) -> u128 {
 /// backward (an `R` is counted the same way). W holds the zero-bubble paper's
 /// `M_W = 32sbh` per layer (Qi et al. 2023, section 2.3), split over t, and the extras.
 pub(super) fn stage_bytes(cfg: &MemoryConfig, s: u32) -> StageBytes {
-    let layers = u128::from(params::stage_layers(cfg.shape.layers, cfg.stages(), s));
+    let range = params::stage_range(cfg.shape.layers, cfg.stages(), s);
+    let layers = u128::from(range.end - range.start);
     let (tokens, t) = dims(cfg);
     let sbh = tokens * u128::from(cfg.shape.d_model);
-    let layer = |p| u128::from(layer_bytes(cfg, p));
+    // A layer's bytes depend only on whether it is an MoE layer: a uniform shape's first
+    // layer stands for all, a mixture's first MoE layer for every MoE layer.
+    let first_moe = (0..cfg.shape.layers).find(|&i| cfg.shape.is_moe_layer(i));
+    let first_dense = (0..cfg.shape.layers).find(|&i| !cfg.shape.is_moe_layer(i));
+    let kinds = [Recompute::None, cfg.recompute.of(s)];
+    let table = |first: Option<u32>| first.map(|i| kinds.map(|p| layer_i_bytes(cfg, i, p)));
+    let (moe, dense) = (table(first_moe), table(first_dense));
+    let layer = |i: u32, p: Recompute| {
+        let row = if cfg.shape.is_moe_layer(i) {
+            moe
+        } else {
+            dense
+        };
+        match (row, kinds.iter().position(|&k| k == p)) {
+            (Some(r), Some(at)) => u128::from(r[at]),
+            _ => u128::from(layer_i_bytes(cfg, i, p)),
+        }
+    };
     let extra = extras(cfg, s);
-    let whole = layer(Recompute::None);
+    let input = u128::from(handoff_bytes(cfg));
+    let whole: u128 = range.clone().map(|i| layer(i, Recompute::None)).sum();
     let (kept, one_layer) = match cfg.recompute.of(s) {
         Recompute::Every(n) => {
-            let k = layers.min(u128::from(n));
-            let kept = k * layer(Recompute::Full) + (layers - k) * whole + extra;
-            let grows = if k > 0 {
-                whole - layer(Recompute::Full)
-            } else {
-                0
-            };
-            (kept, grows)
+            let k = layers.min(u128::from(n)) as u32;
+            let rerun = range.start..range.start + k;
+            let kept = u128::from(k) * input
+                + (rerun.end..range.end)
+                    .map(|i| layer(i, Recompute::None))
+                    .sum::<u128>()
+                + extra;
+            let grows = rerun.map(|i| layer(i, Recompute::None) - input).max();
+            (kept, grows.unwrap_or(0))
         }
-        policy => (layers * layer(policy) + extra, whole - layer(policy)),
+        policy => {
+            let kept: u128 = range.clone().map(|i| layer(i, policy)).sum();
+            let grows = range
+                .clone()
+                .map(|i| layer(i, Recompute::None) - layer(i, policy));
+            (kept + extra, grows.max().unwrap_or(0))
+        }
     };
     let weight = layers * 32 * sbh / t + extra;
     StageBytes {
         kept: kept as f64,
         full: (kept + one_layer) as f64,
         weight: weight as f64,
-        whole: (layers * whole + extra) as f64,
+        whole: (whole + extra) as f64,
     }
 }

@@ -135,6 +135,9 @@ pub struct MemoryConfig {
     /// recomputation drops (see [`layer_activation_bytes`]).
     #[serde(default)]
     pub attention: AttentionKind,
+    /// How the experts of a mixture are laid out (all 1 for a dense model).
+    #[serde(default)]
+    pub experts: moe::ExpertLayout,
 }
 
 impl MemoryConfig {
@@ -154,6 +157,7 @@ impl MemoryConfig {
             zero: 0,
             recompute: RecomputePlan::default(),
             attention: AttentionKind::Materialized,
+            experts: moe::ExpertLayout::default(),
         }
     }
 
@@ -167,13 +171,65 @@ impl MemoryConfig {
         self.pp.saturating_mul(self.v)
     }
 
+    /// Checks the expert layout against the shape and the mesh, naming the field.
+    fn check_experts(&self) -> Result<(), MemoryError> {
+        let e = &self.experts;
+        if !(e.capacity.is_finite() && e.capacity >= 1.0) {
+            return Err(MemoryError::Capacity(e.capacity));
+        }
+        let Some(m) = self.shape.moe else {
+            return match (e.ep, e.etp) {
+                (1, 1) => Ok(()),
+                (1, _) => Err(MemoryError::NoExperts("etp")),
+                _ => Err(MemoryError::NoExperts("ep")),
+            };
+        };
+        for (name, x) in [("ep", e.ep), ("etp", e.etp)] {
+            if x == 0 {
+                return Err(MemoryError::NotPositive(name));
+            }
+        }
+        if m.experts % e.ep != 0 {
+            return Err(MemoryError::NotDividing {
+                a: "ep",
+                x: e.ep.into(),
+                b: "experts",
+                y: m.experts.into(),
+            });
+        }
+        let group = u64::from(self.tp) * u64::from(self.dp);
+        let fold = u64::from(e.ep) * u64::from(e.etp);
+        if group % fold != 0 {
+            return Err(MemoryError::NotDividing {
+                a: "ep x etp",
+                x: fold,
+                b: "tp x dp",
+                y: group,
+            });
+        }
+        if m.expert_ffn % u64::from(e.etp) != 0 {
+            return Err(MemoryError::NotDividing {
+                a: "etp",
+                x: e.etp.into(),
+                b: "expert_ffn",
+                y: m.expert_ffn,
+            });
+        }
+        Ok(())
+    }
+
     /// Checks the sizes against each other, naming the first that does not fit.
     pub fn check(&self) -> Result<(), MemoryError> {
         let s = &self.shape;
         s.check().map_err(MemoryError::from)?;
-        if let Some(what) = s.not_modelled() {
-            return Err(MemoryError::NotModelled(what));
+        // The Megatron accounting counts mixtures, latent attention and heads of their own
+        // width; pipewright's counts its reference GPT's stashes, which has none of them.
+        if let (Some(what), Accounting::Pipewright) = (s.not_modelled(), self.accounting) {
+            return Err(MemoryError::NotReference(
+                what.trim_start_matches("a ").into(),
+            ));
         }
+        self.check_experts()?;
         let positive = [
             ("pp", u64::from(self.pp)),
             ("tp", u64::from(self.tp)),
@@ -224,7 +280,7 @@ impl MemoryConfig {
 }
 
 /// Why a prediction cannot be made.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
 pub enum MemoryError {
     /// A shape whose sizes do not fit each other.
     #[error("memory model: {0}")]
@@ -236,6 +292,14 @@ pub enum MemoryError {
     /// A shape with parts the memory model does not count yet.
     #[error("memory model: {0} is not modelled yet (its parameters, FLOPs and config are read; its memory is not)")]
     NotModelled(&'static str),
+    /// A capacity factor below 1 or not finite.
+    #[error("memory model: capacity_factor must be a finite number at least 1 (got {0})")]
+    Capacity(f64),
+    /// Expert parallelism asked of a model without experts.
+    #[error(
+        "memory model: {0} above 1 needs a mixture of experts; the model has no routed experts"
+    )]
+    NoExperts(&'static str),
     /// A size that must be at least 1.
     #[error("memory model: {0} must be positive")]
     NotPositive(&'static str),
@@ -355,9 +419,28 @@ pub fn predict_detail(
         })
         .collect();
     let buffers = buffer_bytes(cfg);
-    Ok(walk_devices(&low, &stages, &buffers, |d| {
+    let mut devices = walk_devices(&low, &stages, &buffers, |d| {
         params::device_state(cfg, tt, d)
-    }))
+    });
+    if cfg.accounting == Accounting::Megatron && cfg.shape.moe.is_some() {
+        add_dispatch_buffers(cfg, tt, &mut devices);
+    }
+    Ok(devices)
+}
+
+/// An MoE layer's dispatch buffers live while it dispatches, in a forward or a backward: a
+/// device's peak (at the end of a forward or during a backward) is counted with the largest
+/// of its stages' buffers beside it (an upper bound where the peak falls elsewhere).
+fn add_dispatch_buffers(cfg: &MemoryConfig, tt: &Timetable, devices: &mut [DevicePrediction]) {
+    for (d, dev) in devices.iter_mut().enumerate() {
+        let most = (0..tt.num_stages())
+            .filter(|&s| tt.device_of(s) == Some(d as u32))
+            .map(|s| megatron::dispatch_bytes(cfg, s))
+            .max()
+            .unwrap_or(0);
+        dev.peak.buffers = dev.peak.buffers.saturating_add(most);
+        dev.max.buffers = dev.max.buffers.saturating_add(most);
+    }
 }
 
 /// Each device of the lowered `low`: its activations and buffers from one walk of its row,

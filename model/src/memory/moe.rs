@@ -1,6 +1,6 @@
 //! The memory of a mixture of experts under expert parallelism, in closed form: the pieces
-//! [`super::predict`] will add for an MoE shape once a configuration carries EP (not yet:
-//! [`super::MemoryConfig::check`] refuses MoE shapes). Megatron-Core's layout, with its
+//! [`super::predict`] adds for an MoE shape under the Megatron accounting, with the
+//! configuration's [`ExpertLayout`]. Megatron-Core's layout, with its
 //! parallel folding (a stage's `tp x dp` GPUs run attention as TP x DP and the experts as
 //! expert-TP `etp` x EP `ep` x expert-DP `edp = tp dp / (etp ep)`):
 //!
@@ -30,7 +30,40 @@
 
 use std::ops::Range;
 
+use serde::{Deserialize, Serialize};
+
 use crate::shape::{MlaShape, ModelShape, TpSplit};
+
+/// How a configuration runs the experts: expert parallelism `ep`, expert tensor parallelism
+/// `etp` (folded over a stage's `tp x dp` GPUs), and the capacity factor (1: even routing;
+/// more: a dropping router's padding or a dropless router's busiest rank). All 1 for a dense
+/// model, where they change nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ExpertLayout {
+    /// Expert parallelism: each EP rank holds `experts / ep` routed experts.
+    pub ep: u32,
+    /// Expert tensor parallelism: each expert split over `etp` ranks.
+    pub etp: u32,
+    /// Capacity factor, at least 1.
+    pub capacity: f64,
+}
+
+impl Default for ExpertLayout {
+    fn default() -> Self {
+        ExpertLayout {
+            ep: 1,
+            etp: 1,
+            capacity: 1.0,
+        }
+    }
+}
+
+impl ExpertLayout {
+    /// Expert data parallelism of a stage of `tp x dp` GPUs, `tp dp / (etp ep)`.
+    pub fn edp(&self, tp: u32, dp: u32) -> u32 {
+        (tp.max(1) * dp.max(1)) / (self.ep.max(1) * self.etp.max(1)).max(1)
+    }
+}
 
 /// Parameters of one rank, by the side whose data-parallel group reduces them.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -3,8 +3,17 @@
 //! the data-parallel group under ZeRO-1 (contiguous shards of `ceil(n / d)` values per stage,
 //! so the largest rank is counted).
 
+use std::ops::Range;
+
+use super::moe::{blocks_rank_parameters, state_bytes, SideParameters};
 use super::{Accounting, MemPrecision, MemoryBreakdown, MemoryConfig, ModelShape};
 use pipewright_schedule::timetable::Timetable;
+
+/// The blocks (0-based indices) of stage `s` of `stages`, cut as [`stage_layers`] counts.
+pub(super) fn stage_range(layers: u32, stages: u32, s: u32) -> Range<u32> {
+    let start = (0..s).map(|k| stage_layers(layers, stages, k)).sum::<u32>();
+    start..start + stage_layers(layers, stages, s)
+}
 
 /// Blocks of stage `s` of `stages`: an even cut, earlier stages taking the remainder.
 pub(super) fn stage_layers(layers: u32, stages: u32, s: u32) -> u32 {
@@ -38,6 +47,14 @@ pub fn stage_parameters(shape: &ModelShape, stages: u32, s: u32) -> u64 {
 /// Megatron splits the word embedding and the output layer by vocabulary (the position
 /// table and the norms whole).
 pub(super) fn rank_parameters(cfg: &MemoryConfig, s: u32) -> u64 {
+    let p = rank_sides(cfg, s);
+    p.dense + p.expert
+}
+
+/// Parameters of stage `s` on one rank, by the side whose data-parallel group reduces them:
+/// a uniform shape's are all the dense side's; a mixture's or latent attention's blocks are
+/// [`blocks_rank_parameters`]'s (experts split by `ep x etp`).
+pub(super) fn rank_sides(cfg: &MemoryConfig, s: u32) -> SideParameters {
     let sh = &cfg.shape;
     let t = u64::from(cfg.tp.max(1));
     let stages = cfg.stages();
@@ -56,7 +73,20 @@ pub(super) fn rank_parameters(cfg: &MemoryConfig, s: u32) -> u64 {
     } else {
         0
     };
-    first + layers * sh.block_parameters(t) + last
+    let outer = first + last;
+    if sh.is_uniform() {
+        return SideParameters {
+            dense: outer + layers * sh.block_parameters(t),
+            expert: 0,
+        };
+    }
+    let range = stage_range(sh.layers, stages, s);
+    let e = &cfg.experts;
+    let blocks = blocks_rank_parameters(sh, range, cfg.tp, e.ep, e.etp);
+    SideParameters {
+        dense: outer + blocks.dense,
+        expert: blocks.expert,
+    }
 }
 
 /// Bytes per parameter of (weight, gradient, optimizer state). Pipewright stores f32 weights,
@@ -70,18 +100,21 @@ fn bytes_per_parameter(cfg: &MemoryConfig) -> (u64, u64, u64) {
 
 /// Parameters, gradients and optimizer state of device `d`'s largest rank.
 pub(super) fn device_state(cfg: &MemoryConfig, tt: &Timetable, device: u32) -> MemoryBreakdown {
-    let (pw, gw, ow) = bytes_per_parameter(cfg);
-    let dp = u64::from(cfg.dp.max(1));
-    let (mut params, mut shard) = (0u64, 0u64);
+    let bytes = bytes_per_parameter(cfg);
+    let edp = cfg.experts.edp(cfg.tp, cfg.dp);
+    let (mut parameters, mut gradients, mut optimizer_state) = (0u64, 0u64, 0u64);
     for s in (0..tt.num_stages()).filter(|&s| tt.device_of(s) == Some(device)) {
-        let n = rank_parameters(cfg, s);
-        params += n;
-        shard += if cfg.zero >= 1 { n.div_ceil(dp) } else { n };
+        // ZeRO-1 shards each side over its own group: the dense side over dp, the experts
+        // over expert-DP (a uniform shape's experts are none).
+        let (p, g, o) = state_bytes(rank_sides(cfg, s), cfg.dp, edp, cfg.zero, bytes);
+        parameters += p;
+        gradients += g;
+        optimizer_state += o;
     }
     MemoryBreakdown {
-        parameters: pw * params,
-        gradients: gw * params,
-        optimizer_state: ow * shard,
+        parameters,
+        gradients,
+        optimizer_state,
         ..MemoryBreakdown::default()
     }
 }

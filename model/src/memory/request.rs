@@ -132,6 +132,7 @@ impl MemoryRequest {
             zero: self.zero.unwrap_or(0),
             recompute: recompute.clone(),
             attention: self.attention.unwrap_or_default(),
+            experts: Default::default(),
         }))
     }
 

@@ -381,25 +381,3 @@ fn the_pipewright_accounting_takes_the_reference_gpt_s_kinds_and_refuses_tied_em
     let e = predict(&pw(tied), &tt).unwrap_err().to_string();
     assert!(e.contains("no tied embeddings"), "{e}");
 }
-
-#[test]
-fn a_mixture_of_experts_is_refused_by_name() {
-    let moe = ModelShape {
-        moe: Some(crate::shape::MoeShape {
-            experts: 4,
-            top_k: 1,
-            expert_ffn: 64,
-            shared_experts: 0,
-            shared_ffn: 0,
-            shared_gate: false,
-            router_bias: false,
-            dense_layers: 0,
-            every: 1,
-        }),
-        ..ModelShape::gpt(4, 64, 4, 256, 16, 100)
-    };
-    assert_eq!(
-        cfg(moe, 1, false).check().unwrap_err().to_string(),
-        "memory model: a mixture of experts is not modelled yet (its parameters, FLOPs and config are read; its memory is not)"
-    );
-}

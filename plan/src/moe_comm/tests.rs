@@ -114,12 +114,12 @@ fn a_stage_pays_for_its_moe_layers_only() {
 #[test]
 fn a_fold_that_does_not_fit_is_refused_naming_it() {
     assert_eq!(
-        fold(1, 1, 8, 1, 3).refusal(8).unwrap(),
-        "--ep 3 must divide the 8 routed experts"
+        fold(1, 1, 8, 1, 3).refusal(8).unwrap().to_string(),
+        "ep 3 must divide the 8 routed experts"
     );
     assert_eq!(
-        fold(1, 1, 8, 2, 8).refusal(8).unwrap(),
-        "--etp 2 x --ep 8 must divide a stage's tp 1 x dp 8 GPUs (expert parallelism folds over them)"
+        fold(1, 1, 8, 2, 8).refusal(8).unwrap().to_string(),
+        "etp 2 x ep 8 must divide a stage's tp 1 x dp 8 GPUs (expert parallelism folds over them)"
     );
     assert_eq!(fold(2, 1, 4, 2, 4).refusal(8), None);
 }

@@ -3,6 +3,7 @@
 //! `cargo test --test it <name>::`.
 
 mod memory_shapes;
+mod moe_plan;
 mod plan;
 mod plan_published;
 mod plan_published_llama;

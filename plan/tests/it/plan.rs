@@ -73,6 +73,7 @@ fn fixed_dimensions_are_kept() {
         recompute: Some(Recompute::Full),
         zero: Some(1),
         sequence_parallel: Some(true),
+        ..Fixed::default()
     };
     let p = plan(&req, &mut |_| {}).unwrap();
     assert_eq!(p.rows.len(), 1);
@@ -228,12 +229,12 @@ fn cross_node_tp_is_only_tried_when_allowed() {
     assert_eq!(p.rows[0].config.tp, 16);
 }
 
-/// A mixture of experts is read (its parameters and FLOPs are right) but its memory and
-/// time are not modelled yet: the plan refuses it in one line rather than plan a dense
-/// model of its attention and dense MLP.
+/// A mixture of experts is planned with its experts, not as a dense model of its attention
+/// and dense MLP: every rank holds all 8 experts (ep 1), and each token runs 2 of them.
 #[test]
-fn a_mixture_of_experts_is_refused_not_planned_as_dense() {
+fn a_mixture_of_experts_is_planned_with_its_experts() {
     use pipewright_model::shape::MoeShape;
+    let dense = gpt(8, 1024, 16, 1024);
     let moe = ModelShape {
         moe: Some(MoeShape {
             experts: 8,
@@ -246,10 +247,31 @@ fn a_mixture_of_experts_is_refused_not_planned_as_dense() {
             dense_layers: 0,
             every: 1,
         }),
-        ..gpt(8, 1024, 16, 1024)
+        ..dense
     };
-    assert_eq!(
-        impossible(&a100(moe, 8, 64)),
-        "the planner does not model a mixture of experts yet: its memory and time would be a dense model's"
+    let best = |shape| {
+        let mut req = a100(shape, 8, 64);
+        req.fixed = Fixed {
+            tp: Some(1),
+            pp: Some(2),
+            microbatch_size: Some(1),
+            schedule: Some(ScheduleKind::OneFOneB),
+            recompute: Some(Recompute::None),
+            zero: Some(0),
+            ep: Some(1),
+            ..Fixed::default()
+        };
+        plan(&req, &mut |_| {}).unwrap().rows.remove(0)
+    };
+    let (m, d) = (best(moe), best(dense));
+    // The MLP's 2 x 1024 x 4096 weights a layer become 8 experts of the same size.
+    let (pm, pd) = (m.memory[0].parameters, d.memory[0].parameters);
+    assert!(pm > 3 * pd, "{pm} vs {pd}");
+    // Two experts a token: the MLP's work doubles (and a router is added).
+    assert!(
+        m.step_time_s > 1.2 * d.step_time_s,
+        "{} vs {}",
+        m.step_time_s,
+        d.step_time_s
     );
 }

@@ -111,3 +111,78 @@ fn activations_count_the_dispatched_copies_and_the_buffers() {
     let dense = ModelShape { moe: None, ..s };
     assert!(moe_activations(&dense, 8, 2, 1, 1.0).is_none());
 }
+
+mod predicted {
+    use super::tiny;
+    use crate::memory::moe::ExpertLayout;
+    use crate::memory::{predict, Accounting, MemPrecision, MemoryConfig};
+    use pipewright_schedule::generate;
+    use pipewright_schedule::spec::{ScheduleKind, ScheduleSpec};
+
+    /// `tiny` on one pipeline device of tp 2 x dp 2, bf16, one microbatch of one sequence.
+    fn config(ep: u32, etp: u32, capacity: f64) -> MemoryConfig {
+        MemoryConfig {
+            tp: 2,
+            dp: 2,
+            zero: 1,
+            precision: MemPrecision::Bf16,
+            experts: ExpertLayout { ep, etp, capacity },
+            ..MemoryConfig::new(tiny(), 1)
+        }
+    }
+
+    fn peak(c: &MemoryConfig) -> crate::memory::MemoryBreakdown {
+        let tt = generate(&ScheduleSpec::new(ScheduleKind::OneFOneB, 1, 1, 1, None).unwrap());
+        predict(c, &tt).unwrap()[0]
+    }
+
+    #[test]
+    fn experts_are_sharded_by_ep_and_their_optimizer_state_over_expert_dp() {
+        // Dense side of the rank (blocks 760, the vocabulary-split embedding 40, the final
+        // norm 8, the split head 40); experts 576 under ep 2, 288 under ep 4.
+        let dense = 760 + 40 + 8 + 40;
+        let two = peak(&config(2, 1, 1.0));
+        assert_eq!(two.parameters, 2 * (dense + 576));
+        assert_eq!(two.gradients, 4 * (dense + 576));
+        // ZeRO-1: the dense side over dp 2, the experts over expert-DP 4 / 2 = 2.
+        assert_eq!(two.optimizer_state, 12 * (dense / 2 + 576 / 2));
+        let four = peak(&config(4, 1, 1.0));
+        assert_eq!(four.parameters, 2 * (dense + 288));
+        // ep 4 leaves expert-DP 1: the experts' state is not sharded at all.
+        assert_eq!(four.optimizer_state, 12 * (dense / 2 + 288));
+    }
+
+    #[test]
+    fn the_capacity_factor_grows_the_dispatched_copies_and_their_buffers() {
+        let (even, padded) = (peak(&config(2, 1, 1.0)), peak(&config(2, 1, 1.25)));
+        // Each of the 2 MoE layers: 2 tokens a rank x top-2 = 4 copies, 5 at 1.25; a copy
+        // keeps its input 2d = 16, three SwiGLU tensors 2 x 6 each = 36 and its output 16.
+        assert_eq!(padded.activations - even.activations, 2 * 68);
+        // One layer's send and receive buffers at a time, 2 x 2d bytes a copy.
+        assert_eq!(padded.buffers - even.buffers, 32);
+        assert_eq!(even.buffers, 4 * 32);
+    }
+
+    #[test]
+    fn a_layout_that_does_not_fit_is_refused_naming_the_field() {
+        let e = |c: MemoryConfig| c.check().unwrap_err().to_string();
+        assert_eq!(
+            e(config(3, 1, 1.0)),
+            "memory model: ep (3) must divide experts (4)"
+        );
+        assert_eq!(
+            e(config(4, 2, 1.0)),
+            "memory model: ep x etp (8) must divide tp x dp (4)"
+        );
+        assert!(e(config(2, 1, 0.5))
+            .contains("capacity_factor must be a finite number at least 1 (got 0.5)"));
+        assert!(e(config(2, 1, f64::NAN)).contains("capacity_factor"));
+        let dense = MemoryConfig {
+            shape: crate::shape::ModelShape::gpt(2, 8, 2, 12, 4, 10),
+            ..config(2, 1, 1.0)
+        };
+        assert!(e(dense).contains("ep above 1 needs a mixture of experts"));
+        let reference = config(1, 1, 1.0).with_accounting(Accounting::Pipewright);
+        assert!(e(reference).contains("which has no mixture of experts"));
+    }
+}
