@@ -12,6 +12,7 @@ use super::evaluate::step_time;
 use super::explain::{neighbours, terms, why, Terms, DIMENSIONS};
 use super::fit::{peaks, worst, BoundCache};
 use super::impossible;
+use super::refused::Refusals;
 use super::row::row;
 pub use super::row::{hardware_flops, PlanRow};
 use super::space::enumerate_counted;
@@ -67,141 +68,206 @@ pub fn plan(req: &PlanRequest, progress: &mut dyn FnMut(&Progress)) -> Result<Pl
             req.global_batch
         )));
     }
-    let (configs, mut refused) = enumerate_counted(req);
+    let (configs, refused) = enumerate_counted(req);
     if configs.is_empty() {
         return Err(PlanError::Impossible(impossible::structure(req)));
     }
-    let mut state = Progress {
-        candidates: configs.len(),
-        refused: refused.total,
-        ..Progress::default()
-    };
-    let mut order: Vec<(f64, usize)> = Vec::with_capacity(configs.len());
-    for (i, cfg) in configs.iter().enumerate() {
-        order.push((lower_bound(cfg, &cost_model(req, cfg).0), i));
-        if i % 4096 == 0 {
-            state.bounded = i;
-            progress(&state);
-        }
-    }
-    state.bounded = configs.len();
-    order.sort_by(|a, b| a.0.total_cmp(&b.0));
-    let capacity = req.cluster.memory_bytes();
-    let keep = req.top.max(1);
-    let mut found: Vec<PlanRow> = Vec::new();
-    let mut simulated: Vec<(Config, f64)> = Vec::new();
-    let mut closest: Option<(u64, Config)> = None;
-    let mut cut_short = false;
-    let mut bounds = BoundCache::default();
-    for &(bound, i) in &order {
-        if found.len() >= keep && bound > found[keep - 1].step_time_s * (1.0 + MARGIN) {
-            break;
-        }
-        if state.simulated >= req.max_simulated.max(1) {
-            cut_short = true;
-            break;
-        }
-        let cfg = configs[i];
-        state.memory_checked += 1;
-        let checked = match candidate(req, &cfg, &mut bounds, capacity) {
-            Ok(c) => c,
-            Err(e) => {
-                refused.note(&cfg, e);
-                state.refused += 1;
-                progress(&state);
-                continue;
-            }
-        };
-        match checked {
-            Checked::Unfit(peak) => {
-                state.unfit += 1;
-                if closest.map_or(true, |(p, _)| peak < p) {
-                    closest = Some((peak, cfg));
-                }
-                progress(&state);
-            }
-            Checked::Fits(step, memory) => {
-                state.simulated += 1;
-                progress(&state);
-                simulated.push((cfg, step));
-                let row = row(req, cfg, step, bound, memory);
-                let at = found.partition_point(|r| r.step_time_s <= step);
-                found.insert(at, row);
-                found.truncate(keep);
-            }
-        }
-    }
-    // Recompute where it is needed only: each ranked configuration that recomputes every
-    // device again with only the devices that do not fit without it.
+    let mut s = Search::new(req, refused, configs.len());
+    let order = s.bound_order(&configs, progress);
+    s.rank(&configs, &order, progress);
+    // Recompute where it is needed only (see [`fewer_recomputing`]).
     if req.fixed.recompute.is_none() {
-        for cfg in found.iter().map(|r| r.config).collect::<Vec<_>>() {
-            let fewer = match fewer_recomputing(req, &cfg, capacity) {
+        s.recompute_fewer();
+    }
+    s.finish()
+}
+
+/// The joint search's state: the rows ranked so far, what was simulated, the closest that
+/// did not fit, and the refusals.
+struct Search<'a> {
+    req: &'a PlanRequest,
+    refused: Refusals,
+    state: Progress,
+    keep: usize,
+    capacity: u64,
+    found: Vec<PlanRow>,
+    simulated: Vec<(Config, f64)>,
+    closest: Option<(u64, Config)>,
+    cut_short: bool,
+    bounds: BoundCache,
+}
+
+impl<'a> Search<'a> {
+    fn new(req: &'a PlanRequest, refused: Refusals, candidates: usize) -> Self {
+        let state = Progress {
+            candidates,
+            refused: refused.total,
+            ..Progress::default()
+        };
+        Search {
+            req,
+            refused,
+            state,
+            keep: req.top.max(1),
+            capacity: req.cluster.memory_bytes(),
+            found: Vec::new(),
+            simulated: Vec::new(),
+            closest: None,
+            cut_short: false,
+            bounds: BoundCache::default(),
+        }
+    }
+
+    /// Every configuration's lower bound with its index, lowest first.
+    fn bound_order(
+        &mut self,
+        configs: &[Config],
+        progress: &mut dyn FnMut(&Progress),
+    ) -> Vec<(f64, usize)> {
+        let mut order: Vec<(f64, usize)> = Vec::with_capacity(configs.len());
+        for (i, cfg) in configs.iter().enumerate() {
+            order.push((lower_bound(cfg, &cost_model(self.req, cfg).0), i));
+            if i % 4096 == 0 {
+                self.state.bounded = i;
+                progress(&self.state);
+            }
+        }
+        self.state.bounded = configs.len();
+        order.sort_by(|a, b| a.0.total_cmp(&b.0));
+        order
+    }
+
+    /// In bound order, check memory and simulate what fits, until no bound can beat the
+    /// `top`-th best (with [`MARGIN`]) or the simulation budget is spent.
+    fn rank(
+        &mut self,
+        configs: &[Config],
+        order: &[(f64, usize)],
+        progress: &mut dyn FnMut(&Progress),
+    ) {
+        let keep = self.keep;
+        for &(bound, i) in order {
+            if self.found.len() >= keep && bound > self.found[keep - 1].step_time_s * (1.0 + MARGIN)
+            {
+                break;
+            }
+            if self.state.simulated >= self.req.max_simulated.max(1) {
+                self.cut_short = true;
+                break;
+            }
+            let cfg = configs[i];
+            self.state.memory_checked += 1;
+            match candidate(self.req, &cfg, &mut self.bounds, self.capacity) {
+                Err(e) => {
+                    self.refused.note(&cfg, e);
+                    self.state.refused += 1;
+                }
+                Ok(Checked::Unfit(peak)) => {
+                    self.state.unfit += 1;
+                    if self.closest.map_or(true, |(p, _)| peak < p) {
+                        self.closest = Some((peak, cfg));
+                    }
+                }
+                Ok(Checked::Fits(step, memory)) => {
+                    self.state.simulated += 1;
+                    self.insert(cfg, step, bound, memory);
+                }
+            }
+            progress(&self.state);
+        }
+    }
+
+    /// Rank a simulated configuration among the best `keep`.
+    fn insert(&mut self, cfg: Config, step: f64, bound: f64, memory: Vec<MemoryBreakdown>) {
+        self.simulated.push((cfg, step));
+        let at = self.found.partition_point(|r| r.step_time_s <= step);
+        self.found
+            .insert(at, row(self.req, cfg, step, bound, memory));
+        self.found.truncate(self.keep);
+    }
+
+    /// Each ranked configuration that recomputes every device, again with only the devices
+    /// that do not fit without it.
+    fn recompute_fewer(&mut self) {
+        for cfg in self.found.iter().map(|r| r.config).collect::<Vec<_>>() {
+            let fewer = match fewer_recomputing(self.req, &cfg, self.capacity) {
                 Ok(Some(fewer)) => fewer,
                 Ok(None) => continue,
                 Err(e) => {
-                    refused.note(&cfg, e);
-                    state.refused += 1;
+                    self.refused.note(&cfg, e);
+                    self.state.refused += 1;
                     continue;
                 }
             };
-            if simulated.iter().any(|(c, _)| *c == fewer) {
+            if self.simulated.iter().any(|(c, _)| *c == fewer) {
                 continue;
             }
-            let (memory, step) = match candidate(req, &fewer, &mut bounds, capacity) {
-                Ok(Checked::Fits(step, memory)) => (memory, step),
-                Ok(Checked::Unfit(_)) => continue,
-                Err(e) => {
-                    refused.note(&fewer, e);
-                    state.refused += 1;
-                    continue;
+            match candidate(self.req, &fewer, &mut self.bounds, self.capacity) {
+                Ok(Checked::Fits(step, memory)) => {
+                    let bound = lower_bound(&fewer, &cost_model(self.req, &fewer).0);
+                    self.state.simulated += 1;
+                    self.insert(fewer, step, bound, memory);
                 }
-            };
-            let (costs, _) = cost_model(req, &fewer);
-            state.simulated += 1;
-            simulated.push((fewer, step));
-            let bound = lower_bound(&fewer, &costs);
-            let at = found.partition_point(|r| r.step_time_s <= step);
-            found.insert(at, row(req, fewer, step, bound, memory));
-            found.truncate(keep);
+                Ok(Checked::Unfit(_)) => {}
+                Err(e) => {
+                    self.refused.note(&fewer, e);
+                    self.state.refused += 1;
+                }
+            }
         }
     }
-    let before = refused.total;
-    state.searched =
-        super::listed::add_searched(req, &mut found, keep, req.max_searched, &mut refused);
-    state.refused += refused.total - before;
-    if found.is_empty() {
-        return Err(PlanError::Impossible(
-            match (closest, refused.most_common()) {
-                (Some((_, cfg)), _) => impossible::memory(req, &cfg)?,
-                (None, Some(r)) => format!(
-                    "every configuration checked was refused; most often ({} of {}): {} (e.g. {})",
-                    r.count, refused.total, r.message, r.example
-                ),
-                (None, None) => "no configuration could be checked (raise --max-simulated)".into(),
-            },
-        ));
+
+    /// The searched rows added, terms and explanation filled in: the plan, or why nothing
+    /// was found.
+    fn finish(mut self) -> Result<Plan, PlanError> {
+        let req = self.req;
+        let before = self.refused.total;
+        self.state.searched = super::listed::add_searched(
+            req,
+            &mut self.found,
+            self.keep,
+            req.max_searched,
+            &mut self.refused,
+        );
+        self.state.refused += self.refused.total - before;
+        if self.found.is_empty() {
+            return Err(PlanError::Impossible(self.nothing_found()?));
+        }
+        for r in &mut self.found {
+            let t = terms_of(req, &r.config, r.step_time_s)?;
+            r.limit = Some(t.limit());
+            r.bubble = t.bubble / r.step_time_s;
+            r.terms = Some(t);
+        }
+        // A searched best says first what the search bought over its shape's best fixed
+        // family; its neighbours are then the best's own (not another shape's, which would
+        // credit the best with values it does not have).
+        let mut explain = explain(req, &self.found[0], &self.simulated)?;
+        explain.splice(0..0, super::listed::explain(&self.found[0]));
+        explain.extend(super::explain_moe::line(req, &self.found[0].config)?);
+        explain.extend(self.refused.line());
+        self.simulated.sort_by(|a, b| a.1.total_cmp(&b.1));
+        Ok(Plan {
+            rows: self.found,
+            progress: self.state,
+            cut_short: self.cut_short,
+            explain,
+            simulated: self.simulated,
+        })
     }
-    for r in &mut found {
-        let t = terms_of(req, &r.config, r.step_time_s)?;
-        r.limit = Some(t.limit());
-        r.bubble = t.bubble / r.step_time_s;
-        r.terms = Some(t);
+
+    /// Why nothing was ranked: the closest configuration's memory, else the commonest
+    /// refusal.
+    fn nothing_found(&self) -> Result<String, PlanError> {
+        Ok(match (self.closest, self.refused.most_common()) {
+            (Some((_, cfg)), _) => impossible::memory(self.req, &cfg)?,
+            (None, Some(r)) => format!(
+                "every configuration checked was refused; most often ({} of {}): {} (e.g. {})",
+                r.count, self.refused.total, r.message, r.example
+            ),
+            (None, None) => "no configuration could be checked (raise --max-simulated)".into(),
+        })
     }
-    // A searched best says first what the search bought over its shape's best fixed family;
-    // its neighbours are then the best's own (not another shape's, which would credit the
-    // best with values it does not have).
-    let mut explain = explain(req, &found[0], &simulated)?;
-    explain.splice(0..0, super::listed::explain(&found[0]));
-    explain.extend(super::explain_moe::line(req, &found[0].config)?);
-    explain.extend(refused.line());
-    simulated.sort_by(|a, b| a.1.total_cmp(&b.1));
-    Ok(Plan {
-        rows: found,
-        progress: state,
-        cut_short,
-        explain,
-        simulated,
-    })
 }
 
 /// What checking one candidate found.
