@@ -14,6 +14,7 @@ pub mod memory;
 pub mod outputs;
 pub mod plan;
 pub mod plan_searched;
+mod plan_table;
 pub mod progress;
 pub mod search;
 pub mod self_command;

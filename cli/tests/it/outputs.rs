@@ -155,6 +155,14 @@ fn class1_an_output_that_is_an_input_is_refused_before_any_work() {
     // --calibrate plans nothing: a model beside it (which it overwrote) is refused by name.
     let args = ["plan", "--hf-config", "hf.json", "--calibrate", "./hf.json"];
     common::refused_in(Some(d), &args, None, &["--calibrate", "--hf-config"]);
+    // So is a mixture's layout, which it would ignore.
+    let args = ["plan", "--calibrate", "./c.json", "--ep", "2"];
+    common::refused_in(
+        Some(d),
+        &args,
+        None,
+        &["--calibrate", "--ep does not apply"],
+    );
     assert_eq!(snapshot(d), before, "a refused run changed a file");
 }
 
