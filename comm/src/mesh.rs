@@ -60,12 +60,17 @@ pub struct Mesh {
     pub dp: usize,
     /// Expert-parallel ranks, folded over the `dp` replicas (1: every rank holds every
     /// expert). Set with [`Mesh::with_ep`].
-    #[serde(default = "one")]
+    #[serde(default = "one", skip_serializing_if = "is_one")]
     pub ep: usize,
 }
 
 fn one() -> usize {
     1
+}
+
+/// A mesh without expert parallelism writes the three fields it always had.
+fn is_one(ep: &usize) -> bool {
+    *ep == 1
 }
 
 /// A rank's coordinates.
@@ -200,6 +205,10 @@ impl Mesh {
     /// The group of `kind` that holds `rank`.
     pub fn group(&self, kind: GroupKind, rank: usize) -> Result<Group, MeshError> {
         let c = self.coord(rank)?;
+        if matches!(kind, GroupKind::Ep | GroupKind::ExpertDp) && self.ep > 1 {
+            // A mesh built by hand or read from JSON skipped `with_ep`'s checks.
+            Mesh { ep: 1, ..*self }.with_ep(self.ep)?;
+        }
         let (index, ranks): (usize, Vec<usize>) = match kind {
             GroupKind::Tp => (
                 c.pp * self.dp + c.dp,
@@ -353,6 +362,19 @@ mod tests {
             e.to_string(),
             "ep = 3 must divide dp = 4: expert parallelism folds over the data-parallel replicas"
         );
+        // A mesh that skipped `with_ep` (a literal, or JSON) gets no group that crosses a
+        // stage or names a rank that does not exist.
+        let bad = Mesh {
+            ep: 2,
+            ..Mesh::new(2, 1, 3).unwrap()
+        };
+        let e = bad.group(GroupKind::Ep, 2).unwrap_err();
+        assert!(
+            e.to_string().starts_with("ep = 2 must divide dp = 3"),
+            "{e}"
+        );
+        let json = serde_json::to_string(&Mesh::new(2, 1, 4).unwrap()).unwrap();
+        assert_eq!(json, r#"{"pp":2,"tp":1,"dp":4}"#);
         let e = Mesh::new(2, 2, 2).unwrap().with_ep(2).unwrap_err();
         assert!(e.to_string().starts_with("ep = 2 needs tp = 1"), "{e}");
         assert!(Mesh::new(2, 2, 2).unwrap().with_ep(1).is_ok());
