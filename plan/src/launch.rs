@@ -73,8 +73,15 @@ pub fn train_flags(req: &PlanRequest, shape: &ModelShape, c: &Config, schedule: 
     } else {
         ""
     };
+    // Expert parallelism only where the plan chose it (`--etp` is not a `train` flag: the
+    // launch note says so where the plan chose one).
+    let ep = if c.ep > 1 {
+        format!(" --ep {}", c.ep)
+    } else {
+        String::new()
+    };
     format!(
-        "--precision {} {schedule} --microbatch-size {} --tp {} --dp {} --zero {} --recompute {}{sp} --layers {} --d-model {} --heads {} --seq-len {} --vocab {}{}",
+        "--precision {} {schedule} --microbatch-size {} --tp {} --dp {}{ep} --zero {} --recompute {}{sp} --layers {} --d-model {} --heads {} --seq-len {} --vocab {}{}",
         req.precision.name(),
         c.microbatch_size,
         c.tp,
@@ -90,7 +97,8 @@ pub fn train_flags(req: &PlanRequest, shape: &ModelShape, c: &Config, schedule: 
     )
 }
 
-/// A GPT's best configuration as `pipewright train` over NCCL, one process per GPU (a
+/// A GPT's best configuration as `pipewright train` over NCCL (MPI under expert
+/// parallelism), one process per GPU (a
 /// searched timetable as the file `timetable` names); empty for a layer-list model, whose
 /// launch is [`profile_launch`].
 pub fn launch(req: &PlanRequest, r: &PlanRow, timetable: Option<&str>) -> String {
@@ -98,8 +106,10 @@ pub fn launch(req: &PlanRequest, r: &PlanRow, timetable: Option<&str>) -> String
         return String::new();
     };
     let schedule = schedule_flags(r, timetable);
+    // Expert parallelism moves host tensors: it runs over MPI, not NCCL.
+    let transport = if r.config.ep > 1 { "mpi" } else { "nccl" };
     format!(
-        "mpirun -np {} pipewright train --transport nccl {}",
+        "mpirun -np {} pipewright train --transport {transport} {}",
         r.config.gpus(),
         train_flags(req, shape, &r.config, &schedule)
     )

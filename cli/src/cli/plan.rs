@@ -16,7 +16,7 @@ use pipewright::schedule::plan::launch::{
 use pipewright::schedule::plan::listed::configuration;
 use pipewright::schedule::plan::request::{cluster_of, parse_policy};
 use pipewright::schedule::plan::{
-    plan, Cluster, Fixed, Plan, PlanRequest, PlanRow, Precision, Progress, RawPlanRequest,
+    plan, Cluster, Config, Fixed, Plan, PlanRequest, PlanRow, Precision, Progress, RawPlanRequest,
 };
 use pipewright::schedule::shape::{Named, ShapeRequest};
 use pipewright::schedule::{Recompute, ScheduleKind};
@@ -407,7 +407,7 @@ impl PlanCmd {
                     let file = self.timetable_out.as_ref().map(|p| p.display().to_string());
                     let file = file.as_deref();
                     out += &format!("\nrun the best:\n  {}\n", launch(req, best, file));
-                    out += &launch_note(req);
+                    out += &launch_note(req, &best.config);
                     out += &searched_note(best, file).unwrap_or_default();
                 }
                 Some(p) => out += &format!("\nrun the best:\n{}", profile_launch(p, best).0),
@@ -503,15 +503,36 @@ fn explain(best: &PlanRow, plan: &Plan) -> String {
     out
 }
 
-/// What `train` refuses of the planned shape, said under the launch line (the reference GPT
-/// has every kind but tied embeddings).
-fn launch_note(req: &PlanRequest) -> String {
-    match req.model.gpt().map(gpt_config) {
-        Some(Err(e)) => format!(
-            "  (train refuses this line: {e}; plan without --tied-embeddings for the nearest shape it trains)\n"
-        ),
-        _ => String::new(),
+/// What `train` refuses of the planned shape or layout, said under the launch line, with
+/// the way to the nearest run it trains where there is one.
+fn launch_note(req: &PlanRequest, c: &Config) -> String {
+    let shape = match req.model.gpt() {
+        Some(shape) => shape,
+        None => return String::new(),
+    };
+    if let Err(e) = gpt_config(shape) {
+        let nearest = if shape.tied_embeddings {
+            "; plan without --tied-embeddings for the nearest shape it trains"
+        } else {
+            ""
+        };
+        return format!(
+            "  (train refuses this line: {e}{nearest})
+"
+        );
     }
+    let layout = if c.etp > 1 {
+        Some(format!("--etp {}", c.etp))
+    } else if c.ep > 1 && c.tp > 1 {
+        Some(format!("--ep {} with --tp {}", c.ep, c.tp))
+    } else if c.ep > 1 && c.zero > 0 {
+        Some(format!("--ep {} with --zero {}", c.ep, c.zero))
+    } else {
+        None
+    };
+    layout.map_or_else(String::new, |l| {
+        format!("  (train refuses this line: {l} does not run in pipewright's runtime yet; fix --ep 1 or --zero 0 to plan a layout it trains)\n")
+    })
 }
 
 fn json(

@@ -115,3 +115,24 @@ fn a_fixed_expert_layout_that_does_not_fit_is_refused_naming_the_flag() {
         .starts_with("--capacity-factor 0.5: must be a finite number at least 1"));
     assert_eq!(raw(Some(0), 1.0, true), "--ep and --etp must be at least 1");
 }
+
+/// The launch line runs the layout planned: its expert parallelism, over MPI (the mixtures
+/// move host tensors, which NCCL does not carry).
+#[test]
+fn the_launch_line_carries_the_expert_layout() {
+    let mut req = request(true, Some(8));
+    req.fixed.zero = Some(0);
+    let best = &plan(&req, &mut |_| {}).unwrap().rows[0];
+    let line = pipewright_plan::launch::launch(&req, best, None);
+    assert!(line.contains(" --dp 8 --ep 8 --zero 0 "), "{line}");
+    assert!(
+        line.starts_with("mpirun -np 16 pipewright train --transport mpi "),
+        "{line}"
+    );
+    let dense = plan(&request(false, None), &mut |_| {}).unwrap().rows[0].clone();
+    let line = pipewright_plan::launch::launch(&request(false, None), &dense, None);
+    assert!(
+        line.contains("--transport nccl") && !line.contains("--ep"),
+        "{line}"
+    );
+}
