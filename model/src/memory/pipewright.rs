@@ -254,7 +254,9 @@ pub(super) fn handoff_bytes(cfg: &MemoryConfig) -> u64 {
 /// One block's bytes under `policy` (the first MoE layer's where the shape has a mixture, as
 /// the largest); a block a policy recomputes keeps nothing of its own.
 pub(super) fn layer_bytes(cfg: &MemoryConfig, policy: Recompute) -> u64 {
-    let i = cfg.shape.moe.map_or(0, |m| m.dense_layers.min(cfg.shape.layers.saturating_sub(1)));
+    let i = cfg.shape.moe.map_or(0, |m| {
+        m.dense_layers.min(cfg.shape.layers.saturating_sub(1))
+    });
     let elements = match policy {
         Recompute::None => block(cfg, i),
         Recompute::Selective => block_selective(cfg, i),

@@ -1,14 +1,16 @@
 //! The memory model's pipewright accounting against the runtime on two mixtures of experts:
 //! A (GeLU, 4 experts of width 16, top-2, a shared expert of width 8, the first block dense,
 //! no biases) and B (SwiGLU, 8 experts of width 8, top-2, every block a mixture, a QKV bias),
-//! at pp 2 and pp 2 x dp 2 x ep 2, on 1F1B, interleaved 1F1B and ZB-H1. Parameters, gradients,
+//! at pp 2 (1F1B, interleaved 1F1B and ZB-H1; recompute none, selective, every:1 and full)
+//! and pp 2 x dp 2 x ep 2 (1F1B, interleaved 1F1B and GPipe). Parameters, gradients,
 //! AdamW's state and buffers equal the prediction to the byte on every rank; without expert
 //! parallelism so do the stashes. Under EP a rank stashes the copies its experts received,
 //! which depends on the routing, so there the prediction (`N k` copies a rank, the average)
-//! equals the measured stashes of the EP group's mean microbatch, checked as bounds.
+//! is the EP group's mean: on GPipe, where every rank's peak holds all the microbatches, the
+//! group's stashes add up to `ep` times it to the byte.
 
 use pipewright_model::memory::{
-    moe::ExpertLayout, predict_detail, Accounting, DevicePrediction, MemoryConfig,
+    moe::ExpertLayout, predict_detail, Accounting, DevicePrediction, MemoryBreakdown, MemoryConfig,
 };
 use pipewright_model::shape::{BiasKind, MlpKind, ModelShape, MoeShape};
 use pipewright_runtime::{gpt_config, train_gpt, Mesh, RunOptions, StepRecord, TrainConfig};
@@ -123,24 +125,35 @@ fn without_ep_every_category_of_every_rank_equals_the_prediction() {
     }
 }
 
+/// Parameters, gradients, AdamW's state and buffers of a rank.
+fn state(b: &MemoryBreakdown) -> (u64, u64, u64, u64) {
+    (b.parameters, b.gradients, b.optimizer_state, b.buffers)
+}
+
 #[test]
 fn under_ep_the_state_equals_the_prediction_and_the_stashes_average_it() {
+    use ScheduleKind::*;
     for (name, shape) in shapes() {
-        for kind in [ScheduleKind::OneFOneB, ScheduleKind::Interleaved1F1B] {
-            let v = if kind == ScheduleKind::OneFOneB { 1 } else { 2 };
+        for (kind, v) in [(OneFOneB, 1), (Interleaved1F1B, 2), (GPipe, 1)] {
             let at = format!("{name} {kind:?} pp 2 v {v} dp 2 ep 2");
             let (measured, predicted) = run(&shape, kind, (2, v, 2, 2), "none");
             for (d, ranks) in measured.memory.chunks(2).enumerate() {
-                let want = &predicted[d].peak;
+                let want = &predicted[d];
                 for (r, m) in ranks.iter().enumerate() {
                     println!("{at}: device {d} rank {r}: {:?}", m.peak);
-                    let state = |b: &pipewright_model::memory::MemoryBreakdown| {
-                        (b.parameters, b.gradients, b.optimizer_state, b.buffers)
-                    };
-                    assert_eq!(state(&m.peak), state(want), "{at}: device {d} rank {r}");
+                    let at = format!("{at}: device {d} rank {r}");
+                    assert_eq!(state(&m.peak), state(&want.peak), "{at}");
+                    assert_eq!(state(&m.max), state(&want.max), "{at}");
                 }
+                // GPipe's peak holds every microbatch's stash on every rank at once, and the
+                // EP group's experts received all `2 N k` copies of each microbatch: the
+                // group's stashes add up to ep times the prediction, to the byte.
                 let acts: Vec<u64> = ranks.iter().map(|m| m.max.activations).collect();
-                println!("{at}: device {d}: stashes {acts:?}, predicted {}", predicted[d].max.activations);
+                let want = want.max.activations;
+                println!("{at}: device {d}: stashes {acts:?}, predicted {want}");
+                if kind == GPipe {
+                    assert_eq!(acts.iter().sum::<u64>(), 2 * want, "{at}: device {d}");
+                }
             }
         }
     }
