@@ -128,9 +128,8 @@ pub(super) fn check_shape(shape: &ModelShape) -> Result<(), MemoryError> {
 
 /// Refuses what the reference GPT's mixture does not run: a capacity factor (it routes
 /// dropless, and its stash does not depend on the routing but for the EP split), ZeRO-1 with
-/// expert parallelism (the runtime refuses it), and sequence parallelism (which rows an MoE
-/// layer's input keeps on a rank under it is not counted here). Its experts are split over
-/// the TP group, so `etp` is read as `tp`.
+/// expert parallelism and sequence parallelism (the runtime refuses both beside a mixture).
+/// Its experts are split over the TP group, so `etp` is read as `tp`.
 pub(super) fn check_mixture(cfg: &MemoryConfig) -> Result<(), MemoryError> {
     if cfg.shape.moe.is_none() {
         return Ok(());
@@ -140,7 +139,7 @@ pub(super) fn check_mixture(cfg: &MemoryConfig) -> Result<(), MemoryError> {
     } else if cfg.zero >= 1 && cfg.experts.ep > 1 {
         "ZeRO-1 with expert parallelism"
     } else if cfg.sequence_parallel && cfg.tp > 1 {
-        "count of a mixture of experts under sequence parallelism"
+        "mixture of experts under sequence parallelism"
     } else {
         return Ok(());
     };

@@ -194,5 +194,13 @@ mod predicted {
             ..config(2, 1, 1.0)
         };
         assert!(reference(zero).contains("which has no ZeRO-1 with expert parallelism"));
+        let sp = MemoryConfig {
+            zero: 0,
+            sequence_parallel: true,
+            ..config(1, 1, 1.0)
+        };
+        assert!(
+            reference(sp).contains("which has no mixture of experts under sequence parallelism")
+        );
     }
 }
