@@ -61,7 +61,7 @@ fn shapes() -> [(&'static str, ModelShape); 2] {
 fn run(
     shape: &ModelShape,
     kind: ScheduleKind,
-    (pp, v, dp, ep): (u32, u32, u32, u32),
+    (pp, v, dp, ep): Dims,
     recompute: &str,
 ) -> (StepRecord, Vec<DevicePrediction>) {
     let tt = generate(&ScheduleSpec::new(kind, pp, v, M, None).unwrap());
@@ -98,7 +98,10 @@ fn run(
     (measured.unwrap(), predict_detail(&mem, &tt).unwrap())
 }
 
-const POINTS: [(ScheduleKind, (u32, u32, u32, u32), &str); 5] = {
+/// `(pp, v, dp, ep)`.
+type Dims = (u32, u32, u32, u32);
+
+const POINTS: [(ScheduleKind, Dims, &str); 5] = {
     use ScheduleKind::*;
     [
         (OneFOneB, (2, 1, 1, 1), "none"),
