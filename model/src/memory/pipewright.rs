@@ -25,6 +25,11 @@
 //!   MLP's pre-activation gradient and activation (`T[8Nd + N(q + d + g)/t] + R[2N]`), the
 //!   head's `T[N(3d + V)] + R[N]` and the embedding's gradient and ids `T[Nd] + R[N]`.
 //!
+//! - an MoE layer (by its index: dense layers first, then one in `every`) keeps its
+//!   mixture's stash in place of the MLP's (`moe_stash`; under expert parallelism `N k` routed
+//!   copies a rank, the average over its EP group), and its weight stash likewise; a rank
+//!   holds `experts / ep` of each mixture's experts.
+//!
 //! Biases change no stash, and neither do rotary positions: attention keeps its queries and
 //! keys turned in place of the projection's output (the `qkv` above is what the core read),
 //! the rotation's backward needs no activation, and the embedding keeps its ids with or
