@@ -28,7 +28,9 @@ use super::progress::{oversubscribed, warn_oversubscribed, StepLog};
 use super::search::stage_measured_costs;
 use super::shape::ShapeArgs;
 use super::steady::{period_line, MeasuredPeriod};
-use pipewright::schedule::memory::{Accounting, MemPrecision, MemoryConfig, ModelShape};
+use pipewright::schedule::memory::{
+    moe::ExpertLayout, Accounting, MemPrecision, MemoryConfig, ModelShape,
+};
 
 /// Train the reference GPT on in-process devices (one thread per rank), or one process per
 /// rank over MPI (`mpirun -np <pp*tp*dp> pipewright train --transport mpi ...`), or one
@@ -362,6 +364,11 @@ impl TrainCmd {
             sequence_parallel: self.sequence_parallel,
             zero: self.zero as u8,
             recompute: self.source.recompute.clone(),
+            // The experts sharded over `ep` replicas (ZeRO-1 beside EP is refused before).
+            experts: ExpertLayout {
+                ep: u32_of(mesh.ep),
+                ..ExpertLayout::default()
+            },
             ..MemoryConfig::new(*shape, u32_of(mesh.pp)).with_accounting(Accounting::Pipewright)
         }
     }

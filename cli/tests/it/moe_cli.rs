@@ -1,7 +1,7 @@
 //! Mixture-of-experts shapes on the command line (issue 35): the flags of a mixture mean the
 //! same on every command that takes a shape and are refused in the flags' words where they
-//! contradict; a mixture (from flags or a config) is planned with its experts, and refused,
-//! not simulated or trained as a dense model, where its memory and time are not modelled.
+//! contradict; a mixture (from flags or a config) is planned with its experts, simulated and
+//! trained, its memory predicted as `train` measures it.
 
 use crate::common;
 
@@ -52,7 +52,7 @@ fn contradicting_expert_flags_are_refused_naming_them() {
 }
 
 #[test]
-fn a_mixture_is_planned_and_refused_where_its_memory_and_time_are_not_modelled() {
+fn a_mixture_is_planned_and_simulated_and_a_layout_that_does_not_fit_is_refused() {
     let moe = ["--experts", "4", "--top-k", "2", "--shared-experts", "1"];
     let rest = [
         "--gpus",
@@ -128,11 +128,9 @@ fn a_mixture_is_planned_and_refused_where_its_memory_and_time_are_not_modelled()
         &moe,
     ]
     .concat();
-    // simulate's memory of the reference GPT has no experts; Megatron's accounting counts them.
-    common::refused(
-        &simulate,
-        &["which has no mixture of experts; use the megatron accounting"],
-    );
+    // simulate's memory model counts the reference GPT's mixture.
+    let out = common::ok(&simulate);
+    assert!(out.contains("predicted memory per rank"), "{out}");
     let train = [&["train", "--steps", "1"][..], &SHAPE, &moe].concat();
     common::refused(
         &train,
@@ -167,4 +165,76 @@ fn train_refuses_an_expert_degree_naming_ep() {
     ];
     let folded = [&head[..], &SHAPE, &eight].concat();
     common::refused(&folded, &["--ep 4: must divide dp = 2"]);
+}
+
+/// Mixture A of the runtime's memory tests: GeLU, 4 experts of width 16, top-2, a shared
+/// expert of width 8, the first of 4 blocks dense, no biases; 2 stages of 4 microbatches of 2.
+const MIXTURE: [&str; 28] = [
+    "--layers",
+    "4",
+    "--d-model",
+    "16",
+    "--heads",
+    "4",
+    "--seq-len",
+    "8",
+    "--vocab",
+    "32",
+    "--experts",
+    "4",
+    "--top-k",
+    "2",
+    "--expert-ffn",
+    "16",
+    "--shared-experts",
+    "1",
+    "--shared-ffn",
+    "8",
+    "--dense-layers",
+    "1",
+    "--bias",
+    "none",
+    "--stages",
+    "2",
+    "--microbatch-size",
+    "2",
+];
+
+/// The last JSON step of `train --format json --steps 2` with `extra`: its loss and each
+/// rank's peak memory.
+fn train_moe(extra: &[&str]) -> (f64, Vec<serde_json::Value>) {
+    let head = ["train", "--format", "json", "--steps", "2"];
+    let out = common::ok(&[&head[..], &MIXTURE, extra].concat());
+    let step: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
+    assert_eq!(step["step"], 1, "{out}");
+    let memory = step["memory"].as_array().unwrap();
+    let peaks = memory.iter().map(|r| r["peak"].clone()).collect();
+    (step["loss"].as_f64().unwrap(), peaks)
+}
+
+/// A mixture trains end to end (its memory check passes) at pp 2 and pp 2 x dp 2 x ep 2;
+/// at pp 2 each rank's measured peak is `simulate`'s prediction to the byte, and EP 2 halves
+/// each rank's experts: 2048 expert parameters an MoE layer, one on stage 0, two on stage 1.
+#[test]
+fn a_mixture_trains_and_its_memory_is_the_prediction() {
+    let (loss, peaks) = train_moe(&[]);
+    assert!(loss.is_finite(), "{loss}");
+    let sim = common::ok(&[&["simulate", "--format", "json"][..], &MIXTURE].concat());
+    let sim: serde_json::Value = serde_json::from_str(&sim).unwrap();
+    assert_eq!(
+        sim["predicted_memory"].as_array().unwrap(),
+        &peaks,
+        "predicted vs measured"
+    );
+    let (loss, ep) = train_moe(&["--dp", "2", "--ep", "2"]);
+    assert!(loss.is_finite(), "{loss}");
+    assert_eq!(ep.len(), 4);
+    for (rank, m) in ep.iter().enumerate() {
+        let d = rank / 2;
+        let moe_layers = [1, 2][d];
+        let want = peaks[d]["parameters"].as_u64().unwrap() - 4 * 1024 * moe_layers;
+        assert_eq!(m["parameters"].as_u64(), Some(want), "rank {rank}");
+        assert_eq!(m["gradients"].as_u64(), Some(want), "rank {rank}");
+        assert_eq!(m["optimizer_state"].as_u64(), Some(2 * want), "rank {rank}");
+    }
 }

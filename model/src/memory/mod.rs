@@ -223,8 +223,11 @@ impl MemoryConfig {
         let s = &self.shape;
         s.check().map_err(MemoryError::from)?;
         // The Megatron accounting counts mixtures, latent attention and heads of their own
-        // width; pipewright's counts its reference GPT's stashes, which has none of them.
-        if let (Some(what), Accounting::Pipewright) = (s.not_modelled(), self.accounting) {
+        // width; pipewright's counts its reference GPT's stashes, which has a mixture of
+        // experts but none of the others.
+        let without_moe = ModelShape { moe: None, ..*s };
+        if let (Some(what), Accounting::Pipewright) = (without_moe.not_modelled(), self.accounting)
+        {
             return Err(MemoryError::NotReference(
                 what.trim_start_matches("a ").into(),
             ));
@@ -272,6 +275,7 @@ impl MemoryConfig {
         }
         if self.accounting == Accounting::Pipewright {
             pipewright::check_shape(s)?;
+            pipewright::check_mixture(self)?;
         }
         self.recompute
             .check(self.stages())

@@ -82,7 +82,12 @@ pub(super) fn rank_sides(cfg: &MemoryConfig, s: u32) -> SideParameters {
     }
     let range = stage_range(sh.layers, stages, s);
     let e = &cfg.experts;
-    let blocks = blocks_rank_parameters(sh, range, cfg.tp, e.ep, e.etp);
+    // The reference GPT splits every expert over the TP group.
+    let etp = match cfg.accounting {
+        Accounting::Megatron => e.etp,
+        Accounting::Pipewright => cfg.tp,
+    };
+    let blocks = blocks_rank_parameters(sh, range, cfg.tp, e.ep, etp);
     SideParameters {
         dense: outer + blocks.dense,
         expert: blocks.expert,

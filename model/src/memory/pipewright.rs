@@ -25,6 +25,11 @@
 //!   MLP's pre-activation gradient and activation (`T[8Nd + N(q + d + g)/t] + R[2N]`), the
 //!   head's `T[N(3d + V)] + R[N]` and the embedding's gradient and ids `T[Nd] + R[N]`.
 //!
+//! - an MoE layer (by its index: dense layers first, then one in `every`) keeps its
+//!   mixture's stash in place of the MLP's (`moe_stash`; under expert parallelism `N k` routed
+//!   copies a rank, the average over its EP group), and its weight stash likewise; a rank
+//!   holds `experts / ep` of each mixture's experts.
+//!
 //! Biases change no stash, and neither do rotary positions: attention keeps its queries and
 //! keys turned in place of the projection's output (the `qkv` above is what the core read),
 //! the rotation's backward needs no activation, and the embedding keeps its ids with or
@@ -126,6 +131,26 @@ pub(super) fn check_shape(shape: &ModelShape) -> Result<(), MemoryError> {
     Ok(())
 }
 
+/// Refuses what the reference GPT's mixture does not run: a capacity factor (it routes
+/// dropless, and its stash does not depend on the routing but for the EP split), ZeRO-1 with
+/// expert parallelism and sequence parallelism (the runtime refuses both beside a mixture).
+/// Its experts are split over the TP group, so `etp` is read as `tp`.
+pub(super) fn check_mixture(cfg: &MemoryConfig) -> Result<(), MemoryError> {
+    if cfg.shape.moe.is_none() {
+        return Ok(());
+    }
+    let what = if cfg.experts.capacity != 1.0 {
+        "capacity factor (it routes dropless)"
+    } else if cfg.zero >= 1 && cfg.experts.ep > 1 {
+        "ZeRO-1 with expert parallelism"
+    } else if cfg.sequence_parallel && cfg.tp > 1 {
+        "mixture of experts under sequence parallelism"
+    } else {
+        return Ok(());
+    };
+    Err(MemoryError::NotReference(what.into()))
+}
+
 /// `(q, g)`: the fused QKV's width and the MLP's hidden tensors' (pre-activation and
 /// activation), whole (before the TP split).
 fn widths(cfg: &MemoryConfig) -> (u128, u128) {
@@ -145,25 +170,82 @@ fn slice_rows(cfg: &MemoryConfig) -> u128 {
     }
 }
 
-/// One block's whole stash, the attention probabilities included.
-fn block(cfg: &MemoryConfig) -> Elems {
+/// One block's whole stash, the attention probabilities included: block `i` (0-based) of
+/// the model, a mixture's MLP part in place of the dense one where it is an MoE layer.
+fn block(cfg: &MemoryConfig, i: u32) -> Elems {
     let (n, d, _, t, core) = dims(cfg);
     let (q, g) = widths(cfg);
     let m = slice_rows(cfg);
-    Elems {
-        tensor: 4 * m * d + n * (q + d) / t + n * g / t,
+    let attention = Elems {
+        tensor: 3 * m * d + n * (q + d) / t,
         row: 2 * m + core,
+    };
+    match moe_stash(cfg, i) {
+        Some(mixture) => attention + mixture,
+        None => attention + Elems::tensor(m * d + n * g / t),
     }
 }
 
+/// The MLP part of MoE layer `i`'s stash (`None` for a dense layer), as
+/// `pipewright_kernels::layers::MoeStash` counts it: its input `T[Nd]`; the routing's
+/// probabilities, gates and chosen experts (`R[NE + Nk + 2Nk]`, the indices 8 bytes); the
+/// routed copies' outputs as they came back (`R[Nkd]`, host f32 in every precision); where
+/// the rows went (`R[4Nk]`: a pair of 8-byte indices a copy) and the rows each source and
+/// destination count for each expert (`R[4E]`: `2 E` 8-byte counts); the `Nk` copies' MLP
+/// stashes (input, pre-activation and activation `T[Nk(d + g_e/t)]`), and the shared
+/// expert's `T[N(d + g_s/t)]`. Under expert parallelism a rank keeps the stashes of the
+/// copies its experts received: `Nk` on average, more or fewer as tokens are routed.
+fn moe_stash(cfg: &MemoryConfig, i: u32) -> Option<Elems> {
+    let mx = cfg.shape.moe.filter(|m| m.is_moe_layer(i))?;
+    let (n, d, _, t, _) = dims(cfg);
+    let (e, k) = (u128::from(mx.experts), u128::from(mx.top_k));
+    let hidden = u128::from(cfg.shape.mlp.up_matrices() + 1);
+    let shared_ffn = u128::from(mx.shared_experts) * u128::from(mx.shared_ffn);
+    let shared = if shared_ffn > 0 {
+        Elems::tensor(n * (d + hidden * shared_ffn / t))
+    } else {
+        Elems::default()
+    };
+    let routed = Elems::tensor(n * k * (d + hidden * u128::from(mx.expert_ffn) / t));
+    let routing = Elems::row(n * e + 3 * n * k);
+    let layout = Elems::row(4 * n * k + 4 * e);
+    Some(Elems::tensor(n * d) + routing + Elems::row(n * k * d) + layout + routed + shared)
+}
+
+/// The MLP part of MoE layer `i`'s weight stash (`None` for a dense layer), as
+/// `MoeWeightStash` counts it: its input and the router's logits' gradient `T[N(d + E)]`,
+/// and each copy's and the shared expert's MLP weight stash (input, output gradient,
+/// pre-activation gradient and activation: `T[Nk(2d + g_e/t) + N(2d + g_s/t)]`).
+fn moe_weight_stash(cfg: &MemoryConfig, i: u32) -> Option<Elems> {
+    let mx = cfg.shape.moe.filter(|m| m.is_moe_layer(i))?;
+    let (n, d, _, t, _) = dims(cfg);
+    let (e, k) = (u128::from(mx.experts), u128::from(mx.top_k));
+    let hidden = u128::from(cfg.shape.mlp.up_matrices() + 1);
+    let shared_ffn = u128::from(mx.shared_experts) * u128::from(mx.shared_ffn);
+    let shared = if shared_ffn > 0 {
+        n * (2 * d + hidden * shared_ffn / t)
+    } else {
+        0
+    };
+    let routed = n * k * (2 * d + hidden * u128::from(mx.expert_ffn) / t);
+    Some(Elems::tensor(n * (d + e) + routed + shared))
+}
+
 /// One block's stash under selective recomputation: all but the probabilities.
-fn block_selective(cfg: &MemoryConfig) -> Elems {
+fn block_selective(cfg: &MemoryConfig, i: u32) -> Elems {
     let (.., core) = dims(cfg);
-    let whole = block(cfg);
+    let whole = block(cfg, i);
     Elems {
         row: whole.row - core,
         ..whole
     }
+}
+
+/// The sum of `f` over the blocks (0-based) of stage `s`.
+fn sum_blocks(cfg: &MemoryConfig, s: u32, f: impl Fn(u32) -> Elems) -> Elems {
+    params::stage_range(cfg.shape.layers, cfg.stages(), s)
+        .map(f)
+        .fold(Elems::default(), |a, b| a + b)
 }
 
 /// Bytes of one pipeline hand-off (a stage's output or input gradient) on one rank: f32
@@ -173,11 +255,15 @@ pub(super) fn handoff_bytes(cfg: &MemoryConfig) -> u64 {
     u64::try_from(F32 * slice_rows(cfg) * d).unwrap_or(u64::MAX)
 }
 
-/// One block's bytes under `policy`; a block a policy recomputes keeps nothing of its own.
+/// One block's bytes under `policy` (the first MoE layer's where the shape has a mixture, as
+/// the largest); a block a policy recomputes keeps nothing of its own.
 pub(super) fn layer_bytes(cfg: &MemoryConfig, policy: Recompute) -> u64 {
+    let i = cfg.shape.moe.map_or(0, |m| {
+        m.dense_layers.min(cfg.shape.layers.saturating_sub(1))
+    });
     let elements = match policy {
-        Recompute::None => block(cfg),
-        Recompute::Selective => block_selective(cfg),
+        Recompute::None => block(cfg, i),
+        Recompute::Selective => block_selective(cfg, i),
         Recompute::Full | Recompute::Every(_) => Elems::default(),
     };
     u64::try_from(elements.bytes(cfg)).unwrap_or(u64::MAX)
@@ -189,7 +275,7 @@ pub(super) fn stage_bytes(cfg: &MemoryConfig, s: u32) -> StageBytes {
     let (q, g) = widths(cfg);
     let v = u128::from(cfg.shape.vocab);
     let m = slice_rows(cfg);
-    let layers = u128::from(params::stage_layers(cfg.shape.layers, cfg.stages(), s));
+    let range = params::stage_range(cfg.shape.layers, cfg.stages(), s);
     let (first, last) = (s == 0, s + 1 == cfg.stages());
     let none = Elems::default();
     let ids = if first { Elems::row(n) } else { none };
@@ -199,20 +285,25 @@ pub(super) fn stage_bytes(cfg: &MemoryConfig, s: u32) -> StageBytes {
         none
     };
     let input = if first { none } else { Elems::tensor(m * d) };
-    let full = ids + layers * block(cfg) + head;
+    let full = ids + sum_blocks(cfg, s, |i| block(cfg, i)) + head;
     let kept = match cfg.recompute.of(s) {
         Recompute::None => full,
-        Recompute::Selective => ids + layers * block_selective(cfg) + head,
+        Recompute::Selective => ids + sum_blocks(cfg, s, |i| block_selective(cfg, i)) + head,
         Recompute::Full => ids + input,
         Recompute::Every(k) => {
-            let kept_blocks = layers - layers.min(u128::from(k));
-            ids + input + kept_blocks * block(cfg) + head
+            // The first k blocks of the stage are recomputed; the rest keep their stashes.
+            let from = range.start + k.min(range.len() as u32);
+            let rest = (from..range.end).fold(none, |a, i| a + block(cfg, i));
+            ids + input + rest + head
         }
     };
-    let block_w = Elems {
-        tensor: 4 * m * d + 4 * n * d + n * (q + d) / t + n * g / t,
+    // Attention's and the norms' part of a block's weight stash, then its MLP's.
+    let attention_w = Elems {
+        tensor: 4 * m * d + 2 * n * d + n * (q + d) / t,
         row: 2 * m,
     };
+    let block_w =
+        |i| attention_w + moe_weight_stash(cfg, i).unwrap_or(Elems::tensor(2 * n * d + n * g / t));
     let embed_w = if first {
         Elems::tensor(n * d) + Elems::row(n)
     } else {
@@ -223,7 +314,7 @@ pub(super) fn stage_bytes(cfg: &MemoryConfig, s: u32) -> StageBytes {
     } else {
         none
     };
-    let weight = embed_w + layers * block_w + head_w;
+    let weight = embed_w + sum_blocks(cfg, s, block_w) + head_w;
     let bytes = |e: Elems| e.bytes(cfg) as f64;
     StageBytes {
         kept: bytes(kept),

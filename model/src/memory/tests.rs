@@ -381,3 +381,47 @@ fn the_pipewright_accounting_takes_the_reference_gpt_s_kinds_and_refuses_tied_em
     let e = predict(&pw(tied), &tt).unwrap_err().to_string();
     assert!(e.contains("no tied embeddings"), "{e}");
 }
+
+/// The reference GPT's MoE block, term by term (`N = 16` rows of width 16, 4 experts of width
+/// 16, top-2, a GeLU shared expert of width 8, f32): attention's part `T[3Nd + N(q + d)] +
+/// R[2N + b a s²]` = 4 (1792 + 544) = 9344; the mixture's input `T[Nd]` 256, the routing
+/// `R[NE + 3Nk]` 64 + 96, the returned copies `R[Nkd]` 512, the layout `R[4Nk + 4E]` 128 +
+/// 16, the copies' stashes `T[Nk(d + 2 f_e)]` 1536 and the shared expert's `T[N(d + 2 f_s)]`
+/// 512: 4 x 3120 = 12480. The dense block before it keeps the MLP's `T[Nd + 2 N ffn]` 2304.
+#[test]
+fn a_mixture_s_block_keeps_its_routing_copies_and_experts_stashes() {
+    use crate::shape::{BiasKind, MoeShape};
+    let moe = MoeShape {
+        experts: 4,
+        top_k: 2,
+        expert_ffn: 16,
+        shared_experts: 1,
+        shared_ffn: 8,
+        shared_gate: false,
+        router_bias: false,
+        dense_layers: 1,
+        every: 1,
+    };
+    let shape = ModelShape {
+        bias: BiasKind::None,
+        moe: Some(moe),
+        ..ModelShape::gpt(4, 16, 4, 64, 8, 32)
+    };
+    let cfg = MemoryConfig {
+        microbatch_size: 2,
+        ..MemoryConfig::new(shape, 2).with_accounting(Accounting::Pipewright)
+    };
+    assert_eq!(layer_activation_bytes(&cfg, Recompute::None), 9344 + 12480);
+    let dense = MemoryConfig {
+        shape: ModelShape { moe: None, ..shape },
+        ..cfg.clone()
+    };
+    assert_eq!(
+        layer_activation_bytes(&dense, Recompute::None),
+        9344 + 4 * 2304
+    );
+    // The last stage (two MoE blocks and the head, `T[2Nd] + R[N(2 + V)]`) under 1F1B.
+    let tt = generate(&ScheduleSpec::new(ScheduleKind::OneFOneB, 2, 1, 4, None).unwrap());
+    let last = predict(&cfg, &tt).unwrap()[1];
+    assert_eq!(last.activations, 2 * (9344 + 12480) + 4 * (512 + 16 * 34));
+}

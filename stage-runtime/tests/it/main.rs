@@ -21,6 +21,7 @@ mod memory_model;
 mod model_shapes;
 mod module_checks;
 mod moe;
+mod moe_memory;
 mod non_finite;
 mod partial_recompute;
 mod precision;

@@ -182,7 +182,25 @@ mod predicted {
             ..config(2, 1, 1.0)
         };
         assert!(e(dense).contains("ep above 1 needs a mixture of experts"));
-        let reference = config(1, 1, 1.0).with_accounting(Accounting::Pipewright);
-        assert!(e(reference).contains("which has no mixture of experts"));
+        // The reference GPT has a mixture, routed dropless, and no ZeRO-1 beside EP.
+        let reference = |c: MemoryConfig| e(c.with_accounting(Accounting::Pipewright));
+        assert!(config(1, 1, 1.0)
+            .with_accounting(Accounting::Pipewright)
+            .check()
+            .is_ok());
+        assert!(reference(config(1, 1, 1.25)).contains("which has no capacity factor"));
+        let zero = MemoryConfig {
+            zero: 1,
+            ..config(2, 1, 1.0)
+        };
+        assert!(reference(zero).contains("which has no ZeRO-1 with expert parallelism"));
+        let sp = MemoryConfig {
+            zero: 0,
+            sequence_parallel: true,
+            ..config(1, 1, 1.0)
+        };
+        assert!(
+            reference(sp).contains("which has no mixture of experts under sequence parallelism")
+        );
     }
 }
