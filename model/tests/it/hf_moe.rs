@@ -217,9 +217,26 @@ fn contradicting_fields_are_refused_naming_them() {
         "{}",
         e(&gaps)
     );
+    // Step 2 with one dense layer first: Qwen's count from layer 0 puts the mixtures on 1, 3,
+    // 5, ...; a shape's count from the first layer after the dense ones would put them on 2,
+    // 4, ...: refused. Two dense layers (a whole step) agree, and are read.
+    let step2 = qwen.replace("\"decoder_sparse_step\": 1", "\"decoder_sparse_step\": 2");
+    let shifted = step2.replace("\"mlp_only_layers\": []", "\"mlp_only_layers\": [0]");
+    assert!(
+        e(&shifted)
+            .starts_with("field `mlp_only_layers` is the first 1: with decoder_sparse_step 2"),
+        "{}",
+        e(&shifted)
+    );
+    let whole = step2.replace("\"mlp_only_layers\": []", "\"mlp_only_layers\": [0, 1]");
+    let m = from_hf_config(&whole).unwrap().shape.moe.unwrap();
+    assert_eq!((m.dense_layers, m.every), (2, 2));
+    assert!(!m.is_moe_layer(2) && m.is_moe_layer(3) && m.is_moe_layer(5));
     let oss = mixtral.replace("\"mixtral\"", "\"gpt_oss\"");
     assert!(e(&oss).starts_with("field `model_type` is `gpt_oss`: its attention sinks"));
-    for text in [&k, &none, &freq, &all_dense, &no_rank, &odd, &gaps, &oss] {
+    for text in [
+        &k, &none, &freq, &all_dense, &no_rank, &odd, &gaps, &shifted, &oss,
+    ] {
         assert!(!e(text).contains('\n'));
     }
     assert!(matches!(

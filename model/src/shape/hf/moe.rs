@@ -7,7 +7,8 @@
 //! - Mixtral: all of them.
 //! - Qwen-MoE: layer `i` where `(i + 1) % decoder_sparse_step == 0` and `i` is not in
 //!   `mlp_only_layers` (read where that list is empty or the first layers in order, which
-//!   are [`MoeShape::dense_layers`]).
+//!   are [`MoeShape::dense_layers`], and where those are a multiple of the step: refused
+//!   otherwise, as the two counts would place the mixtures differently).
 //! - DeepSeek-V3: layer `i >= first_k_dense_replace` where `i % moe_layer_freq == 0`; read
 //!   where `moe_layer_freq` is 1 (every published config), refused otherwise.
 
@@ -230,6 +231,7 @@ fn qwen_moe(f: &Fields) -> Result<HfModel, HfError> {
         dense_layers: dense_prefix(f, "mlp_only_layers", mlp_only_prefix(f)?)?,
         every: bounded(f, "decoder_sparse_step", 1 << 20)?.unwrap_or(1) as u32,
     });
+    sparse_step_fits(shape.moe.as_ref())?;
     if qwen3 {
         shape.head_width = Some(bounded(f, "head_dim", 1 << 20)?.unwrap_or(128));
         shape.qk_norm = true;
@@ -305,4 +307,23 @@ fn deepseek_v3(f: &Fields) -> Result<HfModel, HfError> {
         ));
     }
     model(f, shape, notes)
+}
+
+/// Qwen-MoE counts `decoder_sparse_step` from layer 0 and then drops `mlp_only_layers`; a
+/// shape counts `every` from the first layer after its dense ones. The two agree where the
+/// dense layers are a whole number of steps (or the step is 1); otherwise refuse rather than
+/// place the mixtures on the wrong layers.
+fn sparse_step_fits(moe: Option<&MoeShape>) -> Result<(), HfError> {
+    match moe {
+        Some(m) if m.every > 1 && m.dense_layers % m.every != 0 => Err(HfError::Unsupported {
+            field: "mlp_only_layers",
+            value: format!("the first {}", m.dense_layers),
+            why: format!(
+                "with decoder_sparse_step {} the mixtures sit on layers counted from 0, which a \
+                 dense prefix of {} layers (not a multiple of the step) would shift",
+                m.every, m.dense_layers
+            ),
+        }),
+        _ => Ok(()),
+    }
 }
