@@ -140,6 +140,37 @@ fn activation_bytes(req: &PlanRequest, shape: &ModelShape, cfg: &Config) -> f64 
 }
 
 /// Recomputation time of stage `s`, given its forward `f`.
+/// The all-to-all a recompute of stage `s` reruns: none for selective (it reruns the
+/// attention core, norms and activations, no dispatch), the forward's for full, and for
+/// `every:k` that of the MoE layers among the stage's first `k` (`None`: the forward's).
+fn recompute_comm(
+    policy: Recompute,
+    shape: &ModelShape,
+    p: &Pieces,
+    s: u32,
+    f_comm: f64,
+) -> Option<f64> {
+    let n = p.layers[s as usize];
+    let first: u32 = p.layers[..s as usize].iter().sum();
+    let moe_among = |k: u32| {
+        (first..first + k)
+            .filter(|&l| shape.is_moe_layer(l))
+            .count()
+    };
+    match policy {
+        Recompute::None | Recompute::Full => None,
+        Recompute::Selective => Some(0.0),
+        Recompute::Every(k) => {
+            let all = moe_among(n);
+            Some(if all == 0 {
+                0.0
+            } else {
+                f_comm * moe_among(k.min(n)) as f64 / all as f64
+            })
+        }
+    }
+}
+
 fn recompute_time(policy: Recompute, p: &Pieces, s: u32, f: f64) -> Option<f64> {
     let n = p.layers[s as usize];
     match policy {
@@ -211,6 +242,7 @@ fn gpt_cost_model(req: &PlanRequest, shape: &ModelShape, cfg: &Config) -> (CostM
                 optimizer,
                 dp_allreduce,
                 r: recompute_time(cfg.recompute_of(s), &p, s, f),
+                r_comm: recompute_comm(cfg.recompute_of(s), shape, &p, s, f_comm),
                 kept_bytes: Some(0),
                 f_comm,
                 b_comm,

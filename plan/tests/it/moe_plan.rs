@@ -136,3 +136,30 @@ fn the_launch_line_carries_the_expert_layout() {
         "{line}"
     );
 }
+
+/// A recompute reruns the all-to-all only where it reruns the dispatch: all of it for full,
+/// none for selective (attention's core and the activations), the first k layers' for every:k.
+#[test]
+fn a_recompute_pays_the_all_to_all_it_reruns() {
+    use pipewright_schedule::recompute::Recompute;
+    let req = request(true, Some(8));
+    let best = plan(&req, &mut |_| {}).unwrap().rows[0].config;
+    let stage0 = |recompute| {
+        let cfg = pipewright_plan::Config {
+            recompute,
+            recompute_devices: best.pp,
+            ..best
+        };
+        pipewright_plan::costs::cost_model(&req, &cfg).0.stages[0].clone()
+    };
+    let full = stage0(Recompute::Full);
+    assert!(full.f_comm > 0.0);
+    assert_eq!(full.r_comm, None, "full reruns the forward's f_comm");
+    assert_eq!(stage0(Recompute::Selective).r_comm, Some(0.0));
+    let every = stage0(Recompute::Every(1)).r_comm.unwrap();
+    let layers = pipewright_plan::costs::layers_per_stage(8, best.stages())[0];
+    assert!(
+        (every - full.f_comm / f64::from(layers)).abs() < 1e-12,
+        "{every}"
+    );
+}

@@ -68,6 +68,10 @@ pub struct StageCost {
     /// recomputation reruns the forward).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub r: Option<f64>,
+    /// Communication inside a recompute; `None` for the forward's `f_comm` (a full recompute
+    /// reruns the all-to-all). A selective recompute that reruns no dispatch has 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub r_comm: Option<f64>,
     /// Bytes a recomputed microbatch keeps from its F until its R (full recomputation: the
     /// stage's input); `None` for the hand-off into the stage, the previous stage's
     /// `p2p_bytes` (0 on the first stage, whose input is token ids).
@@ -106,6 +110,7 @@ impl Default for StageCost {
             optimizer: 0.0,
             dp_allreduce: 0.0,
             r: None,
+            r_comm: None,
             kept_bytes: None,
         }
     }
@@ -147,11 +152,12 @@ impl StageCost {
         compute + self.comm_of(kind)
     }
 
-    /// Communication inside a compute kind (the all-to-all): `f_comm` for F and R (a
-    /// recompute reruns the forward's), `b_comm` for B and I; none for W.
+    /// Communication inside a compute kind (the all-to-all): `f_comm` for F, `r_comm` (else
+    /// the forward's `f_comm`) for R, `b_comm` for B and I; none for W.
     pub fn comm_of(&self, kind: ActionKind) -> f64 {
         match kind {
-            ActionKind::F | ActionKind::R => self.f_comm,
+            ActionKind::F => self.f_comm,
+            ActionKind::R => self.r_comm.unwrap_or(self.f_comm),
             ActionKind::B | ActionKind::I => self.b_comm,
             _ => 0.0,
         }
@@ -178,6 +184,7 @@ impl StageCost {
             optimizer: self.optimizer / k,
             dp_allreduce: self.dp_allreduce / k,
             r: self.r.map(|t| t / k),
+            r_comm: self.r_comm.map(|t| t / k),
             kept_bytes: self.kept_bytes,
         }
     }
@@ -456,6 +463,10 @@ fn join(parts: &[StageCost]) -> StageCost {
         optimizer: sum(|c| c.optimizer),
         dp_allreduce: sum(|c| c.dp_allreduce),
         r: r.then(|| sum(|c| c.r.unwrap_or(c.f))),
+        r_comm: parts
+            .iter()
+            .any(|c| c.r_comm.is_some())
+            .then(|| sum(|c| c.r_comm.unwrap_or(c.f_comm))),
         // The joined stage's input is its first piece's.
         kept_bytes: parts.first().and_then(|c| c.kept_bytes),
     }

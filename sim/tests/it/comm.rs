@@ -132,6 +132,13 @@ fn split_backward_i_pays_b_comm_w_none_and_r_repeats_f_comm() {
     );
     let half = c.split(2);
     assert_eq!((half.f_comm, half.b_comm), (0.125, 0.25));
+    // A selective recompute reruns no dispatch: `r_comm` 0 charges R its compute alone.
+    let selective = StageCost {
+        r: Some(0.5),
+        r_comm: Some(0.0),
+        ..c
+    };
+    assert_eq!((selective.of(R), selective.split(2).of(R)), (0.5, 0.25));
 }
 
 #[test]

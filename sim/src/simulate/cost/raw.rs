@@ -53,6 +53,9 @@ pub struct RawStageCost {
     /// Recompute (`R`) time (default: `f`, a full recompute reruns the forward).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub r: Option<f64>,
+    /// Communication inside a recompute (default: `f_comm`, a full recompute reruns it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub r_comm: Option<f64>,
     /// Bytes a recomputed microbatch keeps from F to R (default: the previous stage's
     /// `p2p_bytes`, the stage's input).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -81,6 +84,7 @@ impl RawStageCost {
             optimizer: self.optimizer.or(d.optimizer),
             dp_allreduce: self.dp_allreduce.or(d.dp_allreduce),
             r: self.r.or(d.r),
+            r_comm: self.r_comm.or(d.r_comm),
             kept_bytes: self.kept_bytes.or(d.kept_bytes),
         }
     }
@@ -114,6 +118,7 @@ impl RawStageCost {
             optimizer: self.optimizer.unwrap_or(0.0),
             dp_allreduce: self.dp_allreduce.unwrap_or(0.0),
             r: self.r,
+            r_comm: self.r_comm,
             kept_bytes: self.kept_bytes,
         };
         check_times(&cost, place)?;
@@ -180,6 +185,7 @@ fn check_times(c: &StageCost, place: &str) -> Result<(), CostError> {
         ("optimizer", c.optimizer),
         ("dp_allreduce", c.dp_allreduce),
         ("r", c.r.unwrap_or(0.0)),
+        ("r_comm", c.r_comm.unwrap_or(0.0)),
         ("p2p_time", c.p2p_time.unwrap_or(0.0)),
     ];
     for (what, v) in all {
