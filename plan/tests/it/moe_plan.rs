@@ -150,7 +150,7 @@ fn a_recompute_pays_the_all_to_all_it_reruns() {
             recompute_devices: best.pp,
             ..best
         };
-        pipewright_plan::costs::cost_model(&req, &cfg).0.stages[0].clone()
+        pipewright_plan::costs::cost_model(&req, &cfg).0.stages[0]
     };
     let full = stage0(Recompute::Full);
     assert!(full.f_comm > 0.0);
