@@ -350,32 +350,59 @@ where
                     make(coord, stage).map_err(|e| fail(format!("building stage {stage}: {e}")))?;
                 let flat = guard(|| module.flat_params())
                     .map_err(|e| fail(format!("stage {stage}: flat_params failed: {e}")))?;
-                Ok::<_, RuntimeError>(flat.map(|f| (f, module.parameter_names())))
+                let experts = module.expert_ranges().unwrap_or_default();
+                Ok::<_, RuntimeError>(flat.map(|f| (f, module.parameter_names(), experts)))
             };
             // Under expert parallelism replica `dp` holds the experts of EP rank `dp % ep`,
             // as the first `ep` replicas do between them.
             let ep = mesh.ep.max(1);
+            let refuse = |message| RuntimeError::Module {
+                stage,
+                method: "make",
+                message,
+            };
             for first_dp in 0..ep.min(mesh.dp) {
-                let Some((first, names)) = params(first_dp)? else {
+                let Some((first, names, experts)) = params(first_dp)? else {
                     continue;
                 };
                 for dp in (first_dp + ep..mesh.dp).step_by(ep) {
-                    let Some((other, _)) = params(dp)? else {
+                    let Some((other, _, _)) = params(dp)? else {
                         continue;
                     };
                     let at = (first_dp, dp, mesh.tp > 1, tp);
                     if let Some(message) = differ(&first, &other, names.as_deref(), at) {
-                        return Err(RuntimeError::Module {
-                            stage,
-                            method: "make",
-                            message,
-                        });
+                        return Err(refuse(message));
+                    }
+                }
+                // The EP ranks' own experts differ; everything else is replicated and must
+                // start equal to replica 0's.
+                if first_dp > 0 {
+                    let Some((zero, _, _)) = params(0)? else {
+                        continue;
+                    };
+                    let (a, b) = (without(&zero, &experts), without(&first, &experts));
+                    if let Some(message) =
+                        differ(&a, &b, names.as_deref(), (0, first_dp, mesh.tp > 1, tp))
+                    {
+                        return Err(refuse(message));
                     }
                 }
             }
         }
     }
     Ok(())
+}
+
+/// `flat` with the values in `experts` set to 0, so that two EP ranks compare on what they
+/// share.
+fn without(flat: &[f32], experts: &[std::ops::Range<usize>]) -> Vec<f32> {
+    let mut out = flat.to_vec();
+    for r in experts {
+        if let Some(part) = out.get_mut(r.clone()) {
+            part.fill(0.0);
+        }
+    }
+    out
 }
 
 /// Why replica `dp`'s parameters are not replica 0's, if they are not (bit for bit), naming

@@ -212,3 +212,36 @@ fn each_expert_parallel_replica_holds_its_share_of_the_experts() {
         );
     }
 }
+
+/// Under expert parallelism the EP ranks' experts differ by design; everything else is
+/// replicated, so a `make` that seeds the replicas apart is refused before step 0 (before,
+/// with ep = dp, no replica was compared with another and each trained its own dense part).
+#[test]
+fn expert_parallel_replicas_must_start_from_the_same_dense_weights() {
+    use pipewright_kernels::layers::TpShard;
+    use pipewright_runtime::{gpt_data, run, Coord, GptModule, ModuleError};
+    let tt = generate(&ScheduleSpec::new(ScheduleKind::OneFOneB, 2, 1, 4, None).unwrap());
+    let cfg = config(Mesh::new(2, 1, 2).unwrap().with_ep(2).unwrap());
+    let make = |seed: fn(Coord) -> u64| {
+        let cfg = &cfg;
+        move |c: Coord, stage: u32| -> Result<GptModule, ModuleError> {
+            let one = TpShard::new(0, 1)?;
+            let mut m = GptModule::new(&cfg.model, seed(c), stage as usize, 2, one)?;
+            m.stage.shard_experts(TpShard::new(c.dp % 2, 2)?)?;
+            Ok(m)
+        }
+    };
+    let data = |id| Ok(gpt_data(&cfg, id));
+    let same = run(cfg.mesh, &tt, make(|_| 11), data, &cfg.run, |_| {});
+    assert!(same.is_ok(), "{:?}", same.err());
+    let apart = run(
+        cfg.mesh,
+        &tt,
+        make(|c| 11 + c.dp as u64),
+        data,
+        &cfg.run,
+        |_| {},
+    );
+    let err = apart.expect_err("replicas seeded apart").to_string();
+    assert!(err.contains("data-parallel replicas 0 and 1"), "{err}");
+}
