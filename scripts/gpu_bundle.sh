@@ -32,7 +32,7 @@ for line in sys.stdin:
 }
 echo "test binaries:"
 tests pipewright-kernels-cuda cuda --lib
-tests pipewright-kernels cuda --test backends --test stage_backends
+tests pipewright-kernels cuda --test it --test backends --test stage_backends
 tests pipewright-comm "nccl mpi" --lib
 tests pipewright-runtime "nccl mpi" --lib --test cuda --test nccl --test gpu_gpt
 echo "pipewright (cuda nccl mpi) and the gpu_train bench:"
