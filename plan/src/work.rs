@@ -132,9 +132,29 @@ pub fn layer(
     // Scores (s x dh)(dh x s) and context (s x s)(s x dh), batched over b * heads/tp.
     let batch = b as f64 * heads;
     let core = batch * (dev.matmul(s, s, dh) + dev.matmul(s, dh, s));
-    let e = dev.act_bytes;
     let replicated = if sp { tokens * h / t } else { tokens * h };
-    let activation = shape.mlp.hidden_tensors() as f64 * tokens * ffn / t * e;
+    let activation = shape.mlp.hidden_tensors() as f64 * tokens * ffn / t * dev.act_bytes;
+    assemble(
+        dev,
+        (linear, core),
+        (batch, s),
+        (replicated, activation),
+        attention,
+    )
+}
+
+/// A layer's times from its matmuls (`linear`) and attention core (`core`, over `batch`
+/// heads of `s x s` scores), and its element-wise work: the `replicated` elements the norms
+/// and residuals read and write, and the MLP's `activation` bytes. Dense and MoE layers
+/// ([`super::work_moe`]) alike.
+pub(super) fn assemble(
+    dev: &Device,
+    (linear, core): (f64, f64),
+    (batch, s): (f64, f64),
+    (replicated, activation): (f64, f64),
+    attention: AttentionKind,
+) -> WorkTimes {
+    let e = dev.act_bytes;
     let bytes = (replicated * (14.0 * e + 2.0) + activation) / dev.hbm;
     let (scores, selective) = match attention {
         AttentionKind::Materialized => {

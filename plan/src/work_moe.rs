@@ -25,7 +25,7 @@
 //! the FLOPs. The router multiplies the GPU's `b s / tp` tokens by `d x E`; the shared
 //! experts run as a dense MLP of width `shared x shared_ffn`, split over TP, on all `b s`.
 
-use super::work::{Device, WorkTimes};
+use super::work::{assemble, Device, WorkTimes};
 use pipewright_model::memory::moe::ExpertLayout;
 use pipewright_model::shape::{AttentionKind, MlaShape, ModelShape, TpSplit};
 
@@ -151,22 +151,14 @@ fn finish(
         .collect();
     let linear = matmuls(dev, &real) + experts_s;
     let core = batch * (dev.matmul_time(s, s, qk) + dev.matmul_time(s, v, s));
-    let e = dev.act_bytes;
     let replicated = if sp { tokens * h / t } else { tokens * h };
-    let bytes = (replicated * (14.0 * e + 2.0) + activation) / dev.hbm;
-    let (scores, selective) = match attention {
-        AttentionKind::Materialized => {
-            let scores = batch * s * s * (6.0 * e + 1.0) / dev.hbm;
-            (scores, core + scores)
-        }
-        AttentionKind::Fused => (0.0, (4.0 * replicated * e + activation) / dev.hbm),
-    };
-    WorkTimes {
-        f: linear + core + bytes + scores,
-        i: linear + 2.0 * core + bytes + 2.0 * scores,
-        w: linear + bytes,
-        selective,
-    }
+    assemble(
+        dev,
+        (linear, core),
+        (batch, s),
+        (replicated, activation),
+        attention,
+    )
 }
 
 #[cfg(test)]
