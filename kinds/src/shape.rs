@@ -3,8 +3,9 @@
 
 use serde::{Deserialize, Serialize};
 
-/// Text names of a kind: one per variant, parsed and printed the same way (as
-/// `pipewright-model`'s other shape kinds are).
+/// Text names of a kind: one per variant, parsed and printed the same way (`pipewright-model`'s
+/// other shape kinds use it too).
+#[macro_export]
 macro_rules! named {
     ($t:ident, $what:literal, $($v:ident => $name:literal),+ $(,)?) => {
         impl $t {

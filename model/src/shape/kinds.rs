@@ -3,42 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-/// Text names of a kind: one per variant, parsed and printed the same way.
-macro_rules! named {
-    ($t:ident, $what:literal, $($v:ident => $name:literal),+ $(,)?) => {
-        impl $t {
-            /// The names the kind is written as.
-            pub const NAMES: &'static [&'static str] = &[$($name),+];
-
-            /// The kind's name.
-            pub fn name(self) -> &'static str {
-                match self {
-                    $($t::$v => $name),+
-                }
-            }
-        }
-
-        impl std::fmt::Display for $t {
-            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str(self.name())
-            }
-        }
-
-        impl std::str::FromStr for $t {
-            type Err = String;
-            fn from_str(s: &str) -> Result<Self, String> {
-                match s {
-                    $($name => Ok($t::$v),)+
-                    _ => Err(format!(
-                        "`{s}` is not {}: expected {}",
-                        $what,
-                        Self::NAMES.join(", ")
-                    )),
-                }
-            }
-        }
-    };
-}
+use pipewright_kinds::named;
 
 /// The MLP of a block and the norm kind: defined once in `pipewright-kinds`, shared with the
 /// kernels.
