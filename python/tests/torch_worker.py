@@ -27,8 +27,37 @@ import pipewright.torch as pwt
 D, MB_SIZE = 8, 2
 
 
-def stage_module(stage: int, sleep_ms: float = 0.0) -> torch.nn.Module:
+class TinyMoE(torch.nn.Module):
+    """A user's mixture-of-experts stage: a softmax router, top-2 gates renormalised over the
+    two (Mixtral's), four Linear-Tanh-Linear experts, and a residual."""
+
+    def __init__(self, experts: int = 4, top_k: int = 2):
+        super().__init__()
+        f64 = torch.float64
+        self.router = torch.nn.Linear(D, experts, bias=False, dtype=f64)
+        self.experts = torch.nn.ModuleList(
+            torch.nn.Sequential(torch.nn.Linear(D, 2 * D, dtype=f64), torch.nn.Tanh(),
+                                torch.nn.Linear(2 * D, D, dtype=f64))
+            for _ in range(experts))
+        self.top_k = top_k
+
+    def forward(self, x):
+        gates, chosen = torch.softmax(self.router(x), -1).topk(self.top_k, -1)
+        gates = gates / gates.sum(-1, keepdim=True)
+        out = torch.zeros_like(x)
+        for e, expert in enumerate(self.experts):
+            hit = chosen == e
+            rows = hit.any(-1).nonzero().squeeze(-1)
+            if rows.numel():
+                gate = (gates * hit).sum(-1, keepdim=True)[rows]
+                out = out.index_add(0, rows, gate * expert(x[rows]))
+        return x + out
+
+
+def stage_module(stage: int, sleep_ms: float = 0.0, model: str = "linear") -> torch.nn.Module:
     torch.manual_seed(1000 + stage)
+    if model == "moe":
+        return TinyMoE()
     layers = [torch.nn.Linear(D, D, dtype=torch.float64), torch.nn.Tanh()]
     if sleep_ms:
         layers.append(pwt.Sleep(sleep_ms))
@@ -46,20 +75,27 @@ def loss_fn(out, target):
     return torch.nn.functional.mse_loss(out, target)
 
 
-def reference_grads(stages: int, m: int) -> dict[int, list[torch.Tensor]]:
+def grads_of(module: torch.nn.Module) -> list[torch.Tensor]:
+    """Each parameter's gradient; zeros for one no microbatch reached (an expert no token
+    was routed to), in the pipeline and the reference alike."""
+    return [torch.zeros_like(p) if p.grad is None else p.grad.clone() for p in module.parameters()]
+
+
+def reference_grads(stages: int, m: int, model_kind: str = "linear") -> dict[int, list[torch.Tensor]]:
     """One process: the whole model, the mean of the microbatches' losses."""
-    model = torch.nn.Sequential(*[stage_module(s) for s in range(stages)])
+    model = torch.nn.Sequential(*[stage_module(s, model=model_kind) for s in range(stages)])
     x, y = batch(m)
     loss = sum(loss_fn(model(xm), ym) for xm, ym in zip(x.chunk(m), y.chunk(m))) / m
     loss.backward()
-    return {s: [p.grad.clone() for p in model[s].parameters()] for s in range(stages)}
+    return {s: grads_of(model[s]) for s in range(stages)}
 
 
 def run_pipeline(case, group, recorder_steps: int = 0):
     """Build this rank's stages, run the case's steps; return (stages, schedule, losses)."""
     tt = pwt.load(case["timetable"], form=case.get("form"))
     sleep_ms = case.get("sleep_ms", 0.0)
-    stages = pwt.pipeline_stages(tt, lambda s: stage_module(s, sleep_ms), group=group)
+    model = case.get("model", "linear")
+    stages = pwt.pipeline_stages(tt, lambda s: stage_module(s, sleep_ms, model), group=group)
     sched = pwt.schedule(tt, stages, loss_fn=loss_fn)
     x, y = batch(tt.microbatches)
     losses: list = []
@@ -73,13 +109,13 @@ def run_pipeline(case, group, recorder_steps: int = 0):
 
 def case_grads(case, group):
     tt, stages, _, losses = run_pipeline(case, group)
-    mine = {st.stage_index: [p.grad.clone() for p in st.submod.parameters()] for st in stages}
+    mine = {st.stage_index: grads_of(st.submod) for st in stages}
     everything: list = [None] * tt.num_ranks
     dist.all_gather_object(everything, mine, group=group)
     if dist.get_rank(group) != 0:
         return None
     got = {s: g for part in everything for s, g in part.items()}
-    want = reference_grads(tt.num_stages, tt.microbatches)
+    want = reference_grads(tt.num_stages, tt.microbatches, case.get("model", "linear"))
     err = max(
         (a - b).abs().max().item() for s in want for a, b in zip(got[s], want[s])
     )
@@ -90,7 +126,8 @@ def case_record(case, group):
     """Record `steps` steps (after `warmup` unrecorded ones); write timelines and costs."""
     tt = pwt.load(case["timetable"], form=case.get("form"))
     sleep_ms = case.get("sleep_ms", 0.0)
-    stages = pwt.pipeline_stages(tt, lambda s: stage_module(s, sleep_ms), group=group)
+    model = case.get("model", "linear")
+    stages = pwt.pipeline_stages(tt, lambda s: stage_module(s, sleep_ms, model), group=group)
     sched = pwt.schedule(tt, stages, loss_fn=loss_fn)
     rec = pwt.Recorder(sched)
     x, y = batch(tt.microbatches)
