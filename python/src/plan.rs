@@ -293,7 +293,6 @@ fn plan(
         max_microbatch_size,
         max_simulated,
         max_searched,
-        ..RawPlanRequest::default()
     };
     planned(py, raw)
 }
