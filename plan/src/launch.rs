@@ -6,8 +6,8 @@
 use serde_json::{json, Value};
 
 use pipewright_model::layer_profile::LayerProfile;
-use pipewright_model::shape::request::{describe, kind_flags};
-use pipewright_model::shape::{ModelShape, PositionKind};
+use pipewright_model::shape::request::describe;
+use pipewright_model::shape::{BiasKind, MlpKind, ModelShape, NormKind, PositionKind, RopeTheta};
 
 use super::config::{Config, PlanRequest};
 use super::costs::cost_model;
@@ -222,4 +222,83 @@ pub fn report_json(req: &PlanRequest, plan: &Plan, seconds: f64, timetable: Opti
         "explain": plan.explain,
         "launch": launch,
     })
+}
+
+/// The flags that give `train` (or any command) this shape's kinds: those that differ from
+/// the defaults, in flag form (the launch line's,
+/// the one place beside the CLI that writes flags).
+pub(crate) fn kind_flags(s: &ModelShape) -> String {
+    let mut out = String::new();
+    if s.ffn != s.mlp.default_ffn(s.d_model) {
+        out += &format!(" --ffn {}", s.ffn);
+    }
+    if s.kv_heads != s.heads {
+        out += &format!(" --kv-heads {}", s.kv_heads);
+    }
+    if s.mlp != MlpKind::Gelu {
+        out += &format!(" --mlp {}", s.mlp);
+    }
+    if s.norm != NormKind::LayerNorm {
+        out += &format!(" --norm {}", s.norm);
+    }
+    if s.tied_embeddings {
+        out += " --tied-embeddings";
+    }
+    if s.positions != PositionKind::Learned {
+        out += &format!(" --positions {}", s.positions);
+        if s.rope_theta != RopeTheta::DEFAULT {
+            out += &format!(" --rope-theta {}", s.rope_theta);
+        }
+    }
+    if s.bias != BiasKind::All {
+        out += &format!(" --bias {}", s.bias);
+    }
+    if let Some(m) = s.moe {
+        out += &format!(" --experts {} --top-k {}", m.experts, m.top_k);
+        if m.expert_ffn != s.ffn {
+            out += &format!(" --expert-ffn {}", m.expert_ffn);
+        }
+        if m.shared_experts > 0 {
+            out += &format!(" --shared-experts {}", m.shared_experts);
+            if m.shared_ffn != m.expert_ffn {
+                out += &format!(" --shared-ffn {}", m.shared_ffn);
+            }
+        }
+        if m.dense_layers > 0 {
+            out += &format!(" --dense-layers {}", m.dense_layers);
+        }
+        if m.every > 1 {
+            out += &format!(" --moe-every {}", m.every);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use pipewright_model::shape::{MlpKind, MoeKinds, ShapeKinds};
+
+    /// A mixture's shape is written back as the flags that build it.
+    #[test]
+    fn a_mixture_is_written_back_as_its_flags() {
+        let kinds = ShapeKinds {
+            ffn: Some(12),
+            mlp: Some(MlpKind::SwiGlu),
+            moe: MoeKinds {
+                experts: Some(4),
+                top_k: Some(2),
+                expert_ffn: Some(6),
+                shared_experts: Some(1),
+                shared_ffn: Some(5),
+                dense_layers: Some(1),
+                every: None,
+            },
+            ..ShapeKinds::default()
+        };
+        let s = kinds.shape(3, 8, 2, 4, 10).unwrap();
+        assert_eq!(
+            super::kind_flags(&s),
+            " --ffn 12 --mlp swiglu --experts 4 --top-k 2 --expert-ffn 6 --shared-experts 1 --shared-ffn 5 --dense-layers 1"
+        );
+    }
 }

@@ -7,6 +7,7 @@
 //! text.
 
 use pipewright_model::layer_profile::{LayerProfile, ProfileError};
+use pipewright_model::shape::request::{flag_form, FieldName};
 use pipewright_model::shape::{AttentionKind, Named, ShapeRequest, ShapeRequestError};
 use pipewright_schedule::recompute::Recompute;
 use pipewright_schedule::spec::ScheduleKind;
@@ -101,22 +102,22 @@ pub enum PlanRequestError {
     /// A fixed mesh dimension of 0.
     #[error("--tp, --pp and --v must be at least 1")]
     FixedZero,
-    /// A fixed expert dimension of 0.
-    #[error("--ep and --etp must be at least 1")]
+    /// A fixed expert dimension of 0 (`ep`, `etp`; see [`PlanRequestError::named`]).
+    #[error("{}", self.named(&flag_form))]
     ExpertZero,
-    /// An expert dimension for a model without experts.
-    #[error("{0} applies to a mixture of experts; the model has no routed experts")]
+    /// An expert dimension (`ep`, `etp`) for a model without experts.
+    #[error("{}", self.named(&flag_form))]
     NoExperts(&'static str),
-    /// `--ep` that does not divide the experts.
-    #[error("--ep {ep} must divide the model's {experts} routed experts")]
+    /// `ep` that does not divide the experts.
+    #[error("{}", self.named(&flag_form))]
     EpExperts {
         /// The EP asked for.
         ep: u32,
         /// Routed experts of the model.
         experts: u32,
     },
-    /// A capacity factor below 1.
-    #[error("--capacity-factor {0}: must be a finite number at least 1 (1: even routing)")]
+    /// A capacity factor below 1 (`capacity_factor`).
+    #[error("{}", self.named(&flag_form))]
     Capacity(f64),
     /// A ZeRO level the plan does not model.
     #[error("--zero {0}: the ZeRO level is 0 or 1 (ZeRO-2/3 do not fit a pipeline)")]
@@ -174,6 +175,35 @@ pub enum PlanRequestError {
         /// Why.
         error: PlanError,
     },
+}
+
+impl PlanRequestError {
+    /// The message with the expert layout's and the mixture's fields written as `name`
+    /// writes them (the CLI's `--ep 3`, Python's `ep=3`); the rest as the CLI words them.
+    pub fn named(&self, name: FieldName<'_>) -> String {
+        let with = |f: &str, v: &dyn std::fmt::Display| name(f, Some(v.to_string()));
+        match self {
+            PlanRequestError::Shape(e) => e.named(name),
+            PlanRequestError::ExpertZero => format!(
+                "{} and {} must be at least 1",
+                name("ep", None),
+                name("etp", None)
+            ),
+            PlanRequestError::NoExperts(field) => format!(
+                "{} applies to a mixture of experts; the model has no routed experts",
+                name(field, None)
+            ),
+            PlanRequestError::EpExperts { ep, experts } => format!(
+                "{} must divide the model's {experts} routed experts",
+                with("ep", ep)
+            ),
+            PlanRequestError::Capacity(c) => format!(
+                "{}: must be a finite number at least 1 (1: even routing)",
+                with("capacity_factor", c)
+            ),
+            e => e.to_string(),
+        }
+    }
 }
 
 /// `--recompute`'s policy for a plan, fixed on every stage: none, selective or full, the
@@ -300,9 +330,9 @@ impl RawPlanRequest {
             return Err(PlanRequestError::ExpertZero);
         }
         let Some(moe) = model.gpt().and_then(|s| s.moe) else {
-            let given = [("--ep", f.ep), ("--etp", f.etp)];
+            let given = [("ep", f.ep), ("etp", f.etp)];
             return match given.iter().find(|(_, x)| x.is_some_and(|x| x > 1)) {
-                Some((flag, _)) => Err(PlanRequestError::NoExperts(flag)),
+                Some((field, _)) => Err(PlanRequestError::NoExperts(field)),
                 None => Ok(()),
             };
         };

@@ -2,7 +2,7 @@
 //! ZeRO, SP) for a GPT on a cluster, ranked by predicted step time.
 
 use pipewright_input::{expect_kind, FileKind};
-use pipewright_model::shape::{AttentionKind, Named, ShapeRequest};
+use pipewright_model::shape::{AttentionKind, MoeKinds, Named, ShapeKinds, ShapeRequest};
 use pipewright_plan::evaluate::timetable as family_timetable;
 use pipewright_plan::launch::{launch, model_line, profile_launch, report_json, row_step};
 use pipewright_plan::listed::configuration;
@@ -17,7 +17,7 @@ use pyo3::prelude::*;
 use crate::charts::{image_format, Chart};
 use crate::interrupt::interruptible;
 use crate::results::PlanRow;
-use crate::shape::{kind, kinds, named_text};
+use crate::shape::{keyword, kind, kinds, named_text};
 use crate::timetable::Timetable;
 use crate::{err, read_file, to_py};
 
@@ -188,9 +188,10 @@ impl Plan {
 /// recomputation, ZeRO-1 and sequence parallelism for a GPT (its sizes and kinds, or a Hugging
 /// Face config) or a layer-list model's profile on `gpus` GPUs of `cluster`: memory first,
 /// then the simulator, ranked by predicted step time. Every keyword is `pipewright plan`'s
-/// flag of the same name, checked by the same code in the same words.
+/// flag of the same name, checked by the same code (a mixture's and its expert layout's
+/// refusals name the keywords: `top_k=`, `ep=`).
 #[pyfunction]
-#[pyo3(signature = (layers = None, d_model = None, heads = None, seq_len = None, gpus = None, global_batch = None, *, vocab = None, ffn = None, kv_heads = None, mlp = None, norm = None, tied_embeddings = false, positions = None, rope_theta = None, bias = None, hf_config = None, profile = None, attention = None, cluster = "a100-80g", precision = "bf16", tp = None, pp = None, v = None, microbatch_size = None, schedule = None, recompute = None, zero = None, sequence_parallel = None, allow_cross_node_tp = false, top = 5, max_virtual = 8, max_microbatch_size = 16, max_simulated = 200, max_searched = 2))]
+#[pyo3(signature = (layers = None, d_model = None, heads = None, seq_len = None, gpus = None, global_batch = None, *, vocab = None, ffn = None, kv_heads = None, mlp = None, norm = None, tied_embeddings = false, positions = None, rope_theta = None, bias = None, experts = None, top_k = None, expert_ffn = None, shared_experts = None, shared_ffn = None, dense_layers = None, moe_every = None, hf_config = None, profile = None, attention = None, cluster = "a100-80g", precision = "bf16", tp = None, pp = None, v = None, microbatch_size = None, schedule = None, recompute = None, zero = None, sequence_parallel = None, ep = None, etp = None, capacity_factor = 1.0, allow_cross_node_tp = false, top = 5, max_virtual = 8, max_microbatch_size = 16, max_simulated = 200, max_searched = 2))]
 #[allow(clippy::too_many_arguments)]
 fn plan(
     py: Python<'_>,
@@ -209,6 +210,13 @@ fn plan(
     positions: Option<&str>,
     #[pyo3(from_py_with = crate::args::opt_real)] rope_theta: Option<f64>,
     bias: Option<&str>,
+    #[pyo3(from_py_with = crate::args::opt_whole)] experts: Option<u32>,
+    #[pyo3(from_py_with = crate::args::opt_whole)] top_k: Option<u32>,
+    #[pyo3(from_py_with = crate::args::opt_whole)] expert_ffn: Option<u64>,
+    #[pyo3(from_py_with = crate::args::opt_whole)] shared_experts: Option<u32>,
+    #[pyo3(from_py_with = crate::args::opt_whole)] shared_ffn: Option<u64>,
+    #[pyo3(from_py_with = crate::args::opt_whole)] dense_layers: Option<u32>,
+    #[pyo3(from_py_with = crate::args::opt_whole)] moe_every: Option<u32>,
     hf_config: Option<&Bound<'_, PyAny>>,
     profile: Option<&Bound<'_, PyAny>>,
     attention: Option<&str>,
@@ -222,6 +230,9 @@ fn plan(
     recompute: Option<&str>,
     #[pyo3(from_py_with = crate::args::opt_whole)] zero: Option<u8>,
     sequence_parallel: Option<bool>,
+    #[pyo3(from_py_with = crate::args::opt_whole)] ep: Option<u32>,
+    #[pyo3(from_py_with = crate::args::opt_whole)] etp: Option<u32>,
+    #[pyo3(from_py_with = crate::args::real)] capacity_factor: f64,
     allow_cross_node_tp: bool,
     #[pyo3(from_py_with = crate::args::whole)] top: usize,
     #[pyo3(from_py_with = crate::args::whole)] max_virtual: u32,
@@ -236,16 +247,27 @@ fn plan(
             heads,
             seq_len,
             vocab,
-            kinds: kinds(
-                ffn,
-                kv_heads,
-                mlp,
-                norm,
-                tied_embeddings,
-                positions,
-                rope_theta,
-                bias,
-            )?,
+            kinds: ShapeKinds {
+                moe: MoeKinds {
+                    experts,
+                    top_k,
+                    expert_ffn,
+                    shared_experts,
+                    shared_ffn,
+                    dense_layers,
+                    every: moe_every,
+                },
+                ..kinds(
+                    ffn,
+                    kv_heads,
+                    mlp,
+                    norm,
+                    tied_embeddings,
+                    positions,
+                    rope_theta,
+                    bias,
+                )?
+            },
             hf_config: named_file(hf_config, "config", FileKind::HfConfig)?,
         },
         profile: named_file(profile, "profile", FileKind::LayerProfile)?,
@@ -255,18 +277,22 @@ fn plan(
         cluster_file: cluster_file(cluster)?,
         precision: precision.parse().map_err(err)?,
         attention: kind::<AttentionKind>(attention)?,
-        fixed: fixed(
-            (tp, pp, v, microbatch_size, zero),
-            (schedule, recompute),
-            sequence_parallel,
-        )?,
+        fixed: Fixed {
+            ep,
+            etp,
+            ..fixed(
+                (tp, pp, v, microbatch_size, zero),
+                (schedule, recompute),
+                sequence_parallel,
+            )?
+        },
+        capacity_factor,
         allow_cross_node_tp,
         top,
         max_virtual,
         max_microbatch_size,
         max_simulated,
         max_searched,
-        ..RawPlanRequest::default()
     };
     planned(py, raw)
 }
@@ -316,7 +342,7 @@ fn fixed(
 
 /// Build the request and plan it, interruptibly.
 fn planned(py: Python<'_>, raw: RawPlanRequest) -> PyResult<Plan> {
-    let (request, notes) = raw.build().map_err(err)?;
+    let (request, notes) = raw.build().map_err(|e| err(e.named(&keyword)))?;
     let started = std::time::Instant::now();
     // Ctrl-C returns at once; the planner, which has no stop flag of its own, ends in the
     // background within its simulation budget (`max_simulated`).

@@ -59,6 +59,11 @@ fn raw_named_text(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Named> {
     })
 }
 
+/// Python's form of a field a library error names: `top_k=5`, or `top_k=` without a value.
+pub(crate) fn keyword(field: &str, value: Option<String>) -> String {
+    format!("{field}={}", value.unwrap_or_default())
+}
+
 /// A kind by its name, in the schedule crate's words when it is none.
 pub(crate) fn kind<T: std::str::FromStr<Err = String>>(s: Option<&str>) -> PyResult<Option<T>> {
     s.map(|s| s.parse::<T>().map_err(err)).transpose()
@@ -101,7 +106,7 @@ pub struct Shape {
 
 impl Shape {
     fn of(request: ShapeRequest) -> PyResult<Self> {
-        let resolved = request.resolve().map_err(err)?;
+        let resolved = request.resolve().map_err(|e| err(e.named(&keyword)))?;
         Ok(Shape { request, resolved })
     }
 }

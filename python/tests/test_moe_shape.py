@@ -1,5 +1,5 @@
-"""Mixture-of-experts shapes in Python (issue 35): the same keywords as the CLI's flags, the
-same words when they contradict, and the published configs' total and active counts."""
+"""Mixture-of-experts shapes in Python (issue 35): the same keywords as the CLI's flags,
+refused naming the keywords where they contradict, and the published configs' total and active counts."""
 
 from __future__ import annotations
 
@@ -24,11 +24,22 @@ def test_keywords_make_a_mixture_whose_counts_are_the_closed_form():
     assert dense.active_parameters == dense.parameters
 
 
-def test_contradicting_keywords_are_refused_in_the_flags_words():
-    with pytest.raises(pw.PipewrightError, match="--top-k 5 must be at most --experts 4"):
-        pw.Shape(2, 8, 2, 4, 10, experts=4, top_k=5)
-    with pytest.raises(pw.PipewrightError, match="also give --experts"):
-        pw.Shape(2, 8, 2, 4, 10, top_k=2)
+def test_contradicting_keywords_are_refused_in_the_keywords_words():
+    # The library names the fields; Python writes them as its keywords, not as flags.
+    cases = [
+        (dict(experts=4), "experts= needs top_k= (the routed experts each token goes to)"),
+        (dict(experts=4, top_k=5), "top_k=5 must be at most experts=4"),
+        (dict(top_k=2), "top_k= describes a mixture of experts: also give experts="),
+        (dict(experts=4, top_k=2, shared_ffn=8),
+         "shared_ffn= is the width of a shared expert: also give shared_experts="),
+        (dict(experts=4, top_k=2, dense_layers=2),
+         "dense_layers=2 and moe_every=1 leave none of the layers=2 an MoE layer"),
+    ]
+    for kwargs, words in cases:
+        with pytest.raises(pw.PipewrightError) as e:
+            pw.Shape(2, 8, 2, 4, 10, **kwargs)
+        assert str(e.value) == words
+        assert "--" not in str(e.value)
 
 
 def test_published_configs_give_their_counts():

@@ -2,6 +2,7 @@
 the same one line (`pipewright` is $PIPEWRIGHT_BIN, else the newest build in target/)."""
 
 import json
+import re
 
 import pytest
 
@@ -124,6 +125,48 @@ def test_a_llama_plan_from_its_hf_config_is_the_clis(tmp_path):
     assert shape == pw.Shape(**kinds) and shape.parameters == by_path.parameters
     assert (shape.layers, shape.kv_heads, shape.ffn) == (2, 2, 160) and shape.notes
     assert pw.Shape.from_hf_config(config, seq_len=64).seq_len == 64
+
+
+# A small mixture of experts: four routed experts, two a token, one shared, a dense layer first.
+MOE = dict(layers=4, d_model=64, heads=4, seq_len=16, vocab=64, experts=4, top_k=2,
+           shared_experts=1, dense_layers=1)
+
+
+def as_flags(words: str) -> str:
+    """Python's refusal with each `field=value` written as the CLI's `--field value`."""
+    def flag(m: re.Match) -> str:
+        name = "--" + m.group(1).replace("_", "-")
+        return f"{name} {m.group(2)}" if m.group(2) else name
+    return re.sub(r"\b([a-z_]+)=(\S*)", flag, words)
+
+
+def test_a_mixture_plan_is_the_clis():
+    plans = {}
+    for extra in [{}, dict(ep=2, etp=1, capacity_factor=1.5)]:
+        plan = pw.plan(**MOE, **PLAN, **extra)
+        same_plan(plan.to_dict(), cli_json("plan", *flags(**MOE, **PLAN, **extra)))
+        plans[bool(extra)] = plan.to_dict()
+    assert "--experts 4 --top-k 2" in plans[False]["launch"]
+    # The expert layout and the capacity factor reach the plan: it is another plan.
+    assert plans[True]["rows"] != plans[False]["rows"]
+
+
+def test_a_mixture_plan_is_refused_in_the_keywords_words():
+    dense = {k: v for k, v in MOE.items() if k in ("layers", "d_model", "heads", "seq_len",
+                                                   "vocab")}
+    cases = [
+        (dict(**MOE, ep=3), "ep=3 must divide the model's 4 routed experts"),
+        (dict(**dense, ep=2), "ep= applies to a mixture of experts"),
+        (dict(**dense, etp=2), "etp= applies to a mixture of experts"),
+        (dict(**MOE, ep=0), "ep= and etp= must be at least 1"),
+        (dict(**MOE, capacity_factor=0.5), "capacity_factor=0.5: must be a finite number"),
+        (dict(**dense, experts=4), "experts= needs top_k="),
+    ]
+    for kwargs, words in cases:
+        line = refused(words, pw.plan, **kwargs, **PLAN)
+        assert "--" not in line
+        # The CLI says the same, the fields written as its flags.
+        assert cli_error("plan", *flags(**kwargs, **PLAN)) == as_flags(line)
 
 
 def test_a_profile_plan_is_the_clis(tmp_path):

@@ -7,7 +7,7 @@
 //! Nothing here reads a file: a face hands over a config's text with the name to call it by.
 
 use super::hf::{from_hf_config, HfError, HfModel};
-pub use super::request_moe::MoeKinds;
+pub use super::request_moe::{flag_form, FieldName, MoeError, MoeKinds};
 use super::{BiasKind, MlpKind, ModelShape, NormKind, PositionKind, RopeTheta, ShapeError};
 
 /// The kinds of a shape beyond its sizes, as given (`None`: the reference GPT's, GPT-2's).
@@ -254,9 +254,10 @@ pub enum ShapeRequestError {
     /// Sizes that do not fit each other, by flag name.
     #[error("{}", flag_error(.0))]
     Shape(ShapeError),
-    /// Mixture-of-experts flags that do not fit each other.
+    /// Mixture-of-experts fields that do not fit each other (the CLI's words; see
+    /// [`ShapeRequestError::named`]).
     #[error("{0}")]
-    Moe(String),
+    Moe(MoeError),
     /// `--rope-theta` without rotary positions.
     #[error("--rope-theta is the base of rotary positions: also give --positions rotary")]
     RopeWithoutRotary,
@@ -276,6 +277,17 @@ pub enum ShapeRequestError {
         /// The flag given beside it.
         flag: &'static str,
     },
+}
+
+impl ShapeRequestError {
+    /// The message with the mixture's fields written as `name` writes them (Python's
+    /// `top_k=`); the rest as the CLI words them.
+    pub fn named(&self, name: FieldName<'_>) -> String {
+        match self {
+            ShapeRequestError::Moe(e) => e.named(name),
+            e => e.to_string(),
+        }
+    }
 }
 
 /// The shape in one phrase: sizes, then the kinds that differ from GPT-2's.
@@ -335,55 +347,6 @@ fn moe_phrase(s: &ModelShape) -> String {
         }
         if m.every > 1 {
             out += &format!(" every {} layers", m.every);
-        }
-    }
-    out
-}
-
-/// The flags that give `train` (or any command) this shape's kinds: those that differ from
-/// the defaults, in flag form.
-pub fn kind_flags(s: &ModelShape) -> String {
-    let mut out = String::new();
-    if s.ffn != s.mlp.default_ffn(s.d_model) {
-        out += &format!(" --ffn {}", s.ffn);
-    }
-    if s.kv_heads != s.heads {
-        out += &format!(" --kv-heads {}", s.kv_heads);
-    }
-    if s.mlp != MlpKind::Gelu {
-        out += &format!(" --mlp {}", s.mlp);
-    }
-    if s.norm != NormKind::LayerNorm {
-        out += &format!(" --norm {}", s.norm);
-    }
-    if s.tied_embeddings {
-        out += " --tied-embeddings";
-    }
-    if s.positions != PositionKind::Learned {
-        out += &format!(" --positions {}", s.positions);
-        if s.rope_theta != RopeTheta::DEFAULT {
-            out += &format!(" --rope-theta {}", s.rope_theta);
-        }
-    }
-    if s.bias != BiasKind::All {
-        out += &format!(" --bias {}", s.bias);
-    }
-    if let Some(m) = s.moe {
-        out += &format!(" --experts {} --top-k {}", m.experts, m.top_k);
-        if m.expert_ffn != s.ffn {
-            out += &format!(" --expert-ffn {}", m.expert_ffn);
-        }
-        if m.shared_experts > 0 {
-            out += &format!(" --shared-experts {}", m.shared_experts);
-            if m.shared_ffn != m.expert_ffn {
-                out += &format!(" --shared-ffn {}", m.shared_ffn);
-            }
-        }
-        if m.dense_layers > 0 {
-            out += &format!(" --dense-layers {}", m.dense_layers);
-        }
-        if m.every > 1 {
-            out += &format!(" --moe-every {}", m.every);
         }
     }
     out

@@ -1,6 +1,6 @@
 //! A mixture of experts as a user asks for it (`--experts`, `--top-k`, `--expert-ffn`,
 //! `--shared-experts`, `--shared-ffn`, `--dense-layers`, `--moe-every`; Python's keywords of
-//! the same names), refused in the flags' words.
+//! the same names), refused naming the fields, in each face's words.
 
 use super::MoeShape;
 
@@ -25,7 +25,7 @@ pub struct MoeKinds {
 }
 
 impl MoeKinds {
-    /// The flags given, by name.
+    /// The flags given, by name (as [`super::ShapeKinds::given`] names the other kinds').
     pub fn given(&self) -> Vec<&'static str> {
         [
             ("--experts", self.experts.is_some()),
@@ -42,54 +42,60 @@ impl MoeKinds {
         .collect()
     }
 
+    /// The fields given, in the library's words (`top_k`).
+    fn given_fields(&self) -> Vec<&'static str> {
+        [
+            ("experts", self.experts.is_some()),
+            ("top_k", self.top_k.is_some()),
+            ("expert_ffn", self.expert_ffn.is_some()),
+            ("shared_experts", self.shared_experts.is_some()),
+            ("shared_ffn", self.shared_ffn.is_some()),
+            ("dense_layers", self.dense_layers.is_some()),
+            ("moe_every", self.every.is_some()),
+        ]
+        .into_iter()
+        .filter(|f| f.1)
+        .map(|f| f.0)
+        .collect()
+    }
+
     /// The mixture of a model of `layers` layers whose dense MLP is `ffn` wide, or `None`
-    /// where no flag of it is given; or why not, in one line naming the flags.
-    pub fn moe(&self, layers: u32, ffn: u64) -> Result<Option<MoeShape>, String> {
-        let bad = Err;
+    /// where no flag of it is given; or why not, naming the fields (each face renders them).
+    pub fn moe(&self, layers: u32, ffn: u64) -> Result<Option<MoeShape>, MoeError> {
         let Some(experts) = self.experts else {
-            return match self.given().first() {
-                Some(flag) => bad(format!(
-                    "{flag} describes a mixture of experts: also give --experts"
-                )),
+            return match self.given_fields().first() {
+                Some(field) => Err(MoeError::WithoutExperts(field)),
                 None => Ok(None),
             };
         };
         let Some(top_k) = self.top_k else {
-            return bad("--experts needs --top-k (the routed experts each token goes to)".into());
+            return Err(MoeError::NeedsTopK);
         };
         if experts == 0 || top_k == 0 {
-            return bad(format!(
-                "--experts {experts} and --top-k {top_k} must be at least 1"
-            ));
+            return Err(MoeError::Zero { experts, top_k });
         }
         if top_k > experts {
-            return bad(format!(
-                "--top-k {top_k} must be at most --experts {experts}"
-            ));
+            return Err(MoeError::TopKAbove { experts, top_k });
         }
         let shared_experts = self.shared_experts.unwrap_or(0);
         if shared_experts == 0 && self.shared_ffn.is_some() {
-            return bad(
-                "--shared-ffn is the width of a shared expert: also give --shared-experts".into(),
-            );
+            return Err(MoeError::SharedFfnAlone);
         }
         let expert_ffn = self.expert_ffn.unwrap_or(ffn);
         let widths = [
-            ("--expert-ffn", Some(expert_ffn)),
-            ("--shared-ffn", self.shared_ffn),
+            ("expert_ffn", Some(expert_ffn)),
+            ("shared_ffn", self.shared_ffn),
         ];
-        for (flag, w) in widths {
+        for (field, w) in widths {
             match w {
-                Some(0) => return bad(format!("{flag} must be at least 1")),
-                Some(w) if w >= 1 << 30 => {
-                    return bad(format!("{flag} {w} is too large: at most 2^30"))
-                }
+                Some(0) => return Err(MoeError::WidthZero(field)),
+                Some(w) if w >= 1 << 30 => return Err(MoeError::WidthTooLarge { field, w }),
                 _ => {}
             }
         }
         let (dense_layers, every) = (self.dense_layers.unwrap_or(0), self.every.unwrap_or(1));
         if every == 0 {
-            return bad("--moe-every must be at least 1".into());
+            return Err(MoeError::EveryZero);
         }
         let moe = MoeShape {
             experts,
@@ -107,10 +113,130 @@ impl MoeKinds {
             every,
         };
         if moe.moe_layers(layers) == 0 {
-            return bad(format!(
-                "--dense-layers {dense_layers} and --moe-every {every} leave none of the --layers {layers} an MoE layer"
-            ));
+            return Err(MoeError::NoMoeLayer {
+                dense_layers,
+                every,
+                layers,
+            });
         }
         Ok(Some(moe))
     }
 }
+
+/// How a face writes a field, with the value given where the message shows it: the CLI's
+/// `--top-k 5`, Python's `top_k=5`.
+pub type FieldName<'a> = &'a dyn Fn(&str, Option<String>) -> String;
+
+/// The command line's form of a field: `top_k` is `--top-k`, followed by its value.
+pub fn flag_form(field: &str, value: Option<String>) -> String {
+    let flag = format!("--{}", field.replace('_', "-"));
+    match value {
+        Some(v) => format!("{flag} {v}"),
+        None => flag,
+    }
+}
+
+/// A mixture of experts asked for that is not one, naming the fields (`experts`, `top_k`,
+/// `expert_ffn`, `shared_experts`, `shared_ffn`, `dense_layers`, `moe_every`); each face
+/// renders them in its words ([`MoeError::named`]). `Display` is the command line's.
+#[derive(Clone, Debug, PartialEq)]
+pub enum MoeError {
+    /// A field of a mixture without `experts`.
+    WithoutExperts(&'static str),
+    /// `experts` without `top_k`.
+    NeedsTopK,
+    /// `experts` or `top_k` of 0.
+    Zero {
+        /// Routed experts asked for.
+        experts: u32,
+        /// Experts per token asked for.
+        top_k: u32,
+    },
+    /// More experts per token than there are.
+    TopKAbove {
+        /// Routed experts asked for.
+        experts: u32,
+        /// Experts per token asked for.
+        top_k: u32,
+    },
+    /// `shared_ffn` without shared experts.
+    SharedFfnAlone,
+    /// An expert's width of 0.
+    WidthZero(&'static str),
+    /// An expert's width past 2^30.
+    WidthTooLarge {
+        /// The width's field.
+        field: &'static str,
+        /// The width asked for.
+        w: u64,
+    },
+    /// `moe_every` of 0.
+    EveryZero,
+    /// No layer left an MoE layer.
+    NoMoeLayer {
+        /// Dense layers first.
+        dense_layers: u32,
+        /// One layer in this many after them.
+        every: u32,
+        /// The model's layers.
+        layers: u32,
+    },
+}
+
+impl MoeError {
+    /// The message with each field written as `name` writes it (see [`flag_form`]).
+    pub fn named(&self, name: FieldName<'_>) -> String {
+        let bare = |f: &str| name(f, None);
+        let with = |f: &str, v: &dyn std::fmt::Display| name(f, Some(v.to_string()));
+        match self {
+            MoeError::WithoutExperts(field) => format!(
+                "{} describes a mixture of experts: also give {}",
+                bare(field),
+                bare("experts")
+            ),
+            MoeError::NeedsTopK => format!(
+                "{} needs {} (the routed experts each token goes to)",
+                bare("experts"),
+                bare("top_k")
+            ),
+            MoeError::Zero { experts, top_k } => format!(
+                "{} and {} must be at least 1",
+                with("experts", experts),
+                with("top_k", top_k)
+            ),
+            MoeError::TopKAbove { experts, top_k } => format!(
+                "{} must be at most {}",
+                with("top_k", top_k),
+                with("experts", experts)
+            ),
+            MoeError::SharedFfnAlone => format!(
+                "{} is the width of a shared expert: also give {}",
+                bare("shared_ffn"),
+                bare("shared_experts")
+            ),
+            MoeError::WidthZero(field) => format!("{} must be at least 1", bare(field)),
+            MoeError::WidthTooLarge { field, w } => {
+                format!("{} is too large: at most 2^30", with(field, w))
+            }
+            MoeError::EveryZero => format!("{} must be at least 1", bare("moe_every")),
+            MoeError::NoMoeLayer {
+                dense_layers,
+                every,
+                layers,
+            } => format!(
+                "{} and {} leave none of the {} an MoE layer",
+                with("dense_layers", dense_layers),
+                with("moe_every", every),
+                with("layers", layers)
+            ),
+        }
+    }
+}
+
+impl std::fmt::Display for MoeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.named(&flag_form))
+    }
+}
+
+impl std::error::Error for MoeError {}

@@ -317,11 +317,11 @@ fn contradicting_mixture_fields_are_refused_naming_them() {
     assert_eq!(ModelShape::gpt(2, 8, 2, 32, 4, 10).not_modelled(), None);
 }
 
-/// The mixture's flags build the shape, name it in the plan's phrase, and write it back as
-/// the same flags.
+/// The mixture's flags build the shape and name it in the plan's phrase (the launch line's
+/// flags are plan's `launch::kind_flags`).
 #[test]
 fn mixture_flags_build_describe_and_write_back_the_shape() {
-    use super::request::{describe, kind_flags, MoeKinds, ShapeKinds};
+    use super::request::{describe, MoeKinds, ShapeKinds};
     let kinds = ShapeKinds {
         ffn: Some(12),
         mlp: Some(MlpKind::SwiGlu),
@@ -342,13 +342,52 @@ fn mixture_flags_build_describe_and_write_back_the_shape() {
         describe(&s),
         "3 layers x d_model 8 x 2 heads, swiglu 12, 4 experts of 6 (top 2) + 1 shared of 5 after 1 dense, vocab 10, seq 4"
     );
-    assert_eq!(
-        kind_flags(&s),
-        " --ffn 12 --mlp swiglu --experts 4 --top-k 2 --expert-ffn 6 --shared-experts 1 --shared-ffn 5 --dense-layers 1"
-    );
     let dense = ModelShape::gpt(2, 8, 2, 32, 4, 10);
     assert_eq!(
         describe(&dense),
         "2 layers x d_model 8 x 2 heads, gelu 32, vocab 10, seq 4"
     );
+}
+
+/// A mixture's refusal names the fields; the CLI writes them as flags and another face in
+/// its own words, from the same error.
+#[test]
+fn a_mixture_refusal_names_fields_each_face_renders() {
+    use super::request::{flag_form, MoeKinds};
+    let python = |f: &str, v: Option<String>| format!("{f}={}", v.unwrap_or_default());
+    let cases: [(MoeKinds, &str, &str); 3] = [
+        (
+            MoeKinds {
+                experts: Some(4),
+                ..MoeKinds::default()
+            },
+            "--experts needs --top-k (the routed experts each token goes to)",
+            "experts= needs top_k= (the routed experts each token goes to)",
+        ),
+        (
+            MoeKinds {
+                experts: Some(4),
+                top_k: Some(5),
+                ..MoeKinds::default()
+            },
+            "--top-k 5 must be at most --experts 4",
+            "top_k=5 must be at most experts=4",
+        ),
+        (
+            MoeKinds {
+                experts: Some(4),
+                top_k: Some(2),
+                dense_layers: Some(3),
+                ..MoeKinds::default()
+            },
+            "--dense-layers 3 and --moe-every 1 leave none of the --layers 3 an MoE layer",
+            "dense_layers=3 and moe_every=1 leave none of the layers=3 an MoE layer",
+        ),
+    ];
+    for (kinds, cli, py) in cases {
+        let e = kinds.moe(3, 8).unwrap_err();
+        assert_eq!(e.to_string(), cli);
+        assert_eq!(e.named(&flag_form), cli);
+        assert_eq!(e.named(&python), py);
+    }
 }
