@@ -243,9 +243,32 @@ fn block_selective(cfg: &MemoryConfig, i: u32) -> Elems {
 
 /// The sum of `f` over the blocks (0-based) of stage `s`.
 fn sum_blocks(cfg: &MemoryConfig, s: u32, f: impl Fn(u32) -> Elems) -> Elems {
-    params::stage_range(cfg.shape.layers, cfg.stages(), s)
-        .map(f)
-        .fold(Elems::default(), |a, b| a + b)
+    sum_range(
+        cfg,
+        params::stage_range(cfg.shape.layers, cfg.stages(), s),
+        f,
+    )
+}
+
+/// The sum of `f` over the blocks `range`, in time independent of its length: a block's
+/// stash depends only on whether it is an MoE layer, so each kind is counted once and
+/// multiplied (a request for 10^8 layers is refused in milliseconds, not walked).
+fn sum_range(cfg: &MemoryConfig, range: std::ops::Range<u32>, f: impl Fn(u32) -> Elems) -> Elems {
+    let len = u128::from(range.end.saturating_sub(range.start));
+    if len == 0 {
+        return Elems::default();
+    }
+    let Some(m) = cfg.shape.moe else {
+        return len * f(range.start);
+    };
+    let moe = u128::from(m.moe_layers(range.end) - m.moe_layers(range.start));
+    // The first of each kind is within one step of `every` (or the dense prefix) of the start.
+    let first = |want: bool| range.clone().find(|&i| m.is_moe_layer(i) == want);
+    let of = |n: u128, want: bool| match n {
+        0 => Elems::default(),
+        n => first(want).map_or_else(Elems::default, |i| n * f(i)),
+    };
+    of(moe, true) + of(len - moe, false)
 }
 
 /// Bytes of one pipeline hand-off (a stage's output or input gradient) on one rank: f32
@@ -293,7 +316,7 @@ pub(super) fn stage_bytes(cfg: &MemoryConfig, s: u32) -> StageBytes {
         Recompute::Every(k) => {
             // The first k blocks of the stage are recomputed; the rest keep their stashes.
             let from = range.start + k.min(range.len() as u32);
-            let rest = (from..range.end).fold(none, |a, i| a + block(cfg, i));
+            let rest = sum_range(cfg, from..range.end, |i| block(cfg, i));
             ids + input + rest + head
         }
     };
