@@ -549,11 +549,6 @@ where
         return Ok(None);
     }
     let ep = mesh.ep;
-    // A mesh built by hand or read from JSON has not been through `with_ep`: check it again,
-    // so that no EP group crosses a stage or names a rank that does not exist.
-    Mesh::new(mesh.pp, mesh.tp, mesh.dp)
-        .and_then(|m| m.with_ep(ep))
-        .map_err(|e| RuntimeError::Model(e.to_string()))?;
     if sharded {
         return Err(RuntimeError::Model(format!(
             "ep = {ep} does not run with ZeRO-1 yet: the optimizer shards would cut across \
