@@ -361,6 +361,8 @@ where
                 method: "make",
                 message,
             };
+            // Replica 0's replicated values (experts aside), kept from its own turn below.
+            let mut zero_shared: Option<Vec<f32>> = None;
             for first_dp in 0..ep.min(mesh.dp) {
                 let Some((first, names, experts)) = params(first_dp)? else {
                     continue;
@@ -376,15 +378,18 @@ where
                 }
                 // The EP ranks' own experts differ; everything else is replicated and must
                 // start equal to replica 0's.
-                if first_dp > 0 {
-                    let Some((zero, _, _)) = params(0)? else {
-                        continue;
-                    };
-                    let (a, b) = (without(&zero, &experts), without(&first, &experts));
-                    if let Some(message) =
-                        differ(&a, &b, names.as_deref(), (0, first_dp, mesh.tp > 1, tp))
-                    {
-                        return Err(refuse(message));
+                if ep == 1 {
+                    continue;
+                }
+                let shared = without(&first, &experts);
+                match &zero_shared {
+                    None if first_dp == 0 => zero_shared = Some(shared),
+                    None => {}
+                    Some(zero) => {
+                        let at = (0, first_dp, mesh.tp > 1, tp);
+                        if let Some(message) = differ(zero, &shared, names.as_deref(), at) {
+                            return Err(refuse(message));
+                        }
                     }
                 }
             }
