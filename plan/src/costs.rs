@@ -152,10 +152,12 @@ fn recompute_comm(
 ) -> Option<f64> {
     let n = p.layers[s as usize];
     let first: u32 = p.layers[..s as usize].iter().sum();
+    // MoE layers among the stage's first `k`, counted in closed form (`cost_model` runs for
+    // every candidate of a plan).
     let moe_among = |k: u32| {
-        (first..first + k)
-            .filter(|&l| shape.is_moe_layer(l))
-            .count()
+        shape
+            .moe
+            .map_or(0, |m| m.moe_layers(first + k) - m.moe_layers(first))
     };
     match policy {
         Recompute::None | Recompute::Full => None,
@@ -165,7 +167,7 @@ fn recompute_comm(
             Some(if all == 0 {
                 0.0
             } else {
-                f_comm * moe_among(k.min(n)) as f64 / all as f64
+                f_comm * f64::from(moe_among(k.min(n))) / f64::from(all)
             })
         }
     }
