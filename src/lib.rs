@@ -8,13 +8,21 @@
 //! [`calibrate`] (this machine measured as a cluster for the planner).
 //! Cargo features `mpi`, `cuda`, `nccl` and `candle` turn on the runtime's transports and
 //! bridges. [`prelude`] holds what a model needs.
+//!
+//! `plan`, `runtime` (with `kernels` and `prelude`), `viz` and `calibrate` are default
+//! features: with `default-features = false` this crate is the schedule side alone (the core,
+//! model shapes and memory, the simulator), and builds none of their dependencies.
 #![deny(missing_docs)]
 
+#[cfg(feature = "calibrate")]
 pub use pipewright_calibrate as calibrate;
 pub use pipewright_input as input;
+#[cfg(feature = "runtime")]
 pub use pipewright_kernels as kernels;
 pub use pipewright_model as model;
+#[cfg(feature = "plan")]
 pub use pipewright_plan as plan;
+#[cfg(feature = "runtime")]
 pub use pipewright_runtime as runtime;
 pub use pipewright_sim as sim;
 
@@ -26,6 +34,7 @@ pub mod schedule {
     pub use pipewright_model::{
         layer_profile, memory, shape, LayerProfile, ProfileError, RawLayerProfile,
     };
+    #[cfg(feature = "plan")]
     pub use pipewright_plan as plan;
     pub use pipewright_schedule::*;
     pub use pipewright_sim::{
@@ -34,9 +43,11 @@ pub mod schedule {
         StageCost, SweepGrid, SweepRow,
     };
 }
+#[cfg(feature = "viz")]
 pub use pipewright_viz as viz;
 
 /// What a model trained through pipewright uses, in one import: `use pipewright::prelude::*;`.
+#[cfg(feature = "runtime")]
 pub mod prelude {
     pub use pipewright_kernels::layers::{
         Embedding, LayerNorm, Linear, Mlp, MlpKind, NoTp, Param, Parameters, RmsNorm, TpReduce,
@@ -55,10 +66,10 @@ pub mod prelude {
 
 // Every Rust block of the README and of GUIDE.md compiles and runs as a doctest
 // (`cargo test --doc`).
-#[cfg(doctest)]
+#[cfg(all(doctest, feature = "runtime", feature = "viz"))]
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
 
-#[cfg(doctest)]
+#[cfg(all(doctest, feature = "runtime", feature = "viz"))]
 #[doc = include_str!("../GUIDE.md")]
 pub struct GuideDoctests;
