@@ -1,34 +1,51 @@
 #!/bin/bash
-# Build times of two trees in one run (issue 34's ratios): a user's crate that depends on the
-# façade, built cold in release, then the README's test command from a cold target.
-# Usage: scripts/build_times.sh OLD_REV NEW_REV (both checked out under /tmp/libbench).
+# Build times of two trees in one run (issue 34's ratios). Each user crate is built cold in
+# release, old tree then new, alternating, so both see the same load:
+#   schedule: a crate that generates a timetable, on the façade's default features;
+#   lean:     the same crate with `default-features = false` (new tree only);
+#   guide:    GUIDE.md's first Rust example (train a model, draw its chart), default features.
+# Then, with `tests` as third argument, the README's test command from a cold target.
+# Usage: scripts/build_times.sh OLD_REV NEW_REV [tests] (both checked out under /tmp/libbench).
 set -u
-old_rev=${1:?old revision} new_rev=${2:?new revision}
+old_rev=${1:?old revision} new_rev=${2:?new revision} tests=${3:-}
 repo=$(cd "$(dirname "$0")/.." && pwd)
 mkdir -p /tmp/libbench && cd /tmp/libbench
+awk '/^```rust/{n++; next} n==1 && /^```/{exit} n==1{print}' "$repo/GUIDE.md" > guide_main.rs
+schedule_main='use pipewright::schedule::{generate, ScheduleKind, ScheduleSpec};
+fn main() {
+    let tt = generate(&ScheduleSpec::new(ScheduleKind::OneFOneB, 4, 1, 8, None).unwrap());
+    println!("{}", tt.num_devices());
+}'
+user() { # name tree extra-dependency-keys main-file-or-text
+  mkdir -p "$1/src"
+  printf '[package]\nname = "%s"\nversion = "0.1.0"\nedition = "2021"\n\n[dependencies]\npipewright = { path = "../%s"%s }\n\n[workspace]\n' "$1" "$2" "$3" > "$1/Cargo.toml"
+  if [ -f "$4" ]; then cp "$4" "$1/src/main.rs"; else printf '%s\n' "$4" > "$1/src/main.rs"; fi
+}
 for v in old new; do
   rev=$old_rev; [ "$v" = new ] && rev=$new_rev
   [ -d "$v" ] || git -C "$repo" worktree add -q "/tmp/libbench/$v" "$rev"
-  mkdir -p "user-$v/src"
-  printf '[package]\nname = "user-%s"\nversion = "0.1.0"\nedition = "2021"\n\n[dependencies]\npipewright = { path = "../%s" }\n\n[workspace]\n' "$v" "$v" > "user-$v/Cargo.toml"
-  printf 'use pipewright::schedule::{generate, ScheduleKind, ScheduleSpec};\nfn main() {\n    let tt = generate(&ScheduleSpec::new(ScheduleKind::OneFOneB, 4, 1, 8, None).unwrap());\n    println!("{}", tt.num_devices());\n}\n' > "user-$v/src/main.rs"
+  user "schedule-$v" "$v" "" "$schedule_main"
+  user "guide-$v" "$v" "" guide_main.rs
 done
-for v in old new; do
-  rm -rf target-$v
+user lean-new new ", default-features = false" "$schedule_main"
+build() {
+  rm -rf "target-$1"
   start=$(date +%s.%N)
-  (cd user-$v && CARGO_TARGET_DIR=/tmp/libbench/target-$v cargo build --release --offline -q 2>&1 | tail -2)
+  (cd "$1" && CARGO_TARGET_DIR="/tmp/libbench/target-$1" cargo build --release --offline -q 2>&1 | tail -2)
   end=$(date +%s.%N)
-  n=$(ls target-$v/release/deps/*.rlib 2>/dev/null | wc -l)
-  clap=$(ls target-$v/release/deps/ | grep -c '^libclap')
-  echo "$v: $(echo "$end - $start" | bc) s, $n rlibs, clap rlibs: $clap, load: $(cut -d' ' -f1-3 /proc/loadavg)"
-done
+  n=$(ls "target-$1"/release/deps/*.rlib 2>/dev/null | wc -l)
+  clap=$(ls "target-$1"/release/deps/ | grep -c '^libclap')
+  echo "$1: $(echo "$end - $start" | bc) s, $n rlibs, clap rlibs: $clap, load: $(cut -d' ' -f1-3 /proc/loadavg)"
+  rm -rf "target-$1"
+}
+for u in schedule-old schedule-new lean-new guide-old guide-new; do build "$u"; done
+[ "$tests" = tests ] || exit 0
 # The README's test command from a cold target, old tree then new.
 for v in old new; do
   rm -rf /tmp/libbench/ttarget-$v
   start=$(date +%s.%N)
   (cd /tmp/libbench/$v && CARGO_TARGET_DIR=/tmp/libbench/ttarget-$v cargo test --workspace --offline -q > /tmp/libbench/test-$v.log 2>&1; echo "rc=$?" >> /tmp/libbench/test-$v.log)
   end=$(date +%s.%N)
-  bins=$(grep -c 'Running' /tmp/libbench/test-$v.log)
   echo "test $v: $(echo "$end - $start" | bc) s, $(tail -1 /tmp/libbench/test-$v.log), load: $(cut -d' ' -f1-3 /proc/loadavg)"
   rm -rf /tmp/libbench/ttarget-$v
 done
