@@ -1,10 +1,11 @@
 //! Communication: ring collectives and point-to-point sends over the links a configuration's
 //! placement puts them on.
 //!
-//! Placement follows practice: global rank `= tp_rank + tp * (pp_rank + pp * dp_rank)`, so a
-//! TP group is `tp` neighbouring GPUs (inside one node when `tp` divides the node), pipeline
-//! neighbours come next, and data-parallel replicas are outermost. Node of a rank: `rank /
-//! gpus_per_node`.
+//! Placement is the runtime's (`Mesh`, as Megatron-Core's default order): global rank `=
+//! tp_rank + tp * (dp_rank + dp * pp_rank)`, so a TP group is `tp` neighbouring GPUs (inside
+//! one node when `tp` divides the node), data-parallel replicas come next, and pipeline stages
+//! are outermost. The launch line runs this placement, so the plan costs the one it launches.
+//! Node of a rank: `rank / gpus_per_node`.
 //!
 //! Ring formulas (Patarasuk and Yuan 2009; what NCCL's ring achieves for large messages), for
 //! `n` ranks, a buffer of `B` bytes, link bandwidth `beta` and per-step latency `alpha`:
@@ -46,8 +47,12 @@ impl Links {
     pub fn new(cluster: &Cluster, tp: u32, pp: u32, dp: u32) -> Links {
         let gpn = cluster.gpus_per_node;
         let tp_cross_node = tp > gpn || gpn % tp != 0;
-        let per_replica = tp * pp;
-        let dp_cross_node = dp > 1 && per_replica.saturating_mul(dp) > gpn;
+        // A DP group is `tp dp` consecutive ranks (stride `tp`), one run per pipeline stage:
+        // it leaves its node when the run is longer than a node, or when runs do not tile
+        // nodes and a later stage's run straddles two.
+        let run = u64::from(tp) * u64::from(dp);
+        let gpn64 = u64::from(gpn.max(1));
+        let dp_cross_node = dp > 1 && (run > gpn64 || (pp > 1 && gpn64 % run != 0));
         Links {
             tp: if tp_cross_node {
                 cluster.inter_node
@@ -66,13 +71,13 @@ impl Links {
 
 /// Whether pipeline devices `a` and `b` of some replica sit on different nodes (checked over
 /// the first replicas whose alignment to nodes differs; replica `k`'s device `d` holds ranks
-/// from `tp * (d + pp * k)`).
-pub fn crosses_nodes(cluster: &Cluster, tp: u32, pp: u32, dp: u32, a: u32, b: u32) -> bool {
+/// from `tp * (k + dp * d)`).
+pub fn crosses_nodes(cluster: &Cluster, tp: u32, dp: u32, a: u32, b: u32) -> bool {
     let gpn = u64::from(cluster.gpus_per_node);
-    let (tp, pp) = (u64::from(tp), u64::from(pp));
-    let node = |d: u32, k: u64| tp * (u64::from(d) + pp * k) / gpn;
+    let (tp, dp64) = (u64::from(tp), u64::from(dp));
+    let node = |d: u32, k: u64| tp * (k + dp64 * u64::from(d)) / gpn;
     // Alignment repeats after gpn replicas at most.
-    (0..u64::from(dp).min(gpn)).any(|k| node(a, k) != node(b, k))
+    (0..dp64.min(gpn)).any(|k| node(a, k) != node(b, k))
 }
 
 #[cfg(test)]
@@ -92,19 +97,26 @@ mod tests {
     }
 
     #[test]
-    fn placement_puts_tp_in_a_node_and_pp_across() {
+    fn placement_is_the_runtimes_tp_then_dp_then_pp() {
         let c = a100_80g();
         let l = Links::new(&c, 8, 64, 6);
         assert_eq!(l.tp, c.intra_node);
         assert_eq!(l.dp, c.inter_node);
         // tp 8: every pipeline neighbour is another node.
-        assert!(crosses_nodes(&c, 8, 64, 6, 0, 1));
+        assert!(crosses_nodes(&c, 8, 6, 0, 1));
         // tp 4: devices 0 and 1 share a node, 1 and 2 do not.
-        assert!(!crosses_nodes(&c, 4, 16, 1, 0, 1));
-        assert!(crosses_nodes(&c, 4, 16, 1, 1, 2));
-        // A whole replica in one node: DP over NVLink.
+        assert!(!crosses_nodes(&c, 4, 1, 0, 1));
+        assert!(crosses_nodes(&c, 4, 1, 1, 2));
+        // A stage's whole DP group in one node: DP over NVLink.
         let l = Links::new(&c, 2, 2, 2);
         assert_eq!(l.dp, c.intra_node);
+        // tp 2 x dp 4 fills a node: DP stays on it, and pipeline neighbours leave it.
+        assert_eq!(Links::new(&c, 2, 4, 4).dp, c.intra_node);
+        assert!(crosses_nodes(&c, 2, 4, 0, 1));
+        // tp 2 x dp 3 = 6 GPUs: the next stage's DP group straddles two nodes.
+        assert_eq!(Links::new(&c, 2, 2, 3).dp, c.inter_node);
+        // Replica 0's devices 0 and 1 (ranks 0, 6) share a node; replica 1's (2, 8) do not.
+        assert!(crosses_nodes(&c, 2, 3, 0, 1));
         assert!(Links::new(&c, 16, 1, 1).tp_cross_node);
     }
 }

@@ -217,14 +217,8 @@ fn gpt_cost_model(req: &PlanRequest, shape: &ModelShape, cfg: &Config) -> (CostM
             let i = work.i + n * p.layer_tp + if last { p.embed_tp } else { 0.0 };
             let w = work.w;
             let link = if !last
-                && crosses_nodes(
-                    &req.cluster,
-                    cfg.tp,
-                    cfg.pp,
-                    cfg.dp,
-                    device_of(s),
-                    device_of(s + 1),
-                ) {
+                && crosses_nodes(&req.cluster, cfg.tp, cfg.dp, device_of(s), device_of(s + 1))
+            {
                 req.cluster.inter_node
             } else {
                 req.cluster.intra_node

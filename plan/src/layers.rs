@@ -88,7 +88,6 @@ pub fn cost_model(req: &PlanRequest, profile: &LayerProfile, cfg: &Config) -> (C
                 && crosses_nodes(
                     &req.cluster,
                     cfg.tp,
-                    cfg.pp,
                     cfg.dp,
                     device_of(cfg, s32),
                     device_of(cfg, s32 + 1),

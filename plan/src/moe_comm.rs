@@ -5,8 +5,8 @@
 //! Parallel folding (Megatron-Core's MoE "parallel folding", Liu et al. 2025): a stage's
 //! `tp x dp` GPUs run attention as TP `tp` x DP `dp`, and the same GPUs run the experts as
 //! expert-TP `etp` x EP `ep` x expert-DP `tp dp / (etp ep)`. Within a stage the GPUs are
-//! numbered `j = tp_rank + tp dp_rank` (global rank `tp_rank + tp (pp_rank + pp dp_rank)`,
-//! as [`crate::comm`] places them) and the expert side splits `j` as
+//! numbered `j = tp_rank + tp dp_rank` (global rank `tp_rank + tp (dp_rank + dp pp_rank)`,
+//! as [`crate::comm`] and the runtime place them, so a stage's GPUs are consecutive) and the expert side splits `j` as
 //! `etp_rank + etp (ep_rank + ep edp_rank)`, so an EP group is every `etp`-th GPU of a run of
 //! `etp ep`.
 //!
@@ -106,7 +106,7 @@ impl ExpertFold {
     fn node(&self, cluster: &Cluster, pp_rank: u64, j: u64) -> u64 {
         let tp = u64::from(self.tp.max(1));
         let (t, d) = (j % tp, j / tp);
-        let global = t + tp * (pp_rank + u64::from(self.pp) * d);
+        let global = t + tp * (d + u64::from(self.dp) * pp_rank);
         global / u64::from(cluster.gpus_per_node.max(1))
     }
 

@@ -70,12 +70,18 @@ fn ep_across_nodes_is_paced_by_the_nic() {
     assert_eq!(a.inter_bytes, B * 8.0 / 16.0);
     let one = (B * 8.0 / 16.0 / 25e9) + 15.0 * 10e-6;
     assert!((a.one_s - one).abs() < 1e-15);
-    // Pipeline stages placed between a stage's replicas put EP 8 over two nodes too:
-    // stage 0's GPUs are global ranks 0, 2, .., 14 under pp 2.
+    // The runtime's placement keeps a stage's GPUs consecutive: under pp 2, stage 0 is ranks
+    // 0..8 and stage 1 ranks 8..16, so EP 8 stays on one node.
     let f = fold(1, 2, 8, 1, 8);
-    assert_eq!(f.peers_in_node(&cluster()), 3);
+    assert_eq!(f.peers_in_node(&cluster()), 7);
     let a = layer_all_to_all(&shape(), &cluster(), &f, 1, 2, 1.0).unwrap();
-    assert_eq!(a.inter_bytes, B * 4.0 / 8.0);
+    assert_eq!(a.inter_bytes, 0.0);
+    // EP 6 over dp 12: stage 0's second group is ranks 6..12, two on node 0 and four on node 1,
+    // and that worst group sets the pace: one peer on a GPU's node.
+    let f = fold(1, 2, 12, 1, 6);
+    assert_eq!(f.peers_in_node(&cluster()), 1);
+    let a = layer_all_to_all(&shape(), &cluster(), &f, 1, 2, 1.0).unwrap();
+    assert_eq!(a.inter_bytes, B * 4.0 / 6.0);
 }
 
 #[test]
