@@ -36,7 +36,7 @@ use super::work_moe::layer_at;
 use pipewright_model::memory::moe::ExpertLayout;
 use pipewright_model::memory::{stage_parameters, ModelShape};
 use pipewright_schedule::recompute::Recompute;
-use pipewright_sim::simulate::{CostModel, StageCost};
+use pipewright_sim::simulate::{CostModel, RawCostFile, StageCost};
 
 /// The pieces of `cfg` for a GPT of `shape`.
 pub fn pieces(req: &PlanRequest, shape: &ModelShape, cfg: &Config) -> Pieces {
@@ -187,6 +187,13 @@ fn recompute_time(policy: Recompute, p: &Pieces, s: u32, f: f64) -> Option<f64> 
             Some(first.f + f64::from(k.min(n)) * p.layer_tp)
         }
     }
+}
+
+/// `cfg`'s cost model as a cost file (seconds), for `simulate`, `search` and `viz` to take
+/// as they take measured costs: the same stages, all-to-all and hand-offs the plan timed.
+pub fn costs_file(req: &PlanRequest, cfg: &Config) -> RawCostFile {
+    let (model, _) = cost_model(req, cfg);
+    RawCostFile::from_model(&model, "s", format!("pipewright plan, predicted: {cfg}"))
 }
 
 /// The simulator's cost model of `cfg`, in seconds, with its pieces (a profile's:

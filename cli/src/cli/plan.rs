@@ -164,6 +164,12 @@ pub struct PlanCmd {
     /// families only.
     #[arg(long, value_name = "FILE")]
     timetable_out: Option<PathBuf>,
+    /// Write the best configuration's predicted costs (seconds per stage: F, B, I, W, the
+    /// all-to-all inside them, hand-offs) as a cost file, so `simulate --cost-file`, `search
+    /// --cost-file` and `viz` time the plan's costs as measured ones. Memory stays the plan's
+    /// (`--memory`): the file gives no activation bytes, so `search` caps in microbatches.
+    #[arg(long, value_name = "FILE")]
+    costs_out: Option<PathBuf>,
     #[command(flatten)]
     comms: CommsArg,
     /// Say why the best beat the runners-up (which terms of the step differ).
@@ -233,6 +239,7 @@ impl PlanCmd {
             ("--ep", self.ep.is_some()),
             ("--etp", self.etp.is_some()),
             ("--timetable-out", self.timetable_out.is_some()),
+            ("--costs-out", self.costs_out.is_some()),
             ("--chart", self.chart.is_some()),
             ("--validate", self.validate.is_some()),
         ];
@@ -272,6 +279,7 @@ impl PlanCmd {
                     self.timetable_out.as_ref(),
                     Kind::Timetable,
                 ),
+                Output::new("--costs-out", self.costs_out.as_ref(), Kind::Json),
             ],
         )?;
         let (req, notes) = self.request()?;
@@ -293,6 +301,10 @@ impl PlanCmd {
         };
         if let (Some(path), Some(best)) = (&self.chart, plan.rows.first()) {
             outs.stage("--chart", &chart(&req, best, path)?)?;
+        }
+        if let (Some(_), Some(best)) = (&self.costs_out, plan.rows.first()) {
+            let file = pipewright::plan::costs::costs_file(&req, &best.config);
+            outs.stage("--costs-out", &serde_json::to_vec_pretty(&file)?)?;
         }
         if let Some((path, text)) = tt_text {
             match text {

@@ -238,3 +238,87 @@ fn a_mixture_trains_and_its_memory_is_the_prediction() {
         assert_eq!(m["optimizer_state"].as_u64(), Some(2 * want), "rank {rank}");
     }
 }
+
+/// `plan --costs-out` hands the best's predicted costs, all-to-all included, to `simulate`:
+/// the file's DualPipeV step moves the plan's all-to-all (per device, times the devices) and
+/// hides part of it in its F&B pairs, and 1F1B on the same file hides none.
+#[test]
+fn a_plans_costs_carry_the_all_to_all_into_simulate() {
+    let dir = tempfile::tempdir().unwrap();
+    let costs = dir.path().join("costs.json");
+    let deepseek = format!(
+        "{}/../model/tests/fixtures/hf/deepseek-v3.json",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let out = common::plan::ok(&[
+        "--hf-config",
+        &deepseek,
+        "--cluster",
+        "h100-80g",
+        "--gpus",
+        "512",
+        "--global-batch",
+        "1024",
+        "--seq-len",
+        "1024",
+        "--tp",
+        "1",
+        "--pp",
+        "16",
+        "--ep",
+        "32",
+        "--microbatch-size",
+        "1",
+        "--schedule",
+        "dualpipev",
+        "--explain",
+        "--costs-out",
+        costs.to_str().unwrap(),
+    ]);
+    assert!(out.contains("dualpipev v 2 mbs 1 m 32"), "{out}");
+    let per_device: f64 = out
+        .split("expert all-to-all: ")
+        .nth(1)
+        .and_then(|s| s.split(' ').next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("{out}"));
+    let simulate = |schedule: &str, v: &str| {
+        common::ok(&[
+            "simulate",
+            "--schedule",
+            schedule,
+            "--stages",
+            "16",
+            "--virtual",
+            v,
+            "--microbatches",
+            "32",
+            "--cost-file",
+            costs.to_str().unwrap(),
+        ])
+    };
+    let comm = |out: &str| -> (f64, f64) {
+        let line = out
+            .lines()
+            .find(|l| l.starts_with("communication in actions"));
+        let nums: Vec<f64> = line
+            .unwrap_or_else(|| panic!("{out}"))
+            .split(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .filter_map(|s| s.parse().ok())
+            .collect();
+        (nums[0], nums[1])
+    };
+    let (total, hidden) = comm(&simulate("dualpipev", "2"));
+    assert!(
+        (total - 16.0 * per_device).abs() < 0.01 * total,
+        "{total} vs 16 x {per_device}"
+    );
+    assert!(hidden > 0.2 * total, "{hidden} of {total}");
+    // Sequential actions pay the same all-to-all in full.
+    let (total_1f1b, hidden_1f1b) = comm(&simulate("1f1b", "1"));
+    assert!(
+        (total_1f1b - total).abs() < 1e-6 * total,
+        "{total_1f1b} vs {total}"
+    );
+    assert_eq!(hidden_1f1b, 0.0);
+}

@@ -167,3 +167,40 @@ fn resampling_costs_keeps_the_model_and_makes_the_same_step() {
     let plain = sim(ScheduleKind::OneFOneB, 2, 1, 4, &uniform(2));
     assert!((s.report.ideal - plain.report.ideal).abs() < 1e-12);
 }
+
+/// A cost model written as a cost file (a planner's prediction, `plan --costs-out`) resolves
+/// to the same model: every field of every stage, the all-to-all and overrides included.
+#[test]
+fn a_cost_model_round_trips_through_its_cost_file() {
+    use pipewright_sim::simulate::{CostModel, RawCostFile, StageCost};
+    let stage = |k: f64| StageCost {
+        f: 1.0 * k,
+        b: 2.5 * k,
+        i: 1.5 * k,
+        w: 1.0 * k,
+        f_comm: 0.25,
+        b_comm: 0.5,
+        activation_bytes: 4096,
+        w_memory: 0.4,
+        p2p_bytes: 1024,
+        p2p_time: Some(0.01),
+        overlap: Some(3.0),
+        optimizer: 0.2,
+        dp_allreduce: 0.3,
+        r: Some(0.9),
+        r_comm: Some(0.0),
+        kept_bytes: Some(512),
+    };
+    let dense = StageCost::new(1.0, 2.0, None).unwrap();
+    let model = CostModel {
+        stages: vec![stage(1.0), stage(1.5), dense],
+        p2p_latency: 0.05,
+        bandwidth: Some(1e9),
+        host: None,
+    };
+    let file = RawCostFile::from_model(&model, "s", "test".into());
+    let text = serde_json::to_string(&file).unwrap();
+    let read: RawCostFile = serde_json::from_str(&text).unwrap();
+    assert_eq!(read.resolve(3).unwrap(), model);
+    assert_eq!(read.time_unit.as_deref(), Some("s"));
+}

@@ -62,6 +62,31 @@ pub struct RawStageCost {
     pub kept_bytes: Option<u64>,
 }
 
+impl From<&StageCost> for RawStageCost {
+    /// Every field as the stage has it: the file resolves to the same stage.
+    fn from(c: &StageCost) -> RawStageCost {
+        let nonzero = |x: f64| (x != 0.0).then_some(x);
+        RawStageCost {
+            f: Some(c.f),
+            b: Some(c.b),
+            i: Some(c.i),
+            w: Some(c.w),
+            f_comm: nonzero(c.f_comm),
+            b_comm: nonzero(c.b_comm),
+            activation_bytes: (c.activation_bytes != 0).then_some(c.activation_bytes),
+            w_memory: (c.w_memory != 1.0).then_some(c.w_memory),
+            p2p_bytes: Some(c.p2p_bytes),
+            p2p_time: c.p2p_time,
+            overlap: c.overlap,
+            optimizer: nonzero(c.optimizer),
+            dp_allreduce: nonzero(c.dp_allreduce),
+            r: c.r,
+            r_comm: c.r_comm,
+            kept_bytes: c.kept_bytes,
+        }
+    }
+}
+
 impl RawStageCost {
     /// Whether nothing is given (every field left to its default).
     pub fn is_empty(&self) -> bool {
@@ -236,6 +261,20 @@ pub struct RawCostFile {
 }
 
 impl RawCostFile {
+    /// `model` as a cost file, one entry per stage, that resolves to `model` again (so a
+    /// planner's predicted costs can be simulated, searched and drawn like measured ones).
+    pub fn from_model(model: &CostModel, time_unit: &str, source: String) -> RawCostFile {
+        RawCostFile {
+            default: RawStageCost::default(),
+            stages: Some(model.stages.iter().map(RawStageCost::from).collect()),
+            p2p_latency: Some(model.p2p_latency),
+            bandwidth: model.bandwidth,
+            time_unit: Some(time_unit.to_string()),
+            source: Some(source),
+            host: model.host,
+        }
+    }
+
     /// Resolve for a timetable with `stages` stages.
     pub fn resolve(&self, stages: u32) -> Result<CostModel, CostError> {
         let apart = self.host.is_some_and(|h| h.runtime == Runtime::Pytorch);
