@@ -4,6 +4,7 @@ use serde::{Deserialize, Serialize};
 
 use super::cluster::{Cluster, Precision};
 use super::model::PlanModel;
+use super::moe_comm::Dispatcher;
 use pipewright_model::layer_profile::LayerProfile;
 use pipewright_model::memory::ModelShape;
 use pipewright_model::shape::AttentionKind;
@@ -199,6 +200,8 @@ pub struct PlanRequest {
     /// A mixture's capacity factor (at least 1): the tokens an expert rank receives over the
     /// even share, in both memory and time; 1 for even routing.
     pub capacity_factor: f64,
+    /// How a mixture's tokens reach their experts (the all-to-all's volume and links).
+    pub dispatcher: Dispatcher,
 }
 
 impl PlanRequest {
@@ -240,6 +243,7 @@ impl PlanRequest {
             top: 10,
             max_searched: 2,
             capacity_factor: 1.0,
+            dispatcher: Dispatcher::AllToAll,
         }
     }
 }

@@ -117,6 +117,7 @@ fn all_to_all(
         cfg.microbatch_size,
         act,
         req.capacity_factor,
+        req.dispatcher,
     ) else {
         return Vec::new();
     };

@@ -50,6 +50,7 @@ pub use config::{Config, Fixed, PlanRequest};
 pub use efficiency::Efficiency;
 pub use explain::{Limit, Terms};
 pub use model::PlanModel;
+pub use moe_comm::Dispatcher;
 pub use request::{PlanRequestError, RawPlanRequest};
 pub use row::PlanRow;
 pub use search::{plan, Plan, Progress};

@@ -23,12 +23,40 @@
 //! on other nodes over the inter-node link (its own NIC), both at once, so the slower sets
 //! the time; plus one latency per peer (a pairwise exchange), over the slower link's latency
 //! where the group spans nodes.
+//!
+//! DeepEP's dispatch ([`Dispatcher::DeepEp`], DeepSeek-V3 report §3.2.2, and Megatron-Core's
+//! `flex` dispatcher) sends a token over the inter-node link once per other node that holds
+//! any of its experts, not once per expert, and forwards it over NVLink inside that node.
+//! With the `E` experts spread evenly over the `N` nodes of an EP group and the `k` experts
+//! of a token drawn evenly (an even router), a node holds none of them with probability
+//! `C(E - E/N, k) / C(E, k)`, so a token reaches `N (1 - that)` nodes, `(N - 1) / N` of them
+//! other nodes. DeepSeek's node-limited routing (at most 4 nodes a token) is not modelled:
+//! for DeepSeek-V3 at EP 64 this counts 5.3 nodes a token (4.6 of them other nodes) where its
+//! routing allows at most 4.
 
 use std::ops::Range;
 
 use pipewright_model::memory::ModelShape;
 
 use super::cluster::Cluster;
+
+/// How an MoE layer's tokens reach their experts' GPUs.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize,
+)]
+pub enum Dispatcher {
+    /// A plain all-to-all (pipewright's runtime, Megatron-Core's `alltoall`): one copy of a
+    /// token for each of its experts on another GPU.
+    #[default]
+    #[serde(rename = "all-to-all")]
+    AllToAll,
+    /// DeepEP: one copy of a token over the inter-node link for each other node holding any
+    /// of its experts, forwarded over NVLink inside it.
+    #[serde(rename = "deepep")]
+    DeepEp,
+}
+
+pipewright_kinds::named!(Dispatcher, "a dispatcher", AllToAll => "all-to-all", DeepEp => "deepep");
 
 /// Why an expert fold does not fit, naming the fields (`ep`, `etp`), which each face
 /// renders in its own words.
@@ -193,6 +221,7 @@ pub fn layer_all_to_all(
     microbatch_size: u64,
     act_bytes: u64,
     capacity: f64,
+    dispatcher: Dispatcher,
 ) -> Option<AllToAll> {
     let moe = shape.moe?;
     let tokens = microbatch_size as f64 * shape.seq_len as f64 / f64::from(fold.tp.max(1));
@@ -201,7 +230,10 @@ pub fn layer_all_to_all(
     let near = fold.peers_in_node(cluster).min(ep - 1);
     let far = ep - 1 - near;
     let share = |peers: u32| bytes * f64::from(peers) / f64::from(ep);
-    let (intra_bytes, inter_bytes) = (share(near), share(far));
+    let (intra_bytes, inter_bytes) = match dispatcher {
+        Dispatcher::DeepEp if far > 0 => deepep_bytes(bytes, moe.experts, moe.top_k, ep, near),
+        _ => (share(near), share(far)),
+    };
     let (intra, inter) = (&cluster.intra_node, &cluster.inter_node);
     let latency = match (near, far) {
         (0, 0) => 0.0,
@@ -218,28 +250,38 @@ pub fn layer_all_to_all(
     })
 }
 
+/// DeepEP's (intra-node, inter-node) bytes of a dispatch of `bytes` (every copy, `top_k` a
+/// token) over an EP group of `ep` GPUs, `near + 1` of them on each node: a token crosses to
+/// each other node its experts are on once, and every copy bound for another GPU of the node
+/// it lands on (its own, or the one it crossed to) moves over NVLink.
+fn deepep_bytes(bytes: f64, experts: u32, top_k: u32, ep: u32, near: u32) -> (f64, f64) {
+    let per_node = near + 1;
+    let nodes = ep.div_ceil(per_node);
+    let (e, k) = (f64::from(experts), f64::from(top_k));
+    let on_node = e / f64::from(nodes);
+    // C(e - on_node, k) / C(e, k): the chance that none of a token's experts is on a node.
+    let none = (0..top_k).fold(1.0, |p, i| {
+        let i = f64::from(i);
+        p * ((e - on_node - i) / (e - i)).max(0.0)
+    });
+    let other_nodes = f64::from(nodes) * (1.0 - none) * f64::from(nodes - 1) / f64::from(nodes);
+    let copy = bytes / k;
+    let inter = copy * other_nodes;
+    let intra = bytes * f64::from(per_node - 1) / f64::from(per_node);
+    (intra, inter)
+}
+
 /// A stage's all-to-all per microbatch: its MoE layers among `layers` (0-based indices of
-/// the model's blocks), each one [`layer_all_to_all`]. `(forward_s, backward_s, bytes)`, the
-/// bytes being all four all-to-alls' (dispatch and combine, forward and backward) of every
-/// MoE layer of the stage; zeros for a stage without MoE layers or a shape without experts.
-pub fn stage_all_to_all(
-    shape: &ModelShape,
-    cluster: &Cluster,
-    fold: &ExpertFold,
-    layers: Range<u32>,
-    microbatch_size: u64,
-    act_bytes: u64,
-    capacity: f64,
-) -> (f64, f64, f64) {
+/// the model's blocks), each one `one` (a [`layer_all_to_all`]). `(forward_s, backward_s,
+/// bytes)`, the bytes being all four all-to-alls' (dispatch and combine, forward and
+/// backward) of every MoE layer of the stage; zeros for a stage without MoE layers.
+pub fn stage_all_to_all(shape: &ModelShape, layers: Range<u32>, one: &AllToAll) -> (f64, f64, f64) {
     let moe = layers.filter(|&i| shape.is_moe_layer(i)).count() as f64;
-    match layer_all_to_all(shape, cluster, fold, microbatch_size, act_bytes, capacity) {
-        Some(a) if moe > 0.0 => (
-            moe * a.forward_s(),
-            moe * a.backward_s(),
-            moe * 4.0 * a.bytes,
-        ),
-        _ => (0.0, 0.0, 0.0),
-    }
+    (
+        moe * one.forward_s(),
+        moe * one.backward_s(),
+        moe * 4.0 * one.bytes,
+    )
 }
 
 #[cfg(test)]

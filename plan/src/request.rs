@@ -15,6 +15,7 @@ use pipewright_schedule::spec::ScheduleKind;
 use super::cluster::{Cluster, Precision};
 use super::config::{Fixed, PlanRequest};
 use super::model::PlanModel;
+use super::moe_comm::Dispatcher;
 use super::PlanError;
 
 /// `--vocab`'s default.
@@ -58,6 +59,8 @@ pub struct RawPlanRequest {
     pub max_searched: usize,
     /// A mixture's capacity factor (`--capacity-factor`), at least 1.
     pub capacity_factor: f64,
+    /// How a mixture's tokens reach their experts (`--dispatcher`).
+    pub dispatcher: Dispatcher,
 }
 
 impl Default for RawPlanRequest {
@@ -80,6 +83,7 @@ impl Default for RawPlanRequest {
             max_simulated: 200,
             max_searched: 2,
             capacity_factor: 1.0,
+            dispatcher: Dispatcher::AllToAll,
         }
     }
 }
@@ -255,6 +259,7 @@ impl RawPlanRequest {
         req.max_simulated = self.max_simulated;
         req.max_searched = self.max_searched;
         req.capacity_factor = self.capacity_factor;
+        req.dispatcher = self.dispatcher;
         self.check_experts(&req.model)?;
         Ok((req, notes))
     }
@@ -333,6 +338,9 @@ impl RawPlanRequest {
             let given = [("ep", f.ep), ("etp", f.etp)];
             return match given.iter().find(|(_, x)| x.is_some_and(|x| x > 1)) {
                 Some((field, _)) => Err(PlanRequestError::NoExperts(field)),
+                None if self.dispatcher != Dispatcher::AllToAll => {
+                    Err(PlanRequestError::NoExperts("dispatcher"))
+                }
                 None => Ok(()),
             };
         };

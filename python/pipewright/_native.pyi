@@ -734,6 +734,7 @@ def plan(
     ep: Optional[int] = None,
     etp: Optional[int] = None,
     capacity_factor: float = 1.0,
+    dispatcher: Literal["all-to-all", "deepep"] = "all-to-all",
     allow_cross_node_tp: bool = False,
     top: int = 5,
     max_virtual: int = 8,

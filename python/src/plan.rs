@@ -191,7 +191,7 @@ impl Plan {
 /// flag of the same name, checked by the same code (a mixture's and its expert layout's
 /// refusals name the keywords: `top_k=`, `ep=`).
 #[pyfunction]
-#[pyo3(signature = (layers = None, d_model = None, heads = None, seq_len = None, gpus = None, global_batch = None, *, vocab = None, ffn = None, kv_heads = None, mlp = None, norm = None, tied_embeddings = false, positions = None, rope_theta = None, bias = None, experts = None, top_k = None, expert_ffn = None, shared_experts = None, shared_ffn = None, dense_layers = None, moe_every = None, hf_config = None, profile = None, attention = None, cluster = "a100-80g", precision = "bf16", tp = None, pp = None, v = None, microbatch_size = None, schedule = None, recompute = None, zero = None, sequence_parallel = None, ep = None, etp = None, capacity_factor = 1.0, allow_cross_node_tp = false, top = 5, max_virtual = 8, max_microbatch_size = 16, max_simulated = 200, max_searched = 2))]
+#[pyo3(signature = (layers = None, d_model = None, heads = None, seq_len = None, gpus = None, global_batch = None, *, vocab = None, ffn = None, kv_heads = None, mlp = None, norm = None, tied_embeddings = false, positions = None, rope_theta = None, bias = None, experts = None, top_k = None, expert_ffn = None, shared_experts = None, shared_ffn = None, dense_layers = None, moe_every = None, hf_config = None, profile = None, attention = None, cluster = "a100-80g", precision = "bf16", tp = None, pp = None, v = None, microbatch_size = None, schedule = None, recompute = None, zero = None, sequence_parallel = None, ep = None, etp = None, capacity_factor = 1.0, dispatcher = "all-to-all", allow_cross_node_tp = false, top = 5, max_virtual = 8, max_microbatch_size = 16, max_simulated = 200, max_searched = 2))]
 #[allow(clippy::too_many_arguments)]
 fn plan(
     py: Python<'_>,
@@ -233,6 +233,7 @@ fn plan(
     #[pyo3(from_py_with = crate::args::opt_whole)] ep: Option<u32>,
     #[pyo3(from_py_with = crate::args::opt_whole)] etp: Option<u32>,
     #[pyo3(from_py_with = crate::args::real)] capacity_factor: f64,
+    dispatcher: &str,
     allow_cross_node_tp: bool,
     #[pyo3(from_py_with = crate::args::whole)] top: usize,
     #[pyo3(from_py_with = crate::args::whole)] max_virtual: u32,
@@ -287,6 +288,9 @@ fn plan(
             )?
         },
         capacity_factor,
+        dispatcher: dispatcher
+            .parse()
+            .map_err(|e| err(format!("dispatcher: {e}")))?,
         allow_cross_node_tp,
         top,
         max_virtual,

@@ -142,10 +142,10 @@ def as_flags(words: str) -> str:
 
 def test_a_mixture_plan_is_the_clis():
     plans = {}
-    for extra in [{}, dict(ep=2, etp=1, capacity_factor=1.5)]:
+    for extra in [{}, dict(ep=2, etp=1, capacity_factor=1.5), dict(ep=2, dispatcher="deepep")]:
         plan = pw.plan(**MOE, **PLAN, **extra)
         same_plan(plan.to_dict(), cli_json("plan", *flags(**MOE, **PLAN, **extra)))
-        plans[bool(extra)] = plan.to_dict()
+        plans.setdefault(bool(extra), plan.to_dict())
     assert "--experts 4 --top-k 2" in plans[False]["launch"]
     # The expert layout and the capacity factor reach the plan: it is another plan.
     assert plans[True]["rows"] != plans[False]["rows"]
@@ -158,6 +158,7 @@ def test_a_mixture_plan_is_refused_in_the_keywords_words():
         (dict(**MOE, ep=3), "ep=3 must divide the model's 4 routed experts"),
         (dict(**dense, ep=2), "ep= applies to a mixture of experts"),
         (dict(**dense, etp=2), "etp= applies to a mixture of experts"),
+        (dict(**dense, dispatcher="deepep"), "dispatcher= applies to a mixture of experts"),
         (dict(**MOE, ep=0), "ep= and etp= must be at least 1"),
         (dict(**MOE, capacity_factor=0.5), "capacity_factor=0.5: must be a finite number"),
         (dict(**dense, experts=4), "experts= needs top_k="),

@@ -7,7 +7,6 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Result};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
-use pipewright::runtime::gpt_config;
 use pipewright::schedule::memory::AttentionKind;
 use pipewright::schedule::plan::explain::seconds;
 use pipewright::schedule::plan::launch::{
@@ -16,7 +15,8 @@ use pipewright::schedule::plan::launch::{
 use pipewright::schedule::plan::listed::configuration;
 use pipewright::schedule::plan::request::{cluster_of, parse_policy};
 use pipewright::schedule::plan::{
-    plan, Cluster, Config, Fixed, Plan, PlanRequest, PlanRow, Precision, Progress, RawPlanRequest,
+    plan, Cluster, Dispatcher, Fixed, Plan, PlanRequest, PlanRow, Precision, Progress,
+    RawPlanRequest,
 };
 use pipewright::schedule::shape::{Named, ShapeRequest};
 use pipewright::schedule::{Recompute, ScheduleKind};
@@ -31,7 +31,7 @@ use super::console;
 use super::io::{read_text, FileKind};
 use super::outputs::{Input, Outputs};
 use super::plan_searched;
-use super::plan_table::{heading, row_line};
+use super::plan_table::{heading, launch_note, row_line};
 use super::shape::{parse_attention, ShapeArgs};
 use super::timetable_out::CommsArg;
 
@@ -137,6 +137,11 @@ pub struct PlanCmd {
     /// memory and time (1: even routing).
     #[arg(long, default_value_t = 1.0, value_name = "X")]
     capacity_factor: f64,
+    /// How a mixture's tokens reach their experts: `all-to-all` (a copy for each expert on
+    /// another GPU, as pipewright's runtime and Megatron-Core's alltoall dispatcher) or
+    /// `deepep` (DeepEP: a token crosses to each other node holding its experts once).
+    #[arg(long, default_value = "all-to-all", value_name = "NAME", value_parser = parse_dispatcher)]
+    dispatcher: Dispatcher,
     /// Let a TP group span nodes (over the inter-node link).
     #[arg(long)]
     allow_cross_node_tp: bool,
@@ -385,6 +390,7 @@ impl PlanCmd {
             max_simulated: self.max_simulated,
             max_searched: self.max_searched,
             capacity_factor: self.capacity_factor,
+            dispatcher: self.dispatcher,
         };
         let (mut req, notes) = raw.build()?;
         if let Some(k) = self.validate {
@@ -515,36 +521,8 @@ fn explain(best: &PlanRow, plan: &Plan) -> String {
     out
 }
 
-/// What `train` refuses of the planned shape or layout, said under the launch line, with
-/// the way to the nearest run it trains where there is one.
-fn launch_note(req: &PlanRequest, c: &Config) -> String {
-    let shape = match req.model.gpt() {
-        Some(shape) => shape,
-        None => return String::new(),
-    };
-    if let Err(e) = gpt_config(shape) {
-        let nearest = if shape.tied_embeddings {
-            "; plan without --tied-embeddings for the nearest shape it trains"
-        } else {
-            ""
-        };
-        return format!(
-            "  (train refuses this line: {e}{nearest})
-"
-        );
-    }
-    let layout = if c.etp > 1 {
-        Some(format!("--etp {}", c.etp))
-    } else if c.ep > 1 && c.tp > 1 {
-        Some(format!("--ep {} with --tp {}", c.ep, c.tp))
-    } else if c.ep > 1 && c.zero > 0 {
-        Some(format!("--ep {} with --zero {}", c.ep, c.zero))
-    } else {
-        None
-    };
-    layout.map_or_else(String::new, |l| {
-        format!("  (train refuses this line: {l} does not run in pipewright's runtime yet; fix --ep 1 or --zero 0 to plan a layout it trains)\n")
-    })
+fn parse_dispatcher(s: &str) -> Result<Dispatcher, String> {
+    s.parse()
 }
 
 fn json(

@@ -1,8 +1,9 @@
 //! `plan`'s table for people: its heading and one line per ranked configuration.
 
+use pipewright::runtime::gpt_config;
 use pipewright::schedule::plan::launch::model_line;
 use pipewright::schedule::plan::listed::configuration;
-use pipewright::schedule::plan::{Plan, PlanRequest, PlanRow};
+use pipewright::schedule::plan::{Config, Dispatcher, Plan, PlanRequest, PlanRow};
 
 /// The table's first lines: the cluster and model, what the plan looked at, the column heads.
 pub fn heading(req: &PlanRequest, plan: &Plan, seconds: f64) -> String {
@@ -66,4 +67,43 @@ pub fn row_line(req: &PlanRequest, i: usize, r: &PlanRow) -> String {
         r.limit.map_or("", |l| l.name()),
         configuration(r)
     )
+}
+
+/// Said under the launch line: what `train` refuses of the planned shape or layout (with
+/// the way to the nearest run it trains), and where its run differs from what was planned.
+pub(super) fn launch_note(req: &PlanRequest, c: &Config) -> String {
+    let dispatch = if req.dispatcher == Dispatcher::DeepEp && c.ep > 1 {
+        "  (pipewright's runtime dispatches by a plain all-to-all, not DeepEP's: its run of this line moves more than the plan timed)\n"
+    } else {
+        ""
+    };
+    refused_launch(req, c) + dispatch
+}
+
+/// What `train` refuses of the planned shape or layout (see [`launch_note`]).
+fn refused_launch(req: &PlanRequest, c: &Config) -> String {
+    let shape = match req.model.gpt() {
+        Some(shape) => shape,
+        None => return String::new(),
+    };
+    if let Err(e) = gpt_config(shape) {
+        let nearest = if shape.tied_embeddings {
+            "; plan without --tied-embeddings for the nearest shape it trains"
+        } else {
+            ""
+        };
+        return format!("  (train refuses this line: {e}{nearest})\n");
+    }
+    let layout = if c.etp > 1 {
+        Some(format!("--etp {}", c.etp))
+    } else if c.ep > 1 && c.tp > 1 {
+        Some(format!("--ep {} with --tp {}", c.ep, c.tp))
+    } else if c.ep > 1 && c.zero > 0 {
+        Some(format!("--ep {} with --zero {}", c.ep, c.zero))
+    } else {
+        None
+    };
+    layout.map_or_else(String::new, |l| {
+        format!("  (train refuses this line: {l} does not run in pipewright's runtime yet; fix --ep 1 or --zero 0 to plan a layout it trains)\n")
+    })
 }

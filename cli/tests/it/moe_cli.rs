@@ -114,6 +114,28 @@ fn a_mixture_is_planned_and_simulated_and_a_layout_that_does_not_fit_is_refused(
         &["--ep applies to a mixture of experts"],
     );
     common::plan::refused(
+        &[&SHAPE[..], &rest, &["--dispatcher", "deepep"]].concat(),
+        &["--dispatcher applies to a mixture of experts"],
+    );
+    // DeepEP's dispatch crosses to a node once a token, not once an expert: the same layout
+    // moves less over InfiniBand, and the launch line says the runtime does not do it.
+    let all_to_all = |extra: &[&str]| -> (f64, String) {
+        let h100 = ["--cluster", "h100-80g", "--explain"];
+        let out = common::plan::ok(&[&args[..], &fixed, &h100, extra].concat());
+        let s = out
+            .split("expert all-to-all: ")
+            .nth(1)
+            .unwrap_or_else(|| panic!("{out}"));
+        (s.split(' ').next().unwrap().parse().unwrap(), out)
+    };
+    let (plain, _) = all_to_all(&[]);
+    let (deep, out) = all_to_all(&["--dispatcher", "deepep"]);
+    assert!(deep < 0.9 * plain, "{deep} vs {plain}");
+    assert!(
+        out.contains("dispatches by a plain all-to-all, not DeepEP's"),
+        "{out}"
+    );
+    common::plan::refused(
         &[&SHAPE[..], &moe, &rest, &["--capacity-factor", "0.5"]].concat(),
         &["--capacity-factor 0.5: must be a finite number at least 1"],
     );

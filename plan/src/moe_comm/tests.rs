@@ -52,7 +52,16 @@ const B: f64 = 4096.0 * 2.0 * 4096.0 * 2.0;
 
 #[test]
 fn ep_within_a_node_sends_all_but_its_own_share_over_nvlink() {
-    let a = layer_all_to_all(&shape(), &cluster(), &fold(1, 1, 8, 1, 8), 1, 2, 1.0).unwrap();
+    let a = layer_all_to_all(
+        &shape(),
+        &cluster(),
+        &fold(1, 1, 8, 1, 8),
+        1,
+        2,
+        1.0,
+        Dispatcher::AllToAll,
+    )
+    .unwrap();
     assert_eq!(a.bytes, B);
     assert_eq!(a.intra_bytes, B * 7.0 / 8.0);
     assert_eq!(a.inter_bytes, 0.0);
@@ -65,7 +74,16 @@ fn ep_within_a_node_sends_all_but_its_own_share_over_nvlink() {
 #[test]
 fn ep_across_nodes_is_paced_by_the_nic() {
     // EP 16 over two nodes: 7 peers on NVLink, 8 over the NIC, at once.
-    let a = layer_all_to_all(&shape(), &cluster(), &fold(1, 1, 16, 1, 16), 1, 2, 1.0).unwrap();
+    let a = layer_all_to_all(
+        &shape(),
+        &cluster(),
+        &fold(1, 1, 16, 1, 16),
+        1,
+        2,
+        1.0,
+        Dispatcher::AllToAll,
+    )
+    .unwrap();
     assert_eq!(a.intra_bytes, B * 7.0 / 16.0);
     assert_eq!(a.inter_bytes, B * 8.0 / 16.0);
     let one = (B * 8.0 / 16.0 / 25e9) + 15.0 * 10e-6;
@@ -74,13 +92,13 @@ fn ep_across_nodes_is_paced_by_the_nic() {
     // 0..8 and stage 1 ranks 8..16, so EP 8 stays on one node.
     let f = fold(1, 2, 8, 1, 8);
     assert_eq!(f.peers_in_node(&cluster()), 7);
-    let a = layer_all_to_all(&shape(), &cluster(), &f, 1, 2, 1.0).unwrap();
+    let a = layer_all_to_all(&shape(), &cluster(), &f, 1, 2, 1.0, Dispatcher::AllToAll).unwrap();
     assert_eq!(a.inter_bytes, 0.0);
     // EP 6 over dp 12: stage 0's second group is ranks 6..12, two on node 0 and four on node 1,
     // and that worst group sets the pace: one peer on a GPU's node.
     let f = fold(1, 2, 12, 1, 6);
     assert_eq!(f.peers_in_node(&cluster()), 1);
-    let a = layer_all_to_all(&shape(), &cluster(), &f, 1, 2, 1.0).unwrap();
+    let a = layer_all_to_all(&shape(), &cluster(), &f, 1, 2, 1.0, Dispatcher::AllToAll).unwrap();
     assert_eq!(a.inter_bytes, B * 4.0 / 6.0);
 }
 
@@ -91,30 +109,36 @@ fn tp_slices_the_tokens_and_capacity_scales_the_volume() {
     let f = fold(2, 1, 8, 1, 8);
     assert_eq!(f.edp(), 2);
     assert_eq!(f.peers_in_node(&cluster()), 7);
-    let a = layer_all_to_all(&shape(), &cluster(), &f, 1, 2, 1.25).unwrap();
+    let a = layer_all_to_all(&shape(), &cluster(), &f, 1, 2, 1.25, Dispatcher::AllToAll).unwrap();
     assert_eq!(a.bytes, B / 2.0 * 1.25);
     // No all-to-all without EP, none without experts.
-    let one = layer_all_to_all(&shape(), &cluster(), &fold(1, 1, 8, 1, 1), 4, 2, 1.0).unwrap();
+    let one = layer_all_to_all(
+        &shape(),
+        &cluster(),
+        &fold(1, 1, 8, 1, 1),
+        4,
+        2,
+        1.0,
+        Dispatcher::AllToAll,
+    )
+    .unwrap();
     assert_eq!(one.one_s, 0.0);
     let dense = ModelShape {
         moe: None,
         ..shape()
     };
-    assert!(layer_all_to_all(&dense, &cluster(), &f, 1, 2, 1.0).is_none());
+    assert!(layer_all_to_all(&dense, &cluster(), &f, 1, 2, 1.0, Dispatcher::AllToAll).is_none());
 }
 
 #[test]
 fn a_stage_pays_for_its_moe_layers_only() {
     let (c, f) = (cluster(), fold(1, 1, 8, 1, 8));
-    let a = layer_all_to_all(&shape(), &c, &f, 2, 2, 1.0).unwrap();
+    let a = layer_all_to_all(&shape(), &c, &f, 2, 2, 1.0, Dispatcher::AllToAll).unwrap();
     // Layers 0..3: layer 0 is dense, 1 and 2 are MoE layers.
-    let (fwd, bwd, bytes) = stage_all_to_all(&shape(), &c, &f, 0..3, 2, 2, 1.0);
+    let (fwd, bwd, bytes) = stage_all_to_all(&shape(), 0..3, &a);
     assert_eq!((fwd, bwd), (2.0 * a.forward_s(), 2.0 * a.backward_s()));
     assert_eq!(bytes, 2.0 * 4.0 * 2.0 * B);
-    assert_eq!(
-        stage_all_to_all(&shape(), &c, &f, 0..1, 2, 2, 1.0),
-        (0.0, 0.0, 0.0)
-    );
+    assert_eq!(stage_all_to_all(&shape(), 0..1, &a), (0.0, 0.0, 0.0));
 }
 
 #[test]
@@ -128,4 +152,51 @@ fn a_fold_that_does_not_fit_is_refused_naming_it() {
         "etp 2 x ep 8 must divide a stage's tp 1 x dp 8 GPUs (expert parallelism folds over them)"
     );
     assert_eq!(fold(2, 1, 4, 2, 4).refusal(8), None);
+}
+
+/// `experts` experts of which `top_k` a token, over EP `ep` on nodes of 8.
+fn mixture(experts: u32, top_k: u32, ep: u32) -> (ModelShape, ExpertFold) {
+    let mut s = shape();
+    s.moe = s.moe.map(|m| MoeShape {
+        experts,
+        top_k,
+        ..m
+    });
+    (s, fold(1, 1, ep, 1, ep))
+}
+
+fn deepep(experts: u32, top_k: u32, ep: u32) -> (AllToAll, AllToAll) {
+    let (s, f) = mixture(experts, top_k, ep);
+    let run = |d| layer_all_to_all(&s, &cluster(), &f, 1, 2, 1.0, d).unwrap();
+    (run(Dispatcher::AllToAll), run(Dispatcher::DeepEp))
+}
+
+#[test]
+fn deepep_crosses_to_a_node_once_a_token() {
+    // One expert a token: one copy either way; half of them go to the other node.
+    let (plain, deep) = deepep(16, 1, 16);
+    assert!((deep.inter_bytes - plain.inter_bytes).abs() < 1e-6 * plain.inter_bytes);
+    assert_eq!(plain.inter_bytes, plain.bytes * 8.0 / 16.0);
+    // 9 of 16 experts: every token has experts on both nodes, and crosses once, not 9 x 8/16
+    // times.
+    let (plain, deep) = deepep(16, 9, 16);
+    let copy = plain.bytes / 9.0;
+    assert!((deep.inter_bytes - copy).abs() < 1e-9 * copy);
+    assert!((plain.inter_bytes - 4.5 * copy).abs() < 1e-9 * copy);
+    // Every copy bound for another GPU of the node it lands on moves over NVLink: 7 of 8.
+    assert!((deep.intra_bytes - plain.bytes * 7.0 / 8.0).abs() < 1e-9 * plain.bytes);
+    assert!(deep.one_s < plain.one_s);
+    // DeepSeek-V3's 256 experts, 8 a token, over EP 64 on 8 nodes: 1 - C(224,8)/C(256,8) of
+    // the nodes hold one of a token's experts, 4.63 other nodes a token against 7 copies.
+    let (plain, deep) = deepep(256, 8, 64);
+    let copy = plain.bytes / 8.0;
+    assert!((plain.inter_bytes / copy - 7.0).abs() < 1e-9);
+    assert!(
+        (deep.inter_bytes / copy - 4.6328205).abs() < 1e-6,
+        "{}",
+        deep.inter_bytes / copy
+    );
+    // Inside one node there is nothing to de-duplicate.
+    let (plain, deep) = deepep(8, 2, 8);
+    assert_eq!(plain, deep);
 }
