@@ -185,6 +185,9 @@ fn keyword(field: &str, value: Option<String>) -> String {
     format!("{field}={}", value.unwrap_or_default())
 }
 
+/// A change that spoils a request.
+type Spoil = fn(&mut RawPlanRequest);
+
 /// The same refusal in each face's words: the CLI's flags (`Display`) and Python's keywords
 /// (`named`), from one error that names fields, not flags.
 #[test]
@@ -194,7 +197,7 @@ fn a_refusal_names_fields_each_face_writes_its_way() {
         (e.to_string(), e.named(&keyword))
     };
     let mut raw = request(gpt(8, 512, 7, 512));
-    let cases: Vec<(fn(&mut RawPlanRequest), &str, &str)> = vec![
+    let cases: Vec<(Spoil, &str, &str)> = vec![
         (
             |_| {},
             "--heads 7 must divide --d-model 512",
