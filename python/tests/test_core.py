@@ -31,6 +31,7 @@ def test_a_refusal_names_the_keywords_passed_not_the_clis_flags(tmp_path):
          "rope_theta= is the base of rotary positions: also give positions=rotary"),
         (lambda: pw.generate("1f1b", p=0), "p must be at least 1"),
         (lambda: pw.generate("gpipe", p=2, v=2), "gpipe places one stage per device, so v must"),
+        (lambda: pw.Costs(1, 2, 3), "Costs: w = 3 is larger than b = 2"),
     ]
     for call, words in cases:
         with pytest.raises(pw.PipewrightError) as e:
