@@ -42,6 +42,7 @@ pub mod request;
 pub mod row;
 pub mod search;
 pub mod space;
+pub mod worded;
 pub mod work;
 pub mod work_moe;
 
@@ -56,6 +57,7 @@ pub use row::PlanRow;
 pub use search::{plan, Plan, Progress};
 
 use pipewright_model::memory::MemoryError;
+use pipewright_model::shape::request::FieldName;
 use pipewright_schedule::spec::SpecError;
 use pipewright_sim::simulate::{SimError, SteadyError};
 
@@ -90,9 +92,10 @@ pub enum PlanError {
         /// The range, in words.
         range: &'static str,
     },
-    /// Nothing can run: the one line saying the nearest thing that would.
+    /// Nothing can run: the one line saying the nearest thing that would, naming the
+    /// request's fields ([`PlanError::named`]).
     #[error("{0}")]
-    Impossible(String),
+    Impossible(worded::Worded),
     /// A schedule the plan built could not be made (a bug if it happens).
     #[error(transparent)]
     Spec(#[from] SpecError),
@@ -108,4 +111,15 @@ pub enum PlanError {
     /// A schedule search failed (a bug if it happens).
     #[error(transparent)]
     Search(#[from] pipewright_sim::search::SearchError),
+}
+
+impl PlanError {
+    /// The message with the request's fields written as `name` writes them (the CLI's
+    /// `--tp 4`, Python's `tp=4`); `Display` is the command line's.
+    pub fn named(&self, name: FieldName<'_>) -> String {
+        match self {
+            PlanError::Impossible(line) => line.named(name),
+            e => e.to_string(),
+        }
+    }
 }

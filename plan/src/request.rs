@@ -1,7 +1,8 @@
-//! A plan as a user asks for it: `pipewright plan`'s flags (Python's `plan` keywords, of the
-//! same names), nothing checked yet. Both faces fill a [`RawPlanRequest`] and call
-//! [`RawPlanRequest::build`], so a request is checked once, and refused in one set of words:
-//! each error names the flag, as the CLI prints it after `error:`.
+//! A plan as a user asks for it: `pipewright plan`'s fields (the CLI's flags and Python's `plan`
+//! keywords name them alike), nothing checked yet. Both faces fill a [`RawPlanRequest`] and
+//! call [`RawPlanRequest::build`], so a request is checked once, and refused in one set of
+//! words: each error names the fields, and each face writes them its way
+//! ([`PlanRequestError::named`]: `--zero 2` on the command line, `zero=2` in Python).
 //!
 //! Nothing here reads a file: a face hands over a config's, a profile's or a cluster file's
 //! text.
@@ -88,25 +89,26 @@ impl Default for RawPlanRequest {
     }
 }
 
-/// Why a plan request is refused before any work; each names the flag.
+/// Why a plan request is refused before any work; each names the fields, which each face
+/// writes its way ([`PlanRequestError::named`]). `Display` is the command line's.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
 pub enum PlanRequestError {
     /// The model's shape.
     #[error(transparent)]
     Shape(#[from] ShapeRequestError),
-    /// A count that was not given.
-    #[error("{0} is required")]
+    /// A count that was not given (its field).
+    #[error("{}", self.named(&flag_form))]
     Required(&'static str),
-    /// A count of 0.
-    #[error("{0} must be at least 1")]
+    /// A count of 0 (its field).
+    #[error("{}", self.named(&flag_form))]
     Zero(&'static str),
-    /// No simulation allowed.
-    #[error("--max-simulated 0: at least 1 configuration must be simulated to rank any")]
+    /// No simulation allowed (`max_simulated` 0).
+    #[error("{}", self.named(&flag_form))]
     NoSimulation,
-    /// A fixed mesh dimension of 0.
-    #[error("--tp, --pp and --v must be at least 1")]
+    /// A fixed mesh dimension (`tp`, `pp`, `v`) of 0.
+    #[error("{}", self.named(&flag_form))]
     FixedZero,
-    /// A fixed expert dimension of 0 (`ep`, `etp`; see [`PlanRequestError::named`]).
+    /// A fixed expert dimension of 0 (`ep`, `etp`).
     #[error("{}", self.named(&flag_form))]
     ExpertZero,
     /// An expert dimension (`ep`, `etp`) for a model without experts.
@@ -123,13 +125,11 @@ pub enum PlanRequestError {
     /// A capacity factor below 1 (`capacity_factor`).
     #[error("{}", self.named(&flag_form))]
     Capacity(f64),
-    /// A ZeRO level the plan does not model.
-    #[error("--zero {0}: the ZeRO level is 0 or 1 (ZeRO-2/3 do not fit a pipeline)")]
+    /// A ZeRO level (`zero`) the plan does not model.
+    #[error("{}", self.named(&flag_form))]
     Zero23(u8),
-    /// `--v` against a family with a fixed v.
-    #[error(
-        "--v {v} contradicts --schedule {kind}, which places exactly {fixed} stages on each device"
-    )]
+    /// `v` against a family (`schedule`) with a fixed v.
+    #[error("{}", self.named(&flag_form))]
     VFixed {
         /// The v asked for.
         v: u32,
@@ -138,41 +138,41 @@ pub enum PlanRequestError {
         /// Its v.
         fixed: u32,
     },
-    /// `--v` above 1 against a family of one stage per device.
-    #[error("--v {v} contradicts --schedule {kind}, which places one stage on each device (interleaved-1f1b and looped-bfs take v > 1)")]
+    /// `v` above 1 against a family of one stage per device.
+    #[error("{}", self.named(&flag_form))]
     VUnsupported {
         /// The v asked for.
         v: u32,
         /// The family.
         kind: ScheduleKind,
     },
-    /// A family other than 1F1B on one device.
-    #[error("--schedule {0} with --pp 1: one device runs every schedule as the same sequence of forwards and backwards; leave --schedule out, or give --pp 2 or more")]
+    /// A family other than 1F1B on one device (`pp` 1).
+    #[error("{}", self.named(&flag_form))]
     OneDevice(ScheduleKind),
-    /// Selective recomputation of a layer-list model.
-    #[error("--recompute {0}: a layer-list model recomputes fully or not at all (its layers' stashes are opaque); use none or full")]
+    /// Selective recomputation (`recompute`) of a layer-list model.
+    #[error("{}", self.named(&flag_form))]
     ProfileRecompute(Recompute),
-    /// A profile that is not one.
-    #[error("--profile {name}: {error}")]
+    /// A profile (`profile`) that is not one.
+    #[error("{}", self.named(&flag_form))]
     Profile {
         /// The profile's name.
         name: String,
         /// Why.
         error: ProfileError,
     },
-    /// A GPT's flag beside a profile.
-    #[error("--profile {name} plans a layer-list model at the tp and sizes it was measured at: leave out {flag}")]
+    /// A GPT's field beside a profile.
+    #[error("{}", self.named(&flag_form))]
     BesideProfile {
         /// The profile's name.
         name: String,
-        /// The flag given beside it.
-        flag: &'static str,
+        /// The field given beside it.
+        field: &'static str,
     },
-    /// `--cluster` names neither a preset nor a file.
-    #[error("--cluster {0}: neither a preset ({presets}) nor a file", presets = Cluster::PRESETS.join(", "))]
+    /// `cluster` names neither a preset nor a file.
+    #[error("{}", self.named(&flag_form))]
     NoCluster(String),
     /// A cluster file that is not one.
-    #[error("--cluster {arg}: {error}")]
+    #[error("{}", self.named(&flag_form))]
     Cluster {
         /// The file's name.
         arg: String,
@@ -182,12 +182,24 @@ pub enum PlanRequestError {
 }
 
 impl PlanRequestError {
-    /// The message with the expert layout's and the mixture's fields written as `name`
-    /// writes them (the CLI's `--ep 3`, Python's `ep=3`); the rest as the CLI words them.
+    /// The message with each field written as `name` writes it (the CLI's `--ep 3`,
+    /// Python's `ep=3`).
     pub fn named(&self, name: FieldName<'_>) -> String {
         let with = |f: &str, v: &dyn std::fmt::Display| name(f, Some(v.to_string()));
         match self {
             PlanRequestError::Shape(e) => e.named(name),
+            PlanRequestError::Required(field) => format!("{} is required", name(field, None)),
+            PlanRequestError::Zero(field) => format!("{} must be at least 1", name(field, None)),
+            PlanRequestError::NoSimulation => format!(
+                "{}: at least 1 configuration must be simulated to rank any",
+                with("max_simulated", &0)
+            ),
+            PlanRequestError::FixedZero => format!(
+                "{}, {} and {} must be at least 1",
+                name("tp", None),
+                name("pp", None),
+                name("v", None)
+            ),
             PlanRequestError::ExpertZero => format!(
                 "{} and {} must be at least 1",
                 name("ep", None),
@@ -205,7 +217,47 @@ impl PlanRequestError {
                 "{}: must be a finite number at least 1 (1: even routing)",
                 with("capacity_factor", c)
             ),
-            e => e.to_string(),
+            PlanRequestError::Zero23(z) => format!(
+                "{}: the ZeRO level is 0 or 1 (ZeRO-2/3 do not fit a pipeline)",
+                with("zero", z)
+            ),
+            PlanRequestError::VFixed { v, kind, fixed } => format!(
+                "{} contradicts {}, which places exactly {fixed} stages on each device",
+                with("v", v),
+                with("schedule", kind)
+            ),
+            PlanRequestError::VUnsupported { v, kind } => format!(
+                "{} contradicts {}, which places one stage on each device (interleaved-1f1b and looped-bfs take v > 1)",
+                with("v", v),
+                with("schedule", kind)
+            ),
+            PlanRequestError::OneDevice(kind) => format!(
+                "{} with {}: one device runs every schedule as the same sequence of forwards and backwards; leave {} out, or give {} or more",
+                with("schedule", kind),
+                with("pp", &1),
+                name("schedule", None),
+                with("pp", &2)
+            ),
+            PlanRequestError::ProfileRecompute(r) => format!(
+                "{}: a layer-list model recomputes fully or not at all (its layers' stashes are opaque); use none or full",
+                with("recompute", r)
+            ),
+            PlanRequestError::Profile { name: n, error } => {
+                format!("{}: {error}", with("profile", n))
+            }
+            PlanRequestError::BesideProfile { name: n, field } => format!(
+                "{} plans a layer-list model at the tp and sizes it was measured at: leave out {}",
+                with("profile", n),
+                name(field, None)
+            ),
+            PlanRequestError::NoCluster(arg) => format!(
+                "{}: neither a preset ({}) nor a file",
+                with("cluster", arg),
+                Cluster::PRESETS.join(", ")
+            ),
+            PlanRequestError::Cluster { arg, error } => {
+                format!("{}: {error}", with("cluster", arg))
+            }
         }
     }
 }
@@ -273,15 +325,15 @@ impl RawPlanRequest {
             .filter(|x| x.1.is_some())
             .map(|x| x.0)
             .chain(s.kinds.given())
-            .chain(s.hf_config.as_ref().map(|_| "--hf-config"))
-            .chain(self.attention.map(|_| "--attention"))
-            .chain(self.fixed.tp.map(|_| "--tp"))
-            .chain((self.fixed.sequence_parallel == Some(true)).then_some("--sequence-parallel"))
+            .chain(s.hf_config.as_ref().map(|_| "hf_config"))
+            .chain(self.attention.map(|_| "attention"))
+            .chain(self.fixed.tp.map(|_| "tp"))
+            .chain((self.fixed.sequence_parallel == Some(true)).then_some("sequence_parallel"))
             .next();
-        if let Some(flag) = beside {
+        if let Some(field) = beside {
             return Err(PlanRequestError::BesideProfile {
                 name: profile.name.clone(),
-                flag,
+                field,
             });
         }
         if let Some(r) = self
@@ -301,20 +353,20 @@ impl RawPlanRequest {
 
     /// The GPUs and the batch, each at least 1, and the other counts checked likewise.
     fn counts(&self) -> Result<(u32, u64), PlanRequestError> {
-        let gpus = self.gpus.ok_or(PlanRequestError::Required("--gpus"))?;
+        let gpus = self.gpus.ok_or(PlanRequestError::Required("gpus"))?;
         let global_batch = self
             .global_batch
-            .ok_or(PlanRequestError::Required("--global-batch"))?;
-        for (flag, v) in [
-            ("--gpus", u64::from(gpus)),
-            ("--global-batch", global_batch),
-            ("--top", self.top as u64),
-            ("--max-virtual", u64::from(self.max_virtual)),
-            ("--max-microbatch-size", self.max_microbatch_size),
-            ("--microbatch-size", self.fixed.microbatch_size.unwrap_or(1)),
+            .ok_or(PlanRequestError::Required("global_batch"))?;
+        for (field, v) in [
+            ("gpus", u64::from(gpus)),
+            ("global_batch", global_batch),
+            ("top", self.top as u64),
+            ("max_virtual", u64::from(self.max_virtual)),
+            ("max_microbatch_size", self.max_microbatch_size),
+            ("microbatch_size", self.fixed.microbatch_size.unwrap_or(1)),
         ] {
             if v == 0 {
-                return Err(PlanRequestError::Zero(flag));
+                return Err(PlanRequestError::Zero(field));
             }
         }
         Ok((gpus, global_batch))

@@ -16,6 +16,7 @@ use super::refused::Refusals;
 use super::row::row;
 pub use super::row::{hardware_flops, PlanRow};
 use super::space::enumerate_counted;
+use super::worded::Worded;
 use super::PlanError;
 use pipewright_model::memory::MemoryBreakdown;
 use pipewright_schedule::recompute::Recompute;
@@ -63,10 +64,10 @@ pub struct Plan {
 /// Make the plan for `req`, reporting progress as it goes.
 pub fn plan(req: &PlanRequest, progress: &mut dyn FnMut(&Progress)) -> Result<Plan, PlanError> {
     if req.global_batch > MAX_GLOBAL_BATCH {
-        return Err(PlanError::Impossible(format!(
+        return Err(PlanError::Impossible(Worded::plain(format!(
             "global batch {} sequences: at most {MAX_GLOBAL_BATCH} (2^30) sequences a step can be planned",
             req.global_batch
-        )));
+        ))));
     }
     let (configs, refused) = enumerate_counted(req);
     if configs.is_empty() {
@@ -258,14 +259,19 @@ impl<'a> Search<'a> {
 
     /// Why nothing was ranked: the closest configuration's memory, else the commonest
     /// refusal.
-    fn nothing_found(&self) -> Result<String, PlanError> {
+    fn nothing_found(&self) -> Result<Worded, PlanError> {
         Ok(match (self.closest, self.refused.most_common()) {
             (Some((_, cfg)), _) => impossible::memory(self.req, &cfg)?,
-            (None, Some(r)) => format!(
+            (None, Some(r)) => Worded::plain(format!(
                 "every configuration checked was refused; most often ({} of {}): {} (e.g. {})",
                 r.count, self.refused.total, r.message, r.example
-            ),
-            (None, None) => "no configuration could be checked (raise --max-simulated)".into(),
+            )),
+            (None, None) => Worded::new(|name| {
+                format!(
+                    "no configuration could be checked (raise {})",
+                    name("max_simulated", None)
+                )
+            }),
         })
     }
 }

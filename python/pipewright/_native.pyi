@@ -50,7 +50,8 @@ _Accounting = Literal["pipewright", "megatron"]
 _Attention = Literal["materialized", "fused"]
 
 class PipewrightError(ValueError):
-    """A request pipewright refuses, with the one line the CLI prints after `error:`."""
+    """A request pipewright refuses, with the one line the CLI prints after `error:`, each field
+    written as the keyword passed (`kv_heads=3`) where the CLI writes its flag."""
 
 class ArgumentError(PipewrightError, TypeError):
     """An argument of the wrong type or out of its range, named with what is accepted:

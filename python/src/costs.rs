@@ -1,7 +1,9 @@
 //! `Costs`: what the simulator charges, as the CLI's cost flags give it.
 
 use pipewright_input::{expect_kind, FileKind};
-use pipewright_sim::simulate::{measured_costs_with, CostOptions, CostSource, HostCosts};
+use pipewright_sim::simulate::{
+    measured_costs_with, CostError, CostOptions, CostSource, HostCosts,
+};
 use pipewright_sim::{CostModel, RawCostFile};
 use pyo3::prelude::*;
 
@@ -47,7 +49,7 @@ impl Costs {
             bandwidth: self.bandwidth,
             w_memory: self.w_memory,
         };
-        options.model(stages, devices).map_err(|e| e.to_string())
+        options.model(stages, devices).map_err(cost_words)
     }
 
     /// The given costs, or the CLI's default `--cost 1,2`.
@@ -106,7 +108,7 @@ impl Costs {
             activation_bytes.map_or(Ok(0), |b| byte_count(b, "activation_bytes"))?,
             p2p_bytes.map_or(Ok(0), |b| byte_count(b, "p2p_bytes"))?,
         )
-        .map_err(err)?;
+        .map_err(|e| err(cost_words(e)))?;
         let costs = Costs {
             base: Base::Uniform(options),
             p2p_latency,
@@ -229,4 +231,13 @@ impl Costs {
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Costs>()
+}
+
+/// A cost error in Python's words: uniform costs are `Costs(f, b, w)` (the CLI's `--cost`),
+/// other fields their keywords (`w_memory`).
+fn cost_words(e: CostError) -> String {
+    e.named(|field| match field {
+        "cost" => "Costs".to_string(),
+        f => f.to_string(),
+    })
 }

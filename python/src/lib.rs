@@ -1,7 +1,8 @@
 //! `pipewright._native`: the Rust crates seen from Python. Every function here converts its
 //! arguments, calls `pipewright-schedule` or `pipewright-viz`, and converts the answer back;
 //! nothing is computed twice. Errors become `pipewright.PipewrightError` with the library's
-//! own one-line message, the words the CLI prints after `error:`.
+//! own one-line message, the words the CLI prints after `error:` with each field written as
+//! Python's keyword (`kv_heads=3`, see `shape::keyword`) where the CLI writes its flag.
 
 use pipewright_schedule::timeline::MAX_DEVICES;
 use pyo3::create_exception;
@@ -25,7 +26,7 @@ create_exception!(
     pipewright,
     PipewrightError,
     PyValueError,
-    "A request pipewright refuses, with the one line the CLI prints after `error:`."
+    "A request pipewright refuses, with the one line the CLI prints after `error:`, each field\n    written as the keyword passed (`kv_heads=3`) where the CLI writes its flag."
 );
 
 /// Any library error as a `PipewrightError` carrying its message.

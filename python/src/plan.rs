@@ -337,7 +337,7 @@ fn fixed(
         recompute: recompute
             .map(parse_policy)
             .transpose()
-            .map_err(|e| err(format!("--recompute: {e}")))?,
+            .map_err(|e| err(format!("recompute: {e}")))?,
         zero,
         sequence_parallel,
         ..Fixed::default()
@@ -354,7 +354,7 @@ fn planned(py: Python<'_>, raw: RawPlanRequest) -> PyResult<Plan> {
     let inner = interruptible(py, &Cancel::default(), move || {
         run_plan(&asked, &mut |_| {})
     })?
-    .map_err(err)?;
+    .map_err(|e| err(e.named(&keyword)))?;
     Ok(Plan {
         inner,
         request,

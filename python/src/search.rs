@@ -18,7 +18,7 @@ use crate::charts::{draw, image_format, Chart};
 use crate::costs::Costs;
 use crate::interrupt::interruptible;
 use crate::results::{Bubbles, Candidate, CutShort, Skipped};
-use crate::shape::{memory_request, memory_to_py, Shape};
+use crate::shape::{keyword, memory_request, memory_to_py, Shape};
 use crate::simulate::Simulation;
 use crate::timetable::Timetable;
 use crate::{err, to_py};
@@ -266,17 +266,18 @@ fn search(
     )?;
     request.memory = memory
         .checked(p, 1, &RecomputePlan::default(), m)
-        .map_err(err)?;
+        .map_err(|e| err(e.named(&keyword)))?;
     let spec = request
         .into_spec(Costs::or_default(costs)?.model(p, p)?)
         .map_err(named)?;
     let started = std::time::Instant::now();
     let cancel = spec.cancel.clone();
-    let found = interruptible(py, &cancel, move || run_search(&spec))?.map_err(err)?;
+    let found = interruptible(py, &cancel, move || run_search(&spec))?
+        .map_err(|e| err(e.named(str::to_string)))?;
     let seconds = started.elapsed().as_secs_f64();
     let predicted = memory
         .predict(&found.timetable, &RecomputePlan::default())
-        .map_err(err)?;
+        .map_err(|e| err(e.named(&keyword)))?;
     let mut tt = found.timetable.clone();
     tt.name = format!("search: {}", found.candidates[found.best].label);
     let sim = Simulation::new(py, found.simulation.clone(), predicted.as_deref())?;

@@ -182,11 +182,20 @@ impl Shape {
         config: &Bound<'_, PyAny>,
         #[pyo3(from_py_with = crate::args::opt_whole)] seq_len: Option<u64>,
     ) -> PyResult<Self> {
-        Shape::of(ShapeRequest {
+        let request = ShapeRequest {
             seq_len,
             hf_config: Some(named_text(config, "config", FileKind::HfConfig)?),
             ..ShapeRequest::default()
-        })
+        };
+        // The config is this method's `config=`, not `plan`'s `hf_config=`.
+        let config_keyword = |field: &str, value: Option<String>| match field {
+            "hf_config" => keyword("config", value),
+            f => keyword(f, value),
+        };
+        let resolved = request
+            .resolve()
+            .map_err(|e| err(e.named(&config_keyword)))?;
+        Ok(Shape { request, resolved })
     }
 
     /// Transformer blocks.

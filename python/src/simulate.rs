@@ -10,7 +10,7 @@ use pipewright_model::memory::MemoryBreakdown;
 use crate::charts::{draw, Chart};
 use crate::costs::Costs;
 use crate::results::{Bubbles, DeviceReport};
-use crate::shape::{memory_request, memory_to_py, Shape};
+use crate::shape::{keyword, memory_request, memory_to_py, Shape};
 pub use crate::timeline::Timeline;
 use crate::timetable::Timetable;
 use crate::{err, to_py};
@@ -244,7 +244,7 @@ fn simulate(
         attention,
     )?
     .predict(tt, &timetable.recompute)
-    .map_err(err)?;
+    .map_err(|e| err(e.named(&keyword)))?;
     let model = Costs::or_default(costs)?.model(tt.num_stages(), tt.num_devices())?;
     if steps > 1 {
         steps_fit(tt, steps).map_err(err)?;

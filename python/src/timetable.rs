@@ -311,10 +311,10 @@ fn generate(
     let mut tt = gen(&spec);
     let plan: RecomputePlan = recompute
         .parse()
-        .map_err(|e| err(format!("--recompute: {e}")))?;
+        .map_err(|e| err(format!("recompute: {e}")))?;
     if !plan.is_none() {
         plan.check(tt.num_stages())
-            .map_err(|e| err(format!("--recompute: {e}")))?;
+            .map_err(|e| err(format!("recompute: {e}")))?;
         tt = recompute::insert(&tt, &plan);
     }
     Ok(Timetable {

@@ -16,6 +16,36 @@ def test_error_is_a_value_error_with_the_clis_one_line():
     assert "\n" not in str(e.value)
 
 
+def test_a_refusal_names_the_keywords_passed_not_the_clis_flags(tmp_path):
+    # The libraries name fields; Python writes them as its keywords (the CLI as its flags).
+    gpt = dict(layers=8, d_model=512, heads=8, seq_len=512, gpus=8, global_batch=32)
+    cases = [
+        (lambda: pw.plan(**gpt, zero=2),
+         "zero=2: the ZeRO level is 0 or 1 (ZeRO-2/3 do not fit a pipeline)"),
+        (lambda: pw.plan(**gpt, schedule="zbv", v=3),
+         "v=3 contradicts schedule=zbv, which places exactly 2 stages on each device"),
+        (lambda: pw.plan(**gpt, max_simulated=0),
+         "max_simulated=0: at least 1 configuration must be simulated to rank any"),
+        (lambda: pw.plan(**gpt, pp=3), "pp=3 fits no configuration of the other dimensions"),
+        (lambda: pw.Shape(2, 64, 4, 16, 32, rope_theta=10000.0),
+         "rope_theta= is the base of rotary positions: also give positions=rotary"),
+        (lambda: pw.generate("1f1b", p=0), "p must be at least 1"),
+        (lambda: pw.generate("gpipe", p=2, v=2), "gpipe places one stage per device, so v must"),
+        (lambda: pw.Costs(1, 2, 3), "Costs: w = 3 is larger than b = 2"),
+    ]
+    for call, words in cases:
+        with pytest.raises(pw.PipewrightError) as e:
+            call()
+        line = str(e.value)
+        assert line.startswith(words) and "--" not in line, line
+    # A config handed to `Shape.from_hf_config` is its `config=`.
+    bad = tmp_path / "config.json"
+    bad.write_text(json.dumps({"model_type": "llama"}))
+    with pytest.raises(pw.PipewrightError) as e:
+        pw.Shape.from_hf_config(bad)
+    assert str(e.value).startswith(f"config={bad}: "), str(e.value)
+
+
 def test_generate_every_family_and_its_shape():
     for family, v in [("gpipe", 1), ("1f1b", 1), ("interleaved-1f1b", 3), ("looped-bfs", 2),
                       ("zb-h1", 1), ("zb-h2", 1), ("zbv", 2), ("dualpipev", 2)]:
@@ -24,7 +54,7 @@ def test_generate_every_family_and_its_shape():
         assert len(tt.rows) == 4 and not tt.lowered
     v_shape = pw.generate("zbv", p=4, v=2, m=8).stage_device
     assert v_shape == [0, 1, 2, 3, 3, 2, 1, 0]
-    with pytest.raises(pw.PipewrightError, match="--recompute"):
+    with pytest.raises(pw.PipewrightError, match="^recompute: unknown recompute policy"):
         pw.generate("1f1b", recompute="sometimes")
 
 
@@ -186,9 +216,9 @@ def test_plan_ranks_configurations_and_hands_over_a_timetable():
     fixed = pw.plan(layers=8, d_model=512, heads=8, seq_len=512, gpus=8, global_batch=32,
                     pp=4, schedule="1f1b")
     assert all(r["config"]["pp"] == 4 for r in fixed.rows)
-    with pytest.raises(pw.PipewrightError, match="--heads 7 must divide --d-model 512"):
+    with pytest.raises(pw.PipewrightError, match="^heads=7 must divide d_model=512$"):
         pw.plan(layers=8, d_model=512, heads=7, seq_len=512, gpus=8, global_batch=32)
-    with pytest.raises(pw.PipewrightError, match="--cluster nowhere"):
+    with pytest.raises(pw.PipewrightError, match="^cluster=nowhere: neither a preset"):
         pw.plan(layers=8, d_model=512, heads=8, seq_len=512, gpus=8, global_batch=32,
                 cluster="nowhere")
 

@@ -181,30 +181,44 @@ def test_a_profile_plan_is_the_clis(tmp_path):
     assert plan.to_dict()["batch_unit"] == "samples" and plan.parameters is None
     assert plan.launch() is not None
     words = cli_error("plan", "--profile", str(path), "--recompute", "selective", *flags(**PLAN))
-    assert refused("--recompute selective", pw.plan, profile=path, recompute="selective",
-                   **PLAN) == words
+    line = refused("recompute=selective: ", pw.plan, profile=path, recompute="selective", **PLAN)
+    assert as_flags(line) == words
 
 
-def test_plan_refuses_a_bad_request_in_the_clis_words(tmp_path):
+def test_plan_refuses_a_bad_request_in_the_keywords_words(tmp_path):
+    # The library names fields: Python writes them as its keywords (`layers=`), the CLI as
+    # its flags (`--layers`), in otherwise the same line.
     path, _, _ = small_llama(tmp_path)
-    refused(f"--hf-config {path} gives the model's shape: leave out --layers", pw.plan,
-            hf_config=path, layers=2, **PLAN)
-    refused("--profile", pw.plan, profile={"version": 1}, **PLAN)
-    refused("--rope-theta is the base of rotary positions", pw.plan,
-            **{**LLAMA, "positions": None}, **PLAN)
-    refused("--gpus is required", pw.plan, **LLAMA, global_batch=8)
-    refused("--global-batch must be at least 1", pw.plan, **LLAMA, gpus=8, global_batch=0)
     kv = {**LLAMA, "kv_heads": 3}
-    assert refused("--kv-heads 3 must divide --heads 8", pw.plan, **kv, **PLAN) == \
-        cli_error("plan", *flags(**kv, **PLAN))
-    # What the CLI's parser refuses before the request is built: the same flag and value.
-    for bad, words in [(dict(mlp="relu"), "relu"), (dict(norm="batchnorm"), "batchnorm"),
-                       (dict(zero=2), "--zero 2: the ZeRO level is 0 or 1")]:
+    cases = [
+        (dict(**{**LLAMA, "positions": None}, **PLAN),
+         "rope_theta= is the base of rotary positions: also give positions=rotary"),
+        (dict(**LLAMA, gpus=8, global_batch=0), "global_batch= must be at least 1"),
+        (dict(**kv, **PLAN), "kv_heads=3 must divide heads=8"),
+        (dict(**LLAMA, **PLAN, pp=1, schedule="gpipe"),
+         "schedule=gpipe with pp=1: one device runs every schedule"),
+        (dict(**LLAMA, **PLAN, cluster="nowhere"), "cluster=nowhere: neither a preset"),
+        (dict(**LLAMA, **PLAN, tp=3), "tp=3 cannot split the 8 heads"),
+    ]
+    for kwargs, words in cases:
+        line = refused(words, pw.plan, **kwargs)
+        assert "--" not in line, line
+        assert cli_error("plan", *flags(**kwargs)) == as_flags(line)
+    # What the CLI's parser refuses before the request is built (a missing or out-of-range
+    # flag, a size beside a config), Python refuses in the request's words.
+    refused(f"hf_config={path} gives the model's shape: leave out layers= (seq_len= alone",
+            pw.plan, hf_config=path, layers=2, **PLAN)
+    refused("gpus= is required", pw.plan, **LLAMA, global_batch=8)
+    assert "--" not in refused("zero=2: the ZeRO level is 0 or 1", pw.plan, **LLAMA, **PLAN,
+                               zero=2)
+    refused("profile=profile: ", pw.plan, profile={"version": 1}, **PLAN)
+    # What the CLI's parser refuses before the request is built: the same value.
+    for bad, words in [(dict(mlp="relu"), "relu"), (dict(norm="batchnorm"), "batchnorm")]:
         assert words in refused("", pw.plan, **{**LLAMA, **bad}, **PLAN)
     # The plan fixes one of the policies it searches; `every:N` is simulate's, not plan's.
     assert "`every:2`: expected none, selective or full" in cli_error(
         "plan", *flags(**LLAMA, **PLAN), "--recompute", "every:2")
-    refused("--recompute: `every:2`: expected none, selective or full", pw.plan, **LLAMA,
+    refused("recompute: `every:2`: expected none, selective or full", pw.plan, **LLAMA,
             recompute="every:2", **PLAN)
     nowhere = tmp_path / "missing.json"
     refused(f"cannot read {nowhere}", pw.plan, hf_config=nowhere, **PLAN)
@@ -278,10 +292,14 @@ def test_search_under_a_byte_cap_bounds_each_ranks_whole_memory():
     assert found.best["makespan"] == pytest.approx(theirs["best"]["makespan"])
     totals = [d["total"] for d in found.predicted_memory]
     assert max(totals) <= 100 * 2**20 and found.simulation.predicted_memory is not None
-    # A cap smaller than the weights' own memory: the CLI's words.
+    # A cap smaller than the weights' own memory: the CLI's words, the levers named as
+    # keywords here (`tp`) and flags there (`--tp`).
     words = cli_error("search", "-p", "4", "-m", "8", "--memory-cap", "1MiB", *flags(**LLAMA))
-    assert refused("a memory cap of 1048576 bytes per rank leaves nothing", pw.search, 4, 8,
-                   "1MiB", shape=shape) == words
+    line = refused("a memory cap of 1048576 bytes per rank leaves nothing", pw.search, 4, 8,
+                   "1MiB", shape=shape)
+    assert line.endswith("(raise the cap, or shard more: tp, zero 1 with dp, more pipeline "
+                         "devices)"), line
+    assert re.sub(r"\b(tp|zero|dp)\b", r"--\1", line) == words
 
 
 def test_memory_keywords_refuse_bad_input_in_one_line():
@@ -290,7 +308,7 @@ def test_memory_keywords_refuse_bad_input_in_one_line():
     refused("tp is for the memory model, which needs the model's shape: also give shape=",
             pw.simulate, tt, tp=2)
     refused("accounting is for the memory model", pw.search, 4, 8, 4, accounting="megatron")
-    refused("--heads 7 must divide --d-model 256", pw.Shape, **{**LLAMA, "heads": 7})
+    refused("heads=7 must divide d_model=256", pw.Shape, **{**LLAMA, "heads": 7})
     refused("", pw.simulate, tt, shape=shape, precision="fp8")
     refused("", pw.simulate, tt, shape=shape, accounting="theirs")
     refused("", pw.simulate, tt, shape=shape, attention="sparse")

@@ -169,11 +169,11 @@ pub enum SpecError {
     /// The name is not a schedule family.
     #[error("unknown schedule `{0}` (known: {known})", known = ScheduleKind::known_names())]
     UnknownSchedule(String),
-    /// A count is zero.
-    #[error("{0} must be at least 1")]
+    /// A count is zero (its field: `p`, `v`, `m` or `group_size`).
+    #[error("{}", self.named(str::to_string))]
     Zero(&'static str),
     /// `v > 1` asked of a family with one chunk per device.
-    #[error("{kind} places one stage per device, so --virtual must be 1 (got {v}); use interleaved-1f1b or looped-bfs for v > 1")]
+    #[error("{}", self.named(str::to_string))]
     VirtualUnsupported {
         /// The family.
         kind: ScheduleKind,
@@ -199,7 +199,7 @@ pub enum SpecError {
         p: u32,
     },
     /// A V-shaped family asked for a `v` other than 2.
-    #[error("{kind} places exactly two stages per device, in a V (stage s and 2p-1-s on device s), so --virtual must be 2 (got {v})")]
+    #[error("{}", self.named(str::to_string))]
     VShapeNeedsTwo {
         /// The family.
         kind: ScheduleKind,
@@ -214,12 +214,50 @@ pub enum SpecError {
         /// Microbatches asked for.
         m: u32,
     },
-    /// `--group-size` given to a family without groups.
-    #[error("--group-size applies to interleaved-1f1b only, not {0}")]
+    /// `group_size` given to a family without groups.
+    #[error("{}", self.named(str::to_string))]
     GroupSizeUnsupported(ScheduleKind),
     /// The timetable would be too large.
     #[error("p*v*m = {0} stage-microbatches is too many (limit {MAX_ACTIONS})")]
     TooLarge(u64),
+}
+
+impl SpecError {
+    /// The message with each field (`p`, `v`, `m`, `group_size`) written as `name` writes it:
+    /// the command line's `--stages`, or the field itself (`Display`, Python's keywords). A
+    /// face that writes a count otherwise than its letter gets the letter beside it
+    /// (`--stages (devices p)`), so the docs' p, v and m still find it.
+    pub fn named(&self, name: impl Fn(&str) -> String) -> String {
+        match self {
+            SpecError::Zero(field) => {
+                let written = name(field);
+                let letter = match *field {
+                    "p" => "devices p",
+                    "v" => "chunks per device v",
+                    "m" => "m",
+                    _ => "",
+                };
+                if written == *field || letter.is_empty() {
+                    format!("{written} must be at least 1")
+                } else {
+                    format!("{written} ({letter}) must be at least 1")
+                }
+            }
+            SpecError::VirtualUnsupported { kind, v } => format!(
+                "{kind} places one stage per device, so {} must be 1 (got {v}); use interleaved-1f1b or looped-bfs for v > 1",
+                name("v")
+            ),
+            SpecError::VShapeNeedsTwo { kind, v } => format!(
+                "{kind} places exactly two stages per device, in a V (stage s and 2p-1-s on device s), so {} must be 2 (got {v})",
+                name("v")
+            ),
+            SpecError::GroupSizeUnsupported(kind) => format!(
+                "{} applies to interleaved-1f1b only, not {kind}",
+                name("group_size")
+            ),
+            e => e.to_string(),
+        }
+    }
 }
 
 /// A spec whose counts are known to be schedulable by its family.
@@ -253,13 +291,9 @@ impl ScheduleSpec {
         m: u32,
         group_size: Option<u32>,
     ) -> Result<Self, SpecError> {
-        for (value, what) in [
-            (p, "--stages (devices p)"),
-            (v, "--virtual (chunks per device v)"),
-            (m, "--microbatches (m)"),
-        ] {
+        for (value, field) in [(p, "p"), (v, "v"), (m, "m")] {
             if value == 0 {
-                return Err(SpecError::Zero(what));
+                return Err(SpecError::Zero(field));
             }
         }
         let total = u64::from(p) * u64::from(v) * u64::from(m);
@@ -286,7 +320,7 @@ impl ScheduleSpec {
         // A group larger than m is one group of m: clamp rather than reject.
         let g = group_size.unwrap_or(p).min(m);
         if g == 0 {
-            return Err(SpecError::Zero("--group-size"));
+            return Err(SpecError::Zero("group_size"));
         }
         if kind == ScheduleKind::Interleaved1F1B && v > 1 && g < p {
             return Err(SpecError::GroupTooSmall { g, p });
@@ -331,5 +365,49 @@ impl fmt::Display for ScheduleSpec {
             write!(f, " g={}", self.g)?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A spec's refusal names its fields: the command line writes them as its flags, with the
+    /// docs' letter beside a count it calls otherwise; Python's keywords are the fields.
+    #[test]
+    fn a_refusal_names_fields_each_face_writes_its_way() {
+        let flag = |f: &str| match f {
+            "p" => "--stages".to_string(),
+            "v" => "--virtual".to_string(),
+            "m" => "--microbatches".to_string(),
+            f => format!("--{}", f.replace('_', "-")),
+        };
+        let cases = [
+            (
+                ScheduleSpec::new(ScheduleKind::OneFOneB, 0, 1, 4, None),
+                "--stages (devices p) must be at least 1",
+                "p must be at least 1",
+            ),
+            (
+                ScheduleSpec::new(ScheduleKind::OneFOneB, 2, 1, 0, None),
+                "--microbatches (m) must be at least 1",
+                "m must be at least 1",
+            ),
+            (
+                ScheduleSpec::new(ScheduleKind::GPipe, 2, 2, 4, None),
+                "gpipe places one stage per device, so --virtual must be 1 (got 2); use interleaved-1f1b or looped-bfs for v > 1",
+                "gpipe places one stage per device, so v must be 1 (got 2); use interleaved-1f1b or looped-bfs for v > 1",
+            ),
+            (
+                ScheduleSpec::new(ScheduleKind::OneFOneB, 2, 1, 4, Some(2)),
+                "--group-size applies to interleaved-1f1b only, not 1f1b",
+                "group_size applies to interleaved-1f1b only, not 1f1b",
+            ),
+        ];
+        for (spec, cli, fields) in cases {
+            let e = spec.unwrap_err();
+            assert_eq!(e.named(flag), cli);
+            assert_eq!(e.to_string(), fields);
+        }
     }
 }

@@ -114,7 +114,7 @@ impl SweepRequestError {
             SweepRequestError::ZeroCount { field } => {
                 format!("{}: counts must be at least 1 (got 0)", name(field))
             }
-            SweepRequestError::Cap(e) => e.to_string(),
+            SweepRequestError::Cap(e) => e.named(name),
         }
     }
 }

@@ -227,8 +227,10 @@ impl<'a> GptRun<'a> {
             }
         }
         if cfg.microbatch_size == 0 {
+            // The config's field, as the other checks here name theirs (the faces refuse a
+            // microbatch size of 0 in their own words before a run is built).
             return Err(RuntimeError::Model(
-                "--microbatch-size must be at least 1".into(),
+                "microbatch_size must be at least 1".into(),
             ));
         }
         Ok(GptRun { cfg, stages })

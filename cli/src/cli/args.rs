@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Result};
+use anyhow::{anyhow, bail, Result};
 use clap::parser::ValueSource;
 use clap::{ArgMatches, Args, FromArgMatches, ValueEnum};
 use pipewright::schedule::simulate::{CostOptions, CostSource};
@@ -12,6 +12,17 @@ use pipewright::schedule::{
 };
 
 use super::outputs::Input;
+
+/// A spec's field as its flag (`p` is `--stages`): how a [`pipewright::schedule::SpecError`]
+/// names it here.
+pub fn spec_flag(field: &str) -> String {
+    match field {
+        "p" => "--stages".into(),
+        "v" => "--virtual".into(),
+        "m" => "--microbatches".into(),
+        f => format!("--{}", f.replace('_', "-")),
+    }
+}
 
 /// Which schedule to generate.
 #[derive(Args, Debug, Clone)]
@@ -44,7 +55,7 @@ impl SpecArgs {
             microbatches: self.microbatches,
             group_size: self.group_size,
         };
-        Ok(ScheduleSpec::from_raw(&raw)?)
+        ScheduleSpec::from_raw(&raw).map_err(|e| anyhow!(e.named(spec_flag)))
     }
 
     /// Refuse a timetable this machine could not hold `times` over (steps, panels) while

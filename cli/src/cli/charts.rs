@@ -17,7 +17,7 @@ use pipewright::viz::{
     SweepPoint, SweepSeries, MIN_TERM_COLUMNS as MIN_COLUMNS,
 };
 
-use super::args::{CostArgs, FileShape, SourceArgs};
+use super::args::{spec_flag, CostArgs, FileShape, SourceArgs};
 use super::checks::{Kind, Output};
 use super::commands::simulation;
 use super::console;
@@ -193,6 +193,7 @@ impl VizCmd {
                 None
             };
             let spec = ScheduleSpec::new(kind, s.stages, v, s.microbatches, group)
+                .map_err(|e| anyhow!(e.named(spec_flag)))
                 .with_context(|| format!("--compare {name}"))?;
             super::budget::timetable(
                 &format!("--compare {name}"),
@@ -364,7 +365,7 @@ impl SweepCmd {
                 .map(str::parse::<MemoryCap>)
                 .transpose()?,
         };
-        let named = |e: SweepRequestError| anyhow!(e.named(sweep_flag));
+        let named = |e: SweepRequestError| anyhow!(e.named(spec_flag));
         request.check().map_err(named)?;
         // The costs are the same for every combination: a bad file is refused once, here.
         let costs = self.costs.model(self.stages, self.stages)?;
@@ -382,15 +383,6 @@ impl SweepCmd {
 }
 
 /// A sweep request field as the command line names it (`v` -> `--virtual`).
-fn sweep_flag(field: &str) -> String {
-    match field {
-        "p" => "--stages".into(),
-        "v" => "--virtual".into(),
-        "m" => "--microbatches".into(),
-        f => format!("--{f}"),
-    }
-}
-
 fn table(rows: &[SweepRow], cap: Option<u64>) -> String {
     let mut out = String::new();
     let _ = writeln!(

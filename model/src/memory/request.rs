@@ -3,6 +3,7 @@
 //! whose accounting, each optional. Both faces fill a [`MemoryRequest`]; a mesh or format
 //! given without a shape, or a shape given in part, is refused in the flags' words.
 
+use crate::shape::request::{flag_form, FieldName};
 use crate::shape::{AttentionKind, ShapeRequest, ShapeRequestError};
 use pipewright_schedule::recompute::RecomputePlan;
 use pipewright_schedule::timetable::Timetable;
@@ -32,16 +33,17 @@ pub struct MemoryRequest {
     pub accounting: Option<Accounting>,
 }
 
-/// Why the memory model cannot answer the request.
+/// Why the memory model cannot answer the request; each names the fields, which each face
+/// writes its way ([`MemoryRequestError::named`]). `Display` is the command line's.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
 pub enum MemoryRequestError {
-    /// A memory flag without the whole shape.
-    #[error("{flag} is for the memory model, which needs the model's shape: also give {missing} (or --hf-config)")]
+    /// A field of the memory model without the whole shape.
+    #[error("{}", self.named(&flag_form))]
     NeedsShape {
-        /// The first flag given.
-        flag: &'static str,
-        /// The sizes missing, comma separated.
-        missing: String,
+        /// The first field given.
+        field: &'static str,
+        /// The sizes missing.
+        missing: Vec<&'static str>,
     },
     /// A shape that is not one.
     #[error(transparent)]
@@ -69,18 +71,38 @@ pub enum MemoryRequestError {
     },
 }
 
+impl MemoryRequestError {
+    /// The message with each field written as `name` writes it (the CLI's `--tp`, Python's
+    /// `tp=`).
+    pub fn named(&self, name: FieldName<'_>) -> String {
+        match self {
+            MemoryRequestError::NeedsShape { field, missing } => {
+                let missing: Vec<String> = missing.iter().map(|f| name(f, None)).collect();
+                format!(
+                    "{} is for the memory model, which needs the model's shape: also give {} (or {})",
+                    name(field, None),
+                    missing.join(", "),
+                    name("hf_config", None)
+                )
+            }
+            MemoryRequestError::Shape(e) => e.named(name),
+            e => e.to_string(),
+        }
+    }
+}
+
 impl MemoryRequest {
-    /// The flags given other than the shape's, by name.
+    /// The fields given other than the shape's.
     fn mesh_given(&self) -> [(&'static str, bool); 8] {
         [
-            ("--microbatch-size", self.microbatch_size.is_some()),
-            ("--tp", self.tp.is_some()),
-            ("--dp", self.dp.is_some()),
-            ("--zero", self.zero.is_some()),
-            ("--sequence-parallel", self.sequence_parallel),
-            ("--precision", self.precision.is_some()),
-            ("--accounting", self.accounting.is_some()),
-            ("--attention", self.attention.is_some()),
+            ("microbatch_size", self.microbatch_size.is_some()),
+            ("tp", self.tp.is_some()),
+            ("dp", self.dp.is_some()),
+            ("zero", self.zero.is_some()),
+            ("sequence_parallel", self.sequence_parallel),
+            ("precision", self.precision.is_some()),
+            ("accounting", self.accounting.is_some()),
+            ("attention", self.attention.is_some()),
         ]
     }
 
@@ -110,11 +132,8 @@ impl MemoryRequest {
                 .or(self.shape.kinds.given().first().copied());
             match (given, missing.is_empty()) {
                 (None, _) => return Ok(None),
-                (Some(flag), false) => {
-                    return Err(MemoryRequestError::NeedsShape {
-                        flag,
-                        missing: missing.join(", "),
-                    })
+                (Some(field), false) => {
+                    return Err(MemoryRequestError::NeedsShape { field, missing })
                 }
                 (Some(_), true) => self.shape.resolve()?.shape,
             }

@@ -1,8 +1,9 @@
-//! A shape as a user asks for it: sizes and kinds named as `pipewright`'s flags name them
-//! (Python's keywords have the same names), or a Hugging Face `config.json`'s text. Both
-//! faces, the CLI and the Python package, fill a [`ShapeRequest`] and call
-//! [`ShapeRequest::resolve`], so a shape is read, and refused, in one set of words: each error
-//! names the flag (`--kv-heads 3 must divide --heads 4`), as the CLI prints it after `error:`.
+//! A shape as a user asks for it: sizes and kinds by field (`kv_heads`, the CLI's `--kv-heads`
+//! and Python's `kv_heads=`), or a Hugging Face `config.json`'s text. Both faces, the CLI and
+//! the Python package, fill a [`ShapeRequest`] and call [`ShapeRequest::resolve`], so a shape
+//! is read, and refused, in one set of words: each error names the fields, and each face
+//! writes them its way ([`ShapeRequestError::named`]: `--kv-heads 3 must divide --heads 4`,
+//! `kv_heads=3 must divide heads=4`).
 //!
 //! Nothing here reads a file: a face hands over a config's text with the name to call it by.
 
@@ -34,17 +35,17 @@ pub struct ShapeKinds {
 }
 
 impl ShapeKinds {
-    /// The kinds given, by flag name.
+    /// The kinds given, by field (`kv_heads`).
     pub fn given(&self) -> Vec<&'static str> {
         [
-            ("--ffn", self.ffn.is_some()),
-            ("--kv-heads", self.kv_heads.is_some()),
-            ("--mlp", self.mlp.is_some()),
-            ("--norm", self.norm.is_some()),
-            ("--tied-embeddings", self.tied_embeddings),
-            ("--positions", self.positions.is_some()),
-            ("--rope-theta", self.rope_theta.is_some()),
-            ("--bias", self.bias.is_some()),
+            ("ffn", self.ffn.is_some()),
+            ("kv_heads", self.kv_heads.is_some()),
+            ("mlp", self.mlp.is_some()),
+            ("norm", self.norm.is_some()),
+            ("tied_embeddings", self.tied_embeddings),
+            ("positions", self.positions.is_some()),
+            ("rope_theta", self.rope_theta.is_some()),
+            ("bias", self.bias.is_some()),
         ]
         .into_iter()
         .filter(|f| f.1)
@@ -133,14 +134,14 @@ pub struct ResolvedShape {
 }
 
 impl ShapeRequest {
-    /// The sizes given by flags, by flag name (`--hf-config` aside).
+    /// The sizes given, by field (`hf_config` aside).
     pub fn sizes(&self) -> [(&'static str, Option<u64>); 5] {
         [
-            ("--layers", self.layers.map(u64::from)),
-            ("--d-model", self.d_model),
-            ("--heads", self.heads.map(u64::from)),
-            ("--seq-len", self.seq_len),
-            ("--vocab", self.vocab),
+            ("layers", self.layers.map(u64::from)),
+            ("d_model", self.d_model),
+            ("heads", self.heads.map(u64::from)),
+            ("seq_len", self.seq_len),
+            ("vocab", self.vocab),
         ]
     }
 
@@ -151,13 +152,13 @@ impl ShapeRequest {
             && self.kinds.given().is_empty()
     }
 
-    /// The flags a Hugging Face config replaces that were given beside one (`--seq-len`
+    /// The first field a Hugging Face config replaces that was given beside one (`seq_len`
     /// does not: it replaces the config's).
     fn beside_config(&self) -> Option<&'static str> {
         let sizes = self.sizes();
         sizes
             .iter()
-            .filter(|s| s.0 != "--seq-len" && s.1.is_some())
+            .filter(|s| s.0 != "seq_len" && s.1.is_some())
             .map(|s| s.0)
             .chain(self.kinds.given())
             .next()
@@ -166,10 +167,10 @@ impl ShapeRequest {
     /// The shape: read from the config, or built from the sizes (each required) and kinds.
     pub fn resolve(&self) -> Result<ResolvedShape, ShapeRequestError> {
         if let Some(hf) = &self.hf_config {
-            if let Some(flag) = self.beside_config() {
+            if let Some(field) = self.beside_config() {
                 return Err(ShapeRequestError::BesideConfig {
                     name: hf.name.clone(),
-                    flag,
+                    field,
                 });
             }
             let model = read_hf_config(hf, self.seq_len)?;
@@ -180,8 +181,8 @@ impl ShapeRequest {
             });
         }
         let mut sizes = [0u64; 5];
-        for (size, (flag, given)) in sizes.iter_mut().zip(self.sizes()) {
-            *size = given.ok_or(ShapeRequestError::Required(flag))?;
+        for (size, (field, given)) in sizes.iter_mut().zip(self.sizes()) {
+            *size = given.ok_or(ShapeRequestError::Required(field))?;
         }
         let [layers, d_model, heads, seq_len, vocab] = sizes;
         let count = |x: u64| u32::try_from(x).unwrap_or(u32::MAX);
@@ -227,42 +228,57 @@ fn hf_notes(name: &str, model: &HfModel) -> Vec<String> {
     out
 }
 
-/// A shape's error with flag names for field names.
-fn flag_error(e: &ShapeError) -> String {
-    let flag = |name: &str| format!("--{}", name.replace('_', "-"));
+/// A shape's error with each field written as `name` writes it.
+fn shape_error(e: &ShapeError, name: FieldName<'_>) -> String {
+    let with = |f: &str, v: &dyn std::fmt::Display| name(f, Some(v.to_string()));
     match e {
-        ShapeError::NotPositive(name) => format!("{} must be at least 1", flag(name)),
+        ShapeError::NotPositive(field) => format!("{} must be at least 1", name(field, None)),
         ShapeError::NotDividing { a, x, b, y } => {
-            format!("{} {x} must divide {} {y}", flag(a), flag(b))
+            format!("{} must divide {}", with(a, x), with(b, y))
         }
-        ShapeError::TooLarge { what, layers, d_model, ffn, seq_len, vocab } => format!(
-            "{what} pass 2^60 (--layers {layers}, --d-model {d_model}, --ffn {ffn}, --seq-len {seq_len}, --vocab {vocab}): a count that large would wrap; check the sizes"
+        ShapeError::TooLarge {
+            what,
+            layers,
+            d_model,
+            ffn,
+            seq_len,
+            vocab,
+        } => format!(
+            "{what} pass 2^60 ({}, {}, {}, {}, {}): a count that large would wrap; check the sizes",
+            with("layers", layers),
+            with("d_model", d_model),
+            with("ffn", ffn),
+            with("seq_len", seq_len),
+            with("vocab", vocab)
         ),
         ShapeError::Conflict(why) => why.clone(),
         ShapeError::OddRotaryHead(w) => format!(
-            "--positions rotary turns pairs of a head's dimensions: the head width {w} (--d-model / --heads) is not even"
+            "{} turns pairs of a head's dimensions: the head width {w} ({} / {}) is not even",
+            with("positions", &"rotary"),
+            name("d_model", None),
+            name("heads", None)
         ),
     }
 }
 
-/// Why a shape request is not a shape; each names the flag.
+/// Why a shape request is not a shape; each names the fields, which each face writes its
+/// way ([`ShapeRequestError::named`]). `Display` is the command line's.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
 pub enum ShapeRequestError {
-    /// A size that was not given.
-    #[error("{0} is required")]
+    /// A size that was not given (its field).
+    #[error("{}", self.named(&flag_form))]
     Required(&'static str),
-    /// Sizes that do not fit each other, by flag name.
-    #[error("{}", flag_error(.0))]
+    /// Sizes that do not fit each other.
+    #[error("{}", self.named(&flag_form))]
     Shape(ShapeError),
-    /// Mixture-of-experts fields that do not fit each other (the CLI's words; see
-    /// [`ShapeRequestError::named`]).
-    #[error("{0}")]
+    /// Mixture-of-experts fields that do not fit each other.
+    #[error("{}", self.named(&flag_form))]
     Moe(MoeError),
-    /// `--rope-theta` without rotary positions.
-    #[error("--rope-theta is the base of rotary positions: also give --positions rotary")]
+    /// `rope_theta` without rotary positions.
+    #[error("{}", self.named(&flag_form))]
     RopeWithoutRotary,
-    /// A config.json that is not a shape.
-    #[error("--hf-config {name}: {error}")]
+    /// A config.json (`hf_config`) that is not a shape.
+    #[error("{}", self.named(&flag_form))]
     Hf {
         /// The config's name.
         name: String,
@@ -270,22 +286,38 @@ pub enum ShapeRequestError {
         error: HfError,
     },
     /// A size or kind given beside a config, which gives them all.
-    #[error("--hf-config {name} gives the model's shape: leave out {flag} (--seq-len alone may replace its sequence length)")]
+    #[error("{}", self.named(&flag_form))]
     BesideConfig {
         /// The config's name.
         name: String,
-        /// The flag given beside it.
-        flag: &'static str,
+        /// The field given beside it.
+        field: &'static str,
     },
 }
 
 impl ShapeRequestError {
-    /// The message with the mixture's fields written as `name` writes them (Python's
-    /// `top_k=`); the rest as the CLI words them.
+    /// The message with each field written as `name` writes it (the CLI's `--top-k 5`,
+    /// Python's `top_k=5`).
     pub fn named(&self, name: FieldName<'_>) -> String {
+        let with = |f: &str, v: &dyn std::fmt::Display| name(f, Some(v.to_string()));
         match self {
+            ShapeRequestError::Required(field) => format!("{} is required", name(field, None)),
+            ShapeRequestError::Shape(e) => shape_error(e, name),
             ShapeRequestError::Moe(e) => e.named(name),
-            e => e.to_string(),
+            ShapeRequestError::RopeWithoutRotary => format!(
+                "{} is the base of rotary positions: also give {}",
+                name("rope_theta", None),
+                with("positions", &"rotary")
+            ),
+            ShapeRequestError::Hf { name: n, error } => {
+                format!("{}: {error}", with("hf_config", n))
+            }
+            ShapeRequestError::BesideConfig { name: n, field } => format!(
+                "{} gives the model's shape: leave out {} ({} alone may replace its sequence length)",
+                with("hf_config", n),
+                name(field, None),
+                name("seq_len", None)
+            ),
         }
     }
 }

@@ -25,25 +25,9 @@ pub struct MoeKinds {
 }
 
 impl MoeKinds {
-    /// The flags given, by name (as [`super::ShapeKinds::given`] names the other kinds').
+    /// The fields given, in the library's words (`top_k`; as [`super::ShapeKinds::given`]
+    /// names the other kinds').
     pub fn given(&self) -> Vec<&'static str> {
-        [
-            ("--experts", self.experts.is_some()),
-            ("--top-k", self.top_k.is_some()),
-            ("--expert-ffn", self.expert_ffn.is_some()),
-            ("--shared-experts", self.shared_experts.is_some()),
-            ("--shared-ffn", self.shared_ffn.is_some()),
-            ("--dense-layers", self.dense_layers.is_some()),
-            ("--moe-every", self.every.is_some()),
-        ]
-        .into_iter()
-        .filter(|f| f.1)
-        .map(|f| f.0)
-        .collect()
-    }
-
-    /// The fields given, in the library's words (`top_k`).
-    fn given_fields(&self) -> Vec<&'static str> {
         [
             ("experts", self.experts.is_some()),
             ("top_k", self.top_k.is_some()),
@@ -63,7 +47,7 @@ impl MoeKinds {
     /// where no flag of it is given; or why not, naming the fields (each face renders them).
     pub fn moe(&self, layers: u32, ffn: u64) -> Result<Option<MoeShape>, MoeError> {
         let Some(experts) = self.experts else {
-            return match self.given_fields().first() {
+            return match self.given().first() {
                 Some(field) => Err(MoeError::WithoutExperts(field)),
                 None => Ok(None),
             };

@@ -17,6 +17,7 @@ fn a100(shape: ModelShape, gpus: u32, batch: u64) -> PlanRequest {
 fn impossible(req: &PlanRequest) -> String {
     match plan(req, &mut |_| {}) {
         Err(PlanError::Impossible(line)) => {
+            let line = line.to_string();
             assert!(!line.contains('\n'), "one line: {line}");
             line
         }
@@ -274,4 +275,25 @@ fn a_mixture_of_experts_is_planned_with_its_experts() {
         m.step_time_s,
         d.step_time_s
     );
+}
+
+/// An impossible request's line names the request's fields, each face its way: the same
+/// line in Python's keywords (`tp=2`), with no flag in it.
+#[test]
+fn an_impossible_line_names_fields_each_face_writes_its_way() {
+    let keyword = |f: &str, v: Option<String>| format!("{f}={}", v.unwrap_or_default());
+    let python = |req: &PlanRequest| match plan(req, &mut |_| {}) {
+        Err(e @ PlanError::Impossible(_)) => e.named(&keyword),
+        other => panic!("expected impossible, got {other:?}"),
+    };
+    let mut req = a100(gpt(4, 448, 7, 128), 8, 64);
+    req.fixed.tp = Some(2);
+    let (cli, py) = (impossible(&req), python(&req));
+    assert!(cli.starts_with("--tp 2 cannot split the 7 heads"), "{cli}");
+    assert_eq!(py, cli.replacen("--tp 2", "tp=2", 1));
+    let mut req = a100(gpt(4, 512, 8, 128), 8, 64);
+    req.fixed.pp = Some(3);
+    let py = python(&req);
+    assert!(py.starts_with("pp=3 fits no configuration"), "{py}");
+    assert!(!py.contains("--"), "{py}");
 }

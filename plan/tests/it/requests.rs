@@ -179,3 +179,112 @@ fn the_memory_model_needs_the_whole_shape_and_answers_with_it() {
         .unwrap()
         .is_none());
 }
+
+/// Python's form of a field: its keyword, with the value where the message shows one.
+fn keyword(field: &str, value: Option<String>) -> String {
+    format!("{field}={}", value.unwrap_or_default())
+}
+
+/// A change that spoils a request.
+type Spoil = fn(&mut RawPlanRequest);
+
+/// The same refusal in each face's words: the CLI's flags (`Display`) and Python's keywords
+/// (`named`), from one error that names fields, not flags.
+#[test]
+fn a_refusal_names_fields_each_face_writes_its_way() {
+    let both = |raw: &RawPlanRequest| {
+        let e = raw.build().map(|_| ()).unwrap_err();
+        (e.to_string(), e.named(&keyword))
+    };
+    let mut raw = request(gpt(8, 512, 7, 512));
+    let cases: Vec<(Spoil, &str, &str)> = vec![
+        (
+            |_| {},
+            "--heads 7 must divide --d-model 512",
+            "heads=7 must divide d_model=512",
+        ),
+        (
+            |r| r.shape.heads = None,
+            "--heads is required",
+            "heads= is required",
+        ),
+        (
+            |r| {
+                r.shape.heads = Some(8);
+                r.shape.kinds.rope_theta = Some("500000".parse().unwrap());
+            },
+            "--rope-theta is the base of rotary positions: also give --positions rotary",
+            "rope_theta= is the base of rotary positions: also give positions=rotary",
+        ),
+        (
+            |r| {
+                r.shape.kinds.rope_theta = None;
+                r.global_batch = Some(0);
+            },
+            "--global-batch must be at least 1",
+            "global_batch= must be at least 1",
+        ),
+        (
+            |r| {
+                r.global_batch = Some(32);
+                r.fixed.zero = Some(2);
+            },
+            "--zero 2: the ZeRO level is 0 or 1 (ZeRO-2/3 do not fit a pipeline)",
+            "zero=2: the ZeRO level is 0 or 1 (ZeRO-2/3 do not fit a pipeline)",
+        ),
+        (
+            |r| r.fixed = Fixed { schedule: Some(ScheduleKind::Zbv), v: Some(3), ..Fixed::default() },
+            "--v 3 contradicts --schedule zbv, which places exactly 2 stages on each device",
+            "v=3 contradicts schedule=zbv, which places exactly 2 stages on each device",
+        ),
+        (
+            |r| r.fixed = Fixed { schedule: Some(ScheduleKind::GPipe), pp: Some(1), ..Fixed::default() },
+            "--schedule gpipe with --pp 1: one device runs every schedule as the same sequence of forwards and backwards; leave --schedule out, or give --pp 2 or more",
+            "schedule=gpipe with pp=1: one device runs every schedule as the same sequence of forwards and backwards; leave schedule= out, or give pp=2 or more",
+        ),
+        (
+            |r| {
+                r.fixed = Fixed::default();
+                r.cluster = "nowhere".into();
+            },
+            "--cluster nowhere: neither a preset (a100-80g, h100-80g) nor a file",
+            "cluster=nowhere: neither a preset (a100-80g, h100-80g) nor a file",
+        ),
+        (
+            |r| {
+                r.cluster = "a100-80g".into();
+                r.shape.hf_config = Some(Named { name: "c.json".into(), text: "{}".into() });
+            },
+            "--hf-config c.json gives the model's shape: leave out --layers (--seq-len alone may replace its sequence length)",
+            "hf_config=c.json gives the model's shape: leave out layers= (seq_len= alone may replace its sequence length)",
+        ),
+        (
+            |r| {
+                r.shape = ShapeRequest::default();
+                r.profile = Some(Named { name: "p.json".into(), text: "{}".into() });
+                r.fixed.tp = Some(2);
+            },
+            "--profile p.json plans a layer-list model at the tp and sizes it was measured at: leave out --tp",
+            "profile=p.json plans a layer-list model at the tp and sizes it was measured at: leave out tp=",
+        ),
+    ];
+    for (change, cli, python) in cases {
+        change(&mut raw);
+        assert_eq!(both(&raw), (cli.to_string(), python.to_string()));
+    }
+    // The memory model's refusal likewise.
+    let tt = generate(&ScheduleSpec::new(ScheduleKind::OneFOneB, 2, 1, 2, None).unwrap());
+    let req = MemoryRequest {
+        zero: Some(1),
+        shape: ShapeRequest {
+            layers: Some(2),
+            ..ShapeRequest::default()
+        },
+        ..MemoryRequest::default()
+    };
+    let e = req.predict(&tt, &RecomputePlan::default()).unwrap_err();
+    assert_eq!(
+        e.named(&keyword),
+        "layers= is for the memory model, which needs the model's shape: also give d_model=, heads=, seq_len=, vocab= (or hf_config=)"
+    );
+}

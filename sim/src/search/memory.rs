@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::simulate::CostModel;
 use pipewright_model::memory::{peak_walk, StageBytes};
+use pipewright_model::shape::request::flag_form;
 use pipewright_schedule::timetable::Timetable;
 
 /// A per-device memory cap for stashed activations.
@@ -27,12 +28,29 @@ pub enum CapError {
     /// Neither a number of microbatches nor bytes with a known unit.
     #[error("memory cap `{0}`: expected a number of microbatches (e.g. 8 or 2.5) or bytes with a unit (e.g. 512MiB, 24GB, 4096B; units B, kB, MB, GB, KiB, MiB, GiB, TiB)")]
     Unreadable(String),
-    /// A cap in microbatches turned into bytes for costs that carry no activation sizes.
-    #[error("--memory-cap needs activation sizes: give --activation-bytes or a --cost-file with activation_bytes")]
+    /// A cap in microbatches turned into bytes for costs that carry no activation sizes
+    /// (the fields `memory_cap`, `activation_bytes`, `cost_file`; see [`CapError::named`]).
+    #[error("{}", self.named(|f| flag_form(f, None)))]
     NoSizes,
     /// Zero or negative: no schedule can run without stashing an activation.
     #[error("memory cap `{0}`: a device must stash at least some activations to run any schedule; give a positive cap, e.g. 1 (one microbatch, the least 1F1B's last device needs) or 512MiB")]
     NotPositive(String),
+}
+
+impl CapError {
+    /// The message with each field written as `name` writes it (`--memory-cap` on the
+    /// command line); `Display` is the command line's.
+    pub fn named(&self, name: impl Fn(&str) -> String) -> String {
+        match self {
+            CapError::NoSizes => format!(
+                "{} needs activation sizes: give {} or a {} with activation_bytes",
+                name("memory_cap"),
+                name("activation_bytes"),
+                name("cost_file")
+            ),
+            e => e.to_string(),
+        }
+    }
 }
 
 impl FromStr for MemoryCap {

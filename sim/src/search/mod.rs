@@ -66,6 +66,7 @@ use improve::{improve, Improve};
 use jobs::{fixed_label, jobs, list_placements, passage_need};
 pub use list::fmt_units;
 use pipewright_model::memory::{MemoryConfig, MemoryError};
+use pipewright_model::shape::request::flag_form;
 use pipewright_schedule::cancel::Cancel;
 use pipewright_schedule::generators::generate;
 use pipewright_schedule::spec::{Placement, ScheduleKind, ScheduleSpec};
@@ -255,8 +256,8 @@ pub enum SearchError {
         /// Microbatches.
         m: u32,
     },
-    /// A cap in bytes with no activation sizes to measure against.
-    #[error("a memory cap in bytes needs activation sizes: give them (--activation-bytes, or \"activation_bytes\" in the cost file) or give the cap in microbatches")]
+    /// A cap in bytes with no activation sizes (`activation_bytes`) to measure against.
+    #[error("{}", self.named(cli_words))]
     NoActivationBytes,
     /// The costs do not fit.
     #[error(transparent)]
@@ -290,13 +291,39 @@ pub enum SearchError {
     #[error(transparent)]
     Memory(#[from] MemoryError),
     /// Parameters, gradients and optimizer state alone exceed a whole-rank byte cap.
-    #[error("a memory cap of {cap} bytes per rank leaves nothing for activations: parameters, gradients and optimizer state alone take {need} bytes on the fullest device (raise the cap, or shard more: --tp, --zero 1 with --dp, more pipeline devices)")]
+    /// The levers it names are fields (`tp`, `zero`, `dp`; see [`SearchError::named`]).
+    #[error("{}", self.named(cli_words))]
     StaticOverCap {
         /// The cap.
         cap: u64,
         /// Bytes of the fullest device before any activation.
         need: u64,
     },
+}
+
+/// A field as the command line writes it (`activation_bytes` is `--activation-bytes`).
+fn cli_words(field: &str) -> String {
+    flag_form(field, None)
+}
+
+impl SearchError {
+    /// The message with each field written as `name` writes it (`--tp` on the command line,
+    /// `tp` in Python); `Display` is the command line's.
+    pub fn named(&self, name: impl Fn(&str) -> String) -> String {
+        match self {
+            SearchError::NoActivationBytes => format!(
+                "a memory cap in bytes needs activation sizes: give them ({}, or \"activation_bytes\" in the cost file) or give the cap in microbatches",
+                name("activation_bytes")
+            ),
+            SearchError::StaticOverCap { cap, need } => format!(
+                "a memory cap of {cap} bytes per rank leaves nothing for activations: parameters, gradients and optimizer state alone take {need} bytes on the fullest device (raise the cap, or shard more: {}, {} 1 with {}, more pipeline devices)",
+                name("tp"),
+                name("zero"),
+                name("dp")
+            ),
+            e => e.to_string(),
+        }
+    }
 }
 
 /// A shape to evaluate.

@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 mod error;
 mod raw;
 
-pub use error::CostError;
+pub use error::{CostError, Place};
 pub use raw::{RawCostFile, RawStageCost};
 
 use super::host::{CallCosts, HostCosts};
@@ -125,7 +125,7 @@ impl StageCost {
             w,
             ..Default::default()
         }
-        .resolve("--cost", false)
+        .resolve(&Place::Field("cost"), false)
     }
 
     /// Bytes still held after the input backward until W: `activation_bytes * w_memory`,

@@ -5,7 +5,7 @@
 use pipewright_schedule::action::ActionKind;
 use pipewright_schedule::timeline::Timeline;
 
-use super::cost::{CostError, RawCostFile, RawStageCost};
+use super::cost::{CostError, Place, RawCostFile, RawStageCost};
 use super::hand_off::{measured_latency, median};
 use super::host::{HostCosts, Runtime};
 
@@ -43,7 +43,7 @@ pub fn measured_costs_with(
 ) -> Result<RawCostFile, CostError> {
     let Some(first) = timelines.first() else {
         return Err(CostError::Missing {
-            place: "measured costs".into(),
+            place: Place::Words("measured costs".into()),
             what: "recorded steps",
         });
     };
@@ -144,7 +144,7 @@ fn stage_cost(
 ) -> Result<RawStageCost, CostError> {
     let [f, b, i, w, r] = kinds.each_mut().map(|d| median(d));
     let missing = |what| CostError::Missing {
-        place: format!("measured stage {stage}"),
+        place: Place::Words(format!("measured stage {stage}")),
         what,
     };
     let f = f.ok_or(missing("forward (F) events"))?;

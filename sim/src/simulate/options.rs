@@ -2,7 +2,7 @@
 //! Python package's keywords: one device's share of the model per microbatch (split over its
 //! chunks), or a cost file, then the link and held-for-W overrides.
 
-use super::cost::{CostError, CostModel, StageCost};
+use super::cost::{CostError, CostModel, Place, StageCost};
 
 /// Where the per-stage costs come from.
 #[derive(Clone, Debug, PartialEq)]
@@ -59,7 +59,7 @@ impl CostOptions {
         if let Some(fraction) = self.w_memory {
             if !(0.0..=1.0).contains(&fraction) {
                 return Err(CostError::WMemory {
-                    place: "--w-memory".into(),
+                    place: Place::Field("w_memory"),
                     value: fraction,
                 });
             }

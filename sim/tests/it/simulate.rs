@@ -204,3 +204,32 @@ fn a_cost_model_round_trips_through_its_cost_file() {
     assert_eq!(read.resolve(3).unwrap(), model);
     assert_eq!(read.time_unit.as_deref(), Some("s"));
 }
+
+/// Uniform costs are a field (`cost`): the CLI writes it `--cost`, another face its own way;
+/// a cost file's stage stays in words.
+#[test]
+fn a_cost_refusal_names_its_field_each_face_writes_its_way() {
+    let e = StageCost::new(1.0, 2.0, Some(3.0)).unwrap_err();
+    let line = e.to_string();
+    assert!(
+        line.starts_with("--cost: w = 3 is larger than b = 2"),
+        "{line}"
+    );
+    let python = e.named(|f| {
+        if f == "cost" {
+            "Costs".into()
+        } else {
+            f.into()
+        }
+    });
+    assert_eq!(python, line.replacen("--cost", "Costs", 1));
+    let e = StageCost::new(-1.0, 2.0, None).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "--cost: f must be a finite number >= 0 (got -1)"
+    );
+    let e = CostModel::from_json(r#"{"stages": [{"f": 1, "b": 2}, {"f": -1, "b": 2}]}"#, 2)
+        .unwrap_err();
+    assert_eq!(e.named(|f| f.to_string()), e.to_string());
+    assert!(e.to_string().starts_with("stage 1: f must be"), "{e}");
+}

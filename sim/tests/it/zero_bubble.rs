@@ -131,7 +131,10 @@ fn v_shapes_need_exactly_two_chunks_and_say_so() {
                 v
             }
         );
-        assert!(e.to_string().contains("--virtual must be 2"), "{e}");
+        assert!(
+            e.to_string().contains(&format!("so v must be 2 (got {v})")),
+            "{e}"
+        );
     }
     let spec = ScheduleSpec::new(ScheduleKind::Zbv, 3, 2, 4, None).unwrap();
     assert_eq!(generate(&spec).stage_device, vec![0, 1, 2, 2, 1, 0]);

@@ -1,6 +1,37 @@
-//! Why costs are unusable: one line each, naming the stage or flag and the field.
+//! Why costs are unusable: one line each, naming the stage or field and the cost.
 
-/// Why costs are unusable.
+use std::fmt;
+
+use pipewright_model::shape::request::flag_form;
+
+/// Where a cost was given: a face's field (`cost`, `w_memory`: the CLI's `--cost`, Python's
+/// `Costs`), or a place in words (`stage 3` of a cost file, `measured costs`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Place {
+    /// A field of the request.
+    Field(&'static str),
+    /// A place in words.
+    Words(String),
+}
+
+impl Place {
+    /// The place with a field written as `name` writes it.
+    pub fn named(&self, name: &dyn Fn(&str) -> String) -> String {
+        match self {
+            Place::Field(field) => name(field),
+            Place::Words(words) => words.clone(),
+        }
+    }
+}
+
+/// The command line's words: a field as its flag.
+impl fmt::Display for Place {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.named(&|field| flag_form(field, None)))
+    }
+}
+
+/// Why costs are unusable; a field it names each face writes its way ([`CostError::named`]).
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
 pub enum CostError {
     /// The cost file is not valid JSON for a cost file.
@@ -16,10 +47,20 @@ pub enum CostError {
     /// A needed cost is absent.
     #[error("{place}: no {what} given")]
     Missing {
-        /// Which stage or flag.
-        place: String,
+        /// Which stage or field.
+        place: Place,
         /// Which field.
         what: &'static str,
+    },
+    /// A negative or non-finite time of a stage or field.
+    #[error("{place}: {what} must be a finite number >= 0 (got {value})")]
+    InvalidAt {
+        /// Which stage or field.
+        place: Place,
+        /// Which time.
+        what: &'static str,
+        /// The value.
+        value: f64,
     },
     /// A negative or non-finite value.
     #[error("{what} must be a finite number >= 0 (got {value})")]
@@ -32,8 +73,8 @@ pub enum CostError {
     /// W (or I) given larger than the full backward B it is part of.
     #[error("{place}: {part} = {value} is larger than b = {b}, but b is the whole backward and {part} a part of it (i + w = b): give {part} <= b")]
     PartOverWhole {
-        /// Which stage or flag.
-        place: String,
+        /// Which stage or field.
+        place: Place,
         /// `w` or `i`.
         part: &'static str,
         /// The part's value.
@@ -44,8 +85,8 @@ pub enum CostError {
     /// `b`, `i` and `w` all given, with `i + w != b`, in costs of pipewright's runtime.
     #[error("{place}: i + w = {i} + {w} is not b = {b}: a split backward (I then W) does the fused backward's work, so give two of the three and the third follows (only a cost file measured in PyTorch's runtime, \"host\": {{\"runtime\": \"pytorch\"}}, times them apart)")]
     SplitMismatch {
-        /// Which stage or flag.
-        place: String,
+        /// Which stage or field.
+        place: Place,
         /// Input part.
         i: f64,
         /// Weight part.
@@ -64,8 +105,8 @@ pub enum CostError {
     /// A held-for-W fraction outside [0, 1].
     #[error("{place}: w_memory = {value} is not a fraction in [0, 1] (the part of a stage's activations still held after I until W: 1 = all, the default; the zero-bubble paper's transformer layer: 32h/(34h+5as), about 0.4)")]
     WMemory {
-        /// Which stage or flag.
-        place: String,
+        /// Which stage or field.
+        place: Place,
         /// The value given.
         value: f64,
     },
@@ -108,6 +149,26 @@ pub enum CostError {
         /// Stages in the timetable.
         stages: u32,
     },
+}
+
+impl CostError {
+    /// The message with a field it names written as `name` writes it (`--cost` on the
+    /// command line); `Display` is the command line's.
+    pub fn named(&self, name: impl Fn(&str) -> String) -> String {
+        let line = self.to_string();
+        match self {
+            CostError::Missing { place, .. }
+            | CostError::InvalidAt { place, .. }
+            | CostError::PartOverWhole { place, .. }
+            | CostError::SplitMismatch { place, .. }
+            | CostError::WMemory { place, .. } => {
+                // Each of these lines starts with its place and a colon.
+                let rest = line.strip_prefix(&place.to_string()).unwrap_or(&line);
+                format!("{}{rest}", place.named(&name))
+            }
+            _ => line,
+        }
+    }
 }
 
 /// A sum for an error line: its value, or that it overflowed.

@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{check, CostError, CostModel, StageCost};
+use super::{check, CostError, CostModel, Place, StageCost};
 use crate::simulate::host::{HostCosts, Runtime};
 
 /// A stage's costs as written in a cost file: any field may be left to the default.
@@ -118,13 +118,13 @@ impl RawStageCost {
     /// (PyTorch's runtime), so `i + w` may differ from `b`; elsewhere a stage with all three
     /// must add up, since the simulator would time a split schedule by `i + w` and a fused
     /// one by `b`.
-    pub(super) fn resolve(self, place: &str, apart: bool) -> Result<StageCost, CostError> {
+    pub(super) fn resolve(self, place: &Place, apart: bool) -> Result<StageCost, CostError> {
         let f = self.f.ok_or(missing(place, "f"))?;
         let (b, i, w) = self.backward(place, apart)?;
         let w_memory = self.w_memory.unwrap_or(1.0);
         if !(0.0..=1.0).contains(&w_memory) {
             return Err(CostError::WMemory {
-                place: place.to_string(),
+                place: place.clone(),
                 value: w_memory,
             });
         }
@@ -153,7 +153,7 @@ impl RawStageCost {
     /// The full backward and its two parts, from those given: two of `b`, `i`, `w` give
     /// the third, `b` alone splits in half. A part larger than the whole, or three that do
     /// not add up (outside `apart`), is refused naming the field.
-    fn backward(&self, place: &str, apart: bool) -> Result<(f64, f64, f64), CostError> {
+    fn backward(&self, place: &Place, apart: bool) -> Result<(f64, f64, f64), CostError> {
         let (b, i, w) = match (self.b, self.i, self.w) {
             (Some(b), Some(i), Some(w)) => (b, i, w),
             (Some(b), Some(i), None) => (b, i, b - i),
@@ -167,7 +167,7 @@ impl RawStageCost {
             match (value, self.b) {
                 (Some(x), Some(b)) if x > b && (self.i.is_none() || self.w.is_none()) => {
                     return Err(CostError::PartOverWhole {
-                        place: place.to_string(),
+                        place: place.clone(),
                         part,
                         value: x,
                         b,
@@ -179,7 +179,7 @@ impl RawStageCost {
         if let (Some(b), Some(i), Some(w)) = (self.b, self.i, self.w) {
             if !apart && (i + w - b).abs() > 1e-9 * b.abs().max(1e-300) {
                 return Err(CostError::SplitMismatch {
-                    place: place.to_string(),
+                    place: place.clone(),
                     i,
                     w,
                     b,
@@ -190,15 +190,15 @@ impl RawStageCost {
     }
 }
 
-fn missing(place: &str, what: &'static str) -> CostError {
+fn missing(place: &Place, what: &'static str) -> CostError {
     CostError::Missing {
-        place: place.to_string(),
+        place: place.clone(),
         what,
     }
 }
 
 /// Refuse a negative or non-finite time, naming the stage and the field.
-fn check_times(c: &StageCost, place: &str) -> Result<(), CostError> {
+fn check_times(c: &StageCost, place: &Place) -> Result<(), CostError> {
     let all = [
         ("f", c.f),
         ("b", c.b),
@@ -214,8 +214,9 @@ fn check_times(c: &StageCost, place: &str) -> Result<(), CostError> {
         ("p2p_time", c.p2p_time.unwrap_or(0.0)),
     ];
     for (what, v) in all {
-        check(what, v).map_err(|_| CostError::Invalid {
-            what: format!("{place}: {what}"),
+        check(what, v).map_err(|_| CostError::InvalidAt {
+            place: place.clone(),
+            what,
             value: v,
         })?;
     }
@@ -285,7 +286,10 @@ impl RawCostFile {
         }
         let per_stage = match &self.stages {
             None => (0..stages)
-                .map(|s| self.default.resolve(&format!("stage {s}"), apart))
+                .map(|s| {
+                    self.default
+                        .resolve(&Place::Words(format!("stage {s}")), apart)
+                })
                 .collect::<Result<Vec<_>, _>>()?,
             Some(list) if list.is_empty() => {
                 return Err(CostError::StageCount { given: 0, stages })
@@ -293,7 +297,10 @@ impl RawCostFile {
             Some(list) => list
                 .iter()
                 .enumerate()
-                .map(|(s, c)| c.or(self.default).resolve(&format!("stage {s}"), apart))
+                .map(|(s, c)| {
+                    c.or(self.default)
+                        .resolve(&Place::Words(format!("stage {s}")), apart)
+                })
                 .collect::<Result<Vec<_>, _>>()?,
         };
         let given = per_stage.len();
