@@ -21,8 +21,16 @@ pub struct Checked {
 impl Checked {
     /// Validate `tt` (with [`Semantics::Buffered`](crate::Semantics)) and keep it as checked.
     pub fn new(tt: Timetable) -> Result<Self, ValidationError> {
-        let facts = validate(&tt)?;
-        Ok(Checked { tt, facts })
+        Checked::new_or_back(tt).map_err(|(e, _)| e)
+    }
+
+    /// [`Checked::new`], giving the timetable back beside the error (to show it with the
+    /// failing step marked: [`ValidationError::grid`]).
+    pub fn new_or_back(tt: Timetable) -> Result<Self, (ValidationError, Timetable)> {
+        match validate(&tt) {
+            Ok(facts) => Ok(Checked { tt, facts }),
+            Err(e) => Err((e, tt)),
+        }
     }
 
     /// What the validator established.

@@ -246,7 +246,11 @@ mod tests {
         let costs = CostModel::uniform(p, c);
         let weights = stage_weights(&costs, p);
         let units = peak_units_held(&tt, &weights, &held_weights(&costs, &weights));
-        let sim = simulate(&tt, &costs).unwrap();
+        let sim = simulate(
+            &pipewright_schedule::Checked::new(tt.clone()).unwrap(),
+            &costs,
+        )
+        .unwrap();
         let bytes = sim.report.devices.iter();
         (
             units,

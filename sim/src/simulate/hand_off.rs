@@ -252,7 +252,11 @@ mod tests {
         let mut costs = CostModel::uniform(spec.stages(), cost);
         costs.stages[1].f = 1.5;
         let costs = costs.with_link(l, None).unwrap();
-        let first = simulate(&tt, &costs).unwrap();
+        let first = simulate(
+            &pipewright_schedule::Checked::new(tt.clone()).unwrap(),
+            &costs,
+        )
+        .unwrap();
         let raw = measured_costs(&[&first.timeline]).unwrap();
         let got = raw.p2p_latency.unwrap();
         assert!(
@@ -260,7 +264,11 @@ mod tests {
             "{}: latency {got}, simulated with {l}",
             tt.name
         );
-        let again = simulate(&tt, &raw.resolve(spec.stages()).unwrap()).unwrap();
+        let again = simulate(
+            &pipewright_schedule::Checked::new(tt.clone()).unwrap(),
+            &raw.resolve(spec.stages()).unwrap(),
+        )
+        .unwrap();
         let (a, b) = (first.report.makespan, again.report.makespan);
         assert!(
             (a - b).abs() < 1e-9,
@@ -293,7 +301,11 @@ mod tests {
         let costs = CostModel::uniform(1, StageCost::new(1.0, 2.0, None).unwrap())
             .with_link(0.5, None)
             .unwrap();
-        let sim = simulate(&generate(&spec), &costs).unwrap();
+        let sim = simulate(
+            &pipewright_schedule::Checked::new(generate(&spec)).unwrap(),
+            &costs,
+        )
+        .unwrap();
         let raw = measured_costs(&[&sim.timeline]).unwrap();
         assert_eq!(raw.p2p_latency, None);
         let source = raw.source.unwrap();

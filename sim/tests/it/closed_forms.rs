@@ -9,9 +9,12 @@ fn run(kind: ScheduleKind, p: u32, v: u32, m: u32) -> Result<pipewright_sim::Rep
     let spec = ScheduleSpec::new(kind, p, v, m, None)?;
     let tt = generate(&spec);
     let costs = CostModel::uniform(spec.stages(), StageCost::new(1.0, 2.0, None).unwrap());
-    Ok(simulate(&tt, &costs)
-        .expect("generated timetables simulate")
-        .report)
+    Ok(simulate(
+        &pipewright_schedule::Checked::new(tt.clone()).unwrap(),
+        &costs,
+    )
+    .expect("generated timetables simulate")
+    .report)
 }
 
 fn close(a: f64, b: f64) -> bool {

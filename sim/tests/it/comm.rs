@@ -29,7 +29,12 @@ fn costs(f_comm: f64, b_comm: f64) -> CostModel {
 }
 
 fn run(text: &str, costs: &CostModel) -> Report {
-    simulate(&timetable(text), costs).unwrap().report
+    simulate(
+        &pipewright_schedule::Checked::new(timetable(text)).unwrap(),
+        costs,
+    )
+    .unwrap()
+    .report
 }
 
 fn close(a: f64, b: f64) -> bool {
@@ -157,8 +162,18 @@ fn dualpipev_with_comm_runs_as_dense_costs_with_the_overlap_time_measured() {
         overlap: Some(overlap_time((f, fm), (2.0, bm))),
         ..StageCost::new(f + fm, 2.0 + bm, Some(w)).unwrap()
     };
-    let got = simulate(&tt, &CostModel::uniform(4, moe)).unwrap().report;
-    let want = simulate(&tt, &CostModel::uniform(4, dense)).unwrap().report;
+    let got = simulate(
+        &pipewright_schedule::Checked::new(tt.clone()).unwrap(),
+        &CostModel::uniform(4, moe),
+    )
+    .unwrap()
+    .report;
+    let want = simulate(
+        &pipewright_schedule::Checked::new(tt.clone()).unwrap(),
+        &CostModel::uniform(4, dense),
+    )
+    .unwrap()
+    .report;
     assert!(
         close(got.makespan, want.makespan),
         "{} != {}",
@@ -275,8 +290,18 @@ fn steady_state_steps_pay_comm_as_one_step_does() {
         optimizer: 0.25,
         ..StageCost::new(1.5, 2.75, None).unwrap()
     };
-    let got = simulate_steps(&tt, &CostModel::uniform(3, moe), 3).unwrap();
-    let want = simulate_steps(&tt, &CostModel::uniform(3, dense), 3).unwrap();
+    let got = simulate_steps(
+        &pipewright_schedule::Checked::new(tt.clone()).unwrap(),
+        &CostModel::uniform(3, moe),
+        3,
+    )
+    .unwrap();
+    let want = simulate_steps(
+        &pipewright_schedule::Checked::new(tt.clone()).unwrap(),
+        &CostModel::uniform(3, dense),
+        3,
+    )
+    .unwrap();
     assert!(close(got.report.period, want.report.period));
     assert!(got.report.period > 6.0 * 3.0, "{}", got.report.period);
 }

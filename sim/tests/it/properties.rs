@@ -67,7 +67,11 @@ fn peaks(tt: &Timetable, devices: u32, f: f64, b: f64) -> Vec<(u32, u64)> {
     let mut cost = pipewright_sim::StageCost::new(f, b, None).unwrap();
     cost.activation_bytes = 1000;
     let model = pipewright_sim::CostModel::uniform(tt.num_stages(), cost.split(1));
-    let sim = pipewright_sim::simulate(tt, &model).unwrap();
+    let sim = pipewright_sim::simulate(
+        &pipewright_schedule::Checked::new(tt.clone()).unwrap(),
+        &model,
+    )
+    .unwrap();
     assert_eq!(sim.report.devices.len(), devices as usize);
     sim.report
         .devices

@@ -5,7 +5,11 @@ use pipewright_sim::{simulate, CostModel, RawCostFile, Simulation, StageCost};
 
 fn sim(kind: ScheduleKind, p: u32, v: u32, m: u32, costs: &CostModel) -> Simulation {
     let spec = ScheduleSpec::new(kind, p, v, m, None).unwrap();
-    simulate(&generate(&spec), costs).unwrap()
+    simulate(
+        &pipewright_schedule::Checked::new(generate(&spec)).unwrap(),
+        costs,
+    )
+    .unwrap()
 }
 
 fn uniform(stages: u32) -> CostModel {

@@ -8,7 +8,12 @@ fn simulated() -> Timeline {
     let spec = ScheduleSpec::new(ScheduleKind::OneFOneB, 2, 1, 3, None).unwrap();
     let tt = pipewright_schedule::generate(&spec);
     let costs = CostModel::uniform(2, StageCost::new(1.0, 2.0, None).unwrap());
-    simulate(&tt, &costs).unwrap().timeline
+    simulate(
+        &pipewright_schedule::Checked::new(tt.clone()).unwrap(),
+        &costs,
+    )
+    .unwrap()
+    .timeline
 }
 
 fn edited(f: impl FnOnce(&mut Timeline)) -> TimelineError {
@@ -30,11 +35,15 @@ fn what_the_simulator_writes_passes_one_step_or_many() {
     let spec = ScheduleSpec::new(ScheduleKind::Zbv, 2, 2, 4, None).unwrap();
     let tt = pipewright_schedule::generate(&spec);
     let costs = CostModel::uniform(4, StageCost::new(1.0, 2.0, Some(1.0)).unwrap());
-    simulate_steps(&tt, &costs, 3)
-        .unwrap()
-        .timeline
-        .check()
-        .unwrap();
+    simulate_steps(
+        &pipewright_schedule::Checked::new(tt.clone()).unwrap(),
+        &costs,
+        3,
+    )
+    .unwrap()
+    .timeline
+    .check()
+    .unwrap();
 }
 
 #[test]

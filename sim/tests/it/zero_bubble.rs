@@ -20,9 +20,12 @@ fn report(
     let costs = CostModel::uniform(spec.stages(), StageCost::new(f, i + w, Some(w)).unwrap())
         .with_link(c, None)
         .unwrap();
-    simulate(&generate(&spec), &costs)
-        .unwrap_or_else(|e| panic!("{spec}: {e}"))
-        .report
+    simulate(
+        &pipewright_schedule::Checked::new(generate(&spec)).unwrap(),
+        &costs,
+    )
+    .unwrap_or_else(|e| panic!("{spec}: {e}"))
+    .report
 }
 
 fn assert_close(got: f64, want: f64, what: &str) {
