@@ -1,5 +1,6 @@
 //! Closed forms of DESIGN.md, over the grid: uniform costs B = 2F, no communication.
 
+use pipewright_schedule::Checked;
 use pipewright_schedule::{generate, ScheduleKind, ScheduleSpec, SpecError};
 use pipewright_sim::{simulate, CostModel, StageCost};
 
@@ -9,12 +10,9 @@ fn run(kind: ScheduleKind, p: u32, v: u32, m: u32) -> Result<pipewright_sim::Rep
     let spec = ScheduleSpec::new(kind, p, v, m, None)?;
     let tt = generate(&spec);
     let costs = CostModel::uniform(spec.stages(), StageCost::new(1.0, 2.0, None).unwrap());
-    Ok(simulate(
-        &pipewright_schedule::Checked::new(tt.clone()).unwrap(),
-        &costs,
-    )
-    .expect("generated timetables simulate")
-    .report)
+    Ok(simulate(&Checked::new(tt.clone()).unwrap(), &costs)
+        .expect("generated timetables simulate")
+        .report)
 }
 
 fn close(a: f64, b: f64) -> bool {

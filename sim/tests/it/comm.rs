@@ -1,6 +1,7 @@
 //! Communication inside actions (`f_comm`, `b_comm`: expert parallelism's all-to-all):
 //! sequential actions pay it, an F&B overlap hides it as `overlap_time`'s closed form says.
 
+use pipewright_schedule::Checked;
 use pipewright_schedule::{from_csv, generate, validate, ScheduleKind, ScheduleSpec, Timetable};
 use pipewright_sim::{overlap_time, simulate, CostModel, Report, StageCost};
 
@@ -29,12 +30,9 @@ fn costs(f_comm: f64, b_comm: f64) -> CostModel {
 }
 
 fn run(text: &str, costs: &CostModel) -> Report {
-    simulate(
-        &pipewright_schedule::Checked::new(timetable(text)).unwrap(),
-        costs,
-    )
-    .unwrap()
-    .report
+    simulate(&Checked::new(timetable(text)).unwrap(), costs)
+        .unwrap()
+        .report
 }
 
 fn close(a: f64, b: f64) -> bool {
@@ -163,13 +161,13 @@ fn dualpipev_with_comm_runs_as_dense_costs_with_the_overlap_time_measured() {
         ..StageCost::new(f + fm, 2.0 + bm, Some(w)).unwrap()
     };
     let got = simulate(
-        &pipewright_schedule::Checked::new(tt.clone()).unwrap(),
+        &Checked::new(tt.clone()).unwrap(),
         &CostModel::uniform(4, moe),
     )
     .unwrap()
     .report;
     let want = simulate(
-        &pipewright_schedule::Checked::new(tt.clone()).unwrap(),
+        &Checked::new(tt.clone()).unwrap(),
         &CostModel::uniform(4, dense),
     )
     .unwrap()
@@ -291,13 +289,13 @@ fn steady_state_steps_pay_comm_as_one_step_does() {
         ..StageCost::new(1.5, 2.75, None).unwrap()
     };
     let got = simulate_steps(
-        &pipewright_schedule::Checked::new(tt.clone()).unwrap(),
+        &Checked::new(tt.clone()).unwrap(),
         &CostModel::uniform(3, moe),
         3,
     )
     .unwrap();
     let want = simulate_steps(
-        &pipewright_schedule::Checked::new(tt.clone()).unwrap(),
+        &Checked::new(tt.clone()).unwrap(),
         &CostModel::uniform(3, dense),
         3,
     )

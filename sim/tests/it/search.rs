@@ -2,6 +2,7 @@
 //! cap, never returns an invalid timetable, and is never slower than the best family that fits,
 //! whether "slower" means the single-step makespan or the steady-state period.
 
+use pipewright_schedule::Checked;
 use pipewright_schedule::{generate, validate, ScheduleKind, ScheduleSpec};
 use pipewright_sim::search::{search, MemoryCap, Objective, SearchError, SearchSpec, PERIOD_STEPS};
 use pipewright_sim::simulate::simulate_steps;
@@ -31,7 +32,7 @@ fn best_fixed(p: u32, m: u32, costs: &CostModel, cap: f64, objective: Objective)
                 };
                 let model = costs.resample(spec.stages()).unwrap();
                 let steady = simulate_steps(
-                    &pipewright_schedule::Checked::new(generate(&spec)).unwrap(),
+                    &Checked::new(generate(&spec)).unwrap(),
                     &model,
                     PERIOD_STEPS,
                 )
@@ -111,13 +112,10 @@ fn with_a_cap_of_p_the_search_matches_or_beats_zb_h1() {
     spec.objective = Objective::Makespan;
     let found = search(&spec).unwrap();
     let zb = ScheduleSpec::new(ScheduleKind::ZbH1, p, 1, m, None).unwrap();
-    let zb_h1 = simulate(
-        &pipewright_schedule::Checked::new(generate(&zb)).unwrap(),
-        &model,
-    )
-    .unwrap()
-    .report
-    .makespan;
+    let zb_h1 = simulate(&Checked::new(generate(&zb)).unwrap(), &model)
+        .unwrap()
+        .report
+        .makespan;
     // zb-h1: m(F+I+W) + (p-1)(F+I-W) = 36 + 3.
     assert!((zb_h1 - 39.0).abs() < 1e-9, "{zb_h1}");
     let best = &found.candidates[found.best];
@@ -380,14 +378,10 @@ fn the_runners_up_are_the_next_fitting_timetables_fastest_first() {
         assert_ne!(tt.devices, found.timetable.devices);
         // The timetable is the candidate's: simulated again, the same period.
         let model = c.resample(tt.num_stages()).unwrap();
-        let again = simulate_steps(
-            &pipewright_schedule::Checked::new(tt.clone()).unwrap(),
-            &model,
-            PERIOD_STEPS,
-        )
-        .unwrap()
-        .report
-        .period;
+        let again = simulate_steps(&Checked::new(tt.clone()).unwrap(), &model, PERIOD_STEPS)
+            .unwrap()
+            .report
+            .period;
         assert!(
             (again - cand.period).abs() < 1e-9,
             "{} {again} {}",

@@ -1,6 +1,7 @@
 //! What `Timeline::check` refuses, on timelines the simulator wrote and then edited.
 use pipewright_schedule::action::{Action, ActionKind};
 use pipewright_schedule::spec::{ScheduleKind, ScheduleSpec};
+use pipewright_schedule::Checked;
 use pipewright_schedule::{Timeline, TimelineError};
 use pipewright_sim::simulate::{simulate, simulate_steps, CostModel, StageCost};
 
@@ -8,12 +9,9 @@ fn simulated() -> Timeline {
     let spec = ScheduleSpec::new(ScheduleKind::OneFOneB, 2, 1, 3, None).unwrap();
     let tt = pipewright_schedule::generate(&spec);
     let costs = CostModel::uniform(2, StageCost::new(1.0, 2.0, None).unwrap());
-    simulate(
-        &pipewright_schedule::Checked::new(tt.clone()).unwrap(),
-        &costs,
-    )
-    .unwrap()
-    .timeline
+    simulate(&Checked::new(tt.clone()).unwrap(), &costs)
+        .unwrap()
+        .timeline
 }
 
 fn edited(f: impl FnOnce(&mut Timeline)) -> TimelineError {
@@ -35,15 +33,11 @@ fn what_the_simulator_writes_passes_one_step_or_many() {
     let spec = ScheduleSpec::new(ScheduleKind::Zbv, 2, 2, 4, None).unwrap();
     let tt = pipewright_schedule::generate(&spec);
     let costs = CostModel::uniform(4, StageCost::new(1.0, 2.0, Some(1.0)).unwrap());
-    simulate_steps(
-        &pipewright_schedule::Checked::new(tt.clone()).unwrap(),
-        &costs,
-        3,
-    )
-    .unwrap()
-    .timeline
-    .check()
-    .unwrap();
+    simulate_steps(&Checked::new(tt.clone()).unwrap(), &costs, 3)
+        .unwrap()
+        .timeline
+        .check()
+        .unwrap();
 }
 
 #[test]

@@ -11,7 +11,11 @@ fn sim(kind: ScheduleKind, p: u32, v: u32, m: u32) -> Simulation {
     let costs = CostModel::uniform(spec.stages(), cost)
         .with_link(0.1, None)
         .unwrap();
-    simulate(&generate(&spec), &costs).unwrap()
+    simulate(
+        &pipewright_schedule::Checked::new(generate(&spec)).unwrap(),
+        &costs,
+    )
+    .unwrap()
 }
 
 #[test]
