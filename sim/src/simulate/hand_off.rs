@@ -143,6 +143,7 @@ mod tests {
     use super::*;
     use crate::{measured_costs, simulate, CostModel, StageCost};
     use pipewright_schedule::timeline::{Event, TimelineMeta, TimelineSource};
+    use pipewright_schedule::Checked;
     use pipewright_schedule::{generate, ScheduleKind, ScheduleSpec};
 
     fn event(device: u32, action: &str, start: f64, end: f64) -> Event {
@@ -246,17 +247,13 @@ mod tests {
     /// Simulate with hand-off latency `l`, measure the costs back from the simulated step,
     /// simulate again: the same latency and the same makespan.
     fn round_trip(spec: ScheduleSpec, l: f64) {
-        let tt = generate(&spec);
+        let tt = Checked::new(generate(&spec)).unwrap();
         let mut cost = StageCost::new(1.0, 2.0, Some(0.75)).unwrap();
         cost.p2p_time = None;
         let mut costs = CostModel::uniform(spec.stages(), cost);
         costs.stages[1].f = 1.5;
         let costs = costs.with_link(l, None).unwrap();
-        let first = simulate(
-            &pipewright_schedule::Checked::new(tt.clone()).unwrap(),
-            &costs,
-        )
-        .unwrap();
+        let first = simulate(&tt, &costs).unwrap();
         let raw = measured_costs(&[&first.timeline]).unwrap();
         let got = raw.p2p_latency.unwrap();
         assert!(
@@ -264,11 +261,7 @@ mod tests {
             "{}: latency {got}, simulated with {l}",
             tt.name
         );
-        let again = simulate(
-            &pipewright_schedule::Checked::new(tt.clone()).unwrap(),
-            &raw.resolve(spec.stages()).unwrap(),
-        )
-        .unwrap();
+        let again = simulate(&tt, &raw.resolve(spec.stages()).unwrap()).unwrap();
         let (a, b) = (first.report.makespan, again.report.makespan);
         assert!(
             (a - b).abs() < 1e-9,
@@ -301,11 +294,7 @@ mod tests {
         let costs = CostModel::uniform(1, StageCost::new(1.0, 2.0, None).unwrap())
             .with_link(0.5, None)
             .unwrap();
-        let sim = simulate(
-            &pipewright_schedule::Checked::new(generate(&spec)).unwrap(),
-            &costs,
-        )
-        .unwrap();
+        let sim = simulate(&Checked::new(generate(&spec)).unwrap(), &costs).unwrap();
         let raw = measured_costs(&[&sim.timeline]).unwrap();
         assert_eq!(raw.p2p_latency, None);
         let source = raw.source.unwrap();

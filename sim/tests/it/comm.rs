@@ -149,7 +149,7 @@ fn dualpipev_with_comm_runs_as_dense_costs_with_the_overlap_time_measured() {
     // The simulator sees only durations: comm costs must time DualPipeV exactly as dense
     // costs of F + f_comm, B + b_comm, I + b_comm, W and the closed form as measured overlap.
     let spec = ScheduleSpec::new(ScheduleKind::DualPipeV, 2, 2, 8, None).unwrap();
-    let tt = generate(&spec);
+    let tt = Checked::new(generate(&spec)).unwrap();
     let (f, w, fm, bm) = (1.0, 0.75, 0.5, 1.25);
     let moe = StageCost {
         f_comm: fm,
@@ -160,18 +160,8 @@ fn dualpipev_with_comm_runs_as_dense_costs_with_the_overlap_time_measured() {
         overlap: Some(overlap_time((f, fm), (2.0, bm))),
         ..StageCost::new(f + fm, 2.0 + bm, Some(w)).unwrap()
     };
-    let got = simulate(
-        &Checked::new(tt.clone()).unwrap(),
-        &CostModel::uniform(4, moe),
-    )
-    .unwrap()
-    .report;
-    let want = simulate(
-        &Checked::new(tt.clone()).unwrap(),
-        &CostModel::uniform(4, dense),
-    )
-    .unwrap()
-    .report;
+    let got = simulate(&tt, &CostModel::uniform(4, moe)).unwrap().report;
+    let want = simulate(&tt, &CostModel::uniform(4, dense)).unwrap().report;
     assert!(
         close(got.makespan, want.makespan),
         "{} != {}",
@@ -277,7 +267,7 @@ fn steady_state_steps_pay_comm_as_one_step_does() {
     // 1F1B's period with all-to-all equals its period with dense costs of F + f_comm and
     // B + b_comm: the multi-step simulation times actions as one step does.
     let spec = ScheduleSpec::new(ScheduleKind::OneFOneB, 3, 1, 6, None).unwrap();
-    let tt = generate(&spec);
+    let tt = Checked::new(generate(&spec)).unwrap();
     let moe = StageCost {
         f_comm: 0.5,
         b_comm: 0.75,
@@ -288,18 +278,8 @@ fn steady_state_steps_pay_comm_as_one_step_does() {
         optimizer: 0.25,
         ..StageCost::new(1.5, 2.75, None).unwrap()
     };
-    let got = simulate_steps(
-        &Checked::new(tt.clone()).unwrap(),
-        &CostModel::uniform(3, moe),
-        3,
-    )
-    .unwrap();
-    let want = simulate_steps(
-        &Checked::new(tt.clone()).unwrap(),
-        &CostModel::uniform(3, dense),
-        3,
-    )
-    .unwrap();
+    let got = simulate_steps(&tt, &CostModel::uniform(3, moe), 3).unwrap();
+    let want = simulate_steps(&tt, &CostModel::uniform(3, dense), 3).unwrap();
     assert!(close(got.report.period, want.report.period));
     assert!(got.report.period > 6.0 * 3.0, "{}", got.report.period);
 }

@@ -7,11 +7,9 @@ use pipewright_sim::simulate::{simulate, simulate_steps, CostModel, StageCost};
 
 fn simulated() -> Timeline {
     let spec = ScheduleSpec::new(ScheduleKind::OneFOneB, 2, 1, 3, None).unwrap();
-    let tt = pipewright_schedule::generate(&spec);
+    let tt = Checked::new(pipewright_schedule::generate(&spec)).unwrap();
     let costs = CostModel::uniform(2, StageCost::new(1.0, 2.0, None).unwrap());
-    simulate(&Checked::new(tt.clone()).unwrap(), &costs)
-        .unwrap()
-        .timeline
+    simulate(&tt, &costs).unwrap().timeline
 }
 
 fn edited(f: impl FnOnce(&mut Timeline)) -> TimelineError {
@@ -31,9 +29,9 @@ fn first_of(tl: &Timeline, kind: ActionKind, device: u32) -> usize {
 fn what_the_simulator_writes_passes_one_step_or_many() {
     simulated().check().unwrap();
     let spec = ScheduleSpec::new(ScheduleKind::Zbv, 2, 2, 4, None).unwrap();
-    let tt = pipewright_schedule::generate(&spec);
+    let tt = Checked::new(pipewright_schedule::generate(&spec)).unwrap();
     let costs = CostModel::uniform(4, StageCost::new(1.0, 2.0, Some(1.0)).unwrap());
-    simulate_steps(&Checked::new(tt.clone()).unwrap(), &costs, 3)
+    simulate_steps(&tt, &costs, 3)
         .unwrap()
         .timeline
         .check()
