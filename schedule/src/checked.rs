@@ -21,15 +21,15 @@ pub struct Checked {
 impl Checked {
     /// Validate `tt` (with [`Semantics::Buffered`](crate::Semantics)) and keep it as checked.
     pub fn new(tt: Timetable) -> Result<Self, ValidationError> {
-        Checked::new_or_back(tt).map_err(|(e, _)| e)
+        Checked::new_or_back(tt).map_err(|bad| bad.0)
     }
 
     /// [`Checked::new`], giving the timetable back beside the error (to show it with the
     /// failing step marked: [`ValidationError::grid`]).
-    pub fn new_or_back(tt: Timetable) -> Result<Self, (ValidationError, Timetable)> {
+    pub fn new_or_back(tt: Timetable) -> Result<Self, Box<(ValidationError, Timetable)>> {
         match validate(&tt) {
             Ok(facts) => Ok(Checked { tt, facts }),
-            Err(e) => Err((e, tt)),
+            Err(e) => Err(Box::new((e, tt))),
         }
     }
 

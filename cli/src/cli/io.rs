@@ -72,7 +72,7 @@ pub fn load_timetable(path: &Path) -> Result<Checked> {
     super::budget::timetable(&name.to_string(), spm, 1)?;
     let (e, tt) = match Checked::new_or_back(tt) {
         Ok(checked) => return Ok(checked),
-        Err(bad) => bad,
+        Err(bad) => *bad,
     };
     // Point at the cell in a CSV; a JSON timetable has no lines per action.
     let at = source.and_then(|src| src.locate(&e));
