@@ -46,7 +46,7 @@ mod gpu {
     use pipewright::kernels::gpt::GptConfig;
     use pipewright::kernels::Precision;
     use pipewright::runtime::{train_gpt_cuda, Mesh, RunOptions, TrainConfig};
-    use pipewright::schedule::{generate, ScheduleKind, ScheduleSpec};
+    use pipewright::schedule::{generate, Checked, ScheduleKind, ScheduleSpec};
 
     /// Microbatches accumulated per step.
     const M: u32 = 8;
@@ -71,6 +71,7 @@ mod gpu {
     /// before the clock starts).
     fn time_steps(precision: Precision, steps: u64) -> Duration {
         let tt = generate(&ScheduleSpec::new(ScheduleKind::OneFOneB, 1, 1, M, None).expect("spec"));
+        let tt = Checked::new(tt).expect("a generated timetable is valid");
         let mut ends = Vec::new();
         train_gpt_cuda(&config(precision, steps + 1), &tt, 0, |_| {
             ends.push(Instant::now())

@@ -15,16 +15,17 @@ use common::{gpt_steps, gpt_timetable};
 use criterion::{criterion_group, criterion_main, Criterion};
 use pipewright::runtime::{run, Coord, Mesh, RunOptions, SyntheticModule};
 use pipewright::schedule::{
-    generate, simulate, CostModel, ScheduleKind, ScheduleSpec, StageCost, Timetable,
+    generate, simulate, Checked, CostModel, ScheduleKind, ScheduleSpec, StageCost,
 };
 
-fn timetable(kind: ScheduleKind, p: u32, v: u32, m: u32) -> Timetable {
-    generate(&ScheduleSpec::new(kind, p, v, m, None).expect("valid spec"))
+fn timetable(kind: ScheduleKind, p: u32, v: u32, m: u32) -> Checked {
+    let tt = generate(&ScheduleSpec::new(kind, p, v, m, None).expect("valid spec"));
+    Checked::new(tt).expect("a generated timetable is valid")
 }
 
 /// Seconds of `steps` recorded steps of synthetic stages: a device's share takes `f`/`b`
 /// milliseconds (W half of B), split evenly over its chunks.
-fn synthetic_steps(tt: &Timetable, f_ms: f64, b_ms: f64, steps: u64) -> Duration {
+fn synthetic_steps(tt: &Checked, f_ms: f64, b_ms: f64, steps: u64) -> Duration {
     let v = tt.num_stages() / tt.num_devices();
     let cost = StageCost::new(f_ms, b_ms, None).expect("costs").split(v);
     let last = tt.num_stages() - 1;

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use pipewright::schedule::{
-    generate, lower, simulate, validate, CostModel, ScheduleKind, ScheduleSpec, StageCost,
+    generate, lower, simulate, validate, Checked, CostModel, ScheduleKind, ScheduleSpec, StageCost,
 };
 
 fn spec(p: u32, v: u32, m: u32) -> ScheduleSpec {
@@ -32,8 +32,7 @@ fn pipeline(c: &mut Criterion) {
         group.bench_function(format!("interleaved p={p} v={v} m={m}"), |b| {
             b.iter(|| {
                 let tt = generate(black_box(&spec));
-                let low = lower(&tt).unwrap();
-                validate(&low).unwrap();
+                let low = Checked::new(lower(&tt).unwrap()).unwrap();
                 simulate(&low, &costs).unwrap().report.makespan
             })
         });
@@ -46,6 +45,7 @@ fn phases(c: &mut Criterion) {
     let costs = costs(&spec);
     let tt = generate(&spec);
     let low = lower(&tt).unwrap();
+    let checked = Checked::new(low.clone()).unwrap();
     let mut group = c.benchmark_group("phases p=32 v=4 m=256");
     group
         .sample_size(20)
@@ -56,7 +56,7 @@ fn phases(c: &mut Criterion) {
         b.iter(|| validate(black_box(&low)).unwrap())
     });
     group.bench_function("simulate", |b| {
-        b.iter(|| simulate(black_box(&low), &costs).unwrap())
+        b.iter(|| simulate(black_box(&checked), &costs).unwrap())
     });
     group.finish();
 }

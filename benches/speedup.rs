@@ -13,7 +13,7 @@
 #[path = "common/gpt_steps.rs"]
 mod common;
 use common::{gpt_steps, gpt_timetable};
-use pipewright::schedule::{ScheduleKind, Timetable};
+use pipewright::schedule::{Checked, ScheduleKind};
 
 fn arg(i: usize, default: u64) -> u64 {
     // `cargo bench` passes `--bench`; only bare numbers are ours.
@@ -29,9 +29,9 @@ fn quantile(sorted: &[f64], q: f64) -> f64 {
 
 fn main() {
     let (rounds, steps) = (arg(0, 8).max(1), arg(1, 3).max(1));
-    let ms = |tt: &Timetable| gpt_steps(tt, 1, steps).as_secs_f64() * 1e3 / steps as f64;
+    let ms = |tt: &Checked| gpt_steps(tt, 1, steps).as_secs_f64() * 1e3 / steps as f64;
     let one = gpt_timetable(ScheduleKind::OneFOneB, 1, 1);
-    let two: Vec<(String, Timetable)> = [
+    let two: Vec<(String, Checked)> = [
         (ScheduleKind::OneFOneB, 1),
         (ScheduleKind::Interleaved1F1B, 2),
         (ScheduleKind::ZbH1, 1),

@@ -155,10 +155,16 @@ pub fn close(a: f32, b: f32) -> bool {
 #[allow(dead_code)]
 fn main() -> std::result::Result<(), ModuleError> {
     use pipewright_runtime::{run, Mesh, RunOptions};
-    use pipewright_schedule::{generate, ScheduleKind, ScheduleSpec};
+    use pipewright_schedule::{generate, Checked, ScheduleKind, ScheduleSpec};
 
     let steps = 30;
-    let tt = generate(&ScheduleSpec::new(ScheduleKind::OneFOneB, 2, 1, 4, None)?);
+    let tt = Checked::new(generate(&ScheduleSpec::new(
+        ScheduleKind::OneFOneB,
+        2,
+        1,
+        4,
+        None,
+    )?))?;
     let cuts = [0..3, 3..LAYERS];
     let opts = RunOptions {
         steps,

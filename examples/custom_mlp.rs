@@ -122,7 +122,7 @@ pub fn layer(k: usize, n: usize) -> Result<BoxedLayer, ModuleError> {
 /// the timetable's stages by parameter count.
 pub fn train(
     mesh: Mesh,
-    tt: &Timetable,
+    tt: &Checked,
     n: usize,
     opts: &RunOptions,
 ) -> Result<Vec<f32>, ModuleError> {
@@ -139,13 +139,13 @@ pub fn train(
 /// The one-device reference: the same global batch of `microbatches` microbatches per step
 /// (`dp * m` of a run with `dp` replicas) on a mesh of one device.
 pub fn one_device(n: usize, microbatches: u32, opts: &RunOptions) -> Result<Vec<f32>, ModuleError> {
-    let tt = generate(&ScheduleSpec::new(
+    let tt = Checked::new(generate(&ScheduleSpec::new(
         ScheduleKind::GPipe,
         1,
         1,
         microbatches,
         None,
-    )?);
+    )?))?;
     train(Mesh::new(1, 1, 1)?, &tt, n, opts)
 }
 
@@ -189,13 +189,13 @@ fn main() -> Result<(), ModuleError> {
         let path = args.get(i + 1).ok_or("--profile needs a FILE")?;
         return write_profile(layers, std::path::Path::new(path));
     }
-    let tt = generate(&ScheduleSpec::new(
+    let tt = Checked::new(generate(&ScheduleSpec::new(
         ScheduleKind::Interleaved1F1B,
         2,
         2,
         4,
         None,
-    )?);
+    )?))?;
     let opts = RunOptions {
         steps,
         adamw: AdamWConfig {

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use pipewright::kernels::gpt::GptConfig;
 use pipewright::runtime::{train_gpt, Mesh, RunOptions, StepRecord, TrainConfig};
 use pipewright::schedule::memory::MemoryBreakdown;
-use pipewright::schedule::{generate, ScheduleKind, ScheduleSpec};
+use pipewright::schedule::{generate, Checked, ScheduleKind, ScheduleSpec};
 use pipewright::viz::{memory_bars, ChartOptions, ImageFormat, MemoryBars};
 
 /// Each device's peak in the last step of 1F1B (p = 4, m = 8) under `recompute`.
@@ -30,7 +30,9 @@ fn peaks(recompute: &str) -> Result<Vec<MemoryBreakdown>, Box<dyn std::error::Er
         },
     };
     let mut last: Option<StepRecord> = None;
-    train_gpt(&cfg, &generate(&spec), |s| last = Some(s.clone()))?;
+    train_gpt(&cfg, &Checked::new(generate(&spec))?, |s| {
+        last = Some(s.clone())
+    })?;
     let last = last.ok_or("no step ran")?;
     Ok(last.device_peaks(&mesh))
 }

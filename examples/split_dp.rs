@@ -309,7 +309,7 @@ impl StageModule for Stage {
 // ---- Training it: one `run` call, on any mesh; a mesh of one device is the reference. ----
 
 /// The losses of `opts.steps` steps on `mesh` under `tt`.
-pub fn train(mesh: Mesh, tt: &Timetable, opts: &RunOptions) -> Result<Vec<f32>, ModuleError> {
+pub fn train(mesh: Mesh, tt: &Checked, opts: &RunOptions) -> Result<Vec<f32>, ModuleError> {
     let stages = tt.num_stages() as usize;
     let mut losses = Vec::new();
     run(
@@ -325,13 +325,13 @@ pub fn train(mesh: Mesh, tt: &Timetable, opts: &RunOptions) -> Result<Vec<f32>, 
 
 /// The reference: the same global batch of `microbatches` (`dp * m`) on one device.
 pub fn one_device(microbatches: u32, opts: &RunOptions) -> Result<Vec<f32>, ModuleError> {
-    let tt = generate(&ScheduleSpec::new(
+    let tt = Checked::new(generate(&ScheduleSpec::new(
         ScheduleKind::GPipe,
         1,
         1,
         microbatches,
         None,
-    )?);
+    )?))?;
     train(Mesh::new(1, 1, 1)?, &tt, opts)
 }
 
@@ -343,13 +343,13 @@ pub fn close(a: f32, b: f32) -> bool {
 #[allow(dead_code)]
 fn main() -> Result<(), ModuleError> {
     let (pp, dp, m, steps) = (2, 2, 4, 20);
-    let tt = generate(&ScheduleSpec::new(
+    let tt = Checked::new(generate(&ScheduleSpec::new(
         ScheduleKind::ZbH1,
         pp as u32,
         1,
         m,
         None,
-    )?);
+    )?))?;
     let opts = RunOptions {
         steps,
         adamw: AdamWConfig {

@@ -61,7 +61,7 @@ pub mod prelude {
         run, Coord, FinalParams, Mesh, MicrobatchData, MicrobatchId, ModuleError, Output,
         ParamName, RunOptions, RuntimeError, StageModule, StepRecord,
     };
-    pub use pipewright_schedule::{generate, ScheduleKind, ScheduleSpec, Timetable};
+    pub use pipewright_schedule::{generate, Checked, ScheduleKind, ScheduleSpec, Timetable};
 }
 
 // Every Rust block of the README and of GUIDE.md compiles and runs as a doctest

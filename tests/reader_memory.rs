@@ -7,7 +7,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
 use pipewright::schedule::{
-    from_csv, generate, simulate, validate, CostModel, Report, ScheduleKind, ScheduleSpec,
+    from_csv, generate, simulate, validate, Checked, CostModel, Report, ScheduleKind, ScheduleSpec,
     StageCost, Timeline, Timetable,
 };
 use proptest::prelude::*;
@@ -175,7 +175,9 @@ fn real(p: u32, m: u32) -> (String, String, String) {
     let spec = ScheduleSpec::new(ScheduleKind::ZbH1, p, 1, m, None).unwrap();
     let tt = generate(&spec);
     let costs = CostModel::uniform(p, StageCost::new(1.0, 2.0, None).unwrap());
-    let tl = simulate(&tt, &costs).unwrap().timeline;
+    let tl = simulate(&Checked::new(tt.clone()).unwrap(), &costs)
+        .unwrap()
+        .timeline;
     (
         serde_json::to_string(&tt).unwrap(),
         pipewright::schedule::to_csv(&tt),

@@ -8,7 +8,7 @@ mod split_dp;
 
 use pipewright::kernels::optim::AdamWConfig;
 use pipewright::runtime::{Mesh, RunOptions};
-use pipewright::schedule::{generate, ScheduleKind, ScheduleSpec};
+use pipewright::schedule::{generate, Checked, ScheduleKind, ScheduleSpec};
 use split_dp::{close, one_device, train};
 
 #[test]
@@ -26,7 +26,7 @@ fn a_split_backward_model_with_dp_equals_one_device() {
         (ScheduleKind::Zbv, 2, 2),
         (ScheduleKind::Interleaved1F1B, 2, 1),
     ] {
-        let tt = generate(&ScheduleSpec::new(kind, 2, v, 4, None).unwrap());
+        let tt = Checked::new(generate(&ScheduleSpec::new(kind, 2, v, 4, None).unwrap())).unwrap();
         let what = format!("{} v={v} dp={dp}", tt.name);
         let got = train(Mesh::new(2, 1, dp).unwrap(), &tt, &opts)
             .unwrap_or_else(|e| panic!("{what}: {e}"));

@@ -1,11 +1,12 @@
 use super::*;
+use pipewright_schedule::Checked;
 use pipewright_schedule::{generate, ScheduleKind, ScheduleSpec};
 use pipewright_sim::{simulate, CostModel};
 
 fn timeline_json() -> serde_json::Value {
     let spec = ScheduleSpec::new(ScheduleKind::OneFOneB, 2, 1, 3, None).unwrap();
     let sim = simulate(
-        &generate(&spec),
+        &Checked::new(generate(&spec)).unwrap(),
         &CostModel::uniform(2, pipewright_sim::StageCost::new(1.0, 2.0, None).unwrap()),
     )
     .unwrap();

@@ -15,7 +15,8 @@ use pipewright_schedule::generators::generate;
 use pipewright_schedule::recompute::insert;
 use pipewright_schedule::spec::ScheduleSpec;
 use pipewright_schedule::timetable::Timetable;
-use pipewright_sim::simulate::{simulate_steps, CostModel};
+use pipewright_schedule::Checked;
+use pipewright_sim::simulate::{simulate_steps, CostModel, SimError};
 
 /// Steps simulated back to back (a warm-up and two to measure the period, as `search`).
 const STEPS: u32 = pipewright_sim::search::PERIOD_STEPS;
@@ -45,7 +46,7 @@ pub fn simulated_counts(cfg: &Config) -> (u32, Option<u32>) {
 
 /// Steady-state period of `cfg`'s timetable with `m` microbatches under `costs`.
 fn period_at(cfg: &Config, m: u32, costs: &CostModel) -> Result<f64, PlanError> {
-    let tt = timetable(cfg, m)?;
+    let tt = Checked::new(timetable(cfg, m)?).map_err(SimError::from)?;
     Ok(simulate_steps(&tt, costs, STEPS)?.report.period)
 }
 
@@ -68,7 +69,7 @@ pub fn step_time(cfg: &Config, costs: &CostModel) -> Result<f64, PlanError> {
 /// One step of `cfg` with all its microbatches, simulated event by event (for drawing the
 /// best configuration's bubble chart).
 pub fn one_step(cfg: &Config, costs: &CostModel) -> Result<pipewright_sim::Simulation, PlanError> {
-    let tt = timetable(cfg, cfg.microbatches)?;
+    let tt = Checked::new(timetable(cfg, cfg.microbatches)?).map_err(SimError::from)?;
     Ok(pipewright_sim::simulate(&tt, costs)?)
 }
 

@@ -35,10 +35,11 @@ use pipewright_model::memory::ModelShape;
 use pipewright_schedule::recompute::{insert, Recompute, RecomputePlan};
 use pipewright_schedule::spec::{Placement, ScheduleKind, ScheduleSpec};
 use pipewright_schedule::timetable::Timetable;
+use pipewright_schedule::Checked;
 use pipewright_sim::search::{
     search, MemoryCap, Objective, SearchError, SearchOutcome, SearchSpec, PERIOD_STEPS,
 };
-use pipewright_sim::simulate::{simulate_steps, CostModel};
+use pipewright_sim::simulate::{simulate_steps, CostModel, SimError};
 
 /// Largest `pp x m` searched: a search runs a few dozen candidates and up to
 /// [`IMPROVE_BUDGET`] gap-filling simulations of `3 m` microbatches over `pp` devices, so its
@@ -150,7 +151,7 @@ fn searched_row(
     let tt = if plan.is_none() {
         outcome.timetable
     } else {
-        insert(&outcome.timetable, &plan)
+        Checked::new(insert(&outcome.timetable, &plan)).map_err(SimError::from)?
     };
     let exact = Config {
         v: tt.num_stages() / cfg.pp,
@@ -234,7 +235,7 @@ fn search_at(
 
 /// The steady-state period of `tt` under `costs`, every microbatch simulated (a list
 /// schedule need not repeat itself, so no extrapolation).
-pub fn period(tt: &Timetable, costs: &CostModel) -> Result<f64, PlanError> {
+pub fn period(tt: &Checked, costs: &CostModel) -> Result<f64, PlanError> {
     Ok(simulate_steps(tt, costs, PERIOD_STEPS)?.report.period)
 }
 

@@ -12,7 +12,7 @@ use super::work::layer_flops;
 use pipewright_model::memory::MemoryBreakdown;
 use pipewright_model::shape::AttentionKind;
 use pipewright_schedule::recompute::Recompute;
-use pipewright_schedule::timetable::Timetable;
+use pipewright_schedule::Checked;
 
 /// One configuration of the ranking, with everything the table and the JSON show.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -64,7 +64,7 @@ pub struct Searched {
     pub fixed_step_s: f64,
     /// The timetable (compute actions, the recompute policy's `R`s written in).
     #[serde(skip)]
-    pub timetable: Timetable,
+    pub timetable: Checked,
 }
 
 /// Hardware FLOPs of one step as Narayanan et al. count them (the model's, plus the recomputed

@@ -84,7 +84,7 @@ impl Plan {
         };
         let tt = match &best.searched {
             Some(s) => {
-                let mut tt = s.timetable.clone();
+                let mut tt = s.timetable.timetable().clone();
                 tt.name = format!("plan: searched ({})", s.label);
                 tt
             }

@@ -278,7 +278,7 @@ fn search(
     let predicted = memory
         .predict(&found.timetable, &RecomputePlan::default())
         .map_err(|e| err(e.named(&keyword)))?;
-    let mut tt = found.timetable.clone();
+    let mut tt = found.timetable.timetable().clone();
     tt.name = format!("search: {}", found.candidates[found.best].label);
     let sim = Simulation::new(py, found.simulation.clone(), predicted.as_deref())?;
     Ok(SearchResult {

@@ -1,6 +1,7 @@
 //! `simulate` (one step or K unfenced steps), `Timeline`, `Report`, `Simulation`.
 
-use pipewright_sim::simulate::{check_steps, SimulateRequest, Simulated, SteadyState};
+use pipewright_schedule::Checked;
+use pipewright_sim::simulate::{check_steps, SimError, SimulateRequest, Simulated, SteadyState};
 use pipewright_sim::{Report as RsReport, Simulation as RsSim};
 use pyo3::prelude::*;
 
@@ -249,8 +250,10 @@ fn simulate(
     if steps > 1 {
         steps_fit(tt, steps).map_err(err)?;
     }
+    // Validated once, in the simulator's words; it takes the timetable as checked.
+    let tt = Checked::new(tt.clone()).map_err(|e| err(SimError::from(e)))?;
     // The request the CLI's `simulate` builds too: it decides one step or K.
-    let request = SimulateRequest::new(tt, &model, steps).map_err(|e| err(e.named("steps")))?;
+    let request = SimulateRequest::new(&tt, &model, steps).map_err(|e| err(e.named("steps")))?;
     let s = match py.detach(|| request.run()).map_err(err)? {
         Simulated::One(s) => {
             return Ok(Py::new(py, Simulation::new(py, s, memory.as_deref())?)?.into_any())

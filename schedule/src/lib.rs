@@ -3,7 +3,8 @@
 //! A *timetable* says, for each device, which actions it runs and in what order: forwards
 //! (`F`), backwards (`B`, or split into input-gradient `I` and weight-gradient `W`) on
 //! (stage, microbatch) pairs, and, once [`lower`]ed, the sends and receives between devices.
-//! This crate makes timetables ([`generate`]), checks them ([`validate()`]), and reads and
+//! This crate makes timetables ([`generate`]), checks them ([`validate()`]; a [`Checked`] is
+//! one that passed, the form every consumer takes), and reads and
 //! writes them (PyTorch's CSV forms, JSON, Chrome traces). It knows nothing of costs, model
 //! shapes, async, threads or GPUs: every function here is pure, so everything can be tested
 //! anywhere in milliseconds. Timing them is `pipewright-sim`'s job.
@@ -22,6 +23,7 @@
 
 pub mod action;
 pub mod cancel;
+pub mod checked;
 pub mod formats;
 pub mod generators;
 pub mod recompute;
@@ -32,6 +34,7 @@ pub mod validate;
 
 pub use action::{Action, ActionKind, ParseActionError};
 pub use cancel::Cancel;
+pub use checked::Checked;
 pub use formats::{
     chrome_trace, from_csv, to_csv, write_csv, CsvError, CsvForm, CsvSource, PytorchError,
 };

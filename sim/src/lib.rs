@@ -3,15 +3,16 @@
 //! under a memory cap ([`search`]).
 //!
 //! ```
-//! use pipewright_schedule::{generate, lower, ScheduleKind, ScheduleSpec};
+//! use pipewright_schedule::{generate, Checked, ScheduleKind, ScheduleSpec};
 //! use pipewright_sim::{simulate, CostModel, StageCost};
 //!
 //! // 4 devices, 2 model chunks each, 8 microbatches: Megatron's interleaved 1F1B.
 //! let spec = ScheduleSpec::new(ScheduleKind::Interleaved1F1B, 4, 2, 8, None)?;
-//! let lowered = lower(&generate(&spec))?;
+//! // Validated once; the simulator (like every consumer) takes it as `&Checked`.
+//! let timetable = Checked::new(generate(&spec))?;
 //! // Each chunk: forward 1, backward 2 time units; no communication cost.
 //! let costs = CostModel::uniform(spec.stages(), StageCost::new(1.0, 2.0, None)?);
-//! let sim = simulate(&lowered, &costs)?;
+//! let sim = simulate(&timetable, &costs)?;
 //! // The closed form of interleaving: bubble = (p-1)/(v*m+p-1) = 3/19.
 //! assert!((sim.report.bubble_fraction - 3.0 / 19.0).abs() < 1e-12);
 //! # Ok::<(), Box<dyn std::error::Error>>(())

@@ -4,11 +4,12 @@
 use serde::{Deserialize, Serialize};
 
 use crate::search::{CapError, MemoryCap};
-use crate::simulate::{simulate_steps, Bubbles, CostModel};
+use crate::simulate::{simulate_steps, Bubbles, CostModel, SimError};
 use pipewright_schedule::cancel::Cancel;
 use pipewright_schedule::generators::generate;
 use pipewright_schedule::spec::{ScheduleKind, ScheduleSpec};
 use pipewright_schedule::timeline::MAX_DEVICES;
+use pipewright_schedule::Checked;
 
 /// One combination's outcome. Combinations that cannot run carry `error` and no figures.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -231,8 +232,8 @@ where
 {
     let spec = ScheduleSpec::new(kind, p, v, m, None).map_err(|e| e.to_string())?;
     let model = costs(spec.stages(), p)?;
-    let steady =
-        simulate_steps(&generate(&spec), &model, SWEEP_STEPS).map_err(|e| e.to_string())?;
+    let tt = Checked::new(generate(&spec)).map_err(|e| SimError::from(e).to_string())?;
+    let steady = simulate_steps(&tt, &model, SWEEP_STEPS).map_err(|e| e.to_string())?;
     let report = steady.single.report;
     if report.makespan <= 0.0 {
         // Throughput and bubble over no time are undefined, not 0.

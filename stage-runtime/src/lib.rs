@@ -24,7 +24,7 @@
 //! use pipewright_kernels::optim::AdamWConfig;
 //! use pipewright_kernels::Tensor;
 //! use pipewright_runtime::{run, Mesh, MicrobatchData, MicrobatchId, ModuleError, Output, RunOptions, StageModule};
-//! use pipewright_schedule::{generate, ScheduleKind, ScheduleSpec};
+//! use pipewright_schedule::{generate, Checked, ScheduleKind, ScheduleSpec};
 //!
 //! /// One stage: `y = w * x`; the last one's loss is the mean squared error.
 //! struct Scale { w: f32, grad: f32, last: bool }
@@ -73,7 +73,8 @@
 //!     let x: Vec<f32> = (0..4).map(|i| (id.global() + i) as f32 / 8.0).collect();
 //!     Ok((x.clone(), x.iter().map(|x| 2.0 * x).collect()))
 //! };
-//! let tt = generate(&ScheduleSpec::new(ScheduleKind::OneFOneB, 2, 1, 4, None)?);
+//! // Validated once: `run` takes the timetable as `Checked` and does not check it again.
+//! let tt = Checked::new(generate(&ScheduleSpec::new(ScheduleKind::OneFOneB, 2, 1, 4, None)?))?;
 //! let opts = RunOptions { steps: 20, adamw: AdamWConfig { lr: 0.5, ..Default::default() }, ..Default::default() };
 //! let mut losses = Vec::new();
 //! run(
@@ -109,7 +110,7 @@
 //! ```
 //! use pipewright_kernels::gpt::GptConfig;
 //! use pipewright_runtime::{train_gpt, Mesh, RunOptions, TrainConfig};
-//! use pipewright_schedule::{generate, ScheduleKind, ScheduleSpec};
+//! use pipewright_schedule::{generate, Checked, ScheduleKind, ScheduleSpec};
 //!
 //! // 2 pipeline stages, 1F1B over 4 microbatches, 3 steps of a tiny GPT.
 //! let spec = ScheduleSpec::new(ScheduleKind::OneFOneB, 2, 1, 4, None)?;
@@ -122,7 +123,7 @@
 //!     run: RunOptions { steps: 3, ..RunOptions::default() },
 //! };
 //! let mut losses = Vec::new();
-//! train_gpt(&cfg, &generate(&spec), |s| losses.push(s.loss.unwrap()))?;
+//! train_gpt(&cfg, &Checked::new(generate(&spec))?, |s| losses.push(s.loss.unwrap()))?;
 //! assert_eq!(losses.len(), 3);
 //! assert!(losses[2] < losses[0]);
 //! # Ok::<(), Box<dyn std::error::Error>>(())

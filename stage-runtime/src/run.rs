@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use pipewright_kernels::Tensor;
 use pipewright_model::memory::MemoryBreakdown;
-use pipewright_schedule::{lower, validate, Timeline, TimelineMeta, TimelineSource, Timetable};
+use pipewright_schedule::{Checked, Timeline, TimelineMeta, TimelineSource, Timetable};
 
 use crate::batch::{MicrobatchId, StepBatch};
 use crate::comm::local::{HostOps, LocalOps, LocalWorld};
@@ -78,8 +78,8 @@ impl StepRecord {
 /// Parameters after the run, from each stage's DP 0 replicas: `(stage, tp rank) -> flat values`.
 pub type FinalParams = BTreeMap<(u32, usize), Vec<f32>>;
 
-/// The lowered, validated timetable a mesh runs.
-pub fn prepare(tt: &Timetable, mesh: &Mesh) -> Result<Timetable, RuntimeError> {
+/// The lowered timetable a mesh runs (validated by the caller: a [`Checked`]).
+pub fn prepare(tt: &Checked, mesh: &Mesh) -> Result<Checked, RuntimeError> {
     if tt.num_devices() as usize != mesh.pp {
         return Err(RuntimeError::Timetable(format!(
             "it has {} devices, but the mesh has pp = {}",
@@ -87,13 +87,10 @@ pub fn prepare(tt: &Timetable, mesh: &Mesh) -> Result<Timetable, RuntimeError> {
             mesh.pp
         )));
     }
-    let low = if tt.is_lowered() {
-        tt.clone()
-    } else {
-        lower(tt).map_err(|e| RuntimeError::Timetable(e.to_string()))?
-    };
-    validate(&low).map_err(|e| RuntimeError::Timetable(e.to_string()))?;
-    Ok(low)
+    let low = tt
+        .lowered()
+        .map_err(|e| RuntimeError::Timetable(e.to_string()))?;
+    Ok(low.into_owned())
 }
 
 /// Run `opts.steps` steps of `tt` over `mesh`. `make(coord, stage)` builds a rank's module
@@ -105,7 +102,7 @@ pub fn prepare(tt: &Timetable, mesh: &Mesh) -> Result<Timetable, RuntimeError> {
 /// before the run and compared with replica 0's, and replicas that differ are refused.
 pub fn run<M, MF, DF, CB>(
     mesh: Mesh,
-    tt: &Timetable,
+    tt: &Checked,
     make: MF,
     data: DF,
     opts: &RunOptions,
@@ -127,7 +124,7 @@ where
 /// share it. The CUDA-local transport runs through here.
 pub fn run_local<K, M, OF, MF, DF, CB>(
     mesh: Mesh,
-    tt: &Timetable,
+    tt: &Checked,
     ops: OF,
     make: MF,
     data: DF,

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use pipewright_kernels::cuda::{CudaBackend, CudaTensor};
-use pipewright_schedule::Timetable;
+use pipewright_schedule::Checked;
 
 use crate::batch::MicrobatchId;
 use crate::comm::cuda_local::CudaOps;
@@ -21,7 +21,7 @@ use crate::run::{run_local, FinalParams, StepRecord};
 /// is [`run`](crate::run()).
 pub fn run_cuda_local<M, MF, DF, CB>(
     mesh: Mesh,
-    tt: &Timetable,
+    tt: &Checked,
     ordinal: usize,
     make: MF,
     data: DF,

@@ -15,7 +15,7 @@ use mpi::collective::CommunicatorCollectives;
 use mpi::environment::Universe;
 use mpi::topology::Communicator as _;
 use pipewright_kernels::PrecisionExt;
-use pipewright_schedule::{Event, Timetable};
+use pipewright_schedule::{Checked, Event, Timetable};
 
 use crate::batch::MicrobatchId;
 use crate::comm::mpi::MpiComm;
@@ -41,7 +41,7 @@ const PARAMS_TAG: c_int = 2;
 pub fn run_mpi<M, MF, DF, CB>(
     universe: Universe,
     mesh: Mesh,
-    tt: &Timetable,
+    tt: &Checked,
     make: MF,
     data: DF,
     opts: &RunOptions,
@@ -80,10 +80,10 @@ where
 pub(crate) fn start(
     universe: Universe,
     mesh: Mesh,
-    tt: &Timetable,
+    tt: &Checked,
     opts: &RunOptions,
     describe: &str,
-) -> Result<(MpiComm, Timetable), RuntimeError> {
+) -> Result<(MpiComm, Checked), RuntimeError> {
     let world_size = universe.world().size() as usize;
     if world_size != mesh.world_size() {
         return Err(RuntimeError::Mesh(MeshError::WorldSize {

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use pipewright_kernels::cuda::{CudaBackend, CudaTensor};
-use pipewright_schedule::Timetable;
+use pipewright_schedule::Checked;
 
 use crate::batch::MicrobatchId;
 use crate::comm::nccl::{NcclComm, NcclSetup};
@@ -33,7 +33,7 @@ use crate::run::{prepare, run_rank, FinalParams, RankContext};
 #[allow(clippy::too_many_arguments)]
 pub fn run_nccl_rank<M, MF, DF, OF>(
     mesh: Mesh,
-    tt: &Timetable,
+    tt: &Checked,
     rank: usize,
     backend: Arc<CudaBackend>,
     rendezvous: &mut dyn Rendezvous,
@@ -73,7 +73,7 @@ impl NcclRank<'_> {
     /// Connect (every communicator of the run, ids through `rendezvous`) and run every step.
     pub(crate) fn run<M, MF, DF, OF>(
         self,
-        tt: &Timetable,
+        tt: &Checked,
         rendezvous: &mut dyn Rendezvous,
         make: MF,
         data: DF,

@@ -21,7 +21,7 @@ use mpi::collective::CommunicatorCollectives;
 use mpi::environment::Universe;
 use pipewright_kernels::cuda::{CudaBackend, CudaTensor};
 use pipewright_kernels::Precision;
-use pipewright_schedule::Timetable;
+use pipewright_schedule::Checked;
 
 use crate::batch::MicrobatchId;
 use crate::comm::mpi::MpiComm;
@@ -48,7 +48,7 @@ use crate::run_nccl::NcclRank;
 pub fn run_nccl_mpi<M, MF, DF, CB>(
     universe: Universe,
     mesh: Mesh,
-    tt: &Timetable,
+    tt: &Checked,
     make: MF,
     data: DF,
     opts: &RunOptions,

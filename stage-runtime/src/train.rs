@@ -5,7 +5,7 @@ use std::sync::Arc;
 use pipewright_kernels::gpt::GptConfig;
 use pipewright_kernels::layers::TpShard;
 use pipewright_kernels::{Backend, Cpu};
-use pipewright_schedule::Timetable;
+use pipewright_schedule::{Checked, Timetable};
 
 use crate::batch::MicrobatchId;
 use crate::data::{progression_batch, TokenBatch};
@@ -60,7 +60,7 @@ pub fn gpt_data(cfg: &TrainConfig, id: MicrobatchId) -> TokenBatch {
 /// parameters of every stage and TP shard.
 pub fn train_gpt(
     cfg: &TrainConfig,
-    tt: &Timetable,
+    tt: &Checked,
     on_step: impl FnMut(&StepRecord),
 ) -> Result<FinalParams, RuntimeError> {
     let g = GptRun::new(cfg, tt)?;
@@ -82,7 +82,7 @@ pub fn train_gpt(
 #[cfg(feature = "cuda")]
 pub fn train_gpt_cuda(
     cfg: &TrainConfig,
-    tt: &Timetable,
+    tt: &Checked,
     ordinal: usize,
     on_step: impl FnMut(&StepRecord),
 ) -> Result<FinalParams, RuntimeError> {
@@ -105,7 +105,7 @@ pub fn train_gpt_cuda(
 #[cfg(feature = "nccl")]
 pub fn train_gpt_nccl_rank(
     cfg: &TrainConfig,
-    tt: &Timetable,
+    tt: &Checked,
     rank: usize,
     backend: Arc<pipewright_kernels::cuda::CudaBackend>,
     ids: &mut dyn crate::comm::rendezvous::Rendezvous,
@@ -133,7 +133,7 @@ pub fn train_gpt_nccl_rank(
 pub fn train_gpt_mpi(
     universe: mpi::environment::Universe,
     cfg: &TrainConfig,
-    tt: &Timetable,
+    tt: &Checked,
     on_step: impl FnMut(&StepRecord),
 ) -> Result<Option<FinalParams>, RuntimeError> {
     let g = GptRun::new(cfg, tt)?;
@@ -158,7 +158,7 @@ pub fn train_gpt_mpi(
 pub fn train_gpt_nccl_mpi(
     universe: mpi::environment::Universe,
     cfg: &TrainConfig,
-    tt: &Timetable,
+    tt: &Checked,
     on_step: impl FnMut(&StepRecord),
 ) -> Result<Option<FinalParams>, RuntimeError> {
     let g = GptRun::new(cfg, tt)?;

@@ -21,7 +21,7 @@ use pipewright_kernels::gpt::GptConfig;
 use pipewright_kernels::optim::AdamWConfig;
 use pipewright_kernels::Precision;
 use pipewright_runtime::{train_gpt, train_gpt_cuda, FinalParams, Mesh, RunOptions, TrainConfig};
-use pipewright_schedule::{generate, ScheduleKind, ScheduleSpec, Timetable};
+use pipewright_schedule::{generate, Checked, ScheduleKind, ScheduleSpec};
 
 const STEPS: u64 = 8;
 
@@ -46,8 +46,9 @@ fn config(mesh: Mesh) -> TrainConfig {
     }
 }
 
-fn timetable(kind: ScheduleKind, p: u32, v: u32, m: u32) -> Timetable {
-    generate(&ScheduleSpec::new(kind, p, v, m, None).expect("spec"))
+fn timetable(kind: ScheduleKind, p: u32, v: u32, m: u32) -> Checked {
+    let tt = generate(&ScheduleSpec::new(kind, p, v, m, None).expect("spec"));
+    Checked::new(tt).expect("a generated timetable is valid")
 }
 
 /// Losses and parameters of `b` within 1e-3 of `a` (relative to the largest magnitude).
@@ -90,7 +91,7 @@ fn assert_within(
     }
 }
 
-fn cpu_run(cfg: &TrainConfig, tt: &Timetable) -> (Vec<f32>, FinalParams) {
+fn cpu_run(cfg: &TrainConfig, tt: &Checked) -> (Vec<f32>, FinalParams) {
     let mut losses = Vec::new();
     let params = train_gpt(cfg, tt, |s| losses.push(s.loss.expect("loss"))).expect("cpu run");
     (losses, params)
@@ -103,11 +104,11 @@ fn assert_falls(what: &str, losses: &[f32]) {
     assert!(last < 0.95 * first, "{what}: the loss falls: {losses:?}");
 }
 
-fn check_cuda_local(mesh: Mesh, tt: &Timetable) {
+fn check_cuda_local(mesh: Mesh, tt: &Checked) {
     check_cuda_local_with(config(mesh), tt)
 }
 
-fn check_cuda_local_with(cfg: TrainConfig, tt: &Timetable) {
+fn check_cuda_local_with(cfg: TrainConfig, tt: &Checked) {
     if gpu_for_tests(0).is_none() {
         return;
     }

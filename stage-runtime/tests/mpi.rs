@@ -17,7 +17,7 @@ use pipewright_runtime::{
     run, run_mpi, shard_range, train_gpt, train_gpt_mpi, Communicator, Coord, FinalParams,
     GroupKind, LocalWorld, Mesh, ReduceOp, RunOptions, TrainConfig, Zero,
 };
-use pipewright_schedule::{generate, ScheduleKind, ScheduleSpec, Timetable};
+use pipewright_schedule::{generate, Checked, ScheduleKind, ScheduleSpec};
 
 #[allow(dead_code)]
 #[path = "common/user_mlp.rs"]
@@ -43,8 +43,9 @@ fn config(mesh: Mesh, steps: u64, timeout: Duration) -> TrainConfig {
     }
 }
 
-fn timetable(kind: ScheduleKind, v: u32) -> Timetable {
-    generate(&ScheduleSpec::new(kind, 2, v, 4, None).expect("a valid spec"))
+fn timetable(kind: ScheduleKind, v: u32) -> Checked {
+    let tt = generate(&ScheduleSpec::new(kind, 2, v, 4, None).expect("a valid spec"));
+    Checked::new(tt).expect("a generated timetable is valid")
 }
 
 /// `mpirun -np n` of this test binary running only `test`, as a rank.

@@ -7,7 +7,7 @@ use clap::parser::ValueSource;
 use clap::{ArgMatches, Args, FromArgMatches, ValueEnum};
 use pipewright::schedule::simulate::{CostOptions, CostSource};
 use pipewright::schedule::{
-    generate, recompute, CostModel, RawSpec, RecomputeError, RecomputePlan, ScheduleKind,
+    generate, recompute, Checked, CostModel, RawSpec, RecomputeError, RecomputePlan, ScheduleKind,
     ScheduleSpec, StageCost, Timetable,
 };
 
@@ -192,7 +192,7 @@ impl SourceArgs {
     }
 
     /// The timetable, and for a generated one its spec; with `--recompute`, with its `R`s.
-    pub fn timetable(&self) -> Result<(Timetable, Option<ScheduleSpec>)> {
+    pub fn timetable(&self) -> Result<(Checked, Option<ScheduleSpec>)> {
         let (tt, spec) = match &self.timetable {
             Some(path) => {
                 let tt = crate::cli::io::load_timetable(path)?;
@@ -202,7 +202,7 @@ impl SourceArgs {
             None => {
                 let spec = self.spec.spec()?;
                 self.spec.fits(1)?;
-                (generate(&spec), Some(spec))
+                (checked(generate(&spec))?, Some(spec))
             }
         };
         if self.recompute.is_none() {
@@ -211,7 +211,7 @@ impl SourceArgs {
         self.recompute
             .check(tt.num_stages())
             .map_err(|e| anyhow::anyhow!("--recompute: {e}"))?;
-        Ok((recompute::insert(&tt, &self.recompute), spec))
+        Ok((checked(recompute::insert(&tt, &self.recompute))?, spec))
     }
 
     /// Refuse a schedule flag given beside `path` that contradicts it or that it cannot
@@ -473,4 +473,10 @@ pub fn mpi_universe() -> Result<MpiUniverse> {
 #[cfg(not(feature = "mpi"))]
 pub fn mpi_universe() -> Result<MpiUniverse> {
     bail!("--transport mpi: this pipewright was built without MPI; rebuild with MPI: cargo build --release --features mpi (needs OpenMPI)")
+}
+
+/// A timetable the flags made, validated once for every consumer; refused in the words the
+/// simulator used when it validated it itself.
+pub fn checked(tt: Timetable) -> Result<Checked> {
+    Ok(Checked::new(tt).map_err(pipewright::sim::SimError::from)?)
 }

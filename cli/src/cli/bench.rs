@@ -9,7 +9,7 @@ use pipewright::runtime::{
     run, Coord, FinalParams, Mesh, MicrobatchId, ModuleError, RunOptions, StepRecord,
     SyntheticModule,
 };
-use pipewright::schedule::{simulate, CostModel, Simulation, Timetable};
+use pipewright::schedule::{simulate, Checked, CostModel, Simulation, Timetable};
 use pipewright::viz::{bubble_chart, ChartOptions, ChartPanel, ImageFormat};
 
 use super::args::{mpi_universe, CostArgs, SourceArgs, Transport};
@@ -110,7 +110,7 @@ impl BenchCmd {
     }
 
     /// Run the steps over the transport; `None` on an MPI rank other than 0.
-    fn measure(&self, tt: &Timetable, model: &CostModel) -> Result<Option<Vec<StepRecord>>> {
+    fn measure(&self, tt: &Checked, model: &CostModel) -> Result<Option<Vec<StepRecord>>> {
         let mesh = Mesh::new(tt.num_devices() as usize, 1, 1)?;
         let last = tt.num_stages() - 1;
         let make = |_: Coord, s: u32| {
@@ -185,7 +185,7 @@ impl BenchCmd {
 fn bench_mpi(
     u: pipewright::runtime::comm::mpi::Universe,
     mesh: Mesh,
-    tt: &Timetable,
+    tt: &Checked,
     make: impl Fn(Coord, u32) -> Result<SyntheticModule, pipewright::runtime::ModuleError>,
     data: impl Fn(MicrobatchId) -> Result<(), ModuleError>,
     opts: &RunOptions,
@@ -201,7 +201,7 @@ fn bench_mpi(
 fn bench_mpi(
     u: std::convert::Infallible,
     _: Mesh,
-    _: &Timetable,
+    _: &Checked,
     _: impl Fn(Coord, u32) -> Result<SyntheticModule, pipewright::runtime::ModuleError>,
     _: impl Fn(MicrobatchId) -> Result<(), ModuleError>,
     _: &RunOptions,

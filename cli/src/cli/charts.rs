@@ -9,15 +9,15 @@ use pipewright::schedule::search::MemoryCap;
 use pipewright::schedule::simulate::{SimulateRequest, Simulated};
 use pipewright::schedule::sweep::{SweepRequest, SweepRequestError};
 use pipewright::schedule::{
-    best, generate, parse_counts, simulate, sweep, Report, ScheduleKind, ScheduleSpec, SweepGrid,
-    SweepRow, Timeline,
+    best, generate, parse_counts, simulate, sweep, Checked, Report, ScheduleKind, ScheduleSpec,
+    SweepGrid, SweepRow, Timeline,
 };
 use pipewright::viz::{
     bubble_chart, drawable, sweep_plot, terminal_chart, ChartOptions, ChartPanel, ImageFormat,
     SweepPoint, SweepSeries, MIN_TERM_COLUMNS as MIN_COLUMNS,
 };
 
-use super::args::{spec_flag, CostArgs, FileShape, SourceArgs};
+use super::args::{checked, spec_flag, CostArgs, FileShape, SourceArgs};
 use super::checks::{Kind, Output};
 use super::commands::simulation;
 use super::console;
@@ -201,11 +201,11 @@ impl VizCmd {
                 u64::from(self.steps),
             )?;
             if self.steps > 1 {
-                out.push(self.steady(&generate(&spec))?);
+                out.push(self.steady(&checked(generate(&spec))?)?);
                 continue;
             }
             let model = self.costs.model(spec.stages(), spec.devices())?;
-            let sim = simulate(&generate(&spec), &model)?;
+            let sim = simulate(&checked(generate(&spec))?, &model)?;
             out.push((sim.timeline, sim.report));
         }
         if out.is_empty() {
@@ -240,7 +240,7 @@ impl VizCmd {
 
     /// `--steps K` of one timetable: its K-step timeline and a report over all of it, through
     /// the library's request (the one `simulate --steps` and Python's `simulate` build).
-    fn steady(&self, tt: &pipewright::schedule::Timetable) -> Result<(Timeline, Report)> {
+    fn steady(&self, tt: &Checked) -> Result<(Timeline, Report)> {
         super::steady::fits_steps(tt, self.steps)?;
         let model = self.costs.model(tt.num_stages(), tt.num_devices())?;
         let request = SimulateRequest::new(tt, &model, self.steps)

@@ -215,8 +215,12 @@ impl ValidateCmd {
         } else {
             Semantics::Buffered
         };
-        let v = validate_with(&tt, semantics)
-            .map_err(|e| anyhow::anyhow!("{}: {e}", self.file.display()))?;
+        // Read means validated (buffered); only rendezvous sends need a second look.
+        let v = match semantics {
+            Semantics::Buffered => tt.facts(),
+            Semantics::Rendezvous => validate_with(&tt, semantics)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", self.file.display()))?,
+        };
         let (p, s, m) = (tt.num_devices(), tt.num_stages(), tt.microbatches);
         Ok(
             serde_json::json!({"valid": true, "devices": p, "stages": s, "microbatches": m,

@@ -4,7 +4,7 @@ use std::path::Path;
 
 use anyhow::{anyhow, Context, Result};
 
-use pipewright::schedule::{from_csv, validate, CostModel, Timeline, Timetable};
+use pipewright::schedule::{from_csv, Checked, CostModel, Timeline, Timetable};
 
 pub use pipewright::input::FileKind;
 
@@ -48,7 +48,7 @@ pub fn load_timeline(path: &Path) -> Result<Timeline> {
 
 /// Read a timetable file (PyTorch CSV, or pipewright JSON when it starts with `{`) and
 /// validate it; errors name the file and, for CSV, the line and column.
-pub fn load_timetable(path: &Path) -> Result<Timetable> {
+pub fn load_timetable(path: &Path) -> Result<Checked> {
     let name = path.display();
     let text = read_text(path)?;
     // The name decides the reader where it can, so a .json file's error is JSON's; other
@@ -70,7 +70,10 @@ pub fn load_timetable(path: &Path) -> Result<Timetable> {
     // table is built by them (the validator's `check_sparse`).
     let spm = (tt.compute_len() / 2) as u64;
     super::budget::timetable(&name.to_string(), spm, 1)?;
-    let Err(e) = validate(&tt) else { return Ok(tt) };
+    let (e, tt) = match Checked::new_or_back(tt) {
+        Ok(checked) => return Ok(checked),
+        Err(bad) => *bad,
+    };
     // Point at the cell in a CSV; a JSON timetable has no lines per action.
     let at = source.and_then(|src| src.locate(&e));
     let head = match at {

@@ -11,7 +11,7 @@ use super::timetable_out::CommsArg;
 
 /// The best's timetable when it is a searched one.
 pub fn timetable(best: &PlanRow) -> Option<&Timetable> {
-    best.searched.as_ref().map(|s| &s.timetable)
+    best.searched.as_ref().map(|s| s.timetable.timetable())
 }
 
 /// The text of the best's searched timetable for `path` (CSV in PyTorch's form,

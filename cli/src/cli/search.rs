@@ -213,7 +213,7 @@ impl SearchCmd {
     ) -> Result<(Option<String>, Vec<String>)> {
         let best = match &self.timetable_out {
             Some(path) => {
-                let mut tt = found.timetable.clone();
+                let mut tt = found.timetable.timetable().clone();
                 tt.name = format!("search: {}", found.candidates[found.best].label);
                 Some(self.comms.text(&tt, path)?)
             }

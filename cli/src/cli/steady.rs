@@ -8,7 +8,7 @@ use pipewright::runtime::StepRecord;
 use pipewright::schedule::simulate::{
     period_of_starts, simulate_steps, step_starts, SimulateRequest, Simulated, SteadyState,
 };
-use pipewright::schedule::{CostModel, Report, Timeline, Timetable};
+use pipewright::schedule::{Checked, CostModel, Report, Timeline, Timetable};
 use serde_json::{json, Value};
 
 use super::args::{CostArgs, SourceArgs};
@@ -170,7 +170,7 @@ pub fn period_line(period_ms: Option<f64>, tokens: f64) -> String {
 /// `bench`'s measured period of its recorded steps, and the simulated period of as many
 /// unfenced steps (at least 3, so both skip one warm-up step the same way).
 pub fn bench_periods(
-    tt: &Timetable,
+    tt: &Checked,
     model: &CostModel,
     steps: &[StepRecord],
 ) -> Result<(Option<f64>, f64)> {

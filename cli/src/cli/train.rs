@@ -10,7 +10,7 @@ use pipewright::runtime::{
     train_gpt, FinalParams, Mesh, RuntimeError, StepRecord, StepReport, TrainConfig, TrainRequest,
     TrainRequestError, Zero,
 };
-use pipewright::schedule::{Timeline, Timetable};
+use pipewright::schedule::{Checked, Timeline, Timetable};
 use pipewright::viz::{
     bubble_chart_with_memory, ChartOptions, ChartPanel, ImageFormat, MemoryBars,
 };
@@ -420,7 +420,7 @@ fn is_rank_zero(u: &std::convert::Infallible) -> bool {
 fn train_mpi(
     u: pipewright::runtime::comm::mpi::Universe,
     cfg: &TrainConfig,
-    tt: &Timetable,
+    tt: &Checked,
     on_step: impl FnMut(&StepRecord),
 ) -> Result<Option<FinalParams>> {
     pipewright::runtime::train_gpt_mpi(u, cfg, tt, on_step).map_err(launch_hint)
@@ -444,7 +444,7 @@ pub(super) fn launch_hint(e: pipewright::runtime::RuntimeError) -> anyhow::Error
 fn train_mpi(
     u: std::convert::Infallible,
     _: &TrainConfig,
-    _: &Timetable,
+    _: &Checked,
     _: impl FnMut(&StepRecord),
 ) -> Result<Option<FinalParams>> {
     match u {}
@@ -454,7 +454,7 @@ fn train_mpi(
 fn train_nccl(
     u: MpiUniverse,
     cfg: &TrainConfig,
-    tt: &Timetable,
+    tt: &Checked,
     on_step: impl FnMut(&StepRecord),
 ) -> Result<Option<FinalParams>> {
     pipewright::runtime::train_gpt_nccl_mpi(u, cfg, tt, on_step).map_err(launch_hint)
@@ -466,7 +466,7 @@ fn train_nccl(
 fn train_nccl(
     _: MpiUniverse,
     _: &TrainConfig,
-    _: &Timetable,
+    _: &Checked,
     _: impl FnMut(&StepRecord),
 ) -> Result<Option<FinalParams>> {
     bail!("--transport nccl: this pipewright was built without NCCL and MPI")
@@ -475,7 +475,7 @@ fn train_nccl(
 #[cfg(feature = "cuda")]
 fn train_cuda(
     cfg: &TrainConfig,
-    tt: &Timetable,
+    tt: &Checked,
     ordinal: usize,
     on_step: impl FnMut(&StepRecord),
 ) -> Result<FinalParams> {
@@ -487,7 +487,7 @@ fn train_cuda(
 #[cfg(not(feature = "cuda"))]
 fn train_cuda(
     _: &TrainConfig,
-    _: &Timetable,
+    _: &Checked,
     _: usize,
     _: impl FnMut(&StepRecord),
 ) -> Result<FinalParams> {

@@ -10,7 +10,7 @@ use example::{close, one_device, train};
 use pipewright::kernels::layers::Parameters;
 use pipewright::kernels::optim::AdamWConfig;
 use pipewright::runtime::{Mesh, RunOptions};
-use pipewright::schedule::{generate, ScheduleKind, ScheduleSpec};
+use pipewright::schedule::{generate, Checked, ScheduleKind, ScheduleSpec};
 
 const LAYERS: usize = 8;
 const STEPS: u64 = 3;
@@ -21,7 +21,10 @@ fn check(kind: ScheduleKind, v: u32, pp: usize, dp: usize) {
     } else {
         4
     };
-    let tt = generate(&ScheduleSpec::new(kind, pp as u32, v, m, None).unwrap());
+    let tt = Checked::new(generate(
+        &ScheduleSpec::new(kind, pp as u32, v, m, None).unwrap(),
+    ))
+    .unwrap();
     let opts = RunOptions {
         steps: STEPS,
         adamw: AdamWConfig {

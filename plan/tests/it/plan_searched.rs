@@ -7,7 +7,7 @@ use pipewright_plan::costs::cost_model;
 use pipewright_plan::fit::{memory_config, worst};
 use pipewright_plan::listed::{configuration, period, MAX_SEARCHED_SIZE};
 use pipewright_plan::{plan, Cluster, Fixed, PlanRequest};
-use pipewright_schedule::{from_csv, lower, to_csv, validate};
+use pipewright_schedule::{from_csv, lower, to_csv, Checked};
 
 /// 16 layers of d_model 2048 with a 128k vocabulary (a heavy LM head on the last stage) on
 /// 4 GPUs of 14 GiB: 1F1B-like families fit only by recomputing, or hold fewer microbatches
@@ -65,7 +65,7 @@ fn a_list_schedule_that_beats_every_family_ranks_first_with_its_own_period() {
     // and its simulated period and predicted memory are the row's.
     let csv = to_csv(&lower(&searched.timetable).unwrap());
     let (back, _) = from_csv(&csv).unwrap();
-    validate(&back).unwrap();
+    let back = Checked::new(back).unwrap();
     let (costs, _) = cost_model(&req, &best.config);
     let again = period(&back, &costs).unwrap();
     assert!(

@@ -5,10 +5,11 @@ use super::{
     budget, fixed_label, key, list_schedule, peak_units_kept, recompute, refused, round_schedule,
     whole, Candidate, Job, MemoryCap, Ordered, Progress, SearchSpec, Shape, PERIOD_STEPS,
 };
-use crate::simulate::{simulate_steps, Simulation, SteadyError, SteadyState};
+use crate::simulate::{simulate_steps, SimError, Simulation, SteadyError, SteadyState};
 use pipewright_schedule::generators::generate;
 use pipewright_schedule::spec::{ScheduleKind, ScheduleSpec};
 use pipewright_schedule::timetable::Timetable;
+use pipewright_schedule::Checked;
 
 pub(super) type Evaluated = Result<Candidate, (String, String)>;
 
@@ -18,7 +19,7 @@ pub(super) struct Best {
     /// The objective, the peak, and 1 for the list scheduler and the rounds heuristic: a fixed
     /// family wins a tie whichever was evaluated first (and among the others, the earlier job).
     pub(super) key: (Ordered, Ordered, u8),
-    pub(super) timetable: Timetable,
+    pub(super) timetable: Checked,
     pub(super) simulation: Simulation,
 }
 
@@ -110,7 +111,7 @@ fn over_cap(tt: &Timetable, job: &Job, spec: &SearchSpec, shapes: &[Option<Shape
     peak > cap + 1e-9
 }
 
-type Kept = Option<(Timetable, Simulation)>;
+type Kept = Option<(Checked, Simulation)>;
 
 /// Evaluate one job; `generated` is a fixed family's timetable when already made.
 fn evaluate(
@@ -127,6 +128,8 @@ fn evaluate(
     if let Some(why) = refused(&tt, spec) {
         return Err((label, why.into()));
     }
+    // Validated once here; the simulator takes it as checked.
+    let tt = Checked::new(tt).map_err(|e| (label.clone(), SimError::from(e).to_string()))?;
     let sim = simulate_steps(&tt, &shape.costs, PERIOD_STEPS)
         .map_err(|e| (label.clone(), steady_reason(e)))?;
     let cand = describe((label, family, job.v()), &tt, &sim, shape, unit, spec);

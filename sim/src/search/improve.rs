@@ -16,6 +16,7 @@ use std::collections::HashMap;
 use crate::simulate::{simulate_steps, CostModel, SteadyState};
 use pipewright_schedule::action::{Action, ActionKind};
 use pipewright_schedule::timetable::Timetable;
+use pipewright_schedule::Checked;
 
 use super::memory::peak_units_kept;
 use super::{Objective, PERIOD_STEPS};
@@ -37,9 +38,9 @@ pub struct Improve<'a> {
 }
 
 /// A better timetable than `tt`, if moves into gaps found one.
-pub fn improve(tt: &Timetable, how: &Improve<'_>) -> Option<(Timetable, SteadyState)> {
+pub fn improve(tt: &Checked, how: &Improve<'_>) -> Option<(Checked, SteadyState)> {
     let start = simulate_steps(tt, how.costs, PERIOD_STEPS).ok()?;
-    let mut best: Option<(Timetable, SteadyState)> = None;
+    let mut best: Option<(Checked, SteadyState)> = None;
     let mut spent = 1;
     loop {
         let (cur_tt, cur_sim) = best.as_ref().map_or((tt, &start), |(t, s)| (t, s));
@@ -49,7 +50,7 @@ pub fn improve(tt: &Timetable, how: &Improve<'_>) -> Option<(Timetable, SteadySt
                 break;
             }
             spent += 1;
-            let mut next = cur_tt.clone();
+            let mut next = cur_tt.timetable().clone();
             let a = next.devices[d].remove(from);
             next.devices[d].insert(to, a);
             let w = how.weights;
@@ -59,6 +60,10 @@ pub fn improve(tt: &Timetable, how: &Improve<'_>) -> Option<(Timetable, SteadySt
             if peak > how.cap + 1e-9 {
                 continue;
             }
+            // A move can break the order: each moved timetable is validated afresh.
+            let Ok(next) = Checked::new(next) else {
+                continue;
+            };
             let Ok(s) = simulate_steps(&next, how.costs, PERIOD_STEPS) else {
                 continue;
             };

@@ -253,11 +253,15 @@ mod tests {
     use super::*;
     use crate::simulate::{simulate, StageCost};
     use pipewright_schedule::spec::{ScheduleKind, ScheduleSpec};
+    use pipewright_schedule::Checked;
 
     /// Per-device peaks of a family on `p` devices, `m` microbatches, one unit per stage and
     /// `r` of it held after I until W, counted in units and by the simulator in bytes.
     fn peaks(kind: ScheduleKind, p: u32, m: u32, r: f64) -> (Vec<f64>, Vec<f64>) {
-        let tt = pipewright_schedule::generate(&ScheduleSpec::new(kind, p, 1, m, None).unwrap());
+        let tt = Checked::new(pipewright_schedule::generate(
+            &ScheduleSpec::new(kind, p, 1, m, None).unwrap(),
+        ))
+        .unwrap();
         let mut c = StageCost::new(1.0, 2.0, Some(1.0)).unwrap();
         c.activation_bytes = 1000;
         c.w_memory = r;

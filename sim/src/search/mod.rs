@@ -71,6 +71,7 @@ use pipewright_schedule::cancel::Cancel;
 use pipewright_schedule::generators::generate;
 use pipewright_schedule::spec::{Placement, ScheduleKind, ScheduleSpec};
 use pipewright_schedule::timetable::Timetable;
+use pipewright_schedule::Checked;
 use runners::{refused, runners_up};
 
 /// What to search.
@@ -232,8 +233,8 @@ pub struct SearchOutcome {
     pub best: usize,
     /// Index of the best fitting fixed-family candidate, if any fits.
     pub best_fixed: Option<usize>,
-    /// The best timetable (compute actions only).
-    pub timetable: Timetable,
+    /// The best timetable (compute actions only), validated.
+    pub timetable: Checked,
     /// Its simulation (one step).
     pub simulation: Simulation,
     /// The objective it was chosen by.

@@ -143,6 +143,7 @@ mod tests {
     use super::*;
     use crate::{measured_costs, simulate, CostModel, StageCost};
     use pipewright_schedule::timeline::{Event, TimelineMeta, TimelineSource};
+    use pipewright_schedule::Checked;
     use pipewright_schedule::{generate, ScheduleKind, ScheduleSpec};
 
     fn event(device: u32, action: &str, start: f64, end: f64) -> Event {
@@ -246,7 +247,7 @@ mod tests {
     /// Simulate with hand-off latency `l`, measure the costs back from the simulated step,
     /// simulate again: the same latency and the same makespan.
     fn round_trip(spec: ScheduleSpec, l: f64) {
-        let tt = generate(&spec);
+        let tt = Checked::new(generate(&spec)).unwrap();
         let mut cost = StageCost::new(1.0, 2.0, Some(0.75)).unwrap();
         cost.p2p_time = None;
         let mut costs = CostModel::uniform(spec.stages(), cost);
@@ -293,7 +294,7 @@ mod tests {
         let costs = CostModel::uniform(1, StageCost::new(1.0, 2.0, None).unwrap())
             .with_link(0.5, None)
             .unwrap();
-        let sim = simulate(&generate(&spec), &costs).unwrap();
+        let sim = simulate(&Checked::new(generate(&spec)).unwrap(), &costs).unwrap();
         let raw = measured_costs(&[&sim.timeline]).unwrap();
         assert_eq!(raw.p2p_latency, None);
         let source = raw.source.unwrap();

@@ -168,6 +168,7 @@ fn stage_cost(
 mod tests {
     use super::*;
     use crate::{simulate, CostModel, StageCost};
+    use pipewright_schedule::Checked;
     use pipewright_schedule::{generate, ScheduleKind, ScheduleSpec};
 
     #[test]
@@ -175,7 +176,7 @@ mod tests {
         let spec = ScheduleSpec::new(ScheduleKind::ZbH1, 3, 1, 6, None).unwrap();
         let mut costs = CostModel::uniform(3, StageCost::new(1.0, 3.0, Some(1.25)).unwrap());
         costs.stages[2].f = 2.5;
-        let sim = simulate(&generate(&spec), &costs).unwrap();
+        let sim = simulate(&Checked::new(generate(&spec)).unwrap(), &costs).unwrap();
         let raw = measured_costs(&[&sim.timeline]).unwrap();
         let back = raw.resolve(3).unwrap();
         for (got, want) in back.stages.iter().zip(&costs.stages) {
@@ -186,7 +187,7 @@ mod tests {
         }
         // A full-backward schedule measures b, and the reader splits it evenly.
         let spec = ScheduleSpec::new(ScheduleKind::OneFOneB, 3, 1, 6, None).unwrap();
-        let sim = simulate(&generate(&spec), &costs).unwrap();
+        let sim = simulate(&Checked::new(generate(&spec)).unwrap(), &costs).unwrap();
         let back = measured_costs(&[&sim.timeline])
             .unwrap()
             .resolve(3)

@@ -37,8 +37,10 @@ pub use steady::{
 use host::HostPlan;
 use pipewright_schedule::action::{Action, ActionKind};
 use pipewright_schedule::timeline::{Event, Timeline, TimelineMeta, TimelineSource};
-use pipewright_schedule::timetable::{lower, LowerError, Timetable};
-use pipewright_schedule::validate::{validate, ValidationError};
+use pipewright_schedule::timetable::{LowerError, Timetable};
+use pipewright_schedule::validate::ValidationError;
+use pipewright_schedule::Checked;
+use std::borrow::Cow;
 
 /// A simulated step: what ran when, and the figures that summarise it.
 #[derive(Clone, Debug, PartialEq)]
@@ -66,8 +68,8 @@ pub enum SimError {
     Host(#[from] HostError),
 }
 
-/// Validate, lower if needed, and simulate one step of `tt` under `costs`.
-pub fn simulate(tt: &Timetable, costs: &CostModel) -> Result<Simulation, SimError> {
+/// Lower `tt` if needed, and simulate one step of it under `costs`.
+pub fn simulate(tt: &Checked, costs: &CostModel) -> Result<Simulation, SimError> {
     let (tt, host) = prepare(tt, costs)?;
     let events = Engine::new(&tt, costs, None, host.as_ref()).run();
     let timeline = Timeline {
@@ -78,12 +80,12 @@ pub fn simulate(tt: &Timetable, costs: &CostModel) -> Result<Simulation, SimErro
     Ok(Simulation { timeline, report })
 }
 
-/// Check that `costs` cover `tt`, validate it, and lower it if needed: as the costs' runtime
-/// does, with its host time, when they have host costs.
+/// Check that `costs` cover `tt`, and lower it if needed: as the costs' runtime does, with
+/// its host time, when they have host costs.
 fn prepare<'t>(
-    tt: &'t Timetable,
+    tt: &'t Checked,
     costs: &CostModel,
-) -> Result<(std::borrow::Cow<'t, Timetable>, Option<HostPlan>), SimError> {
+) -> Result<(Cow<'t, Timetable>, Option<HostPlan>), SimError> {
     let stages = tt.num_stages();
     if costs.stages.len() < stages as usize {
         return Err(CostError::ModelStages {
@@ -93,15 +95,13 @@ fn prepare<'t>(
         .into());
     }
     costs.check_totals(stages, u64::from(tt.microbatches))?;
-    let checked = validate(tt)?;
     if let Some(host) = costs.host {
         let (lowered, plan) = HostPlan::new(tt, host)?;
-        return Ok((std::borrow::Cow::Owned(lowered), Some(plan)));
+        return Ok((Cow::Owned(lowered), Some(plan)));
     }
-    Ok(if checked.lowered {
-        (std::borrow::Cow::Borrowed(tt), None)
-    } else {
-        (std::borrow::Cow::Owned(lower(tt)?), None)
+    Ok(match tt.lowered()? {
+        Cow::Borrowed(low) => (Cow::Borrowed(low.timetable()), None),
+        Cow::Owned(low) => (Cow::Owned(low.into_timetable()), None),
     })
 }
 

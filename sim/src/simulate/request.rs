@@ -2,7 +2,7 @@
 //! `simulate(timetable, costs, steps=K)` build the same request, so what they accept cannot
 //! drift apart (it once did: the CLI capped the steps, Python did not).
 
-use pipewright_schedule::timetable::Timetable;
+use pipewright_schedule::Checked;
 
 use super::cost::CostModel;
 use super::steady::{simulate_steps, SteadyError, SteadyState};
@@ -37,8 +37,8 @@ impl SimulateRequestError {
 /// What to simulate: a timetable under costs, one step or `steps` unfenced steps.
 #[derive(Clone, Copy, Debug)]
 pub struct SimulateRequest<'a> {
-    /// The timetable (compute-only or lowered).
-    pub timetable: &'a Timetable,
+    /// The timetable (compute-only or lowered), validated.
+    pub timetable: &'a Checked,
     /// Its costs.
     pub costs: &'a CostModel,
     /// 1: one step; K > 1: K steps back to back, unfenced, and their steady state.
@@ -57,7 +57,7 @@ pub enum Simulated {
 impl<'a> SimulateRequest<'a> {
     /// The request, refused when its step count is out of range.
     pub fn new(
-        timetable: &'a Timetable,
+        timetable: &'a Checked,
         costs: &'a CostModel,
         steps: u32,
     ) -> Result<Self, SimulateRequestError> {
@@ -95,7 +95,8 @@ mod tests {
 
     #[test]
     fn steps_out_of_range_are_refused_naming_the_field_in_each_face_s_words() {
-        let tt = generate(&ScheduleSpec::new(ScheduleKind::OneFOneB, 2, 1, 4, None).unwrap());
+        let spec = ScheduleSpec::new(ScheduleKind::OneFOneB, 2, 1, 4, None).unwrap();
+        let tt = Checked::new(generate(&spec)).unwrap();
         let costs = CostModel::uniform(2, StageCost::new(1.0, 2.0, None).unwrap());
         for bad in [0, MAX_STEPS + 1] {
             let e = SimulateRequest::new(&tt, &costs, bad).unwrap_err();

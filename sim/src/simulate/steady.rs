@@ -37,6 +37,7 @@ use super::{meta, prepare, CostModel, Engine, Report, SimError, Simulation};
 use pipewright_schedule::action::{Action, ActionKind};
 use pipewright_schedule::timeline::{Event, Timeline, TimelineMeta};
 use pipewright_schedule::timetable::Timetable;
+use pipewright_schedule::Checked;
 
 /// Why a multi-step simulation could not run.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
@@ -103,7 +104,7 @@ pub struct SteadyState {
 /// Simulate `steps` consecutive steps of `tt` under `costs`, with the runtime's dependencies
 /// between steps and no global fence (see the module docs).
 pub fn simulate_steps(
-    tt: &Timetable,
+    tt: &Checked,
     costs: &CostModel,
     steps: u32,
 ) -> Result<SteadyState, SteadyError> {

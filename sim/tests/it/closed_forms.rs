@@ -1,5 +1,6 @@
 //! Closed forms of DESIGN.md, over the grid: uniform costs B = 2F, no communication.
 
+use pipewright_schedule::Checked;
 use pipewright_schedule::{generate, ScheduleKind, ScheduleSpec, SpecError};
 use pipewright_sim::{simulate, CostModel, StageCost};
 
@@ -7,7 +8,7 @@ const PS: [u32; 9] = [1, 2, 3, 4, 5, 6, 7, 8, 16];
 
 fn run(kind: ScheduleKind, p: u32, v: u32, m: u32) -> Result<pipewright_sim::Report, SpecError> {
     let spec = ScheduleSpec::new(kind, p, v, m, None)?;
-    let tt = generate(&spec);
+    let tt = Checked::new(generate(&spec)).unwrap();
     let costs = CostModel::uniform(spec.stages(), StageCost::new(1.0, 2.0, None).unwrap());
     Ok(simulate(&tt, &costs)
         .expect("generated timetables simulate")

@@ -1,6 +1,7 @@
 //! Communication inside actions (`f_comm`, `b_comm`: expert parallelism's all-to-all):
 //! sequential actions pay it, an F&B overlap hides it as `overlap_time`'s closed form says.
 
+use pipewright_schedule::Checked;
 use pipewright_schedule::{from_csv, generate, validate, ScheduleKind, ScheduleSpec, Timetable};
 use pipewright_sim::{overlap_time, simulate, CostModel, Report, StageCost};
 
@@ -29,7 +30,9 @@ fn costs(f_comm: f64, b_comm: f64) -> CostModel {
 }
 
 fn run(text: &str, costs: &CostModel) -> Report {
-    simulate(&timetable(text), costs).unwrap().report
+    simulate(&Checked::new(timetable(text)).unwrap(), costs)
+        .unwrap()
+        .report
 }
 
 fn close(a: f64, b: f64) -> bool {
@@ -146,7 +149,7 @@ fn dualpipev_with_comm_runs_as_dense_costs_with_the_overlap_time_measured() {
     // The simulator sees only durations: comm costs must time DualPipeV exactly as dense
     // costs of F + f_comm, B + b_comm, I + b_comm, W and the closed form as measured overlap.
     let spec = ScheduleSpec::new(ScheduleKind::DualPipeV, 2, 2, 8, None).unwrap();
-    let tt = generate(&spec);
+    let tt = Checked::new(generate(&spec)).unwrap();
     let (f, w, fm, bm) = (1.0, 0.75, 0.5, 1.25);
     let moe = StageCost {
         f_comm: fm,
@@ -264,7 +267,7 @@ fn steady_state_steps_pay_comm_as_one_step_does() {
     // 1F1B's period with all-to-all equals its period with dense costs of F + f_comm and
     // B + b_comm: the multi-step simulation times actions as one step does.
     let spec = ScheduleSpec::new(ScheduleKind::OneFOneB, 3, 1, 6, None).unwrap();
-    let tt = generate(&spec);
+    let tt = Checked::new(generate(&spec)).unwrap();
     let moe = StageCost {
         f_comm: 0.5,
         b_comm: 0.75,

@@ -1,5 +1,6 @@
 //! DualPipeV and the F&B overlap action: closed forms as simulated, memory, text forms.
 
+use pipewright_schedule::Checked;
 use pipewright_schedule::{
     from_csv, generate, lower, to_csv, validate, Action, ActionKind, ScheduleKind, ScheduleSpec,
     SpecError, Timetable,
@@ -11,7 +12,7 @@ fn run(p: u32, m: u32, (f, i, w): (f64, f64, f64), overlap: Option<f64>) -> pipe
     let mut cost = StageCost::new(f, i + w, Some(w)).unwrap();
     cost.overlap = overlap;
     let costs = CostModel::uniform(spec.stages(), cost);
-    simulate(&generate(&spec), &costs)
+    simulate(&Checked::new(generate(&spec)).unwrap(), &costs)
         .unwrap_or_else(|e| panic!("{spec}: {e}"))
         .report
 }
@@ -91,12 +92,12 @@ fn overlap_costs_its_own_time_and_counts_as_f_and_b() {
     let (tt, _) = from_csv(text).unwrap();
     validate(&tt).unwrap();
     let mut costs = CostModel::uniform(2, StageCost::new(1.0, 2.0, None).unwrap());
-    let sim = simulate(&tt, &costs).unwrap();
+    let sim = simulate(&Checked::new(tt.clone()).unwrap(), &costs).unwrap();
     let ov = sim.timeline.events[2];
     assert_eq!((ov.start, ov.end), (2.0, 5.0), "default: F + B");
     assert_eq!(sim.report.devices[0].peak_activations, 3);
     costs.stages[0].overlap = Some(2.0);
-    let sim = simulate(&tt, &costs).unwrap();
+    let sim = simulate(&Checked::new(tt.clone()).unwrap(), &costs).unwrap();
     assert_eq!(
         sim.timeline.events[2].end, 4.0,
         "the forward stage's overlap time"

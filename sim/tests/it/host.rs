@@ -1,6 +1,7 @@
 //! Host time in the simulator: each action's and each message's time on the compute thread,
 //! charged where the runtime spends it, against hand-derived timings.
 
+use pipewright_schedule::Checked;
 use pipewright_schedule::{generate, ScheduleKind, ScheduleSpec, Timetable};
 use pipewright_sim::simulate::{measured_costs_with, simulate_steps, HostCosts, Runtime};
 use pipewright_sim::{simulate, CostModel, RawCostFile, Simulation, StageCost};
@@ -36,7 +37,7 @@ fn host(runtime: Runtime, action: f64, send: f64, recv: f64, other: f64) -> Host
 }
 
 fn sim(t: &Timetable, c: &CostModel) -> Simulation {
-    simulate(t, c).unwrap()
+    simulate(&Checked::new(t.clone()).unwrap(), c).unwrap()
 }
 
 #[test]
@@ -122,8 +123,14 @@ fn many_steps_charge_the_trailing_ops_before_the_next_step() {
     assert!(own >= 2.0, "{own}");
     let c0 = costs(2, 0.0, Some(host(Runtime::Pytorch, 0.0, 0.0, 0.0, 0.0)));
     let c1 = costs(2, 0.0, Some(host(Runtime::Pytorch, 0.0, 0.0, 0.0, 0.5)));
-    let p0 = simulate_steps(&t, &c0, 4).unwrap().report.period;
-    let p1 = simulate_steps(&t, &c1, 4).unwrap().report.period;
+    let p0 = simulate_steps(&Checked::new(t.clone()).unwrap(), &c0, 4)
+        .unwrap()
+        .report
+        .period;
+    let p1 = simulate_steps(&Checked::new(t.clone()).unwrap(), &c1, 4)
+        .unwrap()
+        .report
+        .period;
     assert!(
         (p1 - p0 - 0.5 * own).abs() < 1e-9,
         "{p1} - {p0} != 0.5 * {own}"

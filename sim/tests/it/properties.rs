@@ -1,5 +1,6 @@
 //! Every generated timetable validates, lowers, and round-trips through CSV and JSON unchanged.
 
+use pipewright_schedule::Checked;
 use pipewright_schedule::{
     from_csv, generate, lower, to_csv, validate, ActionKind, ScheduleKind, ScheduleSpec, Timetable,
 };
@@ -67,7 +68,7 @@ fn peaks(tt: &Timetable, devices: u32, f: f64, b: f64) -> Vec<(u32, u64)> {
     let mut cost = pipewright_sim::StageCost::new(f, b, None).unwrap();
     cost.activation_bytes = 1000;
     let model = pipewright_sim::CostModel::uniform(tt.num_stages(), cost.split(1));
-    let sim = pipewright_sim::simulate(tt, &model).unwrap();
+    let sim = pipewright_sim::simulate(&Checked::new(tt.clone()).unwrap(), &model).unwrap();
     assert_eq!(sim.report.devices.len(), devices as usize);
     sim.report
         .devices

@@ -2,6 +2,7 @@
 //! readers give a value or an error, and whatever they accept validates, simulates and
 //! summarises without panicking either.
 
+use pipewright_schedule::Checked;
 use pipewright_schedule::{
     from_csv, generate, to_csv, validate, ScheduleKind, ScheduleSpec, Timeline, Timetable,
 };
@@ -12,7 +13,7 @@ use proptest::prelude::*;
 fn use_timetable(tt: &Timetable) {
     if validate(tt).is_ok() && tt.len() < 100_000 {
         let model = CostModel::uniform(tt.num_stages(), StageCost::new(1.0, 2.0, None).unwrap());
-        let _ = simulate(tt, &model);
+        let _ = simulate(&Checked::new(tt.clone()).unwrap(), &model);
     }
 }
 
@@ -40,7 +41,7 @@ fn valid_files() -> Vec<String> {
     let spec = ScheduleSpec::new(ScheduleKind::Interleaved1F1B, 2, 2, 4, None).unwrap();
     let tt = generate(&spec);
     let model = CostModel::uniform(tt.num_stages(), StageCost::new(1.0, 2.0, None).unwrap());
-    let sim = simulate(&tt, &model).unwrap();
+    let sim = simulate(&Checked::new(tt.clone()).unwrap(), &model).unwrap();
     vec![
         to_csv(&tt),
         serde_json::to_string(&tt).unwrap(),

@@ -2,6 +2,7 @@
 //! and memory.
 
 use pipewright_schedule::recompute::{insert, recomputed};
+use pipewright_schedule::Checked;
 use pipewright_schedule::{
     from_csv, generate, to_csv, validate, Action, ActionKind, Problem, ScheduleKind, ScheduleSpec,
     Timetable,
@@ -120,8 +121,14 @@ fn recompute_lengthens_1f1b_by_m_times_r_exactly() {
     for (p, m) in [(2u32, 2u32), (2, 5), (4, 4), (4, 8), (3, 7)] {
         for r in [0.5, 1.0, 1.75] {
             let tt = schedule(ScheduleKind::OneFOneB, p, 1, m);
-            let base = simulate(&tt, &costs(p, r)).unwrap().report.makespan;
-            let with = simulate(&full(&tt), &costs(p, r)).unwrap().report.makespan;
+            let base = simulate(&Checked::new(tt.clone()).unwrap(), &costs(p, r))
+                .unwrap()
+                .report
+                .makespan;
+            let with = simulate(&Checked::new(full(&tt)).unwrap(), &costs(p, r))
+                .unwrap()
+                .report
+                .makespan;
             let closed = f64::from(m + p - 1) * (f + b);
             assert!((base - closed).abs() < 1e-9, "p={p} m={m}: {base}");
             let want = closed + f64::from(m) * r;
@@ -134,7 +141,10 @@ fn recompute_lengthens_1f1b_by_m_times_r_exactly() {
     // By default a recompute costs a forward.
     let tt = schedule(ScheduleKind::OneFOneB, 4, 1, 8);
     let uniform = CostModel::uniform(4, StageCost::new(f, b, None).unwrap());
-    let with = simulate(&full(&tt), &uniform).unwrap().report.makespan;
+    let with = simulate(&Checked::new(full(&tt)).unwrap(), &uniform)
+        .unwrap()
+        .report
+        .makespan;
     assert!((with - (11.0 * 3.0 + 8.0 * f)).abs() < 1e-9, "{with}");
 }
 
@@ -144,8 +154,12 @@ fn full_recompute_lowers_the_simulated_peak_to_the_inputs_and_one_whole_stash() 
     // holds the others' inputs (the previous stage's 10-byte hand-off; token ids on device
     // 0, not counted) and the one it is about to run backward on.
     let tt = schedule(ScheduleKind::OneFOneB, 4, 1, 8);
-    let none = simulate(&tt, &costs(4, 1.0)).unwrap().report;
-    let with = simulate(&full(&tt), &costs(4, 1.0)).unwrap().report;
+    let none = simulate(&Checked::new(tt.clone()).unwrap(), &costs(4, 1.0))
+        .unwrap()
+        .report;
+    let with = simulate(&Checked::new(full(&tt)).unwrap(), &costs(4, 1.0))
+        .unwrap()
+        .report;
     let peaks = |r: &pipewright_sim::Report| {
         r.devices
             .iter()

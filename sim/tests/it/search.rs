@@ -2,6 +2,7 @@
 //! cap, never returns an invalid timetable, and is never slower than the best family that fits,
 //! whether "slower" means the single-step makespan or the steady-state period.
 
+use pipewright_schedule::Checked;
 use pipewright_schedule::{generate, validate, ScheduleKind, ScheduleSpec};
 use pipewright_sim::search::{search, MemoryCap, Objective, SearchError, SearchSpec, PERIOD_STEPS};
 use pipewright_sim::simulate::simulate_steps;
@@ -30,7 +31,12 @@ fn best_fixed(p: u32, m: u32, costs: &CostModel, cap: f64, objective: Objective)
                     continue;
                 };
                 let model = costs.resample(spec.stages()).unwrap();
-                let steady = simulate_steps(&generate(&spec), &model, PERIOD_STEPS).unwrap();
+                let steady = simulate_steps(
+                    &Checked::new(generate(&spec)).unwrap(),
+                    &model,
+                    PERIOD_STEPS,
+                )
+                .unwrap();
                 let sim = steady.single;
                 let peak = sim.report.peak_activation_bytes() as f64 / UNIT as f64;
                 if peak <= cap + 1e-9 {
@@ -106,7 +112,10 @@ fn with_a_cap_of_p_the_search_matches_or_beats_zb_h1() {
     spec.objective = Objective::Makespan;
     let found = search(&spec).unwrap();
     let zb = ScheduleSpec::new(ScheduleKind::ZbH1, p, 1, m, None).unwrap();
-    let zb_h1 = simulate(&generate(&zb), &model).unwrap().report.makespan;
+    let zb_h1 = simulate(&Checked::new(generate(&zb)).unwrap(), &model)
+        .unwrap()
+        .report
+        .makespan;
     // zb-h1: m(F+I+W) + (p-1)(F+I-W) = 36 + 3.
     assert!((zb_h1 - 39.0).abs() < 1e-9, "{zb_h1}");
     let best = &found.candidates[found.best];
@@ -369,7 +378,7 @@ fn the_runners_up_are_the_next_fitting_timetables_fastest_first() {
         assert_ne!(tt.devices, found.timetable.devices);
         // The timetable is the candidate's: simulated again, the same period.
         let model = c.resample(tt.num_stages()).unwrap();
-        let again = simulate_steps(tt, &model, PERIOD_STEPS)
+        let again = simulate_steps(&Checked::new(tt.clone()).unwrap(), &model, PERIOD_STEPS)
             .unwrap()
             .report
             .period;

@@ -3,6 +3,7 @@
 //! never when the cap does not need it.
 
 use pipewright_schedule::recompute::insert;
+use pipewright_schedule::Checked;
 use pipewright_schedule::{
     generate, validate, ActionKind, Recompute, RecomputePlan, ScheduleKind, ScheduleSpec,
 };
@@ -49,7 +50,7 @@ fn a_cap_below_every_family_is_met_by_recomputing_only_what_the_peaks_hold() {
     }
     // Recomputing every stage fully (one R per microbatch and stage) fits too, and is slower.
     let tt = generate(&ScheduleSpec::new(ScheduleKind::OneFOneB, p, 1, m, None).unwrap());
-    let all = insert(&tt, &RecomputePlan::uniform(Recompute::Full));
+    let all = Checked::new(insert(&tt, &RecomputePlan::uniform(Recompute::Full))).unwrap();
     let all_period = simulate_steps(&all, &costs(p), PERIOD_STEPS)
         .unwrap()
         .report

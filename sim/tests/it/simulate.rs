@@ -1,11 +1,12 @@
 //! The simulator against hand-derived timings: communication, uneven stages, memory, traces.
 
+use pipewright_schedule::Checked;
 use pipewright_schedule::{chrome_trace, generate, ActionKind, ScheduleKind, ScheduleSpec};
 use pipewright_sim::{simulate, CostModel, RawCostFile, Simulation, StageCost};
 
 fn sim(kind: ScheduleKind, p: u32, v: u32, m: u32, costs: &CostModel) -> Simulation {
     let spec = ScheduleSpec::new(kind, p, v, m, None).unwrap();
-    simulate(&generate(&spec), costs).unwrap()
+    simulate(&Checked::new(generate(&spec)).unwrap(), costs).unwrap()
 }
 
 fn uniform(stages: u32) -> CostModel {

@@ -1,6 +1,7 @@
 //! Steady state: the period never exceeds the single-step makespan, equals it for GPipe, and
 //! is at least the busiest device's compute.
 
+use pipewright_schedule::Checked;
 use pipewright_schedule::{generate, ScheduleKind, ScheduleSpec};
 use pipewright_sim::simulate::simulate_steps;
 use pipewright_sim::{CostModel, StageCost};
@@ -45,7 +46,7 @@ proptest! {
         c in prop_oneof![Just(0.0), 0.0f64..0.3], skew in 1.0f64..2.0, k in 3u32..=5,
     ) {
         let model = costs(spec.stages(), f, b, w_frac, c, skew);
-        let s = simulate_steps(&generate(&spec), &model, k).unwrap().report;
+        let s = simulate_steps(&Checked::new(generate(&spec)).unwrap(), &model, k).unwrap().report;
         let eps = 1e-9 * s.single_step_makespan.max(1.0);
         prop_assert!(s.period <= s.single_step_makespan + eps, "{spec}: {s:?}");
         prop_assert!(s.period >= s.ideal - eps, "{spec}: {s:?}");

@@ -1,12 +1,13 @@
 //! What `Timeline::check` refuses, on timelines the simulator wrote and then edited.
 use pipewright_schedule::action::{Action, ActionKind};
 use pipewright_schedule::spec::{ScheduleKind, ScheduleSpec};
+use pipewright_schedule::Checked;
 use pipewright_schedule::{Timeline, TimelineError};
 use pipewright_sim::simulate::{simulate, simulate_steps, CostModel, StageCost};
 
 fn simulated() -> Timeline {
     let spec = ScheduleSpec::new(ScheduleKind::OneFOneB, 2, 1, 3, None).unwrap();
-    let tt = pipewright_schedule::generate(&spec);
+    let tt = Checked::new(pipewright_schedule::generate(&spec)).unwrap();
     let costs = CostModel::uniform(2, StageCost::new(1.0, 2.0, None).unwrap());
     simulate(&tt, &costs).unwrap().timeline
 }
@@ -28,7 +29,7 @@ fn first_of(tl: &Timeline, kind: ActionKind, device: u32) -> usize {
 fn what_the_simulator_writes_passes_one_step_or_many() {
     simulated().check().unwrap();
     let spec = ScheduleSpec::new(ScheduleKind::Zbv, 2, 2, 4, None).unwrap();
-    let tt = pipewright_schedule::generate(&spec);
+    let tt = Checked::new(pipewright_schedule::generate(&spec)).unwrap();
     let costs = CostModel::uniform(4, StageCost::new(1.0, 2.0, Some(1.0)).unwrap());
     simulate_steps(&tt, &costs, 3)
         .unwrap()

@@ -4,6 +4,7 @@
 //! backward `B = I + W`; the zero-bubble paper's `B` is our `I`). The bubble in time is
 //! `makespan - ideal`, ideal being the busiest device's compute time.
 
+use pipewright_schedule::Checked;
 use pipewright_schedule::{generate, ScheduleKind, ScheduleSpec, SpecError};
 use pipewright_sim::{simulate, CostModel, Report, StageCost};
 
@@ -20,7 +21,7 @@ fn report(
     let costs = CostModel::uniform(spec.stages(), StageCost::new(f, i + w, Some(w)).unwrap())
         .with_link(c, None)
         .unwrap();
-    simulate(&generate(&spec), &costs)
+    simulate(&Checked::new(generate(&spec)).unwrap(), &costs)
         .unwrap_or_else(|e| panic!("{spec}: {e}"))
         .report
 }

@@ -2,6 +2,7 @@
 //! final parameters within 1e-5, for every schedule.
 
 use crate::whole;
+use pipewright_schedule::Checked;
 
 use pipewright_kernels::gpt::GptConfig;
 use pipewright_runtime::{train_gpt, Mesh, RunOptions, TrainConfig};
@@ -42,8 +43,10 @@ fn check_timetable(tt: &Timetable, what: &str, (pp, tp, dp): (usize, usize, usiz
     let cfg = config(Mesh::new(pp, tp, dp).unwrap());
     let m = tt.microbatches;
     let mut losses = Vec::new();
-    let params = train_gpt(&cfg, tt, |s| losses.push(s.loss.unwrap()))
-        .unwrap_or_else(|e| panic!("{what}: {e}"));
+    let params = train_gpt(&cfg, &Checked::new(tt.clone()).unwrap(), |s| {
+        losses.push(s.loss.unwrap())
+    })
+    .unwrap_or_else(|e| panic!("{what}: {e}"));
     let (want, whole) = single_device(&cfg, m, STEPS);
     assert_eq!(losses.len(), want.len());
     for (step, (a, b)) in losses.iter().zip(&want).enumerate() {
@@ -133,7 +136,7 @@ fn measured_peak_stash_equals_the_simulated_peak() {
         let spec = ScheduleSpec::new(kind, p, v, M, None).unwrap();
         let tt = generate(&spec);
         let costs = CostModel::uniform(spec.stages(), StageCost::new(1.0, 2.0, None).unwrap());
-        let predicted: Vec<u32> = simulate(&tt, &costs)
+        let predicted: Vec<u32> = simulate(&Checked::new(tt.clone()).unwrap(), &costs)
             .unwrap()
             .report
             .devices
@@ -148,7 +151,10 @@ fn measured_peak_stash_equals_the_simulated_peak() {
             ..config(Mesh::new(p as usize, 1, 1).unwrap())
         };
         let mut measured = Vec::new();
-        train_gpt(&cfg, &tt, |s| measured = s.peak_stash.clone()).unwrap();
+        train_gpt(&cfg, &Checked::new(tt.clone()).unwrap(), |s| {
+            measured = s.peak_stash.clone()
+        })
+        .unwrap();
         assert_eq!(measured, predicted, "{spec}");
     }
 }

@@ -1,5 +1,6 @@
 //! A failure anywhere stops every rank with one error naming rank, action and microbatch.
 
+use pipewright_schedule::Checked;
 use std::time::{Duration, Instant};
 
 use pipewright_kernels::layers::TpReduce;
@@ -85,7 +86,7 @@ fn run_with(stage: u32, fault: Fault, timeout: Duration) -> (RuntimeError, usize
     let t0 = Instant::now();
     let err = run(
         Mesh::new(4, 1, 1).unwrap(),
-        &generate(&spec),
+        &Checked::new(generate(&spec)).unwrap(),
         make,
         data,
         &opts,

@@ -10,6 +10,7 @@ use pipewright_runtime::{
     gpt_data, run, train_gpt, Coord, GptModule, Mesh, MicrobatchData, ModuleError, RunOptions,
     RuntimeError, StageModule, TokenBatch, TrainConfig,
 };
+use pipewright_schedule::Checked;
 use pipewright_schedule::{generate, ScheduleKind, ScheduleSpec, Timetable};
 
 /// The reference GPT stage seen through a framework that backpropagates in one piece: it
@@ -93,7 +94,7 @@ fn train_full_only(
     let mut losses = Vec::new();
     let r = run(
         cfg.mesh,
-        tt,
+        &Checked::new(tt.clone()).unwrap(),
         make,
         |id| Ok(gpt_data(cfg, id)),
         &cfg.run,
@@ -114,7 +115,10 @@ fn schedules_without_a_split_backward_train_full_backward_modules_to_the_same_bi
     ] {
         let tt = timetable(kind, v);
         let mut want = Vec::new();
-        train_gpt(&cfg, &tt, |s| want.push(s.loss.map(f32::to_bits))).unwrap();
+        train_gpt(&cfg, &Checked::new(tt.clone()).unwrap(), |s| {
+            want.push(s.loss.map(f32::to_bits))
+        })
+        .unwrap();
         let (got, _) = train_full_only(&cfg, &tt);
         assert_eq!(got.unwrap(), want, "{}", tt.name);
     }

@@ -12,6 +12,7 @@ use pipewright_runtime::{
     gpt_data, run_local, train_gpt, Coord, GptModule, HostOps, LocalOps, Mesh, MicrobatchData,
     ModuleError, ReduceOp, RunOptions, StageModule, TokenBatch, TrainConfig, Zero,
 };
+use pipewright_schedule::Checked;
 use pipewright_schedule::{generate, ScheduleKind, ScheduleSpec};
 
 /// A tensor the runtime has never heard of.
@@ -192,7 +193,10 @@ fn a_tensor_type_of_its_own_trains_to_the_host_runs_bits() {
     };
     let tt = generate(&ScheduleSpec::new(ScheduleKind::Interleaved1F1B, 2, 2, 4, None).unwrap());
     let mut want = Vec::new();
-    let want_params = train_gpt(&cfg, &tt, |s| want.push(s.loss.map(f32::to_bits))).unwrap();
+    let want_params = train_gpt(&cfg, &Checked::new(tt.clone()).unwrap(), |s| {
+        want.push(s.loss.map(f32::to_bits))
+    })
+    .unwrap();
 
     let stages = tt.num_stages() as usize;
     let make = |c: Coord, stage: u32, _: &BoxedOps| -> Result<BoxedGpt, ModuleError> {
@@ -208,7 +212,7 @@ fn a_tensor_type_of_its_own_trains_to_the_host_runs_bits() {
         let mut got = Vec::new();
         let got_params = run_local(
             mesh,
-            &tt,
+            &Checked::new(tt.clone()).unwrap(),
             |_| Ok(BoxedOps),
             make,
             |id| Ok(gpt_data(&cfg, id)),
@@ -282,7 +286,7 @@ fn the_nan_check_refuses_gradients_it_cannot_read() {
         let mut steps = 0;
         let r = run_local(
             Mesh::new(2, 1, 1).unwrap(),
-            &tt,
+            &Checked::new(tt.clone()).unwrap(),
             |_| Ok(BoxedOps),
             make,
             |_| Ok(()),

@@ -12,6 +12,7 @@ use pipewright_model::memory::{predict_layers, DevicePrediction, LayerMemoryConf
 use pipewright_runtime::split::layer_profile;
 use pipewright_runtime::{run, Mesh, RunOptions, StepRecord, Zero};
 use pipewright_schedule::recompute::insert;
+use pipewright_schedule::Checked;
 use pipewright_schedule::{generate, RecomputePlan, ScheduleKind, ScheduleSpec};
 
 use crate::user_mlp;
@@ -64,9 +65,14 @@ fn run_point(p: &Point, profile: &LayerProfile) -> (StepRecord, Vec<DevicePredic
     let mesh = Mesh::new(2, 1, dp as usize).unwrap();
     let mut measured = None;
     let make = |_, s: u32| Ok(user_mlp::stage(cuts[s as usize].clone(), LAYERS));
-    run(mesh, &tt, make, user_mlp::rows, &opts, |s| {
-        measured = Some(s.clone())
-    })
+    run(
+        mesh,
+        &Checked::new(tt.clone()).unwrap(),
+        make,
+        user_mlp::rows,
+        &opts,
+        |s| measured = Some(s.clone()),
+    )
     .unwrap();
     let measured = measured.unwrap();
     assert_eq!(measured.step, 1);

@@ -8,6 +8,7 @@
 // One device's cuts are a list of one range, as `LayerStage::part` takes them.
 #![allow(clippy::single_range_in_vec_init)]
 
+use pipewright_schedule::Checked;
 use std::ops::Range;
 
 use pipewright_kernels::layers::{
@@ -204,7 +205,15 @@ fn train(mesh: Mesh, cuts: &[Range<usize>], kind: ScheduleKind, m: u32) -> Vec<S
         LayerStage::part(cuts, s, |k| layer(k, shard), features, mse)
     };
     let mut steps = Vec::new();
-    run(mesh, &tt, make, rows, &opts(), |s| steps.push(s.clone())).unwrap();
+    run(
+        mesh,
+        &Checked::new(tt.clone()).unwrap(),
+        make,
+        rows,
+        &opts(),
+        |s| steps.push(s.clone()),
+    )
+    .unwrap();
     steps
 }
 
@@ -292,7 +301,7 @@ fn a_layer_list_that_cannot_shard_is_refused_on_tp_2_naming_its_layers() {
     let mut steps = 0;
     let e = run(
         Mesh::new(2, 2, 1).unwrap(),
-        &tt,
+        &Checked::new(tt.clone()).unwrap(),
         make,
         rows,
         &opts(),
@@ -315,7 +324,7 @@ fn a_layer_list_that_cannot_shard_is_refused_on_tp_2_naming_its_layers() {
     // The same list runs on tp 1.
     run(
         Mesh::new(2, 1, 1).unwrap(),
-        &tt,
+        &Checked::new(tt.clone()).unwrap(),
         make,
         rows,
         &opts(),

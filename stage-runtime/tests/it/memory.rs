@@ -6,6 +6,7 @@
 use pipewright_kernels::gpt::{GptConfig, GptStage};
 use pipewright_kernels::layers::{Parameters, TpShard};
 use pipewright_runtime::{shard_range, train_gpt, Mesh, RunOptions, StepRecord, TrainConfig, Zero};
+use pipewright_schedule::Checked;
 use pipewright_schedule::{generate, ScheduleKind, ScheduleSpec};
 
 const M: u32 = 4;
@@ -32,7 +33,10 @@ fn train(mesh: Mesh, kind: ScheduleKind, recompute: &str, zero: Zero) -> Vec<Ste
         },
     };
     let mut steps = Vec::new();
-    train_gpt(&cfg, &generate(&spec), |s| steps.push(s.clone())).unwrap();
+    train_gpt(&cfg, &Checked::new(generate(&spec)).unwrap(), |s| {
+        steps.push(s.clone())
+    })
+    .unwrap();
     steps
 }
 

@@ -20,6 +20,7 @@ use pipewright_model::memory::{
 use pipewright_model::shape::{BiasKind, MlpKind, NormKind, PositionKind};
 use pipewright_runtime::{gpt_config, train_gpt, Mesh, RunOptions, StepRecord, TrainConfig, Zero};
 use pipewright_schedule::recompute::insert;
+use pipewright_schedule::Checked;
 use pipewright_schedule::{generate, RecomputePlan, ScheduleKind, ScheduleSpec};
 
 /// One grid point.
@@ -202,7 +203,10 @@ fn run_shape(p: &Point, shape: &ModelShape) -> (StepRecord, Vec<DevicePrediction
         },
     };
     let mut measured = None;
-    train_gpt(&cfg, &tt, |s| measured = Some(s.clone())).unwrap();
+    train_gpt(&cfg, &Checked::new(tt.clone()).unwrap(), |s| {
+        measured = Some(s.clone())
+    })
+    .unwrap();
     let measured = measured.unwrap();
     assert_eq!(measured.step, 1);
     let mem = MemoryConfig {

@@ -4,6 +4,7 @@
 //! recomputation policy is bit-identical; bf16 stays close to f32.
 
 use crate::whole;
+use pipewright_schedule::Checked;
 
 use pipewright_kernels::gpt::{BiasKind, GptConfig, MlpKind, NormKind, Positions};
 use pipewright_kernels::Precision;
@@ -68,7 +69,7 @@ struct Trained {
 
 fn train(cfg: &TrainConfig, tt: &Timetable) -> Trained {
     let (mut losses, mut stash_bytes) = (Vec::new(), Vec::new());
-    let params = train_gpt(cfg, tt, |s| {
+    let params = train_gpt(cfg, &Checked::new(tt.clone()).unwrap(), |s| {
         losses.push(s.loss.unwrap());
         stash_bytes = s.peak_stash_bytes.clone();
     })

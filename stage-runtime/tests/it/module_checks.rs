@@ -12,6 +12,7 @@ use pipewright_runtime::{
     run, Coord, FinalParams, Mesh, MicrobatchData, MicrobatchId, ModuleError, Output, RunOptions,
     RuntimeError, StageModule,
 };
+use pipewright_schedule::Checked;
 use pipewright_schedule::{generate, Recompute, ScheduleKind, ScheduleSpec};
 
 const ROWS: usize = 4;
@@ -350,9 +351,14 @@ fn faulty<M: StageModule<Tensor = Tensor, Data = Data>>(
         Ok(wrap(c))
     };
     let mut losses = Vec::new();
-    let r = run(Mesh::new(pp, 1, dp).unwrap(), &tt, make, data, opts, |s| {
-        losses.push(s.loss.unwrap())
-    });
+    let r = run(
+        Mesh::new(pp, 1, dp).unwrap(),
+        &Checked::new(tt.clone()).unwrap(),
+        make,
+        data,
+        opts,
+        |s| losses.push(s.loss.unwrap()),
+    );
     (losses, r)
 }
 
@@ -616,7 +622,7 @@ fn unreported_sizes_are_counted_from_the_flat_views() {
     let mut memory = Vec::new();
     run(
         Mesh::new(2, 1, 1).unwrap(),
-        &tt,
+        &Checked::new(tt.clone()).unwrap(),
         make,
         data,
         &opts(1),
@@ -642,7 +648,7 @@ fn replicas_differ(make: impl Fn(Coord, u32) -> Result<Whole, ModuleError> + Syn
     let mut steps = 0;
     let r = run(
         Mesh::new(2, 1, 2).unwrap(),
-        &tt,
+        &Checked::new(tt.clone()).unwrap(),
         make,
         data,
         &opts(2),

@@ -3,6 +3,7 @@
 //! stage's experts (EP 1) or expert parallelism folded over the data-parallel replicas.
 
 use crate::whole;
+use pipewright_schedule::Checked;
 
 use pipewright_kernels::gpt::{GptConfig, MoeSpec};
 use pipewright_runtime::{train_gpt, Mesh, RunOptions, TrainConfig};
@@ -64,8 +65,10 @@ fn check_ep(
     cfg.run.recompute = recompute.parse().unwrap();
     let tt = generate(&spec);
     let mut losses = Vec::new();
-    let params = train_gpt(&cfg, &tt, |s| losses.push(s.loss.unwrap()))
-        .unwrap_or_else(|e| panic!("{what}: {e}"));
+    let params = train_gpt(&cfg, &Checked::new(tt.clone()).unwrap(), |s| {
+        losses.push(s.loss.unwrap())
+    })
+    .unwrap_or_else(|e| panic!("{what}: {e}"));
     let (want, whole) = single_device(&cfg, m, STEPS);
     assert_eq!(losses.len(), want.len());
     for (step, (a, b)) in losses.iter().zip(&want).enumerate() {
@@ -116,11 +119,15 @@ fn expert_parallelism_refuses_what_it_cannot_run() {
     let mesh = Mesh::new(2, 1, 2).unwrap().with_ep(2).unwrap();
     let mut zero = config(mesh);
     zero.run.zero = pipewright_runtime::Zero::One;
-    let err = train_gpt(&zero, &tt, |_| {}).unwrap_err().to_string();
+    let err = train_gpt(&zero, &Checked::new(tt.clone()).unwrap(), |_| {})
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("ep = 2 does not run with ZeRO-1"), "{err}");
     let mut dense = config(mesh);
     dense.model.moe = None;
-    let err = train_gpt(&dense, &tt, |_| {}).unwrap_err().to_string();
+    let err = train_gpt(&dense, &Checked::new(tt.clone()).unwrap(), |_| {})
+        .unwrap_err()
+        .to_string();
     assert!(
         err.contains("ep = 2 shards the experts of mixtures, but the model has none"),
         "{err}"
@@ -130,7 +137,9 @@ fn expert_parallelism_refuses_what_it_cannot_run() {
     if let Some(m) = six.model.moe.as_mut() {
         m.experts = 6;
     }
-    let err = train_gpt(&six, &tt, |_| {}).unwrap_err().to_string();
+    let err = train_gpt(&six, &Checked::new(tt.clone()).unwrap(), |_| {})
+        .unwrap_err()
+        .to_string();
     assert!(
         err.contains("ep = 4 must divide the model's 6 experts"),
         "{err}"
@@ -163,7 +172,10 @@ fn measured_memory_counts_every_expert_of_the_stage() {
     ] {
         let spec = ScheduleSpec::new(ScheduleKind::OneFOneB, 2, 1, 4, None).unwrap();
         let mut steps = Vec::new();
-        train_gpt(&cfg, &generate(&spec), |s| steps.push(s.clone())).unwrap();
+        train_gpt(&cfg, &Checked::new(generate(&spec)).unwrap(), |s| {
+            steps.push(s.clone())
+        })
+        .unwrap();
         let last = steps.last().unwrap();
         let mut total = 0;
         for s in 0..2 {
@@ -196,7 +208,10 @@ fn each_expert_parallel_replica_holds_its_share_of_the_experts() {
     cfg.run.steps = 1;
     let spec = ScheduleSpec::new(ScheduleKind::OneFOneB, 2, 1, 4, None).unwrap();
     let mut steps = Vec::new();
-    train_gpt(&cfg, &generate(&spec), |s| steps.push(s.clone())).unwrap();
+    train_gpt(&cfg, &Checked::new(generate(&spec)).unwrap(), |s| {
+        steps.push(s.clone())
+    })
+    .unwrap();
     let last = steps.last().unwrap();
     for rank in 0..mesh.world_size() {
         let c = mesh.coord(rank).unwrap();
@@ -232,11 +247,18 @@ fn expert_parallel_replicas_must_start_from_the_same_dense_weights() {
         }
     };
     let data = |id| Ok(gpt_data(&cfg, id));
-    let same = run(cfg.mesh, &tt, make(|_| 11), data, &cfg.run, |_| {});
+    let same = run(
+        cfg.mesh,
+        &Checked::new(tt.clone()).unwrap(),
+        make(|_| 11),
+        data,
+        &cfg.run,
+        |_| {},
+    );
     assert!(same.is_ok(), "{:?}", same.err());
     let apart = run(
         cfg.mesh,
-        &tt,
+        &Checked::new(tt.clone()).unwrap(),
         make(|c| 11 + c.dp as u64),
         data,
         &cfg.run,

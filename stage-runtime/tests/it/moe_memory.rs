@@ -14,6 +14,7 @@ use pipewright_model::memory::{
 };
 use pipewright_model::shape::{BiasKind, MlpKind, ModelShape, MoeShape};
 use pipewright_runtime::{gpt_config, train_gpt, Mesh, RunOptions, StepRecord, TrainConfig};
+use pipewright_schedule::Checked;
 use pipewright_schedule::{generate, ScheduleKind, ScheduleSpec};
 
 const M: u32 = 4;
@@ -83,7 +84,10 @@ fn run(
         },
     };
     let mut measured = None;
-    train_gpt(&cfg, &tt, |s| measured = Some(s.clone())).unwrap();
+    train_gpt(&cfg, &Checked::new(tt.clone()).unwrap(), |s| {
+        measured = Some(s.clone())
+    })
+    .unwrap();
     let mem = MemoryConfig {
         dp,
         v,

@@ -1,6 +1,7 @@
 //! The run's NaN check: a non-finite loss or gradient stops every rank at that step with an
 //! error naming the step, rank, stage and microbatch; `check_finite: false` trains on.
 
+use pipewright_schedule::Checked;
 use std::time::{Duration, Instant};
 
 use pipewright_kernels::layers::TpReduce;
@@ -131,7 +132,7 @@ fn train(
     let mut steps = Vec::new();
     let r = run(
         Mesh::new(3, 1, dp).unwrap(),
-        &tt,
+        &Checked::new(tt.clone()).unwrap(),
         make,
         data(bad),
         &opts,

@@ -5,6 +5,7 @@
 use pipewright_kernels::gpt::GptConfig;
 use pipewright_model::memory::{predict_detail, Accounting, MemoryConfig, ModelShape};
 use pipewright_runtime::{train_gpt, Mesh, RunOptions, TrainConfig};
+use pipewright_schedule::Checked;
 use pipewright_schedule::{
     generate, validate, Action, ActionKind, RecomputePlan, ScheduleKind, ScheduleSpec, Timetable,
 };
@@ -58,7 +59,10 @@ fn check(kind: ScheduleKind, (pp, v, m): (u32, u32, u32), plan: &str, picks: &[(
             },
         };
         let mut last = None;
-        train_gpt(&cfg, &tt, |s| last = Some(s.clone())).unwrap();
+        train_gpt(&cfg, &Checked::new(tt.clone()).unwrap(), |s| {
+            last = Some(s.clone())
+        })
+        .unwrap();
         let measured = last.unwrap();
         let model = MemoryConfig {
             v,

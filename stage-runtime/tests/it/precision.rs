@@ -20,6 +20,7 @@ use pipewright_kernels::gpt::GptConfig;
 use pipewright_kernels::optim::AdamWConfig;
 use pipewright_kernels::Precision;
 use pipewright_runtime::{train_gpt, FinalParams, Mesh, RunOptions, TrainConfig};
+use pipewright_schedule::Checked;
 use pipewright_schedule::{generate, ScheduleKind, ScheduleSpec, Timetable};
 
 fn config(mesh: Mesh, precision: Precision, steps: u64) -> TrainConfig {
@@ -48,7 +49,10 @@ fn timetable(kind: ScheduleKind, p: u32, v: u32, m: u32) -> Timetable {
 
 fn train(cfg: &TrainConfig, tt: &Timetable) -> (Vec<f32>, FinalParams) {
     let mut losses = Vec::new();
-    let params = train_gpt(cfg, tt, |s| losses.push(s.loss.expect("loss"))).expect("run");
+    let params = train_gpt(cfg, &Checked::new(tt.clone()).unwrap(), |s| {
+        losses.push(s.loss.expect("loss"))
+    })
+    .expect("run");
     (losses, params)
 }
 
@@ -171,7 +175,10 @@ fn a_bf16_stash_holds_half_the_f32_tensor_bytes_and_the_same_row_statistics() {
     let kept = |p| {
         let cfg = config(Mesh::new(2, 1, 1).unwrap(), p, 1);
         let mut kept = None;
-        train_gpt(&cfg, &tt, |s| kept = Some(s.kept_per_microbatch.clone())).expect("run");
+        train_gpt(&cfg, &Checked::new(tt.clone()).unwrap(), |s| {
+            kept = Some(s.kept_per_microbatch.clone())
+        })
+        .expect("run");
         (
             kept.expect("one step"),
             kept_elements(&cfg.model, cfg.microbatch_size),

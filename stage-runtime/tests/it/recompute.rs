@@ -9,6 +9,7 @@ use pipewright_runtime::{
     run, train_gpt, FinalParams, Mesh, MicrobatchData, ModuleError, Output, RunOptions,
     RuntimeError, StageModule, SyntheticModule, TrainConfig,
 };
+use pipewright_schedule::Checked;
 use pipewright_schedule::{generate, Recompute, RecomputePlan, ScheduleKind, ScheduleSpec};
 
 const M: u32 = 4;
@@ -40,11 +41,15 @@ fn train(kind: ScheduleKind, v: u32, mesh: Mesh, plan: &str) -> Outcome {
     let spec = ScheduleSpec::new(kind, mesh.pp as u32, v, M, None).unwrap();
     let tt = generate(&spec);
     let (mut losses, mut peak_bytes, mut kept) = (Vec::new(), Vec::new(), Vec::new());
-    let params = train_gpt(&config(mesh, plan), &tt, |s| {
-        losses.push(s.loss.unwrap().to_bits());
-        peak_bytes = s.peak_stash_bytes.clone();
-        kept = s.kept_per_microbatch.clone();
-    })
+    let params = train_gpt(
+        &config(mesh, plan),
+        &Checked::new(tt.clone()).unwrap(),
+        |s| {
+            losses.push(s.loss.unwrap().to_bits());
+            peak_bytes = s.peak_stash_bytes.clone();
+            kept = s.kept_per_microbatch.clone();
+        },
+    )
     .unwrap();
     Outcome {
         losses,
@@ -116,7 +121,10 @@ fn recomputation_in_bf16_and_under_zero_1_is_bit_identical_too() {
         cfg.run.precision = Precision::Bf16;
         cfg.run.zero = Zero::One;
         let mut losses = Vec::new();
-        let params = train_gpt(&cfg, &tt, |s| losses.push(s.loss.unwrap().to_bits())).unwrap();
+        let params = train_gpt(&cfg, &Checked::new(tt.clone()).unwrap(), |s| {
+            losses.push(s.loss.unwrap().to_bits())
+        })
+        .unwrap();
         (losses, bits(&params))
     };
     let base = go("none");
@@ -161,7 +169,14 @@ fn a_synthetic_stage_refuses_selective_naming_its_stage_and_a_plan_past_the_stag
             ..RunOptions::default()
         };
         let mesh = Mesh::new(2, 1, 1).unwrap();
-        run(mesh, &tt, |_, s| Ok(module(s)), |_| Ok(()), &opts, |_| {})
+        run(
+            mesh,
+            &Checked::new(tt.clone()).unwrap(),
+            |_, s| Ok(module(s)),
+            |_| Ok(()),
+            &opts,
+            |_| {},
+        )
     };
     assert!(go("none").is_ok());
     let e = go("1:selective").unwrap_err();
@@ -234,7 +249,7 @@ fn a_module_that_offers_nothing_runs_without_recomputation_and_is_refused_with_i
         };
         run(
             Mesh::new(2, 1, 1).unwrap(),
-            &tt,
+            &Checked::new(tt.clone()).unwrap(),
             make,
             |_| Ok(()),
             &opts,
@@ -252,7 +267,10 @@ fn a_module_that_offers_nothing_runs_without_recomputation_and_is_refused_with_i
 fn train_timetable(tt: &pipewright_schedule::Timetable, plan: &str) -> (Vec<u32>, FinalParams) {
     let mut losses = Vec::new();
     let cfg = config(Mesh::new(tt.num_devices() as usize, 1, 1).unwrap(), plan);
-    let params = train_gpt(&cfg, tt, |s| losses.push(s.loss.unwrap().to_bits())).unwrap();
+    let params = train_gpt(&cfg, &Checked::new(tt.clone()).unwrap(), |s| {
+        losses.push(s.loss.unwrap().to_bits())
+    })
+    .unwrap();
     (losses, params)
 }
 
@@ -293,7 +311,7 @@ fn a_timetable_that_recomputes_some_microbatches_keeps_the_others_whole() {
     let peaks = |tt: &Timetable| {
         let (mut peak, mut kept) = (Vec::new(), Vec::new());
         let cfg = config(Mesh::new(2, 1, 1).unwrap(), "none");
-        let params = train_gpt(&cfg, tt, |s| {
+        let params = train_gpt(&cfg, &Checked::new(tt.clone()).unwrap(), |s| {
             peak = s.peak_stash_bytes.clone();
             kept = s.kept_per_microbatch.clone();
         })

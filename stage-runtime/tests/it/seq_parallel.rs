@@ -4,6 +4,7 @@
 
 use pipewright_kernels::gpt::GptConfig;
 use pipewright_runtime::{train_gpt, FinalParams, Mesh, RunOptions, RuntimeError, TrainConfig};
+use pipewright_schedule::Checked;
 use pipewright_schedule::{generate, RecomputePlan, ScheduleKind, ScheduleSpec, Timetable};
 
 fn config(mesh: Mesh, sp: bool, recompute: &str) -> TrainConfig {
@@ -33,7 +34,7 @@ struct Trained {
 
 fn train(cfg: &TrainConfig, tt: &Timetable) -> Result<Trained, RuntimeError> {
     let (mut losses, mut stash_bytes) = (Vec::new(), Vec::new());
-    let params = train_gpt(cfg, tt, |s| {
+    let params = train_gpt(cfg, &Checked::new(tt.clone()).unwrap(), |s| {
         losses.push(s.loss.expect("the GPT has a loss"));
         stash_bytes = s.peak_stash_bytes.clone();
     })?;

@@ -2,6 +2,7 @@
 //! as contiguous cuts can; a profile becomes a cost file the simulator reads; a layer-list
 //! model cut into stages trains to the losses of one device.
 
+use pipewright_schedule::Checked;
 use std::ops::Range;
 
 use pipewright_kernels::init::normal_tensor;
@@ -189,9 +190,14 @@ fn a_layer_list_cut_into_stages_trains_to_the_losses_of_one_device() {
             };
             let mut got = Vec::new();
             let make = |_, s: u32| Ok(stage(p.stages[s as usize].clone(), n));
-            let params = run(Mesh::new(2, 1, 2).unwrap(), &tt, make, rows, &opts, |s| {
-                got.push(s.loss.unwrap())
-            })
+            let params = run(
+                Mesh::new(2, 1, 2).unwrap(),
+                &Checked::new(tt.clone()).unwrap(),
+                make,
+                rows,
+                &opts,
+                |s| got.push(s.loss.unwrap()),
+            )
             .unwrap();
             (got, params)
         };

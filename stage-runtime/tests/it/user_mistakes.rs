@@ -7,6 +7,7 @@
 // One device's cuts are a list of one range, as `LayerStage::part` takes them.
 #![allow(clippy::single_range_in_vec_init)]
 
+use pipewright_schedule::Checked;
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -122,7 +123,15 @@ fn train(
         &ScheduleSpec::new(ScheduleKind::OneFOneB, cuts.len() as u32, 1, 4, None).unwrap(),
     );
     let mut steps = 0;
-    let r = run(mesh, &tt, make, data, opts, |_| steps += 1).map(|_| ());
+    let r = run(
+        mesh,
+        &Checked::new(tt.clone()).unwrap(),
+        make,
+        data,
+        opts,
+        |_| steps += 1,
+    )
+    .map(|_| ());
     (r, steps)
 }
 
@@ -368,7 +377,7 @@ fn gpt_replicas_built_apart_are_refused_naming_the_gpt_s_parameter() {
     };
     let r = run(
         mesh,
-        &tt,
+        &Checked::new(tt.clone()).unwrap(),
         make,
         |id| Ok(gpt_data(&cfg, id)),
         &opts(),

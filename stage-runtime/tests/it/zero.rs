@@ -2,6 +2,7 @@
 //! the unsharded run, holds `1 / dp` of the optimizer state per rank, and refuses a module
 //! that cannot shard before the first step.
 
+use pipewright_schedule::Checked;
 use std::time::Duration;
 
 use pipewright_kernels::gpt::GptConfig;
@@ -34,10 +35,14 @@ type Bits = Vec<Option<u32>>;
 
 fn train(mesh: Mesh, zero: Zero, tt: &Timetable) -> (Bits, FinalParams, Vec<u64>) {
     let (mut losses, mut bytes) = (Vec::new(), Vec::new());
-    let params = train_gpt(&config(mesh, zero), tt, |s| {
-        losses.push(s.loss.map(f32::to_bits));
-        bytes = s.optimizer_state_bytes.clone();
-    })
+    let params = train_gpt(
+        &config(mesh, zero),
+        &Checked::new(tt.clone()).unwrap(),
+        |s| {
+            losses.push(s.loss.map(f32::to_bits));
+            bytes = s.optimizer_state_bytes.clone();
+        },
+    )
     .unwrap_or_else(|e| panic!("{} on {mesh:?} with {zero:?}: {e}", tt.name));
     (losses, params, bytes)
 }
@@ -124,7 +129,7 @@ fn a_module_without_a_sharded_optimizer_is_refused_before_the_first_step() {
     let mut steps = 0;
     let e = run(
         Mesh::new(2, 1, 2).unwrap(),
-        &tt,
+        &Checked::new(tt.clone()).unwrap(),
         make,
         |_| Ok(()),
         &opts,
@@ -141,7 +146,7 @@ fn a_module_without_a_sharded_optimizer_is_refused_before_the_first_step() {
     assert_eq!(steps, 0);
     run(
         Mesh::new(2, 1, 1).unwrap(),
-        &tt,
+        &Checked::new(tt.clone()).unwrap(),
         make,
         |_| Ok(()),
         &opts,

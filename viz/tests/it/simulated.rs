@@ -1,5 +1,6 @@
 //! Charts of timelines from the project's own generator and simulator (issue 3's test case).
 
+use pipewright_schedule::Checked;
 use pipewright_schedule::{generate, MemorySample, ScheduleKind, ScheduleSpec};
 use pipewright_sim::{simulate, CostModel, Simulation, StageCost};
 use pipewright_viz::{bubble_chart, ChartOptions, ChartPanel, ImageFormat};
@@ -11,7 +12,7 @@ fn sim(kind: ScheduleKind, p: u32, v: u32, m: u32) -> Simulation {
     let costs = CostModel::uniform(spec.stages(), cost)
         .with_link(0.1, None)
         .unwrap();
-    simulate(&generate(&spec), &costs).unwrap()
+    simulate(&Checked::new(generate(&spec)).unwrap(), &costs).unwrap()
 }
 
 #[test]

@@ -1,6 +1,7 @@
 use super::*;
 use crate::simulate::simulate;
 use crate::StageCost;
+use pipewright_schedule::Checked;
 use pipewright_schedule::{generate, ScheduleKind, ScheduleSpec};
 
 fn model(stages: u32, f: f64, b: f64, w: f64, c: f64) -> CostModel {
@@ -11,7 +12,9 @@ fn model(stages: u32, f: f64, b: f64, w: f64, c: f64) -> CostModel {
 
 fn steady(kind: ScheduleKind, p: u32, m: u32, costs: &CostModel, k: u32) -> SteadyReport {
     let spec = ScheduleSpec::new(kind, p, 1, m, None).unwrap();
-    simulate_steps(&generate(&spec), costs, k).unwrap().report
+    simulate_steps(&Checked::new(generate(&spec)).unwrap(), costs, k)
+        .unwrap()
+        .report
 }
 
 /// The zero-bubble paper's published costs (Qi et al., ICLR 2024, table of measured F, B, W
@@ -82,7 +85,9 @@ fn optimizer_and_all_reduce_delay_the_next_step() {
 fn the_period_of_shifted_steps_is_the_shift() {
     let costs = model(4, 1.0, 2.0, 1.0, 0.0);
     let spec = ScheduleSpec::new(ScheduleKind::ZbH1, 4, 1, 8, None).unwrap();
-    let one = simulate(&generate(&spec), &costs).unwrap().timeline;
+    let one = simulate(&Checked::new(generate(&spec)).unwrap(), &costs)
+        .unwrap()
+        .timeline;
     let shifted: Vec<Timeline> = (0..5)
         .map(|k| {
             let mut t = one.clone();
@@ -101,7 +106,7 @@ fn the_period_of_shifted_steps_is_the_shift() {
 fn steps_split_back_into_the_single_steps_microbatches() {
     let costs = model(4, 1.0, 2.0, 1.0, 0.0);
     let spec = ScheduleSpec::new(ScheduleKind::Zbv, 4, 2, 8, None).unwrap();
-    let tt = generate(&spec);
+    let tt = Checked::new(generate(&spec)).unwrap();
     let s = simulate_steps(&tt, &costs.resample(8).unwrap(), 3).unwrap();
     assert_eq!(s.timeline.meta.microbatches, 24);
     let steps = split_steps(&s.timeline, 8);
@@ -126,7 +131,7 @@ fn the_first_of_many_steps_is_the_single_step() {
             .fixed_virtual()
             .unwrap_or(if kind.supports_virtual() { 2 } else { 1 });
         let spec = ScheduleSpec::new(kind, 4, v, 8, None).unwrap();
-        let tt = generate(&spec);
+        let tt = Checked::new(generate(&spec)).unwrap();
         let c = costs.resample(spec.stages()).unwrap();
         let one = simulate(&tt, &c).unwrap();
         let many = simulate_steps(&tt, &c, 3).unwrap();
