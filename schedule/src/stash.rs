@@ -107,10 +107,9 @@ impl StashWalk {
                 }
                 visit(Change::Stash(form));
             }
-            ActionKind::R => {
-                if self.keys.set(key, SLIM, false) {
-                    visit(Change::Rebuild(self.keys.form(key)));
-                }
+            // An R of a stash kept whole, rebuilt already or not stashed changes nothing.
+            ActionKind::R if self.keys.set(key, SLIM, false) => {
+                visit(Change::Rebuild(self.keys.form(key)))
             }
             ActionKind::B | ActionKind::I => {
                 let form = self.keys.form(key);
