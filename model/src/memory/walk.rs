@@ -1,5 +1,7 @@
-//! The one walk of a device's actions that finds its activation peak, shared by the memory
-//! model (in bytes) and the schedule search (in units of a microbatch's activations).
+//! The schedule's [stash walk](pipewright_schedule::stash) weighed per stage in
+//! [`StageBytes`]: a device's activation peak for the memory model (in bytes) and the schedule
+//! search (in units of a microbatch's activations). The walk says what is stashed, rebuilt
+//! and freed; this says how much.
 
 use serde::{Deserialize, Serialize};
 
@@ -47,7 +49,7 @@ pub fn peak_walk(tt: &Timetable, stages: &[StageBytes]) -> Vec<f64> {
 }
 
 /// The most one device holds during each part of its actions (an F&B overlap is two parts:
-/// its F, then its B), counted the way the runtime counts (see [`Stashes`]). Stages past
+/// its F, then its B), counted the way the runtime counts (the [stash walk](pipewright_schedule::stash)). Stages past
 /// `stages` hold nothing.
 pub fn device_levels(row: &[Action], stages: &[StageBytes]) -> Vec<f64> {
     let mut held = Stashes::new(row);
