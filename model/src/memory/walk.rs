@@ -49,8 +49,8 @@ pub fn peak_walk(tt: &Timetable, stages: &[StageBytes]) -> Vec<f64> {
 }
 
 /// The most one device holds during each part of its actions (an F&B overlap is two parts:
-/// its F, then its B), counted the way the runtime counts (the [stash walk](pipewright_schedule::stash)). Stages past
-/// `stages` hold nothing.
+/// its F, then its B), counted the way the runtime counts (the
+/// [stash walk](pipewright_schedule::stash)). Stages past `stages` hold nothing.
 pub fn device_levels(row: &[Action], stages: &[StageBytes]) -> Vec<f64> {
     let mut held = Stashes::new(row);
     row.iter()
