@@ -28,6 +28,7 @@ pub mod formats;
 pub mod generators;
 pub mod recompute;
 pub mod spec;
+pub mod stash;
 pub mod timeline;
 pub mod timetable;
 pub mod validate;

@@ -1,12 +1,12 @@
-//! The one walk of a device's actions that finds its activation peak, shared by the memory
-//! model (in bytes) and the schedule search (in units of a microbatch's activations).
-
-use std::collections::HashSet;
+//! The schedule's [stash walk](pipewright_schedule::stash) weighed per stage in
+//! [`StageBytes`]: a device's activation peak for the memory model (in bytes) and the schedule
+//! search (in units of a microbatch's activations). The walk says what is stashed, rebuilt
+//! and freed; this says how much.
 
 use serde::{Deserialize, Serialize};
 
-use pipewright_schedule::action::{Action, ActionKind};
-use pipewright_schedule::recompute::kept_whole;
+use pipewright_schedule::action::Action;
+use pipewright_schedule::stash::{Change, Form, StashWalk};
 use pipewright_schedule::timetable::Timetable;
 
 /// What one microbatch of one stage holds, in any unit (bytes, or the search's units).
@@ -49,8 +49,8 @@ pub fn peak_walk(tt: &Timetable, stages: &[StageBytes]) -> Vec<f64> {
 }
 
 /// The most one device holds during each part of its actions (an F&B overlap is two parts:
-/// its F, then its B), counted the way the runtime counts (see [`Stashes`]). Stages past
-/// `stages` hold nothing.
+/// its F, then its B), counted the way the runtime counts (the
+/// [stash walk](pipewright_schedule::stash)). Stages past `stages` hold nothing.
 pub fn device_levels(row: &[Action], stages: &[StageBytes]) -> Vec<f64> {
     let mut held = Stashes::new(row);
     row.iter()
@@ -63,16 +63,14 @@ pub fn device_levels(row: &[Action], stages: &[StageBytes]) -> Vec<f64> {
         .collect()
 }
 
-/// One device's stashed activations as its compute parts run, in the runtime's order. On a
-/// stage with `R` actions in the row, a microbatch with an `R` keeps the stage's `kept` from
-/// its F and the R grows it to `full`, while one without keeps `full` (the runtime recomputes
-/// exactly what the timetable names). On a stage without, every F keeps `kept`, and a
-/// backward of a slim stash grows it first (the runtime rebuilds it there). B frees `full`;
-/// I frees `full` and adds `weight`; W frees `weight`.
+/// One device's stashed activations as its compute parts run, in the runtime's order: the
+/// schedule's [stash walk](pipewright_schedule::stash) weighed in a stage's [`StageBytes`].
+/// A slim stash (an F of a stage with `R`s whose microbatch has one, or of a stage without
+/// `R`s, under its policy) holds `kept` and grows to `full` when rebuilt; a whole one (a
+/// microbatch without `R` on a stage with some) holds `whole`. B frees `full` (or `whole`);
+/// I frees it and adds `weight`; W frees `weight`.
 pub(super) struct Stashes {
-    /// Microbatches of a stage with `R`s that keep their whole stash (no `R` of their own).
-    whole: HashSet<(u32, u32)>,
-    slim: HashSet<(u32, u32)>,
+    walk: StashWalk,
     /// Held now.
     pub(super) now: f64,
 }
@@ -81,8 +79,7 @@ impl Stashes {
     /// Nothing held yet, for the actions of `row`.
     pub(super) fn new(row: &[Action]) -> Self {
         Stashes {
-            whole: kept_whole(row),
-            slim: HashSet::new(),
+            walk: StashWalk::new(row),
             now: 0.0,
         }
     }
@@ -92,39 +89,24 @@ impl Stashes {
     pub(super) fn apply(&mut self, part: Action, stages: &[StageBytes], mut grew: impl FnMut(f64)) {
         let none = StageBytes::default();
         let c = stages.get(part.stage as usize).unwrap_or(&none);
-        let key = (part.stage, part.microbatch);
+        // A policy that keeps everything (or more) stashes the whole and rebuilds nothing.
+        let kept = if c.kept >= c.full { c.full } else { c.kept };
+        let freed = |form| if form == Form::Whole { c.whole } else { c.full };
+        let now = &mut self.now;
         let mut grow = |now: &mut f64, by: f64| {
             *now += by;
             grew(*now);
         };
-        match part.kind {
-            ActionKind::F => {
-                if self.whole.contains(&key) {
-                    grow(&mut self.now, c.whole);
-                } else if c.kept >= c.full {
-                    grow(&mut self.now, c.full);
-                } else {
-                    self.slim.insert(key);
-                    grow(&mut self.now, c.kept);
-                }
+        self.walk.step(part, |change| match change {
+            Change::Stash(Form::Whole) => grow(now, c.whole),
+            Change::Stash(_) => grow(now, kept),
+            Change::Rebuild(_) => grow(now, c.full - kept),
+            Change::Free(form) => *now -= freed(form),
+            Change::Split(form) => {
+                *now -= freed(form);
+                grow(now, c.weight);
             }
-            // An R of a stash kept whole (or rebuilt already) changes nothing.
-            ActionKind::R if self.slim.remove(&key) => grow(&mut self.now, c.full - c.kept),
-            ActionKind::B | ActionKind::I => {
-                if self.slim.remove(&key) {
-                    grow(&mut self.now, c.full - c.kept);
-                }
-                self.now -= if self.whole.contains(&key) {
-                    c.whole
-                } else {
-                    c.full
-                };
-                if part.kind == ActionKind::I {
-                    grow(&mut self.now, c.weight);
-                }
-            }
-            ActionKind::W => self.now -= c.weight,
-            _ => {}
-        }
+            Change::FreeWeight => *now -= c.weight,
+        });
     }
 }

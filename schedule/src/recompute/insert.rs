@@ -5,6 +5,7 @@ use std::collections::{BTreeSet, HashSet};
 
 use super::{Recompute, RecomputePlan};
 use crate::action::{Action, ActionKind};
+use crate::stash::{Change, Form};
 use crate::timetable::Timetable;
 
 /// `tt` with an `R` placed right before the first backward (B or I, an F&B overlap's B
@@ -44,20 +45,18 @@ pub fn insert(tt: &Timetable, plan: &RecomputePlan) -> Timetable {
 
 /// The microbatches of one device's `row` that keep their whole stash although their stage
 /// recomputes: on a stage with `R`s in the row, the forwards without one (a timetable
-/// recomputes only what it names). The runtime keeps them whole and the memory walk counts
-/// them so; a stage with no `R` in the row recomputes by its policy alone.
+/// recomputes only what it names). The runtime keeps them whole, and the memory walk counts
+/// them so: they are the forwards the [stash walk](crate::stash) stashes in
+/// [`Form::Whole`](crate::stash::Form::Whole). A stage with no `R` in the row recomputes by
+/// its policy alone.
 pub fn kept_whole(row: &[Action]) -> HashSet<(u32, u32)> {
-    let parts = || row.iter().flat_map(|a| a.parts());
-    let named: HashSet<(u32, u32)> = parts()
-        .filter(|p| p.kind == ActionKind::R)
-        .map(|p| (p.stage, p.microbatch))
-        .collect();
-    let stages: HashSet<u32> = named.iter().map(|&(s, _)| s).collect();
-    parts()
-        .filter(|p| p.kind == ActionKind::F && stages.contains(&p.stage))
-        .map(|p| (p.stage, p.microbatch))
-        .filter(|k| !named.contains(k))
-        .collect()
+    let mut whole = HashSet::new();
+    crate::stash::walk(row, |_, part, change| {
+        if change == Change::Stash(Form::Whole) {
+            whole.insert((part.stage, part.microbatch));
+        }
+    });
+    whole
 }
 
 /// The stages with at least one `R` action in `tt`.

@@ -1,11 +1,10 @@
 //! The figures of a step: makespan, bubbles, stashed activations over time.
 
-use std::collections::HashSet;
-
 use serde::{Deserialize, Serialize};
 
 use super::CostModel;
 use pipewright_schedule::action::ActionKind;
+use pipewright_schedule::stash::{Change, Form, StashWalk};
 use pipewright_schedule::timeline::{MemorySample, Timeline};
 
 /// Figures of one device.
@@ -197,14 +196,14 @@ pub(crate) fn memory_tracks(timeline: &Timeline, costs: &CostModel) -> Vec<Memor
 /// (time, action position, 0 at its start or 1 at its end, change of count, change of bytes).
 type Delta = (f64, usize, u8, i8, i128);
 
-/// A microbatch with an `R` keeps only [`CostModel::kept_bytes`] from the start of its F to
-/// the start of its R, and its whole stash from then until its backward frees it.
+/// The schedule's [stash walk](pipewright_schedule::stash) over the device's events in running
+/// order, weighed in bytes and placed in time. A microbatch with an `R` keeps only
+/// [`CostModel::kept_bytes`] from the start of its F to the start of its R, and its whole
+/// stash from then until its backward frees it; every other one keeps its whole stash (the
+/// simulator has no recompute policy, so a stage without `R`s rebuilds nothing).
 fn track(events: &[&pipewright_schedule::timeline::Event], costs: &CostModel) -> MemoryTrack {
-    let recomputed: HashSet<(u32, u32)> = events
-        .iter()
-        .filter(|e| e.action.kind == ActionKind::R)
-        .map(|e| (e.action.stage, e.action.microbatch))
-        .collect();
+    let row: Vec<_> = events.iter().map(|e| e.action).collect();
+    let mut walk = StashWalk::new(&row);
     let mut deltas: Vec<Delta> = Vec::with_capacity(events.len());
     for (pos, e) in events.iter().enumerate() {
         // An overlap is its F (stashes at the start) and its B (frees at the end).
@@ -215,21 +214,22 @@ fn track(events: &[&pipewright_schedule::timeline::Event], costs: &CostModel) ->
                     c.w_activation_bytes().min(c.activation_bytes),
                 )
             });
-            let kept = if recomputed.contains(&(part.stage, part.microbatch)) {
-                costs.kept_bytes(part.stage).min(bytes)
-            } else {
-                bytes
-            };
+            let kept = costs.kept_bytes(part.stage).min(bytes);
             let (bytes, held, kept) = (i128::from(bytes), i128::from(held), i128::from(kept));
-            match part.kind {
-                ActionKind::F => deltas.push((e.start, pos, 0, 1, kept)),
-                ActionKind::R => deltas.push((e.start, pos, 0, 0, bytes - kept)),
-                ActionKind::B => deltas.push((e.end, pos, 1, -1, -bytes)),
+            let (start, end) = ((e.start, pos, 0), (e.end, pos, 1));
+            walk.step(part, |change| match change {
+                Change::Stash(Form::Named) => deltas.push(at(start, 1, kept)),
+                Change::Stash(_) => deltas.push(at(start, 1, bytes)),
+                Change::Rebuild(Form::Named) if part.kind == ActionKind::R => {
+                    deltas.push(at(start, 0, bytes - kept))
+                }
+                Change::Rebuild(_) => {}
+                Change::Free(_) => deltas.push(at(end, -1, -bytes)),
                 // I frees what W does not need; the microbatch-stage still counts until W.
-                ActionKind::I if held < bytes => deltas.push((e.end, pos, 1, 0, held - bytes)),
-                ActionKind::W => deltas.push((e.end, pos, 1, -1, -held)),
-                _ => {}
-            }
+                Change::Split(_) if held < bytes => deltas.push(at(end, 0, held - bytes)),
+                Change::Split(_) => {}
+                Change::FreeWeight => deltas.push(at(end, -1, -held)),
+            });
         }
     }
     deltas.sort_by(|a, b| a.0.total_cmp(&b.0).then((a.1, a.2).cmp(&(b.1, b.2))));
@@ -261,4 +261,9 @@ fn track(events: &[&pipewright_schedule::timeline::Event], costs: &CostModel) ->
         peak_count,
         peak_bytes,
     }
+}
+
+/// A change of `count` and `bytes` at `(time, position, phase)`.
+fn at((time, pos, phase): (f64, usize, u8), count: i8, bytes: i128) -> Delta {
+    (time, pos, phase, count, bytes)
 }

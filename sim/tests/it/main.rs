@@ -14,6 +14,7 @@ mod search;
 mod search_budget;
 mod search_recompute;
 mod simulate;
+mod stash_agree;
 mod steady;
 mod timeline_check;
 mod zero_bubble;
