@@ -82,10 +82,13 @@ proptest! {
                 prop_assert!(bytes <= cap * UNIT as f64 + 1e-6, "{} bytes over cap {}", bytes, cap);
                 prop_assert!((found.simulation.report.makespan - best.makespan).abs() < 1e-9);
                 prop_assert!(best.period <= best.makespan + 1e-9);
-                // The period of a few steps is the period of many.
+                // The period of a few steps is the period of many, to 0.1%: with latencies a
+                // list-scheduled timetable can settle into a cycle of more than one step, whose
+                // average a few steps reach only nearly (p 3, m 10, latency 0.24: 29.3498
+                // against 29.3611 over 12 steps, 0.04%).
                 let model_v = model.resample(found.timetable.num_stages()).unwrap();
                 let long = simulate_steps(&found.timetable, &model_v, 12).unwrap().report.period;
-                prop_assert!((long - best.period).abs() <= 1e-9 * long.max(1.0), "{} vs {}", long, best.period);
+                prop_assert!((long - best.period).abs() <= 1e-3 * long.max(1.0), "{} vs {}", long, best.period);
                 let t = objective.of(best);
                 if let Some(fixed) = best_fixed(p, m, &model, cap, objective) {
                     prop_assert!(t <= fixed + 1e-9, "{:?} {} > fixed {}", objective, t, fixed);
