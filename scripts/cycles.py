@@ -13,7 +13,7 @@ import os
 import re
 import sys
 
-CRATES = ["kinds/src", "schedule/src", "model/src", "sim/src", "plan/src", "kernels-core/src",
+CRATES = ["kinds/src", "schedule/src", "model/src", "sim/src", "search/src", "plan/src", "kernels-core/src",
           "kernels-cuda/src", "kernels/src", "comm/src", "stage/src",
           "stage-runtime/src", "viz/src", "input/src", "calibrate/src", "derive/src", "cli/src", "src",
           "python/src"]

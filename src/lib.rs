@@ -1,7 +1,7 @@
 //! pipewright: pipeline-parallel training with schedules that are data.
 //!
 //! The one crate to depend on: [`schedule`] (timetables, validator, simulator, planner),
-//! with [`model`], [`sim`] and [`plan`] also by their own crates' names,
+//! with [`model`], [`sim`], [`search`] and [`plan`] also by their own crates' names,
 //! [`runtime`] (meshes, the per-device runtime, [`runtime::StageModule`] and layer lists),
 //! [`kernels`] (tensors, layers with split backward, optimizers), [`viz`] (bubble charts) and
 //! [`input`] (files read within this machine's limits, timelines checked on the way in) and
@@ -24,7 +24,19 @@ pub use pipewright_model as model;
 pub use pipewright_plan as plan;
 #[cfg(feature = "runtime")]
 pub use pipewright_runtime as runtime;
-pub use pipewright_sim as sim;
+pub use pipewright_search as search;
+
+/// The simulator (`pipewright-sim`), with the search and sweeps (`pipewright-search`) under
+/// the paths they had when one crate held them.
+pub mod sim {
+    /// The search for the fastest timetable under a memory cap (`pipewright-search`).
+    pub use pipewright_search as search;
+    pub use pipewright_search::{
+        best, parse_counts, sweep, CountsError, SweepGrid, SweepRequest, SweepRequestError,
+        SweepRow,
+    };
+    pub use pipewright_sim::*;
+}
 
 /// The schedule side in one place, as it was before it became four crates: the core
 /// (`pipewright-schedule`), model shapes and memory (`pipewright-model`), the simulator,
@@ -37,10 +49,12 @@ pub mod schedule {
     #[cfg(feature = "plan")]
     pub use pipewright_plan as plan;
     pub use pipewright_schedule::*;
+    /// The search for the fastest timetable under a memory cap (`pipewright-search`).
+    pub use pipewright_search as search;
+    pub use pipewright_search::{best, parse_counts, sweep, CountsError, SweepGrid, SweepRow};
     pub use pipewright_sim::{
-        best, measured_costs, parse_counts, search, simulate, sweep, CostError, CostModel,
-        CountsError, DeviceReport, RawCostFile, RawStageCost, Report, SimError, Simulation,
-        StageCost, SweepGrid, SweepRow,
+        measured_costs, simulate, CostError, CostModel, DeviceReport, RawCostFile, RawStageCost,
+        Report, SimError, Simulation, StageCost,
     };
 }
 #[cfg(feature = "viz")]

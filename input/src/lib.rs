@@ -17,8 +17,8 @@ use std::path::Path;
 
 use pipewright_schedule::timeline::TimelineError;
 use pipewright_schedule::{Timeline, Timetable};
-use pipewright_sim::sweep::SWEEP_STEPS;
-use pipewright_sim::SweepGrid;
+use pipewright_search::sweep::SWEEP_STEPS;
+use pipewright_search::SweepGrid;
 
 mod kind;
 

@@ -19,7 +19,7 @@ use pipewright_schedule::Checked;
 use pipewright_sim::simulate::{simulate_steps, CostModel, SimError};
 
 /// Steps simulated back to back (a warm-up and two to measure the period, as `search`).
-const STEPS: u32 = pipewright_sim::search::PERIOD_STEPS;
+const STEPS: u32 = pipewright_search::PERIOD_STEPS;
 
 /// The compute-only timetable of `cfg` with `m` microbatches, recomputation written in.
 pub fn timetable(cfg: &Config, m: u32) -> Result<Timetable, PlanError> {

@@ -110,7 +110,7 @@ pub enum PlanError {
     Memory(#[from] MemoryError),
     /// A schedule search failed (a bug if it happens).
     #[error(transparent)]
-    Search(#[from] pipewright_sim::search::SearchError),
+    Search(#[from] pipewright_search::SearchError),
 }
 
 impl PlanError {

@@ -8,7 +8,7 @@
 //!
 //! After the bounded search, for the best few ranked configurations (one per tp, pp, dp,
 //! microbatch size and count, ZeRO and SP) whose `pp x m` is at most [`MAX_SEARCHED_SIZE`],
-//! [`pipewright_sim::search::search`] runs (for a GPT; a layer-list profile is not searched) with that configuration's cost model
+//! [`pipewright_search::search`] runs (for a GPT; a layer-list profile is not searched) with that configuration's cost model
 //! ([`super::costs::cost_model`]), the cluster's memory per GPU as a byte cap on the memory
 //! model's whole-rank total, and the steady-state period as its objective; once without
 //! recomputation, and once with the row's policy on every stage where it has one (its
@@ -36,7 +36,7 @@ use pipewright_schedule::recompute::{insert, Recompute, RecomputePlan};
 use pipewright_schedule::spec::{Placement, ScheduleKind, ScheduleSpec};
 use pipewright_schedule::timetable::Timetable;
 use pipewright_schedule::Checked;
-use pipewright_sim::search::{
+use pipewright_search::{
     search, MemoryCap, Objective, SearchError, SearchOutcome, SearchSpec, PERIOD_STEPS,
 };
 use pipewright_sim::simulate::{simulate_steps, CostModel, SimError};

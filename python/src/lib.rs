@@ -64,7 +64,7 @@ pub(crate) fn byte_count(value: &Bound<'_, PyAny>, name: &str) -> PyResult<u64> 
         Ok(s) => s,
         Err(_) => value.str()?.to_string(),
     };
-    pipewright_sim::search::parse_bytes(&text).map_err(|e| err(format!("{name}: {e}")))
+    pipewright_search::parse_bytes(&text).map_err(|e| err(format!("{name}: {e}")))
 }
 
 /// Refuse a stage or device count no timetable can have, before anything is sized by it

@@ -1,6 +1,6 @@
 //! Timetables timed: the discrete-event simulator for one step and for the steady state
-//! ([`simulate`]), chunk-count sweeps ([`sweep`]), and the search for the fastest timetable
-//! under a memory cap ([`search`]).
+//! ([`simulate`]), with its costs, reports and timelines. The search for the fastest timetable
+//! under a memory cap and chunk-count sweeps are `pipewright-search`, built on this.
 //!
 //! ```
 //! use pipewright_schedule::{generate, Checked, ScheduleKind, ScheduleSpec};
@@ -18,19 +18,13 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
-//! Invariants: no second generator (candidates come from `pipewright-schedule`'s generators
-//! or the search's own list scheduler, and every one is validated and simulated), no IO, no
+//! Invariants: no generator (it times what it is given, as a `Checked` timetable), no IO, no
 //! async.
 #![deny(missing_docs)]
 
-pub mod search;
 pub mod simulate;
-pub mod sweep;
 
 pub use simulate::{
     measured_costs, overlap_time, simulate, CostError, CostModel, DeviceReport, RawCostFile,
     RawStageCost, Report, SimError, Simulation, StageCost,
-};
-pub use sweep::{
-    best, parse_counts, sweep, CountsError, SweepGrid, SweepRequest, SweepRequestError, SweepRow,
 };

@@ -6,7 +6,7 @@ use crate::canvas::{frame, render, Anchor, Canvas, TextSpec};
 use crate::layout::plot_size;
 use crate::style::{format_number, nice_ticks, series_color, Rgb};
 use crate::{ChartOptions, ImageFormat, VizError};
-use pipewright_sim::search::{Objective, SearchOutcome};
+use pipewright_search::{Objective, SearchOutcome};
 
 /// One candidate of a search.
 #[derive(Clone, Debug, PartialEq)]

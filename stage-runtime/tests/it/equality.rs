@@ -7,7 +7,7 @@ use pipewright_schedule::Checked;
 use pipewright_kernels::gpt::GptConfig;
 use pipewright_runtime::{train_gpt, Mesh, RunOptions, TrainConfig};
 use pipewright_schedule::{generate, Placement, ScheduleKind, ScheduleSpec, Timetable};
-use pipewright_sim::search::{list_schedule, stage_weights, Knobs};
+use pipewright_search::{list_schedule, stage_weights, Knobs};
 use pipewright_sim::{simulate, CostModel, StageCost};
 use whole::{check_params, close, single_device};
 

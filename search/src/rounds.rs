@@ -16,10 +16,10 @@
 //! costs give: F adds its stage's weight, I frees all but the part W still needs, W frees
 //! that part. The result is a timetable like any other: the search validates and simulates it.
 
-use crate::simulate::CostModel;
 use pipewright_schedule::action::{Action, ActionKind};
 use pipewright_schedule::spec::Placement;
 use pipewright_schedule::timetable::Timetable;
+use pipewright_sim::simulate::CostModel;
 
 /// The heuristic's three choices (the paper's grid of binary hyperparameters).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -9,7 +9,7 @@ use pipewright_schedule::timeline::MAX_DEVICES;
 use pipewright_schedule::ScheduleKind;
 
 use super::{MemoryCap, Objective, SearchSpec, MAX_TIME_BUDGET};
-use crate::simulate::CostModel;
+use pipewright_sim::simulate::CostModel;
 
 /// Most timetables a search keeps beside the best (`--runners-up`, `timetables(k)`).
 pub const MAX_RUNNERS_UP: usize = 4;
@@ -198,7 +198,7 @@ mod tests {
 
     /// What makes a good request bad.
     type Spoil<R> = fn(&mut R);
-    use crate::simulate::StageCost;
+    use pipewright_sim::simulate::StageCost;
 
     fn costs() -> CostModel {
         CostModel::uniform(2, StageCost::new(1.0, 2.0, None).unwrap())

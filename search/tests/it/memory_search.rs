@@ -3,7 +3,7 @@
 
 use pipewright_model::memory::{predict, Accounting, MemoryConfig, ModelShape};
 use pipewright_schedule::{generate, ScheduleKind, ScheduleSpec};
-use pipewright_sim::search::{search, MemoryCap, SearchError, SearchSpec};
+use pipewright_search::{search, MemoryCap, SearchError, SearchSpec};
 use pipewright_sim::{CostModel, StageCost};
 
 const P: u32 = 4;

@@ -5,11 +5,11 @@ use super::{
     budget, fixed_label, key, list_schedule, peak_units_kept, recompute, refused, round_schedule,
     whole, Candidate, Job, MemoryCap, Ordered, Progress, SearchSpec, Shape, PERIOD_STEPS,
 };
-use crate::simulate::{simulate_steps, SimError, Simulation, SteadyError, SteadyState};
 use pipewright_schedule::generators::generate;
 use pipewright_schedule::spec::{ScheduleKind, ScheduleSpec};
 use pipewright_schedule::timetable::Timetable;
 use pipewright_schedule::Checked;
+use pipewright_sim::simulate::{simulate_steps, SimError, Simulation, SteadyError, SteadyState};
 
 pub(super) type Evaluated = Result<Candidate, (String, String)>;
 

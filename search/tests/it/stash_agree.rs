@@ -4,8 +4,8 @@
 
 use pipewright_schedule::action::ActionKind;
 use pipewright_schedule::recompute::{insert, Recompute, RecomputePlan};
-use pipewright_schedule::{generate, ScheduleKind, ScheduleSpec};
-use pipewright_sim::search::{held_weights, kept_weights, peak_units_kept, stage_weights};
+use pipewright_schedule::{generate, Checked, ScheduleKind, ScheduleSpec};
+use pipewright_search::{held_weights, kept_weights, peak_units_kept, stage_weights};
 use pipewright_sim::simulate::simulate;
 use pipewright_sim::{CostModel, StageCost};
 
@@ -38,7 +38,7 @@ fn simulator_and_search_peaks_agree_with_named_recompute_and_split_backwards() {
             let kept = kept_weights(&costs, &weights);
             let units = peak_units_kept(&tt, &weights, &held, &kept);
             let unit = 1000.0 * f64::from(v);
-            let sim = simulate(&tt, &costs).unwrap();
+            let sim = simulate(&Checked::new(tt.clone()).unwrap(), &costs).unwrap();
             for (d, dev) in sim.report.devices.iter().enumerate() {
                 let bytes = dev.peak_activation_bytes as f64 / unit;
                 assert!(

@@ -105,7 +105,7 @@ pub(super) fn count(tt: &Timetable) -> (u32, u32) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::search::memory::peak_units_kept;
+    use crate::memory::peak_units_kept;
     use pipewright_schedule::generate;
     use pipewright_schedule::spec::{ScheduleKind, ScheduleSpec};
 

@@ -4,7 +4,7 @@
 
 use pipewright_schedule::Checked;
 use pipewright_schedule::{generate, validate, ScheduleKind, ScheduleSpec};
-use pipewright_sim::search::{search, MemoryCap, Objective, SearchError, SearchSpec, PERIOD_STEPS};
+use pipewright_search::{search, MemoryCap, Objective, SearchError, SearchSpec, PERIOD_STEPS};
 use pipewright_sim::simulate::simulate_steps;
 use pipewright_sim::{simulate, CostModel, StageCost};
 use proptest::prelude::*;
@@ -195,7 +195,7 @@ fn max_virtual_bounds_every_candidate() {
 
 /// The row from the zero-bubble paper: p=8, m=32, F=18.513, I=18.086, W=9.331,
 /// c=0.626, cap 2p = 16.
-fn paper_row(max_virtual: u32) -> pipewright_sim::search::SearchOutcome {
+fn paper_row(max_virtual: u32) -> pipewright_search::SearchOutcome {
     let c = StageCost::new(18.513, 27.417, Some(9.331)).unwrap(); // as `--cost 18.513,27.417,9.331`
     let model = CostModel::uniform(8, c).with_link(0.626, None).unwrap();
     let mut spec = SearchSpec::new(8, 32, model, MemoryCap::Microbatches(16.0));
@@ -250,7 +250,7 @@ const PAPER_ROWS: [PaperRow; 6] = [
 
 #[test]
 fn with_the_papers_memory_accounting_the_search_matches_zb_2p_on_its_rows() {
-    use pipewright_sim::search::{held_weights, peak_units_held, stage_weights};
+    use pipewright_search::{held_weights, peak_units_held, stage_weights};
     for (p, m, f, i, w, c, h, a, zb2p) in PAPER_ROWS {
         let mut cost = StageCost::new(f, i + w, Some(w)).unwrap();
         cost.activation_bytes = UNIT;

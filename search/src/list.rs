@@ -13,10 +13,10 @@ use std::cmp::{Ordering, Reverse};
 use std::collections::{BinaryHeap, VecDeque};
 
 use super::memory::held_weights;
-use crate::simulate::CostModel;
 use pipewright_schedule::action::{Action, ActionKind};
 use pipewright_schedule::spec::Placement;
 use pipewright_schedule::timetable::Timetable;
+use pipewright_sim::simulate::CostModel;
 
 /// The choices that shape one list schedule.
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -3,13 +3,13 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::search::{CapError, MemoryCap};
-use crate::simulate::{simulate_steps, Bubbles, CostModel, SimError};
+use crate::{CapError, MemoryCap};
 use pipewright_schedule::cancel::Cancel;
 use pipewright_schedule::generators::generate;
 use pipewright_schedule::spec::{ScheduleKind, ScheduleSpec};
 use pipewright_schedule::timeline::MAX_DEVICES;
 use pipewright_schedule::Checked;
+use pipewright_sim::simulate::{simulate_steps, Bubbles, CostModel, SimError};
 
 /// One combination's outcome. Combinations that cannot run carry `error` and no figures.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -338,7 +338,7 @@ mod tests {
 
     /// What makes a good request bad.
     type Spoil<R> = fn(&mut R);
-    use crate::simulate::StageCost;
+    use pipewright_sim::simulate::StageCost;
 
     #[test]
     fn counts_lists_and_ranges() {
@@ -461,7 +461,10 @@ mod tests {
             memory_cap: Some(MemoryCap::Microbatches(2.0)),
             ..request.clone()
         };
-        let costs = CostModel::uniform(2, crate::simulate::StageCost::new(1.0, 2.0, None).unwrap());
+        let costs = CostModel::uniform(
+            2,
+            pipewright_sim::simulate::StageCost::new(1.0, 2.0, None).unwrap(),
+        );
         assert_eq!(
             capped.into_grid(Some(&costs)).unwrap_err(),
             CapError::NoSizes.into()

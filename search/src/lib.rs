@@ -1,4 +1,13 @@
-//! Search: the fastest timetable that fits a per-device memory cap, for the user's own costs.
+//! pipewright-search: the timetable that wins on the user's costs. [`search`] finds the fastest
+//! under a memory cap, and [`sweep`] times chunk counts; both judge every candidate with
+//! `pipewright-sim`'s simulator and generate nothing it cannot check.
+//!
+//! Invariants: no simulator of its own (every time is `pipewright-sim`'s), no candidate
+//! trusted before it validates, no IO, no async, no search past its time budget.
+//!
+//! # Search
+//!
+//! The fastest timetable that fits a per-device memory cap, for the user's own costs.
 //!
 //! Candidates come from two sources. Every fixed family is tried over its shapes (chunks per
 //! device `v`, interleaving group sizes). The search's own list scheduler ([`list_schedule`])
@@ -12,14 +21,14 @@
 //!
 //! The best is the fitting candidate with the smallest [`Objective`] (then the least memory,
 //! then the first found, so a fixed family wins a tie). The objective is the steady-state
-//! period by default ([`simulate_steps`](crate::simulate::simulate_steps) over
+//! period by default ([`simulate_steps`](pipewright_sim::simulate::simulate_steps) over
 //! [`PERIOD_STEPS`] steps: what unfenced training pays per step), or the single-step makespan
 //! (steps fenced by a global barrier). Because the fixed families are candidates, the result
 //! is never worse than the best of them that fits, under either objective. The Pareto front of
 //! the objective against peak memory shows what more memory would buy.
 //!
 //! ```
-//! use pipewright_sim::search::{search, MemoryCap, SearchSpec};
+//! use pipewright_search::{search, MemoryCap, SearchSpec};
 //! use pipewright_sim::{CostModel, StageCost};
 //!
 //! // 4 devices, 8 microbatches, F=1 B=2 (W=1) per device's share; room for 4 microbatches.
@@ -32,6 +41,7 @@
 //! assert!(best.bubble_fraction < 3.0 / 11.0);
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
+#![deny(missing_docs)]
 
 mod budget;
 mod evaluate;
@@ -44,6 +54,7 @@ mod recompute;
 mod request;
 mod rounds;
 mod runners;
+pub mod sweep;
 mod whole;
 
 use std::time::Duration;
@@ -58,8 +69,10 @@ pub use memory::{
 };
 pub use request::{SearchRequest, SearchRequestError, MAX_RUNNERS_UP};
 pub use rounds::{round_schedule, RoundKnobs};
+pub use sweep::{
+    best, parse_counts, sweep, CountsError, SweepGrid, SweepRequest, SweepRequestError, SweepRow,
+};
 
-use crate::simulate::{Bubbles, CostError, CostModel, Runtime, Simulation};
 use evaluate::{build, describe, evaluate_all, Best};
 use found::{no_best, Found, Polish};
 use improve::{improve, Improve};
@@ -72,6 +85,7 @@ use pipewright_schedule::generators::generate;
 use pipewright_schedule::spec::{Placement, ScheduleKind, ScheduleSpec};
 use pipewright_schedule::timetable::Timetable;
 use pipewright_schedule::Checked;
+use pipewright_sim::simulate::{Bubbles, CostError, CostModel, Runtime, Simulation};
 use runners::{refused, runners_up};
 
 /// What to search.

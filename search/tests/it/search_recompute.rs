@@ -7,7 +7,7 @@ use pipewright_schedule::Checked;
 use pipewright_schedule::{
     generate, validate, ActionKind, Recompute, RecomputePlan, ScheduleKind, ScheduleSpec,
 };
-use pipewright_sim::search::{search, MemoryCap, SearchError, SearchSpec, PERIOD_STEPS};
+use pipewright_search::{search, MemoryCap, SearchError, SearchSpec, PERIOD_STEPS};
 use pipewright_sim::simulate::simulate_steps;
 use pipewright_sim::{CostModel, StageCost};
 

@@ -13,10 +13,10 @@
 
 use std::collections::HashMap;
 
-use crate::simulate::{simulate_steps, CostModel, SteadyState};
 use pipewright_schedule::action::{Action, ActionKind};
 use pipewright_schedule::timetable::Timetable;
 use pipewright_schedule::Checked;
+use pipewright_sim::simulate::{simulate_steps, CostModel, SteadyState};
 
 use super::memory::peak_units_kept;
 use super::{Objective, PERIOD_STEPS};

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use pipewright_schedule::validate;
-use pipewright_sim::search::{search, search_with, MemoryCap, SearchSpec};
+use pipewright_search::{search, search_with, MemoryCap, SearchSpec};
 use pipewright_sim::{CostModel, StageCost};
 
 fn spec(budget: Option<Duration>) -> SearchSpec {
@@ -66,7 +66,7 @@ fn a_cancelled_search_stops_at_its_next_candidate_and_a_cancelled_sweep_at_its_n
         .expect("a cancelled search says it was cut short");
     assert_eq!(cut.evaluated, 2, "{cut:?}");
 
-    let grid = pipewright_sim::SweepGrid {
+    let grid = pipewright_search::SweepGrid {
         schedules: vec![pipewright_schedule::ScheduleKind::OneFOneB],
         devices: 4,
         virtual_stages: vec![1],
@@ -81,9 +81,9 @@ fn a_cancelled_search_stops_at_its_next_candidate_and_a_cancelled_sweep_at_its_n
     };
     let cancel = pipewright_schedule::Cancel::default();
     assert_eq!(
-        pipewright_sim::sweep::sweep_until(&grid, costs, &cancel).len(),
+        pipewright_search::sweep::sweep_until(&grid, costs, &cancel).len(),
         3
     );
     cancel.cancel();
-    assert!(pipewright_sim::sweep::sweep_until(&grid, costs, &cancel).is_empty());
+    assert!(pipewright_search::sweep::sweep_until(&grid, costs, &cancel).is_empty());
 }

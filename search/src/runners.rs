@@ -3,9 +3,9 @@
 //! the next fitting candidates are made again for a measured tuning step.
 
 use super::{build, key, Best, Candidate, Job, SearchSpec, Shape};
-use crate::simulate::Runtime;
 use pipewright_schedule::action::ActionKind;
 use pipewright_schedule::timetable::Timetable;
+use pipewright_sim::simulate::Runtime;
 
 /// Why the search may not hand back `tt`: it splits the backward when told not to, or
 /// recomputes for a runtime that cannot (PyTorch's has no `R` action).

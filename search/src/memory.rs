@@ -7,10 +7,10 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-use crate::simulate::CostModel;
 use pipewright_model::memory::{peak_walk, StageBytes};
 use pipewright_model::shape::request::flag_form;
 use pipewright_schedule::timetable::Timetable;
+use pipewright_sim::simulate::CostModel;
 
 /// A per-device memory cap for stashed activations.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
@@ -251,9 +251,9 @@ pub(super) fn unit_stages(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::simulate::{simulate, StageCost};
     use pipewright_schedule::spec::{ScheduleKind, ScheduleSpec};
     use pipewright_schedule::Checked;
+    use pipewright_sim::simulate::{simulate, StageCost};
 
     /// Per-device peaks of a family on `p` devices, `m` microbatches, one unit per stage and
     /// `r` of it held after I until W, counted in units and by the simulator in bytes.
