@@ -18,7 +18,7 @@
 //! nothing. Any other configuration (a layer list's hand-offs, reduced gradients, a
 //! figure past 2^53) is walked as before.
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::BTreeSet;
 
 use super::timeline::BufferBytes;
 use super::walk::StageBytes;
@@ -39,12 +39,12 @@ pub struct Profile {
     devices: Vec<Moments>,
 }
 
-/// One device's moments: for each of its stages `kept`, `full - kept`, `weight` and
-/// `whole`, then hand-offs, `width` coefficients a moment, in the walk's order.
+/// One device's moments: a coefficient for each figure in `columns` (a stage and which of
+/// `kept`, `full - kept`, `weight` and `whole`; those never held are left out), then one of
+/// hand-offs; `columns.len() + 1` coefficients a moment, in the walk's order.
 #[derive(Clone, Debug)]
 struct Moments {
-    stages: Vec<u32>,
-    width: usize,
+    columns: Vec<(u32, usize)>,
     coefs: Vec<i32>,
     /// The largest sum of coefficients' sizes at any point of the walk: how large a sum of
     /// figures the walk forms.
@@ -125,29 +125,25 @@ impl Moments {
     /// The first highest moment's `(activations, buffers)` under `stages` and `handoff`;
     /// `None` where a sum could pass 2^53.
     fn peak(&self, stages: &[StageBytes], handoff: f64) -> Option<(f64, f64)> {
-        let mut figures = Vec::with_capacity(self.width);
-        let mut largest = whole(handoff)?;
-        for &s in &self.stages {
+        let width = self.columns.len() + 1;
+        let mut figures = Vec::with_capacity(width);
+        for &(s, at) in &self.columns {
             let c = stages.get(s as usize).copied().unwrap_or_default();
-            for x in [c.kept, c.full - c.kept, c.weight, c.whole] {
-                let x = whole(x)?;
-                largest = largest.max(x);
-                figures.push(x);
-            }
+            figures.push(whole([c.kept, c.full - c.kept, c.weight, c.whole][at])?);
         }
-        figures.push(whole(handoff)?);
+        let hand = whole(handoff)?;
+        let largest = figures.iter().copied().fold(hand, i64::max);
         if (self.most as f64) * (largest as f64) >= EXACT {
             return None;
         }
         let (mut best, mut best_sum) = ((0i64, 0i64), 0i64);
-        for moment in self.coefs.chunks_exact(self.width) {
-            let (stash, hand) = moment.split_at(self.width - 1);
-            let act: i64 = stash
+        for moment in self.coefs.chunks_exact(width) {
+            let act: i64 = moment
                 .iter()
                 .zip(&figures)
                 .map(|(&c, &x)| i64::from(c) * x)
                 .sum();
-            let buf = i64::from(hand[0]) * figures[self.width - 1];
+            let buf = i64::from(moment[width - 1]) * hand;
             if act + buf > best_sum {
                 (best, best_sum) = ((act, buf), act + buf);
             }
@@ -157,45 +153,58 @@ impl Moments {
 
     /// Record the walk of one lowered row of a pipeline of `num_stages` stages: the same
     /// steps as `timeline::device_levels` with `Stashes`, counting figures instead of
-    /// adding bytes.
+    /// adding bytes. A stage past `num_stages` holds nothing there: left out.
     fn walk(row: &[Action], num_stages: u32) -> Self {
-        let mut stages: Vec<u32> = row
-            .iter()
-            .flat_map(|a| a.parts())
-            .filter(|p| !p.kind.is_comm() && p.stage < num_stages)
-            .map(|p| p.stage)
-            .collect();
-        stages.sort_unstable();
-        stages.dedup();
-        let mut w = Walker {
-            local: stages.clone(),
-            now: vec![0; 4 * stages.len() + 1],
-            whole: kept_whole(row),
-            slim: HashSet::new(),
-            seen: HashSet::new(),
-            moments: Vec::new(),
-            most: 0,
+        let parts = || {
+            row.iter()
+                .flat_map(|a| a.parts())
+                .filter(|p| !p.kind.is_comm())
         };
+        let mut local: Vec<u32> = parts()
+            .map(|p| p.stage)
+            .filter(|&s| s < num_stages)
+            .collect();
+        local.sort_unstable();
+        local.dedup();
+        let microbatches = parts().map(|p| p.microbatch + 1).max().unwrap_or(0) as usize;
+        let flags = vec![false; local.len() * microbatches];
+        let mut whole = flags.clone();
+        let mut w = Walker {
+            now: vec![0; 4 * local.len() + 1],
+            slim: flags,
+            microbatches,
+            moments: Vec::new(),
+            size: 0,
+            most: 0,
+            local,
+            whole: Vec::new(),
+        };
+        for (s, mb) in kept_whole(row) {
+            if let Some(k) = w.key(s, mb) {
+                whole[k] = true;
+            }
+        }
+        w.whole = whole;
         for a in row {
             w.action(*a, num_stages);
         }
-        Moments {
-            width: 4 * stages.len() + 1,
-            stages,
-            coefs: w.moments.concat(),
-            most: w.most,
-        }
+        w.finish()
     }
 }
 
 /// The symbolic walk's state: the coefficients held now, and the moments kept so far.
 struct Walker {
+    /// The device's stages, ascending.
     local: Vec<u32>,
+    microbatches: usize,
     now: Vec<i32>,
-    whole: HashSet<(u32, u32)>,
-    slim: HashSet<(u32, u32)>,
-    seen: HashSet<Vec<i32>>,
-    moments: Vec<Vec<i32>>,
+    /// Per stage and microbatch: kept whole, or kept slim until rebuilt (`Stashes`).
+    whole: Vec<bool>,
+    slim: Vec<bool>,
+    /// Moments, `now.len()` coefficients each.
+    moments: Vec<i32>,
+    /// The sum of the coefficients' sizes now, and its largest so far.
+    size: u64,
     most: u64,
 }
 
@@ -206,39 +215,48 @@ const WEIGHT: usize = 2;
 const WHOLE: usize = 3;
 
 impl Walker {
+    /// Where stage `s`'s microbatch `mb` is flagged, if the stage is the device's.
+    fn key(&self, s: u32, mb: u32) -> Option<usize> {
+        let i = self.local.binary_search(&s).ok()?;
+        Some(i * self.microbatches + mb as usize)
+    }
+
+    /// Change coefficient `i` by `by` (1 or -1).
+    fn change(&mut self, i: usize, by: i32) {
+        let before = self.now[i].unsigned_abs();
+        self.now[i] += by;
+        if self.now[i].unsigned_abs() > before {
+            self.size += 1;
+            self.most = self.most.max(self.size);
+        } else {
+            self.size -= 1;
+        }
+    }
+
     fn hand(&mut self, by: i32) {
-        let last = self.now.len() - 1;
-        self.now[last] += by;
-        self.note();
+        if by != 0 {
+            self.change(self.now.len() - 1, by);
+        }
     }
 
     /// Change stage `s`'s figure at `at` by `by`.
     fn stash(&mut self, s: u32, at: usize, by: i32) {
         if let Ok(i) = self.local.binary_search(&s) {
-            self.now[4 * i + at] += by;
+            self.change(4 * i + at, by);
         }
-        self.note();
     }
 
-    /// Track how large the sums get.
-    fn note(&mut self) {
-        let size: u64 = self.now.iter().map(|c| u64::from(c.unsigned_abs())).sum();
-        self.most = self.most.max(size);
-    }
-
-    /// The walk compares the present with its peak: keep it unless an earlier moment
-    /// bounds it.
+    /// The walk compares the present with its peak: keep it unless one of the last
+    /// moments bounds it.
     fn see(&mut self) {
-        let bounded = self.seen.contains(&self.now)
-            || self
-                .moments
-                .iter()
-                .rev()
-                .take(RECENT)
-                .any(|m| m.iter().zip(&self.now).all(|(a, b)| a >= b));
+        let width = self.now.len();
+        let bounded = self
+            .moments
+            .rchunks_exact(width)
+            .take(RECENT)
+            .any(|m| m.iter().zip(&self.now).all(|(a, b)| a >= b));
         if !bounded {
-            self.seen.insert(self.now.clone());
-            self.moments.push(self.now.clone());
+            self.moments.extend_from_slice(&self.now);
         }
     }
 
@@ -266,7 +284,9 @@ impl Walker {
                     if takes {
                         self.hand(-1);
                     }
-                    self.apply(part);
+                    if let Some(k) = self.key(part.stage, part.microbatch) {
+                        self.apply(part, k);
+                    }
                     if makes {
                         self.hand(1);
                         self.see();
@@ -276,21 +296,26 @@ impl Walker {
         }
     }
 
-    /// `Stashes::apply`, with every stage's kept stash at most its full one.
-    fn apply(&mut self, part: Action) {
-        let (s, key) = (part.stage, (part.stage, part.microbatch));
+    /// `Stashes::apply` for the part flagged at `k`, with every stage's kept stash at most
+    /// its full one.
+    fn apply(&mut self, part: Action, k: usize) {
+        let s = part.stage;
         match part.kind {
-            ActionKind::F if self.whole.contains(&key) => self.grow(s, WHOLE),
+            ActionKind::F if self.whole[k] => self.grow(s, WHOLE),
             ActionKind::F => {
-                self.slim.insert(key);
+                self.slim[k] = true;
                 self.grow(s, KEPT);
             }
-            ActionKind::R if self.slim.remove(&key) => self.grow(s, GROWS),
+            ActionKind::R if self.slim[k] => {
+                self.slim[k] = false;
+                self.grow(s, GROWS);
+            }
             ActionKind::B | ActionKind::I => {
-                if self.slim.remove(&key) {
+                if self.slim[k] {
+                    self.slim[k] = false;
                     self.grow(s, GROWS);
                 }
-                if self.whole.contains(&key) {
+                if self.whole[k] {
                     self.stash(s, WHOLE, -1);
                 } else {
                     self.stash(s, KEPT, -1);
@@ -308,6 +333,24 @@ impl Walker {
     fn grow(&mut self, s: u32, at: usize) {
         self.stash(s, at, 1);
         self.see();
+    }
+
+    /// The moments, figures never held in any left out.
+    fn finish(self) -> Moments {
+        let width = self.now.len();
+        let used: Vec<usize> = (0..width - 1)
+            .filter(|&i| self.moments.chunks_exact(width).any(|m| m[i] != 0))
+            .collect();
+        let coefs = self
+            .moments
+            .chunks_exact(width)
+            .flat_map(|m| used.iter().map(|&i| m[i]).chain([m[width - 1]]))
+            .collect();
+        Moments {
+            columns: used.iter().map(|&i| (self.local[i / 4], i % 4)).collect(),
+            coefs,
+            most: self.most,
+        }
     }
 }
 
