@@ -11,10 +11,10 @@
 //!
 //! Exactly the walk's answer: the figures are whole numbers, and where every sum the walk
 //! forms stays below 2^53 its floating-point sums are exact, so the order they are added
-//! in does not matter. A moment that an earlier one bounds in every coefficient can never
-//! be the first highest (all figures are non-negative), so it is left out. A stage whose
-//! kept stash equals its full one (no recomputation) is walked as one whose backward grows
-//! it by nothing: a moment of no growth is bounded by the one before it, so it changes
+//! in does not matter; moments that cannot change the answer are left out (see
+//! `Moments`). A stage whose kept stash equals its full one (no recomputation) is walked as
+//! one whose backward grows it by nothing: every growth in the walk is compared at once, so
+//! a moment of no growth holds no more than the one compared before it, and changes
 //! nothing. Any other configuration (a layer list's hand-offs, reduced gradients, a
 //! figure past 2^53) is walked as before.
 
@@ -42,6 +42,12 @@ pub struct Profile {
 /// One device's moments: a coefficient for each figure in `columns` (a stage and which of
 /// `kept`, `full - kept`, `weight` and `whole`; those never held are left out), then one of
 /// hand-offs; `columns.len() + 1` coefficients a moment, in the walk's order.
+///
+/// Two kinds of moment are left out, as neither changes the first highest moment's
+/// activations and buffers for any non-negative figures: one that an earlier moment bounds
+/// in every coefficient (it never passes the peak so far), and one that the next moment
+/// bounds (where that one is not higher, the difference of the two is worth nothing, so
+/// both hold the same).
 #[derive(Clone, Debug)]
 struct Moments {
     columns: Vec<(u32, usize)>,
@@ -247,17 +253,20 @@ impl Walker {
     }
 
     /// The walk compares the present with its peak: keep it unless one of the last
-    /// moments bounds it.
+    /// moments bounds it, and drop the moments just before it that it bounds (see
+    /// [`Moments`]).
     fn see(&mut self) {
         let width = self.now.len();
-        let bounded = self
-            .moments
-            .rchunks_exact(width)
-            .take(RECENT)
-            .any(|m| m.iter().zip(&self.now).all(|(a, b)| a >= b));
-        if !bounded {
-            self.moments.extend_from_slice(&self.now);
+        let bounds = |m: &[i32], n: &[i32]| m.iter().zip(n).all(|(a, b)| a >= b);
+        if (self.moments.rchunks_exact(width).take(RECENT)).any(|m| bounds(m, &self.now)) {
+            return;
         }
+        while self.moments.len() >= width
+            && bounds(&self.now, &self.moments[self.moments.len() - width..])
+        {
+            self.moments.truncate(self.moments.len() - width);
+        }
+        self.moments.extend_from_slice(&self.now);
     }
 
     fn action(&mut self, a: Action, num_stages: u32) {
