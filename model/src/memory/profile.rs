@@ -50,6 +50,8 @@ pub struct Profile {
 /// both hold the same).
 #[derive(Clone, Debug)]
 struct Moments {
+    /// The device's stages.
+    stages: Vec<u32>,
     columns: Vec<(u32, usize)>,
     coefs: Vec<i32>,
     /// The largest sum of coefficients' sizes at any point of the walk: how large a sum of
@@ -138,7 +140,14 @@ impl Moments {
             figures.push(whole([c.kept, c.full - c.kept, c.weight, c.whole][at])?);
         }
         let hand = whole(handoff)?;
-        let largest = figures.iter().copied().fold(hand, i64::max);
+        // Every figure of the device's stages counts here, held at a moment or not.
+        let mut largest = hand;
+        for &s in &self.stages {
+            let c = stages.get(s as usize).copied().unwrap_or_default();
+            for x in [c.kept, c.full - c.kept, c.weight, c.whole] {
+                largest = largest.max(whole(x)?);
+            }
+        }
         if (self.most as f64) * (largest as f64) >= EXACT {
             return None;
         }
@@ -357,6 +366,7 @@ impl Walker {
             .collect();
         Moments {
             columns: used.iter().map(|&i| (self.local[i / 4], i % 4)).collect(),
+            stages: self.local,
             coefs,
             most: self.most,
         }
