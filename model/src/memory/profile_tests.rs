@@ -152,3 +152,23 @@ fn a_sum_past_2_to_the_53_is_walked() {
     assert!(!replayed(&cfg, &profile));
     assert_eq!(predict_profiled(&cfg, &profile), predict(&cfg, &tt));
 }
+
+/// Two moments of the same height, the first all stash, the second half hand-off: the walk
+/// keeps the first highest (it replaces its peak only on a strictly higher sum), and so
+/// does the replay.
+#[test]
+fn of_two_equal_moments_the_first_is_the_peak() {
+    let moments = Moments {
+        stages: vec![0],
+        columns: vec![(0, KEPT)],
+        coefs: vec![2, 0, 1, 1],
+        most: 2,
+    };
+    let stage = StageBytes::plain(5.0, 0.0);
+    assert_eq!(moments.peak(&[stage], 5.0), Some((10.0, 0.0)));
+    let later = Moments {
+        coefs: vec![1, 1, 2, 0],
+        ..moments
+    };
+    assert_eq!(later.peak(&[stage], 5.0), Some((5.0, 5.0)));
+}
