@@ -14,6 +14,10 @@
 //! forwards through all its chunks), so a configuration whose bound does not fit cannot
 //! fit. The bound depends on fewer dimensions than a configuration (not the family within a
 //! placement, nor `m`), so it is cached.
+//!
+//! Both walks depend on a configuration's timetable only (family, `p`, `v`, the microbatches
+//! walked and the recompute plan), which thousands of configurations share: each timetable
+//! is walked once ([`Profile`]) and replayed with each configuration's bytes.
 
 use super::cluster::Precision;
 use super::config::{Config, PlanRequest};
@@ -21,9 +25,11 @@ use super::evaluate::timetable;
 use super::model::PlanModel;
 use super::PlanError;
 use pipewright_model::memory::{
-    predict, Accounting, MemPrecision, MemoryBreakdown, MemoryConfig, ModelShape,
+    predict, predict_profiled, Accounting, MemPrecision, MemoryBreakdown, MemoryConfig, ModelShape,
+    Profile,
 };
 use pipewright_schedule::timetable::Timetable;
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 
 use pipewright_model::shape::AttentionKind;
@@ -81,9 +87,16 @@ type BoundKey = (
     u32,
 );
 
-/// Cached one-microbatch lower bounds on the worst device's peak.
+/// What a configuration's timetable, and so the memory walk, depends on: family, `p`, `v`,
+/// microbatches, and the recompute policy with the devices it is on.
+type WalkKey = (ScheduleKind, u32, u32, u32, Recompute, u32);
+
+/// Cached one-microbatch lower bounds on the worst device's peak, and cached walks.
 #[derive(Default)]
-pub struct BoundCache(HashMap<BoundKey, u64>);
+pub struct BoundCache {
+    bounds: HashMap<BoundKey, u64>,
+    walks: HashMap<WalkKey, Profile>,
+}
 
 impl BoundCache {
     /// A lower bound on `cfg`'s worst device peak (see the module docs).
@@ -103,7 +116,7 @@ impl BoundCache {
             cfg.ep,
             cfg.etp,
         );
-        if let Some(&b) = self.0.get(&key) {
+        if let Some(&b) = self.bounds.get(&key) {
             return Ok(b);
         }
         let one = Config {
@@ -114,14 +127,44 @@ impl BoundCache {
             microbatches: 1,
             ..*cfg
         };
-        let b = worst(&predict_for(
-            req,
-            cfg,
-            &timetable(&one, 1)?,
-            Accounting::Megatron,
-        )?);
-        self.0.insert(key, b);
+        let b = worst(&self.peaks_at(req, &one, 1)?);
+        self.bounds.insert(key, b);
         Ok(b)
+    }
+
+    /// [`peaks`], from a cached walk.
+    pub fn peaks(
+        &mut self,
+        req: &PlanRequest,
+        cfg: &Config,
+    ) -> Result<Vec<MemoryBreakdown>, PlanError> {
+        self.peaks_at(req, cfg, memory_microbatches(cfg))
+    }
+
+    /// Each device's peak over `cfg`'s timetable with `m` microbatches, a GPT's from the
+    /// cached walk of that timetable.
+    fn peaks_at(
+        &mut self,
+        req: &PlanRequest,
+        cfg: &Config,
+        m: u32,
+    ) -> Result<Vec<MemoryBreakdown>, PlanError> {
+        let PlanModel::Gpt(shape) = &req.model else {
+            return peaks_over(req, cfg, &timetable(cfg, m)?);
+        };
+        let key = (
+            cfg.schedule,
+            cfg.pp,
+            cfg.v,
+            m,
+            cfg.recompute,
+            cfg.recompute_devices,
+        );
+        let profile = match self.walks.entry(key) {
+            Entry::Occupied(e) => e.into_mut(),
+            Entry::Vacant(e) => e.insert(Profile::new(&timetable(cfg, m)?)?),
+        };
+        Ok(predict_profiled(&memory_config(req, shape, cfg), profile)?)
     }
 }
 

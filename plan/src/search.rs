@@ -296,7 +296,7 @@ fn candidate(
     if floor > capacity {
         return Ok(Checked::Unfit(floor));
     }
-    let memory = peaks(req, cfg)?;
+    let memory = bounds.peaks(req, cfg)?;
     let peak = worst(&memory);
     if peak > capacity {
         return Ok(Checked::Unfit(peak));

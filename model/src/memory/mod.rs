@@ -36,6 +36,7 @@ mod megatron;
 pub mod moe;
 mod params;
 mod pipewright;
+mod profile;
 pub mod request;
 mod timeline;
 mod walk;
@@ -44,6 +45,7 @@ pub use crate::shape::{AttentionKind, ModelShape};
 pub use breakdown::MemoryBreakdown;
 pub use layers::{predict_layers, LayerMemoryConfig};
 pub use params::stage_parameters;
+pub use profile::{predict_profiled, Profile};
 pub use request::{representable, rough_bytes, MemoryRequest, MemoryRequestError};
 pub use walk::{device_levels, peak_walk, StageBytes};
 
@@ -392,14 +394,36 @@ pub fn predict_detail(
     cfg: &MemoryConfig,
     tt: &Timetable,
 ) -> Result<Vec<DevicePrediction>, MemoryError> {
+    let (cfg, stages, buffers) =
+        &prepare(cfg, tt, &pipewright_schedule::recompute::recomputed(tt))?;
+    let low = if tt.is_lowered() {
+        tt.clone()
+    } else {
+        pipewright_schedule::timetable::lower(tt).map_err(|e| MemoryError::Lower(e.to_string()))?
+    };
+    let mut devices = walk_devices(&low, stages, buffers, |d| params::device_state(cfg, tt, d));
+    if cfg.accounting == Accounting::Megatron && cfg.shape.moe.is_some() {
+        add_dispatch_buffers(cfg, tt, &mut devices);
+    }
+    Ok(devices)
+}
+
+/// `cfg` checked against itself and `tt` (whose stages with `R` actions are `recomputed`),
+/// with those stages recomputing fully where `cfg` has no policy for them; and what each
+/// stage's microbatch and each buffer hold under it.
+fn prepare(
+    cfg: &MemoryConfig,
+    tt: &Timetable,
+    recomputed: &std::collections::BTreeSet<u32>,
+) -> Result<(MemoryConfig, Vec<StageBytes>, timeline::BufferBytes), MemoryError> {
     cfg.check()?;
     let mut plan = cfg.recompute.clone();
-    for s in pipewright_schedule::recompute::recomputed(tt) {
+    for &s in recomputed {
         if plan.of(s) == Recompute::None {
             plan.stages.insert(s, Recompute::Full);
         }
     }
-    let cfg = &MemoryConfig {
+    let cfg = MemoryConfig {
         recompute: plan,
         ..cfg.clone()
     };
@@ -411,25 +435,14 @@ pub fn predict_detail(
             want_stages: cfg.stages(),
         });
     }
-    let low = if tt.is_lowered() {
-        tt.clone()
-    } else {
-        pipewright_schedule::timetable::lower(tt).map_err(|e| MemoryError::Lower(e.to_string()))?
-    };
     let stages: Vec<StageBytes> = (0..cfg.stages())
         .map(|s| match cfg.accounting {
-            Accounting::Megatron => megatron::stage_bytes(cfg, s),
-            Accounting::Pipewright => pipewright::stage_bytes(cfg, s),
+            Accounting::Megatron => megatron::stage_bytes(&cfg, s),
+            Accounting::Pipewright => pipewright::stage_bytes(&cfg, s),
         })
         .collect();
-    let buffers = buffer_bytes(cfg);
-    let mut devices = walk_devices(&low, &stages, &buffers, |d| {
-        params::device_state(cfg, tt, d)
-    });
-    if cfg.accounting == Accounting::Megatron && cfg.shape.moe.is_some() {
-        add_dispatch_buffers(cfg, tt, &mut devices);
-    }
-    Ok(devices)
+    let buffers = buffer_bytes(&cfg);
+    Ok((cfg, stages, buffers))
 }
 
 /// An MoE layer's dispatch buffers live while it dispatches, in a forward or a backward: a
@@ -437,14 +450,23 @@ pub fn predict_detail(
 /// of its stages' buffers beside it (an upper bound where the peak falls elsewhere).
 fn add_dispatch_buffers(cfg: &MemoryConfig, tt: &Timetable, devices: &mut [DevicePrediction]) {
     for (d, dev) in devices.iter_mut().enumerate() {
-        let most = (0..tt.num_stages())
-            .filter(|&s| tt.device_of(s) == Some(d as u32))
-            .map(|s| megatron::dispatch_bytes(cfg, s))
-            .max()
-            .unwrap_or(0);
+        let most = dispatch_most(cfg, tt, d as u32);
         dev.peak.buffers = dev.peak.buffers.saturating_add(most);
         dev.max.buffers = dev.max.buffers.saturating_add(most);
     }
+}
+
+/// The largest dispatch buffers of device `d`'s stages (0 but for a mixture under the
+/// Megatron accounting).
+fn dispatch_most(cfg: &MemoryConfig, tt: &Timetable, d: u32) -> u64 {
+    if cfg.accounting != Accounting::Megatron || cfg.shape.moe.is_none() {
+        return 0;
+    }
+    (0..tt.num_stages())
+        .filter(|&s| tt.device_of(s) == Some(d))
+        .map(|s| megatron::dispatch_bytes(cfg, s))
+        .max()
+        .unwrap_or(0)
 }
 
 /// Each device of the lowered `low`: its activations and buffers from one walk of its row,

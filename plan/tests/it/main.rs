@@ -2,6 +2,7 @@
 //! Each module is what was once its own `tests/<name>.rs`; run one with
 //! `cargo test --test it <name>::`.
 
+mod fit_cache;
 mod memory_shapes;
 mod moe_plan;
 mod plan;
