@@ -241,63 +241,49 @@ fn plan(
     #[pyo3(from_py_with = crate::args::whole)] max_simulated: usize,
     #[pyo3(from_py_with = crate::args::whole)] max_searched: usize,
 ) -> PyResult<Plan> {
-    let raw = RawPlanRequest {
-        shape: ShapeRequest {
-            layers,
-            d_model,
-            heads,
-            seq_len,
-            vocab,
-            kinds: ShapeKinds {
-                moe: MoeKinds {
-                    experts,
-                    top_k,
-                    expert_ffn,
-                    shared_experts,
-                    shared_ffn,
-                    dense_layers,
-                    every: moe_every,
-                },
-                ..kinds(
-                    ffn,
-                    kv_heads,
-                    mlp,
-                    norm,
-                    tied_embeddings,
-                    positions,
-                    rope_theta,
-                    bias,
-                )?
-            },
-            hf_config: named_file(hf_config, "config", FileKind::HfConfig)?,
-        },
-        profile: named_file(profile, "profile", FileKind::LayerProfile)?,
-        gpus,
-        global_batch,
-        cluster: cluster.to_string(),
-        cluster_file: cluster_file(cluster)?,
-        precision: precision.parse().map_err(err)?,
-        attention: kind::<AttentionKind>(attention)?,
-        fixed: Fixed {
-            ep,
-            etp,
-            ..fixed(
-                (tp, pp, v, microbatch_size, zero),
-                (schedule, recompute),
-                sequence_parallel,
-            )?
-        },
-        capacity_factor,
-        dispatcher: dispatcher
-            .parse()
-            .map_err(|e| err(format!("dispatcher: {e}")))?,
-        allow_cross_node_tp,
-        top,
-        max_virtual,
-        max_microbatch_size,
-        max_simulated,
-        max_searched,
+    let mut moe = MoeKinds::default();
+    (moe.experts, moe.top_k, moe.expert_ffn) = (experts, top_k, expert_ffn);
+    (moe.shared_experts, moe.shared_ffn) = (shared_experts, shared_ffn);
+    (moe.dense_layers, moe.every) = (dense_layers, moe_every);
+    let kinds = kinds(
+        ffn,
+        kv_heads,
+        mlp,
+        norm,
+        tied_embeddings,
+        positions,
+        rope_theta,
+        bias,
+    )?;
+    let shape = ShapeRequest {
+        layers,
+        d_model,
+        heads,
+        seq_len,
+        vocab,
+        kinds: ShapeKinds { moe, ..kinds },
+        hf_config: named_file(hf_config, "config", FileKind::HfConfig)?,
     };
+    let profile = named_file(profile, "profile", FileKind::LayerProfile)?;
+    let mut raw = RawPlanRequest {
+        shape,
+        profile,
+        ..RawPlanRequest::default()
+    };
+    (raw.gpus, raw.global_batch) = (gpus, global_batch);
+    (raw.cluster, raw.cluster_file) = (cluster.to_string(), cluster_file(cluster)?);
+    raw.precision = precision.parse().map_err(err)?;
+    raw.attention = kind::<AttentionKind>(attention)?;
+    let dims = (tp, pp, v, microbatch_size, zero);
+    let fixed = fixed(dims, (schedule, recompute), sequence_parallel)?;
+    raw.fixed = Fixed { ep, etp, ..fixed };
+    raw.capacity_factor = capacity_factor;
+    raw.dispatcher = dispatcher
+        .parse()
+        .map_err(|e| err(format!("dispatcher: {e}")))?;
+    (raw.allow_cross_node_tp, raw.top) = (allow_cross_node_tp, top);
+    (raw.max_virtual, raw.max_microbatch_size) = (max_virtual, max_microbatch_size);
+    (raw.max_simulated, raw.max_searched) = (max_simulated, max_searched);
     planned(py, raw)
 }
 

@@ -6,9 +6,7 @@
 use pipewright_model::memory::MemoryBreakdown;
 use pipewright_plan::row::PlanRow as RsPlanRow;
 use pipewright_plan::Config;
-use pipewright_search::{
-    Candidate as RsCandidate, CutShort as RsCutShort, Skipped as RsSkipped,
-};
+use pipewright_search::{Candidate as RsCandidate, CutShort as RsCutShort, Skipped as RsSkipped};
 use pipewright_sim::simulate::{Bubbles as RsBubbles, DeviceReport as RsDevice};
 use pyo3::exceptions::PyKeyError;
 use pyo3::prelude::*;

@@ -2,12 +2,12 @@
 //! counts).
 
 use pipewright_schedule::{Cancel, ScheduleKind};
+use pipewright_search::sweep::{sweep_until, SweepRequest, SweepRequestError};
+use pipewright_search::SweepRow as RsRow;
 use pipewright_search::{
     search as run_search, MemoryCap, SearchOutcome, SearchRequest, SearchRequestError,
     MAX_RUNNERS_UP,
 };
-use pipewright_search::sweep::{sweep_until, SweepRequest, SweepRequestError};
-use pipewright_search::SweepRow as RsRow;
 use pipewright_viz::{pareto_plot, ChartOptions, ParetoPoint};
 use pyo3::prelude::*;
 
