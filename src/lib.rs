@@ -11,7 +11,7 @@
 //!
 //! `plan`, `runtime` (with `kernels` and `prelude`), `viz` and `calibrate` are default
 //! features: with `default-features = false` this crate is the schedule side alone (the core,
-//! model shapes and memory, the simulator), and builds none of their dependencies.
+//! model shapes and memory, the simulator and search), and builds none of their dependencies.
 #![deny(missing_docs)]
 
 #[cfg(feature = "calibrate")]

@@ -47,12 +47,14 @@ impl Links {
     pub fn new(cluster: &Cluster, tp: u32, pp: u32, dp: u32) -> Links {
         let gpn = cluster.gpus_per_node;
         let tp_cross_node = tp > gpn || gpn % tp != 0;
-        // A DP group is `tp dp` consecutive ranks (stride `tp`), one run per pipeline stage:
-        // it leaves its node when the run is longer than a node, or when runs do not tile
-        // nodes and a later stage's run straddles two.
+        // A DP group is `tp dp` consecutive ranks (stride `tp`), one run per pipeline stage
+        // from rank `tp dp s`: it leaves its node when the run is longer than a node, or when
+        // some stage's run straddles two (its start modulo a node repeats within a node's
+        // GPUs, so those stages are the ones to check).
         let run = u64::from(tp) * u64::from(dp);
         let gpn64 = u64::from(gpn.max(1));
-        let dp_cross_node = dp > 1 && (run > gpn64 || (pp > 1 && gpn64 % run != 0));
+        let straddles = |s: u64| run * s % gpn64 + run > gpn64;
+        let dp_cross_node = dp > 1 && (run > gpn64 || (0..u64::from(pp).min(gpn64)).any(straddles));
         Links {
             tp: if tp_cross_node {
                 cluster.inter_node
@@ -115,6 +117,9 @@ mod tests {
         assert!(crosses_nodes(&c, 2, 4, 0, 1));
         // tp 2 x dp 3 = 6 GPUs: the next stage's DP group straddles two nodes.
         assert_eq!(Links::new(&c, 2, 2, 3).dp, c.inter_node);
+        // dp 3 x pp 2 = 6 GPUs fit one node: runs that do not tile a node need not straddle.
+        assert_eq!(Links::new(&c, 1, 2, 3).dp, c.intra_node);
+        assert_eq!(Links::new(&c, 1, 3, 3).dp, c.inter_node);
         // Replica 0's devices 0 and 1 (ranks 0, 6) share a node; replica 1's (2, 8) do not.
         assert!(crosses_nodes(&c, 2, 3, 0, 1));
         assert!(Links::new(&c, 16, 1, 1).tp_cross_node);
