@@ -48,7 +48,7 @@ pub fn line(req: &PlanRequest, best: &Config) -> Result<Option<String>, PlanErro
     let per_device = |s: &AllToAllShare| s.comm / f64::from(best.pp);
     let pct = |s: &AllToAllShare| 100.0 * s.hidden / s.comm.max(f64::MIN_POSITIVE);
     let mut text = format!(
-        "expert all-to-all: {:.3} s a step on each pipeline device, {:.0}% of it hidden by {}",
+        "expert all-to-all: {:.3} s a step on each pipeline device (recompute's repeats aside), {:.0}% of it hidden by {}",
         per_device(&b),
         pct(&b),
         best.schedule

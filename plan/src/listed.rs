@@ -6,18 +6,18 @@
 //! under which 1F1B-like families must recompute while a timetable that keeps fewer
 //! microbatches in flight fits without it.
 //!
-//! After the bounded search, for the best few ranked configurations (one per tp, pp, dp,
-//! microbatch size and count, ZeRO and SP) whose `pp x m` is at most [`MAX_SEARCHED_SIZE`],
-//! [`pipewright_search::search`] runs (for a GPT; a layer-list profile is not searched) with that configuration's cost model
-//! ([`super::costs::cost_model`]), the cluster's memory per GPU as a byte cap on the memory
-//! model's whole-rank total, and the steady-state period as its objective; once without
-//! recomputation, and once with the row's policy on every stage where it has one (its
-//! recompute time folded into the input backward the `R` will precede). What the user fixed
-//! is kept: no search under a fixed `--schedule`, only the fixed recompute policy and `v`. The search's
-//! costs for other chunk counts are resampled, so its best is then judged again exactly: the
-//! timetable with the policy's `R`s written in, simulated with the cost model of its own
-//! `v` and placement, its memory predicted over its own actions. Only a timetable that fits
-//! and is faster than the best fixed family of the same shape becomes a row.
+//! After the bounded search, for the best few ranked configurations (one per tp, pp, dp, microbatch
+//! size and count, ZeRO and SP) whose `pp x m` is at most [`MAX_SEARCHED_SIZE`],
+//! [`pipewright_search::search`] runs (for a GPT; a layer-list profile is not searched) with that
+//! configuration's cost model ([`super::costs::cost_model`]), the cluster's memory per GPU as a
+//! byte cap on the memory model's whole-rank total, and the steady-state period as its objective;
+//! once without recomputation, and once with the row's policy on every stage where it has one (its
+//! recompute time folded into the input backward the `R` will precede). What the user fixed is
+//! kept: no search under a fixed `--schedule`, only the fixed recompute policy and `v`. The
+//! search's costs for other chunk counts are resampled, so its best is then judged again exactly:
+//! the timetable with the policy's `R`s written in, simulated with the cost model of its own `v`
+//! and placement, its memory predicted over its own actions. Only a timetable that fits and is
+//! faster than the best fixed family of the same shape becomes a row.
 //!
 //! A searched row's [`Config`] names the generator family with the timetable's placement
 //! (1F1B for one loop chunk, interleaved for more, ZBV for the V), so that the cost model,

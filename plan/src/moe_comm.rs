@@ -6,9 +6,9 @@
 //! `tp x dp` GPUs run attention as TP `tp` x DP `dp`, and the same GPUs run the experts as
 //! expert-TP `etp` x EP `ep` x expert-DP `tp dp / (etp ep)`. Within a stage the GPUs are
 //! numbered `j = tp_rank + tp dp_rank` (global rank `tp_rank + tp (dp_rank + dp pp_rank)`,
-//! as [`crate::comm`] and the runtime place them, so a stage's GPUs are consecutive) and the expert side splits `j` as
-//! `etp_rank + etp (ep_rank + ep edp_rank)`, so an EP group is every `etp`-th GPU of a run of
-//! `etp ep`.
+//! as [`crate::comm`] and the runtime place them, so a stage's GPUs are consecutive) and the
+//! expert side splits `j` as `etp_rank + etp (ep_rank + ep edp_rank)`, so an EP group is
+//! every `etp`-th GPU of a run of `etp ep`.
 //!
 //! Volume (per GPU, one MoE layer, one microbatch of `b` sequences of `s` tokens): a GPU holds
 //! `b s / tp` tokens (the sequence-parallel slice Megatron-Core's MoE layers take under TP);
@@ -159,11 +159,12 @@ impl ExpertFold {
 
     fn walk_peers_in_node(&self, cluster: &Cluster) -> u32 {
         let (etp, ep) = (u64::from(self.etp.max(1)), u64::from(self.ep.max(1)));
-        let few = |n: u32| u64::from(n.clamp(1, 8));
+        // Placement repeats within a node's width: that many stages and groups cover it.
+        let few = |n: u32| u64::from(n.clamp(1, cluster.gpus_per_node.max(1)));
         let mut least = self.ep.max(1) - 1;
         for pp_rank in 0..few(self.pp) {
             for edp in 0..few(self.edp()) {
-                for offset in 0..etp.min(8) {
+                for offset in 0..etp.min(u64::from(cluster.gpus_per_node.max(1))) {
                     let base = offset + etp * ep * edp;
                     // Global rank grows with `j`, so a group's nodes come in runs.
                     let mut run = 0u32;
@@ -253,7 +254,9 @@ pub fn layer_all_to_all(
 /// DeepEP's (intra-node, inter-node) bytes of a dispatch of `bytes` (every copy, `top_k` a
 /// token) over an EP group of `ep` GPUs, `near + 1` of them on each node: a token crosses to
 /// each other node its experts are on once, and every copy bound for another GPU of the node
-/// it lands on (its own, or the one it crossed to) moves over NVLink.
+/// it lands on (its own, or the one it crossed to) moves over NVLink. The nodes are counted
+/// from the worst group's GPUs on one node, as the plain all-to-all paces by that group: a
+/// group split unevenly over nodes counts more nodes than it spans (more bytes, not fewer).
 fn deepep_bytes(bytes: f64, experts: u32, top_k: u32, ep: u32, near: u32) -> (f64, f64) {
     let per_node = near + 1;
     let nodes = ep.div_ceil(per_node);

@@ -34,7 +34,18 @@ fn cap_of(cap: &Bound<'_, PyAny>) -> PyResult<MemoryCap> {
 
 /// A request's error with its field as Python names it (`max_virtual`).
 fn named(e: SearchRequestError) -> PyErr {
-    err(e.named(str::to_string))
+    err(e.named(costs_words))
+}
+
+/// A field as Python names it, where the costs' fields live in `Costs`, not in a keyword of
+/// `search` or `sweep`: activation sizes are `Costs(activation_bytes=...)`, and a cost file is
+/// `Costs.read(path)`.
+fn costs_words(field: &str) -> String {
+    match field {
+        "activation_bytes" => "Costs(activation_bytes=...)".into(),
+        "cost_file" => "Costs.read(path)".into(),
+        f => f.to_string(),
+    }
 }
 
 fn families(list: Option<Vec<String>>) -> PyResult<Vec<ScheduleKind>> {
@@ -273,7 +284,7 @@ fn search(
     let started = std::time::Instant::now();
     let cancel = spec.cancel.clone();
     let found = interruptible(py, &cancel, move || run_search(&spec))?
-        .map_err(|e| err(e.named(str::to_string)))?;
+        .map_err(|e| err(e.named(costs_words)))?;
     let seconds = started.elapsed().as_secs_f64();
     let predicted = memory
         .predict(&found.timetable, &RecomputePlan::default())
@@ -397,7 +408,7 @@ fn sweep(
         m,
         memory_cap: memory_cap.map(cap_of).transpose()?,
     };
-    let named = |e: SweepRequestError| err(e.named(str::to_string));
+    let named = |e: SweepRequestError| err(e.named(costs_words));
     request.check().map_err(named)?;
     let costs = Costs::or_default(costs)?;
     let cap_costs = match request.memory_cap {

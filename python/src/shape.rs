@@ -59,9 +59,18 @@ fn raw_named_text(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Named> {
     })
 }
 
-/// Python's form of a field a library error names: `top_k=5`, or `top_k=` without a value.
+/// Python's form of a field a library error names: `top_k=5`, or `top_k=` without a value;
+/// a switch the CLI turns on by its flag alone (`--sequence-parallel`) is `=True`.
 pub(crate) fn keyword(field: &str, value: Option<String>) -> String {
-    format!("{field}={}", value.unwrap_or_default())
+    const SWITCHES: [&str; 3] = [
+        "sequence_parallel",
+        "allow_cross_node_tp",
+        "tied_embeddings",
+    ];
+    match value {
+        None if SWITCHES.contains(&field) => format!("{field}=True"),
+        value => format!("{field}={}", value.unwrap_or_default()),
+    }
 }
 
 /// A kind by its name, in the schedule crate's words when it is none.

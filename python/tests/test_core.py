@@ -38,6 +38,11 @@ def test_a_refusal_names_the_keywords_passed_not_the_clis_flags(tmp_path):
             call()
         line = str(e.value)
         assert line.startswith(words) and "--" not in line, line
+    # A switch to turn on is written as Python sets it.
+    with pytest.raises(pw.PipewrightError) as e:
+        pw.plan(layers=128, d_model=25600, heads=160, seq_len=2048, gpus=64, global_batch=64,
+                tp=8, sequence_parallel=False, recompute="none")
+    assert "recompute=full and sequence_parallel=True and" in str(e.value), str(e.value)
     # A config handed to `Shape.from_hf_config` is its `config=`.
     bad = tmp_path / "config.json"
     bad.write_text(json.dumps({"model_type": "llama"}))

@@ -136,7 +136,8 @@ def as_flags(words: str) -> str:
     """Python's refusal with each `field=value` written as the CLI's `--field value`."""
     def flag(m: re.Match) -> str:
         name = "--" + m.group(1).replace("_", "-")
-        return f"{name} {m.group(2)}" if m.group(2) else name
+        # A switch (`sequence_parallel=True`) is its flag alone.
+        return f"{name} {m.group(2)}" if m.group(2) not in ("", "True") else name
     return re.sub(r"\b([a-z_]+)=(\S*)", flag, words)
 
 
@@ -372,3 +373,10 @@ def test_search_and_sweep_refuse_a_bad_request_in_the_clis_words():
     for call, ours, theirs, args in cases:
         line = refused(ours, call)
         assert line.replace(ours, theirs, 1) == cli_error(*args), (line, args)
+    # Activation sizes live in Costs, not in a keyword of sweep or search: said so.
+    for call in [lambda: pw.sweep(memory_cap="1GiB"), lambda: pw.search(4, 8, "1GiB")]:
+        with pytest.raises(pw.PipewrightError) as e:
+            call()
+        line = str(e.value)
+        assert "Costs(activation_bytes=...)" in line and "--" not in line, line
+        assert "cost_file" not in line, line

@@ -73,7 +73,7 @@ pub fn row_line(req: &PlanRequest, i: usize, r: &PlanRow) -> String {
 /// the way to the nearest run it trains), and where its run differs from what was planned.
 pub(super) fn launch_note(req: &PlanRequest, c: &Config) -> String {
     let dispatch = if req.dispatcher == Dispatcher::DeepEp && c.ep > 1 {
-        "  (pipewright's runtime dispatches by a plain all-to-all, not DeepEP's: its run of this line moves more than the plan timed)\n"
+        "  (pipewright's runtime dispatches by a plain all-to-all, not DeepEP's: its run of this line takes longer than the plan timed)\n"
     } else {
         ""
     };

@@ -73,10 +73,7 @@ fn a_mixture_is_planned_and_simulated_and_a_layout_that_does_not_fit_is_refused(
     );
     let dense = common::plan::ok(&[&SHAPE[..], &rest].concat());
     assert!(!dense.contains("active"), "{dense}");
-    let deepseek = format!(
-        "{}/../model/tests/fixtures/hf/deepseek-v3.json",
-        env!("CARGO_MANIFEST_DIR")
-    );
+    let deepseek = deepseek();
     let fixed = [
         "--tp",
         "1",
@@ -268,21 +265,16 @@ fn a_mixture_trains_and_its_memory_is_the_prediction() {
 fn a_plans_costs_carry_the_all_to_all_into_simulate() {
     let dir = tempfile::tempdir().unwrap();
     let costs = dir.path().join("costs.json");
-    let deepseek = format!(
-        "{}/../model/tests/fixtures/hf/deepseek-v3.json",
-        env!("CARGO_MANIFEST_DIR")
-    );
-    let out = common::plan::ok(&[
-        "--hf-config",
-        &deepseek,
-        "--cluster",
-        "h100-80g",
+    let (deepseek, costs_arg) = (deepseek(), costs.to_str().unwrap());
+    let layout = [
         "--gpus",
         "512",
         "--global-batch",
         "1024",
         "--seq-len",
         "1024",
+    ];
+    let fixed = [
         "--tp",
         "1",
         "--pp",
@@ -291,12 +283,16 @@ fn a_plans_costs_carry_the_all_to_all_into_simulate() {
         "32",
         "--microbatch-size",
         "1",
+    ];
+    let rest = [
         "--schedule",
         "dualpipev",
         "--explain",
         "--costs-out",
-        costs.to_str().unwrap(),
-    ]);
+        costs_arg,
+    ];
+    let head = ["--hf-config", &deepseek, "--cluster", "h100-80g"];
+    let out = common::plan::ok(&[&head[..], &layout, &fixed, &rest].concat());
     assert!(out.contains("dualpipev v 2 mbs 1 m 32"), "{out}");
     let per_device: f64 = out
         .split("expert all-to-all: ")
@@ -316,7 +312,7 @@ fn a_plans_costs_carry_the_all_to_all_into_simulate() {
             "--microbatches",
             "32",
             "--cost-file",
-            costs.to_str().unwrap(),
+            costs_arg,
         ])
     };
     let comm = |out: &str| -> (f64, f64) {
@@ -343,4 +339,12 @@ fn a_plans_costs_carry_the_all_to_all_into_simulate() {
         "{total_1f1b} vs {total}"
     );
     assert_eq!(hidden_1f1b, 0.0);
+}
+
+/// DeepSeek-V3's config.json, as the tests read it.
+fn deepseek() -> String {
+    format!(
+        "{}/../model/tests/fixtures/hf/deepseek-v3.json",
+        env!("CARGO_MANIFEST_DIR")
+    )
 }
