@@ -10,7 +10,7 @@ mod model;
 use model::{close, one_device, rows, stage, LAYERS};
 use pipewright_kernels::optim::AdamWConfig;
 use pipewright_runtime::{run, Mesh, RunOptions, RuntimeError};
-use pipewright_schedule::{generate, ScheduleKind, ScheduleSpec};
+use pipewright_schedule::{generate, Checked, ScheduleKind, ScheduleSpec};
 
 const STEPS: u64 = 4;
 
@@ -26,7 +26,7 @@ fn opts() -> RunOptions {
 }
 
 fn train(kind: ScheduleKind, dp: usize) -> Result<Vec<f32>, RuntimeError> {
-    let tt = generate(&ScheduleSpec::new(kind, 2, 1, 4, None).unwrap());
+    let tt = Checked::new(generate(&ScheduleSpec::new(kind, 2, 1, 4, None).unwrap())).unwrap();
     let cuts = [0..3, 3..LAYERS];
     let mut losses = Vec::new();
     run(
