@@ -17,6 +17,13 @@
 
 use super::cluster::{Cluster, Link};
 
+/// Global rank of a GPU at `tp_rank`, `dp_rank` and pipeline stage `pp_rank` of a `tp` x `dp`
+/// x pp mesh: the runtime's placement (see the module docs), the one every placement question
+/// here answers from.
+pub fn global_rank(tp: u32, dp: u32, tp_rank: u64, dp_rank: u64, pp_rank: u64) -> u64 {
+    tp_rank + u64::from(tp) * (dp_rank + u64::from(dp) * pp_rank)
+}
+
 /// Ring all-reduce of `bytes` over `n` ranks.
 pub fn all_reduce(link: &Link, n: u32, bytes: f64) -> f64 {
     2.0 * reduce_scatter(link, n, bytes)
@@ -53,7 +60,7 @@ impl Links {
         // GPUs, so those stages are the ones to check).
         let run = u64::from(tp) * u64::from(dp);
         let gpn64 = u64::from(gpn.max(1));
-        let straddles = |s: u64| run * s % gpn64 + run > gpn64;
+        let straddles = |s: u64| global_rank(tp, dp, 0, 0, s) % gpn64 + run > gpn64;
         let dp_cross_node = dp > 1 && (run > gpn64 || (0..u64::from(pp).min(gpn64)).any(straddles));
         Links {
             tp: if tp_cross_node {
@@ -76,10 +83,9 @@ impl Links {
 /// from `tp * (k + dp * d)`).
 pub fn crosses_nodes(cluster: &Cluster, tp: u32, dp: u32, a: u32, b: u32) -> bool {
     let gpn = u64::from(cluster.gpus_per_node);
-    let (tp, dp64) = (u64::from(tp), u64::from(dp));
-    let node = |d: u32, k: u64| tp * (k + dp64 * u64::from(d)) / gpn;
+    let node = |d: u32, k: u64| global_rank(tp, dp, 0, k, u64::from(d)) / gpn;
     // Alignment repeats after gpn replicas at most.
-    (0..dp64.min(gpn)).any(|k| node(a, k) != node(b, k))
+    (0..u64::from(dp).min(gpn)).any(|k| node(a, k) != node(b, k))
 }
 
 #[cfg(test)]

@@ -39,6 +39,7 @@ use std::ops::Range;
 use pipewright_model::memory::ModelShape;
 
 use super::cluster::Cluster;
+use super::comm::global_rank;
 
 /// How an MoE layer's tokens reach their experts' GPUs.
 #[derive(
@@ -134,7 +135,7 @@ impl ExpertFold {
     fn node(&self, cluster: &Cluster, pp_rank: u64, j: u64) -> u64 {
         let tp = u64::from(self.tp.max(1));
         let (t, d) = (j % tp, j / tp);
-        let global = t + tp * (d + u64::from(self.dp) * pp_rank);
+        let global = global_rank(self.tp.max(1), self.dp, t, d, pp_rank);
         global / u64::from(cluster.gpus_per_node.max(1))
     }
 
