@@ -119,6 +119,7 @@ pub fn cpu() -> Result<Calibration> {
             bf16: tflops,
             tf32: tflops,
             f32: tflops,
+            fp8: None,
         },
         memory_bandwidth_gbs: elementwise / 1e9,
         intra_node: link,

@@ -106,6 +106,7 @@ pub fn cuda(ordinal: usize, links: &Cluster) -> Result<Calibration> {
             f32: peaks[0],
             tf32: peaks[1],
             bf16: peaks[2],
+            fp8: None,
         },
         memory_bandwidth_gbs: copy.min(elementwise) / 1e9,
         intra_node: links.intra_node,

@@ -30,6 +30,10 @@ pub struct PeakTflops {
     pub tf32: f64,
     /// Plain f32 (no tensor cores).
     pub f32: f64,
+    /// FP8 tensor cores (E4M3/E5M2 inputs, higher-precision accumulation), for `plan --fp8`;
+    /// absent on GPUs without them (an A100).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fp8: Option<f64>,
 }
 
 /// One kind of link: what a GPU achieves on it in one direction, and the fixed cost of a
@@ -102,6 +106,11 @@ impl Cluster {
         }
     }
 
+    /// Peak FP8 FLOP/s of one GPU, where it has FP8 tensor cores.
+    pub fn fp8_flops(&self) -> Option<f64> {
+        self.peak_tflops.fp8.map(|t| 1e12 * t)
+    }
+
     /// Memory of one GPU in bytes.
     pub fn memory_bytes(&self) -> u64 {
         (self.memory_gib * (1u64 << 30) as f64) as u64
@@ -151,7 +160,9 @@ impl Cluster {
             self.inter_node.latency_us,
             f64::from(self.gpus_per_node),
         ];
-        for (v, &(what, lo, hi, range)) in figures.into_iter().zip(RANGES.iter()) {
+        let fp8 = self.peak_tflops.fp8.map(|v| (v, &FP8_RANGE));
+        let ranged = figures.into_iter().zip(RANGES.iter()).chain(fp8);
+        for (v, &(what, lo, hi, range)) in ranged {
             if !(v.is_finite() && v >= lo && v <= hi) {
                 return Err(PlanError::ClusterRange {
                     what,
@@ -197,6 +208,9 @@ pub const RANGES: [(&str, f64, f64, &str); 10] = [
     ("gpus_per_node", 1.0, 4096.0, "1 to 4096"),
 ];
 
+/// `peak_tflops.fp8`'s range, where a cluster file gives it.
+pub const FP8_RANGE: (&str, f64, f64, &str) = ("peak_tflops.fp8", 1e-4, 1e5, "1e-4 to 1e5 TFLOP/s");
+
 /// NVIDIA DGX A100 (80 GB SXM4 GPUs), the machine of Narayanan et al. (SC'21).
 ///
 /// - 8 GPUs per node; 80 GiB HBM2e each (nvidia-smi: 81920 MiB).
@@ -218,6 +232,7 @@ pub fn a100_80g() -> Cluster {
             bf16: 312.0,
             tf32: 156.0,
             f32: 19.5,
+            fp8: None,
         },
         memory_bandwidth_gbs: 2039.0,
         intra_node: Link {
@@ -240,8 +255,8 @@ pub fn a100_80g() -> Cluster {
 /// NVIDIA DGX H100 (80 GB SXM5 GPUs).
 ///
 /// - 8 GPUs per node; 80 GiB HBM3 each (nvidia-smi: 81559 MiB, taken as 79.6 GiB).
-/// - Peak dense: bf16 989, TF32 494, FP32 67 TFLOP/s (NVIDIA H100 SXM datasheet; the
-///   datasheet's 1979 bf16 figure is with 2:4 sparsity).
+/// - Peak dense: bf16 989, TF32 494, FP32 67, FP8 1979 TFLOP/s (NVIDIA H100 SXM datasheet;
+///   its 1979 bf16 and 3958 FP8 figures are with 2:4 sparsity).
 /// - HBM3 3350 GB/s (datasheet).
 /// - NVLink 4 + NVSwitch: 900 GB/s bidirectional, 450 per direction; taken as 360 GB/s
 ///   achievable ring bandwidth (80% of nominal, as for the A100).
@@ -257,6 +272,7 @@ pub fn h100_80g() -> Cluster {
             bf16: 989.0,
             tf32: 494.0,
             f32: 67.0,
+            fp8: Some(1979.0),
         },
         memory_bandwidth_gbs: 3350.0,
         intra_node: Link {

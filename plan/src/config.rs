@@ -202,6 +202,11 @@ pub struct PlanRequest {
     pub capacity_factor: f64,
     /// How a mixture's tokens reach their experts (the all-to-all's volume and links).
     pub dispatcher: Dispatcher,
+    /// The linear layers' GEMMs (projections, MLPs, experts) in FP8 at the cluster's FP8
+    /// peak, with their quantization passes, as DeepSeek-V3 and Transformer Engine run them;
+    /// under DeepEP the dispatch moves FP8 too. Activations are kept in bf16 either way, so
+    /// memory is as without it.
+    pub fp8: bool,
 }
 
 impl PlanRequest {
@@ -244,6 +249,7 @@ impl PlanRequest {
             max_searched: 2,
             capacity_factor: 1.0,
             dispatcher: Dispatcher::AllToAll,
+            fp8: false,
         }
     }
 }

@@ -27,7 +27,7 @@ use super::comm::{all_reduce, crosses_nodes, Links};
 pub use super::config::layers_per_stage;
 use super::config::{Config, PlanRequest};
 use super::model::PlanModel;
-use super::moe_comm::{layer_all_to_all, ExpertFold};
+use super::moe_comm::{layer_all_to_all, ExpertFold, Wire};
 use super::pieces::data_parallel;
 pub use super::pieces::device;
 pub use super::pieces::Pieces;
@@ -107,18 +107,16 @@ fn all_to_all(
         etp: cfg.etp,
         ep: cfg.ep,
     };
-    let act = req.precision.activation_bytes();
+    let wire = Wire {
+        act_bytes: req.precision.activation_bytes(),
+        capacity: req.capacity_factor,
+        dispatcher: req.dispatcher,
+        fp8_dispatch: req.fp8,
+    };
     // One MoE layer's all-to-all is the same in every stage (the fold looks at every
     // stage's placement): found once, times each stage's MoE layers.
-    let Some(one) = layer_all_to_all(
-        shape,
-        &req.cluster,
-        &fold,
-        cfg.microbatch_size,
-        act,
-        req.capacity_factor,
-        req.dispatcher,
-    ) else {
+    let Some(one) = layer_all_to_all(shape, &req.cluster, &fold, cfg.microbatch_size, wire)
+    else {
         return Vec::new();
     };
     let mut start = 0;

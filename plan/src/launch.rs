@@ -270,6 +270,10 @@ pub(crate) fn kind_flags(s: &ModelShape) -> String {
         if m.every > 1 {
             out += &format!(" --moe-every {}", m.every);
         }
+        if let Some(g) = m.route_groups {
+            let (groups, per) = (g.groups, g.per_token);
+            out += &format!(" --expert-groups {groups} --groups-per-token {per}");
+        }
     }
     out
 }
@@ -292,6 +296,7 @@ mod tests {
                 shared_ffn: Some(5),
                 dense_layers: Some(1),
                 every: None,
+                ..MoeKinds::default()
             },
             ..ShapeKinds::default()
         };

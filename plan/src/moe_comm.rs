@@ -30,13 +30,20 @@
 //! With the `E` experts spread evenly over the `N` nodes of an EP group and the `k` experts
 //! of a token drawn evenly (an even router), a node holds none of them with probability
 //! `C(E - E/N, k) / C(E, k)`, so a token reaches `N (1 - that)` nodes, `(N - 1) / N` of them
-//! other nodes. DeepSeek's node-limited routing (at most 4 nodes a token) is not modelled:
-//! for DeepSeek-V3 at EP 64 this counts 5.3 nodes a token (4.6 of them other nodes) where its
-//! routing allows at most 4.
+//! other nodes. Group-limited routing ([`pipewright_model::shape::RouteGroups`], DeepSeek's node-limited
+//! routing) draws
+//! a token's experts from `M` of `G` groups: where each node holds whole groups, or each
+//! group whole nodes, the chance that a node holds none of a token's experts follows from
+//! which groups are chosen (DeepSeek-V3 at EP 64: a group a node, 3.6 nodes a token where
+//! unlimited routing would reach 5.3); where groups and nodes do not nest, the limit is not
+//! counted. Under FP8 ([`Wire::fp8_dispatch`]) DeepEP dispatches FP8 (one byte an element
+//! and a 4-byte scale per 128) and combines in bf16, forward and backward alike (DeepSeek-V3
+//! report §3.3.2).
 
 use std::ops::Range;
 
 use pipewright_model::memory::ModelShape;
+use pipewright_model::shape::MoeShape;
 
 use super::cluster::Cluster;
 use super::comm::global_rank;
@@ -190,65 +197,92 @@ impl ExpertFold {
 /// One MoE layer's all-to-all traffic and time for one microbatch, on one GPU.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct AllToAll {
-    /// Bytes one dispatch (or one combine) hands the all-to-all on one GPU, its own experts'
-    /// share included: `b s / tp x top_k x d x bytes x capacity`.
+    /// Bytes one combine hands the all-to-all on one GPU, its own experts' share included:
+    /// `b s / tp x top_k x d x bytes x capacity` (a dispatch moves as many, or its FP8 form).
     pub bytes: f64,
     /// Of those, the bytes that leave the GPU for peers on its node.
     pub intra_bytes: f64,
     /// Of those, the bytes that leave the GPU for peers on other nodes.
     pub inter_bytes: f64,
-    /// Seconds of one dispatch (or one combine).
+    /// Seconds of one combine.
     pub one_s: f64,
+    /// Bytes of one dispatch (`bytes`, or its FP8 form under [`Wire::fp8_dispatch`]).
+    pub dispatch_bytes: f64,
+    /// Seconds of one dispatch.
+    pub dispatch_s: f64,
 }
 
 impl AllToAll {
     /// Forward seconds: a dispatch and a combine.
     pub fn forward_s(&self) -> f64 {
-        2.0 * self.one_s
+        self.dispatch_s + self.one_s
     }
 
-    /// Backward seconds: the gradients of the combine and of the dispatch, the same volume.
+    /// Backward seconds: the gradients of the combine (dispatched) and of the dispatch
+    /// (combined), the same volumes.
     pub fn backward_s(&self) -> f64 {
-        2.0 * self.one_s
+        self.dispatch_s + self.one_s
     }
 }
 
-/// One MoE layer's all-to-all for a microbatch of `microbatch_size` sequences with
-/// `act_bytes`-byte activations and a `capacity` factor (1 for even routing), under `fold`;
-/// `None` for a shape without experts. Zero where `ep` is 1 (no token leaves its GPU).
+/// How an MoE layer's tokens travel: the bytes of an activation, the capacity factor (1 for
+/// even routing), the dispatcher, and whether the dispatch is FP8 (DeepEP under `--fp8`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Wire {
+    /// Bytes of one activation element (the combine's, and a plain dispatch's).
+    pub act_bytes: u64,
+    /// The capacity factor.
+    pub capacity: f64,
+    /// The dispatcher.
+    pub dispatcher: Dispatcher,
+    /// DeepEP dispatches FP8: one byte an element and a 4-byte scale per 128.
+    pub fp8_dispatch: bool,
+}
+
+/// One MoE layer's all-to-all for a microbatch of `microbatch_size` sequences travelling as
+/// `wire` says, under `fold`; `None` for a shape without experts. Zero where `ep` is 1 (no
+/// token leaves its GPU).
 pub fn layer_all_to_all(
     shape: &ModelShape,
     cluster: &Cluster,
     fold: &ExpertFold,
     microbatch_size: u64,
-    act_bytes: u64,
-    capacity: f64,
-    dispatcher: Dispatcher,
+    wire: Wire,
 ) -> Option<AllToAll> {
     let moe = shape.moe?;
     let tokens = microbatch_size as f64 * shape.seq_len as f64 / f64::from(fold.tp.max(1));
-    let bytes = tokens * f64::from(moe.top_k) * shape.d_model as f64 * act_bytes as f64 * capacity;
+    let elements = tokens * f64::from(moe.top_k) * shape.d_model as f64 * wire.capacity;
     let ep = fold.ep.max(1);
     let near = fold.peers_in_node(cluster).min(ep - 1);
     let far = ep - 1 - near;
-    let share = |peers: u32| bytes * f64::from(peers) / f64::from(ep);
-    let (intra_bytes, inter_bytes) = match dispatcher {
-        Dispatcher::DeepEp if far > 0 => deepep_bytes(bytes, moe.experts, moe.top_k, ep, near),
-        _ => (share(near), share(far)),
-    };
     let (intra, inter) = (&cluster.intra_node, &cluster.inter_node);
     let latency = match (near, far) {
         (0, 0) => 0.0,
         (_, 0) => f64::from(near) * intra.latency_s(),
         _ => f64::from(ep - 1) * inter.latency_s().max(intra.latency_s()),
     };
-    let one_s =
-        (intra_bytes / intra.bytes_per_s()).max(inter_bytes / inter.bytes_per_s()) + latency;
+    let one = |bytes: f64| {
+        let share = |peers: u32| bytes * f64::from(peers) / f64::from(ep);
+        let (intra_bytes, inter_bytes) = match wire.dispatcher {
+            Dispatcher::DeepEp if far > 0 => deepep_bytes(bytes, &moe, ep, near),
+            _ => (share(near), share(far)),
+        };
+        let s = (intra_bytes / intra.bytes_per_s()).max(inter_bytes / inter.bytes_per_s());
+        (intra_bytes, inter_bytes, s + latency)
+    };
+    let bytes = elements * wire.act_bytes as f64;
+    let dispatch_bytes = match wire.dispatcher {
+        Dispatcher::DeepEp if wire.fp8_dispatch => elements * (1.0 + 4.0 / 128.0),
+        _ => bytes,
+    };
+    let (intra_bytes, inter_bytes, one_s) = one(bytes);
     Some(AllToAll {
         bytes,
         intra_bytes,
         inter_bytes,
         one_s,
+        dispatch_bytes,
+        dispatch_s: one(dispatch_bytes).2,
     })
 }
 
@@ -258,21 +292,63 @@ pub fn layer_all_to_all(
 /// it lands on (its own, or the one it crossed to) moves over NVLink. The nodes are counted
 /// from the worst group's GPUs on one node, as the plain all-to-all paces by that group: a
 /// group split unevenly over nodes counts more nodes than it spans (more bytes, not fewer).
-fn deepep_bytes(bytes: f64, experts: u32, top_k: u32, ep: u32, near: u32) -> (f64, f64) {
+fn deepep_bytes(bytes: f64, moe: &MoeShape, ep: u32, near: u32) -> (f64, f64) {
     let per_node = near + 1;
     let nodes = ep.div_ceil(per_node);
-    let (e, k) = (f64::from(experts), f64::from(top_k));
-    let on_node = e / f64::from(nodes);
-    // C(e - on_node, k) / C(e, k): the chance that none of a token's experts is on a node.
-    let none = (0..top_k).fold(1.0, |p, i| {
-        let i = f64::from(i);
-        p * ((e - on_node - i) / (e - i)).max(0.0)
-    });
-    let other_nodes = f64::from(nodes) * (1.0 - none) * f64::from(nodes - 1) / f64::from(nodes);
-    let copy = bytes / k;
+    let reached = node_reached(moe, nodes);
+    let other_nodes = f64::from(nodes - 1) * reached;
+    let copy = bytes / f64::from(moe.top_k);
     let inter = copy * other_nodes;
     let intra = bytes * f64::from(per_node - 1) / f64::from(per_node);
     (intra, inter)
+}
+
+/// The chance that a token's experts include one on a given node of `nodes` holding the
+/// routed experts evenly, under the router's groups where they nest with the nodes (see the
+/// module's note).
+pub fn node_reached(moe: &MoeShape, nodes: u32) -> f64 {
+    let (e, k) = (f64::from(moe.experts), moe.top_k);
+    let on_node = e / f64::from(nodes);
+    let Some(g) = moe.route_groups.filter(|g| g.per_token < g.groups) else {
+        return 1.0 - none_of(e, on_node, k);
+    };
+    let (groups, chosen) = (g.groups, g.per_token);
+    // The experts a token may draw from: its chosen groups'.
+    let pool = f64::from(chosen) * e / f64::from(groups);
+    if groups % nodes == 0 {
+        // Each node holds `per` whole groups; `c` of them chosen, hypergeometrically.
+        let per = groups / nodes;
+        (0..=per.min(chosen))
+            .map(|c| {
+                let p = choose(per, c) * choose(groups - per, chosen - c) / choose(groups, chosen);
+                let held = f64::from(c) * e / f64::from(groups);
+                p * (1.0 - none_of(pool, held, k))
+            })
+            .sum()
+    } else if nodes % groups == 0 {
+        // Each group spans whole nodes: the node's group is chosen, then holds some.
+        let group_chosen = f64::from(chosen) / f64::from(groups);
+        group_chosen * (1.0 - none_of(pool, on_node, k))
+    } else {
+        1.0 - none_of(e, on_node, k)
+    }
+}
+
+/// `C(pool - held, k) / C(pool, k)`: the chance that none of `k` draws without replacement
+/// from `pool` falls among `held` of them.
+fn none_of(pool: f64, held: f64, k: u32) -> f64 {
+    (0..k).fold(1.0, |p, i| {
+        let i = f64::from(i);
+        p * ((pool - held - i) / (pool - i)).max(0.0)
+    })
+}
+
+/// `C(n, r)` as a float (small `n`: a router's groups).
+fn choose(n: u32, r: u32) -> f64 {
+    if r > n {
+        return 0.0;
+    }
+    (0..r).fold(1.0, |c, i| c * f64::from(n - i) / f64::from(i + 1))
 }
 
 /// A stage's all-to-all per microbatch: its MoE layers among `layers` (0-based indices of
@@ -284,7 +360,7 @@ pub fn stage_all_to_all(shape: &ModelShape, layers: Range<u32>, one: &AllToAll) 
     (
         moe * one.forward_s(),
         moe * one.backward_s(),
-        moe * 4.0 * one.bytes,
+        moe * 2.0 * (one.bytes + one.dispatch_bytes),
     )
 }
 

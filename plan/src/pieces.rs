@@ -48,11 +48,16 @@ impl Pieces {
 
 /// The device a configuration's work runs on.
 pub fn device(req: &PlanRequest) -> Device {
+    let peak = req.cluster.peak_flops(req.precision);
+    let act_bytes = req.precision.activation_bytes() as f64;
+    let fp8 = req.fp8.then(|| req.cluster.fp8_flops()).flatten();
     Device {
-        peak: req.cluster.peak_flops(req.precision),
+        peak,
+        linear_peak: fp8.unwrap_or(peak),
         hbm: req.cluster.memory_bandwidth(),
         efficiency: req.cluster.efficiency,
-        act_bytes: req.precision.activation_bytes() as f64,
+        act_bytes,
+        cast_bytes: if fp8.is_some() { act_bytes + 1.0 } else { 0.0 },
     }
 }
 

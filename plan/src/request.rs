@@ -62,6 +62,8 @@ pub struct RawPlanRequest {
     pub capacity_factor: f64,
     /// How a mixture's tokens reach their experts (`--dispatcher`).
     pub dispatcher: Dispatcher,
+    /// The linear layers' GEMMs in FP8 (`--fp8`).
+    pub fp8: bool,
 }
 
 impl Default for RawPlanRequest {
@@ -85,6 +87,7 @@ impl Default for RawPlanRequest {
             max_searched: 2,
             capacity_factor: 1.0,
             dispatcher: Dispatcher::AllToAll,
+            fp8: false,
         }
     }
 }
@@ -171,6 +174,12 @@ pub enum PlanRequestError {
     /// `cluster` names neither a preset nor a file.
     #[error("{}", self.named(&flag_form))]
     NoCluster(String),
+    /// `fp8` on a cluster without an FP8 peak (its name).
+    #[error("{}", self.named(&flag_form))]
+    Fp8Cluster(String),
+    /// `fp8` with a `precision` other than bf16.
+    #[error("{}", self.named(&flag_form))]
+    Fp8Precision(Precision),
     /// A cluster file that is not one.
     #[error("{}", self.named(&flag_form))]
     Cluster {
@@ -258,6 +267,17 @@ impl PlanRequestError {
             PlanRequestError::Cluster { arg, error } => {
                 format!("{}: {error}", with("cluster", arg))
             }
+            PlanRequestError::Fp8Cluster(c) => format!(
+                "{} on {}: the cluster has no FP8 peak (give peak_tflops.fp8 in a cluster file)",
+                name("fp8", None),
+                with("cluster", c)
+            ),
+            PlanRequestError::Fp8Precision(p) => format!(
+                "{} runs the linear layers' GEMMs in FP8 beside bf16 activations: it takes {}, not {}",
+                name("fp8", None),
+                with("precision", &"bf16"),
+                with("precision", p)
+            ),
         }
     }
 }
@@ -313,6 +333,8 @@ impl RawPlanRequest {
         req.capacity_factor = self.capacity_factor;
         req.dispatcher = self.dispatcher;
         self.check_experts(&req.model)?;
+        self.check_fp8(&req.cluster)?;
+        req.fp8 = self.fp8;
         Ok((req, notes))
     }
 
@@ -327,6 +349,7 @@ impl RawPlanRequest {
             .chain(s.kinds.given())
             .chain(s.hf_config.as_ref().map(|_| "hf_config"))
             .chain(self.attention.map(|_| "attention"))
+            .chain(self.fp8.then_some("fp8"))
             .chain(self.fixed.tp.map(|_| "tp"))
             .chain((self.fixed.sequence_parallel == Some(true)).then_some("sequence_parallel"))
             .next();
@@ -375,6 +398,19 @@ impl RawPlanRequest {
     /// The preset, or the cluster file the face read.
     fn cluster(&self) -> Result<Cluster, PlanRequestError> {
         cluster_of(&self.cluster, self.cluster_file.as_deref())
+    }
+
+    /// FP8 where the cluster has an FP8 peak and the run is bf16.
+    fn check_fp8(&self, cluster: &Cluster) -> Result<(), PlanRequestError> {
+        if !self.fp8 {
+            Ok(())
+        } else if self.precision != Precision::Bf16 {
+            Err(PlanRequestError::Fp8Precision(self.precision))
+        } else if cluster.fp8_flops().is_none() {
+            Err(PlanRequestError::Fp8Cluster(self.cluster.clone()))
+        } else {
+            Ok(())
+        }
     }
 
     /// The expert layout's flags against the model: a fixed EP divides its experts.

@@ -67,17 +67,24 @@ impl std::ops::Mul<f64> for WorkTimes {
 }
 
 /// What a GPU is, for timing work: peak FLOP/s, HBM bytes per second, its efficiency curve,
-/// bytes per activation.
+/// bytes per activation, and whether the linear layers' GEMMs run in FP8.
 #[derive(Clone, Copy, Debug)]
 pub struct Device {
     /// Peak FLOP/s in the run's precision.
     pub peak: f64,
+    /// Peak FLOP/s of the linear layers' GEMMs (projections, MLPs, experts): `peak`, or the
+    /// FP8 peak where they run in FP8. Attention's core, the router and the LM head stay at
+    /// `peak`, as DeepSeek-V3 and Transformer Engine keep them.
+    pub linear_peak: f64,
     /// HBM bytes per second.
     pub hbm: f64,
     /// The matmul efficiency curve.
     pub efficiency: Efficiency,
     /// Bytes of one activation element.
     pub act_bytes: f64,
+    /// Bytes one element's quantization moves before an FP8 GEMM (read at `act_bytes`,
+    /// write one byte; the per-tile scales are under 1%), 0 without FP8.
+    pub cast_bytes: f64,
 }
 
 impl Device {
@@ -89,6 +96,29 @@ impl Device {
     fn matmul(&self, m: f64, n: f64, k: f64) -> f64 {
         self.efficiency
             .matmul_time(2.0 * m * n * k, (m, n, k), self.peak)
+    }
+
+    /// Seconds of a linear layer's `(m x k)(k x n)` GEMM, at [`Device::linear_peak`].
+    pub fn linear_time(&self, m: f64, n: f64, k: f64) -> f64 {
+        self.efficiency
+            .matmul_time(2.0 * m * n * k, (m, n, k), self.linear_peak)
+    }
+
+    /// Seconds of an FP8 GEMM's quantization, `(forward, backward)`: its `m x k` input in
+    /// the forward, the gradient of its `m x n` output in the input-gradient backward (the
+    /// weight gradient reuses both). Zero without FP8.
+    pub fn cast_time(&self, m: f64, n: f64, k: f64) -> (f64, f64) {
+        let per = self.cast_bytes / self.hbm;
+        (m * k * per, m * n * per)
+    }
+
+    /// The linear GEMMs `(m, n, k)` of a layer: `(seconds, casts)`, as
+    /// [`Device::linear_time`] and [`Device::cast_time`] sum them.
+    pub fn linears(&self, gemms: &[(f64, f64, f64)]) -> (f64, (f64, f64)) {
+        gemms.iter().fold((0.0, (0.0, 0.0)), |(t, (cf, cb)), &(m, n, k)| {
+            let (f, b) = self.cast_time(m, n, k);
+            (t + self.linear_time(m, n, k), (cf + f, cb + b))
+        })
     }
 }
 
@@ -118,17 +148,18 @@ pub fn layer(
     let tokens = b as f64 * s;
     let heads = (shape.heads as f64 / t).max(1.0);
     let dh = shape.head_dim() as f64;
-    let linear: f64 = shape
+    let gemms: Vec<_> = shape
         .block_linears()
         .iter()
         .map(|l| {
             let (i, o) = (l.inputs as f64, l.outputs as f64);
             match l.split {
-                TpSplit::Column => dev.matmul(tokens, o / t, i),
-                TpSplit::Row => dev.matmul(tokens, o, i / t),
+                TpSplit::Column => (tokens, o / t, i),
+                TpSplit::Row => (tokens, o, i / t),
             }
         })
-        .sum();
+        .collect();
+    let (linear, cast) = dev.linears(&gemms);
     // Scores (s x dh)(dh x s) and context (s x s)(s x dh), batched over b * heads/tp.
     let batch = b as f64 * heads;
     let core = batch * (dev.matmul(s, s, dh) + dev.matmul(s, dh, s));
@@ -139,19 +170,22 @@ pub fn layer(
         (linear, core),
         (batch, s),
         (replicated, activation),
+        cast,
         attention,
     )
 }
 
 /// A layer's times from its matmuls (`linear`) and attention core (`core`, over `batch`
 /// heads of `s x s` scores), and its element-wise work: the `replicated` elements the norms
-/// and residuals read and write, and the MLP's `activation` bytes. Dense and MoE layers
-/// ([`super::work_moe`]) alike.
+/// and residuals read and write, the MLP's `activation` bytes, and the FP8 GEMMs' `cast`s
+/// (forward, backward; [`Device::cast_time`]). Dense and MoE layers ([`super::work_moe`])
+/// alike.
 pub(super) fn assemble(
     dev: &Device,
     (linear, core): (f64, f64),
     (batch, s): (f64, f64),
     (replicated, activation): (f64, f64),
+    (cast_f, cast_b): (f64, f64),
     attention: AttentionKind,
 ) -> WorkTimes {
     let e = dev.act_bytes;
@@ -165,8 +199,8 @@ pub(super) fn assemble(
         AttentionKind::Fused => (0.0, (4.0 * replicated * e + activation) / dev.hbm),
     };
     WorkTimes {
-        f: linear + core + bytes + scores,
-        i: linear + 2.0 * core + bytes + 2.0 * scores,
+        f: linear + core + bytes + scores + cast_f,
+        i: linear + 2.0 * core + bytes + 2.0 * scores + cast_b,
         w: linear + bytes,
         selective,
     }
@@ -199,9 +233,11 @@ mod tests {
     fn a100() -> Device {
         Device {
             peak: 312e12,
+            linear_peak: 312e12,
             hbm: 2.0e12,
             efficiency: Efficiency::a100(),
             act_bytes: 2.0,
+            cast_bytes: 0.0,
         }
     }
 
@@ -232,6 +268,38 @@ mod tests {
         // memory, a small fraction of the forward.
         assert!(f.selective < 0.05 * f.f, "{} of {}", f.selective, f.f);
         assert!(m.selective > 0.1 * m.f, "{} of {}", m.selective, m.f);
+    }
+
+    #[test]
+    fn fp8_halves_the_linear_gemms_and_pays_their_casts() {
+        let bf16 = Device {
+            efficiency: Efficiency {
+                peak_fraction: 1.0,
+                half_dim: 0.0,
+                fused_attention: true,
+            },
+            ..a100()
+        };
+        let fp8 = Device {
+            linear_peak: 2.0 * bf16.peak,
+            cast_bytes: 3.0,
+            ..bf16
+        };
+        let a = AttentionKind::Fused;
+        let (slow, fast) = (layer(&gpt3(), 8, 1, false, a, &bf16), layer(&gpt3(), 8, 1, false, a, &fp8));
+        // The linear GEMMs on 2048 tokens, tp 8: QKV 3h/8 x h, projection h x h/8, up
+        // 4h/8 x h, down h x 4h/8; at full efficiency, FLOPs over peak. FP8 halves them.
+        let (h, tokens) = (12288.0, 2048.0);
+        let linear = 2.0 * tokens * 12.0 * h * h / 8.0 / bf16.peak;
+        let same = |a: f64, b: f64| (a - b).abs() < 1e-9 * b;
+        assert!(same(slow.w - fast.w, linear / 2.0), "{} {}", fast.w, slow.w);
+        // F pays each linear's input cast, 3 bytes an element: QKV and the MLP's up read h
+        // wide inputs, the projection h/8 and the down projection 4h/8; I pays the outputs'
+        // gradients' casts: 3h/8, h, 4h/8 and h.
+        let cast_f = tokens * (h + h / 8.0 + h + h / 2.0) * 3.0 / bf16.hbm;
+        let cast_b = tokens * (3.0 * h / 8.0 + h + h / 2.0 + h) * 3.0 / bf16.hbm;
+        assert!(same(fast.f, slow.f - linear / 2.0 + cast_f));
+        assert!(same(fast.i, slow.i - linear / 2.0 + cast_b));
     }
 
     #[test]

@@ -29,14 +29,6 @@ use super::work::{assemble, Device, WorkTimes};
 use pipewright_model::memory::moe::ExpertLayout;
 use pipewright_model::shape::{AttentionKind, MlaShape, ModelShape, TpSplit};
 
-/// Matmul seconds of `(m, n, k)` GEMMs, summed.
-fn matmuls(dev: &Device, shapes: &[(f64, f64, f64)]) -> f64 {
-    shapes
-        .iter()
-        .map(|&(m, n, k)| dev.matmul_time(m, n, k))
-        .sum()
-}
-
 /// Attention's projections for `tokens` tokens on one of `t` ranks, `(m, n, k)` each.
 fn attention_gemms(shape: &ModelShape, tokens: f64, t: f64) -> Vec<(f64, f64, f64)> {
     match &shape.mla {
@@ -106,7 +98,7 @@ pub fn layer_at(
             let f = shape.ffn as f64;
             gemms.push((tokens, up.outputs as f64 / t, h));
             gemms.push((tokens, h, down.inputs as f64 / t));
-            (0.0, hidden * tokens * f / t * e)
+            ((0.0, (0.0, 0.0)), hidden * tokens * f / t * e)
         }
         Some(m) => {
             let (ep, etp) = (f64::from(experts.ep.max(1)), f64::from(experts.etp.max(1)));
@@ -115,12 +107,13 @@ pub fn layer_at(
             let local = f64::from(m.experts) / ep;
             let (rows, width) = (copies / local, m.expert_ffn as f64 / etp);
             let shared = f64::from(m.shared_experts) * m.shared_ffn as f64;
-            gemms.push((routed, f64::from(m.experts), h));
             gemms.push((tokens, ups * shared / t, h));
             gemms.push((tokens, h, shared / t));
-            let experts_s = local * matmuls(dev, &[(rows, ups * width, h), (rows, h, width)]);
+            // The router stays out of FP8 (DeepSeek-V3 keeps its gating in higher precision).
+            let router = dev.matmul_time(routed, f64::from(m.experts), h);
+            let (one, (cf, cb)) = dev.linears(&[(rows, ups * width, h), (rows, h, width)]);
             let activation = hidden * (copies * width + tokens * shared / t) * e;
-            (experts_s, activation)
+            ((router + local * one, (local * cf, local * cb)), activation)
         }
     };
     finish(
@@ -133,12 +126,13 @@ pub fn layer_at(
     )
 }
 
-/// The layer's times from its GEMMs, `experts_s` of expert GEMMs, its attention core
-/// (`batch` heads of `s x s` scores over `qk`, context over `v`) and its element-wise bytes.
+/// The layer's times from its GEMMs, `experts` (seconds and casts of the router and expert
+/// GEMMs), its attention core (`batch` heads of `s x s` scores over `qk`, context over `v`)
+/// and its element-wise bytes.
 fn finish(
     dev: &Device,
     gemms: &[(f64, f64, f64)],
-    experts_s: f64,
+    (experts_s, (ecf, ecb)): (f64, (f64, f64)),
     (batch, s, qk, v): (f64, f64, f64, f64),
     (tokens, h, t, sp, attention): (f64, f64, f64, bool, AttentionKind),
     activation: f64,
@@ -149,7 +143,8 @@ fn finish(
         .copied()
         .filter(|g| g.1 > 0.0 && g.2 > 0.0)
         .collect();
-    let linear = matmuls(dev, &real) + experts_s;
+    let (gemm_s, (cf, cb)) = dev.linears(&real);
+    let linear = gemm_s + experts_s;
     let core = batch * (dev.matmul_time(s, s, qk) + dev.matmul_time(s, v, s));
     let replicated = if sp { tokens * h / t } else { tokens * h };
     assemble(
@@ -157,6 +152,7 @@ fn finish(
         (linear, core),
         (batch, s),
         (replicated, activation),
+        (cf + ecf, cb + ecb),
         attention,
     )
 }
@@ -171,6 +167,8 @@ mod tests {
     fn ideal() -> Device {
         Device {
             peak: 1e15,
+            linear_peak: 1e15,
+            cast_bytes: 0.0,
             hbm: 1e30,
             efficiency: Efficiency {
                 peak_fraction: 1.0,
@@ -185,6 +183,7 @@ mod tests {
         ModelShape {
             mlp: MlpKind::SwiGlu,
             moe: Some(MoeShape {
+                route_groups: None,
                 experts: 16,
                 top_k: 4,
                 expert_ffn: 512,

@@ -452,6 +452,8 @@ class Shape:
         shared_ffn: Optional[int] = None,
         dense_layers: Optional[int] = None,
         moe_every: Optional[int] = None,
+        expert_groups: Optional[int] = None,
+        groups_per_token: Optional[int] = None,
     ) -> Shape: ...
     @staticmethod
     def from_hf_config(config: _JsonSource, seq_len: Optional[int] = None) -> Shape:
@@ -719,6 +721,8 @@ def plan(
     shared_ffn: Optional[int] = None,
     dense_layers: Optional[int] = None,
     moe_every: Optional[int] = None,
+    expert_groups: Optional[int] = None,
+    groups_per_token: Optional[int] = None,
     hf_config: Optional[_JsonSource] = None,
     profile: Optional[_JsonSource] = None,
     attention: Optional[_Attention] = None,
@@ -736,6 +740,7 @@ def plan(
     etp: Optional[int] = None,
     capacity_factor: float = 1.0,
     dispatcher: Literal["all-to-all", "deepep"] = "all-to-all",
+    fp8: bool = False,
     allow_cross_node_tp: bool = False,
     top: int = 5,
     max_virtual: int = 8,

@@ -191,7 +191,7 @@ impl Plan {
 /// flag of the same name, checked by the same code (a mixture's and its expert layout's
 /// refusals name the keywords: `top_k=`, `ep=`).
 #[pyfunction]
-#[pyo3(signature = (layers = None, d_model = None, heads = None, seq_len = None, gpus = None, global_batch = None, *, vocab = None, ffn = None, kv_heads = None, mlp = None, norm = None, tied_embeddings = false, positions = None, rope_theta = None, bias = None, experts = None, top_k = None, expert_ffn = None, shared_experts = None, shared_ffn = None, dense_layers = None, moe_every = None, hf_config = None, profile = None, attention = None, cluster = "a100-80g", precision = "bf16", tp = None, pp = None, v = None, microbatch_size = None, schedule = None, recompute = None, zero = None, sequence_parallel = None, ep = None, etp = None, capacity_factor = 1.0, dispatcher = "all-to-all", allow_cross_node_tp = false, top = 5, max_virtual = 8, max_microbatch_size = 16, max_simulated = 200, max_searched = 2))]
+#[pyo3(signature = (layers = None, d_model = None, heads = None, seq_len = None, gpus = None, global_batch = None, *, vocab = None, ffn = None, kv_heads = None, mlp = None, norm = None, tied_embeddings = false, positions = None, rope_theta = None, bias = None, experts = None, top_k = None, expert_ffn = None, shared_experts = None, shared_ffn = None, dense_layers = None, moe_every = None, expert_groups = None, groups_per_token = None, hf_config = None, profile = None, attention = None, cluster = "a100-80g", precision = "bf16", tp = None, pp = None, v = None, microbatch_size = None, schedule = None, recompute = None, zero = None, sequence_parallel = None, ep = None, etp = None, capacity_factor = 1.0, dispatcher = "all-to-all", fp8 = false, allow_cross_node_tp = false, top = 5, max_virtual = 8, max_microbatch_size = 16, max_simulated = 200, max_searched = 2))]
 #[allow(clippy::too_many_arguments)]
 fn plan(
     py: Python<'_>,
@@ -217,6 +217,8 @@ fn plan(
     #[pyo3(from_py_with = crate::args::opt_whole)] shared_ffn: Option<u64>,
     #[pyo3(from_py_with = crate::args::opt_whole)] dense_layers: Option<u32>,
     #[pyo3(from_py_with = crate::args::opt_whole)] moe_every: Option<u32>,
+    #[pyo3(from_py_with = crate::args::opt_whole)] expert_groups: Option<u32>,
+    #[pyo3(from_py_with = crate::args::opt_whole)] groups_per_token: Option<u32>,
     hf_config: Option<&Bound<'_, PyAny>>,
     profile: Option<&Bound<'_, PyAny>>,
     attention: Option<&str>,
@@ -234,6 +236,7 @@ fn plan(
     #[pyo3(from_py_with = crate::args::opt_whole)] etp: Option<u32>,
     #[pyo3(from_py_with = crate::args::real)] capacity_factor: f64,
     dispatcher: &str,
+    fp8: bool,
     allow_cross_node_tp: bool,
     #[pyo3(from_py_with = crate::args::whole)] top: usize,
     #[pyo3(from_py_with = crate::args::whole)] max_virtual: u32,
@@ -245,6 +248,7 @@ fn plan(
     (moe.experts, moe.top_k, moe.expert_ffn) = (experts, top_k, expert_ffn);
     (moe.shared_experts, moe.shared_ffn) = (shared_experts, shared_ffn);
     (moe.dense_layers, moe.every) = (dense_layers, moe_every);
+    (moe.expert_groups, moe.groups_per_token) = (expert_groups, groups_per_token);
     let kinds = kinds(
         ffn,
         kv_heads,
@@ -277,7 +281,7 @@ fn plan(
     let dims = (tp, pp, v, microbatch_size, zero);
     let fixed = fixed(dims, (schedule, recompute), sequence_parallel)?;
     raw.fixed = Fixed { ep, etp, ..fixed };
-    raw.capacity_factor = capacity_factor;
+    (raw.capacity_factor, raw.fp8) = (capacity_factor, fp8);
     raw.dispatcher = dispatcher
         .parse()
         .map_err(|e| err(format!("dispatcher: {e}")))?;

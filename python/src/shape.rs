@@ -125,7 +125,7 @@ impl Shape {
     /// A shape by its sizes and kinds, checked as `pipewright simulate --layers ...` checks
     /// it (the same words).
     #[new]
-    #[pyo3(signature = (layers, d_model, heads, seq_len, vocab, *, ffn = None, kv_heads = None, mlp = None, norm = None, tied_embeddings = false, positions = None, rope_theta = None, bias = None, experts = None, top_k = None, expert_ffn = None, shared_experts = None, shared_ffn = None, dense_layers = None, moe_every = None))]
+    #[pyo3(signature = (layers, d_model, heads, seq_len, vocab, *, ffn = None, kv_heads = None, mlp = None, norm = None, tied_embeddings = false, positions = None, rope_theta = None, bias = None, experts = None, top_k = None, expert_ffn = None, shared_experts = None, shared_ffn = None, dense_layers = None, moe_every = None, expert_groups = None, groups_per_token = None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         #[pyo3(from_py_with = crate::args::whole)] layers: u32,
@@ -148,6 +148,8 @@ impl Shape {
         #[pyo3(from_py_with = crate::args::opt_whole)] shared_ffn: Option<u64>,
         #[pyo3(from_py_with = crate::args::opt_whole)] dense_layers: Option<u32>,
         #[pyo3(from_py_with = crate::args::opt_whole)] moe_every: Option<u32>,
+        #[pyo3(from_py_with = crate::args::opt_whole)] expert_groups: Option<u32>,
+        #[pyo3(from_py_with = crate::args::opt_whole)] groups_per_token: Option<u32>,
     ) -> PyResult<Self> {
         let kinds = ShapeKinds {
             moe: MoeKinds {
@@ -158,6 +160,8 @@ impl Shape {
                 shared_ffn,
                 dense_layers,
                 every: moe_every,
+                expert_groups,
+                groups_per_token,
             },
             ..kinds(
                 ffn,

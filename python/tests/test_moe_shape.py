@@ -34,6 +34,10 @@ def test_contradicting_keywords_are_refused_in_the_keywords_words():
          "shared_ffn= is the width of a shared expert: also give shared_experts="),
         (dict(experts=4, top_k=2, dense_layers=2),
          "dense_layers=2 and moe_every=1 leave none of the layers=2 an MoE layer"),
+        (dict(experts=4, top_k=2, groups_per_token=1),
+         "groups_per_token= needs expert_groups= (group-limited routing takes both)"),
+        (dict(experts=4, top_k=2, expert_groups=3, groups_per_token=1),
+         "expert_groups=3 must divide experts=4"),
     ]
     for kwargs, words in cases:
         with pytest.raises(pw.PipewrightError) as e:
@@ -48,3 +52,16 @@ def test_published_configs_give_their_counts():
     deepseek = pw.Shape.from_hf_config(str(FIXTURES / "deepseek-v3.json"))
     assert abs(deepseek.parameters / 671e9 - 1) < 1e-3
     assert any("multi-token-prediction" in n for n in deepseek.notes)
+
+
+def test_fp8_and_node_limited_routing_are_planned_and_refused_in_keywords():
+    deepseek = str(FIXTURES / "deepseek-v3.json")
+    fixed = dict(hf_config=deepseek, seq_len=1024, gpus=512, global_batch=64, tp=1, pp=16,
+                 ep=32, microbatch_size=1, recompute="full", zero=1, dispatcher="deepep",
+                 cluster="h100-80g", top=1)
+    bf16 = pw.plan(**fixed)
+    fp8 = pw.plan(**fixed, fp8=True)
+    assert fp8.rows[0].step_time_s < bf16.rows[0].step_time_s
+    with pytest.raises(pw.PipewrightError) as e:
+        pw.plan(**{**fixed, "cluster": "a100-80g"}, fp8=True)
+    assert str(e.value).startswith("fp8= on cluster=a100-80g: the cluster has no FP8 peak")

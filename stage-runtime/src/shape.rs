@@ -55,7 +55,8 @@ pub fn gpt_config(shape: &ModelShape) -> Result<GptConfig, RuntimeError> {
 
 /// The reference's mixture of the shape's. Several shared experts of one width are one
 /// shared MLP of their summed width (their outputs add; no expert has a bias). Qwen2's
-/// shared gate and DeepSeek's router bias are refused: the reference has neither.
+/// shared gate, DeepSeek's router bias and its group-limited routing are refused: the
+/// reference has none of them.
 fn moe_spec(m: shape::MoeShape, bias: shape::BiasKind) -> Result<MoeSpec, RuntimeError> {
     let lacks = |what: &str| {
         Err(RuntimeError::Model(format!(
@@ -67,6 +68,9 @@ fn moe_spec(m: shape::MoeShape, bias: shape::BiasKind) -> Result<MoeSpec, Runtim
     }
     if m.router_bias {
         return lacks("router bias (router_bias)");
+    }
+    if m.route_groups.is_some() {
+        return lacks("group-limited routing (expert_groups, groups_per_token)");
     }
     if bias == shape::BiasKind::All {
         // The shape's experts (Hugging Face's) have no biases; the reference's would.
@@ -148,6 +152,7 @@ mod tests {
                 mlp,
                 bias,
                 moe: Some(shape::MoeShape {
+                    route_groups: None,
                     experts: 4,
                     top_k: 2,
                     expert_ffn: 12,
@@ -169,6 +174,7 @@ mod tests {
     #[test]
     fn what_the_reference_mixture_lacks_is_refused_by_name() {
         let moe = shape::MoeShape {
+            route_groups: None,
             experts: 4,
             top_k: 2,
             expert_ffn: 12,
@@ -187,6 +193,7 @@ mod tests {
             (moe, "bias all"),
             (
                 shape::MoeShape {
+                    route_groups: None,
                     shared_gate: true,
                     ..moe
                 },
@@ -194,6 +201,7 @@ mod tests {
             ),
             (
                 shape::MoeShape {
+                    route_groups: None,
                     router_bias: true,
                     ..moe
                 },

@@ -142,6 +142,12 @@ pub struct PlanCmd {
     /// `deepep` (DeepEP: a token crosses to each other node holding its experts once).
     #[arg(long, default_value = "all-to-all", value_name = "NAME", value_parser = parse_dispatcher)]
     dispatcher: Dispatcher,
+    /// Time the linear layers' GEMMs (projections, MLPs, experts) in FP8 at the cluster's
+    /// FP8 peak, with their quantization passes, as DeepSeek-V3 and Transformer Engine run
+    /// them (attention's core, the router and the LM head stay bf16; under --dispatcher
+    /// deepep the dispatch moves FP8). Memory is planned as in bf16.
+    #[arg(long)]
+    fp8: bool,
     /// Let a TP group span nodes (over the inter-node link).
     #[arg(long)]
     allow_cross_node_tp: bool,
@@ -391,6 +397,7 @@ impl PlanCmd {
             max_searched: self.max_searched,
             capacity_factor: self.capacity_factor,
             dispatcher: self.dispatcher,
+            fp8: self.fp8,
         };
         let (mut req, notes) = raw.build()?;
         if let Some(k) = self.validate {

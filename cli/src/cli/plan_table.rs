@@ -18,7 +18,10 @@ pub fn heading(req: &PlanRequest, plan: &Plan, seconds: f64) -> String {
         req.model.batch_unit(),
         // A profile plans its weights in the format it measured them in.
         req.model.profile().map_or_else(
-            || req.precision.name().to_string(),
+            || match req.fp8 {
+                true => format!("{} with FP8 GEMMs", req.precision.name()),
+                false => req.precision.name().to_string(),
+            },
             |p| format!("{} (the profile's weights)", p.weight_format())
         )
     );
@@ -77,7 +80,12 @@ pub(super) fn launch_note(req: &PlanRequest, c: &Config) -> String {
     } else {
         ""
     };
-    refused_launch(req, c) + dispatch
+    let fp8 = if req.fp8 {
+        "  (pipewright's runtime computes in bf16, not FP8: its run of this line takes longer than the plan timed)\n"
+    } else {
+        ""
+    };
+    refused_launch(req, c) + dispatch + fp8
 }
 
 /// What `train` refuses of the planned shape or layout (see [`launch_note`]).

@@ -80,6 +80,14 @@ pub struct ShapeArgs {
     /// last of each group (Qwen-MoE's decoder_sparse_step) [default: 1].
     #[arg(long, value_name = "N", help_heading = "Mixture of experts")]
     pub moe_every: Option<u32>,
+    /// Group-limited routing (DeepSeek's n_group): the routed experts fall into this many
+    /// equal groups, one a node in DeepSeek-V3 [default: none]. Needs --groups-per-token.
+    #[arg(long, value_name = "G", help_heading = "Mixture of experts")]
+    pub expert_groups: Option<u32>,
+    /// Group-limited routing (DeepSeek's topk_group): a token's experts come from this many
+    /// of the --expert-groups, so its dispatch reaches at most this many groups' nodes.
+    #[arg(long, value_name = "M", help_heading = "Mixture of experts")]
+    pub groups_per_token: Option<u32>,
 }
 
 impl ShapeArgs {
@@ -102,6 +110,8 @@ impl ShapeArgs {
                 shared_ffn: self.shared_ffn,
                 dense_layers: self.dense_layers,
                 every: self.moe_every,
+                expert_groups: self.expert_groups,
+                groups_per_token: self.groups_per_token,
             },
         }
     }

@@ -132,6 +132,20 @@ fn a_mixture_is_planned_and_simulated_and_a_layout_that_does_not_fit_is_refused(
         out.contains("dispatches by a plain all-to-all, not DeepEP's"),
         "{out}"
     );
+    // FP8 GEMMs, and DeepSeek's node-limited routing from its config (a token's experts from
+    // 4 of 8 groups, one a node): a shorter step, said in the heading and under the launch.
+    let (_, fp8) = all_to_all(&["--dispatcher", "deepep", "--fp8"]);
+    assert!(fp8.contains("top 8, from 4 of 8 groups"), "{fp8}");
+    assert!(fp8.contains("bf16 with FP8 GEMMs"), "{fp8}");
+    assert!(fp8.contains("computes in bf16, not FP8"), "{fp8}");
+    common::plan::refused(
+        &[&args[..], &fixed, &["--fp8"]].concat(),
+        &["--fp8 on --cluster a100-80g: the cluster has no FP8 peak"],
+    );
+    common::plan::refused(
+        &[&SHAPE[..], &moe, &rest, &["--expert-groups", "2"]].concat(),
+        &["--expert-groups needs --groups-per-token"],
+    );
     common::plan::refused(
         &[&SHAPE[..], &moe, &rest, &["--capacity-factor", "0.5"]].concat(),
         &["--capacity-factor 0.5: must be a finite number at least 1"],
@@ -154,6 +168,11 @@ fn a_mixture_is_planned_and_simulated_and_a_layout_that_does_not_fit_is_refused(
     common::refused(
         &train,
         &["--experts: model: a mixture's experts have no biases, so the other layers cannot have them (bias all)"],
+    );
+    let grouped = ["--bias", "none", "--expert-groups", "2", "--groups-per-token", "1"];
+    common::refused(
+        &[&train[..], &grouped].concat(),
+        &["the reference GPT's mixture of experts has no group-limited routing"],
     );
     // A layer profile is its own model: the mixture's flags beside it are clap's error.
     let o = common::plan::run(&["--profile", "p.json", "--experts", "4", "--gpus", "1"]);

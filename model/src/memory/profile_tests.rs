@@ -13,6 +13,7 @@ use pipewright_schedule::timetable::Timetable;
 fn shapes() -> [ModelShape; 2] {
     let dense = ModelShape::gpt(12, 64, 4, 256, 32, 96);
     let moe = MoeShape {
+        route_groups: None,
         experts: 4,
         top_k: 2,
         expert_ffn: 32,

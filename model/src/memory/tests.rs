@@ -392,6 +392,7 @@ fn the_pipewright_accounting_takes_the_reference_gpt_s_kinds_and_refuses_tied_em
 fn a_mixture_s_block_keeps_its_routing_copies_and_experts_stashes() {
     use crate::shape::{BiasKind, MoeShape};
     let moe = MoeShape {
+        route_groups: None,
         experts: 4,
         top_k: 2,
         expert_ffn: 16,

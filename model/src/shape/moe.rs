@@ -45,6 +45,60 @@ pub struct MoeShape {
     /// After the dense layers, one layer in `every` is an MoE layer (1: all of them).
     #[serde(default = "one")]
     pub every: u32,
+    /// Group-limited routing (DeepSeek's `n_group` and `topk_group`), `None` for a router
+    /// that may pick any `top_k` experts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub route_groups: Option<RouteGroups>,
+}
+
+/// DeepSeek's group-limited routing (DeepSeek-V2 and V3, `n_group` and `topk_group`): the
+/// routed experts are `groups` equal runs, and a token's `top_k` experts come from the
+/// `per_token` groups its router scores highest. DeepSeek-V3 puts a group on a node, so a
+/// token reaches at most `per_token` nodes (its report's "node-limited routing"), which is
+/// what the dispatch's inter-node traffic depends on. It changes no parameter or FLOP.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct RouteGroups {
+    /// Groups the routed experts fall into (`n_group`).
+    pub groups: u32,
+    /// Groups a token's experts may come from (`topk_group`).
+    pub per_token: u32,
+}
+
+impl RouteGroups {
+    /// Why these groups do not fit `experts` routed experts and `top_k` a token, in the
+    /// library's words (`expert_groups`, `groups_per_token`); `None` where they do.
+    pub fn refusal(&self, experts: u32, top_k: u32) -> Option<String> {
+        let (g, m) = (self.groups, self.per_token);
+        if g == 0 || m == 0 {
+            return Some(format!(
+                "expert_groups {g} and groups_per_token {m} must be at least 1"
+            ));
+        }
+        if experts % g != 0 {
+            return Some(format!(
+                "expert_groups {g} must divide the {experts} routed experts"
+            ));
+        }
+        if m > g {
+            return Some(format!(
+                "groups_per_token {m} must be at most expert_groups {g}"
+            ));
+        }
+        let reachable = u64::from(m) * u64::from(experts / g);
+        if u64::from(top_k) > reachable {
+            return Some(format!(
+                "top_k {top_k} is more than the {reachable} experts of groups_per_token {m} groups of {}",
+                experts / g
+            ));
+        }
+        None
+    }
+
+    /// The groups as a router uses them: `None` where they limit nothing (one group, or a
+    /// token may use them all).
+    pub fn limiting(self) -> Option<RouteGroups> {
+        (self.per_token < self.groups).then_some(self)
+    }
 }
 
 fn one() -> u32 {
@@ -123,6 +177,9 @@ impl MoeShape {
             return Err(ShapeError::Conflict(
                 "shared_gate without shared experts: there is nothing to gate".into(),
             ));
+        }
+        if let Some(why) = self.route_groups.and_then(|g| g.refusal(self.experts, self.top_k)) {
+            return Err(ShapeError::Conflict(why));
         }
         if self.moe_layers(layers) == 0 {
             return Err(ShapeError::Conflict(format!(

@@ -367,8 +367,11 @@ fn moe_phrase(s: &ModelShape) -> String {
         );
     }
     if let Some(m) = s.moe {
+        let groups = m.route_groups.map_or(String::new(), |g| {
+            format!(", from {} of {} groups", g.per_token, g.groups)
+        });
         out += &format!(
-            ", {} experts of {} (top {})",
+            ", {} experts of {} (top {}{groups})",
             m.experts, m.expert_ffn, m.top_k
         );
         if m.shared_experts > 0 {

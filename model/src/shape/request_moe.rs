@@ -1,8 +1,9 @@
 //! A mixture of experts as a user asks for it (`--experts`, `--top-k`, `--expert-ffn`,
-//! `--shared-experts`, `--shared-ffn`, `--dense-layers`, `--moe-every`; Python's keywords of
+//! `--shared-experts`, `--shared-ffn`, `--dense-layers`, `--moe-every`, `--expert-groups`,
+//! `--groups-per-token`; Python's keywords of
 //! the same names), refused naming the fields, in each face's words.
 
-use super::MoeShape;
+use super::{MoeShape, RouteGroups};
 
 /// The mixture's flags, as given (all `None`: a dense model).
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -22,6 +23,12 @@ pub struct MoeKinds {
     /// After the dense layers, one layer in this many is an MoE layer (`--moe-every`;
     /// default 1).
     pub every: Option<u32>,
+    /// Groups the routed experts fall into for group-limited routing (`--expert-groups`,
+    /// DeepSeek's `n_group`; default: none).
+    pub expert_groups: Option<u32>,
+    /// Groups a token's experts may come from (`--groups-per-token`, DeepSeek's
+    /// `topk_group`).
+    pub groups_per_token: Option<u32>,
 }
 
 impl MoeKinds {
@@ -36,6 +43,8 @@ impl MoeKinds {
             ("shared_ffn", self.shared_ffn.is_some()),
             ("dense_layers", self.dense_layers.is_some()),
             ("moe_every", self.every.is_some()),
+            ("expert_groups", self.expert_groups.is_some()),
+            ("groups_per_token", self.groups_per_token.is_some()),
         ]
         .into_iter()
         .filter(|f| f.1)
@@ -81,7 +90,25 @@ impl MoeKinds {
         if every == 0 {
             return Err(MoeError::EveryZero);
         }
+        let route_groups = match (self.expert_groups, self.groups_per_token) {
+            (None, None) => None,
+            (Some(groups), Some(per_token)) => {
+                let g = RouteGroups { groups, per_token };
+                if g.refusal(experts, top_k).is_some() {
+                    return Err(MoeError::Groups {
+                        groups,
+                        per_token,
+                        experts,
+                        top_k,
+                    });
+                }
+                g.limiting()
+            }
+            (Some(_), None) => return Err(MoeError::GroupsPair("expert_groups")),
+            (None, Some(_)) => return Err(MoeError::GroupsPair("groups_per_token")),
+        };
         let moe = MoeShape {
+            route_groups,
             experts,
             top_k,
             expert_ffn,
@@ -156,6 +183,19 @@ pub enum MoeError {
     },
     /// `moe_every` of 0.
     EveryZero,
+    /// One of `expert_groups` and `groups_per_token` without the other (the one given).
+    GroupsPair(&'static str),
+    /// Groups that do not fit the experts or `top_k` (see [`RouteGroups::refusal`]).
+    Groups {
+        /// Groups asked for.
+        groups: u32,
+        /// Groups a token asked for.
+        per_token: u32,
+        /// Routed experts.
+        experts: u32,
+        /// Experts per token.
+        top_k: u32,
+    },
     /// No layer left an MoE layer.
     NoMoeLayer {
         /// Dense layers first.
@@ -203,6 +243,24 @@ impl MoeError {
                 format!("{} is too large: at most 2^30", with(field, w))
             }
             MoeError::EveryZero => format!("{} must be at least 1", bare("moe_every")),
+            MoeError::GroupsPair(given) => {
+                let other = if *given == "expert_groups" {
+                    "groups_per_token"
+                } else {
+                    "expert_groups"
+                };
+                format!(
+                    "{} needs {} (group-limited routing takes both)",
+                    bare(given),
+                    bare(other)
+                )
+            }
+            MoeError::Groups {
+                groups,
+                per_token,
+                experts,
+                top_k,
+            } => groups_message(name, (*groups, *per_token), (*experts, *top_k)),
             MoeError::NoMoeLayer {
                 dense_layers,
                 every,
@@ -214,6 +272,34 @@ impl MoeError {
                 with("layers", layers)
             ),
         }
+    }
+}
+
+/// Why `(groups, per_token)` do not fit `(experts, top_k)`, in a face's words.
+fn groups_message(name: FieldName<'_>, (g, m): (u32, u32), (e, k): (u32, u32)) -> String {
+    let with = |f: &str, v: u32| name(f, Some(v.to_string()));
+    if g == 0 || m == 0 {
+        format!(
+            "{} and {} must be at least 1",
+            with("expert_groups", g),
+            with("groups_per_token", m)
+        )
+    } else if e % g != 0 {
+        format!("{} must divide {}", with("expert_groups", g), with("experts", e))
+    } else if m > g {
+        format!(
+            "{} must be at most {}",
+            with("groups_per_token", m),
+            with("expert_groups", g)
+        )
+    } else {
+        format!(
+            "{} is more than the {} experts of {} groups of {}",
+            with("top_k", k),
+            u64::from(m) * u64::from(e / g),
+            with("groups_per_token", m),
+            e / g
+        )
     }
 }
 

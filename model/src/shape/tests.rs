@@ -193,6 +193,7 @@ fn tiny_moe() -> ModelShape {
         positions: PositionKind::Rotary,
         bias: BiasKind::None,
         moe: Some(MoeShape {
+            route_groups: None,
             experts: 4,
             top_k: 2,
             expert_ffn: 6,
@@ -333,6 +334,7 @@ fn mixture_flags_build_describe_and_write_back_the_shape() {
             shared_ffn: Some(5),
             dense_layers: Some(1),
             every: None,
+            ..MoeKinds::default()
         },
         ..ShapeKinds::default()
     };
@@ -355,7 +357,7 @@ fn mixture_flags_build_describe_and_write_back_the_shape() {
 fn a_mixture_refusal_names_fields_each_face_renders() {
     use super::request::{flag_form, MoeKinds};
     let python = |f: &str, v: Option<String>| format!("{f}={}", v.unwrap_or_default());
-    let cases: [(MoeKinds, &str, &str); 3] = [
+    let cases: [(MoeKinds, &str, &str); 6] = [
         (
             MoeKinds {
                 experts: Some(4),
@@ -382,6 +384,38 @@ fn a_mixture_refusal_names_fields_each_face_renders() {
             },
             "--dense-layers 3 and --moe-every 1 leave none of the --layers 3 an MoE layer",
             "dense_layers=3 and moe_every=1 leave none of the layers=3 an MoE layer",
+        ),
+        (
+            MoeKinds {
+                experts: Some(4),
+                top_k: Some(2),
+                expert_groups: Some(2),
+                ..MoeKinds::default()
+            },
+            "--expert-groups needs --groups-per-token (group-limited routing takes both)",
+            "expert_groups= needs groups_per_token= (group-limited routing takes both)",
+        ),
+        (
+            MoeKinds {
+                experts: Some(4),
+                top_k: Some(2),
+                expert_groups: Some(3),
+                groups_per_token: Some(1),
+                ..MoeKinds::default()
+            },
+            "--expert-groups 3 must divide --experts 4",
+            "expert_groups=3 must divide experts=4",
+        ),
+        (
+            MoeKinds {
+                experts: Some(4),
+                top_k: Some(3),
+                expert_groups: Some(2),
+                groups_per_token: Some(1),
+                ..MoeKinds::default()
+            },
+            "--top-k 3 is more than the 2 experts of --groups-per-token 1 groups of 2",
+            "top_k=3 is more than the 2 experts of groups_per_token=1 groups of 2",
         ),
     ];
     for (kinds, cli, py) in cases {

@@ -118,6 +118,13 @@ fn deepseek_v3_main_model_is_671b_total_37b_active() {
         1e9,
     );
     assert_eq!((s.moe_layers(), s.layers), (58, 61));
+    // Node-limited routing: a token's 8 experts from the best 4 of 8 groups.
+    let groups = s.moe.and_then(|m| m.route_groups);
+    let want = pipewright_model::shape::RouteGroups {
+        groups: 8,
+        per_token: 4,
+    };
+    assert_eq!(groups, Some(want));
     assert!(!s.is_moe_layer(2) && s.is_moe_layer(3));
     // The sequence it was pretrained at (YaRN extended it from 4096).
     assert_eq!(s.seq_len, 4096);
@@ -208,6 +215,23 @@ fn contradicting_fields_are_refused_naming_them() {
         e(&no_rank),
         "field `kv_lora_rank` is missing (deepseek_v3 needs it)"
     );
+    let groups = ds.replace("\"n_group\": 8", "\"n_group\": 7");
+    assert_eq!(
+        e(&groups),
+        "field `n_group` is 7: it must divide the 256 experts of n_routed_experts"
+    );
+    let over = ds.replace("\"topk_group\": 4", "\"topk_group\": 9");
+    assert_eq!(e(&over), "field `topk_group` is 9: it must be 1 to n_group 8");
+    let few = ds.replace("\"n_group\": 8", "\"n_group\": 256");
+    let few = few.replace("\"topk_group\": 4", "\"topk_group\": 2");
+    assert_eq!(
+        e(&few),
+        "field `topk_group` is 2: its 2 groups of 1 experts hold fewer than num_experts_per_tok 8"
+    );
+    // One group, or every group a token: no limit.
+    let all = ds.replace("\"topk_group\": 4", "\"topk_group\": 8");
+    let all = from_hf_config(&all).unwrap().shape;
+    assert_eq!(all.moe.and_then(|m| m.route_groups), None);
     let odd = ds.replace("\"qk_rope_head_dim\": 64", "\"qk_rope_head_dim\": 63");
     assert!(e(&odd).starts_with("qk_rope_head_dim 63"), "{}", e(&odd));
     let qwen = fixture("qwen3-235b-a22b.json");

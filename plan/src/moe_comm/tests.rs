@@ -1,6 +1,6 @@
 use super::*;
 use crate::cluster::Link;
-use pipewright_model::shape::{MlpKind, MoeShape};
+use pipewright_model::shape::{MlpKind, MoeShape, RouteGroups};
 
 /// 8 GPUs a node, NVLink 100 GB/s and 5 us, a NIC of 25 GB/s and 10 us per GPU.
 fn cluster() -> Cluster {
@@ -23,6 +23,7 @@ fn shape() -> ModelShape {
     ModelShape {
         mlp: MlpKind::SwiGlu,
         moe: Some(MoeShape {
+            route_groups: None,
             experts: 8,
             top_k: 2,
             expert_ffn: 14336,
@@ -34,6 +35,15 @@ fn shape() -> ModelShape {
             every: 1,
         }),
         ..ModelShape::gpt(4, 4096, 32, 14336, 4096, 32000)
+    }
+}
+
+fn wire(act_bytes: u64, capacity: f64, dispatcher: Dispatcher) -> Wire {
+    Wire {
+        act_bytes,
+        capacity,
+        dispatcher,
+        fp8_dispatch: false,
     }
 }
 
@@ -52,15 +62,7 @@ const B: f64 = 4096.0 * 2.0 * 4096.0 * 2.0;
 
 #[test]
 fn ep_within_a_node_sends_all_but_its_own_share_over_nvlink() {
-    let a = layer_all_to_all(
-        &shape(),
-        &cluster(),
-        &fold(1, 1, 8, 1, 8),
-        1,
-        2,
-        1.0,
-        Dispatcher::AllToAll,
-    )
+    let a = layer_all_to_all(&shape(), &cluster(), &fold(1, 1, 8, 1, 8), 1, wire(2, 1.0, Dispatcher::AllToAll))
     .unwrap();
     assert_eq!(a.bytes, B);
     assert_eq!(a.intra_bytes, B * 7.0 / 8.0);
@@ -74,15 +76,7 @@ fn ep_within_a_node_sends_all_but_its_own_share_over_nvlink() {
 #[test]
 fn ep_across_nodes_is_paced_by_the_nic() {
     // EP 16 over two nodes: 7 peers on NVLink, 8 over the NIC, at once.
-    let a = layer_all_to_all(
-        &shape(),
-        &cluster(),
-        &fold(1, 1, 16, 1, 16),
-        1,
-        2,
-        1.0,
-        Dispatcher::AllToAll,
-    )
+    let a = layer_all_to_all(&shape(), &cluster(), &fold(1, 1, 16, 1, 16), 1, wire(2, 1.0, Dispatcher::AllToAll))
     .unwrap();
     assert_eq!(a.intra_bytes, B * 7.0 / 16.0);
     assert_eq!(a.inter_bytes, B * 8.0 / 16.0);
@@ -92,13 +86,13 @@ fn ep_across_nodes_is_paced_by_the_nic() {
     // 0..8 and stage 1 ranks 8..16, so EP 8 stays on one node.
     let f = fold(1, 2, 8, 1, 8);
     assert_eq!(f.peers_in_node(&cluster()), 7);
-    let a = layer_all_to_all(&shape(), &cluster(), &f, 1, 2, 1.0, Dispatcher::AllToAll).unwrap();
+    let a = layer_all_to_all(&shape(), &cluster(), &f, 1, wire(2, 1.0, Dispatcher::AllToAll)).unwrap();
     assert_eq!(a.inter_bytes, 0.0);
     // EP 6 over dp 12: stage 0's second group is ranks 6..12, two on node 0 and four on node 1,
     // and that worst group sets the pace: one peer on a GPU's node.
     let f = fold(1, 2, 12, 1, 6);
     assert_eq!(f.peers_in_node(&cluster()), 1);
-    let a = layer_all_to_all(&shape(), &cluster(), &f, 1, 2, 1.0, Dispatcher::AllToAll).unwrap();
+    let a = layer_all_to_all(&shape(), &cluster(), &f, 1, wire(2, 1.0, Dispatcher::AllToAll)).unwrap();
     assert_eq!(a.inter_bytes, B * 4.0 / 6.0);
 }
 
@@ -109,31 +103,23 @@ fn tp_slices_the_tokens_and_capacity_scales_the_volume() {
     let f = fold(2, 1, 8, 1, 8);
     assert_eq!(f.edp(), 2);
     assert_eq!(f.peers_in_node(&cluster()), 7);
-    let a = layer_all_to_all(&shape(), &cluster(), &f, 1, 2, 1.25, Dispatcher::AllToAll).unwrap();
+    let a = layer_all_to_all(&shape(), &cluster(), &f, 1, wire(2, 1.25, Dispatcher::AllToAll)).unwrap();
     assert_eq!(a.bytes, B / 2.0 * 1.25);
     // No all-to-all without EP, none without experts.
-    let one = layer_all_to_all(
-        &shape(),
-        &cluster(),
-        &fold(1, 1, 8, 1, 1),
-        4,
-        2,
-        1.0,
-        Dispatcher::AllToAll,
-    )
+    let one = layer_all_to_all(&shape(), &cluster(), &fold(1, 1, 8, 1, 1), 4, wire(2, 1.0, Dispatcher::AllToAll))
     .unwrap();
     assert_eq!(one.one_s, 0.0);
     let dense = ModelShape {
         moe: None,
         ..shape()
     };
-    assert!(layer_all_to_all(&dense, &cluster(), &f, 1, 2, 1.0, Dispatcher::AllToAll).is_none());
+    assert!(layer_all_to_all(&dense, &cluster(), &f, 1, wire(2, 1.0, Dispatcher::AllToAll)).is_none());
 }
 
 #[test]
 fn a_stage_pays_for_its_moe_layers_only() {
     let (c, f) = (cluster(), fold(1, 1, 8, 1, 8));
-    let a = layer_all_to_all(&shape(), &c, &f, 2, 2, 1.0, Dispatcher::AllToAll).unwrap();
+    let a = layer_all_to_all(&shape(), &c, &f, 2, wire(2, 1.0, Dispatcher::AllToAll)).unwrap();
     // Layers 0..3: layer 0 is dense, 1 and 2 are MoE layers.
     let (fwd, bwd, bytes) = stage_all_to_all(&shape(), 0..3, &a);
     assert_eq!((fwd, bwd), (2.0 * a.forward_s(), 2.0 * a.backward_s()));
@@ -158,6 +144,7 @@ fn a_fold_that_does_not_fit_is_refused_naming_it() {
 fn mixture(experts: u32, top_k: u32, ep: u32) -> (ModelShape, ExpertFold) {
     let mut s = shape();
     s.moe = s.moe.map(|m| MoeShape {
+        route_groups: None,
         experts,
         top_k,
         ..m
@@ -167,7 +154,7 @@ fn mixture(experts: u32, top_k: u32, ep: u32) -> (ModelShape, ExpertFold) {
 
 fn deepep(experts: u32, top_k: u32, ep: u32) -> (AllToAll, AllToAll) {
     let (s, f) = mixture(experts, top_k, ep);
-    let run = |d| layer_all_to_all(&s, &cluster(), &f, 1, 2, 1.0, d).unwrap();
+    let run = |d| layer_all_to_all(&s, &cluster(), &f, 1, wire(2, 1.0, d)).unwrap();
     (run(Dispatcher::AllToAll), run(Dispatcher::DeepEp))
 }
 
@@ -199,4 +186,65 @@ fn deepep_crosses_to_a_node_once_a_token() {
     // Inside one node there is nothing to de-duplicate.
     let (plain, deep) = deepep(8, 2, 8);
     assert_eq!(plain, deep);
+}
+
+#[test]
+fn node_limited_routing_reaches_fewer_nodes() {
+    // DeepSeek-V3: 256 experts in 8 groups, a token's 8 from its best 4; EP 64 on 8 nodes
+    // puts a group on a node. A node is reached when its group is chosen (4 of 8) and holds
+    // one of the 8 drawn from the chosen groups' 128: 1/2 x (1 - C(96,8)/C(128,8)).
+    let (mut s, f) = mixture(256, 8, 64);
+    let unlimited = node_reached(&s.moe.unwrap(), 8);
+    s.moe = s.moe.map(|m| MoeShape {
+        route_groups: Some(RouteGroups {
+            groups: 8,
+            per_token: 4,
+        }),
+        ..m
+    });
+    let m = s.moe.unwrap();
+    let none: f64 = (0..8).map(|i| f64::from(96 - i) / f64::from(128 - i)).product();
+    assert!((node_reached(&m, 8) - 0.5 * (1.0 - none)).abs() < 1e-12);
+    assert!(8.0 * node_reached(&m, 8) <= 4.0, "at most 4 nodes a token");
+    assert!((8.0 * unlimited - 5.2946).abs() < 1e-3, "{}", 8.0 * unlimited);
+    // Two groups a node (16 groups, 4 nodes), 4 of them chosen: fewer nodes than unlimited.
+    let two = MoeShape {
+        route_groups: Some(RouteGroups {
+            groups: 16,
+            per_token: 4,
+        }),
+        ..m
+    };
+    let r = node_reached(&two, 4);
+    assert!(r > 0.0 && r < 1.0 - none_of(256.0, 64.0, 8), "{r}");
+    // Nodes that split groups unevenly (3 nodes, 8 groups) fall back to unlimited routing.
+    assert_eq!(node_reached(&m, 3), 1.0 - none_of(256.0, 256.0 / 3.0, 8));
+    // The dispatch's inter-node bytes follow: 7 other nodes x 0.45 a token, not 4.63.
+    let run = |s: &ModelShape| {
+        let w = wire(2, 1.0, Dispatcher::DeepEp);
+        layer_all_to_all(s, &cluster(), &f, 1, w).unwrap()
+    };
+    let limited = run(&s);
+    let copy = limited.bytes / 8.0;
+    assert!((limited.inter_bytes / copy - 7.0 * node_reached(&m, 8)).abs() < 1e-9);
+}
+
+#[test]
+fn deepep_dispatches_fp8_and_combines_in_bf16() {
+    let (s, f) = mixture(256, 8, 64);
+    let w = Wire {
+        fp8_dispatch: true,
+        ..wire(2, 1.0, Dispatcher::DeepEp)
+    };
+    let a = layer_all_to_all(&s, &cluster(), &f, 1, w).unwrap();
+    assert_eq!(a.dispatch_bytes, a.bytes / 2.0 * (1.0 + 4.0 / 128.0));
+    assert!(a.dispatch_s < a.one_s);
+    assert_eq!(a.forward_s(), a.dispatch_s + a.one_s);
+    // A plain all-to-all moves bf16 both ways: FP8 dispatch is DeepEP's.
+    let plain = Wire {
+        fp8_dispatch: true,
+        ..wire(2, 1.0, Dispatcher::AllToAll)
+    };
+    let p = layer_all_to_all(&s, &cluster(), &f, 1, plain).unwrap();
+    assert_eq!((p.dispatch_bytes, p.dispatch_s), (p.bytes, p.one_s));
 }

@@ -11,6 +11,7 @@ use pipewright_schedule::spec::ScheduleKind;
 fn shape(moe: bool) -> ModelShape {
     ModelShape {
         moe: moe.then_some(MoeShape {
+            route_groups: None,
             experts: 16,
             top_k: 4,
             expert_ffn: 1024,

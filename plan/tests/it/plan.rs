@@ -238,6 +238,7 @@ fn a_mixture_of_experts_is_planned_with_its_experts() {
     let dense = gpt(8, 1024, 16, 1024);
     let moe = ModelShape {
         moe: Some(MoeShape {
+            route_groups: None,
             experts: 8,
             top_k: 2,
             expert_ffn: 4096,

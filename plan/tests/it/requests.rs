@@ -288,3 +288,33 @@ fn a_refusal_names_fields_each_face_writes_its_way() {
         "layers= is for the memory model, which needs the model's shape: also give d_model=, heads=, seq_len=, vocab= (or hf_config=)"
     );
 }
+
+/// FP8 needs a cluster with an FP8 peak and a bf16 run, and times the linear layers' GEMMs
+/// at that peak: a plan of the same model on H100s takes less time a step with it.
+#[test]
+fn fp8_is_refused_where_it_cannot_run_and_speeds_the_gemms_where_it_can() {
+    let mut raw = request(gpt(8, 2048, 16, 2048));
+    raw.fp8 = true;
+    assert_eq!(
+        refused(&raw),
+        "--fp8 on --cluster a100-80g: the cluster has no FP8 peak (give peak_tflops.fp8 in a cluster file)"
+    );
+    raw.cluster = "h100-80g".into();
+    raw.precision = "f32".parse().unwrap();
+    assert_eq!(
+        refused(&raw),
+        "--fp8 runs the linear layers' GEMMs in FP8 beside bf16 activations: it takes --precision bf16, not --precision f32"
+    );
+    let python = |f: &str, v: Option<String>| format!("{f}={}", v.unwrap_or_default());
+    let e = raw.build().map(|_| ()).unwrap_err().named(&python);
+    assert!(e.starts_with("fp8= runs the linear"), "{e}");
+    raw.precision = "bf16".parse().unwrap();
+    let step = |fp8: bool| {
+        let raw = RawPlanRequest { fp8, ..raw.clone() };
+        let (req, _) = raw.build().unwrap();
+        plan(&req, &mut |_| {}).unwrap().rows[0].step_time_s
+    };
+    let (bf16, fp8) = (step(false), step(true));
+    // The GEMMs are most of a step; casts, attention's core and the rest are not halved.
+    assert!(fp8 < 0.85 * bf16 && fp8 > 0.5 * bf16, "{fp8} vs {bf16}");
+}

@@ -21,6 +21,7 @@ const M: u32 = 4;
 
 fn mixture(experts: u32, expert_ffn: u64, shared_ffn: u64, dense_layers: u32) -> MoeShape {
     MoeShape {
+        route_groups: None,
         experts,
         top_k: 2,
         expert_ffn,

@@ -10,6 +10,7 @@ fn tiny() -> ModelShape {
         positions: PositionKind::Rotary,
         bias: BiasKind::None,
         moe: Some(MoeShape {
+            route_groups: None,
             experts: 4,
             top_k: 2,
             expert_ffn: 6,

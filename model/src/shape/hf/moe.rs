@@ -18,7 +18,7 @@ use super::{
     pretrained_context, rope_scaling, rope_theta, Fields, HfError, HfModel, MlaShape, MlpKind,
     ModelShape, MoeShape, NormKind, PositionKind,
 };
-use crate::shape::BiasKind;
+use crate::shape::{BiasKind, RouteGroups};
 
 /// Reads a family of this module's, or refuses `gpt_oss`; `None` for another `model_type`.
 pub(super) fn read(f: &Fields) -> Option<Result<HfModel, HfError>> {
@@ -165,6 +165,7 @@ fn mixtral(f: &Fields) -> Result<HfModel, HfError> {
     let mut shape = base(f, ffn, &mut notes)?;
     let n = experts(f, "num_local_experts")?;
     shape.moe = Some(MoeShape {
+        route_groups: None,
         experts: n,
         top_k: top_k(f, "num_local_experts", n)?,
         expert_ffn: ffn,
@@ -221,6 +222,7 @@ fn qwen_moe(f: &Fields) -> Result<HfModel, HfError> {
     };
     let n = experts(f, "num_experts")?;
     shape.moe = Some(MoeShape {
+        route_groups: None,
         experts: n,
         top_k: top_k(f, "num_experts", n)?,
         expert_ffn: width(f, "moe_intermediate_size")?,
@@ -280,9 +282,11 @@ fn deepseek_v3(f: &Fields) -> Result<HfModel, HfError> {
             })?,
     };
     let n = experts(f, "n_routed_experts")?;
+    let k = top_k(f, "n_routed_experts", n)?;
     shape.moe = Some(MoeShape {
+        route_groups: route_groups(f, n, k)?,
         experts: n,
-        top_k: top_k(f, "n_routed_experts", n)?,
+        top_k: k,
         expert_ffn,
         shared_experts: shared,
         shared_ffn: if shared > 0 { expert_ffn } else { 0 },
@@ -307,6 +311,37 @@ fn deepseek_v3(f: &Fields) -> Result<HfModel, HfError> {
         ));
     }
     model(f, shape, notes)
+}
+
+/// DeepSeek-V3's group-limited routing: `n_group` groups of experts, a token's from the
+/// `topk_group` best (`transformers`' defaults 8 and 4, which its router always applies).
+/// `None` where the groups limit nothing.
+fn route_groups(f: &Fields, experts: u32, top_k: u32) -> Result<Option<RouteGroups>, HfError> {
+    let groups = RouteGroups {
+        groups: bounded(f, "n_group", 1 << 20)?.unwrap_or(8) as u32,
+        per_token: bounded(f, "topk_group", 1 << 20)?.unwrap_or(4) as u32,
+    };
+    let unsupported = |field, value: u32, why: String| HfError::Unsupported {
+        field,
+        value: value.to_string(),
+        why,
+    };
+    let (g, m) = (groups.groups, groups.per_token);
+    if g == 0 || experts % g != 0 {
+        let why = format!("it must divide the {experts} experts of n_routed_experts");
+        return Err(unsupported("n_group", g, why));
+    }
+    if m == 0 || m > g {
+        return Err(unsupported("topk_group", m, format!("it must be 1 to n_group {g}")));
+    }
+    if groups.refusal(experts, top_k).is_some() {
+        let why = format!(
+            "its {m} groups of {} experts hold fewer than num_experts_per_tok {top_k}",
+            experts / g
+        );
+        return Err(unsupported("topk_group", m, why));
+    }
+    Ok(groups.limiting())
 }
 
 /// Qwen-MoE counts `decoder_sparse_step` from layer 0 and then drops `mlp_only_layers`; a
