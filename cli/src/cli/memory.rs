@@ -52,7 +52,8 @@ pub struct MemoryArgs {
     #[command(flatten)]
     shape: ShapeArgs,
     /// A Hugging Face config.json instead of the shape flags (llama, mistral, qwen2, gpt2,
-    /// gpt_neox); --seq-len, if given, replaces the config's sequence length.
+    /// gpt_neox, and the mixtures mixtral, qwen2_moe, qwen3_moe, deepseek_v3); --seq-len, if
+    /// given, replaces the config's sequence length.
     #[arg(
         long,
         value_name = "FILE",

@@ -52,8 +52,10 @@ pub struct PlanCmd {
         conflicts_with_all = ["layers", "d_model", "heads", "ffn", "kv_heads", "mlp", "norm", "tied_embeddings", "positions", "rope_theta", "bias", "experts", "top_k", "expert_ffn", "shared_experts", "shared_ffn", "dense_layers", "moe_every", "hf_config", "attention", "seq_len", "vocab", "tp", "sequence_parallel", "validate", "calibrate", "timetable_out"]
     )]
     profile: Option<PathBuf>,
-    /// Plan the model of a Hugging Face config.json (llama, mistral, qwen2, gpt2, gpt_neox):
-    /// its layers, widths, heads and key/value heads, MLP, norm, embeddings and vocabulary;
+    /// Plan the model of a Hugging Face config.json (llama, mistral, qwen2, gpt2, gpt_neox,
+    /// and the mixtures mixtral, qwen2_moe, qwen3_moe, deepseek_v3): its layers, widths,
+    /// heads and key/value heads, MLP, norm, embeddings and vocabulary, its experts and
+    /// their routing, and DeepSeek's latent attention;
     /// the sequence is the context it was pretrained at unless --seq-len says otherwise.
     /// The table's first line gives its parameter count.
     #[arg(
