@@ -115,8 +115,7 @@ fn all_to_all(
     };
     // One MoE layer's all-to-all is the same in every stage (the fold looks at every
     // stage's placement): found once, times each stage's MoE layers.
-    let Some(one) = layer_all_to_all(shape, &req.cluster, &fold, cfg.microbatch_size, wire)
-    else {
+    let Some(one) = layer_all_to_all(shape, &req.cluster, &fold, cfg.microbatch_size, wire) else {
         return Vec::new();
     };
     let mut start = 0;

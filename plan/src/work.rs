@@ -115,10 +115,12 @@ impl Device {
     /// The linear GEMMs `(m, n, k)` of a layer: `(seconds, casts)`, as
     /// [`Device::linear_time`] and [`Device::cast_time`] sum them.
     pub fn linears(&self, gemms: &[(f64, f64, f64)]) -> (f64, (f64, f64)) {
-        gemms.iter().fold((0.0, (0.0, 0.0)), |(t, (cf, cb)), &(m, n, k)| {
-            let (f, b) = self.cast_time(m, n, k);
-            (t + self.linear_time(m, n, k), (cf + f, cb + b))
-        })
+        gemms
+            .iter()
+            .fold((0.0, (0.0, 0.0)), |(t, (cf, cb)), &(m, n, k)| {
+                let (f, b) = self.cast_time(m, n, k);
+                (t + self.linear_time(m, n, k), (cf + f, cb + b))
+            })
     }
 }
 
@@ -286,7 +288,10 @@ mod tests {
             ..bf16
         };
         let a = AttentionKind::Fused;
-        let (slow, fast) = (layer(&gpt3(), 8, 1, false, a, &bf16), layer(&gpt3(), 8, 1, false, a, &fp8));
+        let (slow, fast) = (
+            layer(&gpt3(), 8, 1, false, a, &bf16),
+            layer(&gpt3(), 8, 1, false, a, &fp8),
+        );
         // The linear GEMMs on 2048 tokens, tp 8: QKV 3h/8 x h, projection h x h/8, up
         // 4h/8 x h, down h x 4h/8; at full efficiency, FLOPs over peak. FP8 halves them.
         let (h, tokens) = (12288.0, 2048.0);

@@ -169,7 +169,14 @@ fn a_mixture_is_planned_and_simulated_and_a_layout_that_does_not_fit_is_refused(
         &train,
         &["--experts: model: a mixture's experts have no biases, so the other layers cannot have them (bias all)"],
     );
-    let grouped = ["--bias", "none", "--expert-groups", "2", "--groups-per-token", "1"];
+    let grouped = [
+        "--bias",
+        "none",
+        "--expert-groups",
+        "2",
+        "--groups-per-token",
+        "1",
+    ];
     common::refused(
         &[&train[..], &grouped].concat(),
         &["the reference GPT's mixture of experts has no group-limited routing"],

@@ -178,7 +178,10 @@ impl MoeShape {
                 "shared_gate without shared experts: there is nothing to gate".into(),
             ));
         }
-        if let Some(why) = self.route_groups.and_then(|g| g.refusal(self.experts, self.top_k)) {
+        if let Some(why) = self
+            .route_groups
+            .and_then(|g| g.refusal(self.experts, self.top_k))
+        {
             return Err(ShapeError::Conflict(why));
         }
         if self.moe_layers(layers) == 0 {

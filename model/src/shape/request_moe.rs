@@ -285,7 +285,11 @@ fn groups_message(name: FieldName<'_>, (g, m): (u32, u32), (e, k): (u32, u32)) -
             with("groups_per_token", m)
         )
     } else if e % g != 0 {
-        format!("{} must divide {}", with("expert_groups", g), with("experts", e))
+        format!(
+            "{} must divide {}",
+            with("expert_groups", g),
+            with("experts", e)
+        )
     } else if m > g {
         format!(
             "{} must be at most {}",

@@ -221,7 +221,10 @@ fn contradicting_fields_are_refused_naming_them() {
         "field `n_group` is 7: it must divide the 256 experts of n_routed_experts"
     );
     let over = ds.replace("\"topk_group\": 4", "\"topk_group\": 9");
-    assert_eq!(e(&over), "field `topk_group` is 9: it must be 1 to n_group 8");
+    assert_eq!(
+        e(&over),
+        "field `topk_group` is 9: it must be 1 to n_group 8"
+    );
     let few = ds.replace("\"n_group\": 8", "\"n_group\": 256");
     let few = few.replace("\"topk_group\": 4", "\"topk_group\": 2");
     assert_eq!(

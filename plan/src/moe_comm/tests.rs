@@ -62,7 +62,13 @@ const B: f64 = 4096.0 * 2.0 * 4096.0 * 2.0;
 
 #[test]
 fn ep_within_a_node_sends_all_but_its_own_share_over_nvlink() {
-    let a = layer_all_to_all(&shape(), &cluster(), &fold(1, 1, 8, 1, 8), 1, wire(2, 1.0, Dispatcher::AllToAll))
+    let a = layer_all_to_all(
+        &shape(),
+        &cluster(),
+        &fold(1, 1, 8, 1, 8),
+        1,
+        wire(2, 1.0, Dispatcher::AllToAll),
+    )
     .unwrap();
     assert_eq!(a.bytes, B);
     assert_eq!(a.intra_bytes, B * 7.0 / 8.0);
@@ -76,7 +82,13 @@ fn ep_within_a_node_sends_all_but_its_own_share_over_nvlink() {
 #[test]
 fn ep_across_nodes_is_paced_by_the_nic() {
     // EP 16 over two nodes: 7 peers on NVLink, 8 over the NIC, at once.
-    let a = layer_all_to_all(&shape(), &cluster(), &fold(1, 1, 16, 1, 16), 1, wire(2, 1.0, Dispatcher::AllToAll))
+    let a = layer_all_to_all(
+        &shape(),
+        &cluster(),
+        &fold(1, 1, 16, 1, 16),
+        1,
+        wire(2, 1.0, Dispatcher::AllToAll),
+    )
     .unwrap();
     assert_eq!(a.intra_bytes, B * 7.0 / 16.0);
     assert_eq!(a.inter_bytes, B * 8.0 / 16.0);
@@ -86,13 +98,27 @@ fn ep_across_nodes_is_paced_by_the_nic() {
     // 0..8 and stage 1 ranks 8..16, so EP 8 stays on one node.
     let f = fold(1, 2, 8, 1, 8);
     assert_eq!(f.peers_in_node(&cluster()), 7);
-    let a = layer_all_to_all(&shape(), &cluster(), &f, 1, wire(2, 1.0, Dispatcher::AllToAll)).unwrap();
+    let a = layer_all_to_all(
+        &shape(),
+        &cluster(),
+        &f,
+        1,
+        wire(2, 1.0, Dispatcher::AllToAll),
+    )
+    .unwrap();
     assert_eq!(a.inter_bytes, 0.0);
     // EP 6 over dp 12: stage 0's second group is ranks 6..12, two on node 0 and four on node 1,
     // and that worst group sets the pace: one peer on a GPU's node.
     let f = fold(1, 2, 12, 1, 6);
     assert_eq!(f.peers_in_node(&cluster()), 1);
-    let a = layer_all_to_all(&shape(), &cluster(), &f, 1, wire(2, 1.0, Dispatcher::AllToAll)).unwrap();
+    let a = layer_all_to_all(
+        &shape(),
+        &cluster(),
+        &f,
+        1,
+        wire(2, 1.0, Dispatcher::AllToAll),
+    )
+    .unwrap();
     assert_eq!(a.inter_bytes, B * 4.0 / 6.0);
 }
 
@@ -103,17 +129,37 @@ fn tp_slices_the_tokens_and_capacity_scales_the_volume() {
     let f = fold(2, 1, 8, 1, 8);
     assert_eq!(f.edp(), 2);
     assert_eq!(f.peers_in_node(&cluster()), 7);
-    let a = layer_all_to_all(&shape(), &cluster(), &f, 1, wire(2, 1.25, Dispatcher::AllToAll)).unwrap();
+    let a = layer_all_to_all(
+        &shape(),
+        &cluster(),
+        &f,
+        1,
+        wire(2, 1.25, Dispatcher::AllToAll),
+    )
+    .unwrap();
     assert_eq!(a.bytes, B / 2.0 * 1.25);
     // No all-to-all without EP, none without experts.
-    let one = layer_all_to_all(&shape(), &cluster(), &fold(1, 1, 8, 1, 1), 4, wire(2, 1.0, Dispatcher::AllToAll))
+    let one = layer_all_to_all(
+        &shape(),
+        &cluster(),
+        &fold(1, 1, 8, 1, 1),
+        4,
+        wire(2, 1.0, Dispatcher::AllToAll),
+    )
     .unwrap();
     assert_eq!(one.one_s, 0.0);
     let dense = ModelShape {
         moe: None,
         ..shape()
     };
-    assert!(layer_all_to_all(&dense, &cluster(), &f, 1, wire(2, 1.0, Dispatcher::AllToAll)).is_none());
+    assert!(layer_all_to_all(
+        &dense,
+        &cluster(),
+        &f,
+        1,
+        wire(2, 1.0, Dispatcher::AllToAll)
+    )
+    .is_none());
 }
 
 #[test]
@@ -203,10 +249,16 @@ fn node_limited_routing_reaches_fewer_nodes() {
         ..m
     });
     let m = s.moe.unwrap();
-    let none: f64 = (0..8).map(|i| f64::from(96 - i) / f64::from(128 - i)).product();
+    let none: f64 = (0..8)
+        .map(|i| f64::from(96 - i) / f64::from(128 - i))
+        .product();
     assert!((node_reached(&m, 8) - 0.5 * (1.0 - none)).abs() < 1e-12);
     assert!(8.0 * node_reached(&m, 8) <= 4.0, "at most 4 nodes a token");
-    assert!((8.0 * unlimited - 5.2946).abs() < 1e-3, "{}", 8.0 * unlimited);
+    assert!(
+        (8.0 * unlimited - 5.2946).abs() < 1e-3,
+        "{}",
+        8.0 * unlimited
+    );
     // Two groups a node (16 groups, 4 nodes), 4 of them chosen: fewer nodes than unlimited.
     let two = MoeShape {
         route_groups: Some(RouteGroups {

@@ -332,7 +332,11 @@ fn route_groups(f: &Fields, experts: u32, top_k: u32) -> Result<Option<RouteGrou
         return Err(unsupported("n_group", g, why));
     }
     if m == 0 || m > g {
-        return Err(unsupported("topk_group", m, format!("it must be 1 to n_group {g}")));
+        return Err(unsupported(
+            "topk_group",
+            m,
+            format!("it must be 1 to n_group {g}"),
+        ));
     }
     if groups.refusal(experts, top_k).is_some() {
         let why = format!(
