@@ -174,12 +174,9 @@ pub enum PlanRequestError {
     /// `cluster` names neither a preset nor a file.
     #[error("{}", self.named(&flag_form))]
     NoCluster(String),
-    /// `fp8` on a cluster without an FP8 peak (its name).
+    /// `fp8` where it cannot run.
     #[error("{}", self.named(&flag_form))]
-    Fp8Cluster(String),
-    /// `fp8` with a `precision` other than bf16.
-    #[error("{}", self.named(&flag_form))]
-    Fp8Precision(Precision),
+    Fp8(Fp8Error),
     /// A cluster file that is not one.
     #[error("{}", self.named(&flag_form))]
     Cluster {
@@ -267,12 +264,31 @@ impl PlanRequestError {
             PlanRequestError::Cluster { arg, error } => {
                 format!("{}: {error}", with("cluster", arg))
             }
-            PlanRequestError::Fp8Cluster(c) => format!(
+            PlanRequestError::Fp8(e) => e.named(name),
+        }
+    }
+}
+
+/// Why `fp8` cannot run, naming the fields (see [`PlanRequestError::named`]).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Fp8Error {
+    /// A cluster without an FP8 peak (its name).
+    Cluster(String),
+    /// A `precision` other than bf16.
+    Precision(Precision),
+}
+
+impl Fp8Error {
+    /// The message with each field written as `name` writes it.
+    pub fn named(&self, name: FieldName<'_>) -> String {
+        let with = |f: &str, v: &dyn std::fmt::Display| name(f, Some(v.to_string()));
+        match self {
+            Fp8Error::Cluster(c) => format!(
                 "{} on {}: the cluster has no FP8 peak (give peak_tflops.fp8 in a cluster file)",
                 name("fp8", None),
                 with("cluster", c)
             ),
-            PlanRequestError::Fp8Precision(p) => format!(
+            Fp8Error::Precision(p) => format!(
                 "{} runs the linear layers' GEMMs in FP8 beside bf16 activations: it takes {}, not {}",
                 name("fp8", None),
                 with("precision", &"bf16"),
@@ -405,9 +421,11 @@ impl RawPlanRequest {
         if !self.fp8 {
             Ok(())
         } else if self.precision != Precision::Bf16 {
-            Err(PlanRequestError::Fp8Precision(self.precision))
+            Err(PlanRequestError::Fp8(Fp8Error::Precision(self.precision)))
         } else if cluster.fp8_flops().is_none() {
-            Err(PlanRequestError::Fp8Cluster(self.cluster.clone()))
+            Err(PlanRequestError::Fp8(Fp8Error::Cluster(
+                self.cluster.clone(),
+            )))
         } else {
             Ok(())
         }
