@@ -89,8 +89,9 @@ fn attention_widths(cfg: &MemoryConfig) -> (u128, u128) {
 }
 
 /// Layer `i`'s bytes (see the module's note): an MoE layer's MLP part is
-/// [`moe_activations`]'s stash, kept under every policy but full (Megatron's selective
-/// `moe_act` would rebuild part of it; counting it kept errs high).
+/// [`moe_activations`]'s stash, all of it kept under every policy but full except the
+/// activation's outputs, which fused selective recomputation rebuilds (Megatron's `moe_act`)
+/// as it does a dense MLP's, and as the plan's time model charges it.
 fn layer(cfg: &MemoryConfig, i: u32) -> Layer {
     let sh = &cfg.shape;
     let (tokens, t) = dims(cfg);
@@ -106,12 +107,16 @@ fn layer(cfg: &MemoryConfig, i: u32) -> Layer {
     let other_outside = tokens * 6 * h / outside;
     let (split, whole) = attention_widths(cfg);
     let attention = tokens * split / t + tokens * whole;
-    let experts = sh.is_moe_layer(i).then(|| {
-        let e = &cfg.experts;
-        moe_activations(sh, tokens as u64, cfg.tp, e.etp, e.capacity).map_or(0, |m| m.stash)
-    });
+    let e = &cfg.experts;
+    let experts = sh
+        .is_moe_layer(i)
+        .then(|| moe_activations(sh, tokens as u64, cfg.tp, e.etp, e.capacity))
+        .flatten();
     let (mlp_kept, mlp_output) = match experts {
-        Some(stash) => (u128::from(stash), 0),
+        Some(m) => (
+            u128::from(m.stash - m.activation_output),
+            u128::from(m.activation_output),
+        ),
         None => (tokens * 2 * (hidden - 1) * f / t, tokens * 2 * f / t),
     };
     match cfg.attention {

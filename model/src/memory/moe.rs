@@ -24,7 +24,9 @@
 //!   its input `2d` (kept for the up projection's weight gradient), the expert's hidden
 //!   tensors `2 ffn_e` each ([`crate::shape::MlpKind::hidden_tensors`]) and its output `2d`
 //!   (kept for the combine's gradient by the router weights); the shared experts keep what a
-//!   dense MLP of their width keeps, split over TP. The dispatch buffers, a send and a
+//!   dense MLP of their width keeps, split over TP. Of the hidden tensors, the activation's
+//!   output (`2 ffn_e` a copy) is what selective recomputation under fused attention
+//!   rebuilds (Megatron-Core's `moe_act`), as it rebuilds a dense MLP's. The dispatch buffers, a send and a
 //!   receive of the copies (`2 x 2d` per copy), live only while one layer dispatches: a
 //!   transient beside the stash, not kept per microbatch.
 
@@ -184,6 +186,10 @@ pub struct MoeActivations {
     /// Bytes kept from the forward to the backward: router probabilities, the dispatched
     /// copies' inputs, hidden tensors and outputs, and the shared experts'.
     pub stash: u64,
+    /// Of the stash, the activation's outputs (GeLU's output or a gated MLP's product,
+    /// `2 ffn_e` a copy, and the shared experts' likewise): what selective recomputation
+    /// under fused attention rebuilds from their kept inputs (Megatron-Core's `moe_act`).
+    pub activation_output: u64,
     /// Bytes of the dispatch's send and receive buffers, alive while the layer dispatches.
     pub dispatch_buffers: u64,
 }
@@ -204,10 +210,13 @@ pub fn moe_activations(
     let (d, hidden) = (shape.d_model as f64, shape.mlp.hidden_tensors() as f64);
     let per_copy = 2.0 * d * f64::from(etp.max(1)) + 2.0 * hidden * m.expert_ffn as f64 + 2.0 * d;
     let router = routed * 4.0 * f64::from(m.experts);
-    let shared =
-        tokens as f64 * 2.0 * hidden * (f64::from(m.shared_experts) * m.shared_ffn as f64) / t;
+    let shared_width = f64::from(m.shared_experts) * m.shared_ffn as f64;
+    let shared = tokens as f64 * 2.0 * hidden * shared_width / t;
+    let stash = (router + copies * per_copy + shared).ceil() as u64;
+    let outputs = copies * 2.0 * m.expert_ffn as f64 + tokens as f64 * 2.0 * shared_width / t;
     Some(MoeActivations {
-        stash: (router + copies * per_copy + shared).ceil() as u64,
+        stash,
+        activation_output: (outputs.floor() as u64).min(stash),
         dispatch_buffers: (copies * 2.0 * 2.0 * d).ceil() as u64,
     })
 }

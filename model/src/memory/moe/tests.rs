@@ -105,6 +105,9 @@ fn activations_count_the_dispatched_copies_and_the_buffers() {
     let a = moe_activations(&s, 8, 2, 1, 1.0).unwrap();
     assert_eq!(a.stash, 64 + 8 * 68 + 120);
     assert_eq!(a.dispatch_buffers, 8 * 2 * 16);
+    // Selective recomputation rebuilds the activation's outputs: 2 x 6 a copy, and the
+    // shared expert's 8 x 2 x 5 / 2.
+    assert_eq!(a.activation_output, 8 * 12 + 40);
     // Capacity 1.25 and etp 2: 10 copies, each input gathered twice over expert-TP.
     let b = moe_activations(&s, 8, 2, 2, 1.25).unwrap();
     assert_eq!(b.stash, 64 + 10 * (32 + 36 + 16) + 120);
@@ -162,6 +165,36 @@ mod predicted {
         // One layer's send and receive buffers at a time, 2 x 2d bytes a copy.
         assert_eq!(padded.buffers - even.buffers, 32);
         assert_eq!(even.buffers, 4 * 32);
+    }
+
+    /// Selective recomputation under fused attention rebuilds the experts' activation
+    /// outputs (Megatron-Core's `moe_act`) as it rebuilds a dense MLP's: the peak drops by
+    /// them, and by the norms' outputs, as the time model charges their rebuild.
+    #[test]
+    fn fused_selective_recomputation_drops_the_experts_activation_outputs() {
+        use crate::shape::AttentionKind;
+        use pipewright_schedule::recompute::Recompute;
+        use pipewright_schedule::RecomputePlan;
+        let with = |recompute| MemoryConfig {
+            attention: AttentionKind::Fused,
+            recompute: RecomputePlan::uniform(recompute),
+            sequence_parallel: false,
+            ..config(2, 1, 1.0)
+        };
+        let (none, selective) = (
+            peak(&with(Recompute::None)),
+            peak(&with(Recompute::Selective)),
+        );
+        // A sequence of 4 tokens over tp 2. The 2 MoE layers: 4 copies x 2 x 6 bytes of
+        // product, and the shared expert's 4 tokens x 2 x 5 / 2; the dense layer's product,
+        // 4 x 2 x 12 / 2; the norms' outputs, 4 tokens x 4 x d 8 in each of the 3 layers.
+        let (moe, dense, norms) = (4 * 12 + 20, 48, 4 * 4 * 8);
+        let dropped = 2 * (moe + norms) + dense + norms;
+        // At the peak, the last layer's backward has rebuilt its own (an MoE layer's).
+        assert_eq!(
+            none.activations - selective.activations,
+            dropped - (moe + norms)
+        );
     }
 
     #[test]
