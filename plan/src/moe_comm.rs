@@ -30,13 +30,12 @@
 //! With the `E` experts spread evenly over the `N` nodes of an EP group and the `k` experts
 //! of a token drawn evenly (an even router), a node holds none of them with probability
 //! `C(E - E/N, k) / C(E, k)`, so a token reaches `N (1 - that)` nodes, `(N - 1) / N` of them
-//! other nodes. Group-limited routing ([`pipewright_model::shape::RouteGroups`], DeepSeek's node-limited
-//! routing) draws
-//! a token's experts from `M` of `G` groups: where each node holds whole groups, or each
-//! group whole nodes, the chance that a node holds none of a token's experts follows from
-//! which groups are chosen (DeepSeek-V3 at EP 64: a group a node, 3.6 nodes a token where
-//! unlimited routing would reach 5.3); where groups and nodes do not nest, the limit is not
-//! counted. Under FP8 ([`Wire::fp8_dispatch`]) DeepEP dispatches FP8 (one byte an element
+//! other nodes. Group-limited routing (DeepSeek's node-limited routing,
+//! [`pipewright_model::shape::RouteGroups`]) draws a token's experts from `M` of `G` groups:
+//! where each node holds whole groups, or each group whole nodes, the chance that a node
+//! holds none of a token's experts follows from which groups are chosen (DeepSeek-V3 at EP
+//! 64: a group a node, 3.6 nodes a token where unlimited routing would reach 5.3); where
+//! groups and nodes do not nest, the limit is not counted. Under FP8 ([`Wire::fp8_dispatch`]) DeepEP dispatches FP8 (one byte an element
 //! and a 4-byte scale per 128) and combines in bf16, forward and backward alike (DeepSeek-V3
 //! report §3.3.2).
 
