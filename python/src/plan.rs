@@ -40,8 +40,8 @@ pub struct Plan {
     /// Seconds the plan took.
     #[pyo3(get)]
     seconds: f64,
-    /// How a Hugging Face config was read (`note: --hf-config ...` lines, as the CLI prints
-    /// them on stderr); empty otherwise.
+    /// How a Hugging Face config was read (`note: hf_config=...` lines, the notes the CLI
+    /// prints on stderr in its flags); empty otherwise.
     #[pyo3(get)]
     notes: Vec<String>,
 }
@@ -349,7 +349,7 @@ fn planned(py: Python<'_>, raw: RawPlanRequest) -> PyResult<Plan> {
         inner,
         request,
         seconds: started.elapsed().as_secs_f64(),
-        notes,
+        notes: notes.iter().map(|n| n.named(&keyword)).collect(),
     })
 }
 
