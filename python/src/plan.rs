@@ -63,10 +63,12 @@ impl Plan {
         best.map(|inner| PlanRow { inner })
     }
 
-    /// Why the best beat the runners-up, one line each.
+    /// Why the best beat the runners-up, one line each, the dimensions written as keywords
+    /// (`schedule=zbv v 2 instead of ...`).
     #[getter]
     fn explain(&self) -> Vec<String> {
-        self.inner.explain.clone()
+        let lines = self.inner.explain.iter();
+        lines.map(|l| l.named(&dimension)).collect()
     }
 
     /// Whether the simulation budget ran out before every bound was beaten.
@@ -289,6 +291,13 @@ fn plan(
     (raw.max_virtual, raw.max_microbatch_size) = (max_virtual, max_microbatch_size);
     (raw.max_simulated, raw.max_searched) = (max_simulated, max_searched);
     planned(py, raw)
+}
+
+/// A dimension of `explain` as a keyword, `schedule=zbv v 2` or `sequence_parallel=`: a
+/// dimension named without its value is not a switch turned on (which [`keyword`] writes
+/// `sequence_parallel=True`).
+fn dimension(field: &str, value: Option<String>) -> String {
+    format!("{field}={}", value.unwrap_or_default())
 }
 
 /// An optional file argument's name and text (see [`named_text`]).
