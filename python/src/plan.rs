@@ -28,7 +28,7 @@ fn cluster_file(arg: &str) -> PyResult<Option<String>> {
         return Ok(None);
     }
     let text = read_file(std::path::Path::new(arg))?;
-    expect_kind(arg, &text, FileKind::Cluster).map_err(err)?;
+    expect_kind(arg, &text, FileKind::Cluster).map_err(crate::input_err)?;
     Ok(Some(text))
 }
 

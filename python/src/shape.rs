@@ -22,7 +22,7 @@ pub(crate) fn named_text(obj: &Bound<'_, PyAny>, what: &str, want: FileKind) -> 
     let named = raw_named_text(obj, what)?;
     // Another kind of pipewright file (or a config where a profile is wanted) is named for
     // what it is.
-    expect_kind(&named.name, &named.text, want).map_err(err)?;
+    expect_kind(&named.name, &named.text, want).map_err(crate::input_err)?;
     Ok(named)
 }
 
