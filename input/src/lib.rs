@@ -22,7 +22,7 @@ use pipewright_search::SweepGrid;
 
 mod kind;
 
-pub use kind::FileKind;
+pub use kind::{flag_hint, FileKind, Hint};
 
 /// Largest file pipewright reads: far beyond any timetable, timeline, cost, cluster or
 /// profile file it writes (a timeline of a million events is about 120 MB).
@@ -78,7 +78,8 @@ pub enum InputError {
         /// Bytes this machine has.
         have: u64,
     },
-    /// JSON of another kind than the one wanted.
+    /// JSON of another kind than the one wanted; its hint is the CLI's
+    /// ([`InputError::named`] writes another face's).
     #[error("{name} is {}, not {want}", .kind.describe())]
     WrongKind {
         /// The file.
@@ -116,6 +117,19 @@ pub enum InputError {
         /// Its first contradiction.
         error: TimelineError,
     },
+}
+
+impl InputError {
+    /// The message with a wrong kind's hint written as `hint` writes it (Python's
+    /// `read it with Costs.read`); every other message is its `Display`.
+    pub fn named(&self, hint: kind::Hint<'_>) -> String {
+        match self {
+            InputError::WrongKind { name, kind, want } => {
+                format!("{name} is {}, not {want}", kind.describe_named(hint))
+            }
+            e => e.to_string(),
+        }
+    }
 }
 
 /// Bytes for people: EiB down to KiB with two decimals, or bytes.

@@ -16,6 +16,7 @@ use super::bound::{busiest, device_of};
 use super::config::Config;
 use super::evaluate::step_time;
 use super::pieces::Pieces;
+use super::worded::{with, Worded};
 use super::PlanError;
 use pipewright_schedule::recompute::Recompute;
 use pipewright_sim::simulate::CostModel;
@@ -223,15 +224,16 @@ impl Terms {
     }
 }
 
-/// The dimensions a neighbour can differ in, named as the flags that fix them.
+/// The dimensions a neighbour can differ in, named as the fields that fix them (each face
+/// writes them its way: the CLI's `--tp`, Python's `tp=`).
 pub const DIMENSIONS: [&str; 7] = [
-    "--tp",
-    "--pp",
-    "--schedule",
-    "--microbatch-size",
-    "--recompute",
-    "--zero",
-    "--sequence-parallel",
+    "tp",
+    "pp",
+    "schedule",
+    "microbatch_size",
+    "recompute",
+    "zero",
+    "sequence_parallel",
 ];
 
 /// The value of dimension `d` (an index into [`DIMENSIONS`]) of `c`, for comparing.
@@ -298,8 +300,9 @@ pub fn seconds(x: f64, step: f64, signed: bool) -> String {
 }
 
 /// Why `best` beat `other` (its neighbour in dimension `d`): one line with the step times'
-/// difference and the terms that make it.
-pub fn why(d: usize, best: (&Config, f64, &Terms), other: (&Config, f64, &Terms)) -> String {
+/// difference and the terms that make it, the dimension written with the neighbour's value
+/// as each face writes a field (`--schedule zbv v 2 instead of ...`).
+pub fn why(d: usize, best: (&Config, f64, &Terms), other: (&Config, f64, &Terms)) -> Worded {
     let diffs: Vec<String> = best
         .2
         .differences(other.2)
@@ -308,10 +311,9 @@ pub fn why(d: usize, best: (&Config, f64, &Terms), other: (&Config, f64, &Terms)
         .take(3)
         .map(|(name, x)| format!("{name} {}", seconds(x, best.1, true)))
         .collect();
-    format!(
-        "{} {} instead of {}: {:+.1}% step time ({}) [{}]",
-        DIMENSIONS[d],
-        value(other.0, d),
+    let (field, theirs) = (DIMENSIONS[d], value(other.0, d));
+    let rest = format!(
+        " instead of {}: {:+.1}% step time ({}) [{}]",
         value(best.0, d),
         100.0 * (other.1 / best.1 - 1.0),
         if diffs.is_empty() {
@@ -320,5 +322,18 @@ pub fn why(d: usize, best: (&Config, f64, &Terms), other: (&Config, f64, &Terms)
             diffs.join(", ")
         },
         other.0
-    )
+    );
+    Worded::new(move |name| with(name, field, &theirs) + &rest)
+}
+
+/// The dimensions `fields` (of [`DIMENSIONS`]) in one line saying no other value of them was
+/// simulated, each written as a face writes a field without its value.
+pub fn unexplored(fields: Vec<&'static str>) -> Worded {
+    Worded::new(move |name| {
+        let named: Vec<String> = fields.iter().map(|f| name(f, None)).collect();
+        format!(
+            "{}: no other value was simulated (it did not fit, was not allowed, or its lower bound was slower than the best)",
+            named.join(", ")
+        )
+    })
 }

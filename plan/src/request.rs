@@ -9,7 +9,7 @@
 
 use pipewright_model::layer_profile::{LayerProfile, ProfileError};
 use pipewright_model::shape::request::{flag_form, FieldName};
-use pipewright_model::shape::{AttentionKind, Named, ShapeRequest, ShapeRequestError};
+use pipewright_model::shape::{AttentionKind, HfNote, Named, ShapeRequest, ShapeRequestError};
 use pipewright_schedule::recompute::Recompute;
 use pipewright_schedule::spec::ScheduleKind;
 
@@ -309,9 +309,9 @@ pub fn parse_policy(s: &str) -> Result<Recompute, String> {
     }
 }
 
-/// A planned request, with notes on how a config.json was read (one line each, for after
-/// the work succeeded).
-pub type Built = (PlanRequest, Vec<String>);
+/// A planned request, with notes on how a config.json was read (for after the work
+/// succeeded; each face writes them its way, [`HfNote::named`]).
+pub type Built = (PlanRequest, Vec<HfNote>);
 
 impl RawPlanRequest {
     /// The checked request, or the first thing wrong with it.

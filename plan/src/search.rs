@@ -9,7 +9,7 @@ use super::bound::lower_bound;
 use super::config::{Config, PlanRequest};
 use super::costs::cost_model;
 use super::evaluate::step_time;
-use super::explain::{neighbours, terms, why, Terms, DIMENSIONS};
+use super::explain::{neighbours, terms, unexplored, why, Terms, DIMENSIONS};
 use super::fit::{peaks, worst, BoundCache};
 use super::impossible;
 use super::refused::Refusals;
@@ -54,8 +54,8 @@ pub struct Plan {
     /// Whether the simulation budget ran out while some bound could still win.
     pub cut_short: bool,
     /// One line per dimension: why the best beat the best simulated configuration that
-    /// differs from it there.
-    pub explain: Vec<String>,
+    /// differs from it there; each face writes the dimensions its way (JSON: the CLI's).
+    pub explain: Vec<Worded>,
     /// Every configuration simulated, with its predicted step time, fastest first.
     #[serde(skip)]
     pub simulated: Vec<(Config, f64)>,
@@ -244,9 +244,10 @@ impl<'a> Search<'a> {
         // family; its neighbours are then the best's own (not another shape's, which would
         // credit the best with values it does not have).
         let mut explain = explain(req, &self.found[0], &self.simulated)?;
-        explain.splice(0..0, super::listed::explain(&self.found[0]));
-        explain.extend(super::explain_moe::line(req, &self.found[0].config)?);
-        explain.extend(self.refused.line());
+        let plain = |line: Option<String>| line.map(Worded::plain);
+        explain.splice(0..0, plain(super::listed::explain(&self.found[0])));
+        explain.extend(plain(super::explain_moe::line(req, &self.found[0].config)?));
+        explain.extend(plain(self.refused.line()));
         self.simulated.sort_by(|a, b| a.1.total_cmp(&b.1));
         Ok(Plan {
             rows: self.found,
@@ -349,15 +350,15 @@ fn explain(
     req: &PlanRequest,
     best: &PlanRow,
     simulated: &[(Config, f64)],
-) -> Result<Vec<String>, PlanError> {
+) -> Result<Vec<Worded>, PlanError> {
     let Some(bt) = best.terms else {
         return Ok(Vec::new());
     };
     let b = (&best.config, best.step_time_s, &bt);
     let mut found = neighbours(&best.config, simulated);
     // A searched best's config names only its placement's family; the search line says how
-    // it compares with the families, and "--schedule" is not a value it has.
-    let schedule = DIMENSIONS.iter().position(|&d| d == "--schedule");
+    // it compares with the families, and a schedule is not a value it has.
+    let schedule = DIMENSIONS.iter().position(|&d| d == "schedule");
     let searched = best.searched.is_some();
     if searched {
         found.retain(|&(d, _)| Some(d) != schedule);
@@ -369,22 +370,19 @@ fn explain(
             let t = terms_of(req, &c, step)?;
             Ok(why(d, b, (&c, step, &t)))
         })
-        .collect::<Result<Vec<_>, PlanError>>()?;
+        .collect::<Result<Vec<Worded>, PlanError>>()?;
     // A layer-list model has no tensor parallelism, so neither of its dimensions is a choice.
     let fixed_by_model = |d: usize| {
-        req.model.profile().is_some() && ["--tp", "--sequence-parallel"].contains(&DIMENSIONS[d])
+        req.model.profile().is_some() && ["tp", "sequence_parallel"].contains(&DIMENSIONS[d])
     };
-    let unexplored: Vec<&str> = (0..DIMENSIONS.len())
+    let left: Vec<&'static str> = (0..DIMENSIONS.len())
         .filter(|&d| !(searched && Some(d) == schedule))
         .filter(|&d| !fixed_by_model(d))
         .filter(|d| !found.iter().any(|(e, _)| e == d))
         .map(|d| DIMENSIONS[d])
         .collect();
-    if !unexplored.is_empty() {
-        lines.push(format!(
-            "{}: no other value was simulated (it did not fit, was not allowed, or its lower bound was slower than the best)",
-            unexplored.join(", ")
-        ));
+    if !left.is_empty() {
+        lines.push(unexplored(left));
     }
     Ok(lines)
 }

@@ -42,6 +42,13 @@ impl fmt::Debug for Worded {
     }
 }
 
+/// JSON (`plan --format json`) holds the command line's words.
+impl serde::Serialize for Worded {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
 /// Two lines are the same when the command line's words are.
 impl PartialEq for Worded {
     fn eq(&self, other: &Self) -> bool {

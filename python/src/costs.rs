@@ -64,7 +64,7 @@ impl Costs {
     /// per-stage list is fitted to a timetable's stages when one is simulated).
     fn file(text: String, name: String) -> PyResult<Self> {
         // A timetable or a timeline given as costs is named for what it is, as `--cost-file`.
-        expect_kind(&name, &text, FileKind::CostFile).map_err(err)?;
+        expect_kind(&name, &text, FileKind::CostFile).map_err(crate::input_err)?;
         let listed = serde_json::from_str::<RawCostFile>(&text)
             .ok()
             .and_then(|raw| raw.stages.map(|s| s.len()))

@@ -34,6 +34,22 @@ pub(crate) fn err(e: impl std::fmt::Display) -> PyErr {
     PipewrightError::new_err(e.to_string())
 }
 
+/// Python's hint for where a file of a kind is given ([`pipewright_input::Hint`]): the class
+/// that reads the file, or `plan`'s keyword for it.
+fn hint(field: &str) -> String {
+    match field {
+        "timetable" => "read it with Timetable.read".into(),
+        "timeline" => "read it with Timeline.read".into(),
+        "cost_file" => "read it with Costs.read".into(),
+        f => format!("give it as {f}="),
+    }
+}
+
+/// An input's refusal in Python's words: a file of another kind is named with [`hint`].
+pub(crate) fn input_err(e: pipewright_input::InputError) -> PyErr {
+    err(e.named(&hint))
+}
+
 /// A serde value as the Python object `json.loads` makes of it (dicts, lists, numbers).
 pub(crate) fn to_py<T: serde::Serialize>(py: Python<'_>, value: &T) -> PyResult<Py<PyAny>> {
     let text = serde_json::to_string(value).map_err(err)?;

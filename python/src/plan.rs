@@ -28,7 +28,7 @@ fn cluster_file(arg: &str) -> PyResult<Option<String>> {
         return Ok(None);
     }
     let text = read_file(std::path::Path::new(arg))?;
-    expect_kind(arg, &text, FileKind::Cluster).map_err(err)?;
+    expect_kind(arg, &text, FileKind::Cluster).map_err(crate::input_err)?;
     Ok(Some(text))
 }
 
@@ -40,8 +40,8 @@ pub struct Plan {
     /// Seconds the plan took.
     #[pyo3(get)]
     seconds: f64,
-    /// How a Hugging Face config was read (`note: --hf-config ...` lines, as the CLI prints
-    /// them on stderr); empty otherwise.
+    /// How a Hugging Face config was read (`note: hf_config=...` lines, the notes the CLI
+    /// prints on stderr in its flags); empty otherwise.
     #[pyo3(get)]
     notes: Vec<String>,
 }
@@ -63,10 +63,12 @@ impl Plan {
         best.map(|inner| PlanRow { inner })
     }
 
-    /// Why the best beat the runners-up, one line each.
+    /// Why the best beat the runners-up, one line each, the dimensions written as keywords
+    /// (`schedule=zbv v 2 instead of ...`).
     #[getter]
     fn explain(&self) -> Vec<String> {
-        self.inner.explain.clone()
+        let lines = self.inner.explain.iter();
+        lines.map(|l| l.named(&dimension)).collect()
     }
 
     /// Whether the simulation budget ran out before every bound was beaten.
@@ -291,6 +293,13 @@ fn plan(
     planned(py, raw)
 }
 
+/// A dimension of `explain` as a keyword, `schedule=zbv v 2` or `sequence_parallel=`: a
+/// dimension named without its value is not a switch turned on (which [`keyword`] writes
+/// `sequence_parallel=True`).
+fn dimension(field: &str, value: Option<String>) -> String {
+    format!("{field}={}", value.unwrap_or_default())
+}
+
 /// An optional file argument's name and text (see [`named_text`]).
 fn named_file(
     arg: Option<&Bound<'_, PyAny>>,
@@ -349,7 +358,7 @@ fn planned(py: Python<'_>, raw: RawPlanRequest) -> PyResult<Plan> {
         inner,
         request,
         seconds: started.elapsed().as_secs_f64(),
-        notes,
+        notes: notes.iter().map(|n| n.named(&keyword)).collect(),
     })
 }
 

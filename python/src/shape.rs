@@ -22,7 +22,7 @@ pub(crate) fn named_text(obj: &Bound<'_, PyAny>, what: &str, want: FileKind) -> 
     let named = raw_named_text(obj, what)?;
     // Another kind of pipewright file (or a config where a profile is wanted) is named for
     // what it is.
-    expect_kind(&named.name, &named.text, want).map_err(err)?;
+    expect_kind(&named.name, &named.text, want).map_err(crate::input_err)?;
     Ok(named)
 }
 
@@ -268,10 +268,12 @@ impl Shape {
     }
 
     /// How a config was read (where its sequence length came from, what is not modelled),
-    /// the notes `--hf-config` prints; empty for a shape given by sizes.
+    /// the notes `--hf-config` prints, its fields written as keywords (`hf_config=PATH`);
+    /// empty for a shape given by sizes.
     #[getter]
     fn notes(&self) -> Vec<String> {
-        self.resolved.notes.clone()
+        let notes = self.resolved.notes.iter();
+        notes.map(|n| n.named(&keyword)).collect()
     }
 
     /// Every size and kind, as a dict (the model description's JSON).

@@ -24,14 +24,14 @@ impl Timeline {
     /// valid step) and within the size the CLI reads; errors call the text `json`.
     #[staticmethod]
     fn from_json(text: &str) -> PyResult<Self> {
-        let inner = timeline_from_text("json", text).map_err(err)?;
+        let inner = timeline_from_text("json", text).map_err(crate::input_err)?;
         Ok(Timeline { inner })
     }
 
     /// Read a timeline file, refused as `pipewright viz --from` refuses it (naming the file).
     #[staticmethod]
     fn read(path: std::path::PathBuf) -> PyResult<Self> {
-        let inner = read_timeline(&path).map_err(err)?;
+        let inner = read_timeline(&path).map_err(crate::input_err)?;
         Ok(Timeline { inner })
     }
 

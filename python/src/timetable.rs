@@ -65,7 +65,7 @@ impl Timetable {
 fn parse(text: &str, name: &str, check: bool) -> PyResult<Timetable> {
     let (tt, source): (Tt, Option<CsvSource>) = if text.trim_start().starts_with(['{', '[']) {
         // A timeline or a cost file given as a timetable is named for what it is, as the CLI.
-        expect_kind(name, text, FileKind::Timetable).map_err(err)?;
+        expect_kind(name, text, FileKind::Timetable).map_err(crate::input_err)?;
         let tt = serde_json::from_str(text).map_err(|e| err(format!("{name}: {e}")))?;
         (tt, None)
     } else {

@@ -52,6 +52,12 @@ def test_published_configs_give_their_counts():
     deepseek = pw.Shape.from_hf_config(str(FIXTURES / "deepseek-v3.json"))
     assert abs(deepseek.parameters / 671e9 - 1) < 1e-3
     assert any("multi-token-prediction" in n for n in deepseek.notes)
+    # Its notes name the fields as keywords, where the CLI's name its flags.
+    path = str(FIXTURES / "deepseek-v3.json")
+    assert all(n.startswith(f"note: hf_config={path}: ") for n in deepseek.notes)
+    assert not any("--" in n for n in deepseek.notes)
+    assert any(n.endswith("(seq_len= plans another)") for n in deepseek.notes)
+    assert any("rope_scaling `yarn` is not modelled" in n for n in deepseek.notes)
 
 
 def test_fp8_and_node_limited_routing_are_planned_and_refused_in_keywords():

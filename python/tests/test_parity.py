@@ -106,14 +106,37 @@ def test_a_plans_chart_and_timetable_are_the_clis(tmp_path):
     assert [{k: v for k, v in o.to_dict().items() if k != "total"} for o in ours] == theirs
 
 
+def test_explain_names_the_dimensions_as_keywords():
+    """`Plan.explain` is the CLI's `--explain` (its JSON's `explain`) with each dimension a
+    keyword: `zero=0 instead of 1: ...` for `--zero 0 instead of 1: ...`, and `tp=, pp=: no
+    other value was simulated` for `--tp, --pp: ...`."""
+    p = pw.plan(**LLAMA, **PLAN)
+    assert p.explain and not any("--" in line for line in p.explain)
+    dims = ("tp", "pp", "schedule", "microbatch_size", "recompute", "zero", "sequence_parallel")
+    assert any(line.startswith(tuple(f"{d}=" for d in dims)) for line in p.explain)
+    assert any(": no other value was simulated" in line for line in p.explain)
+
+    def cli_words(line: str) -> str:
+        flag = lambda m: "--" + m[1].replace("_", "-")
+        line = re.sub(r"^([a-z_]+)=(?=[^,:])", lambda m: flag(m) + " ", line)
+        return re.sub(r"\b([a-z_]+)=(?=[,:])", flag, line)
+    assert [cli_words(line) for line in p.explain] == p.to_dict()["explain"]
+
+
 def test_a_llama_plan_from_its_hf_config_is_the_clis(tmp_path):
     path, config, kinds = small_llama(tmp_path)
     run = dict(gpus=2, global_batch=8, precision="f32", tp=2, max_searched=0)
     by_path = pw.plan(hf_config=path, **run)
     done = cli("plan", "--hf-config", str(path), *flags(**run), "--format", "json")
     same_plan(by_path.to_dict(), json.loads(done.stdout))
-    # The notes on how the config was read are the CLI's, which it prints after the plan.
-    assert by_path.notes and all(n in done.stderr.splitlines() for n in by_path.notes)
+    # The notes on how the config was read are the CLI's, which it prints after the plan, in
+    # keywords (`hf_config=PATH`, `seq_len=`) where the CLI writes flags.
+    assert by_path.notes and all(n.startswith(f"note: hf_config={path}: ") for n in by_path.notes)
+    assert not any("--" in n.replace(str(path), "") for n in by_path.notes)
+    assert any(n.endswith("(seq_len= plans another)") for n in by_path.notes)
+    flagged = [n.replace(f"hf_config={path}", f"--hf-config {path}")
+               .replace("(seq_len= ", "(--seq-len ") for n in by_path.notes]
+    assert all(n in done.stderr.splitlines() for n in flagged)
     # Its text, its dict and its sizes and kinds plan the same model the same way.
     for other in [pw.plan(hf_config=path.read_text(), **run), pw.plan(hf_config=config, **run),
                   pw.plan(**kinds, **run)]:
@@ -123,7 +146,8 @@ def test_a_llama_plan_from_its_hf_config_is_the_clis(tmp_path):
     assert longer.to_dict()["model"]["seq_len"] == 64
     shape = pw.Shape.from_hf_config(path)
     assert shape == pw.Shape(**kinds) and shape.parameters == by_path.parameters
-    assert (shape.layers, shape.kv_heads, shape.ffn) == (2, 2, 160) and shape.notes
+    assert (shape.layers, shape.kv_heads, shape.ffn) == (2, 2, 160)
+    assert shape.notes == by_path.notes
     assert pw.Shape.from_hf_config(config, seq_len=64).seq_len == 64
 
 
@@ -250,6 +274,15 @@ def test_a_bad_timeline_is_refused_in_the_clis_words(tmp_path):
     refused("json is a timetable", pw.Timeline.from_json, pw.generate("1f1b").to_json())
 
 
+# A wrong kind of file's hint: the CLI's flag, Python's reader or keyword.
+HINTS = {"draw it with viz --from": "read it with Timeline.read",
+         "give it as --timetable": "read it with Timetable.read",
+         "give it as --cost-file": "read it with Costs.read",
+         "give it as plan --cluster": "give it as cluster=",
+         "give it as plan --profile": "give it as profile=",
+         "give it as --hf-config": "give it as hf_config="}
+
+
 def test_a_file_of_another_kind_is_named_for_what_it_is(tmp_path):
     timeline = tmp_path / "t.json"
     pw.simulate(pw.generate("1f1b", p=2, m=2)).timeline.write(timeline)
@@ -259,7 +292,12 @@ def test_a_file_of_another_kind_is_named_for_what_it_is(tmp_path):
                        (pw.Timetable.read, ["validate", str(timeline)]),
                        (pw.Timeline.read, ["viz", "--from", str(timetable)])]:
         path = timeline if "--from" not in args else timetable
-        assert refused(f"{path} is a ", call, path) == cli_error(*args)
+        # The same line, its hint in Python's words: the class that reads such a file.
+        ours, theirs = refused(f"{path} is a ", call, path), cli_error(*args)
+        assert "--" not in ours.replace(str(path), "")
+        for flag, words in HINTS.items():
+            theirs = theirs.replace(flag, words)
+        assert ours == theirs
     refused("costs is a timeline", pw.Costs.from_json, timeline.read_text())
     refused("json is a timeline", pw.Timetable.from_json, timeline.read_text())
 

@@ -13,7 +13,7 @@ use pipewright::schedule::plan::launch::{
     launch, profile_launch, report_json, row_step, searched_note,
 };
 use pipewright::schedule::plan::listed::configuration;
-use pipewright::schedule::plan::request::{cluster_of, parse_policy};
+use pipewright::schedule::plan::request::{cluster_of, parse_policy, Built};
 use pipewright::schedule::plan::{
     plan, Cluster, Dispatcher, Fixed, Plan, PlanRequest, PlanRow, Precision, Progress,
     RawPlanRequest,
@@ -331,7 +331,7 @@ impl PlanCmd {
         outs.commit()?;
         console::print(&text)?;
         for note in notes {
-            console::note(&note);
+            console::note(&note.to_string());
         }
         if let Some(k) = self.validate {
             let fit = super::validate_plan::fitting(&req, &plan.simulated)?;
@@ -343,7 +343,7 @@ impl PlanCmd {
 
     /// The request, and notes on how a config.json was read: the flags as the library's
     /// raw request (files read here), built and checked there.
-    fn request(&self) -> Result<(PlanRequest, Vec<String>)> {
+    fn request(&self) -> Result<Built> {
         // Each named for what it is when it is another kind of file.
         let named = |p: &PathBuf, want: FileKind| -> Result<Named> {
             let (name, text) = (p.display().to_string(), read_text(p)?);

@@ -38,7 +38,8 @@ pub struct HfModel {
     pub shape: ModelShape,
     /// The config's `model_type`.
     pub model_type: String,
-    /// The field the sequence length came from.
+    /// The config's field the sequence length came from (still the config's when a caller
+    /// replaces the length: whether it did is the caller's to say).
     pub seq_len_field: &'static str,
     /// Fields read but not modelled, one line each (e.g. a sliding attention window).
     pub notes: Vec<String>,

@@ -25,7 +25,9 @@ mod request_moe;
 
 pub use kinds::{AttentionKind, BiasKind, MlpKind, NormKind, PositionKind, RopeTheta};
 pub use moe::{MlaShape, MoeShape, RouteGroups};
-pub use request::{MoeKinds, Named, ResolvedShape, ShapeKinds, ShapeRequest, ShapeRequestError};
+pub use request::{
+    HfNote, HfNoteSays, MoeKinds, Named, ResolvedShape, ShapeKinds, ShapeRequest, ShapeRequestError,
+};
 
 /// A decoder-only transformer's shape (the memory model's and plan's unit of "a model").
 ///

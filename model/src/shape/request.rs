@@ -129,8 +129,54 @@ pub struct ShapeRequest {
 pub struct ResolvedShape {
     /// The shape.
     pub shape: ModelShape,
-    /// One line each, `note: --hf-config NAME: ...`; empty for a shape given by sizes.
-    pub notes: Vec<String>,
+    /// One each, written `note: --hf-config NAME: ...` by the CLI; empty for a shape given
+    /// by sizes.
+    pub notes: Vec<HfNote>,
+}
+
+/// What a note on a config says, in words that name no field of a face.
+#[derive(Clone, Debug, PartialEq)]
+pub enum HfNoteSays {
+    /// The sequence length came from the config's `field` (none was given to replace it).
+    SeqLen {
+        /// The length.
+        seq_len: u64,
+        /// The config's field it came from (`max_position_embeddings`).
+        field: &'static str,
+    },
+    /// Something the config has that is not modelled, in the config's own field names.
+    NotModelled(String),
+}
+
+/// A note on how a config named `name` was read; each face writes the fields it names its
+/// way ([`HfNote::named`]). `Display` is the command line's.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HfNote {
+    /// The config's name (a path, or Python's `config`).
+    pub name: String,
+    /// What it says.
+    pub says: HfNoteSays,
+}
+
+impl HfNote {
+    /// The line with each field written as `name` writes it: the CLI's
+    /// `note: --hf-config PATH: ... (--seq-len plans another)`, Python's `hf_config=PATH`.
+    pub fn named(&self, name: FieldName<'_>) -> String {
+        let config = name("hf_config", Some(self.name.clone()));
+        match &self.says {
+            HfNoteSays::SeqLen { seq_len, field } => format!(
+                "note: {config}: sequence {seq_len} from its {field} ({} plans another)",
+                name("seq_len", None)
+            ),
+            HfNoteSays::NotModelled(note) => format!("note: {config}: {note}"),
+        }
+    }
+}
+
+impl std::fmt::Display for HfNote {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.named(&flag_form))
+    }
 }
 
 impl ShapeRequest {
@@ -174,7 +220,7 @@ impl ShapeRequest {
                 });
             }
             let model = read_hf_config(hf, self.seq_len)?;
-            let notes = hf_notes(&hf.name, &model);
+            let notes = hf_notes(&hf.name, &model, self.seq_len.is_none());
             return Ok(ResolvedShape {
                 shape: model.shape,
                 notes,
@@ -207,25 +253,33 @@ fn read_hf_config(hf: &Named, seq_len: Option<u64>) -> Result<HfModel, ShapeRequ
             return Err(ShapeRequestError::Shape(ShapeError::NotPositive("seq_len")));
         }
         model.shape.seq_len = s;
-        model.seq_len_field = "--seq-len";
     }
     Ok(model)
 }
 
 /// What a user should know of how `model` was read from `name`: where its sequence length
-/// came from, and what the config has that is not modelled; one line each.
-fn hf_notes(name: &str, model: &HfModel) -> Vec<String> {
-    let mut out = Vec::new();
-    if model.seq_len_field != "--seq-len" {
-        out.push(format!(
-            "note: --hf-config {name}: sequence {} from its {} (--seq-len plans another)",
-            model.shape.seq_len, model.seq_len_field
-        ));
-    }
-    for note in &model.notes {
-        out.push(format!("note: --hf-config {name}: {note}"));
-    }
-    out
+/// came from (when the config's is kept, `config_seq_len`), and what the config has that is
+/// not modelled.
+fn hf_notes(name: &str, model: &HfModel, config_seq_len: bool) -> Vec<HfNote> {
+    let note = |says| HfNote {
+        name: name.to_string(),
+        says,
+    };
+    let seq_len = config_seq_len.then(|| {
+        note(HfNoteSays::SeqLen {
+            seq_len: model.shape.seq_len,
+            field: model.seq_len_field,
+        })
+    });
+    seq_len
+        .into_iter()
+        .chain(
+            model
+                .notes
+                .iter()
+                .map(|n| note(HfNoteSays::NotModelled(n.clone()))),
+        )
+        .collect()
 }
 
 /// A shape's error with each field written as `name` writes it.

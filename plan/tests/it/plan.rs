@@ -298,3 +298,36 @@ fn an_impossible_line_names_fields_each_face_writes_its_way() {
     assert!(py.starts_with("pp=3 fits no configuration"), "{py}");
     assert!(!py.contains("--"), "{py}");
 }
+
+/// `--explain`'s lines name the dimensions as fields, each face its way: the CLI's
+/// `--zero 0 instead of 1: ...` and `--tp, --pp: no other value ...`, Python's `zero=0` and
+/// `tp=, pp=`, the rest of each line the same.
+#[test]
+fn explain_lines_name_dimensions_each_face_writes_its_way() {
+    let keyword = |f: &str, v: Option<String>| format!("{f}={}", v.unwrap_or_default());
+    let p = plan(&a100(gpt(4, 512, 8, 128), 8, 64), &mut |_| {}).unwrap();
+    let fields = pipewright_plan::explain::DIMENSIONS;
+    let flag = |f: &str| format!("--{}", f.replace('_', "-"));
+    let (mut neighbours, mut unexplored) = (0, 0);
+    for line in &p.explain {
+        let (cli, py) = (line.to_string(), line.named(&keyword));
+        assert!(!py.contains("--"), "{py}");
+        // A neighbour's line: the flag and its value become the keyword with its value.
+        if let Some(f) = fields.iter().find(|f| cli.starts_with(&(flag(f) + " "))) {
+            neighbours += 1;
+            assert_eq!(py, cli.replacen(&(flag(f) + " "), &format!("{f}="), 1));
+        }
+        if let Some((dims, rest)) = cli.split_once(": no other value was simulated") {
+            unexplored += 1;
+            let named: Vec<String> = dims
+                .split(", ")
+                .map(|d| d[2..].replace('-', "_") + "=")
+                .collect();
+            assert_eq!(
+                py,
+                format!("{}: no other value was simulated{rest}", named.join(", "))
+            );
+        }
+    }
+    assert!(neighbours > 0 && unexplored > 0, "{:?}", p.explain);
+}

@@ -99,9 +99,14 @@ fn a_config_gives_the_shape_and_its_notes_and_nothing_may_stand_beside_it() {
     let s = req.model.gpt().unwrap();
     assert_eq!((s.layers, s.kv_heads, s.mlp), (4, 2, MlpKind::SwiGlu));
     assert_eq!(s.positions, PositionKind::Rotary);
+    // Each face writes the note's fields its way: the CLI's flags, Python's keywords.
     assert_eq!(
-        notes[0],
+        notes[0].to_string(),
         "note: --hf-config config.json: sequence 128 from its max_position_embeddings (--seq-len plans another)"
+    );
+    assert_eq!(
+        notes[0].named(&keyword),
+        "note: hf_config=config.json: sequence 128 from its max_position_embeddings (seq_len= plans another)"
     );
     assert!(model_line(&req).contains(&format!("({:.2}B parameters)", s.parameters() as f64 / 1e9)));
     shape.seq_len = Some(64);
