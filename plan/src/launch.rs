@@ -207,13 +207,14 @@ pub fn report_json(req: &PlanRequest, plan: &Plan, seconds: f64, timetable: Opti
         PlanModel::Gpt(_) => json!(launch(req, r, timetable)),
         PlanModel::Layers(p) => profile_launch(p, r).1,
     });
-    json!({
+    let mut out = json!({
         "cluster": req.cluster,
         "model": model_json(&req.model),
         "batch_unit": req.model.batch_unit(),
         "gpus": req.gpus,
         "global_batch": req.global_batch,
         "precision": req.precision,
+        "fp8": req.fp8,
         "attention": req.attention,
         "seconds": seconds,
         "search": plan.progress,
@@ -221,7 +222,13 @@ pub fn report_json(req: &PlanRequest, plan: &Plan, seconds: f64, timetable: Opti
         "rows": plan.rows,
         "explain": plan.explain,
         "launch": launch,
-    })
+    });
+    // How a mixture's tokens travel, which its step times depend on.
+    if req.model.gpt().is_some_and(|s| s.moe.is_some()) {
+        out["dispatcher"] = json!(req.dispatcher);
+        out["capacity_factor"] = json!(req.capacity_factor);
+    }
+    out
 }
 
 /// The flags that give `train` (or any command) this shape's kinds: those that differ from

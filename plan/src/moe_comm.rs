@@ -35,9 +35,9 @@
 //! where each node holds whole groups, or each group whole nodes, the chance that a node
 //! holds none of a token's experts follows from which groups are chosen (DeepSeek-V3 at EP
 //! 64: a group a node, 3.6 nodes a token where unlimited routing would reach 5.3); where
-//! groups and nodes do not nest, the limit is not counted. Under FP8 ([`Wire::fp8_dispatch`]) DeepEP dispatches FP8 (one byte an element
-//! and a 4-byte scale per 128) and combines in bf16, forward and backward alike (DeepSeek-V3
-//! report §3.3.2).
+//! groups and nodes do not nest, the limit is not counted. Under FP8
+//! ([`Wire::fp8_dispatch`]) DeepEP dispatches FP8 (one byte an element and a 4-byte scale
+//! per 128) and combines in bf16, forward and backward alike (DeepSeek-V3 report §3.3.2).
 
 use std::ops::Range;
 

@@ -5,6 +5,7 @@
 use super::cluster::Precision;
 use super::comm::{all_reduce, reduce_scatter, Links};
 use super::config::{Config, PlanRequest};
+use super::moe_comm::Dispatcher;
 use super::work::{Device, WorkTimes};
 
 /// Per-layer and per-stage pieces of a configuration's costs, in seconds, kept apart so the
@@ -58,6 +59,7 @@ pub fn device(req: &PlanRequest) -> Device {
         efficiency: req.cluster.efficiency,
         act_bytes,
         cast_bytes: if fp8.is_some() { act_bytes + 1.0 } else { 0.0 },
+        dispatch_fp8: fp8.is_some() && req.dispatcher == Dispatcher::DeepEp,
     }
 }
 

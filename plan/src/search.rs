@@ -69,6 +69,13 @@ pub fn plan(req: &PlanRequest, progress: &mut dyn FnMut(&Progress)) -> Result<Pl
             req.global_batch
         ))));
     }
+    if req.fp8 && req.cluster.fp8_flops().is_none() {
+        // A request built by hand, not through `RawPlanRequest::build`: no silent bf16.
+        return Err(PlanError::Impossible(Worded::plain(format!(
+            "fp8: cluster {} has no FP8 peak (peak_tflops.fp8)",
+            req.cluster.name
+        ))));
+    }
     let (configs, refused) = enumerate_counted(req);
     if configs.is_empty() {
         return Err(PlanError::Impossible(impossible::structure(req)));

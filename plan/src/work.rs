@@ -85,6 +85,9 @@ pub struct Device {
     /// Bytes one element's quantization moves before an FP8 GEMM (read at `act_bytes`,
     /// write one byte; the per-tile scales are under 1%), 0 without FP8.
     pub cast_bytes: f64,
+    /// The experts' inputs (and their output gradients) are quantized once a token, before
+    /// DeepEP dispatches them in FP8, not once a copy after (DeepSeek-V3 §3.3.2).
+    pub dispatch_fp8: bool,
 }
 
 impl Device {
@@ -240,6 +243,7 @@ mod tests {
             efficiency: Efficiency::a100(),
             act_bytes: 2.0,
             cast_bytes: 0.0,
+            dispatch_fp8: false,
         }
     }
 

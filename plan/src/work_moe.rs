@@ -112,8 +112,15 @@ pub fn layer_at(
             // The router stays out of FP8 (DeepSeek-V3 keeps its gating in higher precision).
             let router = dev.matmul_time(routed, f64::from(m.experts), h);
             let (one, (cf, cb)) = dev.linears(&[(rows, ups * width, h), (rows, h, width)]);
+            // Quantized once a token before an FP8 dispatch: the up projection's input and
+            // the down projection's output gradient, `routed` rows of `h`, not `copies`.
+            let once = match dev.dispatch_fp8 {
+                true => (copies - routed).max(0.0) * h * dev.cast_bytes / dev.hbm,
+                false => 0.0,
+            };
+            let casts = (local * cf - once, local * cb - once);
             let activation = hidden * (copies * width + tokens * shared / t) * e;
-            ((router + local * one, (local * cf, local * cb)), activation)
+            ((router + local * one, casts), activation)
         }
     };
     finish(
@@ -169,6 +176,7 @@ mod tests {
             peak: 1e15,
             linear_peak: 1e15,
             cast_bytes: 0.0,
+            dispatch_fp8: false,
             hbm: 1e30,
             efficiency: Efficiency {
                 peak_fraction: 1.0,
@@ -219,5 +227,48 @@ mod tests {
         // The first layer is dense: its MLP, not the experts.
         let dense = layer_at(&s, 0, run, &ExpertLayout::default(), &dev).w;
         assert_ne!(dense, at(1, 1, 1.0));
+    }
+
+    /// FP8 halves the experts' GEMMs but not the router's, and an FP8 dispatch quantizes a
+    /// token once, not each of its copies.
+    #[test]
+    fn fp8_speeds_the_experts_not_the_router_and_a_dispatch_quantizes_once() {
+        let s = mixture();
+        let run = (2, 2, true, AttentionKind::Fused);
+        let e = ExpertLayout {
+            ep: 4,
+            etp: 1,
+            capacity: 1.0,
+        };
+        let bf16 = ideal();
+        let fp8 = Device {
+            linear_peak: 2.0 * bf16.peak,
+            ..bf16
+        };
+        // W: the router (1024 tokens x 16 experts x 1024) at peak, every other GEMM at
+        // twice it; attention's core has no weights.
+        let router = 2.0 * 1024.0 * 16.0 * 1024.0 / bf16.peak;
+        let (slow, fast) = (
+            layer_at(&s, 1, run, &e, &bf16),
+            layer_at(&s, 1, run, &e, &fp8),
+        );
+        let want = router + (slow.w - router) / 2.0;
+        assert!((fast.w / want - 1.0).abs() < 1e-9, "{} vs {want}", fast.w);
+        // Casts at 3 bytes an element over 1e12 bytes/s; dispatched in FP8, the experts'
+        // inputs and their outputs' gradients are cast on 1024 tokens, not 4096 copies.
+        let cast = |dispatch_fp8| Device {
+            cast_bytes: 3.0,
+            hbm: 1e12,
+            dispatch_fp8,
+            ..fp8
+        };
+        let (each, once) = (
+            layer_at(&s, 1, run, &e, &cast(false)),
+            layer_at(&s, 1, run, &e, &cast(true)),
+        );
+        let saved = (4096.0 - 1024.0) * 1024.0 * 3.0 / 1e12;
+        assert!(((each.f - once.f) / saved - 1.0).abs() < 1e-9);
+        assert!(((each.i - once.i) / saved - 1.0).abs() < 1e-9);
+        assert_eq!(each.w, once.w);
     }
 }

@@ -59,13 +59,22 @@ fn raw_named_text(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Named> {
     })
 }
 
+/// [`keyword`], but a config is `Shape.from_hf_config`'s `config=`, not `plan`'s `hf_config=`.
+fn config_keyword(field: &str, value: Option<String>) -> String {
+    match field {
+        "hf_config" => keyword("config", value),
+        f => keyword(f, value),
+    }
+}
+
 /// Python's form of a field a library error names: `top_k=5`, or `top_k=` without a value;
 /// a switch the CLI turns on by its flag alone (`--sequence-parallel`) is `=True`.
 pub(crate) fn keyword(field: &str, value: Option<String>) -> String {
-    const SWITCHES: [&str; 3] = [
+    const SWITCHES: [&str; 4] = [
         "sequence_parallel",
         "allow_cross_node_tp",
         "tied_embeddings",
+        "fp8",
     ];
     match value {
         None if SWITCHES.contains(&field) => format!("{field}=True"),
@@ -200,11 +209,6 @@ impl Shape {
             hf_config: Some(named_text(config, "config", FileKind::HfConfig)?),
             ..ShapeRequest::default()
         };
-        // The config is this method's `config=`, not `plan`'s `hf_config=`.
-        let config_keyword = |field: &str, value: Option<String>| match field {
-            "hf_config" => keyword("config", value),
-            f => keyword(f, value),
-        };
         let resolved = request
             .resolve()
             .map_err(|e| err(e.named(&config_keyword)))?;
@@ -268,12 +272,12 @@ impl Shape {
     }
 
     /// How a config was read (where its sequence length came from, what is not modelled),
-    /// the notes `--hf-config` prints, its fields written as keywords (`hf_config=PATH`);
+    /// the notes `--hf-config` prints, its fields written as keywords (`config=PATH`);
     /// empty for a shape given by sizes.
     #[getter]
     fn notes(&self) -> Vec<String> {
         let notes = self.resolved.notes.iter();
-        notes.map(|n| n.named(&keyword)).collect()
+        notes.map(|n| n.named(&config_keyword)).collect()
     }
 
     /// Every size and kind, as a dict (the model description's JSON).

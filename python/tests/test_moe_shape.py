@@ -54,7 +54,7 @@ def test_published_configs_give_their_counts():
     assert any("multi-token-prediction" in n for n in deepseek.notes)
     # Its notes name the fields as keywords, where the CLI's name its flags.
     path = str(FIXTURES / "deepseek-v3.json")
-    assert all(n.startswith(f"note: hf_config={path}: ") for n in deepseek.notes)
+    assert all(n.startswith(f"note: config={path}: ") for n in deepseek.notes)
     assert not any("--" in n for n in deepseek.notes)
     assert any(n.endswith("(seq_len= plans another)") for n in deepseek.notes)
     assert any("rope_scaling `yarn` is not modelled" in n for n in deepseek.notes)
@@ -70,4 +70,4 @@ def test_fp8_and_node_limited_routing_are_planned_and_refused_in_keywords():
     assert fp8.rows[0].step_time_s < bf16.rows[0].step_time_s
     with pytest.raises(pw.PipewrightError) as e:
         pw.plan(**{**fixed, "cluster": "a100-80g"}, fp8=True)
-    assert str(e.value).startswith("fp8= on cluster=a100-80g: the cluster has no FP8 peak")
+    assert str(e.value).startswith("fp8=True on cluster=a100-80g: the cluster has no FP8 peak")

@@ -147,7 +147,8 @@ def test_a_llama_plan_from_its_hf_config_is_the_clis(tmp_path):
     shape = pw.Shape.from_hf_config(path)
     assert shape == pw.Shape(**kinds) and shape.parameters == by_path.parameters
     assert (shape.layers, shape.kv_heads, shape.ffn) == (2, 2, 160)
-    assert shape.notes == by_path.notes
+    # The same notes, naming this method's `config=` where `plan` names `hf_config=`.
+    assert shape.notes == [n.replace("hf_config=", "config=") for n in by_path.notes]
     assert pw.Shape.from_hf_config(config, seq_len=64).seq_len == 64
 
 

@@ -49,7 +49,7 @@ pub struct PlanCmd {
     #[arg(
         long,
         value_name = "FILE",
-        conflicts_with_all = ["layers", "d_model", "heads", "ffn", "kv_heads", "mlp", "norm", "tied_embeddings", "positions", "rope_theta", "bias", "experts", "top_k", "expert_ffn", "shared_experts", "shared_ffn", "dense_layers", "moe_every", "hf_config", "attention", "seq_len", "vocab", "tp", "sequence_parallel", "validate", "calibrate", "timetable_out"]
+        conflicts_with_all = ["layers", "d_model", "heads", "ffn", "kv_heads", "mlp", "norm", "tied_embeddings", "positions", "rope_theta", "bias", "experts", "top_k", "expert_ffn", "shared_experts", "shared_ffn", "dense_layers", "moe_every", "expert_groups", "groups_per_token", "fp8", "hf_config", "attention", "seq_len", "vocab", "tp", "sequence_parallel", "validate", "calibrate", "timetable_out"]
     )]
     profile: Option<PathBuf>,
     /// Plan the model of a Hugging Face config.json (llama, mistral, qwen2, gpt2, gpt_neox,
@@ -147,7 +147,8 @@ pub struct PlanCmd {
     /// Time the linear layers' GEMMs (projections, MLPs, experts) in FP8 at the cluster's
     /// FP8 peak, with their quantization passes, as DeepSeek-V3 and Transformer Engine run
     /// them (attention's core, the router and the LM head stay bf16; under --dispatcher
-    /// deepep the dispatch moves FP8). Memory is planned as in bf16.
+    /// deepep the dispatch moves FP8). Memory is planned as in bf16, and MFU is still
+    /// counted against the bf16 peak.
     #[arg(long)]
     fp8: bool,
     /// Let a TP group span nodes (over the inter-node link).
@@ -255,9 +256,17 @@ impl PlanCmd {
             ("--costs-out", self.costs_out.is_some()),
             ("--chart", self.chart.is_some()),
             ("--validate", self.validate.is_some()),
+            ("--fp8", self.fp8),
         ];
-        match given.iter().find(|(_, g)| *g) {
-            Some((flag, _)) => bail!(
+        // The shape's kinds (--experts, --expert-groups, ...) plan a model too.
+        let kinds = self.shape.kinds();
+        let kind = kinds
+            .given()
+            .first()
+            .map(|f| format!("--{}", f.replace('_', "-")));
+        let given = given.iter().find(|(_, g)| *g).map(|(f, _)| f.to_string());
+        match given.or(kind) {
+            Some(flag) => bail!(
                 "--calibrate measures this machine and plans nothing: {flag} does not apply \
                  (calibrate first, then plan with --cluster FILE)"
             ),

@@ -146,6 +146,33 @@ fn a_mixture_is_planned_and_simulated_and_a_layout_that_does_not_fit_is_refused(
         &[&SHAPE[..], &moe, &rest, &["--expert-groups", "2"]].concat(),
         &["--expert-groups needs --groups-per-token"],
     );
+    // Where --fp8 or the groups would be ignored, they are refused.
+    for extra in [&["--fp8"][..], &["--expert-groups", "2"]] {
+        let flag = extra[0];
+        common::plan::refused(
+            &[&["--calibrate", "c.json"][..], extra].concat(),
+            &[&format!(
+                "--calibrate measures this machine and plans nothing: {flag} does not apply"
+            )],
+        );
+    }
+    let small = [
+        "--gpus",
+        "2",
+        "--global-batch",
+        "4",
+        "--cluster",
+        "h100-80g",
+    ];
+    common::plan::refused(
+        &[
+            &SHAPE[..],
+            &small,
+            &["--bias", "none", "--fp8", "--validate", "2"],
+        ]
+        .concat(),
+        &["--validate trains in bf16 on this machine, so it cannot check --fp8's times"],
+    );
     common::plan::refused(
         &[&SHAPE[..], &moe, &rest, &["--capacity-factor", "0.5"]].concat(),
         &["--capacity-factor 0.5: must be a finite number at least 1"],

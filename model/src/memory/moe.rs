@@ -26,9 +26,9 @@
 //!   (kept for the combine's gradient by the router weights); the shared experts keep what a
 //!   dense MLP of their width keeps, split over TP. Of the hidden tensors, the activation's
 //!   output (`2 ffn_e` a copy) is what selective recomputation under fused attention
-//!   rebuilds (Megatron-Core's `moe_act`), as it rebuilds a dense MLP's. The dispatch buffers, a send and a
-//!   receive of the copies (`2 x 2d` per copy), live only while one layer dispatches: a
-//!   transient beside the stash, not kept per microbatch.
+//!   rebuilds (Megatron-Core's `moe_act`), as it rebuilds a dense MLP's. The dispatch
+//!   buffers, a send and a receive of the copies (`2 x 2d` per copy), live only while one
+//!   layer dispatches: a transient beside the stash, not kept per microbatch.
 
 use std::ops::Range;
 

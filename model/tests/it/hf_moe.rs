@@ -231,6 +231,14 @@ fn contradicting_fields_are_refused_naming_them() {
         e(&few),
         "field `topk_group` is 2: its 2 groups of 1 experts hold fewer than num_experts_per_tok 8"
     );
+    // A field the file does not give is transformers' default, and said to be absent.
+    let small = ds.replace("\"n_group\": 8,", "");
+    let small = small.replace("\"n_routed_experts\": 256", "\"n_routed_experts\": 4");
+    let small = small.replace("\"num_experts_per_tok\": 8", "\"num_experts_per_tok\": 2");
+    assert_eq!(
+        e(&small),
+        "field `n_group` is absent (transformers' default 8): it must divide the 4 experts of n_routed_experts"
+    );
     // One group, or every group a token: no limit.
     let all = ds.replace("\"topk_group\": 4", "\"topk_group\": 8");
     let all = from_hf_config(&all).unwrap().shape;

@@ -112,6 +112,8 @@ fn activations_count_the_dispatched_copies_and_the_buffers() {
     let b = moe_activations(&s, 8, 2, 2, 1.25).unwrap();
     assert_eq!(b.stash, 64 + 10 * (32 + 36 + 16) + 120);
     assert_eq!(b.dispatch_buffers, 10 * 2 * 16);
+    // Expert-TP gathers each copy twice at half the width: the products are as without it.
+    assert_eq!(b.activation_output, 10 * 12 + 40);
     let dense = ModelShape { moe: None, ..s };
     assert!(moe_activations(&dense, 8, 2, 1, 1.0).is_none());
 }

@@ -317,14 +317,26 @@ fn deepseek_v3(f: &Fields) -> Result<HfModel, HfError> {
 /// `topk_group` best (`transformers`' defaults 8 and 4, which its router always applies).
 /// `None` where the groups limit nothing.
 fn route_groups(f: &Fields, experts: u32, top_k: u32) -> Result<Option<RouteGroups>, HfError> {
+    let (given_g, given_m) = (
+        bounded(f, "n_group", 1 << 20)?,
+        bounded(f, "topk_group", 1 << 20)?,
+    );
     let groups = RouteGroups {
-        groups: bounded(f, "n_group", 1 << 20)?.unwrap_or(8) as u32,
-        per_token: bounded(f, "topk_group", 1 << 20)?.unwrap_or(4) as u32,
+        groups: given_g.unwrap_or(8) as u32,
+        per_token: given_m.unwrap_or(4) as u32,
     };
-    let unsupported = |field, value: u32, why: String| HfError::Unsupported {
-        field,
-        value: value.to_string(),
-        why,
+    // A refusal quotes the value the file gave, or says the field is absent and the
+    // default was taken.
+    let unsupported = |field, value: u32, why: String| {
+        let given = if field == "n_group" { given_g } else { given_m };
+        HfError::Unsupported {
+            field,
+            value: match given {
+                Some(_) => value.to_string(),
+                None => format!("absent (transformers' default {value})"),
+            },
+            why,
+        }
     };
     let (g, m) = (groups.groups, groups.per_token);
     if g == 0 || experts % g != 0 {
