@@ -24,7 +24,7 @@ pub mod request;
 mod request_moe;
 
 pub use kinds::{AttentionKind, BiasKind, MlpKind, NormKind, PositionKind, RopeTheta};
-pub use moe::{MlaShape, MoeShape, RouteGroups};
+pub use moe::{GroupsError, MlaShape, MoeShape, RouteGroups};
 pub use request::{
     HfNote, HfNoteSays, MoeKinds, Named, ResolvedShape, ShapeKinds, ShapeRequest, ShapeRequestError,
 };

@@ -64,34 +64,68 @@ pub struct RouteGroups {
     pub per_token: u32,
 }
 
+/// Why group-limited routing does not fit a mixture: one check ([`RouteGroups::check`]), which
+/// each reader words its own way (the shape's fields, the flags or keywords, a config's).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum GroupsError {
+    /// No groups, or none a token.
+    #[error("expert_groups {groups} and groups_per_token {per_token} must be at least 1")]
+    Zero {
+        /// Groups.
+        groups: u32,
+        /// Groups a token.
+        per_token: u32,
+    },
+    /// Groups that do not divide the routed experts.
+    #[error("expert_groups {groups} must divide the {experts} routed experts")]
+    Divide {
+        /// Groups.
+        groups: u32,
+        /// Routed experts.
+        experts: u32,
+    },
+    /// More groups a token than there are.
+    #[error("groups_per_token {per_token} must be at most expert_groups {groups}")]
+    Above {
+        /// Groups.
+        groups: u32,
+        /// Groups a token.
+        per_token: u32,
+    },
+    /// A token's groups hold fewer experts than it goes to.
+    #[error("top_k {top_k} is more than the {} experts of groups_per_token {per_token} groups of {per_group}", u64::from(*.per_token) * u64::from(*.per_group))]
+    TooFew {
+        /// Experts a token.
+        top_k: u32,
+        /// Groups a token.
+        per_token: u32,
+        /// Experts a group.
+        per_group: u32,
+    },
+}
+
 impl RouteGroups {
-    /// Why these groups do not fit `experts` routed experts and `top_k` a token, in the
-    /// library's words (`expert_groups`, `groups_per_token`); `None` where they do.
-    pub fn refusal(&self, experts: u32, top_k: u32) -> Option<String> {
-        let (g, m) = (self.groups, self.per_token);
-        if g == 0 || m == 0 {
-            return Some(format!(
-                "expert_groups {g} and groups_per_token {m} must be at least 1"
-            ));
+    /// Whether these groups fit `experts` routed experts and `top_k` a token.
+    pub fn check(&self, experts: u32, top_k: u32) -> Result<(), GroupsError> {
+        let (groups, per_token) = (self.groups, self.per_token);
+        if groups == 0 || per_token == 0 {
+            return Err(GroupsError::Zero { groups, per_token });
         }
-        if experts % g != 0 {
-            return Some(format!(
-                "expert_groups {g} must divide the {experts} routed experts"
-            ));
+        if experts % groups != 0 {
+            return Err(GroupsError::Divide { groups, experts });
         }
-        if m > g {
-            return Some(format!(
-                "groups_per_token {m} must be at most expert_groups {g}"
-            ));
+        if per_token > groups {
+            return Err(GroupsError::Above { groups, per_token });
         }
-        let reachable = u64::from(m) * u64::from(experts / g);
-        if u64::from(top_k) > reachable {
-            return Some(format!(
-                "top_k {top_k} is more than the {reachable} experts of groups_per_token {m} groups of {}",
-                experts / g
-            ));
+        let per_group = experts / groups;
+        if u64::from(top_k) > u64::from(per_token) * u64::from(per_group) {
+            return Err(GroupsError::TooFew {
+                top_k,
+                per_token,
+                per_group,
+            });
         }
-        None
+        Ok(())
     }
 
     /// The groups as a router uses them: `None` where they limit nothing (one group, or a
@@ -178,11 +212,9 @@ impl MoeShape {
                 "shared_gate without shared experts: there is nothing to gate".into(),
             ));
         }
-        if let Some(why) = self
-            .route_groups
-            .and_then(|g| g.refusal(self.experts, self.top_k))
-        {
-            return Err(ShapeError::Conflict(why));
+        if let Some(g) = self.route_groups {
+            let fits = g.check(self.experts, self.top_k);
+            fits.map_err(|e| ShapeError::Conflict(e.to_string()))?;
         }
         if self.moe_layers(layers) == 0 {
             return Err(ShapeError::Conflict(format!(

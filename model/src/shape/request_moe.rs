@@ -3,7 +3,7 @@
 //! `--groups-per-token`; Python's keywords of
 //! the same names), refused naming the fields, in each face's words.
 
-use super::{MoeShape, RouteGroups};
+use super::{GroupsError, MoeShape, RouteGroups};
 
 /// The mixture's flags, as given (all `None`: a dense model).
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -94,14 +94,7 @@ impl MoeKinds {
             (None, None) => None,
             (Some(groups), Some(per_token)) => {
                 let g = RouteGroups { groups, per_token };
-                if g.refusal(experts, top_k).is_some() {
-                    return Err(MoeError::Groups {
-                        groups,
-                        per_token,
-                        experts,
-                        top_k,
-                    });
-                }
+                g.check(experts, top_k).map_err(MoeError::Groups)?;
                 g.limiting()
             }
             (Some(_), None) => return Err(MoeError::GroupsPair("expert_groups")),
@@ -185,17 +178,8 @@ pub enum MoeError {
     EveryZero,
     /// One of `expert_groups` and `groups_per_token` without the other (the one given).
     GroupsPair(&'static str),
-    /// Groups that do not fit the experts or `top_k` (see [`RouteGroups::refusal`]).
-    Groups {
-        /// Groups asked for.
-        groups: u32,
-        /// Groups a token asked for.
-        per_token: u32,
-        /// Routed experts.
-        experts: u32,
-        /// Experts per token.
-        top_k: u32,
-    },
+    /// Groups that do not fit the experts or `top_k` ([`RouteGroups::check`]).
+    Groups(GroupsError),
     /// No layer left an MoE layer.
     NoMoeLayer {
         /// Dense layers first.
@@ -255,12 +239,7 @@ impl MoeError {
                     bare(other)
                 )
             }
-            MoeError::Groups {
-                groups,
-                per_token,
-                experts,
-                top_k,
-            } => groups_message(name, (*groups, *per_token), (*experts, *top_k)),
+            MoeError::Groups(e) => groups_message(name, e),
             MoeError::NoMoeLayer {
                 dense_layers,
                 every,
@@ -275,35 +254,35 @@ impl MoeError {
     }
 }
 
-/// Why `(groups, per_token)` do not fit `(experts, top_k)`, in a face's words.
-fn groups_message(name: FieldName<'_>, (g, m): (u32, u32), (e, k): (u32, u32)) -> String {
+/// Why the groups do not fit, in a face's words (the same check's [`GroupsError`]).
+fn groups_message(name: FieldName<'_>, e: &GroupsError) -> String {
     let with = |f: &str, v: u32| name(f, Some(v.to_string()));
-    if g == 0 || m == 0 {
-        format!(
+    match *e {
+        GroupsError::Zero { groups, per_token } => format!(
             "{} and {} must be at least 1",
-            with("expert_groups", g),
-            with("groups_per_token", m)
-        )
-    } else if e % g != 0 {
-        format!(
+            with("expert_groups", groups),
+            with("groups_per_token", per_token)
+        ),
+        GroupsError::Divide { groups, experts } => format!(
             "{} must divide {}",
-            with("expert_groups", g),
-            with("experts", e)
-        )
-    } else if m > g {
-        format!(
+            with("expert_groups", groups),
+            with("experts", experts)
+        ),
+        GroupsError::Above { groups, per_token } => format!(
             "{} must be at most {}",
-            with("groups_per_token", m),
-            with("expert_groups", g)
-        )
-    } else {
-        format!(
-            "{} is more than the {} experts of {} groups of {}",
-            with("top_k", k),
-            u64::from(m) * u64::from(e / g),
-            with("groups_per_token", m),
-            e / g
-        )
+            with("groups_per_token", per_token),
+            with("expert_groups", groups)
+        ),
+        GroupsError::TooFew {
+            top_k,
+            per_token,
+            per_group,
+        } => format!(
+            "{} is more than the {} experts of {} groups of {per_group}",
+            with("top_k", top_k),
+            u64::from(per_token) * u64::from(per_group),
+            with("groups_per_token", per_token)
+        ),
     }
 }
 

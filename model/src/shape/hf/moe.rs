@@ -18,7 +18,7 @@ use super::{
     pretrained_context, rope_scaling, rope_theta, Fields, HfError, HfModel, MlaShape, MlpKind,
     ModelShape, MoeShape, NormKind, PositionKind,
 };
-use crate::shape::{BiasKind, RouteGroups};
+use crate::shape::{BiasKind, GroupsError, RouteGroups};
 
 /// Reads a family of this module's, or refuses `gpt_oss`; `None` for another `model_type`.
 pub(super) fn read(f: &Fields) -> Option<Result<HfModel, HfError>> {
@@ -338,26 +338,23 @@ fn route_groups(f: &Fields, experts: u32, top_k: u32) -> Result<Option<RouteGrou
             why,
         }
     };
-    let (g, m) = (groups.groups, groups.per_token);
+    let Err(e) = groups.check(experts, top_k) else {
+        return Ok(groups.limiting());
+    };
+    // Blame `n_group` first where it does not divide the experts, as the config reads.
+    let g = groups.groups;
     if g == 0 || experts % g != 0 {
         let why = format!("it must divide the {experts} experts of n_routed_experts");
         return Err(unsupported("n_group", g, why));
     }
-    if m == 0 || m > g {
-        return Err(unsupported(
-            "topk_group",
-            m,
-            format!("it must be 1 to n_group {g}"),
-        ));
-    }
-    if groups.refusal(experts, top_k).is_some() {
-        let why = format!(
-            "its {m} groups of {} experts hold fewer than num_experts_per_tok {top_k}",
-            experts / g
-        );
-        return Err(unsupported("topk_group", m, why));
-    }
-    Ok(groups.limiting())
+    let why = match e {
+        GroupsError::TooFew { per_group, .. } => format!(
+            "its {} groups of {per_group} experts hold fewer than num_experts_per_tok {top_k}",
+            groups.per_token
+        ),
+        _ => format!("it must be 1 to n_group {g}"),
+    };
+    Err(unsupported("topk_group", groups.per_token, why))
 }
 
 /// Qwen-MoE counts `decoder_sparse_step` from layer 0 and then drops `mlp_only_layers`; a
