@@ -279,6 +279,25 @@ pub enum Fp8Error {
 }
 
 impl Fp8Error {
+    /// Whether `fp8` can run: a bf16 `precision` on a `cluster` with an FP8 peak (named
+    /// `cluster_arg` as it was given). Both the request's faces and `plan` itself ask this.
+    pub fn check(
+        fp8: bool,
+        precision: Precision,
+        cluster: &Cluster,
+        cluster_arg: &str,
+    ) -> Result<(), Fp8Error> {
+        if !fp8 {
+            Ok(())
+        } else if precision != Precision::Bf16 {
+            Err(Fp8Error::Precision(precision))
+        } else if cluster.fp8_flops().is_none() {
+            Err(Fp8Error::Cluster(cluster_arg.to_string()))
+        } else {
+            Ok(())
+        }
+    }
+
     /// The message with each field written as `name` writes it.
     pub fn named(&self, name: FieldName<'_>) -> String {
         let with = |f: &str, v: &dyn std::fmt::Display| name(f, Some(v.to_string()));
@@ -349,7 +368,8 @@ impl RawPlanRequest {
         req.capacity_factor = self.capacity_factor;
         req.dispatcher = self.dispatcher;
         self.check_experts(&req.model)?;
-        self.check_fp8(&req.cluster)?;
+        Fp8Error::check(self.fp8, self.precision, &req.cluster, &self.cluster)
+            .map_err(PlanRequestError::Fp8)?;
         req.fp8 = self.fp8;
         Ok((req, notes))
     }
@@ -414,21 +434,6 @@ impl RawPlanRequest {
     /// The preset, or the cluster file the face read.
     fn cluster(&self) -> Result<Cluster, PlanRequestError> {
         cluster_of(&self.cluster, self.cluster_file.as_deref())
-    }
-
-    /// FP8 where the cluster has an FP8 peak and the run is bf16.
-    fn check_fp8(&self, cluster: &Cluster) -> Result<(), PlanRequestError> {
-        if !self.fp8 {
-            Ok(())
-        } else if self.precision != Precision::Bf16 {
-            Err(PlanRequestError::Fp8(Fp8Error::Precision(self.precision)))
-        } else if cluster.fp8_flops().is_none() {
-            Err(PlanRequestError::Fp8(Fp8Error::Cluster(
-                self.cluster.clone(),
-            )))
-        } else {
-            Ok(())
-        }
     }
 
     /// The expert layout's flags against the model: a fixed EP divides its experts.

@@ -13,6 +13,7 @@ use super::explain::{neighbours, terms, unexplored, why, Terms, DIMENSIONS};
 use super::fit::{peaks, worst, BoundCache};
 use super::impossible;
 use super::refused::Refusals;
+use super::request::Fp8Error;
 use super::row::row;
 pub use super::row::{hardware_flops, PlanRow};
 use super::space::enumerate_counted;
@@ -69,13 +70,10 @@ pub fn plan(req: &PlanRequest, progress: &mut dyn FnMut(&Progress)) -> Result<Pl
             req.global_batch
         ))));
     }
-    if req.fp8 && req.cluster.fp8_flops().is_none() {
-        // A request built by hand, not through `RawPlanRequest::build`: no silent bf16.
-        return Err(PlanError::Impossible(Worded::plain(format!(
-            "fp8: cluster {} has no FP8 peak (peak_tflops.fp8)",
-            req.cluster.name
-        ))));
-    }
+    // A request built by hand, not through `RawPlanRequest::build`, is held to the same
+    // check: no silent bf16.
+    Fp8Error::check(req.fp8, req.precision, &req.cluster, &req.cluster.name)
+        .map_err(|e| PlanError::Impossible(Worded::new(move |name| e.named(name))))?;
     let (configs, refused) = enumerate_counted(req);
     if configs.is_empty() {
         return Err(PlanError::Impossible(impossible::structure(req)));
