@@ -97,14 +97,18 @@ impl Device {
     }
 
     fn matmul(&self, m: f64, n: f64, k: f64) -> f64 {
-        self.efficiency
-            .matmul_time(2.0 * m * n * k, (m, n, k), self.peak)
+        self.gemm(self.peak, (m, n, k))
     }
 
     /// Seconds of a linear layer's `(m x k)(k x n)` GEMM, at [`Device::linear_peak`].
     pub fn linear_time(&self, m: f64, n: f64, k: f64) -> f64 {
+        self.gemm(self.linear_peak, (m, n, k))
+    }
+
+    /// Seconds of an `(m x k)(k x n)` GEMM at `peak`, on the curve's efficiency.
+    fn gemm(&self, peak: f64, (m, n, k): (f64, f64, f64)) -> f64 {
         self.efficiency
-            .matmul_time(2.0 * m * n * k, (m, n, k), self.linear_peak)
+            .matmul_time(2.0 * m * n * k, (m, n, k), peak)
     }
 
     /// Seconds of an FP8 GEMM's quantization, `(forward, backward)`: its `m x k` input in

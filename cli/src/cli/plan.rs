@@ -18,6 +18,7 @@ use pipewright::schedule::plan::{
     plan, Cluster, Dispatcher, Fixed, Plan, PlanRequest, PlanRow, Precision, Progress,
     RawPlanRequest,
 };
+use pipewright::schedule::shape::request::flag_form;
 use pipewright::schedule::shape::{Named, ShapeRequest};
 use pipewright::schedule::{Recompute, ScheduleKind};
 use pipewright::viz::{
@@ -260,10 +261,7 @@ impl PlanCmd {
         ];
         // The shape's kinds (--experts, --expert-groups, ...) plan a model too.
         let kinds = self.shape.kinds();
-        let kind = kinds
-            .given()
-            .first()
-            .map(|f| format!("--{}", f.replace('_', "-")));
+        let kind = kinds.given().first().map(|f| flag_form(f, None));
         let given = given.iter().find(|(_, g)| *g).map(|(f, _)| f.to_string());
         match given.or(kind) {
             Some(flag) => bail!(
