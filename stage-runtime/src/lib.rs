@@ -132,6 +132,7 @@
 
 pub mod batch;
 pub mod data;
+mod erase;
 pub mod error;
 pub mod executor;
 pub mod local_gpu;

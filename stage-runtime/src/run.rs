@@ -16,6 +16,7 @@ use pipewright_schedule::{Checked, Timeline, TimelineMeta, TimelineSource, Timet
 use crate::batch::{MicrobatchId, StepBatch};
 use crate::comm::local::{HostOps, LocalOps, LocalWorld};
 use crate::comm::Communicator;
+use crate::erase::{erase, erase_data, AnyData, ErasedModule};
 use crate::error::RuntimeError;
 use crate::executor::{merge_experts, to_comm, to_host, Executor, StepOutcome};
 use crate::memory::RankMemory;
@@ -100,20 +101,41 @@ pub fn prepare(tt: &Checked, mesh: &Mesh) -> Result<Checked, RuntimeError> {
 /// error of the rank that failed first is returned. Under `dp > 1`, `make` must build every
 /// replica of a stage with the same parameters: each replica's module is built once more
 /// before the run and compared with replica 0's, and replicas that differ are refused.
+///
+/// The module, its data and its stashes own what they hold (`'static`): the run carries them
+/// as `dyn Any`, so that its executor is compiled once for every module type.
 pub fn run<M, MF, DF, CB>(
     mesh: Mesh,
     tt: &Checked,
     make: MF,
     data: DF,
     opts: &RunOptions,
-    on_step: CB,
+    mut on_step: CB,
 ) -> Result<FinalParams, RuntimeError>
 where
-    M: StageModule<Tensor = Tensor>,
+    M: StageModule<Tensor = Tensor> + 'static,
+    M::Data: 'static,
+    M::Stash: 'static,
+    M::WeightStash: 'static,
     MF: Fn(Coord, u32) -> Result<M, ModuleError> + Sync,
     DF: Fn(MicrobatchId) -> Result<M::Data, ModuleError> + Sync,
     CB: FnMut(&StepRecord),
 {
+    // The module's type stops here: what follows is compiled once, in this crate.
+    let make = |c: Coord, s: u32| make(c, s).map(erase);
+    let data = |id: MicrobatchId| data(id).map(erase_data);
+    run_host(mesh, tt, &make, &data, opts, &mut on_step)
+}
+
+/// [`run`] of any module, on host tensors.
+fn run_host(
+    mesh: Mesh,
+    tt: &Checked,
+    make: &(dyn Fn(Coord, u32) -> Result<ErasedModule<Tensor>, ModuleError> + Sync),
+    data: &(dyn Fn(MicrobatchId) -> Result<AnyData, ModuleError> + Sync),
+    opts: &RunOptions,
+    on_step: &mut dyn FnMut(&StepRecord),
+) -> Result<FinalParams, RuntimeError> {
     check_replicas_agree(mesh, tt, &make)?;
     let make = |c: Coord, s: u32, _: &HostOps| make(c, s);
     run_local(mesh, tt, |_| Ok(HostOps), make, data, opts, on_step)

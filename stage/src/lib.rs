@@ -11,6 +11,7 @@
 //!   the reverse), so a stage compiles without the executor or any transport.
 #![deny(missing_docs)]
 
+mod boxed;
 #[cfg(feature = "candle")]
 pub mod candle;
 pub mod host;

@@ -322,25 +322,35 @@ fn opts(steps: u64) -> RunOptions {
 
 /// `kind` on pp = 2 (layers 0..2 and 2..4) and `dp` replicas: the losses and final
 /// parameters, or the refusal.
-fn train<M: StageModule<Tensor = Tensor, Data = Data>>(
+fn train<M>(
     kind: ScheduleKind,
     pp: usize,
     dp: usize,
     m: u32,
     wrap: fn(Chain) -> M,
     opts: &RunOptions,
-) -> (Vec<f32>, Result<FinalParams, RuntimeError>) {
+) -> (Vec<f32>, Result<FinalParams, RuntimeError>)
+where
+    M: StageModule<Tensor = Tensor, Data = Data> + 'static,
+    M::Stash: 'static,
+    M::WeightStash: 'static,
+{
     faulty(kind, (pp, dp, m), wrap, opts, (0, Fault::None))
 }
 
 /// [`train`] with stage `fault.0` making mistake `fault.1`.
-fn faulty<M: StageModule<Tensor = Tensor, Data = Data>>(
+fn faulty<M>(
     kind: ScheduleKind,
     (pp, dp, m): (usize, usize, u32),
     wrap: fn(Chain) -> M,
     opts: &RunOptions,
     (at, fault): (u32, Fault),
-) -> (Vec<f32>, Result<FinalParams, RuntimeError>) {
+) -> (Vec<f32>, Result<FinalParams, RuntimeError>)
+where
+    M: StageModule<Tensor = Tensor, Data = Data> + 'static,
+    M::Stash: 'static,
+    M::WeightStash: 'static,
+{
     let tt = generate(&ScheduleSpec::new(kind, pp as u32, 1, m, None).unwrap());
     let per = 4 / pp;
     let make = |_: Coord, s: u32| {
