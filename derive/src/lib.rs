@@ -27,12 +27,15 @@
 
 use proc_macro::TokenStream;
 use proc_macro2::{Span, TokenStream as Tokens};
-use proc_macro_crate::{crate_name, FoundCrate};
 use quote::{quote, quote_spanned};
 use syn::parse::{Parse, ParseStream};
 use syn::punctuated::Punctuated;
 use syn::spanned::Spanned;
 use syn::{parse_macro_input, Data, DeriveInput, Fields, Ident, Token, Type};
+
+use manifest::Found;
+
+mod manifest;
 
 /// `#[derive(Parameters)]`: see the crate docs.
 #[proc_macro_derive(Parameters, attributes(parameters))]
@@ -269,15 +272,19 @@ fn kernels() -> Tokens {
         let id = Ident::new(&name, Span::call_site());
         quote!(::#id #suffix)
     };
-    match crate_name("pipewright-kernels") {
-        Ok(FoundCrate::Itself) => return own("pipewright-kernels", quote!()),
-        Ok(FoundCrate::Name(n)) => return named(n, quote!()),
-        Err(_) => {}
+    // A manifest that cannot be read names nothing: the usual name below.
+    let manifest = std::env::var_os("CARGO_MANIFEST_DIR")
+        .and_then(|dir| std::fs::read_to_string(std::path::Path::new(&dir).join("Cargo.toml")).ok())
+        .unwrap_or_default();
+    match manifest::find(&manifest, "pipewright-kernels") {
+        Some(Found::Itself) => return own("pipewright-kernels", quote!()),
+        Some(Found::Name(n)) => return named(n, quote!()),
+        None => {}
     }
-    match crate_name("pipewright") {
-        Ok(FoundCrate::Itself) => own("pipewright", quote!(::kernels)),
-        Ok(FoundCrate::Name(n)) => named(n, quote!(::kernels)),
-        // Neither named in Cargo.toml (a renamed or vendored kernels): the usual name.
-        Err(_) => quote!(::pipewright_kernels),
+    match manifest::find(&manifest, "pipewright") {
+        Some(Found::Itself) => own("pipewright", quote!(::kernels)),
+        Some(Found::Name(n)) => named(n, quote!(::kernels)),
+        // Neither named in Cargo.toml (a vendored kernels): the usual name.
+        None => quote!(::pipewright_kernels),
     }
 }
