@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{anyhow, bail, Result};
 use clap::parser::ValueSource;
 use clap::{ArgMatches, Args, FromArgMatches, ValueEnum};
+use pipewright::schedule::shape::request::flag_form;
 use pipewright::schedule::simulate::{CostOptions, CostSource};
 use pipewright::schedule::{
     generate, recompute, Checked, CostModel, RawSpec, RecomputeError, RecomputePlan, ScheduleKind,
@@ -20,7 +21,7 @@ pub fn spec_flag(field: &str) -> String {
         "p" => "--stages".into(),
         "v" => "--virtual".into(),
         "m" => "--microbatches".into(),
-        f => format!("--{}", f.replace('_', "-")),
+        f => flag_form(f, None),
     }
 }
 

@@ -10,6 +10,7 @@ use pipewright::schedule::search::{
     fmt_units, search_with, Candidate, Objective, Progress, SearchOutcome, SearchRequest,
     SearchSpec,
 };
+use pipewright::schedule::shape::request::flag_form;
 use pipewright::schedule::{measured_costs, ScheduleKind, Timeline};
 use pipewright::viz::{
     bubble_chart, pareto_plot, ChartOptions, ChartPanel, ImageFormat, ParetoPoint,
@@ -364,7 +365,7 @@ fn flag_of(field: &str) -> String {
     match field {
         "p" => "--stages".into(),
         "m" => "--microbatches".into(),
-        f => format!("--{}", f.replace('_', "-")),
+        f => flag_form(f, None),
     }
 }
 

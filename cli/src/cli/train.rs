@@ -10,6 +10,7 @@ use pipewright::runtime::{
     train_gpt, FinalParams, Mesh, RuntimeError, StepRecord, StepReport, TrainConfig, TrainRequest,
     TrainRequestError, Zero,
 };
+use pipewright::schedule::shape::request::flag_form;
 use pipewright::schedule::{Checked, Timeline, Timetable};
 use pipewright::viz::{
     bubble_chart_with_memory, ChartOptions, ChartPanel, ImageFormat, MemoryBars,
@@ -501,7 +502,7 @@ fn refused(e: TrainRequestError) -> anyhow::Error {
         TrainRequestError::Shape(e) => e.into(),
         TrainRequestError::Sizes(e) => e.into(),
         TrainRequestError::Mesh(e) => e.into(),
-        e => anyhow!(e.named(&|f| format!("--{}", f.replace('_', "-")))),
+        e => anyhow!(e.named(&|f| flag_form(f, None))),
     }
 }
 
