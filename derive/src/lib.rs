@@ -273,18 +273,29 @@ fn kernels() -> Tokens {
         quote!(::#id #suffix)
     };
     // A manifest that cannot be read names nothing: the usual name below.
-    let manifest = std::env::var_os("CARGO_MANIFEST_DIR")
-        .and_then(|dir| std::fs::read_to_string(std::path::Path::new(&dir).join("Cargo.toml")).ok())
+    let dir = std::env::var_os("CARGO_MANIFEST_DIR").map(std::path::PathBuf::from);
+    let manifest = dir
+        .as_ref()
+        .and_then(|d| std::fs::read_to_string(d.join("Cargo.toml")).ok())
         .unwrap_or_default();
-    match manifest::find(&manifest, "pipewright-kernels") {
+    let workspace = || dir.as_deref().and_then(workspace_manifest);
+    match manifest::find(&manifest, workspace, "pipewright-kernels") {
         Some(Found::Itself) => return own("pipewright-kernels", quote!()),
         Some(Found::Name(n)) => return named(n, quote!()),
         None => {}
     }
-    match manifest::find(&manifest, "pipewright") {
+    match manifest::find(&manifest, workspace, "pipewright") {
         Some(Found::Itself) => own("pipewright", quote!(::kernels)),
         Some(Found::Name(n)) => named(n, quote!(::kernels)),
         // Neither named in Cargo.toml (a vendored kernels): the usual name.
         None => quote!(::pipewright_kernels),
     }
+}
+
+/// The manifest of the workspace `dir`'s package belongs to: the nearest `Cargo.toml` at or
+/// above `dir` with a `[workspace]` table.
+fn workspace_manifest(dir: &std::path::Path) -> Option<String> {
+    dir.ancestors()
+        .filter_map(|d| std::fs::read_to_string(d.join("Cargo.toml")).ok())
+        .find(|text| text.lines().any(|l| l.trim() == "[workspace]"))
 }

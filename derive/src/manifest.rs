@@ -3,10 +3,12 @@
 //! `proc-macro-crate` answered this with a whole TOML parser (`toml_edit` and six crates
 //! under it, about 8 s of CPU in every cold build of a crate that derives). The answer needs
 //! only a manifest's table headers, its keys and one `package = "..."` value, so this reads
-//! those: `[package]`'s `name`, and each key of `[dependencies]`, `[dev-dependencies]`,
-//! `[build-dependencies]` and their `[target.'...'.*]` forms, written as `key = ...`,
-//! `key.workspace = true` or a `[dependencies.key]` table, renamed by `package = "..."`.
-//! `[workspace.dependencies]` is not the package's own, and is not read.
+//! those, as proc-macro-crate did: `[package]`'s `name`, and each key of `[dependencies]` and
+//! `[dev-dependencies]` and their `[target.'...'.*]` forms, written as `key = ...`,
+//! `key.workspace = true` or a `[dependencies.key]` table, renamed by `package = "..."` (or
+//! `key.package = "..."`). A key inherited from the workspace takes its `package` from the
+//! workspace's `[workspace.dependencies]`. Not read: a multi-line `"""` string whose lines look
+//! like keys, and multi-line inline tables.
 
 /// How a manifest names a package.
 #[derive(Debug, PartialEq, Eq)]
@@ -17,20 +19,61 @@ pub(crate) enum Found {
     Name(String),
 }
 
-/// How `manifest` (a `Cargo.toml`'s text) names `package`, if it does.
-pub(crate) fn find(manifest: &str, package: &str) -> Option<Found> {
-    let mut table = String::new();
-    let mut own = None;
-    // (key, package) of every dependency, in order.
-    let mut deps: Vec<(String, String)> = Vec::new();
+/// One dependency as a manifest writes it.
+struct Entry {
+    key: String,
+    /// `package = "..."`, when renamed.
+    package: Option<String>,
+    /// `workspace = true`: the rest is in the workspace's manifest.
+    inherited: bool,
+}
+
+/// How `manifest` (a `Cargo.toml`'s text) names `package`, if it does. `workspace` gives the
+/// workspace root's manifest, read only when a dependency is inherited from it.
+pub(crate) fn find(
+    manifest: &str,
+    workspace: impl FnOnce() -> Option<String>,
+    package: &str,
+) -> Option<Found> {
+    let (own, entries) = read(manifest, is_dependencies);
+    if own.as_deref() == Some(package) {
+        return Some(Found::Itself);
+    }
+    let mut shared = None;
+    let mut workspace = Some(workspace);
+    entries
+        .iter()
+        .find(|e| {
+            let renamed = match (&e.package, e.inherited) {
+                (Some(p), _) => Some(p.clone()),
+                (None, true) => {
+                    let shared = shared.get_or_insert_with(|| {
+                        let text = workspace.take().and_then(|w| w()).unwrap_or_default();
+                        read(&text, |t| t == "workspace.dependencies").1
+                    });
+                    shared
+                        .iter()
+                        .find(|w| w.key == e.key)
+                        .and_then(|w| w.package.clone())
+                }
+                (None, false) => None,
+            };
+            renamed.as_deref().unwrap_or(&e.key) == package
+        })
+        .map(|e| Found::Name(e.key.replace('-', "_")))
+}
+
+/// The manifest's `[package]` name, and the dependencies of the tables `deps` accepts.
+fn read(manifest: &str, deps: fn(&str) -> bool) -> (Option<String>, Vec<Entry>) {
+    let (mut table, mut own, mut entries) = (String::new(), None, Vec::<Entry>::new());
     for line in manifest.lines().map(strip_comment) {
         let line = line.trim();
         if let Some(header) = line.strip_prefix('[') {
             table = header
                 .trim_matches(|c| c == '[' || c == ']' || c == ' ')
                 .to_string();
-            if let Some(key) = table_key(&table) {
-                deps.push((key.clone(), key));
+            if let Some(key) = table_key(&table, deps) {
+                entries.push(entry(key));
             }
             continue;
         }
@@ -40,45 +83,63 @@ pub(crate) fn find(manifest: &str, package: &str) -> Option<Found> {
         let (key, value) = (key.trim(), value.trim());
         if table == "package" && key == "name" {
             own = Some(unquote(value));
-        } else if is_dependencies(&table) {
-            let name = unquote(key.split('.').next().unwrap_or(key).trim());
-            let renamed = package_value(value).unwrap_or_else(|| name.clone());
-            deps.push((name, renamed));
-        } else if key == "package" && table_key(&table).is_some() {
-            if let Some(last) = deps.last_mut() {
-                last.1 = unquote(value);
+        } else if deps(&table) {
+            let mut parts = key.split('.');
+            let name = unquote(parts.next().unwrap_or(key));
+            let field = parts.next().map(unquote);
+            if !matches!(entries.last(), Some(e) if e.key == name) {
+                entries.push(entry(name));
             }
+            if let Some(last) = entries.last_mut() {
+                set(last, field.as_deref(), value);
+            }
+        } else if let (Some(last), true) = (entries.last_mut(), table_key(&table, deps).is_some()) {
+            set(last, Some(key), value);
         }
     }
-    if own.as_deref() == Some(package) {
-        return Some(Found::Itself);
-    }
-    deps.into_iter()
-        .find(|(_, p)| p == package)
-        .map(|(key, _)| Found::Name(key.replace('-', "_")))
+    (own, entries)
 }
 
-const KINDS: [&str; 3] = ["dependencies", "dev-dependencies", "build-dependencies"];
+fn entry(key: String) -> Entry {
+    Entry {
+        key,
+        package: None,
+        inherited: false,
+    }
+}
 
-/// `[dependencies]` and its kinds, alone or under `[target.'...']`.
+/// One `field = value` of a dependency (`None`: the dependency's whole value).
+fn set(e: &mut Entry, field: Option<&str>, value: &str) {
+    match field {
+        None => {
+            e.package = e.package.take().or_else(|| inline(value, "package"));
+            e.inherited |= inline(value, "workspace").as_deref() == Some("true");
+        }
+        Some("package") => e.package = Some(unquote(value)),
+        Some("workspace") => e.inherited |= value == "true",
+        Some(_) => {}
+    }
+}
+
+/// `[dependencies]` and `[dev-dependencies]`, alone or under `[target.'...']`.
 fn is_dependencies(table: &str) -> bool {
-    KINDS
+    ["dependencies", "dev-dependencies"]
         .iter()
         .any(|k| table == *k || (table.starts_with("target.") && table.ends_with(&format!(".{k}"))))
 }
 
 /// The key of a `[dependencies.key]` table (or its target form).
-fn table_key(table: &str) -> Option<String> {
+fn table_key(table: &str, deps: fn(&str) -> bool) -> Option<String> {
     let (head, key) = table.rsplit_once('.')?;
-    is_dependencies(head).then(|| unquote(key))
+    deps(head).then(|| unquote(key))
 }
 
-/// The `package = "..."` of an inline table.
-fn package_value(value: &str) -> Option<String> {
+/// The `field = ...` of an inline table.
+fn inline(value: &str, field: &str) -> Option<String> {
     let inner = value.strip_prefix('{')?;
     inner.split(',').find_map(|pair| {
         let (k, v) = pair.split_once('=')?;
-        (k.trim() == "package").then(|| unquote(v.trim().trim_end_matches('}').trim()))
+        (k.trim() == field).then(|| unquote(v.trim().trim_end_matches('}').trim()))
     })
 }
 
@@ -101,52 +162,4 @@ fn strip_comment(line: &str) -> &str {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::{find, Found};
-
-    fn name(s: &str) -> Option<Found> {
-        Some(Found::Name(s.into()))
-    }
-
-    #[test]
-    fn a_package_is_itself() {
-        let m = "[package]\nname = \"pipewright-kernels\" # the kernels\nversion = \"0.1.0\"\n";
-        assert_eq!(find(m, "pipewright-kernels"), Some(Found::Itself));
-        assert_eq!(find(m, "pipewright"), None);
-    }
-
-    #[test]
-    fn each_way_of_writing_a_dependency_is_found() {
-        let plain = "[package]\nname = \"user\"\n[dependencies]\npipewright = \"0.1\"\n";
-        assert_eq!(find(plain, "pipewright"), name("pipewright"));
-        let path = "[dependencies]\npipewright = { path = \"../pw\", default-features = false }";
-        assert_eq!(find(path, "pipewright"), name("pipewright"));
-        let ws = "[dependencies]\npipewright-kernels.workspace = true\n";
-        assert_eq!(find(ws, "pipewright-kernels"), name("pipewright_kernels"));
-        let table = "[dependencies.pipewright]\npath = \"x\"\nfeatures = [\n  \"viz\",\n]\n";
-        assert_eq!(find(table, "pipewright"), name("pipewright"));
-        let dev = "[dev-dependencies]\npipewright-kernels = { path = \"k\" }\n";
-        assert_eq!(find(dev, "pipewright-kernels"), name("pipewright_kernels"));
-        let target = "[target.'cfg(unix)'.dependencies]\npipewright = \"0.1\"\n";
-        assert_eq!(find(target, "pipewright"), name("pipewright"));
-    }
-
-    #[test]
-    fn a_renamed_dependency_is_found_by_its_new_name() {
-        let inline = "[dependencies]\npw = { version = \"0.1\", package = \"pipewright\" }\n";
-        assert_eq!(find(inline, "pipewright"), name("pw"));
-        let table = "[dependencies.pw]\nversion = \"0.1\"\npackage = \"pipewright\"\n";
-        assert_eq!(find(table, "pipewright"), name("pw"));
-        // The old name is not a dependency any more.
-        assert_eq!(find(inline, "pw"), None);
-    }
-
-    #[test]
-    fn what_is_not_a_dependency_is_not_found() {
-        let m = "[workspace.dependencies]\npipewright-kernels = { path = \"kernels\" }\n\
-                 [features]\npipewright = []\n# pipewright = \"0.1\"\n\
-                 [dependencies]\nserde = \"1\" # pipewright = \"0.1\"\n";
-        assert_eq!(find(m, "pipewright-kernels"), None);
-        assert_eq!(find(m, "pipewright"), None);
-    }
-}
+mod tests;

@@ -210,7 +210,7 @@ mod tests {
 
     #[test]
     fn each_bad_field_is_refused_naming_it_in_each_face_s_words() {
-        let flag = |f: &str| format!("--{}", f.replace('_', "-"));
+        let flag = |f: &str| pipewright_model::shape::request::flag_form(f, None);
         let cases: [(Spoil<SearchRequest>, &str); 6] = [
             (|r| r.time_budget = f64::NAN, "--time-budget NaN: must be a finite number above 0 and at most 3600 (seconds to spend evaluating candidates)"),
             (|r| r.time_budget = 0.0, "--time-budget 0: must be a finite number above 0"),

@@ -101,6 +101,8 @@ fn typed<'a, D: 'static>(
     })
 }
 
+// A method left out here would run the trait's default, not the module's own.
+#[deny(clippy::missing_trait_methods)]
 impl<M> StageModule for Erase<M>
 where
     M: StageModule,

@@ -40,7 +40,7 @@ pub struct StepRecord {
     pub peak_stash: Vec<u32>,
     /// Most bytes each pipeline device kept in stashes at once (forward stashes, including
     /// one rebuilt by recomputation, and weight stashes between I and W), as its modules
-    /// count them ([`StageModule::stash_bytes`]).
+    /// count them (the [`Footprint`](pipewright_kernels::Footprint) of their stashes).
     pub peak_stash_bytes: Vec<u64>,
     /// The most bytes one forward's stash kept on each pipeline device (per microbatch, after
     /// the recompute policy dropped what it drops).

@@ -394,7 +394,7 @@ mod tests {
 
     #[test]
     fn each_bad_field_is_refused_naming_it_in_each_face_s_words() {
-        let flag = |f: &str| format!("--{}", f.replace('_', "-"));
+        let flag = |f: &str| pipewright_model::shape::request::flag_form(f, None);
         let tt = generate(&ScheduleSpec::new(ScheduleKind::OneFOneB, 2, 1, 4, None).unwrap());
         let cases: [(Spoil, &str); 7] = [
             (|r| r.lr = -1.0, "--lr -1: must be a finite number above 0 and at most 1 (AdamW's learning rate; the default is 3e-3)"),
@@ -417,7 +417,7 @@ mod tests {
 
     #[test]
     fn expert_parallelism_is_refused_naming_ep() {
-        let flag = |f: &str| format!("--{}", f.replace('_', "-"));
+        let flag = |f: &str| pipewright_model::shape::request::flag_form(f, None);
         let tt = generate(&ScheduleSpec::new(ScheduleKind::OneFOneB, 2, 1, 4, None).unwrap());
         let dense = TrainRequest {
             ep: 2,

@@ -11,6 +11,8 @@ use pipewright_schedule::Recompute;
 
 use crate::module::{MicrobatchData, ModuleError, Output, ParamName, StageModule};
 
+// A method left out here would run the trait's default, not the boxed module's own.
+#[deny(clippy::missing_trait_methods)]
 impl<S: StageModule + ?Sized> StageModule for Box<S> {
     type Tensor = S::Tensor;
     type Data = S::Data;

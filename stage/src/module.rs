@@ -97,6 +97,9 @@ pub type Output<T = Tensor> = StageOutput<T>;
 /// implements [`backward`](Self::backward), says so with
 /// [`splits_backward`](Self::splits_backward), and leaves the I and W methods alone: runs
 /// of timetables with I or W actions are then refused before the first step.
+///
+/// A new method must also be forwarded by `Box<S>` (`boxed.rs`) and by the runtime's
+/// `erase.rs`; clippy's `missing_trait_methods`, denied on both, says so.
 pub trait StageModule {
     /// The tensors it takes and returns (the communicator's).
     type Tensor: Shaped;
