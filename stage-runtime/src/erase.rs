@@ -89,14 +89,18 @@ pub fn erase_data<D: 'static>(data: D) -> AnyData {
 /// `M` with its data and stashes as `dyn Any`.
 struct Erase<M>(M);
 
+/// The module's own data.
+fn own<D: 'static>(data: &AnyData) -> Result<&D, ModuleError> {
+    data.downcast_ref::<D>().ok_or_else(|| mixed("data"))
+}
+
 /// `mb` with the module's own data.
 fn typed<'a, D: 'static>(
     mb: &MicrobatchData<'a, AnyData>,
 ) -> Result<MicrobatchData<'a, D>, ModuleError> {
-    let data = mb.data.downcast_ref::<D>().ok_or_else(|| mixed("data"))?;
     Ok(MicrobatchData {
         index: mb.index,
-        data,
+        data: own(mb.data)?,
         loss_scale: mb.loss_scale,
     })
 }
@@ -200,10 +204,7 @@ where
     }
 
     fn data_fingerprint(&self, data: &AnyData) -> Result<Option<u64>, ModuleError> {
-        let data = data
-            .downcast_ref::<M::Data>()
-            .ok_or_else(|| mixed("data"))?;
-        self.0.data_fingerprint(data)
+        self.0.data_fingerprint(own(data)?)
     }
 
     fn prediction_shape(&self) -> Option<Vec<usize>> {
@@ -215,10 +216,7 @@ where
         data: &AnyData,
         shape: &[usize],
     ) -> Result<Option<u64>, ModuleError> {
-        let data = data
-            .downcast_ref::<M::Data>()
-            .ok_or_else(|| mixed("data"))?;
-        self.0.target_fingerprint(data, shape)
+        self.0.target_fingerprint(own(data)?, shape)
     }
 
     fn shards_optimizer(&self) -> bool {
