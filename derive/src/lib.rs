@@ -33,7 +33,7 @@ use syn::punctuated::Punctuated;
 use syn::spanned::Spanned;
 use syn::{parse_macro_input, Data, DeriveInput, Fields, Ident, Token, Type};
 
-use manifest::Found;
+use manifest::{Found, Manifest};
 
 mod manifest;
 
@@ -278,13 +278,13 @@ fn kernels() -> Tokens {
         .as_ref()
         .and_then(|d| std::fs::read_to_string(d.join("Cargo.toml")).ok())
         .unwrap_or_default();
-    let workspace = || dir.as_deref().and_then(workspace_manifest);
-    match manifest::find(&manifest, workspace, "pipewright-kernels") {
+    let manifest = Manifest::read(&manifest, || dir.as_deref().and_then(workspace_manifest));
+    match manifest.find("pipewright-kernels") {
         Some(Found::Itself) => return own("pipewright-kernels", quote!()),
         Some(Found::Name(n)) => return named(n, quote!()),
         None => {}
     }
-    match manifest::find(&manifest, workspace, "pipewright") {
+    match manifest.find("pipewright") {
         Some(Found::Itself) => own("pipewright", quote!(::kernels)),
         Some(Found::Name(n)) => named(n, quote!(::kernels)),
         // Neither named in Cargo.toml (a vendored kernels): the usual name.

@@ -28,43 +28,52 @@ struct Entry {
     inherited: bool,
 }
 
-/// How `manifest` (a `Cargo.toml`'s text) names `package`, if it does. `workspace` gives the
-/// workspace root's manifest, read only when a dependency is inherited from it.
-pub(crate) fn find(
-    manifest: &str,
-    workspace: impl FnOnce() -> Option<String>,
-    package: &str,
-) -> Option<Found> {
-    let (own, entries) = read(manifest, is_dependencies);
-    if own.as_deref() == Some(package) {
-        return Some(Found::Itself);
+/// A manifest's package name and its dependencies, each as `(key, package)`.
+pub(crate) struct Manifest {
+    own: Option<String>,
+    deps: Vec<(String, String)>,
+}
+
+impl Manifest {
+    /// `manifest` (a `Cargo.toml`'s text) read once. `workspace` gives the workspace root's
+    /// manifest, read only when a dependency inherits its package from it.
+    pub(crate) fn read(manifest: &str, workspace: impl FnOnce() -> Option<String>) -> Self {
+        let (own, entries) = scan(manifest, is_dependencies);
+        let shared = if entries.iter().any(|e| e.inherited && e.package.is_none()) {
+            scan(&workspace().unwrap_or_default(), |t| {
+                t == "workspace.dependencies"
+            })
+            .1
+        } else {
+            Vec::new()
+        };
+        let deps = entries
+            .into_iter()
+            .map(|e| {
+                let inherited = || shared.iter().find(|w| w.key == e.key)?.package.clone();
+                let package = match (e.package, e.inherited) {
+                    (Some(p), _) => Some(p),
+                    (None, true) => inherited(),
+                    (None, false) => None,
+                };
+                (e.key.clone(), package.unwrap_or(e.key))
+            })
+            .collect();
+        Manifest { own, deps }
     }
-    let mut shared = None;
-    let mut workspace = Some(workspace);
-    entries
-        .iter()
-        .find(|e| {
-            let renamed = match (&e.package, e.inherited) {
-                (Some(p), _) => Some(p.clone()),
-                (None, true) => {
-                    let shared = shared.get_or_insert_with(|| {
-                        let text = workspace.take().and_then(|w| w()).unwrap_or_default();
-                        read(&text, |t| t == "workspace.dependencies").1
-                    });
-                    shared
-                        .iter()
-                        .find(|w| w.key == e.key)
-                        .and_then(|w| w.package.clone())
-                }
-                (None, false) => None,
-            };
-            renamed.as_deref().unwrap_or(&e.key) == package
-        })
-        .map(|e| Found::Name(e.key.replace('-', "_")))
+
+    /// How the manifest names `package`, if it does.
+    pub(crate) fn find(&self, package: &str) -> Option<Found> {
+        if self.own.as_deref() == Some(package) {
+            return Some(Found::Itself);
+        }
+        let (key, _) = self.deps.iter().find(|(_, p)| p == package)?;
+        Some(Found::Name(key.replace('-', "_")))
+    }
 }
 
 /// The manifest's `[package]` name, and the dependencies of the tables `deps` accepts.
-fn read(manifest: &str, deps: fn(&str) -> bool) -> (Option<String>, Vec<Entry>) {
+fn scan(manifest: &str, deps: fn(&str) -> bool) -> (Option<String>, Vec<Entry>) {
     let (mut table, mut own, mut entries) = (String::new(), None, Vec::<Entry>::new());
     for line in manifest.lines().map(strip_comment) {
         let line = line.trim();

@@ -1,7 +1,7 @@
-use super::Found;
+use super::{Found, Manifest};
 
 fn find(m: &str, package: &str) -> Option<Found> {
-    super::find(m, || None, package)
+    Manifest::read(m, || None).find(package)
 }
 
 fn name(s: &str) -> Option<Found> {
@@ -50,7 +50,7 @@ fn an_inherited_rename_is_read_from_the_workspace() {
     let member = "[package]\nname = \"user\"\n[dependencies]\npw = { workspace = true }\n";
     let root = "[workspace]\nmembers = [\"user\"]\n[workspace.dependencies]\n\
                 pw = { path = \"../pw\", package = \"pipewright\" }\n";
-    let found = super::find(member, || Some(root.into()), "pipewright");
+    let found = Manifest::read(member, || Some(root.into())).find("pipewright");
     assert_eq!(found, name("pw"));
     // Without the workspace's manifest, the key is all there is.
     assert_eq!(find(member, "pipewright"), None);
