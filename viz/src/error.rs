@@ -40,9 +40,12 @@ pub enum VizError {
     #[error("timeline `{0}` takes no time (every event has zero length, e.g. all costs 0): nothing to draw on a time axis; give costs above 0")]
     ZeroSpan(String),
     /// The embedded font could not be loaded (a build problem, not a user one).
-    #[error("the embedded DejaVu Sans font could not be registered with plotters")]
+    #[error("the embedded DejaVu Sans font could not be loaded")]
     Font,
-    /// Plotters failed while drawing.
+    /// A PNG was asked of a build without the `png` feature.
+    #[error("this build of pipewright writes SVG charts only: write a .svg file, or build with the `png` feature")]
+    PngNotBuilt,
+    /// Plotters failed while drawing a PNG.
     #[error("drawing failed: {0}")]
     Draw(String),
     /// PNG encoding failed.

@@ -44,6 +44,8 @@
 #![deny(missing_docs)]
 
 mod bars;
+#[cfg(feature = "png")]
+mod bitmap;
 mod bubble;
 mod canvas;
 mod dense;
@@ -72,7 +74,7 @@ pub use term::{terminal_chart, MIN_COLUMNS as MIN_TERM_COLUMNS};
 pub enum ImageFormat {
     /// Scalable vector graphics; every action box carries a `<title>` such as `dev 0 0F3`.
     Svg,
-    /// 8-bit RGB PNG.
+    /// 8-bit RGB PNG (feature `png`; without it, [`VizError::PngNotBuilt`]).
     Png,
 }
 

@@ -7,7 +7,9 @@
 
 use std::sync::OnceLock;
 
-use ab_glyph::{point, Font, FontRef, GlyphId, PxScale, ScaleFont};
+#[cfg(feature = "png")]
+use ab_glyph::point;
+use ab_glyph::{Font, FontRef, GlyphId, PxScale, ScaleFont};
 
 use crate::VizError;
 
@@ -91,6 +93,7 @@ pub(crate) fn fit_width(text: &str, size: f64, bold: bool, max_w: f64) -> String
 
 /// Rasterise `text` with its baseline's left end at `(x, baseline)`; `plot(x, y, coverage)`
 /// receives every touched pixel.
+#[cfg(feature = "png")]
 pub(crate) fn raster(
     text: &str,
     size: f64,
@@ -158,6 +161,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(feature = "png")]
     fn raster_touches_pixels_near_the_baseline() {
         let mut ys = Vec::new();
         raster("8", 20.0, false, (0.0, 30.0), &mut |_, y, c| {
