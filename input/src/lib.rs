@@ -17,8 +17,6 @@ use std::path::Path;
 
 use pipewright_schedule::timeline::TimelineError;
 use pipewright_schedule::{Timeline, Timetable};
-use pipewright_search::sweep::SWEEP_STEPS;
-use pipewright_search::SweepGrid;
 
 mod kind;
 
@@ -215,19 +213,19 @@ pub fn timetable_fits(what: &str, spm: u64, times: u64) -> Result<(), InputError
 /// simulator's rate of about 400,000 a second (`simulate` at p = 64, m = 2048).
 pub const SWEEP_WORK: u64 = 1 << 26;
 
-/// Refuse a sweep grid whose largest simulation this machine cannot hold, or whose
-/// simulations together would run past [`SWEEP_WORK`]; `narrow` names what the user
-/// narrows (`--microbatches, --virtual or --schedules`, or Python's keywords).
-pub fn sweep_fits(grid: &SweepGrid, narrow: &'static str) -> Result<(), InputError> {
-    let steps = u64::from(SWEEP_STEPS);
-    let shapes = grid.shapes();
-    let spm = |&(_, v, m): &(_, u32, u32)| u64::from(grid.devices) * u64::from(v) * u64::from(m);
-    let largest = shapes.iter().map(spm).max().unwrap_or(0);
+/// Refuse a sweep whose largest simulation this machine cannot hold, or whose simulations
+/// together would run past [`SWEEP_WORK`]. `sizes` holds each combination's stage-microbatches
+/// (p * v * m, `SweepGrid::stage_microbatches`), each simulated for `steps` steps; `narrow`
+/// names what the user narrows (`--microbatches, --virtual or --schedules`, or Python's
+/// keywords).
+pub fn sweep_fits(sizes: &[u64], steps: u32, narrow: &'static str) -> Result<(), InputError> {
+    let steps = u64::from(steps);
+    let largest = sizes.iter().copied().max().unwrap_or(0);
     timetable_fits("the sweep's largest combination", largest, steps)?;
-    let total = shapes.iter().map(spm).fold(0u64, u64::saturating_add);
+    let total = sizes.iter().copied().fold(0u64, u64::saturating_add);
     if total.saturating_mul(steps) > SWEEP_WORK {
         return Err(InputError::SweepWork {
-            shapes: shapes.len(),
+            shapes: sizes.len(),
             total,
             steps,
             narrow,

@@ -2,7 +2,7 @@
 //! counts).
 
 use pipewright_schedule::{Cancel, ScheduleKind};
-use pipewright_search::sweep::{sweep_until, SweepRequest, SweepRequestError};
+use pipewright_search::sweep::{sweep_until, SweepRequest, SweepRequestError, SWEEP_STEPS};
 use pipewright_search::SweepRow as RsRow;
 use pipewright_search::{
     search as run_search, MemoryCap, SearchOutcome, SearchRequest, SearchRequestError,
@@ -416,7 +416,8 @@ fn sweep(
         None => None,
     };
     let grid = request.into_grid(cap_costs.as_ref()).map_err(named)?;
-    sweep_fits(&grid, "m=, v= or schedules=").map_err(err)?;
+    let sizes = grid.stage_microbatches();
+    sweep_fits(&sizes, SWEEP_STEPS, "m=, v= or schedules=").map_err(err)?;
     let cancel = Cancel::default();
     let stop = cancel.clone();
     let rows = interruptible(py, &cancel, move || {

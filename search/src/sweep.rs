@@ -217,6 +217,15 @@ impl SweepGrid {
         }
         out
     }
+
+    /// Each combination's stage-microbatches (p * v * m), in [`shapes`](Self::shapes)' order:
+    /// what a simulation of it holds and walks.
+    pub fn stage_microbatches(&self) -> Vec<u64> {
+        let spm = |(_, v, m): (ScheduleKind, u32, u32)| {
+            u64::from(self.devices) * u64::from(v) * u64::from(m)
+        };
+        self.shapes().into_iter().map(spm).collect()
+    }
 }
 
 fn run_one<F>(

@@ -7,7 +7,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, ValueEnum};
 use pipewright::schedule::search::MemoryCap;
 use pipewright::schedule::simulate::{SimulateRequest, Simulated};
-use pipewright::schedule::sweep::{SweepRequest, SweepRequestError};
+use pipewright::schedule::sweep::{SweepRequest, SweepRequestError, SWEEP_STEPS};
 use pipewright::schedule::{
     best, generate, parse_counts, simulate, sweep, Checked, Report, ScheduleKind, ScheduleSpec,
     SweepGrid, SweepRow, Timeline,
@@ -378,7 +378,8 @@ impl SweepCmd {
     /// simulations together would run for longer than a sweep should (Python's too).
     fn bounded(&self, grid: &SweepGrid) -> Result<()> {
         let narrow = "--microbatches, --virtual or --schedules";
-        Ok(pipewright::input::sweep_fits(grid, narrow)?)
+        let sizes = grid.stage_microbatches();
+        Ok(pipewright::input::sweep_fits(&sizes, SWEEP_STEPS, narrow)?)
     }
 }
 
