@@ -12,8 +12,11 @@
 //! timeout and abort logic that the CPU tests exercise.
 
 use std::collections::HashMap;
+use std::future::{poll_fn, Future};
+use std::pin::pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use async_channel::{Receiver, Sender};
@@ -302,10 +305,9 @@ impl<K: LocalOps> Communicator for LocalComm<K> {
     async fn recv(&self, src: usize, tag: Tag) -> Result<K::Tensor, CommError> {
         let (_, rx) = self.world.channel(self.rank, src, tag);
         let abort = self.world.abort_rx.clone();
-        let got = tokio::select! {
-            biased;
-            t = rx.recv() => t.map_err(|_| CommError::Invalid("channel closed".into())),
-            _ = abort.recv() => Err(self.world.aborted_error()),
+        let got = match first_of(rx.recv(), abort.recv()).await {
+            Either::Left(t) => t.map_err(|_| CommError::Invalid("channel closed".into())),
+            Either::Right(_) => Err(self.world.aborted_error()),
         };
         if got.is_ok() {
             // One receiver per tag: the entry is done with.
@@ -415,6 +417,25 @@ impl<K: LocalOps> Communicator for LocalComm<K> {
     fn abort(&self, reason: &str) {
         self.world.abort(reason);
     }
+}
+
+/// Which of two futures finished first.
+enum Either<A, B> {
+    Left(A),
+    Right(B),
+}
+
+/// Await whichever of `a` and `b` finishes first, `a` when both are ready (tokio's
+/// `select! { biased; .. }`, without its proc macro in every user's build).
+async fn first_of<A: Future, B: Future>(a: A, b: B) -> Either<A::Output, B::Output> {
+    let (mut a, mut b) = (pin!(a), pin!(b));
+    poll_fn(|cx| {
+        if let Poll::Ready(x) = a.as_mut().poll(cx) {
+            return Poll::Ready(Either::Left(x));
+        }
+        b.as_mut().poll(cx).map(Either::Right)
+    })
+    .await
 }
 
 #[cfg(test)]
