@@ -3,7 +3,9 @@
 # release, old tree then new, alternating, so both see the same load:
 #   schedule: a crate that generates a timetable, on the façade's default features;
 #   lean:     the same crate with `default-features = false` (new tree only);
-#   guide:    GUIDE.md's first Rust example (train a model, draw its chart), default features.
+#   guide:    GUIDE.md's first Rust example (train a model, draw its chart): the old tree on
+#             default features, the new one on the features GUIDE.md gives it, and again
+#             on default features (guide-default-new).
 # Then, with `tests` as third argument, the README's test command from a cold target.
 # Usage: scripts/build_times.sh OLD_REV NEW_REV [tests] (both checked out under /tmp/libbench).
 set -u
@@ -11,6 +13,8 @@ old_rev=${1:?old revision} new_rev=${2:?new revision} tests=${3:-}
 repo=$(cd "$(dirname "$0")/.." && pwd)
 mkdir -p /tmp/libbench && cd /tmp/libbench
 awk '/^```rust/{n++; next} n==1 && /^```/{exit} n==1{print}' "$repo/GUIDE.md" > guide_main.rs
+# The keys GUIDE.md's `pipewright = { version = "0.1", ... }` line adds, e.g. its features.
+guide_keys=$(grep -m1 '^pipewright = { version = "0.1"' "$repo/GUIDE.md" | sed 's/^pipewright = { version = "0.1"//; s/ }$//')
 schedule_main='use pipewright::schedule::{generate, ScheduleKind, ScheduleSpec};
 fn main() {
     let tt = generate(&ScheduleSpec::new(ScheduleKind::OneFOneB, 4, 1, 8, None).unwrap());
@@ -25,8 +29,10 @@ for v in old new; do
   rev=$old_rev; [ "$v" = new ] && rev=$new_rev
   [ -d "$v" ] || git -C "$repo" worktree add -q "/tmp/libbench/$v" "$rev"
   user "schedule-$v" "$v" "" "$schedule_main"
-  user "guide-$v" "$v" "" guide_main.rs
 done
+user guide-old old "" guide_main.rs
+user guide-new new "$guide_keys" guide_main.rs
+user guide-default-new new "" guide_main.rs
 user lean-new new ", default-features = false" "$schedule_main"
 build() {
   rm -rf "target-$1"
@@ -38,7 +44,7 @@ build() {
   echo "$1: $(echo "$end - $start" | bc) s, $n rlibs, clap rlibs: $clap, load: $(cut -d' ' -f1-3 /proc/loadavg)"
   rm -rf "target-$1"
 }
-for u in schedule-old schedule-new lean-new guide-old guide-new; do build "$u"; done
+for u in schedule-old schedule-new lean-new guide-old guide-new guide-default-new; do build "$u"; done
 [ "$tests" = tests ] || exit 0
 # The README's test command from a cold target, old tree then new.
 for v in old new; do

@@ -9,9 +9,11 @@
 //! Cargo features `mpi`, `cuda`, `nccl` and `candle` turn on the runtime's transports and
 //! bridges. [`prelude`] holds what a model needs.
 //!
-//! `plan`, `runtime` (with `kernels` and `prelude`), `viz` and `calibrate` are default
-//! features: with `default-features = false` this crate is the schedule side alone (the core,
-//! model shapes and memory, the simulator and search), and builds none of their dependencies.
+//! `search`, `plan`, `runtime` (with `kernels` and `prelude`), `viz`, `png` (PNG charts; SVG
+//! needs only `viz`) and `calibrate` are default features: with `default-features = false`
+//! this crate is the schedule side alone (the core, model shapes and memory, the simulator),
+//! and builds none of their dependencies. A crate that trains a model and draws its chart
+//! as SVG takes `features = ["runtime", "viz"]`.
 #![deny(missing_docs)]
 
 #[cfg(feature = "calibrate")]
@@ -24,13 +26,16 @@ pub use pipewright_model as model;
 pub use pipewright_plan as plan;
 #[cfg(feature = "runtime")]
 pub use pipewright_runtime as runtime;
+#[cfg(feature = "search")]
 pub use pipewright_search as search;
 
 /// The simulator (`pipewright-sim`), with the search and sweeps (`pipewright-search`) under
 /// the paths they had when one crate held them.
 pub mod sim {
     /// The search for the fastest timetable under a memory cap (`pipewright-search`).
+    #[cfg(feature = "search")]
     pub use pipewright_search as search;
+    #[cfg(feature = "search")]
     pub use pipewright_search::{
         best, parse_counts, sweep, CountsError, SweepGrid, SweepRequest, SweepRequestError,
         SweepRow,
@@ -50,7 +55,9 @@ pub mod schedule {
     pub use pipewright_plan as plan;
     pub use pipewright_schedule::*;
     /// The search for the fastest timetable under a memory cap (`pipewright-search`).
+    #[cfg(feature = "search")]
     pub use pipewright_search as search;
+    #[cfg(feature = "search")]
     pub use pipewright_search::{best, parse_counts, sweep, CountsError, SweepGrid, SweepRow};
     pub use pipewright_sim::{
         measured_costs, simulate, CostError, CostModel, DeviceReport, RawCostFile, RawStageCost,
