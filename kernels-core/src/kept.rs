@@ -9,7 +9,7 @@
 //! softmax probabilities (autocast and Megatron keep them in f32) or the CPU's attention
 //! probabilities (what a GPU's backward recomputes in f32).
 
-use half::bf16;
+use crate::float16::Bf16;
 
 pub use crate::backend::Restored;
 use crate::backend::Shaped;
@@ -36,7 +36,7 @@ pub enum Kept<S, H> {
 }
 
 /// A host tensor as a stash keeps it: f32, or bf16 in a bf16 run.
-pub type HostKept = Kept<Tensor, Vec<bf16>>;
+pub type HostKept = Kept<Tensor, Vec<Bf16>>;
 
 impl<S, H> Kept<S, H> {
     /// The storage format.
@@ -63,7 +63,7 @@ impl<S: Shaped, H> Footprint for Kept<S, H> {
     }
 }
 
-impl Kept<Tensor, Vec<bf16>> {
+impl Kept<Tensor, Vec<Bf16>> {
     /// `t` kept in `precision`'s activation format ([`Precision::activation_dtype`]).
     pub fn new(t: Tensor, precision: Precision) -> Self {
         match precision.activation_dtype() {

@@ -27,6 +27,7 @@
 pub mod backend;
 pub mod cpu;
 pub mod error;
+pub mod float16;
 pub mod footprint;
 pub mod init;
 pub mod kept;
@@ -36,6 +37,7 @@ pub mod tensor;
 pub use backend::{Backend, Shaped};
 pub use cpu::Cpu;
 pub use error::{KernelError, Result};
+pub use float16::{Bf16, F16};
 pub use footprint::Footprint;
 pub use precision::{Precision, PrecisionExt};
 pub use tensor::{DType, Tensor};

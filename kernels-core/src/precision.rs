@@ -6,7 +6,7 @@
 //! stay in f32 storage), so a bf16 run on the CPU computes what a GPU computes with bf16
 //! inputs and f32 accumulation, up to the order of the sums.
 
-use half::bf16;
+use crate::float16::Bf16;
 
 use crate::tensor::DType;
 
@@ -52,7 +52,7 @@ impl PrecisionExt for Precision {
 
 /// Rounds to bf16 (round-to-nearest-even, as `half` and the GPU's conversion do) and back.
 fn round_bf16(x: &mut [f32]) {
-    x.iter_mut().for_each(|v| *v = bf16::from_f32(*v).to_f32());
+    x.iter_mut().for_each(|v| *v = Bf16::from_f32(*v).to_f32());
 }
 
 /// Rounds an f32 to TF32's 10 mantissa bits, to nearest, ties to even; infinities and NaN

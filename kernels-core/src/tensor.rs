@@ -2,8 +2,7 @@
 //! to bf16/f16 and to bytes for storage and transfer.
 
 use crate::error::{shape_err, KernelError, Result};
-use half::slice::HalfFloatSliceExt;
-use half::{bf16, f16};
+use crate::float16::{Bf16, F16};
 
 /// A dense row-major f32 tensor in host memory.
 ///
@@ -193,27 +192,23 @@ impl Tensor {
     }
 
     /// Rounds to bf16 (round-to-nearest-even).
-    pub fn to_bf16(&self) -> Vec<bf16> {
-        let mut out = vec![bf16::ZERO; self.numel()];
-        out.convert_from_f32_slice(&self.data);
-        out
+    pub fn to_bf16(&self) -> Vec<Bf16> {
+        self.data.iter().map(|&x| Bf16::from_f32(x)).collect()
     }
 
     /// Rounds to IEEE f16 (values beyond 65504 become infinite).
-    pub fn to_f16(&self) -> Vec<f16> {
-        let mut out = vec![f16::ZERO; self.numel()];
-        out.convert_from_f32_slice(&self.data);
-        out
+    pub fn to_f16(&self) -> Vec<F16> {
+        self.data.iter().map(|&x| F16::from_f32(x)).collect()
     }
 
     /// Widens bf16 values into an f32 tensor of `shape`.
-    pub fn from_bf16(shape: &[usize], data: &[bf16]) -> Result<Self> {
-        Self::new(shape, data.to_f32_vec())
+    pub fn from_bf16(shape: &[usize], data: &[Bf16]) -> Result<Self> {
+        Self::new(shape, data.iter().map(|x| x.to_f32()).collect())
     }
 
     /// Widens f16 values into an f32 tensor of `shape`.
-    pub fn from_f16(shape: &[usize], data: &[f16]) -> Result<Self> {
-        Self::new(shape, data.to_f32_vec())
+    pub fn from_f16(shape: &[usize], data: &[F16]) -> Result<Self> {
+        Self::new(shape, data.iter().map(|x| x.to_f32()).collect())
     }
 
     /// Packs the elements as little-endian bytes of `dtype` (shape not included).
@@ -246,11 +241,11 @@ impl Tensor {
                 .collect(),
             DType::BF16 => bytes
                 .chunks_exact(2)
-                .map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32())
+                .map(|c| Bf16::from_le_bytes([c[0], c[1]]).to_f32())
                 .collect(),
             DType::F16 => bytes
                 .chunks_exact(2)
-                .map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32())
+                .map(|c| F16::from_le_bytes([c[0], c[1]]).to_f32())
                 .collect(),
         };
         Ok(Self::from_parts(shape.to_vec(), data))
