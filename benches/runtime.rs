@@ -29,7 +29,8 @@ fn synthetic_steps(tt: &Checked, f_ms: f64, b_ms: f64, steps: u64) -> Duration {
     let v = tt.num_stages() / tt.num_devices();
     let cost = StageCost::new(f_ms, b_ms, None).expect("costs").split(v);
     let last = tt.num_stages() - 1;
-    let make = |_: Coord, s: u32| Ok(SyntheticModule::from_cost_ms(&cost, s == last));
+    let fiw = [cost.f, cost.i, cost.w];
+    let make = |_: Coord, s: u32| Ok(SyntheticModule::from_ms(fiw, s == last));
     let data = |_| Ok(());
     let opts = RunOptions {
         steps,

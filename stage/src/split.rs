@@ -12,7 +12,6 @@ use std::ops::Range;
 
 use pipewright_kernels::layers::{Parameters, TpReduce};
 use pipewright_kernels::{Footprint, Tensor};
-use pipewright_sim::{RawCostFile, RawStageCost};
 
 mod library;
 mod profile;
@@ -468,27 +467,17 @@ fn check_counts(layers: usize, stages: usize) -> Result<(), SplitError> {
     Ok(())
 }
 
-/// A cost file of the partition's stages (each the sum of its layers' profiled times, in
-/// ms) for `pipewright search --costs` or `simulate --costs`.
-pub fn cost_file(profile: &[LayerCost], partition: &[Range<usize>]) -> RawCostFile {
-    let stages = partition
-        .iter()
-        .map(|r| {
-            let sum = |pick: fn(&LayerCost) -> f64| profile[r.clone()].iter().map(pick).sum();
-            let (i, w): (f64, f64) = (sum(|c| c.i), sum(|c| c.w));
-            RawStageCost {
-                f: Some(sum(|c| c.f)),
-                b: Some(i + w),
-                i: Some(i),
-                w: Some(w),
-                ..RawStageCost::default()
-            }
-        })
-        .collect();
-    RawCostFile {
-        stages: Some(stages),
-        time_unit: Some("ms".into()),
-        source: Some("pipewright_stage::split::profile".into()),
-        ..RawCostFile::default()
-    }
+/// Each stage's cost, the sum of its layers' profiled times (in ms). As a cost file for
+/// `pipewright search --costs` or `simulate --costs`:
+/// `RawCostFile::from_stage_ms(stage_costs(..).iter().map(|c| [c.f, c.i, c.w]), source)`.
+pub fn stage_costs(profile: &[LayerCost], partition: &[Range<usize>]) -> Vec<LayerCost> {
+    let stage = |r: &Range<usize>| {
+        let sum = |pick: fn(&LayerCost) -> f64| profile[r.clone()].iter().map(pick).sum();
+        LayerCost {
+            f: sum(|c| c.f),
+            i: sum(|c| c.i),
+            w: sum(|c| c.w),
+        }
+    };
+    partition.iter().map(stage).collect()
 }

@@ -114,10 +114,8 @@ impl BenchCmd {
         let mesh = Mesh::new(tt.num_devices() as usize, 1, 1)?;
         let last = tt.num_stages() - 1;
         let make = |_: Coord, s: u32| {
-            Ok(SyntheticModule::from_cost_ms(
-                &model.stages[s as usize],
-                s == last,
-            ))
+            let c = &model.stages[s as usize];
+            Ok(SyntheticModule::from_ms([c.f, c.i, c.w], s == last))
         };
         // Synthetic stages read no data.
         let data = |_| Ok(());

@@ -7,7 +7,6 @@ use pipewright_kernels::gpt::StageOutput;
 use pipewright_kernels::layers::TpReduce;
 use pipewright_kernels::Tensor;
 use pipewright_schedule::Recompute;
-use pipewright_sim::StageCost;
 
 use pipewright_comm::timer::precise_sleeps;
 
@@ -30,14 +29,14 @@ pub struct SyntheticModule {
 }
 
 impl SyntheticModule {
-    /// A stage taking `cost`'s F, I and W times read as milliseconds (negative times as
-    /// zero), handing one element onward; `last` returns a loss.
-    pub fn from_cost_ms(cost: &StageCost, last: bool) -> Self {
+    /// A stage taking `[f, i, w]` milliseconds for F, I and W (negative times as zero), e.g.
+    /// a simulator `StageCost`'s, handing one element onward; `last` returns a loss.
+    pub fn from_ms([f, i, w]: [f64; 3], last: bool) -> Self {
         let ms = |x: f64| Duration::from_secs_f64(x.max(0.0) / 1e3);
         SyntheticModule {
-            f: ms(cost.f),
-            i: ms(cost.i),
-            w: ms(cost.w),
+            f: ms(f),
+            i: ms(i),
+            w: ms(w),
             activation: 1,
             last,
         }

@@ -9,13 +9,13 @@ use pipewright_kernels::init::normal_tensor;
 use pipewright_kernels::layers::NoTp;
 use pipewright_kernels::optim::AdamWConfig;
 use pipewright_runtime::split::{
-    balanced, cost_file, profile, split, uniform, Balance, SplitError,
+    balanced, profile, split, stage_costs, uniform, Balance, SplitError,
 };
 use pipewright_runtime::{
     run, Mesh, MicrobatchData, MicrobatchId, Output, RunOptions, StageModule,
 };
 use pipewright_schedule::{generate, ScheduleKind, ScheduleSpec};
-use pipewright_sim::CostModel;
+use pipewright_sim::{CostModel, RawCostFile};
 
 use crate::user_mlp;
 use user_mlp::{model, rows, stage};
@@ -130,7 +130,9 @@ fn splitting_by_time_profiles_every_layer_and_leaves_no_gradient_behind() {
         assert!(l.flat_grads().iter().all(|&g| g == 0.0));
     }
     let costs = profile(&mut layers, &sample, 2).unwrap();
-    let file = cost_file(&costs, &p.stages);
+    let stages = stage_costs(&costs, &p.stages);
+    let fiw = stages.iter().map(|c| [c.f, c.i, c.w]);
+    let file = RawCostFile::from_stage_ms(fiw, "pipewright_stage::split::profile".into());
     let text = serde_json::to_string(&file).unwrap();
     let model = CostModel::from_json(&text, 4).unwrap();
     for (k, r) in p.stages.iter().enumerate() {

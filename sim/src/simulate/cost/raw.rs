@@ -262,6 +262,29 @@ pub struct RawCostFile {
 }
 
 impl RawCostFile {
+    /// A measured file: one entry per stage of its forward, input-backward and
+    /// weight-backward milliseconds `[f, i, w]` (B = I + W), e.g. a profiled layer list's
+    /// stages (`pipewright_runtime::split::stage_costs`), for `search --costs` or
+    /// `simulate --costs`.
+    pub fn from_stage_ms(
+        stages: impl IntoIterator<Item = [f64; 3]>,
+        source: String,
+    ) -> RawCostFile {
+        let stage = |[f, i, w]: [f64; 3]| RawStageCost {
+            f: Some(f),
+            b: Some(i + w),
+            i: Some(i),
+            w: Some(w),
+            ..RawStageCost::default()
+        };
+        RawCostFile {
+            stages: Some(stages.into_iter().map(stage).collect()),
+            time_unit: Some("ms".into()),
+            source: Some(source),
+            ..RawCostFile::default()
+        }
+    }
+
     /// `model` as a cost file, one entry per stage, that resolves to `model` again (so a
     /// planner's predicted costs can be simulated, searched and drawn like measured ones).
     pub fn from_model(model: &CostModel, time_unit: &str, source: String) -> RawCostFile {
