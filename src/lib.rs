@@ -9,11 +9,11 @@
 //! Cargo features `mpi`, `cuda`, `nccl` and `candle` turn on the runtime's transports and
 //! bridges. [`prelude`] holds what a model needs.
 //!
-//! `search`, `plan`, `runtime` (with `kernels` and `prelude`), `viz`, `png` (PNG charts; SVG
-//! needs only `viz`) and `calibrate` are default features: with `default-features = false`
-//! this crate is the schedule side alone (the core, model shapes and memory, the simulator),
-//! and builds none of their dependencies. A crate that trains a model and draws its chart
-//! as SVG takes `features = ["runtime", "viz"]`.
+//! `sim`, `search`, `plan`, `runtime` (with `kernels` and `prelude`), `viz`, `png` (PNG
+//! charts; SVG needs only `viz`) and `calibrate` are default features, and a cold build skips
+//! what is left out. With `default-features = false` this crate is the core, model shapes and
+//! memory, and input; a crate that simulates timetables adds `features = ["sim"]`, and one
+//! that trains a model and draws its chart as SVG takes `features = ["runtime", "viz"]`.
 #![deny(missing_docs)]
 
 #[cfg(feature = "calibrate")]
@@ -31,6 +31,7 @@ pub use pipewright_search as search;
 
 /// The simulator (`pipewright-sim`), with the search and sweeps (`pipewright-search`) under
 /// the paths they had when one crate held them.
+#[cfg(feature = "sim")]
 pub mod sim {
     /// The search for the fastest timetable under a memory cap (`pipewright-search`).
     #[cfg(feature = "search")]
@@ -59,6 +60,7 @@ pub mod schedule {
     pub use pipewright_search as search;
     #[cfg(feature = "search")]
     pub use pipewright_search::{best, parse_counts, sweep, CountsError, SweepGrid, SweepRow};
+    #[cfg(feature = "sim")]
     pub use pipewright_sim::{
         measured_costs, simulate, CostError, CostModel, DeviceReport, RawCostFile, RawStageCost,
         Report, SimError, Simulation, StageCost,
@@ -86,11 +88,11 @@ pub mod prelude {
 }
 
 // Every Rust block of the README and of GUIDE.md compiles and runs as a doctest
-// (`cargo test --doc`).
-#[cfg(all(doctest, feature = "runtime", feature = "viz"))]
+// (`cargo test --doc`, on the default features, which they use between them).
+#[cfg(all(doctest, feature = "plan", feature = "runtime", feature = "png"))]
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
 
-#[cfg(all(doctest, feature = "runtime", feature = "viz"))]
+#[cfg(all(doctest, feature = "plan", feature = "runtime", feature = "png"))]
 #[doc = include_str!("../GUIDE.md")]
 pub struct GuideDoctests;
