@@ -11,7 +11,8 @@
 //!
 //! Everything returns bytes (or a `String`) rather than writing files, so a caller can write
 //! atomically. Text is drawn with an embedded DejaVu Sans: PNGs come out the same on a bare
-//! machine without fontconfig.
+//! machine without fontconfig. PNG is the default feature `png` (plotters and png); without
+//! it, SVG and terminal charts only, and a PNG is refused with [`VizError::PngNotBuilt`].
 //!
 //! ```
 //! use pipewright_schedule::{Action, ActionKind, Event, Timeline, TimelineMeta, TimelineSource};

@@ -1,29 +1,91 @@
 //! Text with the embedded DejaVu Sans: measuring (for layout, in both formats) and
 //! rasterising (for PNG).
 //!
+//! Measuring reads the font's tables with ttf-parser alone, built without its layout and
+//! variable-font code, so an SVG-only build (no feature `png`) needs no more. The arithmetic
+//! is ab_glyph's, in its order, so a width is the same to the bit as when ab_glyph measured.
+//!
 //! We rasterise with ab_glyph ourselves rather than through plotters' text path: plotters
 //! 0.3.7 places each glyph at the pen position without its left side bearing and rounds the
 //! pen per glyph, which gives uneven letter spacing and misplaced periods ("25·0%").
 
 use std::sync::OnceLock;
 
-#[cfg(feature = "png")]
-use ab_glyph::point;
-use ab_glyph::{Font, FontRef, GlyphId, PxScale, ScaleFont};
+use ttf_parser::{cmap, kern, Face, GlyphId};
 
 use crate::VizError;
 
+/// One face of the embedded font, with the tables measuring reads.
+struct Metrics {
+    face: Face<'static>,
+    /// Unicode character maps, in the font's order.
+    cmap: Vec<cmap::Subtable<'static>>,
+    /// Horizontal, non-variable kerning, in the font's order.
+    kern: Vec<kern::Subtable<'static>>,
+    /// The outlines, for PNG.
+    #[cfg(feature = "png")]
+    outlines: ab_glyph::FontRef<'static>,
+}
+
+impl Metrics {
+    fn parse(data: &'static [u8]) -> Option<Metrics> {
+        let face = Face::parse(data, 0).ok()?;
+        let tables = face.tables();
+        let cmap = tables.cmap.iter().flat_map(|t| t.subtables);
+        let kern = tables.kern.iter().flat_map(|t| t.subtables);
+        Some(Metrics {
+            cmap: cmap.filter(|t| t.is_unicode()).collect(),
+            kern: kern.filter(|t| t.horizontal && !t.variable).collect(),
+            face,
+            #[cfg(feature = "png")]
+            outlines: ab_glyph::FontRef::try_from_slice(data).ok()?,
+        })
+    }
+
+    /// The glyph of `c` (0, the missing glyph, when the font has none).
+    fn glyph(&self, c: char) -> GlyphId {
+        let found = self.cmap.iter().find_map(|t| t.glyph_index(u32::from(c)));
+        found.unwrap_or(GlyphId(0))
+    }
+
+    /// Advance of `id` in font units.
+    fn advance(&self, id: GlyphId) -> f32 {
+        f32::from(self.face.glyph_hor_advance(id).unwrap_or_default())
+    }
+
+    /// Kerning between `a` and `b` in font units.
+    fn kern(&self, a: GlyphId, b: GlyphId) -> f32 {
+        let found = self.kern.iter().find_map(|t| t.glyphs_kerning(a, b));
+        f32::from(found.unwrap_or_default())
+    }
+
+    /// ab_glyph's scale for text of `size` px (em): it scales by the font's height (ascent -
+    /// descent), and we size text by its em, as SVG's `font-size` does, so both formats agree.
+    fn px_scale(&self, size: f64) -> f32 {
+        size as f32 * self.height() / f32::from(self.face.units_per_em())
+    }
+
+    fn height(&self) -> f32 {
+        f32::from(self.face.ascender()) - f32::from(self.face.descender())
+    }
+
+    /// Pixels per font unit across, for text of `size` px.
+    fn h_factor(&self, size: f64) -> f32 {
+        self.px_scale(size) / self.height()
+    }
+}
+
 struct Fonts {
-    regular: FontRef<'static>,
-    bold: FontRef<'static>,
+    regular: Metrics,
+    bold: Metrics,
 }
 
 fn fonts() -> Option<&'static Fonts> {
     static FONTS: OnceLock<Option<Fonts>> = OnceLock::new();
     FONTS
         .get_or_init(|| {
-            let regular = FontRef::try_from_slice(dejavu::sans::regular()).ok()?;
-            let bold = FontRef::try_from_slice(dejavu::sans::bold()).ok()?;
+            let regular = Metrics::parse(dejavu::sans::regular())?;
+            let bold = Metrics::parse(dejavu::sans::bold())?;
             Some(Fonts { regular, bold })
         })
         .as_ref()
@@ -34,15 +96,8 @@ pub(crate) fn ensure_fonts() -> Result<(), VizError> {
     fonts().map(|_| ()).ok_or(VizError::Font)
 }
 
-fn font(bold: bool) -> Option<&'static FontRef<'static>> {
+fn font(bold: bool) -> Option<&'static Metrics> {
     fonts().map(|f| if bold { &f.bold } else { &f.regular })
-}
-
-/// ab_glyph scales by the font's height (ascent - descent); we size text by its em, as SVG's
-/// `font-size` does, so both formats agree.
-fn scale(f: &FontRef<'_>, size: f64) -> PxScale {
-    let upem = f.units_per_em().unwrap_or(2048.0);
-    PxScale::from(size as f32 * f.height_unscaled() / upem)
 }
 
 /// Width in pixels of `text` set at `size` px (em).
@@ -50,15 +105,15 @@ pub(crate) fn text_width(text: &str, size: f64, bold: bool) -> f64 {
     let Some(f) = font(bold) else {
         return 0.6 * size * text.chars().count() as f64;
     };
-    let sf = f.as_scaled(scale(f, size));
+    let h = f.h_factor(size);
     let mut w = 0.0f32;
     let mut prev: Option<GlyphId> = None;
     for c in text.chars() {
-        let id = sf.glyph_id(c);
+        let id = f.glyph(c);
         if let Some(p) = prev {
-            w += sf.kern(p, id);
+            w += h * f.kern(p, id);
         }
-        w += sf.h_advance(id);
+        w += h * f.advance(id);
         prev = Some(id);
     }
     f64::from(w)
@@ -101,24 +156,25 @@ pub(crate) fn raster(
     (x, baseline): (f64, f64),
     plot: &mut dyn FnMut(i32, i32, f32),
 ) {
+    use ab_glyph::{point, Font, PxScale};
     let Some(f) = font(bold) else { return };
-    let px = scale(f, size);
-    let sf = f.as_scaled(px);
+    let (px, h) = (PxScale::from(f.px_scale(size)), f.h_factor(size));
     let mut caret = x as f32;
     let mut prev: Option<GlyphId> = None;
     for c in text.chars() {
-        let id = sf.glyph_id(c);
+        let id = f.glyph(c);
         if let Some(p) = prev {
-            caret += sf.kern(p, id);
+            caret += h * f.kern(p, id);
         }
-        let glyph = id.with_scale_and_position(px, point(caret, baseline as f32));
-        if let Some(outline) = f.outline_glyph(glyph) {
+        let at = point(caret, baseline as f32);
+        let glyph = ab_glyph::GlyphId(id.0).with_scale_and_position(px, at);
+        if let Some(outline) = f.outlines.outline_glyph(glyph) {
             let b = outline.px_bounds();
             outline.draw(|gx, gy, cov| {
                 plot(b.min.x as i32 + gx as i32, b.min.y as i32 + gy as i32, cov)
             });
         }
-        caret += sf.h_advance(id);
+        caret += h * f.advance(id);
         prev = Some(id);
     }
 }
