@@ -10,14 +10,15 @@
 //! bridges. [`prelude`] holds what a model needs.
 //!
 //! `sim`, `search`, `plan`, `runtime` (with `kernels` and `prelude`), `viz`, `png` (PNG
-//! charts; SVG needs only `viz`) and `calibrate` are default features, and a cold build skips
-//! what is left out. With `default-features = false` this crate is the core, model shapes and
-//! memory, and input; a crate that simulates timetables adds `features = ["sim"]`, and one
+//! charts; SVG needs only `viz`), `input` and `calibrate` are default features, and a cold
+//! build skips what is left out. With `default-features = false` this crate is the core and
+//! model shapes and memory; a crate that simulates timetables adds `features = ["sim"]`, and one
 //! that trains a model and draws its chart as SVG takes `features = ["runtime", "viz"]`.
 #![deny(missing_docs)]
 
 #[cfg(feature = "calibrate")]
 pub use pipewright_calibrate as calibrate;
+#[cfg(feature = "input")]
 pub use pipewright_input as input;
 #[cfg(feature = "runtime")]
 pub use pipewright_kernels as kernels;
