@@ -2,7 +2,7 @@
 //! ZeRO, SP) for a GPT on a cluster, ranked by predicted step time.
 
 use pipewright_input::{expect_kind, FileKind};
-use pipewright_model::shape::{AttentionKind, MoeKinds, Named, ShapeKinds, ShapeRequest};
+use pipewright_model::shape::{MoeKinds, Named, ShapeKinds};
 use pipewright_plan::evaluate::timetable as family_timetable;
 use pipewright_plan::launch::{launch, model_line, profile_launch, report_json, row_step};
 use pipewright_plan::listed::configuration;
@@ -251,35 +251,18 @@ fn plan(
     (moe.shared_experts, moe.shared_ffn) = (shared_experts, shared_ffn);
     (moe.dense_layers, moe.every) = (dense_layers, moe_every);
     (moe.expert_groups, moe.groups_per_token) = (expert_groups, groups_per_token);
-    let kinds = kinds(
-        ffn,
-        kv_heads,
-        mlp,
-        norm,
-        tied_embeddings,
-        positions,
-        rope_theta,
-        bias,
-    )?;
-    let shape = ShapeRequest {
-        layers,
-        d_model,
-        heads,
-        seq_len,
-        vocab,
-        kinds: ShapeKinds { moe, ..kinds },
-        hf_config: named_file(hf_config, "config", FileKind::HfConfig)?,
-    };
-    let profile = named_file(profile, "profile", FileKind::LayerProfile)?;
-    let mut raw = RawPlanRequest {
-        shape,
-        profile,
-        ..RawPlanRequest::default()
-    };
+    let words = (mlp, norm, positions, bias);
+    let kinds = kinds((ffn, kv_heads, rope_theta), words, tied_embeddings)?;
+    let mut raw = RawPlanRequest::default();
+    let shape = &mut raw.shape;
+    (shape.layers, shape.d_model, shape.heads) = (layers, d_model, heads);
+    (shape.seq_len, shape.vocab) = (seq_len, vocab);
+    shape.kinds = ShapeKinds { moe, ..kinds };
+    shape.hf_config = named_file(hf_config, "config", FileKind::HfConfig)?;
+    raw.profile = named_file(profile, "profile", FileKind::LayerProfile)?;
     (raw.gpus, raw.global_batch) = (gpus, global_batch);
     (raw.cluster, raw.cluster_file) = (cluster.to_string(), cluster_file(cluster)?);
-    raw.precision = precision.parse().map_err(err)?;
-    raw.attention = kind::<AttentionKind>(attention)?;
+    (raw.precision, raw.attention) = (precision.parse().map_err(err)?, kind(attention)?);
     let dims = (tp, pp, v, microbatch_size, zero);
     let fixed = fixed(dims, (schedule, recompute), sequence_parallel)?;
     raw.fixed = Fixed { ep, etp, ..fixed };

@@ -87,17 +87,12 @@ pub(crate) fn kind<T: std::str::FromStr<Err = String>>(s: Option<&str>) -> PyRes
     s.map(|s| s.parse::<T>().map_err(err)).transpose()
 }
 
-/// The kinds from their keywords.
-#[allow(clippy::too_many_arguments)]
+/// The kinds from their keywords: sizes (`ffn`, `kv_heads`, `rope_theta`), words (`mlp`,
+/// `norm`, `positions`, `bias`) and `tied_embeddings`.
 pub(crate) fn kinds(
-    ffn: Option<u64>,
-    kv_heads: Option<u32>,
-    mlp: Option<&str>,
-    norm: Option<&str>,
+    (ffn, kv_heads, rope_theta): (Option<u64>, Option<u32>, Option<f64>),
+    (mlp, norm, positions, bias): (Option<&str>, Option<&str>, Option<&str>, Option<&str>),
     tied_embeddings: bool,
-    positions: Option<&str>,
-    rope_theta: Option<f64>,
-    bias: Option<&str>,
 ) -> PyResult<ShapeKinds> {
     Ok(ShapeKinds {
         ffn,
@@ -173,14 +168,9 @@ impl Shape {
                 groups_per_token,
             },
             ..kinds(
-                ffn,
-                kv_heads,
-                mlp,
-                norm,
+                (ffn, kv_heads, rope_theta),
+                (mlp, norm, positions, bias),
                 tied_embeddings,
-                positions,
-                rope_theta,
-                bias,
             )?
         };
         Shape::of(ShapeRequest {
