@@ -55,9 +55,10 @@ pub fn derive_footprint(input: TokenStream) -> TokenStream {
         .into()
 }
 
-/// One item of `#[parameters(..)]`: the tensor type, or a part (a field path).
+/// One item of `#[parameters(..)]`: the tensor type (boxed: syn 3's `Type` is large), or a
+/// part (a field path).
 enum Item {
-    Tensor(Type),
+    Tensor(Box<Type>),
     Part(Punctuated<Ident, Token![.]>),
 }
 
@@ -72,7 +73,7 @@ impl Parse for Item {
                 ));
             }
             input.parse::<Token![=]>()?;
-            return Ok(Item::Tensor(input.parse()?));
+            return Ok(Item::Tensor(Box::new(input.parse()?)));
         }
         Ok(Item::Part(Punctuated::parse_separated_nonempty(input)?))
     }
@@ -96,7 +97,7 @@ fn parameters(input: &DeriveInput) -> syn::Result<Tokens> {
         let items = attr.parse_args_with(Punctuated::<Item, Token![,]>::parse_terminated)?;
         for item in items {
             match item {
-                Item::Tensor(t) => tensor = Some(t),
+                Item::Tensor(t) => tensor = Some(*t),
                 Item::Part(p) => parts.push(p),
             }
         }
