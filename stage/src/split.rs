@@ -3,7 +3,8 @@
 //! layer, [`split`] cuts `p * v` contiguous stages by count, by parameters or by measured
 //! time (a short profiling pass, [`profile`]), and [`LayerStage`] runs a stage's layers as a
 //! [`StageModule`](crate::StageModule). A profile becomes a cost file for `pipewright search --costs`
-//! ([`cost_file`]), and with each layer's parameters and bytes ([`measure`]) a layer
+//! ([`stage_costs`], then `RawCostFile::from_stage_ms`), and with each layer's parameters and
+//! bytes ([`measure`]) a layer
 //! profile for `pipewright plan --profile` ([`layer_profile`]).
 
 use std::any::Any;
