@@ -33,10 +33,19 @@ def module_files(src):
     return mods
 
 
+# Comments, raw strings, strings and char literals, scanned left to right in one pass, so a
+# quote inside a comment or a char literal (`'"'`) cannot open a string that hides code.
+LEXEMES = re.compile(
+    r"//[^\n]*|/\*.*?\*/"
+    r'|\bb?r(#*)".*?"\1'
+    r'|"(?:\\.|[^"\\])*"'
+    r"|'(?:\\.|[^'\\])'",
+    re.S,
+)
+
+
 def strip(text):
-    text = re.sub(r"//[^\n]*", "", text)
-    text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
-    text = re.sub(r'"(?:\\.|[^"\\])*"', '""', text)
+    text = LEXEMES.sub(lambda m: "" if m.group(0).startswith("/") else '""', text)
     # Unit tests may use anything of their parent's siblings; they are not the module graph.
     text = re.sub(r"#\[cfg\(test\)\]\s*mod\s+\w+\s*\{.*", "", text, flags=re.S)
     return text

@@ -5,8 +5,9 @@
 
 use pipewright_model::memory::MemoryBreakdown;
 
-use crate::canvas::{frame, render, Anchor, Canvas, TextSpec};
+use crate::canvas::{frame, Anchor, Canvas, TextSpec};
 use crate::layout::{check_max, Layout, PanelData};
+use crate::render::render;
 use crate::style::{byte_ticks, format_bytes, Rgb};
 use crate::text::text_width;
 use crate::{ChartOptions, ChartPanel, ImageFormat, VizError};

@@ -1,6 +1,6 @@
-//! A tiny drawing surface with two implementations: a direct SVG writer, and a plotters
-//! bitmap encoded to PNG (`bitmap.rs`, feature `png`). The bubble chart draws once against
-//! [`Canvas`], so SVG and PNG show the same layout.
+//! A tiny drawing surface with two implementations: a direct SVG writer here, and a plotters
+//! bitmap encoded to PNG (`bitmap.rs`, feature `png`); `render.rs` picks one. The bubble chart
+//! draws once against [`Canvas`], so SVG and PNG show the same layout.
 //!
 //! Why not plotters' own SVG backend for charts: it cannot tag a `<rect>` with what it shows
 //! (tests and people hovering need `0F3`), and a direct writer is several times faster on
@@ -215,31 +215,3 @@ impl Canvas for SvgCanvas {
 
 /// Largest side we allocate a bitmap for (16k x 16k x 3 bytes is 768 MiB already).
 pub(crate) const MAX_SIDE: u32 = 16_384;
-
-/// Draw with `draw` on a `width` x `height` image of format `fmt`.
-pub(crate) fn render(
-    fmt: crate::ImageFormat,
-    width: u32,
-    height: u32,
-    draw: impl FnOnce(&mut dyn Canvas),
-) -> Result<Vec<u8>, VizError> {
-    match fmt {
-        crate::ImageFormat::Svg => render_svg(width, height, draw),
-        #[cfg(feature = "png")]
-        crate::ImageFormat::Png => crate::bitmap::render_png(width, height, draw),
-        #[cfg(not(feature = "png"))]
-        crate::ImageFormat::Png => Err(VizError::PngNotBuilt),
-    }
-}
-
-/// Draw with `draw` into an SVG document.
-pub(crate) fn render_svg(
-    width: u32,
-    height: u32,
-    draw: impl FnOnce(&mut dyn Canvas),
-) -> Result<Vec<u8>, VizError> {
-    ensure_font()?;
-    let mut canvas = SvgCanvas::new(width, height);
-    draw(&mut canvas);
-    Ok(canvas.finish())
-}

@@ -55,6 +55,7 @@ mod lanes;
 mod layout;
 mod memory;
 mod pareto;
+mod render;
 mod style;
 mod sweep;
 mod term;
@@ -185,5 +186,5 @@ pub fn bubble_chart(
         .collect::<Result<Vec<_>, _>>()?;
     let lay = layout::Layout::new(&data, opts)?;
     let draw = |c: &mut dyn canvas::Canvas| bubble::draw_chart(c, &data, &lay, opts);
-    canvas::render(fmt, lay.width, lay.height, draw)
+    render::render(fmt, lay.width, lay.height, draw)
 }

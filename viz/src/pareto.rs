@@ -2,8 +2,9 @@
 //! candidate a dot, the front (nothing both smaller and faster) joined as a staircase, the
 //! cap a dashed line and the chosen schedule ringed.
 
-use crate::canvas::{frame, render, Anchor, Canvas, TextSpec};
+use crate::canvas::{frame, Anchor, Canvas, TextSpec};
 use crate::layout::plot_size;
+use crate::render::render;
 use crate::style::{format_number, nice_ticks, series_color, Rgb};
 use crate::{ChartOptions, ImageFormat, VizError};
 #[cfg(feature = "search")]

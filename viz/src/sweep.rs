@@ -1,8 +1,9 @@
 //! Sweep plot: bubble fraction, throughput and peak memory against the microbatch (chunk)
 //! count, one line per schedule and v, on three side-by-side panels with a log2 x axis.
 
-use crate::canvas::{frame, render, Anchor, Canvas, TextSpec};
+use crate::canvas::{frame, Anchor, Canvas, TextSpec};
 use crate::layout::plot_size;
+use crate::render::render;
 use crate::style::{byte_ticks, format_bytes, format_number, nice_ticks, series_color, Rgb};
 use crate::text::text_width;
 use crate::{ChartOptions, ImageFormat, VizError};
