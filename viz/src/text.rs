@@ -191,6 +191,49 @@ mod tests {
         assert!(text_width("bold", 12.0, true) > text_width("bold", 12.0, false));
     }
 
+    /// ab_glyph's widths, as it measured them before `text_width` read the tables itself:
+    /// every pair of printable ASCII characters (and a few more), both weights, four sizes.
+    #[test]
+    #[cfg(feature = "png")]
+    fn widths_are_ab_glyphs_to_the_bit() {
+        use ab_glyph::{Font, FontRef, PxScale, ScaleFont};
+        let chars: Vec<char> = (' '..='~').chain("…·Üé—".chars()).collect();
+        for (bold, data) in [
+            (false, dejavu::sans::regular()),
+            (true, dejavu::sans::bold()),
+        ] {
+            let f = FontRef::try_from_slice(data).unwrap();
+            let upem = f.units_per_em().unwrap();
+            for size in [7.0, 10.0, 11.5, 16.0] {
+                let sf = f.as_scaled(PxScale::from(size as f32 * f.height_unscaled() / upem));
+                for &a in &chars {
+                    for &b in &chars {
+                        let (ga, gb) = (sf.glyph_id(a), sf.glyph_id(b));
+                        let mut want = 0.0f32;
+                        want += sf.h_advance(ga);
+                        want += sf.kern(ga, gb);
+                        want += sf.h_advance(gb);
+                        let got = text_width(&format!("{a}{b}"), size, bold);
+                        assert_eq!(got.to_bits(), f64::from(want).to_bits(), "{a}{b} at {size}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// The same widths in a build without PNG (and so without ab_glyph), pinned.
+    #[test]
+    fn widths_are_pinned() {
+        let pins = [
+            ("AV 25.0%", 11.0, false, 0x404a_64c0_0000_0000u64),
+            ("Tq…", 16.0, true, 0x4043_2f00_0000_0000),
+        ];
+        for (text, size, bold, bits) in pins {
+            let w = text_width(text, size, bold);
+            assert_eq!(w.to_bits(), bits, "{text}: {w}");
+        }
+    }
+
     #[test]
     fn fitting_cuts_with_an_ellipsis() {
         assert_eq!(fit_width("short", 10.0, false, 500.0), "short");
