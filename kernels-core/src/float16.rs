@@ -8,11 +8,13 @@
 //! types cudarc's cuBLAS takes.
 
 /// A bf16 value (f32's sign and 8-bit exponent, 7 stored mantissa bits), as its bits.
+/// Equality and hashing compare the bits: `-0 != +0`, and a NaN equals the same NaN.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[repr(transparent)]
 pub struct Bf16(pub u16);
 
 /// An IEEE 754 binary16 value (5-bit exponent, 10 stored mantissa bits), as its bits.
+/// Equality and hashing compare the bits, as for [`Bf16`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[repr(transparent)]
 pub struct F16(pub u16);
@@ -163,6 +165,28 @@ mod tests {
         }
     }
 
+    /// Every rounding point of f16: the midpoint between each pair of neighbouring values
+    /// (exact in f32), one f32 step either side, both signs. (bf16's are the f32 values
+    /// whose low 16 bits are 0x8000, which `samples` holds, with their neighbours.)
+    #[test]
+    fn every_f16_midpoint_and_its_neighbours_round_as_half_rounds_them() {
+        for h in 0..0x7c00u16 {
+            let lo = f64::from(F16(h).to_f32());
+            let hi = if h == 0x7bff {
+                65536.0 // what would follow 65504: its midpoint is where infinity starts
+            } else {
+                f64::from(F16(h + 1).to_f32())
+            };
+            let mid = ((lo + hi) / 2.0) as f32;
+            for bits in [mid.to_bits() - 1, mid.to_bits(), mid.to_bits() + 1] {
+                for x in [f32::from_bits(bits), -f32::from_bits(bits)] {
+                    let (ours, theirs) = (F16::from_f32(x).0, half::f16::from_f32(x).to_bits());
+                    assert_eq!(ours, theirs, "f16 of {x:e} ({bits:#010x})");
+                }
+            }
+        }
+    }
+
     #[test]
     fn rounding_ties_go_to_even_and_overflow_to_infinity() {
         // 1 + 2^-11 is halfway between f16's 1 and 1 + 2^-10: to even, 1.
@@ -171,6 +195,9 @@ mod tests {
         assert_eq!(F16::from_f32(65520.0).to_f32(), f32::INFINITY);
         assert_eq!(F16::from_f32(2f32.powi(-24)).to_f32(), 2f32.powi(-24));
         assert_eq!(F16::from_f32(2f32.powi(-25)).to_f32(), 0.0);
+        // Halfway between the subnormals 2^-24 and 2 * 2^-24: to the even one.
+        assert_eq!(F16::from_f32(1.5 * 2f32.powi(-24)).0, 2);
+        assert_eq!(F16::from_f32(2.5 * 2f32.powi(-24)).0, 2);
         assert_eq!(Bf16::from_f32(1.0 + 2f32.powi(-8)).to_f32(), 1.0);
         assert_eq!(Bf16::from_f32(f32::MAX).to_f32(), f32::INFINITY);
         assert!(Bf16::from_f32(f32::NAN).to_f32().is_nan());

@@ -65,7 +65,9 @@
 //! ```
 #![deny(missing_docs)]
 
-pub use pipewright_kernels_core::{backend, cpu, error, footprint, init, kept, precision, tensor};
+pub use pipewright_kernels_core::{
+    backend, cpu, error, float16, footprint, init, kept, precision, tensor,
+};
 /// The CUDA backend (cargo feature `cuda`): the crate `pipewright-kernels-cuda`.
 #[cfg(feature = "cuda")]
 pub use pipewright_kernels_cuda as cuda;
@@ -77,6 +79,7 @@ pub mod params;
 pub use backend::{Backend, Shaped};
 pub use cpu::Cpu;
 pub use error::{KernelError, Result};
+pub use float16::{Bf16, F16};
 pub use footprint::Footprint;
 /// `#[derive(Footprint)]`: a stash's bytes as the sum of its fields' (see [`pipewright_derive`]).
 pub use pipewright_derive::Footprint;
