@@ -461,6 +461,14 @@ mod tests {
     }
 
     #[test]
+    fn first_of_prefers_the_first_when_both_are_ready() {
+        let both = rt().block_on(first_of(async { 1 }, async { 2 }));
+        assert!(matches!(both, Either::Left(1)));
+        let second = rt().block_on(first_of(std::future::pending::<u8>(), async { 2 }));
+        assert!(matches!(second, Either::Right(2)));
+    }
+
+    #[test]
     fn receives_match_by_tag_in_any_order() {
         let world = LocalWorld::new(2, Duration::from_secs(5));
         let (a, b) = (world.comm(0), world.comm(1));
