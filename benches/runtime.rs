@@ -13,6 +13,7 @@ mod common;
 use common::{gpt_steps, gpt_timetable};
 
 use criterion::{criterion_group, criterion_main, Criterion};
+use pipewright::runtime::split::LayerCost;
 use pipewright::runtime::{run, Coord, Mesh, RunOptions, SyntheticModule};
 use pipewright::schedule::{
     generate, simulate, Checked, CostModel, ScheduleKind, ScheduleSpec, StageCost,
@@ -29,8 +30,9 @@ fn synthetic_steps(tt: &Checked, f_ms: f64, b_ms: f64, steps: u64) -> Duration {
     let v = tt.num_stages() / tt.num_devices();
     let cost = StageCost::new(f_ms, b_ms, None).expect("costs").split(v);
     let last = tt.num_stages() - 1;
-    let fiw = [cost.f, cost.i, cost.w];
-    let make = |_: Coord, s: u32| Ok(SyntheticModule::from_ms(fiw, s == last));
+    let (f, i, w) = (cost.f, cost.i, cost.w);
+    let cost = LayerCost { f, i, w };
+    let make = |_: Coord, s: u32| Ok(SyntheticModule::from_ms(&cost, s == last));
     let data = |_| Ok(());
     let opts = RunOptions {
         steps,

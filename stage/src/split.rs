@@ -313,6 +313,18 @@ pub enum SplitError {
     /// Balancing by time needs a sample input.
     #[error("balancing by time needs a sample input for the profiling pass")]
     NoSample,
+    /// A stage's layer range that the profile does not hold.
+    #[error("stage {stage}'s layers {start}..{end} are not within the profile's {layers} layers")]
+    Range {
+        /// The stage's index in the partition.
+        stage: usize,
+        /// First layer of the stage.
+        start: usize,
+        /// One past its last layer.
+        end: usize,
+        /// Layers the profile holds.
+        layers: usize,
+    },
     /// A TP degree a profile cannot record.
     #[error("tp {0} must be from 1 to {max} (the TP degree the layers are measured at)", max = pipewright_model::layer_profile::MAX_TP)]
     Tp(u32),
@@ -471,14 +483,27 @@ fn check_counts(layers: usize, stages: usize) -> Result<(), SplitError> {
 /// Each stage's cost, the sum of its layers' profiled times (in ms). As a cost file for
 /// `pipewright search --costs` or `simulate --costs`:
 /// `RawCostFile::from_stage_ms(stage_costs(..).iter().map(|c| [c.f, c.i, c.w]), source)`.
-pub fn stage_costs(profile: &[LayerCost], partition: &[Range<usize>]) -> Vec<LayerCost> {
-    let stage = |r: &Range<usize>| {
-        let sum = |pick: fn(&LayerCost) -> f64| profile[r.clone()].iter().map(pick).sum();
-        LayerCost {
+pub fn stage_costs(
+    profile: &[LayerCost],
+    partition: &[Range<usize>],
+) -> Result<Vec<LayerCost>, SplitError> {
+    let stage = |(k, r): (usize, &Range<usize>)| {
+        let Some(layers) = profile.get(r.clone()) else {
+            let layers = profile.len();
+            let (start, end) = (r.start, r.end);
+            return Err(SplitError::Range {
+                stage: k,
+                start,
+                end,
+                layers,
+            });
+        };
+        let sum = |pick: fn(&LayerCost) -> f64| layers.iter().map(pick).sum();
+        Ok(LayerCost {
             f: sum(|c| c.f),
             i: sum(|c| c.i),
             w: sum(|c| c.w),
-        }
+        })
     };
-    partition.iter().map(stage).collect()
+    partition.iter().enumerate().map(stage).collect()
 }

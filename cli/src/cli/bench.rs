@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Result};
 use clap::Args;
+use pipewright::runtime::split::LayerCost;
 use pipewright::runtime::{
     run, Coord, FinalParams, Mesh, MicrobatchId, ModuleError, RunOptions, StepRecord,
     SyntheticModule,
@@ -115,7 +116,8 @@ impl BenchCmd {
         let last = tt.num_stages() - 1;
         let make = |_: Coord, s: u32| {
             let c = &model.stages[s as usize];
-            Ok(SyntheticModule::from_ms([c.f, c.i, c.w], s == last))
+            let (f, i, w) = (c.f, c.i, c.w);
+            Ok(SyntheticModule::from_ms(&LayerCost { f, i, w }, s == last))
         };
         // Synthetic stages read no data.
         let data = |_| Ok(());

@@ -9,6 +9,7 @@ use pipewright_kernels::Tensor;
 use pipewright_schedule::Recompute;
 
 use pipewright_comm::timer::precise_sleeps;
+use pipewright_stage::split::LayerCost;
 
 use super::{MicrobatchData, ModuleError, Output, StageModule};
 
@@ -29,14 +30,14 @@ pub struct SyntheticModule {
 }
 
 impl SyntheticModule {
-    /// A stage taking `[f, i, w]` milliseconds for F, I and W (negative times as zero), e.g.
-    /// a simulator `StageCost`'s, handing one element onward; `last` returns a loss.
-    pub fn from_ms([f, i, w]: [f64; 3], last: bool) -> Self {
+    /// A stage taking `cost`'s F, I and W times in milliseconds (negative times as zero),
+    /// e.g. a simulator `StageCost`'s, handing one element onward; `last` returns a loss.
+    pub fn from_ms(cost: &LayerCost, last: bool) -> Self {
         let ms = |x: f64| Duration::from_secs_f64(x.max(0.0) / 1e3);
         SyntheticModule {
-            f: ms(f),
-            i: ms(i),
-            w: ms(w),
+            f: ms(cost.f),
+            i: ms(cost.i),
+            w: ms(cost.w),
             activation: 1,
             last,
         }

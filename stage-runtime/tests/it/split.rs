@@ -130,7 +130,10 @@ fn splitting_by_time_profiles_every_layer_and_leaves_no_gradient_behind() {
         assert!(l.flat_grads().iter().all(|&g| g == 0.0));
     }
     let costs = profile(&mut layers, &sample, 2).unwrap();
-    let stages = stage_costs(&costs, &p.stages);
+    let e = stage_costs(&costs, &[0..4, 4..9]).unwrap_err();
+    let want = "stage 1's layers 4..9 are not within the profile's 8 layers";
+    assert_eq!(e.to_string(), want);
+    let stages = stage_costs(&costs, &p.stages).unwrap();
     let fiw = stages.iter().map(|c| [c.f, c.i, c.w]);
     let file = RawCostFile::from_stage_ms(fiw, "pipewright_stage::split::profile".into());
     let text = serde_json::to_string(&file).unwrap();
