@@ -27,7 +27,7 @@ user() { # name tree extra-dependency-keys main-file-or-text
 }
 for v in old new; do
   rev=$old_rev; [ "$v" = new ] && rev=$new_rev
-  [ -d "$v" ] || git -C "$repo" worktree add -q "/tmp/libbench/$v" "$rev"
+  if [ -d "$v" ]; then git -C "$v" checkout -q --detach "$rev"; else git -C "$repo" worktree add -q "/tmp/libbench/$v" "$rev"; fi
   user "schedule-$v" "$v" "" "$schedule_main"
 done
 user guide-old old "" guide_main.rs

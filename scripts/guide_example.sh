@@ -7,7 +7,7 @@ set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
-keys=$(grep -m1 '^pipewright = { version = "0.1"' "$repo/GUIDE.md" | sed 's/^pipewright = { version = "0.1"//; s/ }$//')
+keys=$(grep -m1 '^pipewright = { version = "0.1"' "$repo/GUIDE.md" | sed 's/^pipewright = { version = "0.1"//; s/ }$//' || true)
 [ -n "$keys" ] || { echo "error: GUIDE.md has no 'pipewright = { version = \"0.1\", ... }' line" >&2; exit 1; }
 mkdir -p "$dir/src"
 awk '/^```rust/{n++; next} n==1 && /^```/{exit} n==1{print}' "$repo/GUIDE.md" > "$dir/src/main.rs"
