@@ -73,7 +73,7 @@ pub fn memory_bars(
     if runs.is_empty() {
         return Err(VizError::NoPanels);
     }
-    crate::canvas::ensure_font()?;
+    crate::text::ensure_fonts()?;
     let title_h = 30.0;
     let natural = (title_h + height(runs) + 8.0).ceil() as u32;
     let (w, h) = (opts.width, opts.height.unwrap_or(natural).max(natural));
@@ -100,7 +100,7 @@ pub fn bubble_chart_with_memory(
     if panels.is_empty() {
         return Err(VizError::NoPanels);
     }
-    crate::canvas::ensure_font()?;
+    crate::text::ensure_fonts()?;
     let data = panels
         .iter()
         .map(PanelData::new)

@@ -4,7 +4,7 @@
 use plotters::prelude::{BitMapBackend, DrawingBackend, RGBColor, ShapeStyle};
 use plotters::style::{Color, RGBAColor};
 
-use crate::canvas::{ensure_font, Anchor, BoxTag, Canvas, TextSpec, BASELINE};
+use crate::canvas::{Anchor, BoxTag, Canvas, TextSpec, BASELINE};
 use crate::style::Rgb;
 use crate::text::{raster, text_width};
 use crate::VizError;
@@ -143,7 +143,6 @@ pub(crate) fn render_png(
     height: u32,
     draw: impl FnOnce(&mut dyn Canvas),
 ) -> Result<Vec<u8>, VizError> {
-    ensure_font()?;
     let mut buf = vec![255u8; width as usize * height as usize * 3];
     {
         let mut canvas = BitmapCanvas::new(&mut buf, width, height);

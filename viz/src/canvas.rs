@@ -11,16 +11,9 @@ use std::fmt::Write as _;
 use pipewright_schedule::ActionKind;
 
 use crate::style::Rgb;
-use crate::VizError;
 
 /// What SVG viewers are asked for: DejaVu Sans where installed, a sans-serif otherwise.
 const SVG_FONT: &str = "DejaVu Sans, Verdana, Arial, sans-serif";
-
-/// Load the embedded DejaVu Sans, which measures text in both formats and draws it in PNG
-/// (plotters draws no text of ours, so it needs no font).
-pub(crate) fn ensure_font() -> Result<(), VizError> {
-    crate::text::ensure_fonts()
-}
 
 /// Baseline below a text's vertical centre, in em: DejaVu's digits and capitals are ~0.73 em
 /// tall, so this centres them.

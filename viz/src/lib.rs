@@ -179,7 +179,7 @@ pub fn bubble_chart(
     if panels.is_empty() {
         return Err(VizError::NoPanels);
     }
-    canvas::ensure_font()?;
+    text::ensure_fonts()?;
     let data = panels
         .iter()
         .map(layout::PanelData::new)
