@@ -11,10 +11,10 @@
 set -u
 old_rev=${1:?old revision} new_rev=${2:?new revision} tests=${3:-}
 repo=$(cd "$(dirname "$0")/.." && pwd)
+. "$repo/scripts/guide.sh"
 mkdir -p /tmp/libbench && cd /tmp/libbench
-awk '/^```rust/{n++; next} n==1 && /^```/{exit} n==1{print}' "$repo/GUIDE.md" > guide_main.rs
-# The keys GUIDE.md's `pipewright = { version = "0.1", ... }` line adds, e.g. its features.
-guide_keys=$(grep -m1 '^pipewright = { version = "0.1"' "$repo/GUIDE.md" | sed 's/^pipewright = { version = "0.1"//; s/ }$//')
+guide_main "$repo" > guide_main.rs
+guide_keys=$(guide_keys "$repo")
 schedule_main='use pipewright::schedule::{generate, ScheduleKind, ScheduleSpec};
 fn main() {
     let tt = generate(&ScheduleSpec::new(ScheduleKind::OneFOneB, 4, 1, 8, None).unwrap());
